@@ -1,0 +1,1 @@
+"""gyre.agents (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""gyre.kernels (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""gyre.model (see DESIGN.md)."""

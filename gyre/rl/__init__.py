@@ -1,0 +1,1 @@
+"""gyre.rl (see DESIGN.md)."""

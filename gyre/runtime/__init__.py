@@ -1,0 +1,1 @@
+"""gyre.runtime (see DESIGN.md)."""

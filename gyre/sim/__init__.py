@@ -1,0 +1,1 @@
+"""gyre.sim (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""gyre.tasks (see DESIGN.md)."""

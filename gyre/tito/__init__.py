@@ -1,0 +1,1 @@
+"""gyre.tito (see DESIGN.md)."""

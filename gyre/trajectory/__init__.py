@@ -1,0 +1,1 @@
+"""gyre.trajectory (see DESIGN.md)."""
