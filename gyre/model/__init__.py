@@ -1,1 +1,26 @@
-"""gyre.model (see DESIGN.md)."""
+"""The reference tiny model: recipe (Qwen2 + local BPE + ChatML template) and trainer-side logprobs.
+
+`python -m gyre.model init DIR --seed N` writes a Hugging Face folder that transformers and vLLM load.
+"""
+
+from gyre.model.recipe import (
+    EOS_TOKEN,
+    PAD_TOKEN,
+    SPECIAL_TOKENS,
+    TAG_TOKENS,
+    build_model,
+    build_tokenizer,
+    chat_template,
+    init_model_dir,
+)
+
+__all__ = [
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "SPECIAL_TOKENS",
+    "TAG_TOKENS",
+    "build_model",
+    "build_tokenizer",
+    "chat_template",
+    "init_model_dir",
+]

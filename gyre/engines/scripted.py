@@ -1,0 +1,189 @@
+"""A scripted fake inference engine with the `InferenceEngine` protocol, for tests above the engine.
+
+Owns `ScriptedReply` and `ScriptedEngine`. Replies come from a queue of scripted token IDs (and
+optionally logprobs and a finish reason) or, when the queue is empty, from a deterministic rule on
+(prompt, seed, choice). The same request rules as the real engine apply: validation errors, stop
+token IDs end a choice with `stop` (token kept), max_tokens and the context limit give `length`,
+abort returns the tokens so far. Runs on anyio, so on the node's trio loop and on asyncio.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+
+import anyio
+import msgspec
+
+from gyre.engines.protocol import (
+    Completion,
+    EngineStatistics,
+    FinishReason,
+    GenerateRequest,
+    TokenDelta,
+    choice_seed,
+)
+from gyre.engines.validate import validate_request
+from gyre.errors import EngineUnavailableError
+
+__all__ = ["ScriptedReply", "ScriptedEngine", "default_reply"]
+
+
+class ScriptedReply(msgspec.Struct, frozen=True, kw_only=True):
+    """What the fake engine samples for one choice before the request's own limits apply."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    """Behaviour logprob per token; None gives -0.5, -0.51, -0.52, ..."""
+    finish_reason: FinishReason | None = None
+    """Forced finish reason; None derives it from stop IDs and max_tokens like a real engine."""
+
+
+def default_reply(request: GenerateRequest, index: int, vocab_size: int) -> ScriptedReply:
+    """Deterministic tokens from (prompt, seed, choice): 4-11 tokens, IDs in [3, vocab_size)."""
+    seed = choice_seed(request.sampling.seed, index) or 0
+    h = zlib.crc32(msgspec.msgpack.encode([request.prompt_ids, seed, index]))
+    length = 4 + h % 8
+    ids = [3 + (h // 7 + 17 * i * (i + 3)) % (vocab_size - 3) for i in range(length)]
+    return ScriptedReply(token_ids=ids)
+
+
+class _Running:
+    """Bookkeeping of one in-flight request (per choice: tokens so far)."""
+
+    def __init__(self, n: int) -> None:
+        self.ids: list[list[int]] = [[] for _ in range(n)]
+        self.lps: list[list[float]] = [[] for _ in range(n)]
+        self.vers: list[list[int]] = [[] for _ in range(n)]
+        self.finished: list[FinishReason | None] = [None] * n
+        self.aborted = False
+
+
+class ScriptedEngine:
+    """Deterministic `InferenceEngine`: scripted token IDs, logprobs, finish reasons and delays.
+
+    Args:
+        replies: replies consumed in order, one per choice (a choice of an n>1 request takes the
+            next one); when exhausted, `rule(request, choice_index, vocab_size)` decides.
+        vocab_size: token IDs accepted in prompts are in [0, vocab_size).
+        max_model_len: longest prompt + completion, tokens.
+        token_delay_s: sleep before each token (lets tests abort or load weights mid-stream).
+        eos_token_id: appended by the default rule when the request lists it as a stop ID.
+    """
+
+    def __init__(
+        self,
+        replies: Iterable[ScriptedReply] = (),
+        *,
+        rule: Callable[[GenerateRequest, int, int], ScriptedReply] = default_reply,
+        vocab_size: int = 1024,
+        max_model_len: int = 4096,
+        token_delay_s: float = 0.0,
+        eos_token_id: int | None = None,
+        weight_version: int = 0,
+    ) -> None:
+        self.replies: deque[ScriptedReply] = deque(replies)
+        self.rule = rule
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.token_delay_s = token_delay_s
+        self.eos_token_id = eos_token_id
+        self.weight_version = weight_version
+        self.requests_seen: list[GenerateRequest] = []
+        """Every accepted request, in order (tests check the exact prompt IDs the engine ran on)."""
+        self._running: dict[str, _Running] = {}
+        self._paused = False
+        self._counts = dict(requests_total=0, requests_aborted=0, tokens_generated=0, weight_loads=0)
+
+    def push(self, *replies: ScriptedReply) -> None:
+        """Queue more scripted replies."""
+        self.replies.extend(replies)
+
+    def _reply(self, request: GenerateRequest, index: int) -> ScriptedReply:
+        if self.replies:
+            return self.replies.popleft()
+        reply = self.rule(request, index, self.vocab_size)
+        if reply.finish_reason is None and self.eos_token_id in request.sampling.stop_token_ids:
+            reply = ScriptedReply(token_ids=[*reply.token_ids, self.eos_token_id], logprobs=None)
+        return reply
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        if self._paused:
+            raise EngineUnavailableError(f"engine is paused; request {request.request_id!r} refused")
+        max_tokens = validate_request(request, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+        n = request.sampling.n
+        state = _Running(n)
+        self._running[request.request_id] = state
+        self._counts["requests_total"] += 1
+        self.requests_seen.append(request)
+        stop_ids = set(request.sampling.stop_token_ids)
+        try:
+            for index in range(n):
+                reply = self._reply(request, index)
+                lps = reply.logprobs or [-0.5 - 0.01 * i for i in range(len(reply.token_ids))]
+                finish: FinishReason | None = None
+                for tok, lp in zip(reply.token_ids, lps):
+                    if len(state.ids[index]) >= max_tokens:
+                        finish = "length"
+                        break
+                    if self.token_delay_s:
+                        await anyio.sleep(self.token_delay_s)
+                    if state.aborted:
+                        break
+                    state.ids[index].append(tok)
+                    state.lps[index].append(lp)
+                    state.vers[index].append(self.weight_version)
+                    self._counts["tokens_generated"] += 1
+                    yield TokenDelta(index=index, token_ids=[tok], logprobs=[lp], versions=[self.weight_version])
+                    if tok in stop_ids:
+                        finish = "stop"
+                        break
+                if state.aborted:
+                    finish = "abort"
+                elif reply.finish_reason is not None:
+                    finish = reply.finish_reason
+                elif finish is None:
+                    finish = "length" if len(state.ids[index]) >= max_tokens else "stop"
+                state.finished[index] = finish
+                yield TokenDelta(index=index, token_ids=[], logprobs=[], versions=[], finish_reason=finish)
+        finally:
+            self._running.pop(request.request_id, None)
+
+    async def abort(self, request_id: str) -> list[Completion]:
+        state = self._running.get(request_id)
+        if state is None:
+            return []
+        state.aborted = True
+        self._counts["requests_aborted"] += 1
+        return [
+            Completion(
+                index=i,
+                token_ids=list(state.ids[i]),
+                logprobs=list(state.lps[i]),
+                versions=list(state.vers[i]),
+                finish_reason=state.finished[i] or "abort",
+            )
+            for i in range(len(state.ids))
+        ]
+
+    async def load_weights(self, snapshot: str, version: int) -> None:
+        self.weight_version = version
+        self._counts["weight_loads"] += 1
+
+    async def pause(self) -> None:
+        self._paused = True
+
+    async def resume(self) -> None:
+        self._paused = False
+
+    def statistics(self) -> EngineStatistics:
+        return EngineStatistics(
+            weight_version=self.weight_version,
+            running_requests=len(self._running),
+            paused=self._paused,
+            prefix_cache_resets=self._counts["weight_loads"],
+            max_model_len=self.max_model_len,
+            vocab_size=self.vocab_size,
+            **self._counts,
+        )

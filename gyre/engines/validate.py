@@ -1,0 +1,54 @@
+"""Request validation shared by every engine backend, so all refuse bad input the same way.
+
+Owns `validate_request`. Knows the engine's vocabulary size and context limit, nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gyre.engines.protocol import GenerateRequest
+from gyre.errors import ContextLengthError, InvalidRequestError
+
+__all__ = ["validate_request"]
+
+
+def validate_request(request: GenerateRequest, *, vocab_size: int, max_model_len: int) -> int:
+    """Check a request and return the max_tokens the engine will honour.
+
+    The completion is clamped to fit: ``min(max_tokens, max_model_len - len(prompt))``; a choice
+    that reaches the clamp ends with `length` (FIELD_CASES B15 (a)).
+
+    Raises:
+        ContextLengthError: the prompt alone needs all of max_model_len (no room for one token).
+        InvalidRequestError: empty prompt, a token ID outside [0, vocab_size), max_tokens < 1,
+            n < 1, temperature < 0, top_p outside (0, 1], top_k < 0, a stop ID out of vocabulary.
+    """
+    prompt = request.prompt_ids
+    s = request.sampling
+    if not prompt:
+        raise InvalidRequestError(f"request {request.request_id!r}: prompt_ids is empty")
+    bad = next((t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"request {request.request_id!r}: prompt token ID {bad!r} outside [0, {vocab_size})"
+        )
+    if len(prompt) >= max_model_len:
+        raise ContextLengthError(
+            f"request {request.request_id!r}: prompt of {len(prompt)} tokens leaves no room in "
+            f"max_model_len={max_model_len}"
+        )
+    if s.max_tokens < 1:
+        raise InvalidRequestError(f"request {request.request_id!r}: max_tokens={s.max_tokens} must be >= 1")
+    if s.n < 1:
+        raise InvalidRequestError(f"request {request.request_id!r}: n={s.n} must be >= 1")
+    if not (math.isfinite(s.temperature) and s.temperature >= 0):
+        raise InvalidRequestError(f"request {request.request_id!r}: temperature={s.temperature} must be >= 0")
+    if not (0 < s.top_p <= 1):
+        raise InvalidRequestError(f"request {request.request_id!r}: top_p={s.top_p} must be in (0, 1]")
+    if s.top_k < 0:
+        raise InvalidRequestError(f"request {request.request_id!r}: top_k={s.top_k} must be >= 0")
+    bad = next((t for t in s.stop_token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(f"request {request.request_id!r}: stop token ID {bad} outside [0, {vocab_size})")
+    return min(s.max_tokens, max_model_len - len(prompt))
