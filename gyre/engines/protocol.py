@@ -71,6 +71,8 @@ class TokenDelta(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=
     logprobs: list[float]
     versions: list[int]
     finish_reason: FinishReason | None = None
+    cached_tokens: int | None = None
+    """On the final delta: prompt tokens served from the prefix cache (None if unknown)."""
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):

@@ -24,7 +24,7 @@ from gyre.engines.protocol import (
     TokenDelta,
     choice_seed,
 )
-from gyre.engines.validate import validate_request
+from gyre.engines.validate import remember_abort, validate_request
 from gyre.errors import EngineUnavailableError
 
 __all__ = ["ScriptedReply", "ScriptedEngine", "default_reply"]
@@ -93,6 +93,7 @@ class ScriptedEngine:
         self.requests_seen: list[GenerateRequest] = []
         """Every accepted request, in order (tests check the exact prompt IDs the engine ran on)."""
         self._running: dict[str, _Running] = {}
+        self._tombstones: dict[str, bool] = {}  # aborted before they arrived
         self._paused = False
         self._counts = dict(requests_total=0, requests_aborted=0, tokens_generated=0, weight_loads=0)
 
@@ -113,6 +114,11 @@ class ScriptedEngine:
             raise EngineUnavailableError(f"engine is paused; request {request.request_id!r} refused")
         max_tokens = validate_request(request, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
         n = request.sampling.n
+        if self._tombstones.pop(request.request_id, False):
+            for index in range(n):  # aborted before it arrived: 0 tokens (FIELD_CASES B20)
+                self._counts["requests_aborted"] += 1
+                yield TokenDelta(index=index, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
+            return
         state = _Running(n)
         self._running[request.request_id] = state
         self._counts["requests_total"] += 1
@@ -153,6 +159,7 @@ class ScriptedEngine:
     async def abort(self, request_id: str) -> list[Completion]:
         state = self._running.get(request_id)
         if state is None:
+            remember_abort(self._tombstones, request_id)
             return []
         state.aborted = True
         self._counts["requests_aborted"] += 1

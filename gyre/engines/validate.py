@@ -1,6 +1,6 @@
 """Request validation shared by every engine backend, so all refuse bad input the same way.
 
-Owns `validate_request`. Knows the engine's vocabulary size and context limit, nothing else.
+Owns `validate_request` and `remember_abort`. Knows the engine's vocabulary size and context limit, nothing else.
 """
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ import math
 from gyre.engines.protocol import GenerateRequest
 from gyre.errors import ContextLengthError, InvalidRequestError
 
-__all__ = ["validate_request"]
+__all__ = ["validate_request", "remember_abort", "MAX_TOMBSTONES"]
+
+MAX_TOMBSTONES = 65536
+"""Aborts of not-yet-arrived requests remembered per engine (oldest forgotten first)."""
 
 
 def validate_request(request: GenerateRequest, *, vocab_size: int, max_model_len: int) -> int:
@@ -52,3 +55,14 @@ def validate_request(request: GenerateRequest, *, vocab_size: int, max_model_len
     if bad is not None:
         raise InvalidRequestError(f"request {request.request_id!r}: stop token ID {bad} outside [0, {vocab_size})")
     return min(s.max_tokens, max_model_len - len(prompt))
+
+
+def remember_abort(tombstones: dict[str, bool], request_id: str) -> None:
+    """Record an abort that arrived before its request, so the request ends at once with 0 tokens.
+
+    A router may abort a request whose generate call is still in flight to the engine; without
+    this the request would start after its abort and run to the end.
+    """
+    tombstones[request_id] = True
+    while len(tombstones) > MAX_TOMBSTONES:
+        del tombstones[next(iter(tombstones))]

@@ -1,0 +1,343 @@
+"""The vLLM inference backend: `VLLMEngine` wraps vLLM's AsyncLLM behind the `InferenceEngine` protocol.
+
+Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node reaches it through
+`gyre.runtime.cell_client.CellClient`. Owns how gyre drives vLLM:
+
+- logprobs are vLLM's `processed_logprobs` (after temperature, top-k, top-p: the distribution
+  actually sampled from, FIELD_CASES B05), one per sampled token;
+- each of the n choices is its own vLLM request with seed `choice_seed(seed, i)` (B22: vLLM's own
+  n>1 reuses one seed); EOS is not special: the request's stop IDs decide, the stop token is kept;
+- `load_weights` aborts in-flight requests with their tokens so far, reloads (`reload_weights`),
+  resets the prefix cache (B12), bumps the version and continues each request from prompt +
+  tokens so far, so every token carries the version that sampled it and callers see one stream.
+
+It knows nothing about chat messages, executions or HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gyre.config import EngineConfig
+from gyre.engines.protocol import (
+    Completion,
+    EngineStatistics,
+    FinishReason,
+    GenerateRequest,
+    TokenDelta,
+    choice_seed,
+)
+from gyre.engines.validate import remember_abort, validate_request
+from gyre.errors import (
+    EngineError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    GyreError,
+    WeightSyncError,
+)
+
+__all__ = ["VLLMEngine", "engine_args"]
+
+logger = logging.getLogger(__name__)
+
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def engine_args(model_path: str, config: EngineConfig) -> Any:
+    """vLLM `AsyncEngineArgs` for a gyre rollout engine (token IDs in, processed logprobs out)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(
+        model=model_path,
+        dtype=config.dtype,
+        max_model_len=config.max_model_len,
+        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+        block_size=config.block_size,
+        enable_prefix_caching=config.enable_prefix_caching,
+        enforce_eager=config.enforce_eager,
+        logprobs_mode="processed_logprobs",
+        max_logprobs=20,
+        skip_tokenizer_init=True,
+        seed=0,
+        disable_log_stats=True,
+    )
+
+
+class _Choice:
+    """One choice of one request: what the caller has been given so far."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.ids: list[int] = []
+        self.lps: list[float] = []
+        self.vers: list[int] = []
+        self.finish: FinishReason | None = None
+        self.sub_id: str | None = None
+        self.user_aborted = False
+        self.done = asyncio.Event()
+
+
+class VLLMEngine:
+    """`InferenceEngine` over a running vLLM `AsyncLLM` (asyncio only).
+
+    Build with `await VLLMEngine.start(model_path, config)`; `shutdown()` when done.
+    """
+
+    def __init__(self, llm: Any, *, vocab_size: int, max_model_len: int, config: EngineConfig) -> None:
+        self.llm = llm
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.config = config
+        self.weight_version = 0
+        self._requests: dict[str, list[_Choice]] = {}
+        self._tombstones: dict[str, bool] = {}  # aborted before they arrived
+        self._active_subs: set[str] = set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._ready = asyncio.Event()  # cleared while weights load
+        self._ready.set()
+        self._load_lock = asyncio.Lock()
+        self._paused = False
+        self._broken: str | None = None  # set when a weight load failed half-way
+        self._counts = dict(
+            requests_total=0, requests_aborted=0, tokens_generated=0, weight_loads=0, prefix_cache_resets=0
+        )
+
+    @classmethod
+    async def start(cls, model_path: str, config: EngineConfig) -> VLLMEngine:
+        """Start vLLM on `model_path` (a Hugging Face folder). Takes ~20 s on 2 CPU cores."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        llm = AsyncLLM.from_engine_args(engine_args(model_path, config))
+        model_config = llm.model_config
+        return cls(
+            llm,
+            vocab_size=model_config.get_vocab_size(),
+            max_model_len=model_config.max_model_len,
+            config=config,
+        )
+
+    def shutdown(self) -> None:
+        """Stop vLLM's engine-core process (idempotent)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.shutdown()
+            del llm
+            gc.collect()  # run AsyncLLM.__del__ now, while the interpreter is still whole
+
+    # -- generation -------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        self._check_serving(request.request_id)
+        max_tokens = validate_request(request, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+        if request.request_id in self._requests:
+            raise EngineUnavailableError(f"request {request.request_id!r} is already running")
+        choices = [_Choice(i) for i in range(request.sampling.n)]
+        if self._tombstones.pop(request.request_id, False):
+            for choice in choices:  # aborted before it arrived: 0 tokens (FIELD_CASES B20)
+                self._counts["requests_aborted"] += 1
+                yield TokenDelta(index=choice.index, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
+            return
+        self._requests[request.request_id] = choices
+        self._counts["requests_total"] += 1
+        queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
+        tasks = [
+            asyncio.create_task(self._run_choice(request, choice, max_tokens, queue), name=f"{request.request_id}/{choice.index}")
+            for choice in choices
+        ]
+        deadline = time.monotonic() + self.config.request_timeout_s
+        try:
+            remaining = len(choices)
+            while remaining:
+                try:
+                    async with asyncio.timeout(deadline - time.monotonic()):
+                        item = await queue.get()
+                except TimeoutError:
+                    await self.abort(request.request_id)
+                    raise EngineTimeoutError(
+                        f"request {request.request_id!r} exceeded request_timeout_s={self.config.request_timeout_s}"
+                    ) from None
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finish_reason is not None:
+                    remaining -= 1
+                yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._requests.pop(request.request_id, None)
+
+    async def _run_choice(
+        self, request: GenerateRequest, choice: _Choice, max_tokens: int, queue: asyncio.Queue
+    ) -> None:
+        """Drive one choice through vLLM; continue it after a weight load. Never raises."""
+        try:
+            attempt = 0
+            while True:
+                await self._ready.wait()
+                if choice.user_aborted:
+                    finish, cached = "abort", None
+                    break
+                self._check_serving(request.request_id)
+                finish, cached = await self._attempt(request, choice, max_tokens, attempt, queue)
+                if finish == "abort" and not choice.user_aborted and len(choice.ids) < max_tokens:
+                    attempt += 1  # aborted by a weight load: continue from the tokens so far
+                    continue
+                break
+            choice.finish = finish
+            if finish == "abort":
+                self._counts["requests_aborted"] += 1
+            queue.put_nowait(
+                TokenDelta(
+                    index=choice.index, token_ids=[], logprobs=[], versions=[],
+                    finish_reason=finish, cached_tokens=cached,
+                )
+            )
+        except BaseException as exc:  # handed to the consumer, who re-raises it
+            if isinstance(exc, Exception) and not isinstance(exc, GyreError):
+                exc = EngineError(f"vLLM failed on request {request.request_id!r}: {exc!r}")
+            queue.put_nowait(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            choice.done.set()
+
+    async def _attempt(
+        self, request: GenerateRequest, choice: _Choice, max_tokens: int, attempt: int, queue: asyncio.Queue
+    ) -> tuple[FinishReason, int | None]:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        s = request.sampling
+        seed = choice_seed(s.seed, choice.index)
+        if seed is not None and attempt:
+            seed = choice_seed(seed, attempt)
+        params = VSamplingParams(
+            n=1,
+            max_tokens=max_tokens - len(choice.ids),
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            seed=seed,
+            stop_token_ids=list(s.stop_token_ids),
+            ignore_eos=True,
+            logprobs=0,
+            detokenize=False,
+            skip_special_tokens=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        sub_id = f"{request.request_id}/{choice.index}/{attempt}"
+        choice.sub_id = sub_id
+        self._active_subs.add(sub_id)
+        self._drained.clear()
+        finish: FinishReason = "abort"
+        cached = None
+        try:
+            prompt = TokensPrompt(prompt_token_ids=[*request.prompt_ids, *choice.ids])
+            async for out in self.llm.generate(prompt, params, sub_id):
+                if choice.user_aborted:  # tokens after an abort are not handed out: abort()
+                    await self.llm.abort(sub_id)  # returns exactly what the stream carried
+                    break
+                c = out.outputs[0]
+                ids = list(c.token_ids)
+                if ids:
+                    lps = [c.logprobs[i][tok].logprob for i, tok in enumerate(ids)]
+                    vers = [self.weight_version] * len(ids)
+                    choice.ids += ids
+                    choice.lps += lps
+                    choice.vers += vers
+                    self._counts["tokens_generated"] += len(ids)
+                    queue.put_nowait(TokenDelta(index=choice.index, token_ids=ids, logprobs=lps, versions=vers))
+                if attempt == 0 and out.num_cached_tokens is not None:
+                    cached = out.num_cached_tokens
+                if out.finished:
+                    finish = _FINISH.get(str(c.finish_reason), "abort")
+        finally:
+            self._active_subs.discard(sub_id)
+            choice.sub_id = None
+            if not self._active_subs:
+                self._drained.set()
+        return finish, cached
+
+    def _check_serving(self, request_id: str) -> None:
+        if self._broken is not None:
+            raise EngineUnavailableError(f"request {request_id!r} refused: {self._broken}")
+        if self._paused:
+            raise EngineUnavailableError(f"request {request_id!r} refused: engine is paused")
+
+    async def abort(self, request_id: str) -> list[Completion]:
+        choices = self._requests.get(request_id)
+        if choices is None:
+            remember_abort(self._tombstones, request_id)
+            return []
+        for choice in choices:
+            choice.user_aborted = True
+        subs = [c.sub_id for c in choices if c.sub_id is not None]
+        if subs:
+            await self.llm.abort(subs)
+        await asyncio.wait_for(
+            asyncio.gather(*(c.done.wait() for c in choices)), timeout=self.config.request_timeout_s
+        )
+        return [
+            Completion(
+                index=c.index, token_ids=list(c.ids), logprobs=list(c.lps), versions=list(c.vers),
+                finish_reason=c.finish or "abort",
+            )
+            for c in choices
+        ]
+
+    # -- weights and scheduling -------------------------------------------------------------
+
+    async def load_weights(self, snapshot: str, version: int) -> None:
+        async with self._load_lock:
+            self._ready.clear()
+            try:
+                async with asyncio.timeout(self.config.weight_load_timeout_s):
+                    await self.llm.pause_generation(mode="abort", clear_cache=True)
+                    await self._drained.wait()
+                    try:
+                        await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": snapshot})
+                    except Exception as exc:
+                        self._broken = f"weight load of version {version} from {snapshot!r} failed: {exc}"
+                        raise WeightSyncError(self._broken) from exc
+                    if not await self.llm.reset_prefix_cache():
+                        self._broken = "prefix cache could not be reset after a weight load"
+                        raise WeightSyncError(self._broken)
+                    self._counts["prefix_cache_resets"] += 1
+                    self.weight_version = version
+                    self._broken = None
+                    self._counts["weight_loads"] += 1
+            except TimeoutError:
+                self._broken = f"weight load of version {version} timed out"
+                raise WeightSyncError(
+                    f"{self._broken} after weight_load_timeout_s={self.config.weight_load_timeout_s}"
+                ) from None
+            finally:
+                await self.llm.resume_generation()
+                self._ready.set()
+
+    async def pause(self) -> None:
+        """Freeze in-flight requests (vLLM `pause_generation(mode="keep")`; sleep mode is GPU-only)."""
+        self._paused = True
+        await self.llm.pause_generation(mode="keep", clear_cache=False)
+
+    async def resume(self) -> None:
+        await self.llm.resume_generation()
+        self._paused = False
+
+    def statistics(self) -> EngineStatistics:
+        return EngineStatistics(
+            weight_version=self.weight_version,
+            running_requests=len(self._requests),
+            paused=self._paused,
+            max_model_len=self.max_model_len,
+            vocab_size=self.vocab_size,
+            **self._counts,
+        )

@@ -1,0 +1,267 @@
+"""The node's view of a cell: `CellClient` (the `InferenceEngine` protocol over HTTP) and start-up.
+
+Owns `CellClient`, `CellProcess`, `spawn_cell`, `wait_cell_ready` and `open_cell`. The client runs
+on anyio + httpx, so it works on the node's trio loop and on asyncio; code above it cannot tell a
+cell from the scripted engine. Every wait is bounded (DESIGN.md invariant 7): requests by
+`request_timeout_s`, weight loads by `weight_load_timeout_s`, start-up by `startup_timeout_s`.
+Knows nothing about what the cell runs inside (vLLM, DeepSpeed).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+import msgspec
+
+from gyre.config import EngineConfig
+from gyre.engines.protocol import Completion, EngineStatistics, GenerateRequest, TokenDelta
+from gyre.errors import (
+    EngineError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    GyreError,
+    WeightSyncError,
+    error_from_code,
+)
+from gyre.runtime.cell_wire import (
+    AbortRequest,
+    FrameReader,
+    Health,
+    LoadWeightsRequest,
+    WireError,
+    decode,
+    encode,
+)
+
+__all__ = ["CellClient", "CellProcess", "spawn_cell", "wait_cell_ready", "open_cell"]
+
+_HEADERS = {"Content-Type": "application/msgpack"}
+
+
+def _raise_for(response: httpx.Response, body: bytes) -> None:
+    if response.status_code == 200:
+        return
+    try:
+        err = decode(body, WireError)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        raise EngineError(f"cell answered HTTP {response.status_code}: {body[:200]!r}") from None
+    raise error_from_code(err.code, err.message)
+
+
+class CellClient:
+    """`InferenceEngine` over a cell's token-level API (see `gyre.runtime.cell`).
+
+    Use as `async with CellClient(url, config) as engine:`. `statistics()` returns the snapshot
+    fetched by the last `refresh_statistics()` (HTTP cannot be called synchronously).
+    """
+
+    def __init__(self, base_url: str, config: EngineConfig = EngineConfig()) -> None:
+        self.base_url = base_url
+        self.config = config
+        self._http: httpx.AsyncClient | None = None
+        self._stats: EngineStatistics | None = None
+
+    async def __aenter__(self) -> CellClient:
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(self.config.request_timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        await self.refresh_statistics()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            raise EngineUnavailableError("CellClient used outside `async with`")
+        return self._http
+
+    async def _post(self, path: str, body: object, timeout_s: float) -> bytes:
+        try:
+            with anyio.fail_after(timeout_s):
+                response = await self.http.post(path, content=encode(body), headers=_HEADERS, timeout=timeout_s)
+        except TimeoutError:
+            raise EngineTimeoutError(f"cell {self.base_url} {path}: no answer within {timeout_s} s") from None
+        except httpx.TransportError as exc:
+            raise EngineUnavailableError(f"cell {self.base_url} {path}: {exc!r}") from None
+        _raise_for(response, response.content)
+        return response.content
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        pending = set(range(request.sampling.n))
+        try:
+            with anyio.fail_after(self.config.request_timeout_s):
+                async with self.http.stream("POST", "/generate", content=encode(request), headers=_HEADERS) as response:
+                    if response.status_code != 200:
+                        _raise_for(response, await response.aread())
+                    reader = FrameReader()
+                    async for chunk in response.aiter_bytes():
+                        for frame in reader.feed(chunk):
+                            if frame.error is not None:
+                                raise error_from_code(frame.error.code, frame.error.message)
+                            delta = frame.delta
+                            if delta.finish_reason is not None:
+                                pending.discard(delta.index)
+                            yield delta
+        except TimeoutError:
+            await self._abort_quietly(request.request_id)
+            raise EngineTimeoutError(
+                f"request {request.request_id!r} exceeded request_timeout_s={self.config.request_timeout_s}"
+            ) from None
+        except httpx.TransportError as exc:
+            raise EngineUnavailableError(f"cell {self.base_url} lost request {request.request_id!r}: {exc!r}") from None
+        if pending:
+            raise EngineUnavailableError(
+                f"cell {self.base_url} ended request {request.request_id!r} without finishing choices {sorted(pending)}"
+            )
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            try:
+                await self.abort(request_id)
+            except GyreError:
+                pass  # the cell is unreachable: nothing left to abort there
+
+    async def abort(self, request_id: str) -> list[Completion]:
+        body = await self._post("/abort", AbortRequest(request_id), self.config.request_timeout_s)
+        return decode(body, list[Completion])
+
+    async def load_weights(self, snapshot: str, version: int) -> None:
+        try:
+            await self._post("/load_weights", LoadWeightsRequest(snapshot, version), self.config.weight_load_timeout_s)
+        except EngineTimeoutError as exc:
+            raise WeightSyncError(f"weight load of version {version}: {exc}") from None
+        await self.refresh_statistics()
+
+    async def pause(self) -> None:
+        await self._post("/pause", {}, self.config.request_timeout_s)
+
+    async def resume(self) -> None:
+        await self._post("/resume", {}, self.config.request_timeout_s)
+
+    async def refresh_statistics(self) -> EngineStatistics:
+        """Fetch the cell's statistics now (and keep them for `statistics()`)."""
+        try:
+            with anyio.fail_after(30):
+                response = await self.http.get("/statistics")
+        except TimeoutError:
+            raise EngineTimeoutError(f"cell {self.base_url} /statistics: no answer within 30 s") from None
+        except httpx.TransportError as exc:
+            raise EngineUnavailableError(f"cell {self.base_url} /statistics: {exc!r}") from None
+        _raise_for(response, response.content)
+        self._stats = decode(response.content, EngineStatistics)
+        return self._stats
+
+    def statistics(self) -> EngineStatistics:
+        if self._stats is None:
+            raise EngineUnavailableError("no statistics fetched yet: call refresh_statistics()")
+        return self._stats
+
+
+class CellProcess(msgspec.Struct, kw_only=True):
+    """A spawned cell worker: its process, where it writes its port, and its log file."""
+
+    process: subprocess.Popen
+    port_file: Path
+    log_path: Path
+    base_url: str | None = None
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """Ask the cell to exit (SIGTERM), then kill it after `timeout_s`; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def spawn_cell(
+    model_dir: str | Path,
+    config: EngineConfig,
+    *,
+    log_path: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> CellProcess:
+    """Start a cell worker process (returns at once; see `wait_cell_ready`)."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    port_file = Path(tempfile.mkdtemp(prefix="gyre-cell-")) / "port"
+    cmd = [
+        sys.executable, "-m", "gyre.runtime.cell",
+        "--model", str(model_dir),
+        "--engine-config", msgspec.json.encode(config).decode(),
+        "--host", host, "--port", str(port), "--port-file", str(port_file),
+    ]
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return CellProcess(process=process, port_file=port_file, log_path=log_path)
+
+
+def wait_cell_ready(cell: CellProcess, timeout_s: float, host: str = "127.0.0.1") -> str:
+    """Block until the cell's engine serves; return its base URL.
+
+    Raises `EngineUnavailableError` if the process exits or its engine fails to start (with the
+    tail of its log), `EngineTimeoutError` after `timeout_s`.
+    """
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=5.0) as http:
+        while time.monotonic() < deadline:
+            if cell.process.poll() is not None:
+                raise EngineUnavailableError(
+                    f"cell exited with code {cell.process.returncode} during start-up; log tail:\n{_tail(cell.log_path)}"
+                )
+            if cell.base_url is None and cell.port_file.exists():
+                cell.base_url = f"http://{host}:{int(cell.port_file.read_text())}"
+            if cell.base_url is not None:
+                try:
+                    response = http.get(f"{cell.base_url}/health")
+                    health = decode(response.content, Health)
+                    if health.state == "ready":
+                        return cell.base_url
+                    if health.state == "failed":
+                        cell.stop()
+                        raise EngineUnavailableError(f"cell engine failed to start: {health.error}")
+                except httpx.TransportError:
+                    pass  # not listening yet
+            time.sleep(0.2)
+    cell.stop()
+    raise EngineTimeoutError(f"cell not ready within startup_timeout_s={timeout_s}; log tail:\n{_tail(cell.log_path)}")
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@asynccontextmanager
+async def open_cell(
+    model_dir: str | Path, config: EngineConfig, *, log_path: str | Path, host: str = "127.0.0.1"
+) -> AsyncIterator[CellClient]:
+    """Spawn a cell, wait until it serves, yield its client; stop the process on exit."""
+    cell = spawn_cell(model_dir, config, log_path=log_path, host=host)
+    try:
+        url = await anyio.to_thread.run_sync(wait_cell_ready, cell, config.startup_timeout_s, host)
+        async with CellClient(url, config) as client:
+            yield client
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(cell.stop)
