@@ -1,10 +1,11 @@
 """Typed, frozen run configuration, loaded from TOML.
 
 Owns `RunConfig` and one nested Struct per component (`ModelConfig`, `EngineConfig`,
-`CellConfig`). Every field has a unit in its name where it has one and is validated at construction
-with `ValueError(f"{field=} ...")`; `load_config` turns unknown keys, wrong types and bad values into
-one `ConfigError` line naming the key path (``$.engine.max_model_len``) and the value.
-Components receive their own Struct and know nothing about the file format.
+`CellConfig`, `TrajectoryConfig`, `RLConfig`). Every field has a unit in its name where it has
+one and is validated at construction with `ValueError(f"{field=} ...")`; `load_config` turns
+unknown keys, wrong types and bad values into one `ConfigError` line naming the key path
+(``$.engine.max_model_len``) and the value. Components receive their own Struct and know
+nothing about the file format.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import msgspec
 
 from gyre.errors import ConfigError
 
-__all__ = ["ModelConfig", "EngineConfig", "CellConfig", "RunConfig", "load_config", "config_from_dict"]
+__all__ = [
+    "ModelConfig", "EngineConfig", "CellConfig", "TrajectoryConfig", "RLConfig", "RunConfig",
+    "load_config", "config_from_dict",
+]
 
 
 class _Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -123,6 +127,46 @@ class CellConfig(_Config):
             raise ValueError(f"base_port={self.base_port} must be in [0, 65535]")
 
 
+class TrajectoryConfig(_Config):
+    """Trajectory trees -> training data (`gyre.trajectory`): Jmax selection and packing."""
+
+    jmax: int = 8
+    """Most root-to-leaf trajectories of one execution admitted to training (role priority)."""
+    role_limits: dict[str, int] = {}
+    """Optional cap per role (`main`, `main_summary`, `sub_agent`, `sub_agent_summary`)."""
+    micro_batch_tokens: int = 16384
+    """Token budget of one packed micro-batch (a larger tree gets a micro-batch to itself)."""
+
+    def __post_init__(self) -> None:
+        _positive(jmax=self.jmax, micro_batch_tokens=self.micro_batch_tokens)
+        roles = ("main", "main_summary", "sub_agent", "sub_agent_summary")
+        for role, limit in self.role_limits.items():
+            if role not in roles or limit < 0:
+                raise ValueError(f"role_limits[{role!r}]={limit} needs a role in {roles} and a limit >= 0")
+
+
+class RLConfig(_Config):
+    """The policy loss (`gyre.rl`)."""
+
+    clip_eps: float = 0.2
+    """PPO clip range: ratios outside [1 - clip_eps, 1 + clip_eps] stop the gradient."""
+    is_cap: float = 2.0
+    """Truncated importance-sampling cap on the ratio (dual clip for negative advantages)."""
+    max_staleness: int = 2
+    """Most weight versions a policy token may lag the trainer; older tokens are masked out."""
+    logprob_chunk_size: int = 1024
+    """Positions per chunk of the fused selective logprob (extra memory chunk x vocab)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.clip_eps < 1:
+            raise ValueError(f"clip_eps={self.clip_eps} must be in (0, 1)")
+        if self.is_cap < 1 + self.clip_eps:
+            raise ValueError(f"is_cap={self.is_cap} must be >= 1 + clip_eps")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness={self.max_staleness} must be >= 0")
+        _positive(logprob_chunk_size=self.logprob_chunk_size)
+
+
 class RunConfig(_Config):
     """One run of one node. Loaded from TOML with `load_config`; see `examples/`."""
 
@@ -132,6 +176,8 @@ class RunConfig(_Config):
     model: ModelConfig = ModelConfig()
     engine: EngineConfig = EngineConfig()
     cells: CellConfig = CellConfig()
+    trajectory: TrajectoryConfig = TrajectoryConfig()
+    rl: RLConfig = RLConfig()
 
     def __post_init__(self) -> None:
         if not self.run_dir:

@@ -1,0 +1,64 @@
+"""Advantages: each execution's reward minus the baseline of its group (the executions of one task).
+
+Owns `GroupAdvantages`, `group_advantages` and `reward_of`. The baseline is the mean reward over
+the group's *trainable* executions: finished ones and ones stopped at a limit (timeout, ...),
+which are trained with their partial score. Executions that failed for infrastructure reasons
+(reward None) are left out of the baseline and out of the loss (advantage None). Knows nothing
+about trees, tokens or models; reads `gyre.tasks` outcomes only through `reward_of`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+__all__ = ["GroupAdvantages", "group_advantages", "reward_of"]
+
+
+class GroupAdvantages(msgspec.Struct, frozen=True, kw_only=True):
+    """One group's baseline and per-execution advantages, in the order given."""
+
+    execution_ids: tuple[str, ...]
+    baseline: float | None
+    """Mean reward of the trainable executions; None when there are none."""
+    advantages: tuple[float | None, ...]
+    """reward - baseline; None for failed executions (they carry no loss)."""
+
+    def as_dict(self) -> dict[str, float | None]:
+        return dict(zip(self.execution_ids, self.advantages))
+
+
+def reward_of(outcome: Any) -> float | None:
+    """The reward of a `gyre.tasks.outcome.Outcome`: its (full or partial) score, None if failed."""
+    if outcome.termination == "failed" or outcome.score is None:
+        return None
+    return float(outcome.score.score)
+
+
+def group_advantages(execution_ids: Sequence[str], rewards: Sequence[float | None]) -> GroupAdvantages:
+    """Group-baseline advantages: A_i = r_i - mean_{j not failed} r_j (GRPO without std scaling).
+
+    `rewards[i]` is None for a failed execution. Raises `ValueError` for an empty group, lengths
+    that differ, duplicate ids, or a reward that is not finite.
+    """
+    if not execution_ids:
+        raise ValueError("group_advantages needs at least one execution")
+    if len(execution_ids) != len(rewards):
+        raise ValueError(f"{len(execution_ids)} execution ids but {len(rewards)} rewards")
+    if len(set(execution_ids)) != len(execution_ids):
+        raise ValueError(f"duplicate execution ids in {list(execution_ids)}")
+    kept = []
+    for eid, r in zip(execution_ids, rewards):
+        if r is not None:
+            if not math.isfinite(r):
+                raise ValueError(f"execution {eid!r}: reward={r!r} must be finite")
+            kept.append(float(r))
+    baseline = math.fsum(kept) / len(kept) if kept else None
+    return GroupAdvantages(
+        execution_ids=tuple(execution_ids),
+        baseline=baseline,
+        advantages=tuple(None if r is None else float(r) - baseline for r in rewards),
+    )

@@ -1,0 +1,51 @@
+"""Trainer-side logprobs of a packed micro-batch under a Hugging Face causal LM.
+
+Owns `packed_logprobs`: one forward of the decoder over the packed sequence with the tree mask
+and tree position ids, then the fused selective logprob + entropy at the loss positions only,
+each predicted from its parent's hidden state (not the previous packed position). Knows nothing
+about rewards or optimizers; knows the Hugging Face layout `model.model` (decoder returning
+`last_hidden_state`) and `model.lm_head` (no bias), as in Qwen2ForCausalLM.
+
+Shape suffix legend: `T` packed tokens, `N` loss positions, `H` hidden size, `V` vocabulary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gyre.kernels.logprob import LogprobImpl, selective_logprob_entropy
+from gyre.kernels.tree_attention import model_attention_mask
+from gyre.trajectory.pack import PackedBatch
+
+__all__ = ["packed_logprobs"]
+
+
+def packed_logprobs(
+    model: torch.nn.Module, batch: PackedBatch, *, positions_N: np.ndarray | None = None,
+    temperature: float = 1.0, chunk_size: int = 1024, impl: LogprobImpl = "torch",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprob_N, entropy_N) of the tokens at packed indices `positions_N` (default: the loss
+    positions), in nats, float32 (float64 for a float64 model), differentiable.
+
+    The model must use `attn_implementation` "sdpa" or "flex_attention" (`ValueError` otherwise:
+    eager attention mishandles boolean 4D masks). `temperature` is the sampling temperature the
+    behaviour logprobs were taken at (B05). Raises `ValueError` for a position with no parent (a
+    root token has nothing to predict it).
+    """
+    positions = batch.loss_positions() if positions_N is None else np.asarray(positions_N, dtype=np.int64)
+    parents = batch.parent_T[positions]
+    if (parents < 0).any():
+        raise ValueError(f"positions {positions[parents < 0].tolist()} are roots: no logits predict them")
+    device = model.lm_head.weight.device
+    attn = model.config._attn_implementation
+    dfs_out_T = torch.as_tensor(batch.dfs_out_T, device=device)
+    mask = model_attention_mask(dfs_out_T, attn)
+    input_ids = torch.as_tensor(batch.input_ids_T, device=device)[None]
+    position_ids = torch.as_tensor(batch.position_ids_T, device=device)[None]
+    hidden_TH = model.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                            use_cache=False).last_hidden_state[0]
+    hidden_NH = hidden_TH[torch.as_tensor(parents, device=device)]
+    labels_N = torch.as_tensor(batch.input_ids_T[positions], device=device)
+    return selective_logprob_entropy(hidden_NH, model.lm_head.weight, labels_N,
+                                     temperature=temperature, chunk_size=chunk_size, impl=impl)

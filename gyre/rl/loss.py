@@ -1,0 +1,105 @@
+"""The policy loss: PPO-clip with a truncated importance-sampling cap, masked by selection.
+
+Owns `policy_loss`, `masked_token_mean`, `stale_token_mask` and `LossStatistics`. Masking is by
+selection (boolean indexing before any arithmetic), never by multiplying with a 0/1 mask, so a NaN
+or inf at a masked position cannot reach the loss or its gradient (B09). Staleness is enforced
+per token from the weight version that sampled it (DESIGN.md invariant 6, B11). Knows nothing
+about trees, models or optimizers: it takes per-token tensors.
+
+Shape suffix legend: `N` candidate loss tokens (e.g. the policy tokens of a packed micro-batch).
+"""
+
+from __future__ import annotations
+
+import msgspec
+import torch
+
+__all__ = ["LossStatistics", "policy_loss", "masked_token_mean", "stale_token_mask"]
+
+
+class LossStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What one `policy_loss` call saw (floats are plain Python numbers, NaN when no token)."""
+
+    tokens: int
+    """Tokens that carried loss (mask True)."""
+    masked_tokens: int
+    """Candidate tokens left out by the mask (stale, unselected, failed execution)."""
+    clip_fraction: float
+    """Fraction of loss tokens whose clipped term was the active one (no gradient)."""
+    is_capped_fraction: float
+    """Fraction of loss tokens whose ratio exceeded `is_cap`."""
+    mean_ratio: float
+    """Mean importance ratio pi_theta / pi_behaviour over loss tokens."""
+    mean_abs_logprob_diff: float
+    """Mean |trainer logprob - behaviour logprob| over loss tokens: the B07 mismatch metric."""
+
+
+def masked_token_mean(loss_N: torch.Tensor, mask_N: torch.Tensor) -> torch.Tensor:
+    """sum(loss_N[mask_N]) / count(mask_N); 0 (not NaN) when nothing is selected.
+
+    Any shape (`mask_N` bool, same shape). Masked entries may be NaN or inf: they are never read,
+    so their gradient is exactly 0. Raises `ValueError` for a non-bool mask or mismatched shapes.
+    """
+    if mask_N.dtype != torch.bool or mask_N.shape != loss_N.shape:
+        raise ValueError(f"mask must be bool with shape {tuple(loss_N.shape)}, got {mask_N.dtype} {tuple(mask_N.shape)}")
+    selected = loss_N[mask_N]
+    return selected.sum() / max(int(selected.numel()), 1)
+
+
+def stale_token_mask(version_N: torch.Tensor, trainer_version: int, max_staleness: int) -> torch.Tensor:
+    """True where a token is fresh enough to train: `0 <= trainer_version - version <= max_staleness`.
+
+    Context tokens (version -1) and tokens from a version newer than the trainer's are False.
+    Raises `ValueError` if `max_staleness < 0`.
+    """
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness={max_staleness} must be >= 0")
+    age_N = trainer_version - version_N.long()
+    return (version_N >= 0) & (age_N >= 0) & (age_N <= max_staleness)
+
+
+def policy_loss(
+    logprob_N: torch.Tensor, behaviour_logprob_N: torch.Tensor, advantage_N: torch.Tensor,
+    weight_N: torch.Tensor, mask_N: torch.Tensor, *, clip_eps: float = 0.2, is_cap: float = 2.0,
+) -> tuple[torch.Tensor, LossStatistics]:
+    """Weighted sum over selected tokens of the dual-clipped PPO term; returns (loss, statistics).
+
+    For a token with ratio r = exp(logprob - behaviour_logprob) and advantage A:
+    term = -min(min(r, is_cap) * A, clip(r, 1 - clip_eps, 1 + clip_eps) * A)
+    (PPO-clip, Schulman et al. 2017; the truncated IS cap bounds r for negative advantages as in
+    dual-clip PPO, Ye et al. 2020). loss = sum over mask_N of weight_N * term: the weights already
+    hold the per-execution and per-batch means (`gyre.trajectory.pack`), so summing micro-batch
+    losses gives the batch loss. All inputs are [N]; `mask_N` bool; logprobs in nats.
+    Raises `ValueError` for mismatched shapes, `clip_eps` outside (0, 1) or `is_cap < 1 + clip_eps`.
+    """
+    n = logprob_N.shape
+    for name, t in (("behaviour_logprob_N", behaviour_logprob_N), ("advantage_N", advantage_N),
+                    ("weight_N", weight_N), ("mask_N", mask_N)):
+        if t.shape != n:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(n)}")
+    if mask_N.dtype != torch.bool:
+        raise ValueError(f"mask_N must be bool, got {mask_N.dtype}")
+    if not 0 < clip_eps < 1:
+        raise ValueError(f"clip_eps={clip_eps} must be in (0, 1)")
+    if is_cap < 1 + clip_eps:
+        raise ValueError(f"is_cap={is_cap} must be >= 1 + clip_eps = {1 + clip_eps}")
+    lp = logprob_N[mask_N]
+    blp = behaviour_logprob_N[mask_N].to(lp.dtype)
+    adv = advantage_N[mask_N].to(lp.dtype)
+    w = weight_N[mask_N].to(lp.dtype)
+    ratio = torch.exp(lp - blp)
+    unclipped = torch.clamp(ratio, max=is_cap) * adv
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    term = -torch.minimum(unclipped, clipped)
+    loss = (w * term).sum()
+    tokens = int(lp.numel())
+    with torch.no_grad():
+        stats = LossStatistics(
+            tokens=tokens,
+            masked_tokens=int(mask_N.numel()) - tokens,
+            clip_fraction=float((clipped < unclipped).double().mean()) if tokens else float("nan"),
+            is_capped_fraction=float((ratio > is_cap).double().mean()) if tokens else float("nan"),
+            mean_ratio=float(ratio.double().mean()) if tokens else float("nan"),
+            mean_abs_logprob_diff=float((lp - blp).abs().double().mean()) if tokens else float("nan"),
+        )
+    return loss, stats

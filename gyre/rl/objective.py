@@ -1,0 +1,57 @@
+"""The per-micro-batch training objective: packed-tree logprobs -> masked PPO loss.
+
+Owns `microbatch_loss`, the one call a trainer makes per micro-batch before `backward()`.
+It gathers each loss token's advantage from its execution, keeps only tokens that are fresh
+enough (per-token staleness from weight versions) and have a finite advantage, and returns the
+weighted PPO loss. Summing `backward()` over a batch's micro-batches and then calling
+`gyre.rl.step.step_if_finite` is one optimizer step. Knows nothing about how batches are formed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from gyre.kernels.logprob import LogprobImpl
+from gyre.rl.logprobs import packed_logprobs
+from gyre.rl.loss import LossStatistics, policy_loss, stale_token_mask
+from gyre.trajectory.pack import PackedBatch
+
+__all__ = ["microbatch_loss"]
+
+
+def microbatch_loss(
+    model: torch.nn.Module, batch: PackedBatch, advantages: Mapping[str, float | None], *,
+    trainer_version: int, max_staleness: int, clip_eps: float = 0.2, is_cap: float = 2.0,
+    temperature: float = 1.0, chunk_size: int = 1024, impl: LogprobImpl = "torch",
+) -> tuple[torch.Tensor, LossStatistics]:
+    """Loss of one packed micro-batch (scalar tensor) and its statistics.
+
+    `advantages` maps every execution id of the batch to its advantage (None: failed, no loss).
+    Tokens older than `max_staleness` versions (or newer than the trainer) are masked out by
+    selection; their loss weight is not redistributed. Raises `ValueError` when an execution of
+    the batch has no entry in `advantages`.
+    """
+    missing = [e for e in batch.execution_ids if e not in advantages]
+    if missing:
+        raise ValueError(f"no advantage for executions {missing}")
+    positions = batch.loss_positions()
+    logprob_N, _ = packed_logprobs(model, batch, positions_N=positions, temperature=temperature,
+                                   chunk_size=chunk_size, impl=impl)
+    device, dtype = logprob_N.device, logprob_N.dtype
+    adv_E = torch.tensor([float("nan") if advantages[e] is None else advantages[e] for e in batch.execution_ids],
+                         dtype=dtype, device=device)
+    execution_N = torch.as_tensor(batch.execution_T[positions], device=device).long()
+    advantage_N = adv_E[execution_N]
+    version_N = torch.as_tensor(batch.version_T[positions], device=device)
+    mask_N = stale_token_mask(version_N, trainer_version, max_staleness) & torch.isfinite(advantage_N)
+    return policy_loss(
+        logprob_N,
+        torch.as_tensor(batch.behaviour_logprob_T[positions], device=device),
+        advantage_N,
+        torch.as_tensor(batch.loss_weight_T[positions], device=device),
+        mask_N,
+        clip_eps=clip_eps,
+        is_cap=is_cap,
+    )
