@@ -7,7 +7,8 @@ logprobs -> masked, staleness-checked PPO loss), `packed_logprobs`, `policy_loss
 
 from gyre.rl.advantages import GroupAdvantages, group_advantages, reward_of
 from gyre.rl.logprobs import packed_logprobs
-from gyre.rl.loss import LossStatistics, masked_token_mean, policy_loss, stale_token_mask
+from gyre.rl.loss import LossStatistics, masked_token_mean, policy_loss
+from gyre.rl.staleness import mixed_version_calls, stale_token_mask
 from gyre.rl.objective import microbatch_loss
 from gyre.rl.step import grads_finite, step_if_finite
 
@@ -20,6 +21,7 @@ __all__ = [
     "policy_loss",
     "masked_token_mean",
     "stale_token_mask",
+    "mixed_version_calls",
     "microbatch_loss",
     "grads_finite",
     "step_if_finite",

@@ -1,10 +1,10 @@
 """The policy loss: PPO-clip with a truncated importance-sampling cap, masked by selection.
 
-Owns `policy_loss`, `masked_token_mean`, `stale_token_mask` and `LossStatistics`. Masking is by
-selection (boolean indexing before any arithmetic), never by multiplying with a 0/1 mask, so a NaN
-or inf at a masked position cannot reach the loss or its gradient (B09). Staleness is enforced
-per token from the weight version that sampled it (DESIGN.md invariant 6, B11). Knows nothing
-about trees, models or optimizers: it takes per-token tensors.
+Owns `policy_loss`, `masked_token_mean` and `LossStatistics`. Masking is by selection (boolean
+indexing before any arithmetic), never by multiplying with a 0/1 mask, so a NaN or inf at a
+masked position cannot reach the loss or its gradient (B09). Which tokens are masked (selection,
+staleness, failed executions) is decided by the caller. Knows nothing about trees, models or
+optimizers: it takes per-token tensors.
 
 Shape suffix legend: `N` candidate loss tokens (e.g. the policy tokens of a packed micro-batch).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import msgspec
 import torch
 
-__all__ = ["LossStatistics", "policy_loss", "masked_token_mean", "stale_token_mask"]
+__all__ = ["LossStatistics", "policy_loss", "masked_token_mean"]
 
 
 class LossStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,18 +44,6 @@ def masked_token_mean(loss_N: torch.Tensor, mask_N: torch.Tensor) -> torch.Tenso
         raise ValueError(f"mask must be bool with shape {tuple(loss_N.shape)}, got {mask_N.dtype} {tuple(mask_N.shape)}")
     selected = loss_N[mask_N]
     return selected.sum() / max(int(selected.numel()), 1)
-
-
-def stale_token_mask(version_N: torch.Tensor, trainer_version: int, max_staleness: int) -> torch.Tensor:
-    """True where a token is fresh enough to train: `0 <= trainer_version - version <= max_staleness`.
-
-    Context tokens (version -1) and tokens from a version newer than the trainer's are False.
-    Raises `ValueError` if `max_staleness < 0`.
-    """
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness={max_staleness} must be >= 0")
-    age_N = trainer_version - version_N.long()
-    return (version_N >= 0) & (age_N >= 0) & (age_N <= max_staleness)
 
 
 def policy_loss(

@@ -15,7 +15,8 @@ import torch
 
 from gyre.kernels.logprob import LogprobImpl
 from gyre.rl.logprobs import packed_logprobs
-from gyre.rl.loss import LossStatistics, policy_loss, stale_token_mask
+from gyre.rl.loss import LossStatistics, policy_loss
+from gyre.rl.staleness import stale_token_mask
 from gyre.trajectory.pack import PackedBatch
 
 __all__ = ["microbatch_loss"]
