@@ -1,1 +1,39 @@
-"""gyre.sim (see DESIGN.md)."""
+"""gyre.sim: discrete-event cluster simulator driving the real scheduler policies (DESIGN.md).
+
+`simulate(config, policy)` runs one policy on one scenario; `compare(config)` runs Colocate,
+Async (best fixed split) and Elastic on the same workload draws; `python -m gyre.sim --config
+FILE` prints the table and writes timeline PNGs. The policies come from `gyre.runtime.scheduler`.
+"""
+
+from gyre.sim.compare import Comparison, best_async, build_policy, compare, format_table, plot_timeline
+from gyre.sim.config import (
+    ClusterConfig,
+    CostConfig,
+    PolicyConfig,
+    SimConfig,
+    SimModelConfig,
+    WorkloadConfig,
+    load_sim_config,
+)
+from gyre.sim.engine import SimResult, SimulationStalled, Timeline, Workload, simulate
+
+__all__ = [
+    "ClusterConfig",
+    "Comparison",
+    "CostConfig",
+    "PolicyConfig",
+    "SimConfig",
+    "SimModelConfig",
+    "SimResult",
+    "SimulationStalled",
+    "Timeline",
+    "Workload",
+    "WorkloadConfig",
+    "best_async",
+    "build_policy",
+    "compare",
+    "format_table",
+    "load_sim_config",
+    "plot_timeline",
+    "simulate",
+]

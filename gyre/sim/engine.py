@@ -1,0 +1,486 @@
+"""Discrete-event cluster simulator: one scheduler policy, one workload, simulated seconds.
+
+Owns `simulate(config, policy)` and its records `SimResult`, `Timeline`. A heapq event queue holds
+execution finishes, switch completions, micro-batch completions, weight loads and optimizer steps;
+after every instant the simulator snapshots the cluster into the runtime's `SchedulerState`,
+calls the policy's `decide` (the real objects from `gyre.runtime.scheduler`, never a copy of their
+logic) and applies the returned actions until the policy has nothing more to do.
+
+The simulator owns the mechanics the runtime will own too: placing executions on rollout cells
+(least loaded first), migrating the executions of a cell leaving rollout (delayed by KV bytes /
+bandwidth), forming batches (streaming or not), handing the largest ready execution to an idle
+training cell, weight loads after each update. It knows nothing about engines or processes.
+Every execution index draws the same duration under every policy (common random numbers).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+
+import msgspec
+import numpy as np
+
+from gyre.runtime.scheduler import (
+    CellView,
+    Dispatch,
+    SchedulerPolicy,
+    SchedulerState,
+    StartStep,
+    SwitchToRollout,
+    SwitchToTrain,
+)
+from gyre.sim.config import SimConfig
+
+__all__ = ["Interval", "Timeline", "SimResult", "Workload", "simulate", "SimulationStalled"]
+
+_FINISH, _SWITCH, _TRAIN, _LOAD, _STEP = range(5)
+_MAX_DECISIONS_PER_INSTANT = 10_000
+
+
+class SimulationStalled(RuntimeError):
+    """No event is pending but the run has not finished its steps (a policy never acts)."""
+
+
+class Interval(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """What one cell did from `start_s` to `end_s`: rollout, switch, train, load or step."""
+
+    cell: int
+    start_s: float
+    end_s: float
+    kind: str
+
+
+class Timeline(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-cell activity and the water level over time, for plots."""
+
+    intervals: tuple[Interval, ...]
+    water_t_s: tuple[float, ...]
+    """Times at which the water level or the rollout capacity changed."""
+    water_level: tuple[int, ...]
+    rollout_capacity: tuple[int, ...]
+
+
+class SimResult(msgspec.Struct, frozen=True, kw_only=True):
+    """Outcome of one simulated run (all times in simulated seconds)."""
+
+    policy: str
+    makespan_s: float
+    """Time at which the last of `num_steps` optimizer steps completed."""
+    step_end_s: tuple[float, ...]
+    utilisation: float
+    """Useful cell-seconds / (cells x makespan); useful = rollout slot-seconds / slots per cell +
+    training compute + optimizer steps."""
+    work_cell_s: float
+    """Useful cell-seconds of the executions trained in the run (intrinsic durations)."""
+    lower_bound_s: float
+    """max(work_cell_s / cells, max over trained executions of duration + its training +
+    optimizer step): no schedule can finish sooner."""
+    switches: int
+    migrations: int
+    dispatched: int
+    max_staleness_steps: int
+    """Largest (step that trained it - weight version it started with) over trained executions."""
+    timeline: Timeline
+
+
+class Workload:
+    """Durations, tokens and training seconds per execution index, drawn once from the seed."""
+
+    def __init__(self, config: SimConfig):
+        self._config = config
+        self._rng = np.random.default_rng(config.workload.seed)
+        self.duration_s: list[float] = []
+        self.tokens: list[float] = []
+        self.train_s: list[float] = []
+
+    def ensure(self, n: int) -> None:
+        """Draw durations until at least `n` executions exist."""
+        w = self._config.workload
+        while len(self.duration_s) < n:
+            z = self._rng.standard_normal(max(n - len(self.duration_s), 4 * w.batch_executions))
+            d = np.minimum(w.median_duration_s * np.exp(w.sigma * z), w.timeout_s)
+            for di in d.tolist():
+                tok = w.tokens(di)
+                self.duration_s.append(di)
+                self.tokens.append(tok)
+                self.train_s.append(self._config.train_s(tok))
+
+
+class _Cell:
+    __slots__ = ("index", "role", "target", "execs", "busy", "weights", "since")
+
+    def __init__(self, index: int, role: str):
+        self.index = index
+        self.role = role
+        self.target: str | None = None
+        self.execs: set[int] = set()
+        self.busy = False
+        self.weights = 0
+        self.since = 0.0
+
+
+def simulate(
+    config: SimConfig, policy: SchedulerPolicy, workload: Workload | None = None, streaming: bool | None = None
+) -> SimResult:
+    """Run `config.workload.num_steps` steps under `policy`; see the module docstring.
+
+    `streaming` defaults to ``config.policies.streaming(policy.name)``; pass the same `workload`
+    to several calls to give every policy the same execution durations.
+    """
+    if streaming is None:
+        streaming = config.policies.streaming(policy.name)
+    return _Sim(config, policy, workload or Workload(config), streaming).run()
+
+
+class _Sim:
+    def __init__(self, config: SimConfig, policy: SchedulerPolicy, workload: Workload, streaming: bool):
+        self.cfg = config
+        self.policy = policy
+        self.wl = workload
+        w = config.workload
+        self.C = config.cluster.num_cells
+        self.cap = config.capacity_per_cell()
+        self.B = w.batch_executions
+        self.G = w.group_size
+        self.gpb = self.B // self.G
+        self.streaming = streaming
+        self.sync_s = config.weight_sync_s()
+        self.opt_s = config.costs.optimizer_step_s
+        roles = policy.initial_roles(self.C, 0)
+        if len(roles) != self.C:
+            raise ValueError(f"{policy.name}: initial_roles gave {len(roles)} roles for num_cells={self.C}")
+        self.cells = [_Cell(i, r) for i, r in enumerate(roles)]
+        self.views: list[CellView | None] = [None] * self.C
+        self.t = 0.0
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.seq = 0
+        # executions
+        self.ex_cell: list[int] = []
+        self.ex_start: list[float] = []
+        self.ex_end: list[float] = []
+        self.ex_gen: list[int] = []
+        self.ex_version: list[int] = []
+        self.dispatched = 0
+        self.finished = 0
+        self.group_done: list[int] = []
+        # batches
+        self.version = 0
+        self.trained = 0
+        self.running = 0
+        self.step_running = False
+        self.queue: list[tuple[float, int]] = []  # (-train_s, exec) for the current step
+        self.step_groups = 0  # streaming: groups taken into the current step
+        self.backlog: deque[int] = deque()  # streaming: complete groups waiting for a later step
+        self.batch_complete: dict[int, int] = {}  # not streaming: complete groups per batch
+        self.step_members: list[int] = []
+        self.trained_execs: list[tuple[int, int]] = []  # (exec, step)
+        self.step_end: list[float] = []
+        # records
+        self.intervals: list[Interval] = []
+        self.water_t: list[float] = [0.0]
+        self.water: list[int] = [0]
+        self.capacity: list[int] = [self._rollout_capacity()]
+        self.switches = 0
+        self.migrations = 0
+        self.train_busy_s = 0.0
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _push(self, at: float, kind: int, a: int = 0, b: int = 0) -> None:
+        if math.isfinite(at):
+            self.seq += 1
+            heapq.heappush(self.heap, (at, self.seq, kind, a, b))
+
+    def _rollout_capacity(self) -> int:
+        return self.cap * sum(c.role == "rollout" for c in self.cells)
+
+    def _trace(self) -> None:
+        self.water_t.append(self.t)
+        self.water.append(self.dispatched - self.finished)
+        self.capacity.append(self._rollout_capacity())
+
+    def _set_role(self, cell: _Cell, role: str, target: str | None = None) -> None:
+        if cell.role in ("rollout", "switching") and self.t > cell.since:
+            self.intervals.append(Interval(cell.index, cell.since, self.t, "rollout" if cell.role == "rollout" else "switch"))
+        cell.role, cell.target, cell.since = role, target, self.t
+        self.views[cell.index] = None
+
+    def _state(self) -> SchedulerState:
+        views = self.views
+        for c in self.cells:
+            if views[c.index] is None:
+                views[c.index] = CellView(
+                    index=c.index, role=c.role, is_core=c.index == 0, switching_to=c.target,
+                    executions=len(c.execs), busy=c.busy,
+                )
+        return SchedulerState(
+            cells=tuple(views),  # type: ignore[arg-type]
+            capacity_per_cell=self.cap,
+            batch_executions=self.B,
+            dispatched=self.dispatched,
+            finished=self.finished,
+            weight_version=self.version,
+            train_ready=len(self.queue),
+            train_running=self.running,
+            trained=self.trained,
+            step_running=self.step_running,
+        )
+
+    def _least_loaded(self, exclude: int = -1) -> _Cell:
+        best = None
+        for c in self.cells:
+            if c.role == "rollout" and c.index != exclude and len(c.execs) < self.cap:
+                if best is None or len(c.execs) < len(best.execs):
+                    best = c
+        assert best is not None, "no rollout cell has a free slot"
+        return best
+
+    def _reschedule(self, e: int, delay: float) -> None:
+        self.ex_end[e] += delay
+        self.ex_gen[e] += 1
+        self._push(self.ex_end[e], _FINISH, e, self.ex_gen[e])
+
+    # ---- actions -------------------------------------------------------------------------------
+
+    def _dispatch(self, n: int) -> None:
+        free = self._rollout_capacity() - (self.dispatched - self.finished)
+        if n > free:
+            raise ValueError(f"{self.policy.name}: Dispatch(n={n}) exceeds free slots {free}")
+        self.wl.ensure(self.dispatched + n)
+        for _ in range(n):
+            e = self.dispatched
+            cell = self._least_loaded()
+            cell.execs.add(e)
+            self.views[cell.index] = None
+            d = self.wl.duration_s[e]
+            self.ex_cell.append(cell.index)
+            self.ex_start.append(self.t)
+            self.ex_end.append(self.t + d)
+            self.ex_gen.append(0)
+            self.ex_version.append(self.version)
+            if e % self.G == 0:
+                self.group_done.append(0)
+            self.dispatched += 1
+            self._push(self.t + d, _FINISH, e, 0)
+        self._trace()
+
+    def _switch_to_train(self, i: int) -> None:
+        cell = self.cells[i]
+        if cell.role != "rollout":
+            raise ValueError(f"{self.policy.name}: SwitchToTrain({i}) but the cell is {cell.role}")
+        moving = sorted(cell.execs)
+        free_elsewhere = sum(self.cap - len(c.execs) for c in self.cells if c.role == "rollout" and c is not cell)
+        if len(moving) > free_elsewhere:
+            raise ValueError(
+                f"{self.policy.name}: SwitchToTrain({i}) must move {len(moving)} executions, "
+                f"other rollout cells have {free_elsewhere} free slots"
+            )
+        cell.execs.clear()
+        for e in moving:
+            dest = self._least_loaded(exclude=i)
+            dest.execs.add(e)
+            self.views[dest.index] = None
+            self.ex_cell[e] = dest.index
+            d = self.wl.duration_s[e]
+            done = min(1.0, (self.t - self.ex_start[e]) / d) if d > 0 else 1.0
+            self._reschedule(e, self.cfg.migration_s(self.wl.tokens[e] * done))
+            self.migrations += 1
+        self.switches += 1
+        self._set_role(cell, "switching", "train")
+        self._push(self.t + self.cfg.costs.switch_to_train_s, _SWITCH, i)
+        self._trace()
+
+    def _switch_to_rollout(self, i: int) -> None:
+        cell = self.cells[i]
+        if cell.role != "train" or cell.busy:
+            raise ValueError(f"{self.policy.name}: SwitchToRollout({i}) but the cell is {cell.role}, busy={cell.busy}")
+        self.switches += 1
+        self._set_role(cell, "switching", "rollout")
+        self._push(self.t + self.cfg.costs.switch_to_rollout_s, _SWITCH, i)
+
+    def _start_step(self, state: SchedulerState) -> None:
+        if not state.step_ready:
+            raise ValueError(f"{self.policy.name}: StartStep before the batch is trained ({state.trained=})")
+        core = self.cells[0]
+        core.busy = True
+        self.views[0] = None
+        self.step_running = True
+        self.intervals.append(Interval(0, self.t, self.t + self.opt_s, "step"))
+        self._push(self.t + self.opt_s, _STEP)
+
+    # ---- batches -------------------------------------------------------------------------------
+
+    def _enqueue_group(self, g: int) -> None:
+        for e in range(g * self.G, (g + 1) * self.G):
+            heapq.heappush(self.queue, (-self.wl.train_s[e], e))
+            self.step_members.append(e)
+
+    def _on_group_complete(self, g: int) -> None:
+        if self.streaming:
+            if self.step_groups < self.gpb:
+                self.step_groups += 1
+                self._enqueue_group(g)
+            else:
+                self.backlog.append(g)
+        else:
+            b = g // self.gpb
+            self.batch_complete[b] = self.batch_complete.get(b, 0) + 1
+            if b == self.version:
+                self._maybe_enqueue_batch()
+
+    def _maybe_enqueue_batch(self) -> None:
+        b = self.version
+        if self.batch_complete.get(b, 0) == self.gpb and not self.step_members:
+            for g in range(b * self.gpb, (b + 1) * self.gpb):
+                self._enqueue_group(g)
+
+    def _begin_step(self) -> None:
+        self.step_members = []
+        if self.streaming:
+            self.step_groups = 0
+            while self.backlog and self.step_groups < self.gpb:
+                self.step_groups += 1
+                self._enqueue_group(self.backlog.popleft())
+        else:
+            self._maybe_enqueue_batch()
+
+    # ---- events --------------------------------------------------------------------------------
+
+    def _handle(self, kind: int, a: int, b: int) -> bool:
+        """Apply one event; False if it was stale."""
+        if kind == _FINISH:
+            if b != self.ex_gen[a]:
+                return False
+            cell = self.cells[self.ex_cell[a]]
+            cell.execs.discard(a)
+            self.views[cell.index] = None
+            self.finished += 1
+            g = a // self.G
+            self.group_done[g] += 1
+            if self.group_done[g] == self.G:
+                self._on_group_complete(g)
+            self._trace()
+        elif kind == _SWITCH:
+            cell = self.cells[a]
+            self._set_role(cell, cell.target or "rollout")
+            cell.weights = self.version
+            self._trace()
+        elif kind == _TRAIN:
+            cell = self.cells[a]
+            cell.busy = False
+            self.views[a] = None
+            self.running -= 1
+            self.trained += 1
+            self.trained_execs.append((b, self.version))
+        elif kind == _LOAD:
+            cell = self.cells[a]
+            cell.busy = False
+            cell.weights = self.version
+            self.views[a] = None
+        elif kind == _STEP:
+            self.cells[0].busy = False
+            self.cells[0].weights = self.version + 1
+            self.views[0] = None
+            self.step_running = False
+            self.version += 1
+            self.trained = 0
+            self.step_end.append(self.t)
+            for cell in self.cells:
+                if cell.role == "rollout":
+                    for e in cell.execs:
+                        self._reschedule(e, self.sync_s)
+            self._begin_step()
+        return True
+
+    def _assign_training(self) -> None:
+        if self.step_running or not self.queue:
+            return
+        for cell in self.cells:
+            if not self.queue:
+                return
+            if cell.role != "train" or cell.busy:
+                continue
+            cell.busy = True
+            self.views[cell.index] = None
+            if cell.weights < self.version:
+                self.intervals.append(Interval(cell.index, self.t, self.t + self.sync_s, "load"))
+                self._push(self.t + self.sync_s, _LOAD, cell.index)
+                continue
+            _, e = heapq.heappop(self.queue)
+            dt = self.wl.train_s[e]
+            self.running += 1
+            self.train_busy_s += dt
+            self.intervals.append(Interval(cell.index, self.t, self.t + dt, "train"))
+            self._push(self.t + dt, _TRAIN, cell.index, e)
+
+    def _decide(self) -> None:
+        for _ in range(_MAX_DECISIONS_PER_INSTANT):
+            self._assign_training()
+            state = self._state()
+            actions = self.policy.decide(state)
+            if not actions:
+                return
+            for act in actions:
+                if isinstance(act, Dispatch):
+                    self._dispatch(act.n)
+                elif isinstance(act, SwitchToTrain):
+                    self._switch_to_train(act.cell)
+                elif isinstance(act, SwitchToRollout):
+                    self._switch_to_rollout(act.cell)
+                elif isinstance(act, StartStep):
+                    self._start_step(state)
+                else:
+                    raise TypeError(f"{self.policy.name}: unknown action {act!r}")
+        raise SimulationStalled(f"{self.policy.name}: still acting after {_MAX_DECISIONS_PER_INSTANT} decisions at t={self.t}")
+
+    def run(self) -> SimResult:
+        steps = self.cfg.workload.num_steps
+        self._decide()
+        while len(self.step_end) < steps:
+            if not self.heap:
+                raise SimulationStalled(
+                    f"{self.policy.name}: nothing pending at t={self.t:.1f}s after {len(self.step_end)} of "
+                    f"{steps} steps; state {self._state()}"
+                )
+            self.t = self.heap[0][0]
+            while self.heap and self.heap[0][0] == self.t:
+                _, _, kind, a, b = heapq.heappop(self.heap)
+                self._handle(kind, a, b)
+            if len(self.step_end) < steps:
+                self._decide()
+        return self._result()
+
+    def _result(self) -> SimResult:
+        end = self.t
+        for cell in self.cells:
+            self._set_role(cell, cell.role, cell.target)
+        wl, cap, C = self.wl, self.cap, self.C
+        rollout_slot_s = sum(
+            min(end - self.ex_start[e], wl.duration_s[e]) for e in range(self.dispatched)
+        )
+        train_done_s = sum(wl.train_s[e] for e, _ in self.trained_execs)
+        opt_total = self.opt_s * len(self.step_end)
+        useful = rollout_slot_s / cap + train_done_s + opt_total
+        work = sum(wl.duration_s[e] / cap + wl.train_s[e] for e, _ in self.trained_execs) + opt_total
+        longest = max((wl.duration_s[e] + wl.train_s[e] for e, _ in self.trained_execs), default=0.0)
+        staleness = max((s - self.ex_version[e] for e, s in self.trained_execs), default=0)
+        return SimResult(
+            policy=self.policy.name,
+            makespan_s=end,
+            step_end_s=tuple(self.step_end),
+            utilisation=useful / (C * end) if end > 0 else 0.0,
+            work_cell_s=work,
+            lower_bound_s=max(work / C, longest + self.opt_s),
+            switches=self.switches,
+            migrations=self.migrations,
+            dispatched=self.dispatched,
+            max_staleness_steps=staleness,
+            timeline=Timeline(
+                intervals=tuple(self.intervals),
+                water_t_s=tuple(self.water_t),
+                water_level=tuple(self.water),
+                rollout_capacity=tuple(self.capacity),
+            ),
+        )
