@@ -1,0 +1,21 @@
+"""Hidden tests (generated)."""
+
+
+def test_running_sum_0():
+    from amber_heron.maths import running_sum
+    assert running_sum([4, -2, 5, -4, -6, -7]) == [4, 2, 7, 3, -3, -10]
+
+
+def test_running_sum_1():
+    from amber_heron.maths import running_sum
+    assert running_sum([]) == []
+
+
+def test_long_words_0():
+    from amber_heron.maths import long_words
+    assert long_words('an agent trains on extremely long executions') == ['trains', 'extremely', 'executions']
+
+
+def test_long_words_1():
+    from amber_heron.maths import long_words
+    assert long_words('tiny') == []

@@ -1,0 +1,21 @@
+"""Hidden tests (generated)."""
+
+
+def test_long_words_0():
+    from bold_falcon.convert import long_words
+    assert long_words('an agent trains on extremely long executions') == ['agent', 'trains', 'extremely', 'long', 'executions']
+
+
+def test_long_words_1():
+    from bold_falcon.convert import long_words
+    assert long_words('tiny') == ['tiny']
+
+
+def test_transpose_0():
+    from bold_falcon.convert import transpose
+    assert transpose([[1, 2, 3], [4, 5, 6]]) == [[1, 4], [2, 5], [3, 6]]
+
+
+def test_transpose_1():
+    from bold_falcon.convert import transpose
+    assert transpose([[0]]) == [[0]]

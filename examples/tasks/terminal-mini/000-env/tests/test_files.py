@@ -1,0 +1,9 @@
+"""Hidden tests (generated); they run in a copy of the workspace."""
+
+
+def test_env_added():
+    assert open('.env').read().splitlines()[-1] == 'CACHE_SIZE=147'
+
+
+def test_env_kept():
+    assert open('.env').read().splitlines()[:2] == ['DEBUG=0', 'REGION=eu']

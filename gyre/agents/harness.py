@@ -1,0 +1,282 @@
+"""The harness: one execution = one agent process in its own workspace, stopped from outside.
+
+Owns `ExecutionControl` (the execution's model-call counters and its stop signal), `mint_api_key`,
+`Harness` and `HarnessStatistics`. `Harness.run(task, execution_id)` copies the task's
+`environment/` into a private per-execution folder (0700; hidden tests and solution are never
+copied), starts the agent command under the supervisor (resource limits, new session) with
+`OPENAI_BASE_URL`, a minted `OPENAI_API_KEY` and the instruction, stops it at the deadline or when
+its `ExecutionControl` says so (turns, tokens, context), kills its whole tree, runs the verifier
+on what the workspace holds, and returns one `Outcome`. Never raises for an execution's failure:
+infrastructure problems become `termination="failed"` with a reason (DESIGN.md invariant 5).
+Knows nothing about HTTP, tokens or the proxy: the proxy reports calls to `ExecutionControl`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from gyre.agents.sandbox import Limits, run_supervised, tail
+from gyre.errors import ExecutionError
+from gyre.tasks.outcome import Outcome, Termination
+from gyre.tasks.scorer import VerifierError, verify
+from gyre.tasks.task import Task
+
+__all__ = ["ExecutionControl", "Harness", "HarnessStatistics", "mint_api_key", "check_execution_id", "REACT_AGENT"]
+
+REACT_AGENT: tuple[str, ...] = (sys.executable, "-m", "gyre.agents.react")
+"""The reference agent's command line."""
+
+_ENV_PASSTHROUGH = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+_EXECUTION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}")
+
+
+def check_execution_id(execution_id: str) -> str:
+    """Return `execution_id` if it is usable as a folder name and in a key, else `ValueError`."""
+    if not _EXECUTION_ID.fullmatch(execution_id):
+        raise ValueError(
+            f"execution_id={execution_id!r} must be 1-200 characters of [A-Za-z0-9_.:-], "
+            "not starting with '.', ':' or '-'"
+        )
+    return execution_id
+
+
+def mint_api_key(execution_id: str) -> str:
+    """A fresh API key naming the execution: `gyre-<execution_id>-<16 hex random>`.
+
+    The proxy maps the key back to the execution (`execution_id` = everything between the first
+    `gyre-` and the last `-`). Raises `ValueError` for an ID `check_execution_id` rejects.
+    """
+    check_execution_id(execution_id)
+    return f"gyre-{execution_id}-{secrets.token_hex(8)}"
+
+
+class ExecutionControl:
+    """Counters and the stop signal of one running execution.
+
+    The proxy calls `note_model_call` after each model call and `context_exceeded` when a prompt
+    cannot fit; the control stops the execution when a limit of its task is passed. Call its
+    methods from the event loop thread that runs `Harness.run`.
+    """
+
+    def __init__(self, *, max_turns: int | None = None, token_budget: int | None = None) -> None:
+        self.max_turns = max_turns
+        self.token_budget = token_budget
+        self.model_calls = 0
+        """Model calls so far (every role)."""
+        self.completion_tokens = 0
+        """Sampled tokens so far."""
+        self.reason: Termination | None = None
+        """Why the execution was stopped from outside; None while it was not."""
+        self._event = anyio.Event()
+
+    @property
+    def event(self) -> anyio.Event:
+        """Set once when the execution must stop."""
+        return self._event
+
+    def note_model_call(self, completion_tokens: int) -> None:
+        """Count one finished model call of `completion_tokens` sampled tokens; stops at a limit."""
+        if completion_tokens < 0:
+            raise ValueError(f"completion_tokens={completion_tokens} must be >= 0")
+        self.model_calls += 1
+        self.completion_tokens += completion_tokens
+        if self.token_budget is not None and self.completion_tokens >= self.token_budget:
+            self.stop("token_budget")
+        elif self.max_turns is not None and self.model_calls >= self.max_turns:
+            self.stop("turn_limit")
+
+    def context_exceeded(self) -> None:
+        """The execution's context no longer fits the model: stop it for partial scoring."""
+        self.stop("context_exceeded")
+
+    def stop(self, reason: Termination) -> None:
+        """Stop the execution with `reason`; the first reason wins."""
+        if reason not in ("timeout", "turn_limit", "token_budget", "context_exceeded"):
+            raise ValueError(f"reason={reason!r} is not a stop reason")
+        if self.reason is None:
+            self.reason = reason
+            self._event.set()
+
+
+class HarnessStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Counters of one harness since it was built (STYLE.md rule 6)."""
+
+    running: int
+    """Executions whose agent or verifier runs now."""
+    finished: int
+    stopped: int
+    """Ended at a limit (timeout, turns, tokens, context) and partially scored."""
+    failed: int
+
+
+class Harness:
+    """Runs executions: agent process, deadline, kill, verifier, `Outcome`.
+
+    `base_url` is the OpenAI-compatible endpoint agents talk to (the TITO proxy, `.../v1`).
+    `workspace_root` holds one private folder per execution (a fresh temporary folder if None).
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        agent_command: Sequence[str] = REACT_AGENT,
+        model: str = "gyre",
+        workspace_root: str | os.PathLike[str] | None = None,
+        limits: Limits = Limits(cpu_time_s=3600, memory_bytes=4 * 2**30, max_processes=256,
+                                file_size_bytes=256 * 2**20),
+        verifier_limits: Limits = Limits(memory_bytes=4 * 2**30, max_processes=256,
+                                         file_size_bytes=256 * 2**20),
+        kill_grace_s: float = 1.0,
+        keep_workspaces: bool = False,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        if not agent_command:
+            raise ValueError("agent_command must not be empty")
+        if kill_grace_s < 0:
+            raise ValueError(f"kill_grace_s={kill_grace_s} must be >= 0")
+        self.base_url = base_url
+        self.agent_command = tuple(agent_command)
+        self.model = model
+        root = Path(workspace_root) if workspace_root is not None else Path(tempfile.mkdtemp(prefix="gyre-ws-"))
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o700)
+        self.workspace_root = root
+        self.limits = limits
+        self.verifier_limits = verifier_limits
+        self.kill_grace_s = kill_grace_s
+        self.keep_workspaces = keep_workspaces
+        self.extra_env = dict(extra_env or {})
+        self._running = self._finished = self._stopped = self._failed = 0
+
+    def statistics(self) -> HarnessStatistics:
+        return HarnessStatistics(
+            running=self._running, finished=self._finished, stopped=self._stopped, failed=self._failed
+        )
+
+    def execution_dir(self, execution_id: str) -> Path:
+        """The private folder of an execution: `workspace/`, `instruction.md`, logs."""
+        return self.workspace_root / execution_id
+
+    def _prepare(self, task: Task, execution_id: str) -> Path:
+        exec_dir = self.execution_dir(execution_id)
+        exec_dir.mkdir(mode=0o700)  # FileExistsError: an execution ID is used once
+        shutil.copytree(task.environment_dir, exec_dir / "workspace", symlinks=True)
+        (exec_dir / "home").mkdir()
+        (exec_dir / "tmp").mkdir()
+        (exec_dir / "instruction.md").write_text(task.instruction, encoding="utf-8")
+        return exec_dir
+
+    async def run(
+        self,
+        task: Task,
+        execution_id: str,
+        *,
+        control: ExecutionControl | None = None,
+        api_key: str | None = None,
+        agent_command: Sequence[str] | None = None,
+    ) -> Outcome:
+        """Run one execution of `task` and return its `Outcome` (never raises for its failure).
+
+        `control` carries the model-call counters the proxy reports (one is made from the task's
+        limits if None); `api_key` defaults to `mint_api_key(execution_id)`. The agent runs at
+        most `task.spec.agent.deadline_s` seconds; an agent that exits without a single model call
+        is `failed` (it never produced anything to train on). Raises `ValueError` for a bad
+        `execution_id` and `FileExistsError` if it was used before with this harness.
+        """
+        check_execution_id(execution_id)
+        limits_spec = task.spec.agent
+        if control is None:
+            control = ExecutionControl(max_turns=limits_spec.max_turns, token_budget=limits_spec.token_budget)
+        api_key = api_key or mint_api_key(execution_id)
+        command = tuple(agent_command or self.agent_command)
+        self._running += 1
+        try:
+            outcome = await self._run(task, execution_id, control, api_key, command)
+        finally:
+            self._running -= 1
+        if outcome.failed:
+            self._failed += 1
+        elif outcome.stopped:
+            self._stopped += 1
+        else:
+            self._finished += 1
+        return outcome
+
+    async def _run(
+        self, task: Task, execution_id: str, control: ExecutionControl, api_key: str, command: tuple[str, ...]
+    ) -> Outcome:
+        try:
+            exec_dir = await anyio.to_thread.run_sync(self._prepare, task, execution_id)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            return Outcome(
+                execution_id=execution_id, task_id=task.task_id, termination="failed",
+                failure_reason=f"cannot prepare the workspace: {exc}",
+            )
+        workspace = exec_dir / "workspace"
+        env = {k: os.environ[k] for k in _ENV_PASSTHROUGH if k in os.environ}
+        env.update(
+            HOME=str(exec_dir / "home"),
+            TMPDIR=str(exec_dir / "tmp"),
+            OPENAI_BASE_URL=self.base_url,
+            OPENAI_API_KEY=api_key,
+            GYRE_MODEL=self.model,
+            GYRE_EXECUTION_ID=execution_id,
+            GYRE_WORKSPACE=str(workspace),
+            GYRE_INSTRUCTION_FILE=str(exec_dir / "instruction.md"),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.extra_env)
+        common = dict(execution_id=execution_id, task_id=task.task_id)
+        try:
+            with open(exec_dir / "stdout.log", "wb") as out, open(exec_dir / "stderr.log", "wb") as err:
+                result = await run_supervised(
+                    command, cwd=workspace, env=env, limits=self.limits,
+                    deadline_s=task.spec.agent.deadline_s, stdout=out, stderr=err,
+                    kill_grace_s=self.kill_grace_s, stop=control.event,
+                )
+            stats = dict(
+                exit_code=result.exit_code, model_calls=control.model_calls,
+                completion_tokens=control.completion_tokens, started_s=result.started_s,
+                agent_s=result.wall_s, stdout_tail=tail(exec_dir / "stdout.log"),
+                stderr_tail=tail(exec_dir / "stderr.log"),
+            )
+            termination: Termination
+            if result.ended == "exited":
+                termination = "finished"
+            elif result.ended == "deadline":
+                termination = "timeout"
+            else:
+                assert control.reason is not None
+                termination = control.reason
+            if termination == "finished" and control.model_calls == 0:
+                return Outcome(
+                    **common, **stats, termination="failed",
+                    failure_reason=f"agent exited (status {result.exit_code}) before its first model call: "
+                    f"{stats['stderr_tail'][-500:]}",
+                )
+            try:
+                score = await verify(task, workspace, limits=self.verifier_limits)
+            except VerifierError as exc:
+                return Outcome(**common, **stats, termination="failed", failure_reason=str(exc))
+            return Outcome(**common, **stats, termination=termination, score=score)
+        except (OSError, ExecutionError) as exc:
+            return Outcome(**common, termination="failed", failure_reason=f"{type(exc).__name__}: {exc}")
+        finally:
+            if not self.keep_workspaces:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(lambda: shutil.rmtree(exec_dir, ignore_errors=True))

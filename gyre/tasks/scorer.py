@@ -1,0 +1,179 @@
+"""Scorers: run a task's hidden verifier on a copy of a workspace and return a `Score`.
+
+Owns `VerifierError` and `verify`. The workspace is copied (with the hidden tests beside it, never
+inside it) into a private temporary folder, and the verifier runs there as a supervised
+subprocess under a time limit, so nothing the verifier or the agent's code does touches the
+workspace or the task. pytest verifiers are counted from a JUnit XML report, never from stdout:
+score = passed / total (NL2RepoBench), total = the declared `num_tests` or the reported count if
+larger; `test.sh` verifiers write `reward.txt` (a float in [0, 1]) or `reward.json`
+(`{"passed": p, "total": t}` or `{"reward": r}`) into `$GYRE_REWARD_DIR`. Knows nothing about
+agents, termination reasons or advantages.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import anyio
+
+from gyre.agents.sandbox import Limits, run_supervised, tail
+from gyre.errors import ExecutionError
+from gyre.tasks.outcome import Score
+from gyre.tasks.task import Task
+
+__all__ = ["VerifierError", "verify", "score_junit"]
+
+_PYTEST_INI = """[pytest]
+pythonpath = workspace
+addopts = -p no:cacheprovider
+"""
+
+
+class VerifierError(ExecutionError):
+    """The verifier itself failed (crashed, hung past its time limit, reported nothing usable).
+
+    An infrastructure failure: the execution is `failed` with this message as its reason."""
+
+    code = "verifier_error"
+
+
+def score_junit(report: str | os.PathLike[str], num_tests: int | None) -> Score:
+    """Count a pytest JUnit XML report: a testcase passed if it has no failure, error or skip.
+
+    Raises `VerifierError` if the report is missing, not XML, or holds no test case.
+    """
+    try:
+        root = ET.parse(report).getroot()
+    except FileNotFoundError:
+        raise VerifierError(f"pytest wrote no report at {report}") from None
+    except ET.ParseError as exc:
+        raise VerifierError(f"pytest report {report} is not valid XML: {exc}") from None
+    passed = 0
+    failed: list[str] = []
+    cases = list(root.iter("testcase"))
+    for case in cases:
+        name = f"{case.get('classname', '')}::{case.get('name', '')}".strip(":")
+        if any(child.tag in ("failure", "error", "skipped") for child in case):
+            failed.append(name)
+        else:
+            passed += 1
+    if not cases:
+        raise VerifierError(f"pytest report {report} holds no test case")
+    total = max(num_tests or 0, len(cases))
+    return Score(
+        passed=passed, total=total, score=passed / total, all_passed=passed == total,
+        failed_tests=tuple(failed),
+    )
+
+
+def _score_reward_dir(reward_dir: Path) -> Score:
+    txt, js = reward_dir / "reward.txt", reward_dir / "reward.json"
+    try:
+        if js.exists():
+            data = json.loads(js.read_text())
+            if "passed" in data and "total" in data:
+                passed, total = int(data["passed"]), int(data["total"])
+                if total <= 0 or not 0 <= passed <= total:
+                    raise ValueError(f"passed={passed}, total={total}")
+                return Score(passed=passed, total=total, score=passed / total, all_passed=passed == total)
+            reward = float(data["reward"])
+        elif txt.exists():
+            reward = float(txt.read_text().strip())
+        else:
+            raise VerifierError(f"test.sh wrote neither reward.txt nor reward.json in {reward_dir}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise VerifierError(f"test.sh wrote an unusable reward: {exc}") from None
+    if not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
+        raise VerifierError(f"test.sh wrote reward={reward}, outside [0, 1]")
+    return Score(passed=int(reward == 1.0), total=1, score=reward, all_passed=reward == 1.0)
+
+
+def _prepare(task: Task, workspace: Path) -> Path:
+    """Copy workspace and hidden tests into a fresh private folder (blocking; run in a thread)."""
+    scratch = Path(tempfile.mkdtemp(prefix="gyre-verify-"))  # mode 0700
+    shutil.copytree(workspace, scratch / "workspace", symlinks=True)
+    shutil.copytree(task.tests_dir, scratch / "tests", symlinks=True)
+    (scratch / "pytest.ini").write_text(_PYTEST_INI)
+    (scratch / "verifier").mkdir()
+    (scratch / "tmp").mkdir()
+    return scratch
+
+
+async def verify(
+    task: Task,
+    workspace: str | os.PathLike[str],
+    *,
+    limits: Limits = Limits(),
+    python: str = sys.executable,
+) -> Score:
+    """Run `task`'s hidden verifier on a copy of `workspace`; the workspace is never modified.
+
+    The verifier gets `task.spec.verifier.timeout_s` seconds of wall clock; each pytest test
+    `test_timeout_s`. Raises `VerifierError` when it hangs past its limit, crashes (pytest usage
+    or internal error, no tests collected) or reports nothing usable; `FileNotFoundError` if the
+    workspace does not exist.
+    """
+    workspace = Path(workspace)
+    if not workspace.is_dir():
+        raise FileNotFoundError(f"workspace {workspace} does not exist")
+    spec = task.spec.verifier
+    scratch = await anyio.to_thread.run_sync(_prepare, task, workspace)
+    try:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LANG": "C.UTF-8",
+            "HOME": str(scratch / "tmp"),
+            "TMPDIR": str(scratch / "tmp"),
+            "GYRE_WORKSPACE": str(scratch / "workspace"),
+            "GYRE_TESTS_DIR": str(scratch / "tests"),
+            "GYRE_REWARD_DIR": str(scratch / "verifier"),
+            "GYRE_PYTHON": python,
+        }
+        if spec.kind == "pytest":
+            argv = [
+                python, "-I", "-m", "pytest", "-c", str(scratch / "pytest.ini"),
+                "--rootdir", str(scratch), "--junitxml", str(scratch / "verifier" / "junit.xml"),
+                "-q", "--continue-on-collection-errors", "--timeout", str(spec.test_timeout_s),
+                str(scratch / "tests"),
+            ]
+        else:
+            argv = ["bash", str(scratch / "tests" / "test.sh")]
+        t0 = time.monotonic()
+        with open(scratch / "verifier" / "output.log", "wb") as out:
+            result = await run_supervised(
+                argv, cwd=scratch / "workspace", env=env, limits=limits,
+                deadline_s=spec.timeout_s, stdout=out, stderr=out,
+            )
+        verifier_s = time.monotonic() - t0
+        output = tail(scratch / "verifier" / "output.log", 2000)
+        if result.ended != "exited":
+            raise VerifierError(
+                f"verifier of {task.task_id} hung: killed after timeout_s={spec.timeout_s}"
+            )
+        if spec.kind == "pytest":
+            # 0: all passed, 1: some failed; 2-5: interrupted, internal, usage, nothing collected.
+            if result.exit_code not in (0, 1):
+                raise VerifierError(
+                    f"pytest verifier of {task.task_id} crashed (exit {result.exit_code}): {output[-800:]}"
+                )
+            score = score_junit(scratch / "verifier" / "junit.xml", spec.num_tests)
+        else:
+            try:
+                score = _score_reward_dir(scratch / "verifier")
+            except VerifierError as exc:
+                raise VerifierError(f"{exc} (exit {result.exit_code}): {output[-800:]}") from None
+        return Score(
+            passed=score.passed, total=score.total, score=score.score, all_passed=score.all_passed,
+            failed_tests=score.failed_tests, verifier_s=verifier_s,
+        )
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(lambda: shutil.rmtree(scratch, ignore_errors=True))
