@@ -19,7 +19,8 @@ import msgspec
 from gyre.errors import ConfigError
 
 __all__ = [
-    "ModelConfig", "EngineConfig", "CellConfig", "TrajectoryConfig", "RLConfig", "RunConfig",
+    "ModelConfig", "EngineConfig", "CellConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
+    "RunConfig",
     "load_config", "config_from_dict",
 ]
 
@@ -167,6 +168,38 @@ class RLConfig(_Config):
         _positive(logprob_chunk_size=self.logprob_chunk_size)
 
 
+class ProxyConfig(_Config):
+    """The TITO proxy: the OpenAI-compatible endpoint agents talk to (`gyre.tito.proxy`)."""
+
+    host: str = "127.0.0.1"
+    """Address the proxy binds to."""
+    port: int = 0
+    """TCP port; 0 picks a free one (the bound port is reported when serving starts)."""
+    model_name: str = "gyre"
+    """Model name served at /v1/models; requests naming another model get 404."""
+    max_body_bytes: int = 16 * 2**20
+    """Largest request body accepted; larger ones get 413 (a 1M-token history is ~4-5 MB of JSON)."""
+    max_n: int = 16
+    """Most choices per request."""
+    context_overflow: Literal["clamp", "refuse"] = "clamp"
+    """prompt + max_tokens over the engine's max_model_len: clamp max_tokens (finish `length` when
+    reached) or refuse with a `context_length_exceeded` error (FIELD_CASES B15)."""
+    render_check_every: int = 0
+    """Cross-check every k-th incrementally rendered prompt against a full render; 0: only the
+    first of each execution."""
+    flush_interval_s: float = 5.0
+    """fsync the call log this often (calls reach the OS before each response completes)."""
+    log_name: str = "calls.log"
+    """Call log file name under `<run_dir>/records/`."""
+
+    def __post_init__(self) -> None:
+        _positive(max_body_bytes=self.max_body_bytes, max_n=self.max_n, flush_interval_s=self.flush_interval_s)
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port={self.port} must be in [0, 65535]")
+        if self.render_check_every < 0:
+            raise ValueError(f"render_check_every={self.render_check_every} must be >= 0")
+
+
 class RunConfig(_Config):
     """One run of one node. Loaded from TOML with `load_config`; see `examples/`."""
 
@@ -178,6 +211,7 @@ class RunConfig(_Config):
     cells: CellConfig = CellConfig()
     trajectory: TrajectoryConfig = TrajectoryConfig()
     rl: RLConfig = RLConfig()
+    proxy: ProxyConfig = ProxyConfig()
 
     def __post_init__(self) -> None:
         if not self.run_dir:

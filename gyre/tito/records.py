@@ -1,6 +1,7 @@
 """Model-call records: the exact tokens of every call an agent made, as the TITO proxy saw them.
 
-Owns `Role`, `Divergence` and `ModelCall` (one record per choice of one model call). The trajectory
+Owns `Role`, `Divergence`, `ModelCall` (one record per choice of one model call) and
+`ExecutionSummary` (what the proxy knows about a whole execution when it is closed). The trajectory
 tree is built from these records only; the append-only log that stores them lives beside them.
 Records know nothing about HTTP, chat messages or trees.
 """
@@ -13,7 +14,7 @@ import msgspec
 
 from gyre.engines.protocol import FinishReason, SamplingParams
 
-__all__ = ["Role", "ROLES", "Divergence", "ModelCall"]
+__all__ = ["Role", "ROLES", "Divergence", "ModelCall", "ExecutionSummary"]
 
 Role = Literal["main", "main_summary", "sub_agent", "sub_agent_summary"]
 ROLES: tuple[Role, ...] = ("main", "main_summary", "sub_agent", "sub_agent_summary")
@@ -58,3 +59,26 @@ class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
     """Unix time the last token was returned, seconds."""
     divergence: Divergence | None = None
     """Set when the agent rewrote history and the prompt branches off the parent."""
+
+
+class ExecutionSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-execution totals, written to the call log when the execution is closed."""
+
+    execution_id: str
+    num_calls: int
+    """Model-call records (one per choice)."""
+    truncated: bool
+    """True if any call was cut off: a choice finished with `length` or a prompt was refused for
+    exceeding the context (FIELD_CASES B14, B15). One flag per execution."""
+    length_calls: int
+    """Records whose finish reason is `length`."""
+    context_refusals: int
+    """Requests refused because the prompt did not fit the engine's context."""
+    divergences: int
+    """Records whose prompt does not extend their parent's prompt + completion."""
+    prompt_tokens: int
+    """Sum of prompt lengths over records, tokens (a shared prefix counts every time)."""
+    completion_tokens: int
+    """Sum of completion lengths over records, tokens."""
+    closed_s: float = 0.0
+    """Unix time the execution was closed, seconds."""

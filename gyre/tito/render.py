@@ -1,0 +1,521 @@
+"""Incremental chat rendering: chat messages to exact prompt token IDs, reusing every known token.
+
+Owns `TokenText` (token IDs to bytes and text, incremental UTF-8), `parse_reply` /
+`partial_reply` (model text to reasoning, content and tool calls, exactly as the chat template
+renders them back), `ChatRenderer`, `RenderState` (per execution: one `Node` per recorded choice)
+and `Rendered` (a prompt with its parent call and divergence).
+
+The rule (DESIGN.md invariant 1): when an earlier call's messages plus the reply the proxy returned
+are a prefix of the new messages, and the chat template renders that reply as exactly the text the
+model generated, the new prompt is `parent prompt + parent completion + tokens of the new text`.
+The new text is rendered from an anchor (the system head, the echoed reply, the new messages) so the
+cost follows the new messages, not the history; the anchor is checked against a full render on the
+first such call of every execution (and every `check_every` calls), and an execution whose template
+disagrees falls back to full renders for good. Otherwise the whole conversation is rendered; the
+longest text prefix shared with the parent's tokens keeps those exact tokens, and the call records
+a `Divergence` at the first differing token. Generated text is never re-tokenized.
+Knows nothing about HTTP, engines or logs.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from gyre.tito.records import Divergence
+from gyre.tito.wire import ChatMessage, FunctionCall, ToolCall, message_text
+
+__all__ = [
+    "TokenText",
+    "ParsedReply",
+    "parse_reply",
+    "partial_reply",
+    "Node",
+    "RenderState",
+    "Rendered",
+    "RenderStatistics",
+    "ChatRenderer",
+    "message_to_template",
+]
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+_CANONICAL_CALL = re.compile(r'\{"name": ("(?:[^"\\]|\\.)*"), "arguments": (.*)\}', re.DOTALL)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte <-> printable-character table used by byte-level BPE tokenizers."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+class TokenText:
+    """Bytes of every token ID of a tokenizer, for exact decoding and incremental UTF-8 streaming.
+
+    Byte-level BPE tokens map to their bytes exactly; added tokens (`<|im_end|>`, `<think>`) to
+    their UTF-8 content. Other tokenizers fall back to `decode([id])` per token (exact for whole
+    characters only). IDs outside the tokenizer (padded model vocab) decode to no bytes.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        inverse = {c: b for b, c in _bytes_to_unicode().items()}
+        added = {i: t for t, i in tokenizer.get_added_vocab().items()}
+        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        table: list[bytes] = []
+        for i, piece in enumerate(pieces):
+            if i in added:
+                table.append(added[i].encode())
+            elif piece is not None and all(ch in inverse for ch in piece):
+                table.append(bytes(inverse[ch] for ch in piece))
+            else:
+                table.append(tokenizer.decode([i], skip_special_tokens=False).encode())
+        self.table = table
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.table[token_id] if 0 <= token_id < len(self.table) else b""
+
+    def bytes_of(self, ids: list[int]) -> bytes:
+        table, n = self.table, len(self.table)
+        return b"".join([table[i] if 0 <= i < n else b"" for i in ids])
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of `ids`, special tokens included; invalid UTF-8 becomes U+FFFD."""
+        return self.bytes_of(ids).decode("utf-8", errors="replace")
+
+    def token_str(self, token_id: int) -> str:
+        """The token's own text (a lone part of a multi-byte character shows as U+FFFD)."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    @staticmethod
+    def incremental() -> codecs.IncrementalDecoder:
+        """A UTF-8 decoder that holds back a character split across tokens until it completes."""
+        return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedReply:
+    """The assistant message the proxy returns for one choice's text."""
+
+    content: str | None
+    reasoning: str | None
+    tool_calls: tuple[ToolCall, ...]
+    tool_call_error: str | None
+    """Set when the text holds a malformed `<tool_call>`: the text then stays `content` (B23)."""
+
+
+def _hold(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag` (may still become it)."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
+
+def _split_reasoning(text: str) -> tuple[str | None, str, bool]:
+    """(reasoning, rest, closed): `<think>R</think>\\n` is stripped from the start of `text`."""
+    if not text.startswith(THINK_OPEN):
+        return None, text, True
+    j = text.find(THINK_CLOSE, len(THINK_OPEN))
+    if j < 0:
+        return text[len(THINK_OPEN):], "", False
+    rest = text[j + len(THINK_CLOSE):]
+    return text[len(THINK_OPEN):j], rest[1:] if rest.startswith("\n") else rest, True
+
+
+def _parse_call(body: str, index: int, call_id: str) -> ToolCall:
+    obj = json.loads(body)
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        raise ValueError('a tool call must be a JSON object with a string "name"')
+    args = obj.get("arguments", {})
+    if not isinstance(args, dict):
+        raise ValueError('"arguments" must be a JSON object')
+    m = _CANONICAL_CALL.fullmatch(body.strip())
+    if m is not None and json.loads(m.group(1)) == obj["name"] and _loads_or_none(m.group(2)) == args:
+        raw = m.group(2)  # the model's exact argument text: re-rendered verbatim (B23)
+    else:
+        raw = json.dumps(args, ensure_ascii=False)
+    return ToolCall(id=f"{call_id}_{index}", type="function", function=FunctionCall(name=obj["name"], arguments=raw))
+
+
+def _loads_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def parse_reply(text: str, call_id: str = "call", *, tools: bool = True) -> ParsedReply:
+    """Split a choice's visible text into reasoning, content and tool calls.
+
+    `<think>R</think>\\n` at the start is reasoning; content runs up to the first `<tool_call>`;
+    the rest must be `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks to the end.
+    Arguments keep the model's exact text when the call is written the way the template renders
+    it. Anything else after `<tool_call>` is malformed: the whole text stays content and
+    `tool_call_error` says why (the agent sees it; nothing is dropped). Tool call IDs are
+    `<call_id>_<i>`. With `tools=False` (no tools offered) nothing is parsed as a tool call.
+    """
+    reasoning, rest, _ = _split_reasoning(text)
+    i = rest.find(CALL_OPEN) if tools else -1
+    if i < 0:
+        return ParsedReply(content=rest, reasoning=reasoning, tool_calls=(), tool_call_error=None)
+    calls: list[ToolCall] = []
+    pos = i
+    try:
+        while pos < len(rest):
+            if not rest.startswith(CALL_OPEN, pos):
+                raise ValueError(f"unexpected text after a tool call: {rest[pos:pos + 40]!r}")
+            end = rest.find(CALL_CLOSE, pos)
+            if end < 0:
+                raise ValueError("unterminated <tool_call>")
+            calls.append(_parse_call(rest[pos + len(CALL_OPEN):end], len(calls), call_id))
+            pos = end + len(CALL_CLOSE)
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        return ParsedReply(content=rest, reasoning=reasoning, tool_calls=(), tool_call_error=f"malformed tool call: {exc}")
+    return ParsedReply(content=rest[:i], reasoning=reasoning, tool_calls=tuple(calls), tool_call_error=None)
+
+
+def partial_reply(text: str, *, tools: bool = True) -> tuple[str, str]:
+    """(reasoning, content) of a text still being generated: prefixes of what `parse_reply` will
+    return for any continuation, so they can be streamed without ever being taken back."""
+    if len(text) < len(THINK_OPEN) and THINK_OPEN.startswith(text):
+        return "", ""
+    reasoning, rest, closed = _split_reasoning(text)
+    if reasoning is not None and not closed:
+        return reasoning[: len(reasoning) - _hold(reasoning, THINK_CLOSE)], ""
+    if reasoning is not None and text.endswith(THINK_CLOSE):
+        return reasoning, ""  # the newline after </think> is not known yet
+    if not tools:
+        return reasoning or "", rest
+    i = rest.find(CALL_OPEN)
+    content = rest[:i] if i >= 0 else rest[: len(rest) - _hold(rest, CALL_OPEN)]
+    return reasoning or "", content
+
+
+def message_to_template(m: ChatMessage) -> dict[str, Any]:
+    """The dict a Hugging Face chat template sees for one message."""
+    d: dict[str, Any] = {"role": m.role, "content": message_text(m.content)}
+    if m.name is not None:
+        d["name"] = m.name
+    reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+    if reasoning is not None:
+        d["reasoning_content"] = reasoning
+    if m.tool_calls is not None:
+        d["tool_calls"] = [
+            {"id": tc.id, "type": tc.type, "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
+            for tc in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        d["tool_call_id"] = m.tool_call_id
+    return d
+
+
+def _reply_key(m: ChatMessage) -> tuple:
+    """What of an assistant message a template renders: echoes that differ elsewhere still match."""
+    reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+    calls = tuple((tc.function.name, tc.function.arguments if isinstance(tc.function.arguments, str) else json.dumps(tc.function.arguments)) for tc in m.tool_calls or ())
+    return (m.role, message_text(m.content) or "", reasoning, calls)
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    """One recorded choice, as the renderer needs it to extend later calls."""
+
+    call_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_text: str
+    """Decoded completion, special tokens included (the text the template must reproduce)."""
+    messages: list[ChatMessage] | None = None
+    """The request's messages (chat calls); shared with the parent's list objects where equal."""
+    reply: ChatMessage | None = None
+    """The assistant message the proxy returned for this choice."""
+    tools: list[dict[str, Any]] | None = None
+    template_kwargs: dict[str, Any] | None = None
+    stop_string: bool = False
+    """The completion was cut at a stop string (its text is not what the reply re-renders to)."""
+    head_text: str | None = None
+    """Cache: the template's render of the system head with the generation prompt."""
+
+
+@dataclass(slots=True)
+class RenderStatistics:
+    """Counters of one renderer (STYLE.md rule 6); all are counts of calls."""
+
+    fast: int = 0
+    """Prompts built from the parent's tokens plus the anchor-rendered new messages."""
+    full: int = 0
+    """Prompts rendered from the whole conversation."""
+    checks: int = 0
+    """Fast-path prompts cross-checked against a full render."""
+    check_failures: int = 0
+    """Cross-checks that disagreed (the execution then renders in full)."""
+    divergences: int = 0
+    """Prompts that do not extend their parent's prompt + completion."""
+
+
+@dataclass(slots=True)
+class RenderState:
+    """What one execution's renderer remembers: its recorded choices, oldest first."""
+
+    nodes: list[Node] = field(default_factory=list)
+    anchor_ok: bool | None = None
+    """None until the anchor render is checked against a full render; False: render in full."""
+    fast_since_check: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """A prompt ready for the engine, with where it came from."""
+
+    prompt_ids: list[int]
+    parent: Node | None
+    divergence: Divergence | None
+    messages: list[ChatMessage] | None = None
+    """The messages to store on the new node (prefix objects shared with the parent)."""
+    tools: list[dict[str, Any]] | None = None
+    path: str = "full"
+    """`fast` (spliced, anchor render), `full` (whole conversation), or `tokens` (completions API)."""
+
+
+def _common_prefix(a: bytes | list, b: bytes | list) -> int:
+    """Length of the common prefix of two sequences (C-speed slice compares, log steps)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class ChatRenderer:
+    """Builds prompt token IDs for chat and completion requests of one tokenizer.
+
+    Args:
+        tokenizer: a `transformers` fast tokenizer with a chat template.
+        check_every: cross-check every k-th fast-path prompt of an execution against a full
+            render (the first one is always checked); 0 checks only the first.
+    """
+
+    def __init__(self, tokenizer: Any, *, check_every: int = 0) -> None:
+        if check_every < 0:
+            raise ValueError(f"check_every={check_every} must be >= 0")
+        self.tokenizer = tokenizer
+        self.text = TokenText(tokenizer)
+        self.check_every = check_every
+        self.stats = RenderStatistics()
+        self._backend = tokenizer.backend_tokenizer
+
+    # -- primitives ---------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Token IDs of `text`, no special tokens added (the template already wrote them: B19)."""
+        return self._backend.encode(text, add_special_tokens=False).ids if text else []
+
+    def render_text(
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The chat template's text for `messages` (`apply_chat_template(tokenize=False)`)."""
+        return self.tokenizer.apply_chat_template(
+            [message_to_template(m) for m in messages],
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **(template_kwargs or {}),
+        )
+
+    # -- chat ---------------------------------------------------------------------------------
+
+    def render_chat(
+        self,
+        state: RenderState,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> Rendered:
+        """Prompt IDs for a chat request of the execution whose state is `state`.
+
+        Raises ValueError when the template cannot render the messages (e.g. a non-text part).
+        """
+        parent = self._find_parent(state, messages, tools, template_kwargs) if add_generation_prompt else None
+        if parent is not None and state.anchor_ok is not False:
+            fast = self._render_fast(parent, messages, tools, template_kwargs)
+            if fast is not None:
+                check = state.anchor_ok is None or (
+                    self.check_every and state.fast_since_check + 1 >= self.check_every
+                )
+                if not check:
+                    state.fast_since_check += 1
+                    self.stats.fast += 1
+                    return fast
+                full = self._render_full(state, messages, tools, add_generation_prompt, template_kwargs)
+                self.stats.checks += 1
+                state.fast_since_check = 0
+                ok = full.prompt_ids == fast.prompt_ids and full.divergence is None
+                if not ok:
+                    self.stats.check_failures += 1
+                state.anchor_ok = ok if state.anchor_ok is None else state.anchor_ok and ok
+                return full
+        return self._render_full(state, messages, tools, add_generation_prompt, template_kwargs)
+
+    def _find_parent(self, state, messages, tools, template_kwargs) -> Node | None:
+        """The most recent choice whose messages + reply are a prefix of `messages`."""
+        n = len(messages)
+        for node in reversed(state.nodes):
+            if node.messages is None:
+                continue
+            k = len(node.messages)
+            if k >= n or _reply_key(messages[k]) != _reply_key(node.reply):
+                continue
+            if node.tools != tools or node.template_kwargs != template_kwargs:
+                continue
+            if messages[:k] == node.messages:
+                return node
+        return None
+
+    def _head(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        return messages[:1] if messages and messages[0].role in ("system", "developer") else []
+
+    def _render_fast(self, parent: Node, messages, tools, template_kwargs) -> Rendered | None:
+        """Render only [head, echoed reply, new messages]; None when the reply does not re-render
+        to exactly the parent's completion text."""
+        k = len(parent.messages)
+        head = self._head(messages)
+        if parent.head_text is None:
+            parent.head_text = self.render_text(head, tools, True, template_kwargs)
+        a = parent.head_text
+        b = self.render_text(head + messages[k:], tools, True, template_kwargs)
+        ct = parent.completion_text
+        if not (b.startswith(a) and b.startswith(ct, len(a))):
+            return None
+        suffix = b[len(a) + len(ct):]
+        ids = parent.prompt_ids + parent.completion_ids + self.encode(suffix)
+        shared = parent.messages + messages[k:]
+        return Rendered(prompt_ids=ids, parent=parent, divergence=None, messages=shared, tools=parent.tools, path="fast")
+
+    def _best_candidate(self, state: RenderState, messages: list[ChatMessage], limit: int = 256) -> tuple[Node | None, int]:
+        """The recent chat choice sharing the most leading messages with `messages` (reply
+        compared by what renders), and that count; ties go to the most recent."""
+        best, best_m = None, 0
+        for node in reversed(state.nodes[-limit:]):
+            if node.messages is None:
+                continue
+            conv = node.messages
+            m = 0
+            n = min(len(conv), len(messages))
+            while m < n and conv[m] == messages[m]:
+                m += 1
+            if m == len(conv) and m < len(messages) and _reply_key(messages[m]) == _reply_key(node.reply):
+                m += 1
+            if m > best_m:
+                best, best_m = node, m
+        return best, best_m
+
+    def _render_full(self, state, messages, tools, add_generation_prompt, template_kwargs) -> Rendered:
+        self.stats.full += 1
+        text = self.render_text(messages, tools, add_generation_prompt, template_kwargs)
+        parent, matched = self._best_candidate(state, messages)
+        if parent is None:
+            return Rendered(prompt_ids=self.encode(text), parent=None, divergence=None, messages=list(messages), tools=tools)
+        ids, index = self._splice(parent, text)
+        divergence = None
+        if index is not None:
+            self.stats.divergences += 1
+            reason = self._reason(parent, messages, matched, tools)
+            divergence = Divergence(parent_call_id=parent.call_id, index=index, reason=reason)
+        shared = parent.messages[:matched] + messages[matched:] if matched <= len(parent.messages) else parent.messages + messages[len(parent.messages):]
+        return Rendered(prompt_ids=ids, parent=parent, divergence=divergence, messages=shared, tools=tools)
+
+    def _splice(self, parent: Node, text: str) -> tuple[list[int], int | None]:
+        """Prompt IDs for `text` keeping the parent's exact tokens over the longest shared text
+        prefix; returns (ids, first index differing from parent prompt + completion, or None)."""
+        known = parent.prompt_ids + parent.completion_ids
+        return self.splice_tokens(known, text)
+
+    def splice_tokens(self, known: list[int], text: str) -> tuple[list[int], int | None]:
+        """(ids, divergence index or None): `known` tokens kept while their bytes prefix `text`."""
+        table = self.text.table
+        kb = self.text.bytes_of(known)
+        tb = text.encode()
+        shared = _common_prefix(kb, tb)
+        # Last token boundary inside the shared bytes that also starts a UTF-8 character of text.
+        pos, j = 0, 0
+        ntab = len(table)
+        for t in known:
+            size = len(table[t]) if 0 <= t < ntab else 0
+            if pos + size > shared:
+                break
+            pos += size
+            j += 1
+        while j > 0 and pos < len(tb) and (tb[pos] & 0xC0) == 0x80:
+            j -= 1
+            pos -= len(table[known[j]]) if 0 <= known[j] < ntab else 0
+        ids = known[:j] + self.encode(tb[pos:].decode())
+        if j == len(known):
+            return ids, None
+        return ids, _common_prefix(ids, known)
+
+    def _reason(self, parent: Node, messages, matched: int, tools) -> str:
+        k = len(parent.messages)
+        if tools != parent.tools:
+            return "tools_changed"
+        if matched < k:
+            return "compaction" if len(messages) <= k else "message_edited"
+        if matched == k:
+            echo, reply = messages[k] if k < len(messages) else None, parent.reply
+            if echo is None or echo.role != "assistant":
+                return "history_rewritten"
+            e, r = _reply_key(echo), _reply_key(reply)
+            if e[1:3] == r[1:3] and [c[0] for c in e[3]] == [c[0] for c in r[3]]:
+                loads = [(_loads_or_none(x[1]), _loads_or_none(y[1])) for x, y in zip(e[3], r[3])]
+                if all(a == b for a, b in loads):
+                    return "tool_arguments_reserialized"
+            if e[2] is None and r[2] is not None:
+                return "reasoning_dropped"
+            return "message_edited"
+        if parent.stop_string:
+            return "stop_string_trimmed"
+        reply = parent.reply
+        if reply is not None and reply.reasoning_content is not None:
+            return "template_dropped_reasoning"
+        return "template_rerendered"
+
+    # -- completions (token IDs in) -----------------------------------------------------------
+
+    def link_tokens(self, state: RenderState, prompt_ids: list[int], limit: int = 64) -> Rendered:
+        """Parent and divergence of a raw token prompt (completions API); the IDs are kept as sent."""
+        best, best_len = None, 0
+        for node in reversed(state.nodes[-limit:]):
+            known_len = len(node.prompt_ids) + len(node.completion_ids)
+            if known_len <= len(prompt_ids) and prompt_ids[: len(node.prompt_ids)] == node.prompt_ids and (
+                prompt_ids[len(node.prompt_ids):known_len] == node.completion_ids
+            ):
+                return Rendered(prompt_ids=prompt_ids, parent=node, divergence=None, path="tokens")
+            m = _common_prefix(node.prompt_ids + node.completion_ids, prompt_ids)
+            if m > best_len:
+                best, best_len = node, m
+        if best is None:
+            return Rendered(prompt_ids=prompt_ids, parent=None, divergence=None, path="tokens")
+        self.stats.divergences += 1
+        div = Divergence(parent_call_id=best.call_id, index=best_len, reason="prompt_tokens_changed")
+        return Rendered(prompt_ids=prompt_ids, parent=best, divergence=div, path="tokens")
