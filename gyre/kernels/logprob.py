@@ -59,7 +59,7 @@ class _SelectiveLogprob(torch.autograd.Function):
                 lp_N[sl], ent_N[sl], lse_N[sl] = triton_logprob_entropy(x_CV, labels_N[sl])
             else:
                 lp_N[sl], ent_N[sl], lse_N[sl] = _reduce_torch(x_CV, labels_N[sl])
-        ctx.save_for_backward(hidden_NH, weight_VH, labels_N, lse_N, ent_N)
+        ctx.save_for_backward(hidden_NH, weight_VH, labels_N, lse_N)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
         return lp_N, ent_N
@@ -67,7 +67,7 @@ class _SelectiveLogprob(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_lp_N, g_ent_N):
-        hidden_NH, weight_VH, labels_N, lse_N, ent_N = ctx.saved_tensors
+        hidden_NH, weight_VH, labels_N, lse_N = ctx.saved_tensors
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
         n = hidden_NH.shape[0]
         dtype = lse_N.dtype
@@ -84,7 +84,7 @@ class _SelectiveLogprob(torch.autograd.Function):
             h_CH = hidden_NH[sl].to(dtype)
             x_CV = (h_CH @ w_VH.T) / temperature
             p_CV = torch.exp(x_CV - lse_N[sl, None])
-            mean_x_C = lse_N[sl] - ent_N[sl]  # E_p[x] = lse - entropy
+            mean_x_C = (p_CV * x_CV).sum(-1)  # E_p[x], recomputed: lse - entropy would cancel
             # d lp / dx = onehot - p ; d entropy / dx = -p * (x - E_p[x])
             g_x_CV = -p_CV * (g_lp_N[sl, None] + g_ent_N[sl, None] * (x_CV - mean_x_C[:, None]))
             g_x_CV.scatter_add_(1, labels_N[sl, None], g_lp_N[sl, None].to(dtype))
