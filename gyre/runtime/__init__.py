@@ -1,1 +1,35 @@
-"""gyre.runtime (see DESIGN.md)."""
+"""gyre.runtime (see DESIGN.md): node event loop, cells, scheduler policies, router, streaming trainer.
+
+So far it exports the scheduler-policy seam (`gyre.runtime.scheduler`), which the node loop and
+the cluster simulator (`gyre.sim`) both drive.
+"""
+
+from gyre.runtime.scheduler import (
+    Action,
+    AsyncPolicy,
+    CellView,
+    ColocatePolicy,
+    Dispatch,
+    ElasticPolicy,
+    SchedulerPolicy,
+    SchedulerState,
+    StartStep,
+    SwitchToRollout,
+    SwitchToTrain,
+    admission_room,
+)
+
+__all__ = [
+    "Action",
+    "AsyncPolicy",
+    "CellView",
+    "ColocatePolicy",
+    "Dispatch",
+    "ElasticPolicy",
+    "SchedulerPolicy",
+    "SchedulerState",
+    "StartStep",
+    "SwitchToRollout",
+    "SwitchToTrain",
+    "admission_room",
+]

@@ -80,6 +80,8 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     switches: int
     migrations: int
     dispatched: int
+    trained_executions: int
+    """Executions whose gradients went into a completed step (each exactly once)."""
     max_staleness_steps: int
     """Largest (step that trained it - weight version it started with) over trained executions."""
     timeline: Timeline
@@ -109,7 +111,7 @@ class Workload:
 
 
 class _Cell:
-    __slots__ = ("index", "role", "target", "execs", "busy", "weights", "since")
+    __slots__ = ("index", "role", "target", "execs", "busy", "weights", "since", "sync_until")
 
     def __init__(self, index: int, role: str):
         self.index = index
@@ -119,6 +121,7 @@ class _Cell:
         self.busy = False
         self.weights = 0
         self.since = 0.0
+        self.sync_until = 0.0  # a rollout cell loading new weights serves nothing before this
 
 
 def simulate(
@@ -176,6 +179,7 @@ class _Sim:
         self.batch_complete: dict[int, int] = {}  # not streaming: complete groups per batch
         self.step_members: list[int] = []
         self.trained_execs: list[tuple[int, int]] = []  # (exec, step)
+        self.trained_set: set[int] = set()
         self.step_end: list[float] = []
         # records
         self.intervals: list[Interval] = []
@@ -254,16 +258,16 @@ class _Sim:
             cell = self._least_loaded()
             cell.execs.add(e)
             self.views[cell.index] = None
-            d = self.wl.duration_s[e]
+            end = max(self.t, cell.sync_until) + self.wl.duration_s[e]
             self.ex_cell.append(cell.index)
             self.ex_start.append(self.t)
-            self.ex_end.append(self.t + d)
+            self.ex_end.append(end)
             self.ex_gen.append(0)
             self.ex_version.append(self.version)
             if e % self.G == 0:
                 self.group_done.append(0)
             self.dispatched += 1
-            self._push(self.t + d, _FINISH, e, 0)
+            self._push(end, _FINISH, e, 0)
         self._trace()
 
     def _switch_to_train(self, i: int) -> None:
@@ -373,6 +377,8 @@ class _Sim:
             self.views[a] = None
             self.running -= 1
             self.trained += 1
+            assert b not in self.trained_set, f"execution {b} trained twice"
+            self.trained_set.add(b)
             self.trained_execs.append((b, self.version))
         elif kind == _LOAD:
             cell = self.cells[a]
@@ -389,6 +395,8 @@ class _Sim:
             self.step_end.append(self.t)
             for cell in self.cells:
                 if cell.role == "rollout":
+                    cell.sync_until = self.t + self.sync_s
+                    self.intervals.append(Interval(cell.index, self.t, cell.sync_until, "load"))
                     for e in cell.execs:
                         self._reschedule(e, self.sync_s)
             self._begin_step()
@@ -476,6 +484,7 @@ class _Sim:
             switches=self.switches,
             migrations=self.migrations,
             dispatched=self.dispatched,
+            trained_executions=len(self.trained_execs),
             max_staleness_steps=staleness,
             timeline=Timeline(
                 intervals=tuple(self.intervals),
