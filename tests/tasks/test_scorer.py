@@ -1,0 +1,168 @@
+"""Verifiers: score = passed / total from a JUnit report, test.sh rewards, hangs and crashes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gyre.tasks.scorer import VerifierError, score_junit, verify
+from gyre.tasks.task import load_task
+from tests.tasks.test_task import make_task
+
+MOD_TESTS = {
+    "test_mod.py": (
+        "def test_double():\n    from mod import double\n    assert double(2) == 4\n\n\n"
+        "def test_half():\n    from mod import half\n    assert half(4) == 2\n"
+    )
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "trio"
+
+
+def workspace(tmp_path: Path, files: dict[str, str]) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for name, text in files.items():
+        (ws / name).write_text(text)
+    return ws
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.anyio
+async def test_partial_and_full_score(tmp_path: Path) -> None:
+    task = load_task(make_task(tmp_path / "t", tests=MOD_TESTS))
+    ws = workspace(tmp_path, {"mod.py": "def double(x):\n    return 2 * x\n\ndef half(x):\n    return x\n"})
+    score = await verify(task, ws)
+    assert (score.passed, score.total, score.score, score.all_passed) == (1, 2, 0.5, False)
+    assert score.failed_tests == ("tests.test_mod::test_half",)
+    (ws / "mod.py").write_text("def double(x):\n    return 2 * x\n\ndef half(x):\n    return x // 2\n")
+    score = await verify(task, ws)
+    assert (score.passed, score.total, score.score, score.all_passed) == (2, 2, 1.0, True)
+
+
+@pytest.mark.anyio
+async def test_uncollectable_file_counts_against_declared_total(tmp_path: Path) -> None:
+    tests = {
+        "test_ok.py": "def test_ok():\n    assert 1 + 1 == 2\n",
+        "test_missing.py": "import missing_mod\n\n\ndef test_a():\n    pass\n\n\ndef test_b():\n    pass\n",
+    }
+    toml = "[verifier]\nnum_tests = 3\n"
+    task = load_task(make_task(tmp_path / "t", toml=toml, tests=tests))
+    score = await verify(task, workspace(tmp_path, {}))
+    assert (score.passed, score.total) == (1, 3)
+    assert score.score == pytest.approx(1 / 3)
+
+
+@pytest.mark.anyio
+async def test_hanging_test_fails_alone(tmp_path: Path) -> None:
+    tests = {"test_h.py": "def test_hang():\n    from mod import spin\n    spin()\n\n\ndef test_ok():\n    pass\n"}
+    toml = "[verifier]\nnum_tests = 2\ntest_timeout_s = 1.0\n"
+    task = load_task(make_task(tmp_path / "t", toml=toml, tests=tests))
+    score = await verify(task, workspace(tmp_path, {"mod.py": "def spin():\n    while True:\n        pass\n"}))
+    assert (score.passed, score.total) == (1, 2)
+
+
+@pytest.mark.anyio
+async def test_hanging_verifier_is_a_clear_error(tmp_path: Path) -> None:
+    toml = "[verifier]\nkind = 'script'\ntimeout_s = 1.0\n"
+    task = load_task(make_task(tmp_path / "t", toml=toml, tests={"test.sh": "sleep 300\n"}))
+    with pytest.raises(VerifierError, match=r"hung: killed after timeout_s=1.0"):
+        await verify(task, workspace(tmp_path, {}))
+
+
+@pytest.mark.anyio
+async def test_crashing_pytest_verifier_is_an_error(tmp_path: Path) -> None:
+    task = load_task(make_task(tmp_path / "t", tests={"test_empty.py": "# no tests here\n"}))
+    with pytest.raises(VerifierError, match=r"crashed \(exit 5\)"):
+        await verify(task, workspace(tmp_path, {}))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "script, expected",
+    [
+        ('echo 0.75 > "$GYRE_REWARD_DIR/reward.txt"\n', (0, 1, 0.75)),
+        ('echo \'{"passed": 3, "total": 4}\' > "$GYRE_REWARD_DIR/reward.json"\n', (3, 4, 0.75)),
+        ('echo \'{"reward": 1.0}\' > "$GYRE_REWARD_DIR/reward.json"; exit 1\n', (1, 1, 1.0)),
+    ],
+)
+async def test_script_verifier_rewards(tmp_path: Path, script: str, expected) -> None:
+    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nkind = 'script'\n", tests={"test.sh": script}))
+    score = await verify(task, workspace(tmp_path, {}))
+    assert (score.passed, score.total, score.score) == expected
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "script, fragment",
+    [
+        ("exit 0\n", "wrote neither reward.txt nor reward.json"),
+        ('echo 1.5 > "$GYRE_REWARD_DIR/reward.txt"\n', "reward=1.5, outside [0, 1]"),
+        ('echo nan > "$GYRE_REWARD_DIR/reward.txt"\n', "outside [0, 1]"),
+        ('echo \'{"passed": 5, "total": 4}\' > "$GYRE_REWARD_DIR/reward.json"\n', "unusable reward"),
+    ],
+)
+async def test_script_verifier_bad_reward(tmp_path: Path, script: str, fragment: str) -> None:
+    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nkind = 'script'\n", tests={"test.sh": script}))
+    with pytest.raises(VerifierError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        await verify(task, workspace(tmp_path, {}))
+
+
+@pytest.mark.anyio
+async def test_verifier_works_on_a_copy_and_ignores_workspace_hooks(tmp_path: Path) -> None:
+    tests = {"test_w.py": (
+        "import os\n\n\ndef test_vandal():\n    os.remove('mod.py')\n    open('new.txt', 'w').write('x')\n\n\n"
+        "def test_fails():\n    assert False\n"
+    )}
+    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 2\n", tests=tests))
+    ws = workspace(tmp_path, {
+        "mod.py": "x = 1\n",
+        # an agent trying to pass every test: neither file may be picked up by the verifier
+        "conftest.py": "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+                       "    out = yield\n    out.get_result().outcome = 'passed'\n",
+        "pytest.ini": "[pytest]\naddopts = -p no:junitxml\n",
+    })
+    before = snapshot(ws)
+    score = await verify(task, ws)
+    assert (score.passed, score.total) == (1, 2)
+    assert snapshot(ws) == before
+    assert not list(task.tests_dir.glob("*.xml"))
+
+
+@pytest.mark.anyio
+async def test_missing_workspace(tmp_path: Path) -> None:
+    task = load_task(make_task(tmp_path / "t"))
+    with pytest.raises(FileNotFoundError):
+        await verify(task, tmp_path / "nope")
+
+
+def test_score_junit_counts_failures_errors_and_skips(tmp_path: Path) -> None:
+    report = tmp_path / "r.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="t" name="a"/>'
+        '<testcase classname="t" name="b"><failure message="x"/></testcase>'
+        '<testcase classname="t" name="c"><error message="x"/></testcase>'
+        '<testcase classname="t" name="d"><skipped message="x"/></testcase>'
+        '<testcase classname="t" name="e"/>'
+        "</testsuite></testsuites>"
+    )
+    score = score_junit(report, num_tests=None)
+    assert (score.passed, score.total, score.score) == (2, 5, 0.4)
+    assert score.failed_tests == ("t::b", "t::c", "t::d")
+    assert score_junit(report, num_tests=8).total == 8
+    report.write_text("<testsuites><testsuite/></testsuites>")
+    with pytest.raises(VerifierError, match="no test case"):
+        score_junit(report, None)
+    report.write_text("<not xml")
+    with pytest.raises(VerifierError, match="not valid XML"):
+        score_junit(report, None)
+    with pytest.raises(VerifierError, match="no report"):
+        score_junit(tmp_path / "missing.xml", None)
