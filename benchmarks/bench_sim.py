@@ -1,0 +1,119 @@
+"""Cluster simulator benchmark: elastic vs async (best split) vs colocate at the published scale.
+
+Runs the shipped scenarios `examples/sim/122b-longtail.toml` and `examples/sim/2.4t-capped.toml`
+over several workload seeds, the two published ablations (streaming added to Async; Elastic over
+Colocate with streaming) on the 122B workload, and times the simulator itself on 48 steps x 64
+cells. Writes `benchmarks/results/sim.json`: each headline key is the median over seeds, and
+`spread` holds min / median / max. Published numbers (notes/anchors-performance.md §0) are
+printed next to ours; nothing here is tuned towards them.
+
+    .venv/bin/python benchmarks/bench_sim.py [--seeds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import msgspec  # noqa: E402
+
+from benchmarks.common import print_table, summarize, write_result  # noqa: E402
+from gyre.sim import SimConfig, Workload, best_async, build_policy, compare, load_sim_config, simulate  # noqa: E402
+
+PUBLISHED = {
+    "speedup_vs_async_122b": "1.38-1.57",
+    "speedup_vs_colocate_122b": "1.36-1.85",
+    "speedup_vs_async_24t": "1.78",
+    "speedup_vs_colocate_24t": "1.21",
+    "streaming_only_saving": "0.116",
+    "elastic_over_colocate_streaming": "1.19",
+    "utilisation_elastic_122b": ">= 0.80 (goal G4)",
+    "sim_48x64_s": "< 10 (goal)",
+}
+
+
+def with_seed(config: SimConfig, seed: int, **policies: object) -> SimConfig:
+    data = msgspec.to_builtins(config)
+    data["workload"]["seed"] = seed
+    data["policies"].update(policies)
+    return msgspec.convert(data, SimConfig)
+
+
+def scaled(config: SimConfig, num_cells: int) -> SimConfig:
+    """Same workload per cell on `num_cells` cells (batch grows with the cluster)."""
+    data = msgspec.to_builtins(config)
+    data["cluster"]["num_cells"] = num_cells
+    data["workload"]["batch_executions"] = num_cells * config.capacity_per_cell()
+    return msgspec.convert(data, SimConfig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3, help="workload seeds per scenario")
+    args = parser.parse_args()
+    seeds = list(range(args.seeds))
+    c122 = load_sim_config(ROOT / "examples/sim/122b-longtail.toml")
+    c24 = load_sim_config(ROOT / "examples/sim/2.4t-capped.toml")
+
+    samples: dict[str, list[float]] = {k: [] for k in PUBLISHED}
+    detail: dict[str, dict[str, list[float]]] = {"122b": {}, "24t": {}}
+    for seed in seeds:
+        for tag, base in (("122b", c122), ("24t", c24)):
+            comp = compare(with_seed(base, seed))
+            samples[f"speedup_vs_async_{tag}"].append(comp.speedup("async"))
+            samples[f"speedup_vs_colocate_{tag}"].append(comp.speedup("colocate"))
+            d = detail[tag]
+            for name, r in comp.results.items():
+                d.setdefault(f"makespan_h_{name}", []).append(r.makespan_s / 3600)
+                d.setdefault(f"utilisation_{name}", []).append(r.utilisation)
+                d.setdefault(f"bound_h_{name}", []).append(r.lower_bound_s / 3600)
+            d.setdefault("async_train_cells", []).append(comp.async_train_cells)
+            d.setdefault("elastic_max_staleness_steps", []).append(comp.results["elastic"].max_staleness_steps)
+            if tag == "122b":
+                samples["utilisation_elastic_122b"].append(comp.results["elastic"].utilisation)
+                # Ablation 1: streaming added to Async (each with its own best split).
+                _, streamed, _ = best_async(with_seed(base, seed, async_streaming=True))
+                samples["streaming_only_saving"].append(1 - streamed.makespan_s / comp.results["async"].makespan_s)
+                # Ablation 2: Elastic over Colocate + streaming.
+                cfg = with_seed(base, seed, colocate_streaming=True)
+                colo = simulate(cfg, build_policy(cfg, "colocate"), Workload(cfg))
+                samples["elastic_over_colocate_streaming"].append(
+                    colo.makespan_s / comp.results["elastic"].makespan_s
+                )
+
+    # Speed of the simulator itself: 48 steps on 64 cells, elastic (the policy with most decisions).
+    big = scaled(c122, 64)
+    for _ in range(3):
+        t0 = time.perf_counter()
+        r = simulate(big, build_policy(big, "elastic", 16))
+        samples["sim_48x64_s"].append(time.perf_counter() - t0)
+    assert len(r.step_end_s) == 48
+
+    numbers: dict[str, object] = {k: statistics.median(v) for k, v in samples.items()}
+    numbers["spread"] = {k: summarize(v) for k, v in samples.items()}
+    numbers["scenarios"] = {
+        tag: {k: summarize([float(x) for x in v]) for k, v in d.items()} for tag, d in detail.items()
+    }
+    numbers["published"] = PUBLISHED
+    config = {
+        "seeds": seeds,
+        "122b": msgspec.to_builtins(c122),
+        "24t": msgspec.to_builtins(c24),
+        "sim_48x64": {"num_cells": 64, "batch_executions": big.workload.batch_executions, "policy": "elastic"},
+    }
+    path = write_result("sim", config, numbers)
+    rows = [
+        {"key": k, "ours_median": numbers[k], "min": s["min"], "max": s["max"], "published": PUBLISHED[k]}
+        for k, s in ((k, summarize(v)) for k, v in samples.items())
+    ]
+    print_table(f"bench_sim ({len(seeds)} seeds) -> {path.relative_to(ROOT)}", rows)
+
+
+if __name__ == "__main__":
+    main()
