@@ -393,8 +393,11 @@ class ChatRenderer:
                 return node
         return None
 
-    def _head(self, messages: list[ChatMessage]) -> list[ChatMessage]:
-        return messages[:1] if messages and messages[0].role in ("system", "developer") else []
+    @staticmethod
+    def _head(messages: list[ChatMessage]) -> list[ChatMessage]:
+        """The anchor's first message: the conversation's first (the system prompt, usually);
+        templates render it specially, and refuse an empty conversation."""
+        return messages[:1]
 
     def _render_fast(self, parent: Node, messages, tools, template_kwargs) -> Rendered | None:
         """Render only [head, echoed reply, new messages]; None when the reply does not re-render

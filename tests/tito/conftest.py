@@ -1,0 +1,39 @@
+"""Fixtures of the TITO proxy tests: the tiny model's tokenizer, a proxy served on a free port."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from gyre.config import ProxyConfig
+from gyre.engines.scripted import ScriptedEngine
+from gyre.model.recipe import build_tokenizer
+from gyre.tito.proxy import TitoProxy
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The reference tiny model's tokenizer (ChatML, <|im_end|> eos, no BOS)."""
+    return build_tokenizer()
+
+
+def make_proxy(tok, engine: ScriptedEngine, log_path=None, **config) -> TitoProxy:
+    """A proxy over one engine; `config` overrides `ProxyConfig` fields (checks every render)."""
+    config.setdefault("render_check_every", 1)
+    return TitoProxy(tokenizer=tok, engine_for=lambda _execution: engine, config=ProxyConfig(**config), log_path=log_path)
+
+
+@contextlib.asynccontextmanager
+async def serving(proxy: TitoProxy) -> AsyncIterator[str]:
+    """Serve `proxy` on a free port in this event loop; yields the `/v1` base URL."""
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.serve)
+        yield f"http://127.0.0.1:{port}/v1"
+        tg.cancel_scope.cancel()
+
+
+def encode(tok, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False)
