@@ -1,0 +1,45 @@
+"""The step guard: a non-finite loss on one micro-batch leaves the weights and optimizer unchanged."""
+
+from __future__ import annotations
+
+import torch
+
+from gyre.rl import microbatch_loss, step_if_finite
+from gyre.trajectory import build_tree, pack_batch, select_trajectories
+from tests.rl.models import path_logprobs, tiny_qwen2
+from tests.trajectory.builders import make_call
+
+
+def _batches(model):
+    """Two one-call executions, one per micro-batch, with on-policy behaviour logprobs (ratio 1)."""
+    trees = []
+    for i in range(2):
+        prompt, completion = [1, 2, 3 + i], [4, 5, 6]
+        with torch.no_grad():
+            lps = path_logprobs(model, prompt + completion)[-3:].tolist()
+        trees.append(build_tree([make_call(f"e{i}", "a", prompt, completion, logprobs=lps, versions=[1, 1, 1])]))
+    return pack_batch([(t, select_trajectories(t, 1)) for t in trees], token_budget=6)
+
+
+def test_non_finite_micro_batch_skips_the_step_and_keeps_weights():
+    model = tiny_qwen2(seed=3, vocab=16, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    first, second = _batches(model)
+    advantages = {"e0": 1.0, "e1": -1.0}
+    loss, _ = microbatch_loss(model, first, advantages, trainer_version=1, max_staleness=1)
+    loss.backward()
+    loss, _ = microbatch_loss(model, second, advantages, trainer_version=1, max_staleness=1)
+    (loss * torch.tensor(float("nan"))).backward()  # one micro-batch whose loss is NaN
+    assert any(not torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert step_if_finite(optimizer) is False
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+        assert p.grad is None
+    assert optimizer.state == {} or all(not s for s in optimizer.state.values())
+    # The next, finite batch steps normally.
+    for batch in (first, second):
+        loss, _ = microbatch_loss(model, batch, advantages, trainer_version=1, max_staleness=1)
+        loss.backward()
+    assert step_if_finite(optimizer) is True
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
