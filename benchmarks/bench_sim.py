@@ -7,24 +7,30 @@ cells. Writes `benchmarks/results/sim.json`: each headline key is the median ove
 `spread` holds min / median / max. Published numbers (notes/anchors-performance.md §0) are
 printed next to ours; nothing here is tuned towards them.
 
-    .venv/bin/python benchmarks/bench_sim.py [--seeds 3]
+Run: .venv/bin/python -m benchmarks.bench_sim [--seeds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import msgspec
+
+from benchmarks.common import print_table, summarize, write_result
+from gyre.sim import (
+    SimConfig,
+    Workload,
+    best_async,
+    build_policy,
+    compare,
+    load_sim_config,
+    simulate,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import msgspec  # noqa: E402
-
-from benchmarks.common import print_table, summarize, write_result  # noqa: E402
-from gyre.sim import SimConfig, Workload, best_async, build_policy, compare, load_sim_config, simulate  # noqa: E402
 
 PUBLISHED = {
     "speedup_vs_async_122b": "1.38-1.57",
@@ -74,12 +80,16 @@ def main() -> None:
                 d.setdefault(f"utilisation_{name}", []).append(r.utilisation)
                 d.setdefault(f"bound_h_{name}", []).append(r.lower_bound_s / 3600)
             d.setdefault("async_train_cells", []).append(comp.async_train_cells)
-            d.setdefault("elastic_max_staleness_steps", []).append(comp.results["elastic"].max_staleness_steps)
+            d.setdefault("elastic_max_staleness_steps", []).append(
+                comp.results["elastic"].max_staleness_steps
+            )
             if tag == "122b":
                 samples["utilisation_elastic_122b"].append(comp.results["elastic"].utilisation)
                 # Ablation 1: streaming added to Async (each with its own best split).
                 _, streamed, _ = best_async(with_seed(base, seed, async_streaming=True))
-                samples["streaming_only_saving"].append(1 - streamed.makespan_s / comp.results["async"].makespan_s)
+                samples["streaming_only_saving"].append(
+                    1 - streamed.makespan_s / comp.results["async"].makespan_s
+                )
                 # Ablation 2: Elastic over Colocate + streaming.
                 cfg = with_seed(base, seed, colocate_streaming=True)
                 colo = simulate(cfg, build_policy(cfg, "colocate"), Workload(cfg))
@@ -98,18 +108,29 @@ def main() -> None:
     numbers: dict[str, object] = {k: statistics.median(v) for k, v in samples.items()}
     numbers["spread"] = {k: summarize(v) for k, v in samples.items()}
     numbers["scenarios"] = {
-        tag: {k: summarize([float(x) for x in v]) for k, v in d.items()} for tag, d in detail.items()
+        tag: {k: summarize([float(x) for x in v]) for k, v in d.items()}
+        for tag, d in detail.items()
     }
     numbers["published"] = PUBLISHED
     config = {
         "seeds": seeds,
         "122b": msgspec.to_builtins(c122),
         "24t": msgspec.to_builtins(c24),
-        "sim_48x64": {"num_cells": 64, "batch_executions": big.workload.batch_executions, "policy": "elastic"},
+        "sim_48x64": {
+            "num_cells": 64,
+            "batch_executions": big.workload.batch_executions,
+            "policy": "elastic",
+        },
     }
     path = write_result("sim", config, numbers)
     rows = [
-        {"key": k, "ours_median": numbers[k], "min": s["min"], "max": s["max"], "published": PUBLISHED[k]}
+        {
+            "key": k,
+            "ours_median": numbers[k],
+            "min": s["min"],
+            "max": s["max"],
+            "published": PUBLISHED[k],
+        }
         for k, s in ((k, summarize(v)) for k, v in samples.items())
     ]
     print_table(f"bench_sim ({len(seeds)} seeds) -> {path.relative_to(ROOT)}", rows)

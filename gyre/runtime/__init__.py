@@ -1,4 +1,4 @@
-"""gyre.runtime (see DESIGN.md): node event loop, cells, scheduler policies, router, streaming trainer.
+"""gyre.runtime (see DESIGN.md): node loop, cells, scheduler policies, router, streaming trainer.
 
 So far it exports the scheduler-policy seam (`gyre.runtime.scheduler`), which the node loop and
 the cluster simulator (`gyre.sim`) both drive.

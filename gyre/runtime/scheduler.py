@@ -61,11 +61,15 @@ class CellView(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"executions={self.executions} must be >= 0")
         if (self.role == "switching") != (self.switching_to is not None):
             raise ValueError(
-                f"role={self.role!r} switching_to={self.switching_to!r}: a switching cell, and only "
+                f"role={self.role!r} switching_to={self.switching_to!r}: a switching cell, "
+                "and only "
                 "a switching cell, names its target role"
             )
         if self.role != "rollout" and self.executions:
-            raise ValueError(f"role={self.role!r} executions={self.executions}: only rollout cells host executions")
+            raise ValueError(
+                f"role={self.role!r} executions={self.executions}: "
+                "only rollout cells host executions"
+            )
         if self.role != "train" and self.busy:
             raise ValueError(f"role={self.role!r} busy=True: only training cells are busy")
 
@@ -106,7 +110,10 @@ class SchedulerState(msgspec.Struct, frozen=True, kw_only=True):
         if self.batch_executions <= 0:
             raise ValueError(f"batch_executions={self.batch_executions} must be > 0")
         if not 0 <= self.finished <= self.dispatched:
-            raise ValueError(f"finished={self.finished} dispatched={self.dispatched}: need 0 <= finished <= dispatched")
+            raise ValueError(
+                f"finished={self.finished} dispatched={self.dispatched}: "
+                "need 0 <= finished <= dispatched"
+            )
         cores = [c.index for c in self.cells if c.is_core]
         if len(cores) != 1:
             raise ValueError(f"core cells {cores}: exactly one cell must be the core")
@@ -115,12 +122,14 @@ class SchedulerState(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(f"cells[{i}].index={c.index} must equal its position")
             if c.executions > self.capacity_per_cell:
                 raise ValueError(
-                    f"cells[{i}].executions={c.executions} exceeds capacity_per_cell={self.capacity_per_cell}"
+                    f"cells[{i}].executions={c.executions} exceeds "
+                    f"capacity_per_cell={self.capacity_per_cell}"
                 )
         in_flight = sum(c.executions for c in self.cells)
         if in_flight != self.water_level:
             raise ValueError(
-                f"executions on cells ({in_flight}) != water level ({self.dispatched=} - {self.finished=})"
+                f"executions on cells ({in_flight}) != water level "
+                f"({self.dispatched=} - {self.finished=})"
             )
         for name in ("train_ready", "train_running", "trained", "weight_version"):
             if getattr(self, name) < 0:
@@ -250,7 +259,9 @@ class ColocatePolicy(msgspec.Struct, frozen=True, kw_only=True):
         if state.step_running or state.any_switching:
             return ()
         roles = {c.role for c in state.cells}
-        batch_available = state.train_ready + state.train_running + state.trained >= state.batch_executions
+        batch_available = (
+            state.train_ready + state.train_running + state.trained >= state.batch_executions
+        )
         if roles == {"rollout"}:
             if batch_available:
                 return tuple(SwitchToTrain(c.index) for c in state.cells)
@@ -319,7 +330,8 @@ class ElasticPolicy(msgspec.Struct, frozen=True, kw_only=True):
     fixed split of `fallback_train_cells` training cells and behaves as `AsyncPolicy` with it.
     """
 
-    max_staleness_steps: int = 0
+    max_staleness_steps: int = 1
+    """Same meaning and default as `AsyncPolicy`'s, so the two compare like for like."""
     switch_cost_s: float = 8.52 + 3.46
     """Expected rollout -> train plus train -> rollout seconds (QwenGyre's published switches)."""
     max_switch_cost_s: float = 3600.0
@@ -341,7 +353,9 @@ class ElasticPolicy(msgspec.Struct, frozen=True, kw_only=True):
         return self.switch_cost_s > self.max_switch_cost_s
 
     def _fallback(self) -> AsyncPolicy:
-        return AsyncPolicy(num_train_cells=self.fallback_train_cells, max_staleness_steps=self.max_staleness_steps)
+        return AsyncPolicy(
+            num_train_cells=self.fallback_train_cells, max_staleness_steps=self.max_staleness_steps
+        )
 
     def initial_roles(self, num_cells: int, core_cell: int) -> tuple[Role, ...]:
         if self.pinned:
@@ -367,10 +381,16 @@ class ElasticPolicy(msgspec.Struct, frozen=True, kw_only=True):
         cap = state.capacity_per_cell
         if waiting and rollout and water <= (len(rollout) - 1) * cap:
             core = state.core
-            target = core if core.role == "rollout" else min(rollout, key=lambda c: (c.executions, c.index))
+            target = (
+                core
+                if core.role == "rollout"
+                else min(rollout, key=lambda c: (c.executions, c.index))
+            )
             actions.append(SwitchToTrain(target.index))
         elif room - n > 0 and state.train_ready == 0:
-            core_may_leave = state.trained == 0 and state.train_running == 0 and not state.step_running
+            core_may_leave = (
+                state.trained == 0 and state.train_running == 0 and not state.step_running
+            )
             candidates = [c for c in idle if not c.is_core or core_may_leave]
             if candidates:
                 # Satellites before the core; among satellites the highest index first.

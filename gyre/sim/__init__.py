@@ -5,7 +5,14 @@ Async (best fixed split) and Elastic on the same workload draws; `python -m gyre
 FILE` prints the table and writes timeline PNGs. The policies come from `gyre.runtime.scheduler`.
 """
 
-from gyre.sim.comparison import Comparison, best_async, build_policy, compare, format_table, plot_timeline
+from gyre.sim.comparison import (
+    Comparison,
+    best_async,
+    build_policy,
+    compare,
+    format_table,
+    plot_timeline,
+)
 from gyre.sim.config import (
     ClusterConfig,
     CostConfig,

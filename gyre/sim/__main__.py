@@ -18,7 +18,9 @@ from gyre.sim.config import load_sim_config
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gyre.sim", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="simulator TOML, e.g. examples/sim/122b-longtail.toml")
+    parser.add_argument(
+        "--config", required=True, help="simulator TOML, e.g. examples/sim/122b-longtail.toml"
+    )
     args = parser.parse_args(argv)
     try:
         config = load_sim_config(args.config)
@@ -31,9 +33,13 @@ def main(argv: list[str] | None = None) -> int:
         splits = ", ".join(f"{t}: {s / 3600:.1f}" for t, s in sorted(comp.async_splits.items()))
         print(f"async makespan (h) by training cells: {splits}")
     for name, result in comp.results.items():
-        path = plot_timeline(result, config.cluster.num_cells, Path(config.out_dir) / f"timeline-{name}.png",
-                             title=f"{config.name} / {name}: makespan {result.makespan_s / 3600:.2f} h, "
-                                   f"utilisation {result.utilisation:.2f}")
+        path = plot_timeline(
+            result,
+            config.cluster.num_cells,
+            Path(config.out_dir) / f"timeline-{name}.png",
+            title=f"{config.name} / {name}: makespan {result.makespan_s / 3600:.2f} h, "
+            f"utilisation {result.utilisation:.2f}",
+        )
         print(f"wrote {path}")
     return 0
 

@@ -20,7 +20,7 @@ __all__ = ["Comparison", "build_policy", "best_async", "compare", "format_table"
 
 
 class Comparison(msgspec.Struct, frozen=True, kw_only=True):
-    """Results of the compared policies on one config; `async_splits` maps train cells -> makespan."""
+    """Results of the policies on one config; `async_splits`: training cells -> makespan_s."""
 
     config: SimConfig
     results: dict[str, SimResult]
@@ -39,7 +39,9 @@ def build_policy(config: SimConfig, name: str, async_train_cells: int = 1) -> Sc
     if name == "colocate":
         return ColocatePolicy()
     if name == "async":
-        return AsyncPolicy(num_train_cells=async_train_cells, max_staleness_steps=p.async_max_staleness_steps)
+        return AsyncPolicy(
+            num_train_cells=async_train_cells, max_staleness_steps=p.async_max_staleness_steps
+        )
     if name == "elastic":
         return ElasticPolicy(
             max_staleness_steps=p.elastic_max_staleness_steps,
@@ -49,7 +51,9 @@ def build_policy(config: SimConfig, name: str, async_train_cells: int = 1) -> Sc
     raise ValueError(f"{name=} must be colocate, async or elastic")
 
 
-def best_async(config: SimConfig, workload: Workload | None = None) -> tuple[int, SimResult, dict[int, float]]:
+def best_async(
+    config: SimConfig, workload: Workload | None = None
+) -> tuple[int, SimResult, dict[int, float]]:
     """Search every fixed split (1 .. num_cells - 1 training cells); the fastest wins.
 
     With `policies.async_num_train_cells > 0` only that split runs.
@@ -80,31 +84,51 @@ def compare(config: SimConfig) -> Comparison:
 
 def format_table(comp: Comparison) -> str:
     """Aligned text table: one row per policy, times in hours."""
-    head = ("policy", "makespan_h", "step_h_median", "bound_h", "utilisation", "switches", "staleness", "vs_this")
+    head = (
+        "policy",
+        "makespan_h",
+        "step_h_median",
+        "bound_h",
+        "utilisation",
+        "switches",
+        "staleness",
+        "vs_this",
+    )
     rows = [head]
     ref = comp.results.get("elastic")
     for name, r in comp.results.items():
-        steps = [b - a for a, b in zip((0.0, *r.step_end_s), r.step_end_s)]
+        steps = [b - a for a, b in zip((0.0, *r.step_end_s), r.step_end_s, strict=False)]
         steps.sort()
         label = f"async({comp.async_train_cells} train)" if name == "async" else name
-        rows.append((
-            label,
-            f"{r.makespan_s / 3600:.2f}",
-            f"{steps[len(steps) // 2] / 3600:.3f}",
-            f"{r.lower_bound_s / 3600:.2f}",
-            f"{r.utilisation:.3f}",
-            str(r.switches),
-            str(r.max_staleness_steps),
-            f"{r.makespan_s / ref.makespan_s:.3f}x" if ref else "-",
-        ))
+        rows.append(
+            (
+                label,
+                f"{r.makespan_s / 3600:.2f}",
+                f"{steps[len(steps) // 2] / 3600:.3f}",
+                f"{r.lower_bound_s / 3600:.2f}",
+                f"{r.utilisation:.3f}",
+                str(r.switches),
+                str(r.max_staleness_steps),
+                f"{r.makespan_s / ref.makespan_s:.3f}x" if ref else "-",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = [f"{comp.config.name}: {comp.config.cluster.num_cells} cells, {comp.config.workload.num_steps} steps, "
-             f"{comp.config.capacity_per_cell()} executions per rollout cell (vs_this = makespan / elastic's)"]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
+    lines = [
+        f"{comp.config.name}: {comp.config.cluster.num_cells} cells, "
+        f"{comp.config.workload.num_steps} steps, {comp.config.capacity_per_cell()} executions "
+        "per rollout cell (vs_this = makespan / elastic's)"
+    ]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(lines)
 
 
-_COLOURS = {"rollout": "#9ecae1", "switch": "#969696", "train": "#fd8d3c", "load": "#9e9ac8", "step": "#d62728"}
+_COLOURS = {
+    "rollout": "#9ecae1",
+    "switch": "#969696",
+    "train": "#fd8d3c",
+    "load": "#9e9ac8",
+    "step": "#d62728",
+}
 
 
 def plot_timeline(result: SimResult, num_cells: int, path: str | Path, title: str = "") -> Path:
@@ -121,19 +145,34 @@ def plot_timeline(result: SimResult, num_cells: int, path: str | Path, title: st
     )
     by_kind: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for iv in result.timeline.intervals:
-        by_kind.setdefault((iv.cell, iv.kind), []).append((iv.start_s / 3600, (iv.end_s - iv.start_s) / 3600))
+        by_kind.setdefault((iv.cell, iv.kind), []).append(
+            (iv.start_s / 3600, (iv.end_s - iv.start_s) / 3600)
+        )
     for (cell, kind), spans in by_kind.items():
         ax.broken_barh(spans, (cell - 0.4, 0.8), facecolors=_COLOURS[kind], linewidth=0)
     ax.set_ylabel("cell")
     ax.set_ylim(-0.6, num_cells - 0.4)
     ax.invert_yaxis()
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLOURS.values()]
-    ax.legend(handles, list(_COLOURS), loc="lower left", bbox_to_anchor=(0.0, 1.02), ncol=5, fontsize=8, frameon=False)
-    ax.set_title(title or f"{result.policy}: makespan {result.makespan_s / 3600:.2f} h, "
-                 f"utilisation {result.utilisation:.2f}")
+    ax.legend(
+        handles,
+        list(_COLOURS),
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.02),
+        ncol=5,
+        fontsize=8,
+        frameon=False,
+    )
+    ax.set_title(
+        title
+        or f"{result.policy}: makespan {result.makespan_s / 3600:.2f} h, "
+        f"utilisation {result.utilisation:.2f}"
+    )
     t = [x / 3600 for x in result.timeline.water_t_s]
     ax_w.step(t, result.timeline.water_level, where="post", label="water level", linewidth=0.8)
-    ax_w.step(t, result.timeline.rollout_capacity, where="post", label="rollout capacity", linewidth=0.8)
+    ax_w.step(
+        t, result.timeline.rollout_capacity, where="post", label="rollout capacity", linewidth=0.8
+    )
     ax_w.set_xlabel("simulated hours")
     ax_w.set_ylabel("executions")
     ax_w.legend(loc="upper right", fontsize=8)

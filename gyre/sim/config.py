@@ -31,9 +31,9 @@ __all__ = [
 ]
 
 SWITCH_TO_TRAIN_S = 8.52
-"""QwenGyre's measured rollout -> train switch (notes/anchors-performance.md §0, §1d; status S)."""
+"""QwenGyre's measured rollout -> train switch (notes/anchors-performance.md §0, §1d)."""
 SWITCH_TO_ROLLOUT_S = 3.46
-"""QwenGyre's measured train -> rollout switch (notes/anchors-performance.md §0, §1d; status S)."""
+"""QwenGyre's measured train -> rollout switch (notes/anchors-performance.md §0, §1d)."""
 
 
 class _Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -93,7 +93,9 @@ class SimModelConfig(_Config):
             kv_bytes_per_token=self.kv_bytes_per_token,
         )
         if self.active_params > self.total_params:
-            raise ValueError(f"active_params={self.active_params} must be <= total_params={self.total_params}")
+            raise ValueError(
+                f"active_params={self.active_params} must be <= total_params={self.total_params}"
+            )
 
 
 class WorkloadConfig(_Config):
@@ -140,19 +142,24 @@ class WorkloadConfig(_Config):
             raise ValueError(f"sigma={self.sigma} must be >= 0")
         if self.batch_executions % self.group_size:
             raise ValueError(
-                f"batch_executions={self.batch_executions} must be a multiple of group_size={self.group_size}"
+                f"batch_executions={self.batch_executions} must be a multiple of "
+                f"group_size={self.group_size}"
             )
         if not 0 <= self.decode_fraction <= 1:
             raise ValueError(f"decode_fraction={self.decode_fraction} must be in [0, 1]")
         if self.decode_tokens_per_s < 0 or self.tool_tokens_per_s < 0 or self.prompt_tokens < 0:
             raise ValueError(
-                f"decode_tokens_per_s={self.decode_tokens_per_s}, tool_tokens_per_s={self.tool_tokens_per_s}, "
+                f"decode_tokens_per_s={self.decode_tokens_per_s}, "
+                f"tool_tokens_per_s={self.tool_tokens_per_s}, "
                 f"prompt_tokens={self.prompt_tokens} must be >= 0"
             )
 
     def tokens(self, duration_s: float) -> float:
         """Context tokens an execution of `duration_s` ends with (formula in the class doc)."""
-        rate = self.decode_fraction * self.decode_tokens_per_s + (1 - self.decode_fraction) * self.tool_tokens_per_s
+        rate = (
+            self.decode_fraction * self.decode_tokens_per_s
+            + (1 - self.decode_fraction) * self.tool_tokens_per_s
+        )
         return min(float(self.max_context_tokens), self.prompt_tokens + duration_s * rate)
 
 
@@ -215,7 +222,11 @@ class PolicyConfig(_Config):
 
     def streaming(self, policy: str) -> bool:
         """Whether `policy` (colocate, async or elastic) streams."""
-        flags = {"colocate": self.colocate_streaming, "async": self.async_streaming, "elastic": self.elastic_streaming}
+        flags = {
+            "colocate": self.colocate_streaming,
+            "async": self.async_streaming,
+            "elastic": self.elastic_streaming,
+        }
         if policy not in flags:
             raise ValueError(f"{policy=} must be colocate, async or elastic")
         return flags[policy]
@@ -236,7 +247,8 @@ class SimConfig(_Config):
     def __post_init__(self) -> None:
         if self.capacity_per_cell() < 1:
             raise ValueError(
-                f"kv_cache_bytes_per_cell={self.cluster.kv_cache_bytes_per_cell} holds no execution of "
+                f"kv_cache_bytes_per_cell={self.cluster.kv_cache_bytes_per_cell} "
+                "holds no execution of "
                 f"max_context_tokens={self.workload.max_context_tokens} at "
                 f"kv_bytes_per_token={self.model.kv_bytes_per_token}"
             )
@@ -258,15 +270,24 @@ class SimConfig(_Config):
         ``6 * num_layers * attention_width * T**2`` (causal attention; anchors note §3).
         """
         m = self.model
-        return 6.0 * m.active_params * tokens + 6.0 * m.num_layers * m.attention_width * tokens * tokens
+        return (
+            6.0 * m.active_params * tokens
+            + 6.0 * m.num_layers * m.attention_width * tokens * tokens
+        )
 
     def train_s(self, tokens: float) -> float:
         """Seconds one cell takes to train one execution: FLOPs / (peak x MFU)."""
-        return self.train_flops(tokens) / (self.cluster.cell_peak_flops_per_s * self.cluster.train_mfu)
+        return self.train_flops(tokens) / (
+            self.cluster.cell_peak_flops_per_s * self.cluster.train_mfu
+        )
 
     def weight_sync_s(self) -> float:
         """Seconds to move one weight version to a cell: total_params x bytes / bandwidth."""
-        return self.model.total_params * self.model.bytes_per_param / self.costs.weight_sync_bytes_per_s
+        return (
+            self.model.total_params
+            * self.model.bytes_per_param
+            / self.costs.weight_sync_bytes_per_s
+        )
 
     def migration_s(self, tokens: float) -> float:
         """Seconds to move the KV of `tokens` tokens to another cell."""

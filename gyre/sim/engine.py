@@ -125,7 +125,10 @@ class _Cell:
 
 
 def simulate(
-    config: SimConfig, policy: SchedulerPolicy, workload: Workload | None = None, streaming: bool | None = None
+    config: SimConfig,
+    policy: SchedulerPolicy,
+    workload: Workload | None = None,
+    streaming: bool | None = None,
 ) -> SimResult:
     """Run `config.workload.num_steps` steps under `policy`; see the module docstring.
 
@@ -138,7 +141,9 @@ def simulate(
 
 
 class _Sim:
-    def __init__(self, config: SimConfig, policy: SchedulerPolicy, workload: Workload, streaming: bool):
+    def __init__(
+        self, config: SimConfig, policy: SchedulerPolicy, workload: Workload, streaming: bool
+    ):
         self.cfg = config
         self.policy = policy
         self.wl = workload
@@ -153,7 +158,9 @@ class _Sim:
         self.opt_s = config.costs.optimizer_step_s
         roles = policy.initial_roles(self.C, 0)
         if len(roles) != self.C:
-            raise ValueError(f"{policy.name}: initial_roles gave {len(roles)} roles for num_cells={self.C}")
+            raise ValueError(
+                f"{policy.name}: initial_roles gave {len(roles)} roles for num_cells={self.C}"
+            )
         self.cells = [_Cell(i, r) for i, r in enumerate(roles)]
         self.views: list[CellView | None] = [None] * self.C
         self.t = 0.0
@@ -207,7 +214,14 @@ class _Sim:
 
     def _set_role(self, cell: _Cell, role: str, target: str | None = None) -> None:
         if cell.role in ("rollout", "switching") and self.t > cell.since:
-            self.intervals.append(Interval(cell.index, cell.since, self.t, "rollout" if cell.role == "rollout" else "switch"))
+            self.intervals.append(
+                Interval(
+                    cell.index,
+                    cell.since,
+                    self.t,
+                    "rollout" if cell.role == "rollout" else "switch",
+                )
+            )
         cell.role, cell.target, cell.since = role, target, self.t
         self.views[cell.index] = None
 
@@ -216,8 +230,12 @@ class _Sim:
         for c in self.cells:
             if views[c.index] is None:
                 views[c.index] = CellView(
-                    index=c.index, role=c.role, is_core=c.index == 0, switching_to=c.target,
-                    executions=len(c.execs), busy=c.busy,
+                    index=c.index,
+                    role=c.role,
+                    is_core=c.index == 0,
+                    switching_to=c.target,
+                    executions=len(c.execs),
+                    busy=c.busy,
                 )
         return SchedulerState(
             cells=tuple(views),  # type: ignore[arg-type]
@@ -275,7 +293,9 @@ class _Sim:
         if cell.role != "rollout":
             raise ValueError(f"{self.policy.name}: SwitchToTrain({i}) but the cell is {cell.role}")
         moving = sorted(cell.execs)
-        free_elsewhere = sum(self.cap - len(c.execs) for c in self.cells if c.role == "rollout" and c is not cell)
+        free_elsewhere = sum(
+            self.cap - len(c.execs) for c in self.cells if c.role == "rollout" and c is not cell
+        )
         if len(moving) > free_elsewhere:
             raise ValueError(
                 f"{self.policy.name}: SwitchToTrain({i}) must move {len(moving)} executions, "
@@ -299,14 +319,19 @@ class _Sim:
     def _switch_to_rollout(self, i: int) -> None:
         cell = self.cells[i]
         if cell.role != "train" or cell.busy:
-            raise ValueError(f"{self.policy.name}: SwitchToRollout({i}) but the cell is {cell.role}, busy={cell.busy}")
+            raise ValueError(
+                f"{self.policy.name}: SwitchToRollout({i}) but the cell is {cell.role}, "
+                f"busy={cell.busy}"
+            )
         self.switches += 1
         self._set_role(cell, "switching", "rollout")
         self._push(self.t + self.cfg.costs.switch_to_rollout_s, _SWITCH, i)
 
     def _start_step(self, state: SchedulerState) -> None:
         if not state.step_ready:
-            raise ValueError(f"{self.policy.name}: StartStep before the batch is trained ({state.trained=})")
+            raise ValueError(
+                f"{self.policy.name}: StartStep before the batch is trained ({state.trained=})"
+            )
         core = self.cells[0]
         core.busy = True
         self.views[0] = None
@@ -441,7 +466,10 @@ class _Sim:
                     self._start_step(state)
                 else:
                     raise TypeError(f"{self.policy.name}: unknown action {act!r}")
-        raise SimulationStalled(f"{self.policy.name}: still acting after {_MAX_DECISIONS_PER_INSTANT} decisions at t={self.t}")
+        raise SimulationStalled(
+            f"{self.policy.name}: still acting after {_MAX_DECISIONS_PER_INSTANT} decisions "
+            f"at t={self.t}"
+        )
 
     def run(self) -> SimResult:
         steps = self.cfg.workload.num_steps
@@ -449,7 +477,8 @@ class _Sim:
         while len(self.step_end) < steps:
             if not self.heap:
                 raise SimulationStalled(
-                    f"{self.policy.name}: nothing pending at t={self.t:.1f}s after {len(self.step_end)} of "
+                    f"{self.policy.name}: nothing pending at t={self.t:.1f}s after "
+                    f"{len(self.step_end)} of "
                     f"{steps} steps; state {self._state()}"
                 )
             self.t = self.heap[0][0]
@@ -471,8 +500,12 @@ class _Sim:
         train_done_s = sum(wl.train_s[e] for e, _ in self.trained_execs)
         opt_total = self.opt_s * len(self.step_end)
         useful = rollout_slot_s / cap + train_done_s + opt_total
-        work = sum(wl.duration_s[e] / cap + wl.train_s[e] for e, _ in self.trained_execs) + opt_total
-        longest = max((wl.duration_s[e] + wl.train_s[e] for e, _ in self.trained_execs), default=0.0)
+        work = (
+            sum(wl.duration_s[e] / cap + wl.train_s[e] for e, _ in self.trained_execs) + opt_total
+        )
+        longest = max(
+            (wl.duration_s[e] + wl.train_s[e] for e, _ in self.trained_execs), default=0.0
+        )
         staleness = max((s - self.ex_version[e] for e, s in self.trained_execs), default=0)
         return SimResult(
             policy=self.policy.name,

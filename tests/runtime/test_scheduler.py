@@ -48,12 +48,18 @@ def state(
     """
     executions = executions or (0,) * len(roles)
     cells = []
-    for i, (r, n) in enumerate(zip(roles, executions)):
+    for i, (r, n) in enumerate(zip(roles, executions, strict=True)):
         role = {"r": "rollout", "t": "train", ">": "switching", "<": "switching"}[r]
         target = {">": "train", "<": "rollout"}.get(r)
         cells.append(
-            CellView(index=i, role=role, is_core=i == 0, switching_to=target, executions=n,
-                     busy=i < len(busy) and busy[i] == "b")
+            CellView(
+                index=i,
+                role=role,
+                is_core=i == 0,
+                switching_to=target,
+                executions=n,
+                busy=i < len(busy) and busy[i] == "b",
+            )
         )
     water = sum(executions)
     return SchedulerState(
@@ -94,7 +100,10 @@ def test_snapshot_rejects_inconsistent_states() -> None:
     with pytest.raises(ValueError, match="exactly one cell must be the core"):
         SchedulerState(
             cells=(CellView(index=0, role="rollout"), CellView(index=1, role="rollout")),
-            capacity_per_cell=CAP, batch_executions=B, dispatched=0, finished=0,
+            capacity_per_cell=CAP,
+            batch_executions=B,
+            dispatched=0,
+            finished=0,
         )
     with pytest.raises(ValueError, match="n=0"):
         Dispatch(0)
@@ -115,7 +124,8 @@ def test_policies_satisfy_the_protocol() -> None:
 
 def test_runtime_exports_exactly_its_all() -> None:
     public = {
-        n for n in dir(gyre.runtime)
+        n
+        for n in dir(gyre.runtime)
         if not n.startswith("_") and not isinstance(getattr(gyre.runtime, n), types.ModuleType)
     }
     assert public == set(gyre.runtime.__all__)
@@ -155,7 +165,12 @@ def test_colocate_whole_batch_switches_every_cell_then_steps_then_returns() -> N
 
 
 def test_async_initial_split_puts_the_core_in_training() -> None:
-    assert AsyncPolicy(num_train_cells=2).initial_roles(4, 0) == ("train", "train", "rollout", "rollout")
+    assert AsyncPolicy(num_train_cells=2).initial_roles(4, 0) == (
+        "train",
+        "train",
+        "rollout",
+        "rollout",
+    )
     assert AsyncPolicy(num_train_cells=1).initial_roles(3, 2) == ("rollout", "rollout", "train")
     with pytest.raises(ValueError, match="num_train_cells=4"):
         AsyncPolicy(num_train_cells=4).initial_roles(4, 0)
@@ -218,7 +233,9 @@ def test_elastic_switches_the_core_first_exactly_at_the_water_mark() -> None:
 
 
 def test_elastic_empty_training_queue_does_not_switch() -> None:
-    assert ElasticPolicy(max_staleness_steps=0).decide(state("rrrr", (1, 1, 0, 0), finished=6)) == ()
+    assert (
+        ElasticPolicy(max_staleness_steps=0).decide(state("rrrr", (1, 1, 0, 0), finished=6)) == ()
+    )
 
 
 def test_elastic_straggler_pulls_cells_into_training_one_at_a_time() -> None:

@@ -28,7 +28,9 @@ def replace(config: SimConfig, **fields: object) -> SimConfig:
 def longtail() -> SimConfig:
     """The shipped 122B-like workload shrunk to 8 cells, one batch of 64, 24 steps."""
     config = load_sim_config(EXAMPLES / "122b-longtail.toml")
-    return replace(config, cluster__num_cells=8, workload__batch_executions=64, workload__num_steps=24)
+    return replace(
+        config, cluster__num_cells=8, workload__batch_executions=64, workload__num_steps=24
+    )
 
 
 @pytest.fixture
@@ -41,12 +43,32 @@ def tiny() -> SimConfig:
     return msgspec.convert(
         {
             "name": "tiny",
-            "cluster": {"num_cells": 2, "cell_peak_flops_per_s": 1e12, "train_mfu": 1.0, "kv_cache_bytes_per_cell": 2000},
-            "model": {"active_params": 1e9, "total_params": 1e9, "bytes_per_param": 1.0, "num_layers": 1,
-                      "attention_width": 1000, "kv_bytes_per_token": 1.0},
-            "workload": {"num_steps": 2, "batch_executions": 4, "group_size": 2, "median_duration_s": 100.0,
-                         "sigma": 0.0, "timeout_s": 1000.0, "decode_tokens_per_s": 0.0, "tool_tokens_per_s": 0.0,
-                         "prompt_tokens": 1000, "max_context_tokens": 1000},
+            "cluster": {
+                "num_cells": 2,
+                "cell_peak_flops_per_s": 1e12,
+                "train_mfu": 1.0,
+                "kv_cache_bytes_per_cell": 2000,
+            },
+            "model": {
+                "active_params": 1e9,
+                "total_params": 1e9,
+                "bytes_per_param": 1.0,
+                "num_layers": 1,
+                "attention_width": 1000,
+                "kv_bytes_per_token": 1.0,
+            },
+            "workload": {
+                "num_steps": 2,
+                "batch_executions": 4,
+                "group_size": 2,
+                "median_duration_s": 100.0,
+                "sigma": 0.0,
+                "timeout_s": 1000.0,
+                "decode_tokens_per_s": 0.0,
+                "tool_tokens_per_s": 0.0,
+                "prompt_tokens": 1000,
+                "max_context_tokens": 1000,
+            },
             "costs": {"weight_sync_bytes_per_s": 1e8, "optimizer_step_s": 5.0},
             "policies": {"async_max_staleness_steps": 0},
         },

@@ -32,7 +32,8 @@ def test_cli_reports_a_bad_config(tmp_path, capsys) -> None:
 
 def test_sim_exports_exactly_its_all() -> None:
     public = {
-        n for n in dir(gyre.sim)
+        n
+        for n in dir(gyre.sim)
         if not n.startswith("_") and not isinstance(getattr(gyre.sim, n), types.ModuleType)
     }
     assert public == set(gyre.sim.__all__)

@@ -1,4 +1,4 @@
-"""Simulator config: shipped files load, unknown keys and bad values are refused, formulas by hand."""
+"""Simulator config: shipped files load, bad keys and values are refused, formulas by hand."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ import msgspec
 import pytest
 
 from gyre.errors import ConfigError
-from gyre.sim.config import SWITCH_TO_ROLLOUT_S, SWITCH_TO_TRAIN_S, SimConfig, WorkloadConfig, load_sim_config
-
+from gyre.sim.config import (
+    SWITCH_TO_ROLLOUT_S,
+    SWITCH_TO_TRAIN_S,
+    SimConfig,
+    WorkloadConfig,
+    load_sim_config,
+)
 from tests.sim.conftest import EXAMPLES
 
 
@@ -49,8 +54,13 @@ def test_cost_formulas_by_hand(tiny: SimConfig) -> None:
 
 
 def test_tokens_grow_with_duration_and_stop_at_the_context_cap() -> None:
-    w = WorkloadConfig(decode_fraction=0.5, decode_tokens_per_s=100.0, tool_tokens_per_s=20.0,
-                       prompt_tokens=1000, max_context_tokens=100_000)
+    w = WorkloadConfig(
+        decode_fraction=0.5,
+        decode_tokens_per_s=100.0,
+        tool_tokens_per_s=20.0,
+        prompt_tokens=1000,
+        max_context_tokens=100_000,
+    )
     assert w.tokens(0.0) == 1000
     assert w.tokens(100.0) == 1000 + 100 * (0.5 * 100 + 0.5 * 20) == 7000
     assert w.tokens(1e9) == 100_000
@@ -58,8 +68,17 @@ def test_tokens_grow_with_duration_and_stop_at_the_context_cap() -> None:
 
 def test_attention_term_dominates_at_long_context() -> None:
     # anchors-performance.md §3: 7B dense, 32 layers, d = 4096, L = 32K: attention share 38%.
-    c = msgspec.convert({"model": {"active_params": 7e9, "total_params": 7e9, "num_layers": 32,
-                                   "attention_width": 4096}}, SimConfig)
+    c = msgspec.convert(
+        {
+            "model": {
+                "active_params": 7e9,
+                "total_params": 7e9,
+                "num_layers": 32,
+                "attention_width": 4096,
+            }
+        },
+        SimConfig,
+    )
     L = 32768
     share = 6 * 32 * 4096 * L * L / c.train_flops(L)
     assert share == pytest.approx(0.38, abs=0.01)

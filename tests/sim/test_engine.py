@@ -9,7 +9,6 @@ import pytest
 from gyre.runtime.scheduler import AsyncPolicy, ColocatePolicy, ElasticPolicy
 from gyre.sim.config import SimConfig
 from gyre.sim.engine import SimulationStalled, Workload, simulate
-
 from tests.sim.conftest import replace
 
 D, TRAIN, SYNC, OPT = 100.0, 6.006, 10.0, 5.0  # the `tiny` scenario (tests/sim/conftest.py)
@@ -47,16 +46,24 @@ def test_streaming_trains_the_first_group_during_the_second_wave(tiny: SimConfig
 def test_makespan_never_beats_the_lower_bound(longtail: SimConfig) -> None:
     for sigma in (0.0, 0.5, 1.0, 1.5):
         for seed in (0, 1):
-            config = replace(longtail, workload__sigma=sigma, workload__seed=seed, workload__num_steps=6)
+            config = replace(
+                longtail, workload__sigma=sigma, workload__seed=seed, workload__num_steps=6
+            )
             workload = Workload(config)
-            for policy in (ColocatePolicy(), AsyncPolicy(num_train_cells=3), ElasticPolicy(max_staleness_steps=1)):
+            for policy in (
+                ColocatePolicy(),
+                AsyncPolicy(num_train_cells=3),
+                ElasticPolicy(max_staleness_steps=1),
+            ):
                 r = simulate(config, policy, workload)
                 assert r.makespan_s >= r.lower_bound_s * (1 - 1e-12), (sigma, seed, policy.name)
                 assert 0 < r.utilisation <= 1 + 1e-9
                 assert r.trained_executions == 6 * config.workload.batch_executions
 
 
-def test_every_policy_sees_the_same_durations_and_runs_are_deterministic(longtail: SimConfig) -> None:
+def test_every_policy_sees_the_same_durations_and_runs_are_deterministic(
+    longtail: SimConfig,
+) -> None:
     config = replace(longtail, workload__num_steps=4)
     a = simulate(config, ElasticPolicy(max_staleness_steps=1))
     b = simulate(config, ElasticPolicy(max_staleness_steps=1), Workload(config))
@@ -75,7 +82,7 @@ def test_elastic_migrates_and_records_its_switches(longtail: SimConfig) -> None:
     assert r.switches > 0
     # One switch at a time: switch intervals never overlap.
     spans = sorted((iv.start_s, iv.end_s) for iv in r.timeline.intervals if iv.kind == "switch")
-    assert all(b0 >= a1 - 1e-9 for (_, a1), (b0, _) in zip(spans, spans[1:]))
+    assert all(b0 >= a1 - 1e-9 for (_, a1), (b0, _) in zip(spans, spans[1:], strict=False))
     assert max(r.timeline.water_level) <= max(r.timeline.rollout_capacity)
 
 

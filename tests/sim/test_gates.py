@@ -6,7 +6,6 @@ import math
 
 from gyre.sim.comparison import compare
 from gyre.sim.config import SimConfig
-
 from tests.sim.conftest import replace
 
 
@@ -14,16 +13,24 @@ def test_without_variance_the_three_policies_are_within_ten_percent(longtail: Si
     # sigma -> 0: no long tail, so no policy has idle slots to recover. All three stream here, so
     # the gap measured is the policy's, not the streaming ablation's (without streaming, a fixed
     # split also pays for waves of identical executions; see benchmarks/bench_sim.py).
-    config = replace(longtail, workload__sigma=0.0, policies__colocate_streaming=True,
-                     policies__async_streaming=True)
+    config = replace(
+        longtail,
+        workload__sigma=0.0,
+        policies__colocate_streaming=True,
+        policies__async_streaming=True,
+    )
     comp = compare(config)
     spans = [r.makespan_s for r in comp.results.values()]
     assert max(spans) / min(spans) <= 1.10, {k: r.makespan_s for k, r in comp.results.items()}
 
 
 def test_infinite_switch_cost_leaves_elastic_at_the_best_fixed_split(longtail: SimConfig) -> None:
-    inf = replace(longtail, costs__switch_to_train_s=math.inf, costs__switch_to_rollout_s=math.inf,
-                  policies__compare=("async", "elastic"))
+    inf = replace(
+        longtail,
+        costs__switch_to_train_s=math.inf,
+        costs__switch_to_rollout_s=math.inf,
+        policies__compare=("async", "elastic"),
+    )
     # Like for like (same streaming): elastic pins the searched split and matches it.
     same = replace(inf, policies__elastic_streaming=False)
     comp = compare(same)
@@ -36,7 +43,13 @@ def test_infinite_switch_cost_leaves_elastic_at_the_best_fixed_split(longtail: S
 
 def test_a_timeout_cap_at_five_medians_shrinks_the_gain_over_colocate(longtail: SimConfig) -> None:
     median = longtail.workload.median_duration_s
-    uncapped = compare(replace(longtail, workload__timeout_s=100 * median, policies__compare=("colocate", "elastic")))
-    capped = compare(replace(longtail, workload__timeout_s=5 * median, policies__compare=("colocate", "elastic")))
+    uncapped = compare(
+        replace(
+            longtail, workload__timeout_s=100 * median, policies__compare=("colocate", "elastic")
+        )
+    )
+    capped = compare(
+        replace(longtail, workload__timeout_s=5 * median, policies__compare=("colocate", "elastic"))
+    )
     assert capped.speedup("colocate") < uncapped.speedup("colocate")
     assert capped.speedup("colocate") > 1.0
