@@ -1,0 +1,84 @@
+"""Trainer-side packed logprobs: FIELD_CASES B07 (batch-composition invariance) and the head
+evaluated only at loss positions (B24, CPU half)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gyre.rl import microbatch_loss, packed_logprobs
+from gyre.trajectory import build_tree, pack_batch, select_trajectories
+from tests.rl.models import path_logprobs, tiny_qwen2
+from tests.trajectory.builders import make_call
+
+VOCAB = 64
+
+
+def _execution(eid, length, prompt_len, seed, model=None):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, VOCAB, length).tolist()
+    prompt, completion = ids[:prompt_len], ids[prompt_len:]
+    logprobs = None
+    if model is not None:  # behaviour logprobs from an "engine" running the same weights alone
+        with torch.no_grad():
+            logprobs = path_logprobs(model, ids)[prompt_len - 1:].tolist()
+    return build_tree([make_call(eid, "a", prompt, completion, logprobs=logprobs)])
+
+
+def _logprobs_of(model, batches, eid):
+    for batch in batches:
+        if eid in batch.execution_ids:
+            pos = batch.loss_positions()
+            mine = batch.execution_T[pos] == batch.execution_ids.index(eid)
+            with torch.no_grad():
+                lp, _ = packed_logprobs(model, batch, positions_N=pos[mine])
+            return lp
+    raise AssertionError(eid)
+
+
+def test_b07_logprobs_do_not_depend_on_batch_mates_fp32():
+    model = tiny_qwen2(seed=4, vocab=VOCAB, dtype=torch.float32)
+    target = _execution("target", 40, 10, seed=0, model=model)
+    others = [_execution(f"o{n}", n, max(n // 3, 1), seed=n) for n in (5, 300, 1000)]
+    items = [(t, select_trajectories(t, 1)) for t in [target, *others]]
+    alone = _logprobs_of(model, pack_batch(items[:1], token_budget=10_000), "target")
+    packed = _logprobs_of(model, pack_batch(items, token_budget=10_000), "target")  # one micro-batch of 4
+    per_one = _logprobs_of(model, pack_batch(items, token_budget=1), "target")  # micro-batch size 1
+    with torch.no_grad():
+        plain = path_logprobs(model, target.token_N.tolist())[9:]  # no mask, no position ids
+    assert alone.shape == (30,)
+    for other in (packed, per_one, plain):
+        assert (alone - other).abs().max().item() <= 1e-5
+
+
+def test_b07_first_update_is_on_policy_ratio_one_no_clipping():
+    model = tiny_qwen2(seed=4, vocab=VOCAB, dtype=torch.float32)
+    target = _execution("target", 40, 10, seed=0, model=model)
+    other = _execution("other", 300, 100, seed=3, model=model)
+    items = [(t, select_trajectories(t, 1)) for t in (target, other)]
+    (batch,) = pack_batch(items, token_budget=10_000)
+    _, stats = microbatch_loss(model, batch, {"target": 1.0, "other": -1.0}, trainer_version=1, max_staleness=0)
+    assert stats.tokens == 30 + 200
+    assert stats.clip_fraction == 0.0
+    assert stats.mean_ratio == pytest.approx(1.0, abs=1e-5)
+    assert stats.mean_abs_logprob_diff <= 1e-5  # the B07 mismatch metric, reported per step
+
+
+def test_lm_head_module_is_never_run_over_the_whole_sequence():
+    # B24: the head is applied to the loss rows only (via its weight), never as a [T, V] forward.
+    model = tiny_qwen2(seed=5, vocab=VOCAB, dtype=torch.float32)
+    calls = []
+    model.lm_head.register_forward_hook(lambda *args: calls.append(1))
+    tree = _execution("e", 120, 100, seed=1)
+    (batch,) = pack_batch([(tree, select_trajectories(tree, 1))], token_budget=1000)
+    lp, ent = packed_logprobs(model, batch)
+    assert calls == [] and lp.shape == ent.shape == (20,)
+
+
+def test_eager_attention_is_refused():
+    model = tiny_qwen2(seed=5, vocab=VOCAB, attn="eager")
+    tree = _execution("e", 12, 4, seed=1)
+    (batch,) = pack_batch([(tree, select_trajectories(tree, 1))], token_budget=1000)
+    with pytest.raises(ValueError, match="'eager'"):
+        packed_logprobs(model, batch)
