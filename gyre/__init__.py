@@ -4,7 +4,7 @@ Public API: `run(config)` runs one node's job; `RunConfig` and `load_config` des
 """
 
 from gyre.config import RunConfig, load_config
-from gyre.node import run
+from gyre.runtime.job import run
 
 __all__ = ["RunConfig", "load_config", "run"]
 __version__ = "0.1.0"

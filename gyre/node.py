@@ -1,16 +1,38 @@
-"""`python -m gyre.node --config FILE`: one node's entry point (grows with the runtime)."""
+"""`python -m gyre.node --config FILE`: one node's entry point.
+
+Owns the command line only: load and validate the config (one clear line on error, before
+anything starts), then hand it to `gyre.runtime.job.run`. The CLI does not grow a flag per option:
+runs are TOML files under `examples/`.
+"""
 
 from __future__ import annotations
 
-from gyre.config import RunConfig
+import argparse
+import logging
+import sys
 
-__all__ = ["run", "main"]
+from gyre.config import load_config
+from gyre.errors import GyreError
 
-
-def run(config: RunConfig) -> None:
-    """Run one node's job described by `config`."""
-    raise NotImplementedError("the node's job lands with issue 2's engine work")
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    raise NotImplementedError
+    """CLI: `python -m gyre.node --config FILE`. Returns the process exit code."""
+    parser = argparse.ArgumentParser(prog="python -m gyre.node", description="Run one gyre node.")
+    parser.add_argument("--config", required=True, help="run config (TOML), see examples/")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = load_config(args.config)
+        from gyre.runtime.job import run
+
+        run(config)
+    except (GyreError, FileNotFoundError) as exc:
+        print(f"gyre: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

