@@ -289,16 +289,18 @@ class TitoProxy:
         return self._error(_proxy_error(exc.detail, exc.status_code, "not_found" if exc.status_code == 404 else None))
 
     async def _body(self, request: Request) -> bytes:
+        """The request body, at most `max_body_bytes`; a larger one is read to its end (up to 8x
+        the cap, so the client gets the 413 rather than a reset connection) and refused."""
         cap = self.config.max_body_bytes
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > cap:
-            raise _proxy_error(f"request body of {length} bytes exceeds the limit of {cap} bytes", 413, "request_too_large")
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > cap:
-                raise _proxy_error(f"request body exceeds the limit of {cap} bytes", 413, "request_too_large")
-            chunks.append(chunk)
+            if size <= cap:
+                chunks.append(chunk)
+            elif size > 8 * cap:
+                break
+        if size > cap:
+            raise _proxy_error(f"request body of {size}+ bytes exceeds the limit of {cap} bytes", 413, "request_too_large")
         return b"".join(chunks)
 
     def _resolve(self, request: Request) -> Execution:
@@ -476,6 +478,8 @@ class TitoProxy:
                     tools=rendered.tools,
                     template_kwargs=call.template_kwargs,
                     stop_string=ch.stop_string,
+                    parent=parent,
+                    divergence=rendered.divergence,
                 )
             )
             self._counts["calls_recorded"] += 1

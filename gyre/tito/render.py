@@ -244,7 +244,10 @@ class Node:
     stop_string: bool = False
     """The completion was cut at a stop string (its text is not what the reply re-renders to)."""
     head_text: str | None = None
-    """Cache: the template's render of the system head with the generation prompt."""
+    """Cache: the template's render of the first message with the generation prompt."""
+    parent: Node | None = None
+    """The node this one's prompt extends (or diverges from)."""
+    divergence: Divergence | None = None
 
 
 @dataclass(slots=True)
@@ -284,7 +287,8 @@ class Rendered:
     """The messages to store on the new node (prefix objects shared with the parent)."""
     tools: list[dict[str, Any]] | None = None
     path: str = "full"
-    """`fast` (spliced, anchor render), `full` (whole conversation), or `tokens` (completions API)."""
+    """`fast` (spliced, anchor render), `full` (whole conversation), `repeat` (the same messages
+    as an earlier call: its prompt), or `tokens` (completions API)."""
 
 
 def _common_prefix(a: bytes | list, b: bytes | list) -> int:
@@ -358,6 +362,12 @@ class ChatRenderer:
         Raises ValueError when the template cannot render the messages (e.g. a non-text part).
         """
         parent = self._find_parent(state, messages, tools, template_kwargs) if add_generation_prompt else None
+        if parent is not None and len(parent.messages) == len(messages):
+            # The same conversation again (a retry, or more samples): the same prompt, a sibling.
+            return Rendered(
+                prompt_ids=parent.prompt_ids, parent=parent.parent, divergence=parent.divergence,
+                messages=parent.messages, tools=parent.tools, path="repeat",
+            )
         if parent is not None and state.anchor_ok is not False:
             fast = self._render_fast(parent, messages, tools, template_kwargs)
             if fast is not None:
@@ -379,13 +389,14 @@ class ChatRenderer:
         return self._render_full(state, messages, tools, add_generation_prompt, template_kwargs)
 
     def _find_parent(self, state, messages, tools, template_kwargs) -> Node | None:
-        """The most recent choice whose messages + reply are a prefix of `messages`."""
+        """The most recent choice whose messages + reply are a prefix of `messages`, or whose
+        messages are exactly `messages` (a repeated request)."""
         n = len(messages)
         for node in reversed(state.nodes):
             if node.messages is None:
                 continue
             k = len(node.messages)
-            if k >= n or _reply_key(messages[k]) != _reply_key(node.reply):
+            if k > n or (k < n and _reply_key(messages[k]) != _reply_key(node.reply)):
                 continue
             if node.tools != tools or node.template_kwargs != template_kwargs:
                 continue
@@ -509,6 +520,8 @@ class ChatRenderer:
         """Parent and divergence of a raw token prompt (completions API); the IDs are kept as sent."""
         best, best_len = None, 0
         for node in reversed(state.nodes[-limit:]):
+            if node.prompt_ids == prompt_ids:  # the same prompt again: a sibling of that call
+                return Rendered(prompt_ids=node.prompt_ids, parent=node.parent, divergence=node.divergence, path="repeat")
             known_len = len(node.prompt_ids) + len(node.completion_ids)
             if known_len <= len(prompt_ids) and prompt_ids[: len(node.prompt_ids)] == node.prompt_ids and (
                 prompt_ids[len(node.prompt_ids):known_len] == node.completion_ids

@@ -1,0 +1,96 @@
+"""Streaming and non-streaming record the same tokens; streamed text is exact, UTF-8 included."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from gyre.engines.scripted import ScriptedEngine, ScriptedReply
+from gyre.tito.render import _bytes_to_unicode
+from tests.tito.conftest import encode, make_proxy, serving
+
+pytestmark = pytest.mark.anyio
+
+
+async def sse(http: httpx.AsyncClient, key: str, path: str, body: dict) -> list[dict]:
+    out = []
+    async with http.stream("POST", path, json={**body, "stream": True}, headers={"Authorization": f"Bearer {key}"}) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                out.append(json.loads(line[6:]))
+    return out
+
+
+def byte_tokens(tok, text: str) -> list[int]:
+    """One token per UTF-8 byte: every multi-byte character is split across tokens."""
+    table = _bytes_to_unicode()
+    return [tok.convert_tokens_to_ids(table[b]) for b in text.encode()]
+
+
+async def test_stream_and_plain_record_identical_ids_and_logprobs(tok, anyio_backend):
+    engine = ScriptedEngine(eos_token_id=tok.eos_token_id)  # deterministic in (prompt, seed)
+    proxy = make_proxy(tok, engine)
+    k1, k2 = proxy.mint_key("plain"), proxy.mint_key("stream")
+    body = {"model": "gyre", "messages": [{"role": "user", "content": "hi"}], "seed": 11, "n": 2, "logprobs": True}
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
+        plain = (await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {k1}"})).json()
+        chunks = await sse(http, k2, "/chat/completions", body)
+    a, b = proxy.calls("plain"), proxy.calls("stream")
+    assert [(c.prompt_ids, c.completion_ids, c.logprobs, c.finish_reason) for c in a] == [
+        (c.prompt_ids, c.completion_ids, c.logprobs, c.finish_reason) for c in b
+    ]
+    for index in range(2):
+        ids = [t for c in chunks for ch in c["choices"] if ch["index"] == index for t in ch["token_ids"]]
+        lps = [e["logprob"] for c in chunks for ch in c["choices"] if ch["index"] == index for e in ch["logprobs"]["content"]]
+        assert ids == plain["choices"][index]["token_ids"] == a[index].completion_ids
+        assert lps == a[index].logprobs
+    assert chunks[0]["prompt_token_ids"] == plain["prompt_token_ids"] == a[0].prompt_ids
+
+
+async def test_streamed_text_is_the_full_decode_with_split_multibyte_characters(tok, anyio_backend):
+    text = "héllo 字 ✓ 🎉 done"
+    ids = byte_tokens(tok, text) + [tok.eos_token_id]
+    assert len(ids) - 1 == len(text.encode()) > len(text)
+    engine = ScriptedEngine([ScriptedReply(token_ids=ids)] * 2, eos_token_id=tok.eos_token_id)
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("utf8")
+    body = {"model": "gyre", "messages": [{"role": "user", "content": "say it"}]}
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
+        chunks = await sse(http, key, "/chat/completions", body)
+        plain = (await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})).json()
+    pieces = [ch["delta"].get("content") or "" for c in chunks for ch in c["choices"]]
+    assert "".join(pieces) == text == plain["choices"][0]["message"]["content"]
+    assert all("\ufffd" not in p for p in pieces)  # no half characters sent
+    assert tok.decode(ids[:-1]) == text
+    assert proxy.calls("utf8")[0].completion_ids == ids
+
+
+async def test_stop_strings_cut_text_and_keep_sampled_tokens(tok, anyio_backend):
+    text = "alpha beta STOP gamma delta"
+    ids = encode(tok, text) + [tok.eos_token_id]
+    engine = ScriptedEngine([ScriptedReply(token_ids=ids)] * 4, eos_token_id=tok.eos_token_id)
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("stop")
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
+        body = {"model": "gyre", "messages": [{"role": "user", "content": "go"}], "stop": ["STOP", "zzz"]}
+        plain = (await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})).json()
+        chunks = await sse(http, key, "/chat/completions", body)
+        cbody = {"model": "gyre", "prompt": "go", "stop": "STOP", "max_tokens": 50}
+        comp = (await http.post("/completions", json=cbody, headers={"Authorization": f"Bearer {key}"})).json()
+        cchunks = await sse(http, key, "/completions", cbody)
+    assert plain["choices"][0]["message"]["content"] == "alpha beta "
+    assert plain["choices"][0]["finish_reason"] == "stop"
+    assert "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"]) == "alpha beta "
+    assert comp["choices"][0]["text"] == "alpha beta " == "".join(ch["text"] for c in cchunks for ch in c["choices"])
+    calls = proxy.calls("stop")
+    # Recorded: every sampled token up to the one that completed "STOP", nothing after it.
+    n = next(i for i in range(len(ids)) if "STOP" in tok.decode(ids[: i + 1]))
+    for call in calls:
+        assert call.completion_ids == ids[: n + 1] and call.finish_reason == "stop"
+        assert len(call.logprobs) == n + 1
+    # The same request again is a sibling (same prompt IDs, same parent), not a divergence.
+    assert calls[1].prompt_ids is calls[0].prompt_ids and calls[1].parent_call_id is None
+    assert all(call.divergence is None for call in calls)
