@@ -21,6 +21,7 @@ import msgspec
 
 from benchmarks.common import print_table, summarize, write_result
 from gyre.sim import (
+    Comparison,
     SimConfig,
     Workload,
     best_async,
@@ -57,6 +58,23 @@ def scaled(config: SimConfig, num_cells: int) -> SimConfig:
     data["cluster"]["num_cells"] = num_cells
     data["workload"]["batch_executions"] = num_cells * config.capacity_per_cell()
     return msgspec.convert(data, SimConfig)
+
+
+def replaced(config: SimConfig, **sections: dict[str, object]) -> SimConfig:
+    """Copy of `config` with some fields of some sections replaced (validated again)."""
+    data = msgspec.to_builtins(config)
+    for section, values in sections.items():
+        data[section].update(values)
+    return msgspec.convert(data, SimConfig)
+
+
+def ratios(comp: Comparison) -> dict[str, float]:
+    return {
+        "speedup_vs_async": comp.speedup("async"),
+        "speedup_vs_colocate": comp.speedup("colocate"),
+        "utilisation_elastic": comp.results["elastic"].utilisation,
+        "async_train_cells": float(comp.async_train_cells),
+    }
 
 
 def main() -> None:
@@ -97,6 +115,28 @@ def main() -> None:
                     colo.makespan_s / comp.results["elastic"].makespan_s
                 )
 
+    # Sensitivity on the 122B workload (seed 0): tail width, switch cost, cell granularity.
+    sweeps: dict[str, dict[str, dict[str, float]]] = {"sigma": {}, "switch_cost_x": {}}
+    for sigma in (0.0, 0.5, 1.0, 1.5):
+        comp = compare(replaced(c122, workload={"sigma": sigma}))
+        sweeps["sigma"][str(sigma)] = ratios(comp)
+    for factor in (1, 30, 300):
+        costs = {"switch_to_train_s": 8.52 * factor, "switch_to_rollout_s": 3.46 * factor}
+        sweeps["switch_cost_x"][str(factor)] = ratios(compare(replaced(c122, costs=costs)))
+    # Halving cells (32 cells of half the FLOPs and KV) with the same total hardware and batch.
+    halved = replaced(
+        c122,
+        cluster={
+            "num_cells": 32,
+            "cell_peak_flops_per_s": c122.cluster.cell_peak_flops_per_s / 2,
+            "kv_cache_bytes_per_cell": c122.cluster.kv_cache_bytes_per_cell / 2,
+        },
+        policies={"compare": ["elastic"]},
+    )
+    whole = simulate(c122, build_policy(c122, "elastic", 1), Workload(c122))
+    half = simulate(halved, build_policy(halved, "elastic", 1), Workload(halved))
+    sweeps["cell_halving_change"] = {"elastic": half.makespan_s / whole.makespan_s - 1}
+
     # Speed of the simulator itself: 48 steps on 64 cells, elastic (the policy with most decisions).
     big = scaled(c122, 64)
     for _ in range(3):
@@ -111,6 +151,7 @@ def main() -> None:
         tag: {k: summarize([float(x) for x in v]) for k, v in d.items()}
         for tag, d in detail.items()
     }
+    numbers["sweeps_122b_seed0"] = sweeps
     numbers["published"] = PUBLISHED
     config = {
         "seeds": seeds,
@@ -134,6 +175,13 @@ def main() -> None:
         for k, s in ((k, summarize(v)) for k, v in samples.items())
     ]
     print_table(f"bench_sim ({len(seeds)} seeds) -> {path.relative_to(ROOT)}", rows)
+    sweep_rows = [
+        {"sweep": name, "value": value, **r}
+        for name in ("sigma", "switch_cost_x")
+        for value, r in sweeps[name].items()
+    ]
+    print_table("122B sensitivity (seed 0)", sweep_rows)
+    print(f"cell halving (32 half cells vs 16): {sweeps['cell_halving_change']['elastic']:+.3f}")
 
 
 if __name__ == "__main__":
