@@ -248,7 +248,7 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
                 run_policy[run][sl] = True
 
         parent_node = int(run_start_R[cur_run]) + cur_i if cur_run >= 0 else -1
-        new = seq[pos:]
+        new = seq[pos:].copy()  # not a view: it would keep the whole sequence alive
         run_start_R[r] = num_nodes
         run_len_R[r] = new.shape[0]
         run_parent_R[r] = parent_node
