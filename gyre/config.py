@@ -20,7 +20,7 @@ from gyre.errors import ConfigError
 
 __all__ = [
     "ModelConfig", "EngineConfig", "CellConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
-    "RunConfig",
+    "HarnessConfig", "TaskConfig", "RunConfig",
     "load_config", "config_from_dict",
 ]
 
@@ -200,6 +200,46 @@ class ProxyConfig(_Config):
             raise ValueError(f"render_check_every={self.render_check_every} must be >= 0")
 
 
+class HarnessConfig(_Config):
+    """Agent processes of executions (`gyre.agents.harness`): command, limits, workspaces."""
+
+    agent_command: tuple[str, ...] = ()
+    """Command line of the agent; empty: the reference agent (`python -m gyre.agents.react`)."""
+    workspace_root: str = ""
+    """Folder of the per-execution private folders; empty: `<run_dir>/executions`."""
+    kill_grace_s: float = 1.0
+    """Seconds between SIGTERM and SIGKILL of an agent's process tree at its deadline."""
+    cpu_time_s: float = 3600.0
+    """RLIMIT_CPU of each agent process, CPU seconds; 0: no limit."""
+    memory_bytes: int = 4 * 2**30
+    """RLIMIT_AS of each agent and verifier process, bytes; 0: no limit."""
+    max_processes: int = 256
+    """Extra tasks an agent may create (RLIMIT_NPROC over the uid's current count); 0: no limit."""
+    file_size_bytes: int = 256 * 2**20
+    """RLIMIT_FSIZE of agent and verifier processes, bytes; 0: no limit."""
+    keep_workspaces: bool = False
+    """Keep each execution's folder after scoring (debugging)."""
+
+    def __post_init__(self) -> None:
+        if self.kill_grace_s < 0:
+            raise ValueError(f"kill_grace_s={self.kill_grace_s} must be >= 0")
+        for name in ("cpu_time_s", "memory_bytes", "max_processes", "file_size_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0: no limit)")
+
+
+class TaskConfig(_Config):
+    """Which task suites a run samples from, and how executions run (`gyre.tasks`, `gyre.agents`)."""
+
+    suites: tuple[str, ...] = ("examples/tasks/learnable",)
+    """Suite folders (see `python -m gyre.tasks generate`)."""
+    harness: HarnessConfig = HarnessConfig()
+
+    def __post_init__(self) -> None:
+        if not self.suites:
+            raise ValueError(f"suites={self.suites!r} must name at least one suite folder")
+
+
 class RunConfig(_Config):
     """One run of one node. Loaded from TOML with `load_config`; see `examples/`."""
 
@@ -212,6 +252,7 @@ class RunConfig(_Config):
     trajectory: TrajectoryConfig = TrajectoryConfig()
     rl: RLConfig = RLConfig()
     proxy: ProxyConfig = ProxyConfig()
+    tasks: TaskConfig = TaskConfig()
 
     def __post_init__(self) -> None:
         if not self.run_dir:

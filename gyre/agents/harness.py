@@ -25,7 +25,8 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from gyre.agents.sandbox import Limits, run_supervised, tail
+from gyre.tasks.sandbox import Limits, run_supervised, tail
+from gyre.config import HarnessConfig
 from gyre.errors import ExecutionError
 from gyre.tasks.outcome import Outcome, Termination
 from gyre.tasks.scorer import VerifierError, verify
@@ -97,6 +98,22 @@ class ExecutionControl:
         elif self.max_turns is not None and self.model_calls >= self.max_turns:
             self.stop("turn_limit")
 
+    def observe_totals(self, *, model_calls: int, completion_tokens: int, context_refusals: int = 0) -> None:
+        """Set the counters from running totals (e.g. the proxy's `ExecutionSummary`, polled);
+        stops at a limit like `note_model_call`. Totals never go down."""
+        if model_calls < self.model_calls or completion_tokens < self.completion_tokens:
+            raise ValueError(
+                f"totals went down: model_calls={model_calls} (was {self.model_calls}), "
+                f"completion_tokens={completion_tokens} (was {self.completion_tokens})"
+            )
+        self.model_calls, self.completion_tokens = model_calls, completion_tokens
+        if context_refusals:
+            self.stop("context_exceeded")
+        elif self.token_budget is not None and completion_tokens >= self.token_budget:
+            self.stop("token_budget")
+        elif self.max_turns is not None and model_calls >= self.max_turns:
+            self.stop("turn_limit")
+
     def context_exceeded(self) -> None:
         """The execution's context no longer fits the model: stop it for partial scoring."""
         self.stop("context_exceeded")
@@ -160,6 +177,24 @@ class Harness:
         self.keep_workspaces = keep_workspaces
         self.extra_env = dict(extra_env or {})
         self._running = self._finished = self._stopped = self._failed = 0
+
+    @classmethod
+    def from_config(cls, config: HarnessConfig, *, base_url: str, model: str = "gyre",
+                    run_dir: str | os.PathLike[str] = ".") -> Harness:
+        """A harness as `config` describes it (`RunConfig.tasks.harness`); workspaces default to
+        `<run_dir>/executions`."""
+        common = dict(memory_bytes=config.memory_bytes, file_size_bytes=config.file_size_bytes,
+                      max_processes=config.max_processes)
+        return cls(
+            base_url=base_url,
+            agent_command=config.agent_command or REACT_AGENT,
+            model=model,
+            workspace_root=config.workspace_root or Path(run_dir) / "executions",
+            limits=Limits(cpu_time_s=config.cpu_time_s, **common),
+            verifier_limits=Limits(**common),
+            kill_grace_s=config.kill_grace_s,
+            keep_workspaces=config.keep_workspaces,
+        )
 
     def statistics(self) -> HarnessStatistics:
         return HarnessStatistics(

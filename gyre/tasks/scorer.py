@@ -24,7 +24,7 @@ from pathlib import Path
 
 import anyio
 
-from gyre.agents.sandbox import Limits, run_supervised, tail
+from gyre.tasks.sandbox import Limits, run_supervised, tail
 from gyre.errors import ExecutionError
 from gyre.tasks.outcome import Score
 from gyre.tasks.task import Task

@@ -16,7 +16,7 @@ from gyre.agents.harness import ExecutionControl, Harness, mint_api_key
 from gyre.tasks.task import load_task
 from tests.agents.drive import run_policy
 from tests.agents.openai_server import HANG, tool_call_message
-from tests.agents.test_sandbox import EVIL, alive
+from tests.tasks.test_sandbox import EVIL, alive
 from tests.tasks.test_task import make_task
 
 pytestmark = pytest.mark.anyio

@@ -1,7 +1,7 @@
 """Run one command as a supervised process tree with resource limits and an outside deadline.
 
 Owns `Limits`, `ProcessResult` and `run_supervised`: the command runs under
-`gyre/agents/supervisor.py` (child subreaper + rlimits) in a new session; the call waits for it to
+`gyre/tasks/supervisor.py` (child subreaper + rlimits) in a new session; the call waits for it to
 exit, for the deadline, or for a stop event, and then makes sure nothing of the tree is left:
 SIGTERM to the group and every descendant, `kill_grace_s` to exit, then SIGKILL until the tree is
 empty. Used by the harness (agents) and the scorer (verifiers). Runs on any anyio backend; /proc
@@ -24,7 +24,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from gyre.agents import supervisor
+from gyre.tasks import supervisor
 
 __all__ = ["Limits", "ProcessResult", "run_supervised", "tail"]
 
