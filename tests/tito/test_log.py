@@ -1,0 +1,95 @@
+"""The call log: records round-trip, a torn tail is skipped, a killed proxy loses no completed call."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gyre.engines.scripted import ScriptedEngine
+from gyre.tito.log import CallEntry, LogCorruptError, encode_frame, read_log
+from gyre.tito.records import ModelCall
+from tests.tito.conftest import make_proxy, serving
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def run_conversation(tok, log_path: Path, turns: int = 6) -> list[ModelCall]:
+    engine = ScriptedEngine(eos_token_id=tok.eos_token_id)
+    proxy = make_proxy(tok, engine, log_path=str(log_path))
+    key = proxy.mint_key("ex")
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
+        msgs = [{"role": "user", "content": "start"}]
+        for k in range(turns):
+            r = (await http.post("/chat/completions", json={"model": "gyre", "messages": msgs, "seed": k, "n": 1 + k % 2},
+                                 headers={"Authorization": f"Bearer {key}"})).json()
+            msgs += [r["choices"][-1]["message"], {"role": "user", "content": f"next {k}"}]
+        calls = proxy.calls("ex")
+        await proxy.close("ex")
+    proxy.log.close()
+    return calls
+
+
+@pytest.mark.anyio
+async def test_log_round_trips_every_call_and_summary(tok, tmp_path, anyio_backend):
+    path = tmp_path / "calls.log"
+    calls = await run_conversation(tok, path)
+    got = read_log(path)
+    assert got.calls == calls and got.torn_bytes == 0 and got.unresolved == 0
+    assert got.summaries["ex"].num_calls == len(calls) == 9
+    # The log stores new tokens only: far smaller than every prompt in full.
+    full = sum(len(encode_frame(CallEntry(call=c))) for c in calls)
+    assert path.stat().st_size < full
+
+
+@pytest.mark.anyio
+async def test_torn_last_frame_is_skipped_and_corruption_detected(tok, tmp_path, anyio_backend):
+    path = tmp_path / "calls.log"
+    calls = await run_conversation(tok, path)
+    data = path.read_bytes()
+    for cut in (1, 7, 40):  # inside the last frame (the execution summary)
+        path.write_bytes(data[:-cut])
+        got = read_log(path)
+        assert got.calls == calls and got.torn_bytes > 0 and "ex" not in got.summaries
+    path.write_bytes(data + b"\x10\x00\x00\x00garbage")  # a torn header + partial payload
+    got = read_log(path)
+    assert got.calls == calls and got.torn_bytes == 11 and "ex" in got.summaries
+    flipped = bytearray(data)
+    flipped[20] ^= 0xFF  # inside the first frame, with frames after it
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(LogCorruptError):
+        read_log(path)
+
+
+def test_killed_proxy_loses_no_completed_call(tmp_path):
+    path = tmp_path / "calls.log"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.tito.crash_child", str(path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    done = []
+    try:
+        for line in child.stdout:
+            done.append(json.loads(line))
+            if len(done) >= 40:
+                break
+    finally:
+        os.kill(child.pid, signal.SIGKILL)  # while the 4 agents have calls streaming
+        child.wait(timeout=30)
+    assert len(done) >= 40
+    got = read_log(path)
+    recorded = {(c.execution_id, c.call_id): c.completion_ids for c in got.calls}
+    for d in done:
+        assert recorded[(d["execution"], d["call_id"])] == d["completion_ids"]
+    # Rebuilt prompts chain: each call extends its parent's prompt + completion.
+    by_key = {(c.execution_id, c.call_id): c for c in got.calls}
+    for c in got.calls:
+        if c.parent_call_id is not None and c.divergence is None:
+            p = by_key[(c.execution_id, c.parent_call_id)]
+            assert c.prompt_ids[: len(p.prompt_ids) + len(p.completion_ids)] == p.prompt_ids + p.completion_ids
