@@ -22,8 +22,9 @@ def sampling_logprobs(
 ) -> torch.Tensor:
     """Log-probabilities of the distribution sampled from: logits / T, then top-k, then top-p.
 
-    This is vLLM's `processed_logprobs` order (temperature, then top-k and top-p masking, then
-    log-softmax over the kept tokens; FIELD_CASES B05: logits [2, 1, 0], T = 0.5 gives
+    This is vLLM's `processed_logprobs` order and rule (temperature, then top-k, then top-p as in
+    vLLM's `apply_top_k_top_p_pytorch`: sorted ascending, tokens whose cumulative mass is
+    <= 1 - top_p are dropped, the most likely always kept; then log-softmax over the kept tokens; FIELD_CASES B05: logits [2, 1, 0], T = 0.5 gives
     log softmax([4, 2, 0])[0] = -0.14293). Temperature 0 (greedy) uses the raw logits.
 
     Args:
@@ -42,10 +43,10 @@ def sampling_logprobs(
     if top_k and top_k < x.shape[-1]:
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
-    if top_p < 1:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        cum = torch.softmax(sorted_x, dim=-1).cumsum(dim=-1)
-        drop_sorted = (cum - torch.softmax(sorted_x, dim=-1)) >= top_p  # mass before this token
+    if top_p < 1:  # ascending cumulative mass <= 1 - p is dropped; the top token always stays
+        sorted_x, order = torch.sort(x, dim=-1, descending=False)
+        drop_sorted = torch.softmax(sorted_x, dim=-1).cumsum(dim=-1) <= 1 - top_p
+        drop_sorted[..., -1] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     return torch.log_softmax(x, dim=-1)

@@ -1,0 +1,113 @@
+"""A cell process and its client: the wire, errors, aborts and versions, on the scripted backend.
+
+The same client and server carry the vLLM backend (tests/engines/test_vllm.py); here the cell hosts
+the scripted engine so the transport is tested in seconds.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from gyre.config import EngineConfig
+from gyre.engines import GenerateRequest, InferenceEngine, SamplingParams, collect
+from gyre.errors import ContextLengthError, EngineUnavailableError, InvalidRequestError
+from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
+from gyre.runtime.cell_wire import Frame, FrameReader, encode_frame
+from gyre.engines.protocol import TokenDelta
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = EngineConfig(backend="scripted", max_model_len=64, request_timeout_s=30.0)
+
+
+@pytest.fixture(scope="module")
+def scripted_cell(tmp_path_factory):
+    process = spawn_cell("unused", CONFIG, log_path=tmp_path_factory.mktemp("cell") / "cell.log")
+    url = wait_cell_ready(process, 60)
+    yield url
+    assert process.stop() == 0
+
+
+@pytest.fixture
+async def engine(scripted_cell):
+    async with CellClient(scripted_cell, CONFIG) as client:
+        yield client
+
+
+def req(rid: str, prompt=(5, 6, 7), **sampling) -> GenerateRequest:
+    return GenerateRequest(request_id=rid, prompt_ids=list(prompt), sampling=SamplingParams(**sampling))
+
+
+def test_frame_reader_reassembles_split_frames() -> None:
+    frames = [Frame(delta=TokenDelta(index=i, token_ids=[i, 7], logprobs=[-0.5, -1.5], versions=[3, 3])) for i in range(3)]
+    data = b"".join(encode_frame(f) for f in frames)
+    reader = FrameReader()
+    got = []
+    for i in range(0, len(data), 5):
+        got += reader.feed(data[i : i + 5])
+    assert got == frames and reader.pending == 0
+
+
+async def test_client_implements_protocol(engine) -> None:
+    assert isinstance(engine, InferenceEngine)
+
+
+async def test_generate_n2_through_the_cell_equals_scripted_rule(engine) -> None:
+    from gyre.engines.scripted import ScriptedEngine
+
+    local = await collect(ScriptedEngine(max_model_len=64), req("x", n=2, seed=7, max_tokens=6))
+    remote = await collect(engine, req("x", n=2, seed=7, max_tokens=6))
+    assert remote == local
+
+
+@pytest.mark.parametrize(
+    ("request_", "error", "named"),
+    [
+        (req("bad1", prompt=[]), InvalidRequestError, "prompt_ids is empty"),
+        (req("bad2", prompt=[5, 2000]), InvalidRequestError, "2000"),
+        (req("bad3", prompt=[5] * 64), ContextLengthError, "64 tokens"),
+        (req("bad4", max_tokens=-1), InvalidRequestError, "max_tokens=-1"),
+    ],
+)
+async def test_errors_cross_the_wire_typed(engine, request_, error, named) -> None:
+    with pytest.raises(error, match=named):
+        await collect(engine, request_)
+    assert (await collect(engine, req("ok-after")))[0].token_ids
+
+
+async def test_abort_before_arrival_and_versions_after_load(engine) -> None:
+    assert await engine.abort("ghost") == []
+    [c] = await collect(engine, req("ghost"))
+    assert (c.token_ids, c.finish_reason) == ([], "abort")
+    await engine.load_weights("unused", 4)
+    [c] = await collect(engine, req("v4"))
+    assert set(c.versions) == {4}
+    assert engine.statistics().weight_version == 4
+
+
+async def test_pause_is_reported_as_unavailable(engine) -> None:
+    await engine.pause()
+    try:
+        with pytest.raises(EngineUnavailableError, match="paused"):
+            await collect(engine, req("paused"))
+    finally:
+        await engine.resume()
+
+
+async def test_dead_cell_is_unavailable_not_a_hang(tmp_path) -> None:
+    process = spawn_cell("unused", CONFIG, log_path=tmp_path / "cell.log")
+    url = await anyio.to_thread.run_sync(wait_cell_ready, process, 60)
+    async with CellClient(url, CONFIG) as client:
+        process.process.kill()
+        process.process.wait()
+        with pytest.raises(EngineUnavailableError):
+            await collect(client, req("to-dead"))
+
+
+def test_failed_start_reports_the_log(tmp_path) -> None:
+    config = EngineConfig(backend="vllm", startup_timeout_s=120)
+    process = spawn_cell(tmp_path / "no-model-here", config, log_path=tmp_path / "cell.log")
+    with pytest.raises(EngineUnavailableError, match="failed to start|exited"):
+        wait_cell_ready(process, 120)
+    process.stop()

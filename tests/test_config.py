@@ -1,0 +1,80 @@
+"""Run configs: TOML in, frozen typed Structs out; every bad key or value is one clear line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import msgspec
+import pytest
+
+from gyre.config import EngineConfig, ModelConfig, RunConfig, config_from_dict, load_config
+from gyre.errors import ConfigError
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def test_example_config_loads() -> None:
+    config = load_config("examples/cpu.toml")
+    assert config.engine.backend == "vllm" and config.engine.max_model_len == 4096
+    assert config.model.path == "runs/model-tiny"
+
+
+def test_defaults_and_frozen() -> None:
+    config = RunConfig()
+    assert config.engine.block_size == 32 and config.cells.num_cells == 1
+    with pytest.raises(AttributeError):
+        config.seed = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[engin]\nx = 1\n", "unknown field `engin`"),
+        ("[engine]\nmax_tokenz = 3\n", "unknown field `max_tokenz` - at `$.engine`"),
+        ("[engine]\nmax_model_len = -4\n", "max_model_len=-4 must be > 0 - at `$.engine`"),
+        ('[engine]\nmax_model_len = "big"\n', "Expected `int`, got `str` - at `$.engine.max_model_len`"),
+        ('[engine]\nbackend = "tgi"\n', "Invalid enum value 'tgi' - at `$.engine.backend`"),
+        ("[model]\nhidden_size = 64\n", "head_dim=16"),
+        ("[cells]\nnum_cells = 0\n", "num_cells=0 must be > 0"),
+        ("seed = [1\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_is_one_line_naming_key_and_value(tmp_path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="cannot read config '/nonexistent/run.toml'"):
+        load_config("/nonexistent/run.toml")
+
+
+def test_config_from_dict_names_path() -> None:
+    with pytest.raises(ConfigError, match=r"block_size=0 must be > 0 - at `\$.engine`"):
+        config_from_dict({"engine": {"block_size": 0}})
+
+
+def test_engine_config_round_trips_through_json() -> None:
+    config = EngineConfig(max_model_len=512, dtype="bfloat16")
+    assert msgspec.json.decode(msgspec.json.encode(config), type=EngineConfig) == config
+
+
+def test_model_config_validates_at_construction() -> None:
+    with pytest.raises(ValueError, match="num_key_value_heads=3 must divide num_attention_heads=4"):
+        ModelConfig(num_key_value_heads=3)
+
+
+def test_node_cli_bad_config_exits_2_with_one_line(tmp_path) -> None:
+    path = write(tmp_path, "[engine]\nmax_model_len = 0\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gyre.node", "--config", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"gyre: error: {path}: max_model_len=0 must be > 0 - at `$.engine`"]
