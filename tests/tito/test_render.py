@@ -1,0 +1,106 @@
+"""Incremental rendering equals a full render; reply parsing round-trips through the template."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gyre.tito.render import ChatRenderer, Node, RenderState, TokenText, parse_reply, partial_reply
+from gyre.tito.wire import ChatMessage, FunctionCall, ToolCall
+from tests.tito.conftest import encode
+
+TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
+
+text = st.text(alphabet=st.sampled_from(list("abc xyz\n{}\":,.é字🎉<>/_")), max_size=30)
+args = st.dictionaries(st.sampled_from(["path", "cmd", "n", "ok"]), st.one_of(st.integers(-9, 99), text, st.booleans()), max_size=3)
+reply = st.tuples(st.one_of(st.none(), text), text, st.lists(args, max_size=2))
+new_messages = st.lists(
+    st.one_of(
+        st.builds(lambda c: ChatMessage(role="tool", content=c, tool_call_id="t"), text),
+        st.builds(lambda c: ChatMessage(role="user", content=c), text),
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+def reply_text(reasoning: str | None, content: str, calls: list[dict]) -> str:
+    """What a model following the template would generate for this reply."""
+    out = "" if reasoning is None else f"<think>{reasoning}</think>\n"
+    out += content
+    for a in calls:
+        out += '<tool_call>{"name": "run", "arguments": ' + json.dumps(a, ensure_ascii=False) + "}</tool_call>"
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(turns=st.lists(st.tuples(reply, new_messages), min_size=1, max_size=4), system=st.booleans())
+def test_fast_render_equals_full_render(tok, turns, system):
+    fast = ChatRenderer(tok, check_every=0)
+    full = ChatRenderer(tok, check_every=0)
+    state = RenderState(anchor_ok=True)  # never cross-check: the fast path alone
+    messages = ([ChatMessage(role="system", content="sys")] if system else []) + [ChatMessage(role="user", content="go")]
+    for k, ((reasoning, content, calls), new) in enumerate(turns):
+        rendered = fast.render_chat(state, messages, TOOLS)
+        # Reference: the whole conversation rendered and tokenized at once, first call only, then
+        # spliced on the known tokens (what TITO means) and compared as text.
+        expected_text = tok.apply_chat_template(
+            [full_dict(m) for m in messages], tools=TOOLS, tokenize=False, add_generation_prompt=True
+        )
+        assert fast.text.decode(rendered.prompt_ids) == expected_text
+        assert rendered.divergence is None
+        assert rendered.path == ("full" if k == 0 else "fast")
+        raw = reply_text(reasoning, content, calls)
+        completion = encode(tok, raw) + [tok.eos_token_id]
+        parsed = parse_reply(raw, f"c{k}")
+        assert [json.loads(tc.function.arguments) for tc in parsed.tool_calls] == calls or parsed.tool_call_error
+        echo = ChatMessage(
+            role="assistant",
+            content=parsed.content or None,
+            reasoning_content=parsed.reasoning,
+            tool_calls=list(parsed.tool_calls) or None,
+        )
+        state.nodes.append(Node(
+            call_id=f"c{k}", prompt_ids=rendered.prompt_ids, completion_ids=completion,
+            completion_text=fast.text.decode(completion), messages=rendered.messages, reply=echo, tools=TOOLS,
+        ))
+        messages = messages + [echo] + new
+    assert fast.stats.check_failures == 0
+
+
+def full_dict(m: ChatMessage) -> dict:
+    from gyre.tito.render import message_to_template
+
+    return message_to_template(m)
+
+
+def test_token_text_matches_the_tokenizer(tok):
+    table = TokenText(tok)
+    ids = encode(tok, "héllo 字 <tool_call>{\"a\": 1}</tool_call> 🎉") + [tok.eos_token_id]
+    assert table.decode(ids) == tok.decode(ids, skip_special_tokens=False)
+    assert table.decode(list(range(len(tok)))) == tok.decode(list(range(len(tok))), skip_special_tokens=False)
+
+
+@given(st.text(alphabet=st.sampled_from(list("ab<>/think_col\n{}\"")), max_size=60))
+def test_partial_reply_only_grows_into_the_final_parse(s):
+    final = parse_reply(s)
+    for i in range(len(s) + 1):
+        r, c = partial_reply(s[:i])
+        assert (final.reasoning or "").startswith(r)
+        assert (final.content or "").startswith(c)
+
+
+def test_parse_reply_cases():
+    p = parse_reply('<think>plan</think>\nok<tool_call>{"name": "run", "arguments": {"cmd": "ls  -a"}}</tool_call>', "x")
+    assert (p.reasoning, p.content, p.tool_call_error) == ("plan", "ok", None)
+    assert p.tool_calls == (ToolCall(id="x_0", function=FunctionCall(name="run", arguments='{"cmd": "ls  -a"}')),)
+    bad = parse_reply('<tool_call>{"name": "run", "arguments": {"cmd": "ls"}</tool_call>')
+    assert bad.tool_calls == () and bad.content.startswith("<tool_call>") and "malformed" in bad.tool_call_error
+    trailing = parse_reply('<tool_call>{"name": "run", "arguments": {}}</tool_call> and more')
+    assert trailing.tool_calls == () and trailing.tool_call_error
+    compact = parse_reply('<tool_call>{"name":"run","arguments":{"n":1}}</tool_call>')
+    assert compact.tool_calls[0].function.arguments == '{"n": 1}'  # non-canonical: re-serialised
+    assert parse_reply("<think>unfinished").reasoning == "unfinished"
+    assert parse_reply("<tool_call>x", tools=False).content == "<tool_call>x"
