@@ -19,7 +19,7 @@ import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -71,7 +71,16 @@ class ExecutionControl:
     methods from the event loop thread that runs `Harness.run`.
     """
 
-    def __init__(self, *, max_turns: int | None = None, token_budget: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_turns: int | None = None,
+        token_budget: int | None = None,
+        refresh: Callable[[ExecutionControl], None] | None = None,
+    ) -> None:
+        """`refresh`, if given, brings the counters up to date (e.g. `observe_totals` from the
+        proxy's summary); the harness calls it once the agent has stopped, before judging."""
+        self._refresh = refresh
         self.max_turns = max_turns
         self.token_budget = token_budget
         self.model_calls = 0
@@ -113,6 +122,11 @@ class ExecutionControl:
             self.stop("token_budget")
         elif self.max_turns is not None and model_calls >= self.max_turns:
             self.stop("turn_limit")
+
+    def refresh(self) -> None:
+        """Run the `refresh` callback, if any."""
+        if self._refresh is not None:
+            self._refresh(self)
 
     def context_exceeded(self) -> None:
         """The execution's context no longer fits the model: stop it for partial scoring."""
@@ -284,6 +298,8 @@ class Harness:
                     deadline_s=task.spec.agent.deadline_s, stdout=out, stderr=err,
                     kill_grace_s=self.kill_grace_s, stop=control.event,
                 )
+            reason_before = control.reason
+            control.refresh()
             stats = dict(
                 exit_code=result.exit_code, model_calls=control.model_calls,
                 completion_tokens=control.completion_tokens, started_s=result.started_s,
@@ -292,12 +308,13 @@ class Harness:
             )
             termination: Termination
             if result.ended == "exited":
-                termination = "finished"
+                # an agent that gave up on a refused over-long prompt was cut off, not finished (B15)
+                termination = "context_exceeded" if control.reason == "context_exceeded" else "finished"
             elif result.ended == "deadline":
                 termination = "timeout"
             else:
-                assert control.reason is not None
-                termination = control.reason
+                assert reason_before is not None
+                termination = reason_before
             if termination == "finished" and control.model_calls == 0:
                 return Outcome(
                     **common, **stats, termination="failed",
