@@ -19,7 +19,7 @@ import msgspec
 from gyre.errors import ConfigError
 
 __all__ = [
-    "ModelConfig", "EngineConfig", "CellConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
+    "ModelConfig", "EngineConfig", "CellConfig", "TrainerConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
     "HarnessConfig", "TaskConfig", "RunConfig",
     "load_config", "config_from_dict",
 ]
@@ -146,6 +146,36 @@ class TrajectoryConfig(_Config):
                 raise ValueError(f"role_limits[{role!r}]={limit} needs a role in {roles} and a limit >= 0")
 
 
+class TrainerConfig(_Config):
+    """The DeepSpeed trainer (`gyre.engines.trainer`)."""
+
+    zero_stage: int = 1
+    """DeepSpeed ZeRO stage: 0, 1 or 2 (stage 3 shards parameters, which the packed-tree forward
+    reads directly; not supported yet)."""
+    learning_rate: float = 1e-5
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 disables it)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Training dtype; float32 keeps trainer and vLLM logprobs within 1e-5."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts; the trainer's logprobs use the same (B05)."""
+    keep_snapshots: int = 2
+    """Weight snapshots kept on disk for the engines (older ones are deleted)."""
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 1, 2):
+            raise ValueError(f"zero_stage={self.zero_stage} must be 0, 1 or 2")
+        _positive(learning_rate=self.learning_rate, temperature=self.temperature, keep_snapshots=self.keep_snapshots)
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise ValueError(f"grad_clip={self.grad_clip} and weight_decay={self.weight_decay} must be >= 0")
+        for name, beta in (("adam_beta1", self.adam_beta1), ("adam_beta2", self.adam_beta2)):
+            if not 0 <= beta < 1:
+                raise ValueError(f"{name}={beta} must be in [0, 1)")
+
+
 class RLConfig(_Config):
     """The policy loss (`gyre.rl`)."""
 
@@ -251,6 +281,7 @@ class RunConfig(_Config):
     cells: CellConfig = CellConfig()
     trajectory: TrajectoryConfig = TrajectoryConfig()
     rl: RLConfig = RLConfig()
+    trainer: TrainerConfig = TrainerConfig()
     proxy: ProxyConfig = ProxyConfig()
     tasks: TaskConfig = TaskConfig()
 
