@@ -1,0 +1,111 @@
+"""Run metrics: one JSON line per RL step or evaluation in `<run_dir>/metrics.jsonl`.
+
+Owns `StepMetrics`, `EvalMetrics`, `MetricsWriter` (append + flush per record, so a killed run
+keeps every finished step) and `read_metrics`. The report and the live display read these records;
+the loop writes them. Knows nothing about how the numbers were produced.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+__all__ = ["StepMetrics", "EvalMetrics", "MetricsWriter", "read_metrics", "METRICS_FILE"]
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class StepMetrics(msgspec.Struct, frozen=True, kw_only=True, tag="step"):
+    """One RL step (one optimizer update on one batch of executions)."""
+
+    step: int
+    """1-based step number (continues across `--resume`)."""
+    version: int
+    """Weight version after the step."""
+    executions: int
+    """Executions in the batch."""
+    pass_rate: float
+    """Fraction of the batch's executions whose hidden tests all passed."""
+    mean_reward: float
+    """Mean score of the executions that count (failed ones excluded); NaN if none."""
+    finished: int
+    """Executions that ended on their own."""
+    partial: int
+    """Executions stopped at a deadline (time, turns, tokens, context) and partially scored."""
+    failed: int
+    """Executions failed for infrastructure reasons (out of baseline and loss)."""
+    truncated: int
+    """Executions with at least one call cut off by max_tokens or the context (FIELD_CASES B14)."""
+    model_calls: int
+    policy_tokens: int
+    """Tokens that carried loss in the step."""
+    packed_tokens: int
+    """Tokens forwarded by the trainer (shared prefixes once)."""
+    dedup_ratio: float
+    """Tokens of the selected trajectories run one by one / packed tokens (>= 1)."""
+    logprob_abs_diff_mean: float
+    """Mean |trainer - behaviour| logprob over loss tokens (off-policy mismatch, FIELD_CASES B07)."""
+    mean_ratio: float
+    """Mean importance ratio over loss tokens."""
+    applied: bool
+    """False when the optimizer step was skipped (non-finite loss or gradient)."""
+    rollout_s: float
+    train_s: float
+    sync_s: float
+    step_s: float
+    """Wall seconds of the step: rollout + train + sync (+ bookkeeping)."""
+
+
+class EvalMetrics(msgspec.Struct, frozen=True, kw_only=True, tag="eval"):
+    """A held-out evaluation at a weight version."""
+
+    step: int
+    """RL steps done when evaluated (0 = before RL)."""
+    version: int
+    split: Literal["heldout", "train"]
+    executions: int
+    pass_rate: float
+    mean_reward: float
+    eval_s: float
+
+
+Record = StepMetrics | EvalMetrics
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Record)
+
+
+class MetricsWriter:
+    """Append-only JSONL writer; each record is flushed and fsynced before `write` returns."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(run_dir) / METRICS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: Record) -> None:
+        with open(self.path, "ab") as f:
+            f.write(_encoder.encode(record) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_metrics(run_dir: str | os.PathLike[str]) -> list[Record]:
+    """Every complete record of `<run_dir>/metrics.jsonl`, in order; a torn last line is skipped.
+
+    Raises `FileNotFoundError` when the run has no metrics file.
+    """
+    path = Path(run_dir) / METRICS_FILE
+    records = []
+    lines = path.read_bytes().split(b"\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(_decoder.decode(line))
+        except msgspec.DecodeError:
+            if i == len(lines) - 1:  # torn by a kill mid-write
+                break
+            raise
+    return records
