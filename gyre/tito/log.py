@@ -28,6 +28,8 @@ from gyre.tito.records import ExecutionSummary, ModelCall
 __all__ = ["CallEntry", "EndEntry", "CallLog", "LogContents", "LogCorruptError", "read_log"]
 
 _HEADER = struct.Struct("<II")
+_INLINE_WRITE_BYTES = 64 * 1024
+"""Frames up to this size are written from the event loop thread; larger ones in a worker thread."""
 
 
 class CallEntry(msgspec.Struct, frozen=True, kw_only=True, tag="call"):
@@ -79,7 +81,10 @@ class CallLog:
         async with self._lock:
             if self._fd is None:
                 raise RuntimeError(f"call log {str(self.path)!r} is closed")
-            await anyio.to_thread.run_sync(os.write, self._fd, frame)
+            if len(frame) <= _INLINE_WRITE_BYTES:
+                os.write(self._fd, frame)  # a small append to the page cache: microseconds
+            else:
+                await anyio.to_thread.run_sync(os.write, self._fd, frame)
             self._dirty = True
             self.frames_written += 1
             self.bytes_written += len(frame)

@@ -4,8 +4,8 @@ Owns `TitoProxy` (the Starlette ASGI app, sessions, rendering, generation and re
 `serve`. Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, and
 `GET /gyre/v1/executions/{id}/calls`. Every choice of every call becomes one `ModelCall` with the
 exact prompt IDs the engine ran on and the exact completion IDs, behaviour logprobs and weight
-versions it sampled; responses carry them too (`prompt_token_ids`, per-choice `token_ids`, as
-vLLM's `return_token_ids`). The engine is found per execution through `engine_for(execution_id)`
+versions it sampled; every choice carries its `token_ids`, and `return_token_ids: true` (vLLM's
+flag) adds `prompt_token_ids`. The engine is found per execution through `engine_for(execution_id)`
 (the router plugs in there). Stop strings: generation stops once the decoded text contains one;
 the returned text ends before it, while every token sampled up to and including the one that
 completed it is recorded (they were sampled and carry logprobs), so the next turn branches there.
@@ -62,6 +62,9 @@ __all__ = ["TitoProxy", "ProxyStatistics"]
 logger = logging.getLogger(__name__)
 
 _CALLS_ENCODER = msgspec.json.Encoder()
+_INLINE_RENDER_BYTES = 32 * 1024
+"""Chat requests adding up to this much text to a known parent (or whose whole body is this
+small) are rendered on the event loop thread; others in a worker thread."""
 
 
 class ProxyStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -538,7 +541,8 @@ class TitoProxy:
         try:
             ex = self._resolve(request)
             role = parse_role(request.headers.get("x-gyre-role"))
-            req: ChatCompletionRequest = self._decode(CHAT_DECODER, await self._body(request))
+            body = await self._body(request)
+            req: ChatCompletionRequest = self._decode(CHAT_DECODER, body)
             self._check_model(req.model)
             if not req.messages:
                 raise _proxy_error("messages must not be empty", 400, "invalid_value", param="messages")
@@ -550,14 +554,23 @@ class TitoProxy:
             started = time.time()
             engine = self.engine_for(ex.execution_id)
             tools = req.tools or None
-            try:
-                rendered = await anyio.to_thread.run_sync(
-                    lambda: self.renderer.render_chat(
-                        ex.render, req.messages, tools,
-                        add_generation_prompt=req.add_generation_prompt,
-                        template_kwargs=req.chat_template_kwargs,
-                    )
+            parent = self.renderer.find_parent(ex.render, req.messages, tools, req.chat_template_kwargs)
+
+            def render() -> Rendered:
+                return self.renderer.render_chat(
+                    ex.render, req.messages, tools,
+                    add_generation_prompt=req.add_generation_prompt,
+                    template_kwargs=req.chat_template_kwargs,
+                    parent=parent,
                 )
+
+            # Rendering a few new messages takes microseconds, less than a thread hop; rendering
+            # and tokenizing much text (a first call, a full re-render) must not block the loop.
+            new_bytes = len(body) if parent is None else sum(
+                len(message_text(m.content) or "") for m in req.messages[len(parent.messages):]
+            )
+            try:
+                rendered = render() if new_bytes <= _INLINE_RENDER_BYTES else await anyio.to_thread.run_sync(render)
             except Exception as exc:  # jinja raises its own errors for messages a template rejects
                 if isinstance(exc, ProxyError):
                     raise
@@ -596,7 +609,7 @@ class TitoProxy:
                         "message": msg,
                         "logprobs": self._logprobs_chat(ch.ids, ch.lps, req.top_logprobs) if req.logprobs else None,
                         "finish_reason": "tool_calls" if msg.get("tool_calls") else ch.finish,
-                        **({"token_ids": ch.ids} if req.return_token_ids else {}),
+                        "token_ids": ch.ids,
                     }
                     for ch, (msg, _) in zip(call.choices, replies)
                 ],
@@ -656,8 +669,7 @@ class TitoProxy:
                     "logprobs": self._logprobs_chat(new_ids, new_lps, req.top_logprobs) if req.logprobs else None,
                     "finish_reason": finish,
                 }
-                if req.return_token_ids:
-                    choice["token_ids"] = new_ids
+                choice["token_ids"] = new_ids
                 extra = {"prompt_token_ids": call.rendered.prompt_ids} if first and req.return_token_ids else {}
                 first = False
                 yield self._chunk(call, [choice], **extra)
@@ -730,7 +742,7 @@ class TitoProxy:
                         "text": ch.text,
                         "logprobs": self._logprobs_text(ch.ids, ch.lps, 0) if req.logprobs is not None else None,
                         "finish_reason": ch.finish,
-                        **({"token_ids": ch.ids} if req.return_token_ids else {}),
+                        "token_ids": ch.ids,
                     }
                     for ch in call.choices
                 ],
@@ -762,8 +774,7 @@ class TitoProxy:
                     "finish_reason": ch.finish,
                 }
                 for_offsets[ch.index] += sum(len(self.text.token_str(t)) for t in new_ids)
-                if req.return_token_ids:
-                    choice["token_ids"] = new_ids
+                choice["token_ids"] = new_ids
                 extra = {"prompt_token_ids": call.rendered.prompt_ids} if first and req.return_token_ids else {}
                 first = False
                 body = {"id": f"cmpl-{call.request_id}", "object": "text_completion", "created": call.created, "model": self.config.model_name, "choices": [choice], **extra}

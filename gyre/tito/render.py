@@ -356,12 +356,17 @@ class ChatRenderer:
         *,
         add_generation_prompt: bool = True,
         template_kwargs: dict[str, Any] | None = None,
+        parent: Node | None | bool = True,
     ) -> Rendered:
         """Prompt IDs for a chat request of the execution whose state is `state`.
 
+        `parent`: the result of `find_parent` when the caller already has it (True: look it up).
         Raises ValueError when the template cannot render the messages (e.g. a non-text part).
         """
-        parent = self._find_parent(state, messages, tools, template_kwargs) if add_generation_prompt else None
+        if parent is True:
+            parent = self.find_parent(state, messages, tools, template_kwargs)
+        if not add_generation_prompt:
+            parent = None
         if parent is not None and len(parent.messages) == len(messages):
             # The same conversation again (a retry, or more samples): the same prompt, a sibling.
             return Rendered(
@@ -388,9 +393,16 @@ class ChatRenderer:
                 return full
         return self._render_full(state, messages, tools, add_generation_prompt, template_kwargs)
 
-    def _find_parent(self, state, messages, tools, template_kwargs) -> Node | None:
+    def find_parent(
+        self,
+        state: RenderState,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> Node | None:
         """The most recent choice whose messages + reply are a prefix of `messages`, or whose
-        messages are exactly `messages` (a repeated request)."""
+        messages are exactly `messages` (a repeated request). Cost: one C-level comparison of the
+        shared messages."""
         n = len(messages)
         for node in reversed(state.nodes):
             if node.messages is None:
@@ -423,7 +435,7 @@ class ChatRenderer:
         if not (b.startswith(a) and b.startswith(ct, len(a))):
             return None
         suffix = b[len(a) + len(ct):]
-        ids = parent.prompt_ids + parent.completion_ids + self.encode(suffix)
+        ids = [*parent.prompt_ids, *parent.completion_ids, *self.encode(suffix)]  # one copy
         shared = parent.messages + messages[k:]
         return Rendered(prompt_ids=ids, parent=parent, divergence=None, messages=shared, tools=parent.tools, path="fast")
 

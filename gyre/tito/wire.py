@@ -90,8 +90,9 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     stop_token_ids: list[int] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
-    return_token_ids: bool = True
-    """vLLM's flag; gyre returns `prompt_token_ids` and per-choice `token_ids` unless false."""
+    return_token_ids: bool = False
+    """vLLM's flag: also return `prompt_token_ids` (the whole prompt: O(history) bytes per call,
+    so opt-in). Per-choice `token_ids` are always returned."""
 
 
 class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,7 +113,8 @@ class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     echo: bool = False
-    return_token_ids: bool = True
+    return_token_ids: bool = False
+    """Also return `prompt_token_ids`; per-choice `token_ids` are always returned."""
 
 
 CHAT_DECODER = msgspec.json.Decoder(ChatCompletionRequest)

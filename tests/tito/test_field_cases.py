@@ -47,12 +47,12 @@ async def test_b01_retokenization_drift(tok, anyio_backend):
         r1 = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": TOOLS})).json()
         assert r1["choices"][0]["message"]["content"] == word
         msgs += [r1["choices"][0]["message"], {"role": "tool", "content": "ok"}]
-        r2 = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": TOOLS})).json()
+        r2 = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": TOOLS, "return_token_ids": True})).json()
         # Variant: call 3 as raw prompt token IDs on /v1/completions.
         assert "prompt_token_ids" in r2, r2
         p2, c2 = r2["prompt_token_ids"], r2["choices"][0]["token_ids"]
         sent = p2 + c2 + encode(tok, "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
-        r3 = (await post(http, key, "/completions", {"model": "gyre", "prompt": sent, "max_tokens": 4})).json()
+        r3 = (await post(http, key, "/completions", {"model": "gyre", "prompt": sent, "max_tokens": 4, "return_token_ids": True})).json()
     calls = proxy.calls("b01")
     p1, rec1 = calls[0].prompt_ids, calls[0]
     assert rec1.completion_ids == c1 and len(c1) == 3  # two IDs for the word, not one (assert 1)
@@ -227,9 +227,9 @@ async def test_b19_single_bos(anyio_backend):
     key = proxy.mint_key("b19")
     msgs = [{"role": "user", "content": "hello"}]
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
-        r = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs})).json()
+        r = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "return_token_ids": True})).json()
         # Variant: a base model with no template (completions API, text prompt): exactly one BOS.
-        r2 = (await post(http, key, "/completions", {"model": "gyre", "prompt": "hello", "max_tokens": 3})).json()
+        r2 = (await post(http, key, "/completions", {"model": "gyre", "prompt": "hello", "max_tokens": 3, "return_token_ids": True})).json()
     p1 = proxy.calls("b19")[0].prompt_ids
     assert p1[0] == bos and p1[1] != bos  # (assert 1)
     template_ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)["input_ids"]

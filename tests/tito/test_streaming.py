@@ -34,7 +34,7 @@ async def test_stream_and_plain_record_identical_ids_and_logprobs(tok, anyio_bac
     engine = ScriptedEngine(eos_token_id=tok.eos_token_id)  # deterministic in (prompt, seed)
     proxy = make_proxy(tok, engine)
     k1, k2 = proxy.mint_key("plain"), proxy.mint_key("stream")
-    body = {"model": "gyre", "messages": [{"role": "user", "content": "hi"}], "seed": 11, "n": 2, "logprobs": True}
+    body = {"model": "gyre", "messages": [{"role": "user", "content": "hi"}], "seed": 11, "n": 2, "logprobs": True, "return_token_ids": True}
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         plain = (await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {k1}"})).json()
         chunks = await sse(http, k2, "/chat/completions", body)
