@@ -240,10 +240,11 @@ class Harness:
         """Run one execution of `task` and return its `Outcome` (never raises for its failure).
 
         `control` carries the model-call counters the proxy reports (one is made from the task's
-        limits if None); `api_key` defaults to `mint_api_key(execution_id)`. The agent runs at
-        most `task.spec.agent.deadline_s` seconds; an agent that exits without a single model call
-        is `failed` (it never produced anything to train on). Raises `ValueError` for a bad
-        `execution_id` and `FileExistsError` if it was used before with this harness.
+        limits if None); `api_key` defaults to `mint_api_key(execution_id)` (pass the proxy's
+        key). The agent runs at most `task.spec.agent.deadline_s` seconds. An execution with no
+        model call, or whose calls sampled no token at all, is `failed`: it has nothing to train
+        on (FIELD_CASES B20). Raises `ValueError` for a bad `execution_id` and `FileExistsError`
+        if it was used before with this harness.
         """
         check_execution_id(execution_id)
         limits_spec = task.spec.agent
@@ -315,11 +316,19 @@ class Harness:
             else:
                 assert reason_before is not None
                 termination = reason_before
-            if termination == "finished" and control.model_calls == 0:
+            # Nothing to train on: out of the loss and the group baseline (FIELD_CASES B20).
+            if control.model_calls == 0:
+                how = (f"agent exited (status {result.exit_code})" if termination == "finished"
+                       else f"agent stopped ({termination})")
                 return Outcome(
                     **common, **stats, termination="failed",
-                    failure_reason=f"agent exited (status {result.exit_code}) before its first model call: "
-                    f"{stats['stderr_tail'][-500:]}",
+                    failure_reason=f"{how} before its first model call: {stats['stderr_tail'][-500:]}",
+                )
+            if control.completion_tokens == 0:
+                return Outcome(
+                    **common, **stats, termination="failed",
+                    failure_reason=f"no policy tokens: all {control.model_calls} model calls ended "
+                    "before their first token (aborted)",
                 )
             try:
                 score = await verify(task, workspace, limits=self.verifier_limits)

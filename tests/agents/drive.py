@@ -30,7 +30,7 @@ def oracle_policy(task: Task, stop_after: int | None = None):
 
 async def run_policy(
     harness: Harness, server: ScriptedOpenAI, bridge: ControlBridge, task: Task, execution_id: str,
-    policy, *, control: ExecutionControl | None = None,
+    policy, *, control: ExecutionControl | None = None, agent_command: list[str] | None = None,
 ) -> Outcome:
     """Run the reference agent on `task` with `policy` answering its model calls."""
     key = mint_api_key(execution_id)
@@ -38,4 +38,4 @@ async def run_policy(
     control = control or ExecutionControl(max_turns=task.spec.agent.max_turns,
                                           token_budget=task.spec.agent.token_budget)
     bridge.register(key, control)
-    return await harness.run(task, execution_id, control=control, api_key=key)
+    return await harness.run(task, execution_id, control=control, api_key=key, agent_command=agent_command)

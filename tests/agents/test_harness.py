@@ -34,11 +34,24 @@ def out_task(tmp_path: Path, agent: str = "deadline_s = 2.0\n", verifier: str = 
     return load_task(make_task(tmp_path / "suite" / "out", toml=toml, tests=OUT_TESTS))
 
 
-async def test_agent_ignoring_sigterm_with_children_is_gone_and_scored(tmp_path: Path, harness: Harness) -> None:
+ONE_MODEL_CALL = """
+import json, os, urllib.request
+body = json.dumps({"model": "gyre", "messages": [{"role": "user", "content": "hi"}]}).encode()
+headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"}
+urllib.request.urlopen(urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, headers)).read()
+"""
+
+
+async def test_agent_ignoring_sigterm_with_children_is_gone_and_scored(
+    tmp_path: Path, harness: Harness, server, bridge
+) -> None:
     task = out_task(tmp_path)
-    (tmp_path / "evil.py").write_text("open('out.txt', 'w').write('partial')\n" + EVIL)
+    (tmp_path / "evil.py").write_text(ONE_MODEL_CALL + "open('out.txt', 'w').write('partial')\n" + EVIL)
     pidfile = tmp_path / "pids"
-    outcome = await harness.run(task, "evil", agent_command=[sys.executable, str(tmp_path / "evil.py"), str(pidfile)])
+    outcome = await run_policy(
+        harness, server, bridge, task, "evil", lambda call: {"role": "assistant", "content": "ok"},
+        agent_command=[sys.executable, str(tmp_path / "evil.py"), str(pidfile)],
+    )
     pids = [int(p) for p in pidfile.read_text().split()]
     assert len(pids) >= 3
     assert outcome.termination == "timeout"
@@ -61,6 +74,28 @@ async def test_agent_dying_before_its_first_model_call_is_failed(tmp_path: Path,
 
 
 @pytest.mark.slow
+async def test_nothing_to_train_on_is_failed(tmp_path: Path, harness: Harness) -> None:
+    task = out_task(tmp_path, agent="deadline_s = 1.0\n")
+    outcome = await harness.run(task, "hangs", agent_command=["sleep", "60"])
+    assert outcome.termination == "failed"
+    assert outcome.failure_reason.startswith("agent stopped (timeout) before its first model call")
+    # calls were made, but every one was aborted before its first token (FIELD_CASES B20)
+    control = ExecutionControl(refresh=lambda c: c.observe_totals(model_calls=2, completion_tokens=0))
+    outcome = await harness.run(task, "empty", agent_command=["true"], control=control)
+    assert outcome.termination == "failed"
+    assert outcome.failure_reason == "no policy tokens: all 2 model calls ended before their first token (aborted)"
+
+
+async def test_agent_giving_up_after_a_context_refusal_is_context_exceeded(tmp_path: Path, harness: Harness) -> None:
+    task = out_task(tmp_path)
+    control = ExecutionControl(
+        refresh=lambda c: c.observe_totals(model_calls=3, completion_tokens=40, context_refusals=1))
+    outcome = await harness.run(task, "ctx-exit", agent_command=["sh", "-c", "echo -n done > out.txt; exit 3"],
+                                control=control)
+    assert outcome.termination == "context_exceeded"
+    assert (outcome.score.score, outcome.exit_code, outcome.model_calls) == (1.0, 3, 3)
+
+
 async def test_hanging_verifier_fails_the_execution(tmp_path: Path, harness: Harness, server, bridge) -> None:
     toml = "[agent]\ndeadline_s = 30.0\n[verifier]\nkind = 'script'\ntimeout_s = 1.0\n"
     task = load_task(make_task(tmp_path / "s" / "hang", toml=toml, tests={"test.sh": "sleep 300\n"}))

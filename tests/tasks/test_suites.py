@@ -104,8 +104,9 @@ async def test_oracle_scores_one(name, harness, server, bridge) -> None:
 async def test_half_oracle_gets_exact_partial_score_at_deadline(name, harness, server, bridge) -> None:
     task = next(t for t in _sample(name, 5) if len(load_suite_solution_steps(t)) >= 1)
     steps = load_suite_solution_steps(task)
-    stop_after = max(1, len(steps) // 2) if name != "learnable" else 0
-    expected = steps[stop_after - 1].tests_passing if stop_after else 0
+    # learnable tasks have one step: stopped before `finish`, the workspace is complete (2 of 2)
+    stop_after = max(1, len(steps) // 2)
+    expected = steps[stop_after - 1].tests_passing
     task = with_deadline(task, 4.0)
     outcome = await run_policy(harness, server, bridge, task, f"{name}-half", oracle_policy(task, stop_after))
     assert outcome.termination == "timeout", outcome
@@ -116,3 +117,13 @@ async def test_half_oracle_gets_exact_partial_score_at_deadline(name, harness, s
 
 def load_suite_solution_steps(task):
     return load_solution(task).main
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_half_of_the_hidden_tests_is_half_the_score(harness, server, bridge) -> None:
+    task = with_deadline(next(t for t in load_suite(EXAMPLES / "nl2repo-mini") if t.task_id.endswith("002-brave-canyon")), 4.0)
+    assert [s.tests_passing for s in load_solution(task).main][:2] == [0, 4] and task.spec.verifier.num_tests == 8
+    outcome = await run_policy(harness, server, bridge, task, "half", oracle_policy(task, stop_after=2))
+    assert outcome.termination == "timeout"
+    assert (outcome.score.passed, outcome.score.total, outcome.score.score, outcome.score.all_passed) == (4, 8, 0.5, False)
