@@ -6,7 +6,12 @@ first use only, so importing this package never needs a GPU driver.
 """
 
 from gyre.kernels.logprob import selective_logprob_entropy, selective_logprob_entropy_reference
-from gyre.kernels.tree_attention import model_attention_mask, tree_attention, tree_block_mask, tree_mask
+from gyre.kernels.tree_attention import (
+    model_attention_mask,
+    tree_attention,
+    tree_block_mask,
+    tree_mask,
+)
 
 __all__ = [
     "tree_mask",

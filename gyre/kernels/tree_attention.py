@@ -25,7 +25,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-__all__ = ["tree_mask", "tree_block_mask", "model_attention_mask", "tree_attention", "AttentionImpl"]
+__all__ = [
+    "tree_mask", "tree_block_mask", "model_attention_mask", "tree_attention", "AttentionImpl",
+]
 
 AttentionImpl = Literal["sdpa", "flex", "reference"]
 
@@ -36,7 +38,9 @@ def _check_dfs_out(dfs_out_T: torch.Tensor) -> None:
     t = dfs_out_T.shape[0]
     idx = torch.arange(t, device=dfs_out_T.device)
     if t and (bool((dfs_out_T <= idx).any()) or bool((dfs_out_T > t).any())):
-        raise ValueError(f"dfs_out_T must satisfy i < dfs_out_T[i] <= T={t}, got {dfs_out_T.tolist()[:16]}...")
+        raise ValueError(
+            f"dfs_out_T must satisfy i < dfs_out_T[i] <= T={t}, got {dfs_out_T.tolist()[:16]}..."
+        )
 
 
 def tree_mask(dfs_out_T: torch.Tensor) -> torch.Tensor:
@@ -96,7 +100,8 @@ def tree_attention(
     Raises `ValueError` for an unknown `impl` or a bad `dfs_out_T`.
     """
     if impl == "sdpa":
-        return F.scaled_dot_product_attention(q_BHTD, k_BHTD, v_BHTD, attn_mask=tree_mask(dfs_out_T))
+        mask_QK = tree_mask(dfs_out_T)
+        return F.scaled_dot_product_attention(q_BHTD, k_BHTD, v_BHTD, attn_mask=mask_QK)
     if impl == "flex":
         from torch.nn.attention.flex_attention import flex_attention
 

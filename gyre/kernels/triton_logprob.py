@@ -54,11 +54,16 @@ def triton_logprob_entropy(x_CV: torch.Tensor, labels_C: torch.Tensor, *, block:
     (CPU without TRITON_INTERPRET=1).
     """
     if x_CV.ndim != 2 or labels_C.shape != (x_CV.shape[0],):
-        raise ValueError(f"x_CV {tuple(x_CV.shape)} must be [C, V] with labels_C of shape (C,), got {tuple(labels_C.shape)}")
+        raise ValueError(
+            f"x_CV {tuple(x_CV.shape)} must be [C, V] with labels_C of shape (C,), "
+            f"got {tuple(labels_C.shape)}"
+        )
     x_CV = x_CV.contiguous()
     rows, vocab = x_CV.shape
     out = [torch.empty(rows, dtype=torch.float32, device=x_CV.device) for _ in range(3)]
     if rows:
         block = min(block, triton.next_power_of_2(vocab))
-        _logprob_entropy_kernel[(rows,)](x_CV, labels_C.contiguous(), *out, vocab, x_CV.stride(0), BLOCK=block)
+        _logprob_entropy_kernel[(rows,)](
+            x_CV, labels_C.contiguous(), *out, vocab, x_CV.stride(0), BLOCK=block
+        )
     return tuple(o.to(x_CV.dtype) for o in out)

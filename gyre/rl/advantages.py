@@ -38,7 +38,9 @@ def reward_of(outcome: Any) -> float | None:
     return float(outcome.score.score)
 
 
-def group_advantages(execution_ids: Sequence[str], rewards: Sequence[float | None]) -> GroupAdvantages:
+def group_advantages(
+    execution_ids: Sequence[str], rewards: Sequence[float | None]
+) -> GroupAdvantages:
     """Group-baseline advantages: A_i = r_i - mean_{j not failed} r_j (GRPO without std scaling).
 
     `rewards[i]` is None for a failed execution. Raises `ValueError` for an empty group, lengths

@@ -23,20 +23,26 @@ __all__ = ["packed_logprobs"]
 
 def packed_logprobs(
     model: torch.nn.Module, batch: PackedBatch, *, positions_N: np.ndarray | None = None,
-    temperature: float = 1.0, chunk_size: int = 1024, impl: LogprobImpl = "torch",
+    temperature: float | None = None, chunk_size: int = 1024, impl: LogprobImpl = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprob_N, entropy_N) of the tokens at packed indices `positions_N` (default: the loss
     positions), in nats, float32 (float64 for a float64 model), differentiable.
 
     The model must use `attn_implementation` "sdpa" or "flex_attention" (`ValueError` otherwise:
-    eager attention mishandles boolean 4D masks). `temperature` is the sampling temperature the
-    behaviour logprobs were taken at (B05). Raises `ValueError` for a position with no parent (a
-    root token has nothing to predict it).
+    eager attention mishandles boolean 4D masks). Each token is scored at the temperature its
+    call sampled with (`batch.temperature_T`, B05), unless `temperature` overrides it for all.
+    Raises `ValueError` for a position with no parent (a root token has nothing to predict it)
+    or a position sampled greedily (temperature 0: no distribution to train).
     """
-    positions = batch.loss_positions() if positions_N is None else np.asarray(positions_N, dtype=np.int64)
+    if positions_N is None:
+        positions = batch.loss_positions()
+    else:
+        positions = np.asarray(positions_N, dtype=np.int64)
     parents = batch.parent_T[positions]
     if (parents < 0).any():
-        raise ValueError(f"positions {positions[parents < 0].tolist()} are roots: no logits predict them")
+        raise ValueError(
+            f"positions {positions[parents < 0].tolist()} are roots: no logits predict them"
+        )
     device = model.lm_head.weight.device
     attn = model.config._attn_implementation
     dfs_out_T = torch.as_tensor(batch.dfs_out_T, device=device)
@@ -47,5 +53,17 @@ def packed_logprobs(
                             use_cache=False).last_hidden_state[0]
     hidden_NH = hidden_TH[torch.as_tensor(parents, device=device)]
     labels_N = torch.as_tensor(batch.input_ids_T[positions], device=device)
+    if temperature is None:
+        temps = batch.temperature_T[positions]
+        bad = ~(temps > 0)
+        if bad.any():
+            raise ValueError(
+                f"positions {positions[bad].tolist()[:8]} have temperature "
+                f"{temps[bad].tolist()[:8]}: "
+                "only tokens sampled at a temperature > 0 can be trained"
+            )
+        temp = torch.as_tensor(temps, device=device)
+    else:
+        temp = temperature
     return selective_logprob_entropy(hidden_NH, model.lm_head.weight, labels_N,
-                                     temperature=temperature, chunk_size=chunk_size, impl=impl)
+                                     temperature=temp, chunk_size=chunk_size, impl=impl)

@@ -41,7 +41,10 @@ def masked_token_mean(loss_N: torch.Tensor, mask_N: torch.Tensor) -> torch.Tenso
     so their gradient is exactly 0. Raises `ValueError` for a non-bool mask or mismatched shapes.
     """
     if mask_N.dtype != torch.bool or mask_N.shape != loss_N.shape:
-        raise ValueError(f"mask must be bool with shape {tuple(loss_N.shape)}, got {mask_N.dtype} {tuple(mask_N.shape)}")
+        raise ValueError(
+            f"mask must be bool with shape {tuple(loss_N.shape)}, "
+            f"got {mask_N.dtype} {tuple(mask_N.shape)}"
+        )
     selected = loss_N[mask_N]
     return selected.sum() / max(int(selected.numel()), 1)
 
@@ -81,13 +84,16 @@ def policy_loss(
     term = -torch.minimum(unclipped, clipped)
     loss = (w * term).sum()
     tokens = int(lp.numel())
+    def mean(x: torch.Tensor) -> float:
+        return float(x.double().mean()) if tokens else float("nan")
+
     with torch.no_grad():
         stats = LossStatistics(
             tokens=tokens,
             masked_tokens=int(mask_N.numel()) - tokens,
-            clip_fraction=float((clipped < unclipped).double().mean()) if tokens else float("nan"),
-            is_capped_fraction=float((ratio > is_cap).double().mean()) if tokens else float("nan"),
-            mean_ratio=float(ratio.double().mean()) if tokens else float("nan"),
-            mean_abs_logprob_diff=float((lp - blp).abs().double().mean()) if tokens else float("nan"),
+            clip_fraction=mean(clipped < unclipped),
+            is_capped_fraction=mean(ratio > is_cap),
+            mean_ratio=mean(ratio),
+            mean_abs_logprob_diff=mean((lp - blp).abs()),
         )
     return loss, stats

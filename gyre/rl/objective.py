@@ -25,14 +25,15 @@ __all__ = ["microbatch_loss"]
 def microbatch_loss(
     model: torch.nn.Module, batch: PackedBatch, advantages: Mapping[str, float | None], *,
     trainer_version: int, max_staleness: int, clip_eps: float = 0.2, is_cap: float = 2.0,
-    temperature: float = 1.0, chunk_size: int = 1024, impl: LogprobImpl = "torch",
+    temperature: float | None = None, chunk_size: int = 1024, impl: LogprobImpl = "torch",
 ) -> tuple[torch.Tensor, LossStatistics]:
     """Loss of one packed micro-batch (scalar tensor) and its statistics.
 
     `advantages` maps every execution id of the batch to its advantage (None: failed, no loss).
     Tokens older than `max_staleness` versions (or newer than the trainer) are masked out by
-    selection; their loss weight is not redistributed. Raises `ValueError` when an execution of
-    the batch has no entry in `advantages`.
+    selection; their loss weight is not redistributed. Tokens are scored at their own sampling
+    temperature unless `temperature` overrides it. Raises `ValueError` when an execution of the
+    batch has no entry in `advantages` (and whatever `packed_logprobs` raises).
     """
     missing = [e for e in batch.execution_ids if e not in advantages]
     if missing:
@@ -41,12 +42,15 @@ def microbatch_loss(
     logprob_N, _ = packed_logprobs(model, batch, positions_N=positions, temperature=temperature,
                                    chunk_size=chunk_size, impl=impl)
     device, dtype = logprob_N.device, logprob_N.dtype
-    adv_E = torch.tensor([float("nan") if advantages[e] is None else advantages[e] for e in batch.execution_ids],
-                         dtype=dtype, device=device)
+    adv_E = torch.tensor(
+        [float("nan") if advantages[e] is None else advantages[e] for e in batch.execution_ids],
+        dtype=dtype, device=device,
+    )
     execution_N = torch.as_tensor(batch.execution_T[positions], device=device).long()
     advantage_N = adv_E[execution_N]
     version_N = torch.as_tensor(batch.version_T[positions], device=device)
-    mask_N = stale_token_mask(version_N, trainer_version, max_staleness) & torch.isfinite(advantage_N)
+    fresh_N = stale_token_mask(version_N, trainer_version, max_staleness)
+    mask_N = fresh_N & torch.isfinite(advantage_N)
     return policy_loss(
         logprob_N,
         torch.as_tensor(batch.behaviour_logprob_T[positions], device=device),

@@ -18,8 +18,11 @@ from gyre.tito.records import ModelCall
 __all__ = ["stale_token_mask", "mixed_version_calls"]
 
 
-def stale_token_mask(version_N: torch.Tensor, trainer_version: int, max_staleness: int) -> torch.Tensor:
-    """Bool [N], True where a token may be trained: `0 <= trainer_version - version <= max_staleness`.
+def stale_token_mask(
+    version_N: torch.Tensor, trainer_version: int, max_staleness: int
+) -> torch.Tensor:
+    """Bool [N], True where a token may be trained: `0 <= trainer_version - version_N <=
+    max_staleness` (its weight version lags the trainer's by at most `max_staleness`).
 
     `version_N` int [N], -1 on context tokens (always False). A version newer than the trainer's
     is False as well. Raises `ValueError` if `max_staleness < 0`.

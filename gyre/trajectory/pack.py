@@ -36,7 +36,8 @@ class PackedBatch(msgspec.Struct, frozen=True, kw_only=True):
     - `dfs_out_T` int64 exclusive end of the token's subtree; `dfs_in` is `arange(T)`.
     - `loss_weight_T` float64: the weight described in the module docstring (0 off-policy).
     - `behaviour_logprob_T` float64 (nats; NaN on context tokens), `version_T` int32 (-1 on
-      context tokens), `policy_T` bool (policy token of a selected trajectory).
+      context tokens), `temperature_T` float64 (sampling temperature; NaN on context tokens),
+      `policy_T` bool (policy token of a selected trajectory).
     - `execution_T` int32 index into `execution_ids`; `node_T` int64 node id in its tree.
     """
 
@@ -48,6 +49,7 @@ class PackedBatch(msgspec.Struct, frozen=True, kw_only=True):
     loss_weight_T: np.ndarray
     behaviour_logprob_T: np.ndarray
     version_T: np.ndarray
+    temperature_T: np.ndarray
     policy_T: np.ndarray
     execution_T: np.ndarray
     node_T: np.ndarray
@@ -140,6 +142,7 @@ def pack_tree(
         loss_weight_T=np.where(policy_T, weight, 0.0),
         behaviour_logprob_T=tree.logprob_N[node_T],
         version_T=tree.version_N[node_T],
+        temperature_T=tree.temperature_N[node_T],
         policy_T=policy_T,
         execution_T=np.full(node_T.shape[0], execution_index, dtype=np.int32),
         node_T=node_T,
@@ -152,13 +155,18 @@ def _concat(parts: Sequence[PackedBatch]) -> PackedBatch:
         execution_ids=tuple(e for p in parts for e in p.execution_ids),
         input_ids_T=np.concatenate([p.input_ids_T for p in parts]),
         position_ids_T=np.concatenate([p.position_ids_T for p in parts]),
-        parent_T=np.concatenate([np.where(p.parent_T >= 0, p.parent_T + o, -1) for p, o in zip(parts, offsets)]),
+        parent_T=np.concatenate(
+            [np.where(p.parent_T >= 0, p.parent_T + o, -1) for p, o in zip(parts, offsets)]
+        ),
         dfs_out_T=np.concatenate([p.dfs_out_T + o for p, o in zip(parts, offsets)]),
         loss_weight_T=np.concatenate([p.loss_weight_T for p in parts]),
         behaviour_logprob_T=np.concatenate([p.behaviour_logprob_T for p in parts]),
         version_T=np.concatenate([p.version_T for p in parts]),
+        temperature_T=np.concatenate([p.temperature_T for p in parts]),
         policy_T=np.concatenate([p.policy_T for p in parts]),
-        execution_T=np.concatenate([np.full(p.num_tokens, i, np.int32) for i, p in enumerate(parts)]),
+        execution_T=np.concatenate(
+            [np.full(p.num_tokens, i, np.int32) for i, p in enumerate(parts)]
+        ),
         node_T=np.concatenate([p.node_T for p in parts]),
     )
 

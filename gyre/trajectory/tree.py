@@ -58,6 +58,7 @@ class TrajectoryTree:
     - `policy_N` bool: sampled by the policy (a completion token of some call).
     - `logprob_N` float64: behaviour logprob in nats of a policy node; NaN for context nodes.
     - `version_N` int32: weight version that sampled a policy node; -1 for context nodes.
+    - `temperature_N` float64: sampling temperature of a policy node's call; NaN for context.
     - `call_N` int32: index into `call_ids` of the call that created the node.
     - `role_N` int8: index into `gyre.tito.records.ROLES` of that call's role.
     - `path_policy_N` int32: policy nodes on the root path up to and including the node.
@@ -69,8 +70,8 @@ class TrajectoryTree:
 
     __slots__ = (
         "execution_id", "call_ids", "call_roles", "token_N", "parent_N", "depth_N", "policy_N",
-        "logprob_N", "version_N", "call_N", "role_N", "path_policy_N", "run_start_R", "run_len_R",
-        "run_parent_R", "end_node_R", "divergence_R", "tokens_in_calls",
+        "logprob_N", "version_N", "temperature_N", "call_N", "role_N", "path_policy_N",
+        "run_start_R", "run_len_R", "run_parent_R", "end_node_R", "divergence_R", "tokens_in_calls",
     )
 
     def __init__(self, **arrays: object) -> None:
@@ -116,7 +117,9 @@ class TrajectoryTree:
         try:
             index = self.call_ids.index(call_id)
         except ValueError:
-            raise ValueError(f"call_id={call_id!r} is not in execution {self.execution_id!r}") from None
+            raise ValueError(
+                f"call_id={call_id!r} is not in execution {self.execution_id!r}"
+            ) from None
         value = int(self.divergence_R[index])
         return None if value < 0 else value
 
@@ -143,7 +146,9 @@ def _check_call(call: ModelCall) -> None:
             f"len(versions)={len(call.versions)} must be equal"
         )
     if not call.prompt_ids:
-        raise ValueError(f"call {call.call_id!r}: prompt_ids is empty (nothing predicts its first token)")
+        raise ValueError(
+            f"call {call.call_id!r}: prompt_ids is empty (nothing predicts its first token)"
+        )
     if call.role not in _ROLE_INDEX:
         raise ValueError(f"call {call.call_id!r}: role={call.role!r} is not one of {ROLES}")
 
@@ -171,14 +176,16 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
         _check_call(call)
         if call.execution_id != execution_id:
             raise ValueError(
-                f"call {call.call_id!r} has execution_id={call.execution_id!r}, expected {execution_id!r}"
+                f"call {call.call_id!r} has execution_id={call.execution_id!r}, "
+                f"expected {execution_id!r}"
             )
         if call.call_id in index_of:
             raise ValueError(f"duplicate call_id={call.call_id!r} in execution {execution_id!r}")
         if call.parent_call_id is not None:
             if call.parent_call_id not in index_of:
                 raise ValueError(
-                    f"call {call.call_id!r}: parent_call_id={call.parent_call_id!r} does not come before it"
+                    f"call {call.call_id!r}: parent_call_id={call.parent_call_id!r} "
+                    "does not come before it"
                 )
             remaining_refs[call.parent_call_id] = remaining_refs.get(call.parent_call_id, 0) + 1
         index_of[call.call_id] = len(call_ids)
@@ -195,6 +202,7 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
     run_policy: list[np.ndarray] = []
     run_logprob: list[np.ndarray] = []
     run_version: list[np.ndarray] = []
+    run_temperature: list[np.ndarray] = []
     branch_child: dict[tuple[int, int], int] = {}  # (parent node, token) -> run starting there
     kept_sequences: dict[str, np.ndarray] = {}  # sequences of calls a later call names as parent
     num_nodes = 0
@@ -205,20 +213,22 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
         seq = np.asarray(call.prompt_ids + call.completion_ids, dtype=np.int32)
         tokens_in_calls += seq.shape[0]
         if call.parent_call_id is not None:
-            divergence_R[r] = _first_difference(seq[:prompt_len], kept_sequences[call.parent_call_id])
+            parent_seq = kept_sequences[call.parent_call_id]
+            divergence_R[r] = _first_difference(seq[:prompt_len], parent_seq)
             remaining_refs[call.parent_call_id] -= 1
             if remaining_refs[call.parent_call_id] == 0:
                 del kept_sequences[call.parent_call_id]
         if remaining_refs.get(call.call_id):
             kept_sequences[call.call_id] = seq
 
-        # Walk down the tree: (cur_run, cur_i) is the deepest matched node, (-1, -1) the virtual root.
+        # Walk down: (cur_run, cur_i) is the deepest matched node, (-1, -1) the virtual root.
         pos, cur_run, cur_i = 0, -1, -1
         matched: list[tuple[int, int, int, int]] = []  # (run, first index, seq position, length)
         length = seq.shape[0]
         while pos < length:
             token = int(seq[pos])
-            if cur_run >= 0 and cur_i + 1 < run_len_R[cur_run] and run_tokens[cur_run][cur_i + 1] == token:
+            interior = cur_run >= 0 and cur_i + 1 < run_len_R[cur_run]
+            if interior and run_tokens[cur_run][cur_i + 1] == token:
                 nxt_run, nxt_i = cur_run, cur_i + 1
             else:
                 parent = int(run_start_R[cur_run]) + cur_i if cur_run >= 0 else -1
@@ -243,8 +253,10 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
             src = slice(lo - prompt_len, at + k - prompt_len)
             fresh = ~run_policy[run][sl]
             if fresh.any():
-                run_logprob[run][sl][fresh] = np.asarray(call.logprobs[src], dtype=np.float64)[fresh]
+                lps = np.asarray(call.logprobs[src], dtype=np.float64)
+                run_logprob[run][sl][fresh] = lps[fresh]
                 run_version[run][sl][fresh] = np.asarray(call.versions[src], dtype=np.int32)[fresh]
+                run_temperature[run][sl][fresh] = call.sampling.temperature
                 run_policy[run][sl] = True
 
         parent_node = int(run_start_R[cur_run]) + cur_i if cur_run >= 0 else -1
@@ -256,16 +268,19 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
         policy = np.zeros(new.shape[0], dtype=bool)
         logprob = np.full(new.shape[0], np.nan, dtype=np.float64)
         version = np.full(new.shape[0], -1, dtype=np.int32)
+        temperature = np.full(new.shape[0], np.nan, dtype=np.float64)
         first_policy = max(prompt_len - pos, 0)
         if first_policy < new.shape[0]:
             src = slice(pos + first_policy - prompt_len, None)
             policy[first_policy:] = True
             logprob[first_policy:] = call.logprobs[src]
             version[first_policy:] = call.versions[src]
+            temperature[first_policy:] = call.sampling.temperature
         run_tokens.append(new)
         run_policy.append(policy)
         run_logprob.append(logprob)
         run_version.append(version)
+        run_temperature.append(temperature)
         if new.shape[0]:
             branch_child[(parent_node, int(new[0]))] = r
             end_node_R[r] = num_nodes + new.shape[0] - 1
@@ -281,6 +296,7 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
         run_policy=run_policy,
         run_logprob=run_logprob,
         run_version=run_version,
+        run_temperature=run_temperature,
         run_start_R=run_start_R,
         run_len_R=run_len_R,
         run_parent_R=run_parent_R,
@@ -301,14 +317,15 @@ def _first_difference(prompt: np.ndarray, parent_seq: np.ndarray) -> int:
 
 
 def _finish(*, execution_id, calls, call_ids, run_tokens, run_policy, run_logprob, run_version,
-            run_start_R, run_len_R, run_parent_R, run_depth_R, end_node_R, divergence_R,
-            tokens_in_calls) -> TrajectoryTree:
+            run_temperature, run_start_R, run_len_R, run_parent_R, run_depth_R, end_node_R,
+            divergence_R, tokens_in_calls) -> TrajectoryTree:
     """Concatenate the runs into flat per-node arrays and derive parents, depths, path counts."""
     num_calls = len(calls)
     token_N = np.concatenate(run_tokens) if run_tokens else np.zeros(0, np.int32)
     policy_N = np.concatenate(run_policy)
     logprob_N = np.concatenate(run_logprob)
     version_N = np.concatenate(run_version)
+    temperature_N = np.concatenate(run_temperature)
     n = token_N.shape[0]
     call_N = np.repeat(np.arange(num_calls, dtype=np.int32), run_len_R)
     call_role_R = np.array([_ROLE_INDEX[c.role] for c in calls], dtype=np.int8)
@@ -334,6 +351,7 @@ def _finish(*, execution_id, calls, call_ids, run_tokens, run_policy, run_logpro
         policy_N=policy_N,
         logprob_N=logprob_N,
         version_N=version_N,
+        temperature_N=temperature_N,
         call_N=call_N,
         role_N=role_N,
         path_policy_N=path_policy_N,

@@ -119,3 +119,18 @@ def test_triton_kernel_parity_under_interpreter():
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "TRITON_PARITY_OK" in done.stdout
+
+
+def test_per_row_temperature_equals_row_by_row():
+    hidden, weight, labels = _inputs(6, 4, 20, torch.float64, seed=4)
+    temps = torch.tensor([0.5, 1.0, 0.7, 2.0, 1.0, 0.3], dtype=torch.float64)
+    lp, ent = selective_logprob_entropy(hidden, weight, labels, temperature=temps, chunk_size=4)
+    for i in range(6):
+        lp_i, ent_i = selective_logprob_entropy_reference(hidden[i:i + 1], weight, labels[i:i + 1],
+                                                          temperature=float(temps[i]))
+        torch.testing.assert_close(lp[i:i + 1], lp_i, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(ent[i:i + 1], ent_i, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(
+        lambda h, w: selective_logprob_entropy(h, w, labels, temperature=temps, chunk_size=4),
+        (hidden, weight),
+    )

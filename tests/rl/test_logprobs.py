@@ -82,3 +82,32 @@ def test_eager_attention_is_refused():
     (batch,) = pack_batch([(tree, select_trajectories(tree, 1))], token_budget=1000)
     with pytest.raises(ValueError, match="'eager'"):
         packed_logprobs(model, batch)
+
+
+def test_each_call_is_scored_at_its_own_sampling_temperature():
+    # B05: temperature applies to the logits of the call that sampled the token.
+    from gyre.engines.protocol import SamplingParams
+    from gyre.tito.records import ModelCall
+
+    model = tiny_qwen2(seed=6, vocab=VOCAB)
+    p1, c1 = [1, 2, 3], [4, 5]
+    p2, c2 = p1 + c1 + [6], [7, 8, 9]
+
+    def call(cid, p, c, t, parent=None):
+        return ModelCall(execution_id="e", call_id=cid, role="main", prompt_ids=p, completion_ids=c,
+                         logprobs=[-1.0] * len(c), versions=[1] * len(c), finish_reason="stop",
+                         parent_call_id=parent, sampling=SamplingParams(temperature=t))
+
+    tree = build_tree([call("a", p1, c1, 0.5), call("b", p2, c2, 1.3, parent="a")])
+    (batch,) = pack_batch([(tree, select_trajectories(tree, 1))], token_budget=100)
+    with torch.no_grad():
+        lp, _ = packed_logprobs(model, batch)
+        ids = torch.tensor([p2 + c2])
+        logits = model(input_ids=ids).logits[0, :-1]
+        want = [torch.log_softmax(logits[i - 1] / t, -1)[ids[0, i]].item()
+                for i, t in [(3, 0.5), (4, 0.5), (6, 1.3), (7, 1.3), (8, 1.3)]]
+    assert lp.tolist() == pytest.approx(want, abs=1e-12)
+    greedy = build_tree([call("g", p1, c1, 0.0)])
+    (gbatch,) = pack_batch([(greedy, select_trajectories(greedy, 1))], token_budget=100)
+    with pytest.raises(ValueError, match="temperature"):
+        packed_logprobs(model, gbatch)
