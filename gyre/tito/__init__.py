@@ -1,1 +1,26 @@
-"""gyre.tito (see DESIGN.md)."""
+"""gyre.tito: the TITO proxy (OpenAI-compatible API in, exact token records out).
+
+`TitoProxy` serves agents and records every model call as a `ModelCall`; `read_log` rebuilds the
+call log after a run or a crash. See DESIGN.md (data path, invariant 1).
+"""
+
+from gyre.tito.log import CallLog, LogContents, LogCorruptError, read_log
+from gyre.tito.proxy import ProxyStatistics, TitoProxy
+from gyre.tito.records import ROLES, Divergence, ExecutionSummary, ModelCall, Role
+from gyre.tito.render import ChatRenderer, RenderStatistics
+
+__all__ = [
+    "TitoProxy",
+    "ProxyStatistics",
+    "ModelCall",
+    "Divergence",
+    "ExecutionSummary",
+    "Role",
+    "ROLES",
+    "CallLog",
+    "LogContents",
+    "LogCorruptError",
+    "read_log",
+    "ChatRenderer",
+    "RenderStatistics",
+]
