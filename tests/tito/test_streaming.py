@@ -94,3 +94,29 @@ async def test_stop_strings_cut_text_and_keep_sampled_tokens(tok, anyio_backend)
     # The same request again is a sibling (same prompt IDs, same parent), not a divergence.
     assert calls[1].prompt_ids is calls[0].prompt_ids and calls[1].parent_call_id is None
     assert all(call.divergence is None for call in calls)
+
+
+async def test_client_gone_mid_stream_keeps_the_sampled_tokens_as_abort(tok, anyio_backend):
+    import anyio
+
+    ids = encode(tok, "word " * 50) + [tok.eos_token_id]
+    engine = ScriptedEngine([ScriptedReply(token_ids=ids)], eos_token_id=tok.eos_token_id, token_delay_s=0.01)
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("gone")
+    body = {"model": "gyre", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    async with serving(proxy) as base:
+        async with httpx.AsyncClient(base_url=base) as http:
+            async with http.stream("POST", "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+                got = []
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        got += json.loads(line[6:])["choices"][0]["token_ids"]
+                    if len(got) >= 3:
+                        break  # the agent goes away mid-reply
+        with anyio.fail_after(10):
+            while not proxy.calls("gone"):
+                await anyio.sleep(0.02)
+    call = proxy.calls("gone")[0]
+    assert call.finish_reason == "abort"
+    assert call.completion_ids[: len(got)] == got == ids[: len(got)]
+    assert len(call.logprobs) == len(call.completion_ids) < len(ids)
