@@ -21,6 +21,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -32,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from gyre.config import ProxyConfig
+from gyre.config import ProxyConfig, RunConfig
 from gyre.engines.protocol import FinishReason, GenerateRequest, InferenceEngine, SamplingParams
 from gyre.errors import (
     ContextLengthError,
@@ -174,6 +175,12 @@ class TitoProxy:
             ],
             exception_handlers={HTTPException: self._http_exception},
         )
+
+    @classmethod
+    def for_run(cls, run: RunConfig, *, tokenizer: Any, engine_for: Callable[[str], InferenceEngine]) -> TitoProxy:
+        """The proxy of a run: `run.proxy` settings, call log at `<run_dir>/records/<log_name>`."""
+        log_path = Path(run.run_dir) / "records" / run.proxy.log_name
+        return cls(tokenizer=tokenizer, engine_for=engine_for, config=run.proxy, log_path=str(log_path))
 
     # -- launcher API -------------------------------------------------------------------------
 

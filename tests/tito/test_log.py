@@ -93,3 +93,21 @@ def test_killed_proxy_loses_no_completed_call(tmp_path):
         if c.parent_call_id is not None and c.divergence is None:
             p = by_key[(c.execution_id, c.parent_call_id)]
             assert c.prompt_ids[: len(p.prompt_ids) + len(p.completion_ids)] == p.prompt_ids + p.completion_ids
+
+
+@pytest.mark.anyio
+async def test_proxy_for_run_logs_under_the_run_dir(tok, tmp_path, anyio_backend):
+    from gyre.config import RunConfig
+    from gyre.tito import TitoProxy
+
+    engine = ScriptedEngine(eos_token_id=tok.eos_token_id)
+    proxy = TitoProxy.for_run(RunConfig(run_dir=str(tmp_path / "run")), tokenizer=tok, engine_for=lambda _: engine)
+    key = proxy.mint_key("e")
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
+        r = await http.post("/chat/completions", json={"model": "gyre", "messages": [{"role": "user", "content": "x"}]},
+                            headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200
+    summary = await proxy.close("e")
+    proxy.log.close()
+    got = read_log(tmp_path / "run" / "records" / "calls.log")
+    assert [c.call_id for c in got.calls] == ["c0"] and got.summaries["e"] == summary
