@@ -19,8 +19,8 @@ import msgspec
 from gyre.errors import ConfigError
 
 __all__ = [
-    "ModelConfig", "EngineConfig", "CellConfig", "TrainerConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
-    "HarnessConfig", "TaskConfig", "RunConfig",
+    "ModelConfig", "EngineConfig", "CellConfig", "TrainerConfig", "LoopConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
+    "HarnessConfig", "TaskConfig", "WarmStartConfig", "RunConfig",
     "load_config", "config_from_dict",
 ]
 
@@ -270,6 +270,70 @@ class TaskConfig(_Config):
             raise ValueError(f"suites={self.suites!r} must name at least one suite folder")
 
 
+class LoopConfig(_Config):
+    """The RL loop (`gyre.runtime.loop`): steps, batches, groups, held-out evaluation."""
+
+    steps: int = 8
+    """Optimizer steps to run (a resumed run continues to this total)."""
+    batch_executions: int = 16
+    """Executions per step; `batch_executions / group_size` tasks per step."""
+    group_size: int = 8
+    """Executions of one task per step; their rewards form the baseline."""
+    heldout_tasks: int = 8
+    """The last N tasks of the suites (by task id) are never trained on; they are evaluated."""
+    eval_group_size: int = 2
+    """Executions per held-out task in an evaluation."""
+    eval_every: int = 0
+    """Evaluate every N steps (0: only before the first and after the last step)."""
+    max_concurrent_executions: int = 8
+    """Agent processes running at once."""
+    keep_checkpoints: int = 2
+    """Step checkpoints kept on disk (weights, optimizer, loop state)."""
+
+    def __post_init__(self) -> None:
+        _positive(
+            steps=self.steps, batch_executions=self.batch_executions, group_size=self.group_size,
+            eval_group_size=self.eval_group_size, max_concurrent_executions=self.max_concurrent_executions,
+            keep_checkpoints=self.keep_checkpoints,
+        )
+        if self.batch_executions % self.group_size:
+            raise ValueError(
+                f"batch_executions={self.batch_executions} must be a multiple of group_size={self.group_size}"
+            )
+        if self.heldout_tasks < 0 or self.eval_every < 0:
+            raise ValueError(f"heldout_tasks={self.heldout_tasks} and eval_every={self.eval_every} must be >= 0")
+
+
+class WarmStartConfig(_Config):
+    """Supervised warm start (`gyre.model.sft`): the tiny model learns the `learnable` suite's
+    demonstrations before RL, so RL starts from a non-zero pass rate."""
+
+    enabled: bool = True
+    """Fine-tune before RL; False starts RL from `model.path` as it is."""
+    path: str = ""
+    """Output model folder (cached by input hash); empty: `<model.path>-sft`."""
+    examples: int = 256
+    """Demonstrations generated with `learnable_examples` (shipped suite instructions excluded)."""
+    epochs: int = 1
+    """Passes over the demonstrations."""
+    batch_size: int = 16
+    """Demonstrations per optimizer step."""
+    learning_rate: float = 3e-3
+    """Peak AdamW learning rate (linear warm-up, cosine decay to 10%)."""
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    seed: int = 1
+    """Seed of the demonstrations and of the batch order; keep it unlike the suite's seed."""
+    heldout_suite_seed: int = 0
+    """Seed of the shipped `learnable` suite whose instructions are never used as demonstrations."""
+
+    def __post_init__(self) -> None:
+        _positive(examples=self.examples, epochs=self.epochs, batch_size=self.batch_size,
+                  learning_rate=self.learning_rate)
+        if self.warmup_steps < 0 or self.weight_decay < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps} and weight_decay={self.weight_decay} must be >= 0")
+
+
 class RunConfig(_Config):
     """One run of one node. Loaded from TOML with `load_config`; see `examples/`."""
 
@@ -282,8 +346,10 @@ class RunConfig(_Config):
     trajectory: TrajectoryConfig = TrajectoryConfig()
     rl: RLConfig = RLConfig()
     trainer: TrainerConfig = TrainerConfig()
+    loop: LoopConfig = LoopConfig()
     proxy: ProxyConfig = ProxyConfig()
     tasks: TaskConfig = TaskConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
 
     def __post_init__(self) -> None:
         if not self.run_dir:

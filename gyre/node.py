@@ -21,13 +21,14 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: `python -m gyre.node --config FILE`. Returns the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m gyre.node", description="Run one gyre node.")
     parser.add_argument("--config", required=True, help="run config (TOML), see examples/")
+    parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its last checkpoint")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         config = load_config(args.config)
         from gyre.runtime.job import run
 
-        run(config)
+        run(config, resume=args.resume)
     except (GyreError, FileNotFoundError) as exc:
         print(f"gyre: error: {exc}", file=sys.stderr)
         return 2

@@ -179,11 +179,11 @@ class DeepSpeedTrainer:
 
     def save_checkpoint(self, path: str | Path) -> None:
         """Weights, optimizer state and version (DeepSpeed's checkpoint format) at `path`."""
-        self.engine.save_checkpoint(str(path), tag="latest", client_state={"version": self.version})
+        self.engine.save_checkpoint(str(path), tag="state", client_state={"version": self.version})
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore what `save_checkpoint` wrote. Raises `FileNotFoundError` if there is none."""
-        load_path, client_state = self.engine.load_checkpoint(str(path), tag="latest")
+        load_path, client_state = self.engine.load_checkpoint(str(path), tag="state")
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {str(path)!r}")
         self.version = int(client_state["version"])

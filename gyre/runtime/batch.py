@@ -1,0 +1,88 @@
+"""From executions to one training batch: trees, Jmax selection, group advantages, packing.
+
+Owns `TrainingBatch` and `build_training_batch`. Every execution of the step is accounted for
+once: failed ones (infrastructure), ones with no sampled token, and ones sampled at another
+temperature than the trainer uses (FIELD_CASES B05) get no advantage and stay out of the
+baselines and the loss; the others (finished or partially scored) are trained. Knows nothing about
+engines, processes or optimizers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from gyre.config import TrajectoryConfig
+from gyre.rl import group_advantages, reward_of
+from gyre.runtime.rollout import Executed
+from gyre.trajectory.pack import PackedBatch, pack_batch
+from gyre.trajectory.select import select_trajectories
+from gyre.trajectory.tree import build_tree
+
+__all__ = ["TrainingBatch", "build_training_batch"]
+
+
+class TrainingBatch(msgspec.Struct, frozen=True, kw_only=True):
+    """The micro-batches of one step and what went into them."""
+
+    micro_batches: list[PackedBatch]
+    advantages: dict[str, float | None]
+    """Every execution of the step -> its advantage (None: no loss)."""
+    trained_executions: int
+    excluded: dict[str, str]
+    """Execution id -> why it carries no loss (`failed: ...`, `no tokens`, `temperature ...`)."""
+    policy_tokens: int
+    """Selected policy tokens, each shared token once."""
+    packed_tokens: int
+    linear_tokens: int
+    """Tokens the selected trajectories would cost run one by one (shared prefixes repeated)."""
+
+
+def _exclusion(ex: Executed, temperature: float) -> str | None:
+    if ex.outcome.failed:
+        return f"failed: {ex.outcome.failure_reason}"
+    if not any(c.completion_ids for c in ex.calls):
+        return "no tokens"
+    other = {c.sampling.temperature for c in ex.calls} - {temperature}
+    if other:
+        return f"temperature {sorted(other)} != trainer temperature {temperature}"
+    return None
+
+
+def build_training_batch(
+    groups: Sequence[Sequence[Executed]], *, trajectory: TrajectoryConfig, temperature: float
+) -> TrainingBatch | None:
+    """One batch from the step's groups (one group per task). None if nothing is trainable."""
+    advantages: dict[str, float | None] = {}
+    excluded: dict[str, str] = {}
+    trainable: list[Executed] = []
+    for group in groups:
+        rewards = []
+        for ex in group:
+            reason = _exclusion(ex, temperature)
+            if reason is not None:
+                excluded[ex.outcome.execution_id] = reason
+            else:
+                trainable.append(ex)
+            rewards.append(None if reason is not None else reward_of(ex.outcome))
+        advantages.update(group_advantages([ex.outcome.execution_id for ex in group], rewards).as_dict())
+    if not trainable:
+        return None
+    items = []
+    linear = 0
+    for ex in trainable:
+        tree = build_tree(ex.calls)
+        selection = select_trajectories(tree, trajectory.jmax, role_limits=trajectory.role_limits)
+        items.append((tree, selection))
+        linear += sum(len(tree.path(int(leaf))) for leaf in selection.leaves)
+    micro_batches = pack_batch(items, token_budget=trajectory.micro_batch_tokens, num_executions=len(items))
+    return TrainingBatch(
+        micro_batches=micro_batches,
+        advantages=advantages,
+        trained_executions=len(trainable),
+        excluded=excluded,
+        policy_tokens=sum(sel.policy_tokens for _, sel in items),
+        packed_tokens=sum(mb.num_tokens for mb in micro_batches),
+        linear_tokens=linear,
+    )

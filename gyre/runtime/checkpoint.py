@@ -1,0 +1,107 @@
+"""Step checkpoints and the record of finished executions, for `--resume` after a kill.
+
+Owns `LoopState` (step, weight version, data position), `save_checkpoint` / `latest_checkpoint`
+(a folder per step: the trainer's DeepSpeed checkpoint + `state.json`, published by rewriting
+`checkpoints/latest` last, so a kill mid-save leaves the previous one in force) and
+`ExecutionLedger` (`executions.jsonl`: every finished execution with its step, task and group
+slot, so a resumed step reuses what already ran and trains nothing twice). Knows nothing about
+engines, trees or HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from gyre.tasks.outcome import Outcome
+
+__all__ = ["LoopState", "save_checkpoint", "latest_checkpoint", "LedgerEntry", "ExecutionLedger"]
+
+
+class LoopState(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the loop is: the next step to run and what it needs to run it identically."""
+
+    step: int = 0
+    """Steps completed (trained and published)."""
+    version: int = 0
+    """Weight version after `step` steps."""
+    task_cursor: int = 0
+    """Training tasks consumed so far (the data position; the order is a seeded shuffle per epoch)."""
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(run_dir: Path, state: LoopState, save_trainer: Callable[[Path], None], *, keep: int) -> Path:
+    """Write `checkpoints/step-<k>/` (trainer state via `save_trainer`, then `state.json`), then
+    point `checkpoints/latest` at it; delete all but the newest `keep`. Returns the folder."""
+    root = run_dir / "checkpoints"
+    folder = root / f"step-{state.step}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    save_trainer(folder / "trainer")
+    _write_atomic(folder / "state.json", msgspec.json.encode(state))
+    _write_atomic(root / "latest", folder.name.encode())
+    steps = sorted((p for p in root.glob("step-*") if p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
+    for old in steps[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def latest_checkpoint(run_dir: Path) -> tuple[LoopState, Path] | None:
+    """The newest complete checkpoint (state, trainer folder), or None if the run has none."""
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.exists():
+        return None
+    folder = run_dir / "checkpoints" / pointer.read_text().strip()
+    state = msgspec.json.decode((folder / "state.json").read_bytes(), type=LoopState)
+    return state, folder / "trainer"
+
+
+class LedgerEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """A finished execution: which step, task and group slot it filled."""
+
+    step: int
+    task_id: str
+    slot: int
+    """Index within its task's group (0 .. group_size - 1)."""
+    outcome: Outcome
+
+
+class ExecutionLedger:
+    """Append-only `executions.jsonl`; every finished execution is written once, fsynced."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "executions.jsonl"
+        self._encoder = msgspec.json.Encoder()
+
+    def append(self, entry: LedgerEntry) -> None:
+        with open(self.path, "ab") as f:
+            f.write(self._encoder.encode(entry) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def entries(self, step: int) -> list[LedgerEntry]:
+        """The entries of `step` (a torn last line from a kill is skipped)."""
+        if not self.path.exists():
+            return []
+        decoder = msgspec.json.Decoder(LedgerEntry)
+        out = []
+        for line in self.path.read_bytes().splitlines():
+            try:
+                entry = decoder.decode(line)
+            except msgspec.DecodeError:
+                continue  # only a torn tail can fail: each line is written whole and fsynced
+            if entry.step == step:
+                out.append(entry)
+        return out

@@ -1,0 +1,91 @@
+"""Rollout: executions of an agent through the TITO proxy and the harness, one `Executed` each.
+
+Owns `Executed` and `Rollout`. For each execution it mints the proxy key, runs the agent under the
+harness with an `ExecutionControl` fed from the proxy's running totals (turns, tokens, context
+refusals stop it for partial scoring), then closes the execution in the proxy and returns the
+outcome with the exact model-call records. At most `max_concurrent` agents run at once. Never
+raises for one execution's failure (the harness turns it into `failed`). Knows nothing about
+trees, losses or training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import anyio
+import msgspec
+
+from gyre.agents.harness import ExecutionControl, Harness
+from gyre.tasks.outcome import Outcome
+from gyre.tasks.task import Task
+from gyre.tito.proxy import TitoProxy
+from gyre.tito.records import ExecutionSummary, ModelCall
+
+__all__ = ["Executed", "Rollout"]
+
+_POLL_S = 0.05
+"""How often a running execution's limits are checked against the proxy's totals."""
+
+
+class Executed(msgspec.Struct, frozen=True, kw_only=True):
+    """One finished execution: its outcome, every model call, and the proxy's totals."""
+
+    outcome: Outcome
+    calls: list[ModelCall]
+    summary: ExecutionSummary
+
+
+class Rollout:
+    """Runs executions: `await rollout.run(task, execution_id)`, or many with `run_many`."""
+
+    def __init__(self, proxy: TitoProxy, harness: Harness, *, max_concurrent: int) -> None:
+        self.proxy = proxy
+        self.harness = harness
+        self.limiter = anyio.CapacityLimiter(max_concurrent)
+
+    async def run(self, task: Task, execution_id: str) -> Executed:
+        """Run one execution to its end (finished, stopped at a limit, or failed)."""
+        async with self.limiter:
+            key = self.proxy.mint_key(execution_id)
+
+            def refresh(control: ExecutionControl) -> None:
+                s = self.proxy.summary(execution_id)
+                control.observe_totals(
+                    model_calls=s.num_calls, completion_tokens=s.completion_tokens, context_refusals=s.context_refusals
+                )
+
+            limits = task.spec.agent
+            control = ExecutionControl(max_turns=limits.max_turns, token_budget=limits.token_budget, refresh=refresh)
+            try:
+                async with anyio.create_task_group() as tg:
+
+                    async def watch() -> None:
+                        while True:
+                            control.refresh()
+                            await anyio.sleep(_POLL_S)
+
+                    tg.start_soon(watch)
+                    outcome = await self.harness.run(task, execution_id, control=control, api_key=key)
+                    tg.cancel_scope.cancel()
+                calls = self.proxy.calls(execution_id)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    summary = await self.proxy.close(execution_id)
+        return Executed(outcome=outcome, calls=calls, summary=summary)
+
+    async def run_many(
+        self, jobs: Sequence[tuple[Task, str]], on_done: Callable[[int, Executed], None] | None = None
+    ) -> list[Executed]:
+        """Run `(task, execution_id)` jobs concurrently (up to the limiter); results in job order.
+        `on_done(job_index, executed)` runs as each one finishes (e.g. to persist it at once)."""
+        results: list[Executed | None] = [None] * len(jobs)
+        async with anyio.create_task_group() as tg:
+            for i, (task, execution_id) in enumerate(jobs):
+
+                async def one(i: int = i, task: Task = task, execution_id: str = execution_id) -> None:
+                    results[i] = await self.run(task, execution_id)
+                    if on_done is not None:
+                        on_done(i, results[i])
+
+                tg.start_soon(one)
+        return [r for r in results if r is not None]
