@@ -1,4 +1,4 @@
-"""Fused selective logprob + entropy: chunked torch and Triton (interpreter) vs the full reference."""
+"""Fused selective logprob + entropy: chunked torch and Triton (interpreter) vs the reference."""
 
 from __future__ import annotations
 
@@ -27,12 +27,15 @@ def _inputs(n, h, v, dtype, seed=0):
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_torch_chunked_equals_reference_values_and_grads_float64(chunk, temperature):
     hidden, weight, labels = _inputs(13, 8, 50, torch.float64)
-    lp, ent = selective_logprob_entropy(hidden, weight, labels, temperature=temperature, chunk_size=chunk)
-    lp_ref, ent_ref = selective_logprob_entropy_reference(hidden, weight, labels, temperature=temperature)
+    lp, ent = selective_logprob_entropy(hidden, weight, labels, temperature=temperature,
+                                        chunk_size=chunk)
+    lp_ref, ent_ref = selective_logprob_entropy_reference(hidden, weight, labels,
+                                                          temperature=temperature)
     torch.testing.assert_close(lp, lp_ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(ent, ent_ref, rtol=1e-12, atol=1e-12)
     g = torch.Generator().manual_seed(1)
-    a, b = torch.randn(13, generator=g, dtype=torch.float64), torch.randn(13, generator=g, dtype=torch.float64)
+    a = torch.randn(13, generator=g, dtype=torch.float64)
+    b = torch.randn(13, generator=g, dtype=torch.float64)
     grads = torch.autograd.grad((a * lp + b * ent).sum(), (hidden, weight))
     grads_ref = torch.autograd.grad((a * lp_ref + b * ent_ref).sum(), (hidden, weight))
     for x, y in zip(grads, grads_ref):
@@ -42,7 +45,8 @@ def test_torch_chunked_equals_reference_values_and_grads_float64(chunk, temperat
 def test_gradcheck_float64():
     hidden, weight, labels = _inputs(5, 4, 9, torch.float64)
     assert torch.autograd.gradcheck(
-        lambda h, w: selective_logprob_entropy(h, w, labels, chunk_size=2, temperature=0.7), (hidden, weight)
+        lambda h, w: selective_logprob_entropy(h, w, labels, chunk_size=2, temperature=0.7),
+        (hidden, weight),
     )
 
 
@@ -86,7 +90,8 @@ def test_bad_inputs():
 def triton_parity_check() -> None:
     """Runs in a fresh interpreter with TRITON_INTERPRET=1 (see the test below)."""
     hidden, weight, labels = _inputs(6, 8, 300, torch.float32, seed=3)
-    lp, ent = selective_logprob_entropy(hidden, weight, labels, chunk_size=4, impl="triton", temperature=0.8)
+    lp, ent = selective_logprob_entropy(hidden, weight, labels, chunk_size=4, impl="triton",
+                                        temperature=0.8)
     lp_ref, ent_ref = selective_logprob_entropy_reference(hidden, weight, labels, temperature=0.8)
     torch.testing.assert_close(lp, lp_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent, ent_ref, rtol=1e-5, atol=1e-5)
@@ -97,7 +102,8 @@ def triton_parity_check() -> None:
 
     lp_k, ent_k, lse_k = triton_logprob_entropy(x, labels, block=128)
     logp = torch.log_softmax(x, -1)
-    torch.testing.assert_close(lp_k, logp.gather(1, labels[:, None]).squeeze(1), rtol=1e-5, atol=1e-5)
+    want = logp.gather(1, labels[:, None]).squeeze(1)
+    torch.testing.assert_close(lp_k, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent_k, -(logp.exp() * logp).sum(-1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse_k, torch.logsumexp(x, -1), rtol=1e-5, atol=1e-5)
     # The backward is shared with impl="torch", so the gradients match it.
@@ -115,8 +121,8 @@ def test_triton_kernel_parity_under_interpreter():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     code = "from tests.kernels.test_logprob import triton_parity_check; triton_parity_check()"
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "TRITON_PARITY_OK" in done.stdout
 

@@ -27,7 +27,8 @@ def test_sdpa_equals_reference_forward_and_backward(seed):
     dfs_out_T, _ = _dfs_out(seed)
     t = dfs_out_T.shape[0]
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, 2, t, 16, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, t, 16, generator=g, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
     out = tree_attention(q, k, v, dfs_out_T, impl="sdpa")
     ref = tree_attention(q, k, v, dfs_out_T, impl="reference")
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
@@ -54,7 +55,8 @@ def test_model_attention_mask_refuses_eager_and_unknown():
     with pytest.raises(ValueError, match="'eager'"):
         model_attention_mask(dfs_out_T, "eager")
     with pytest.raises(ValueError, match="impl='dense'"):
-        tree_attention(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), dfs_out_T, impl="dense")
+        x = torch.zeros(1, 1, 2, 4)
+        tree_attention(x, x, x, dfs_out_T, impl="dense")
 
 
 def test_bad_intervals_raise():

@@ -26,7 +26,7 @@ def test_group_baseline_excludes_failed_and_keeps_partial_scores():
 def test_reward_of_reads_task_outcomes():
     score = SimpleNamespace(score=0.25)
     assert reward_of(SimpleNamespace(termination="timeout", score=score)) == 0.25
-    assert reward_of(SimpleNamespace(termination="finished", score=SimpleNamespace(score=1.0))) == 1.0
+    assert reward_of(SimpleNamespace(termination="finished", score=SimpleNamespace(score=1.0))) == 1
     assert reward_of(SimpleNamespace(termination="failed", score=None)) is None
 
 
@@ -35,9 +35,12 @@ def test_all_failed_group_has_no_baseline():
     assert adv.baseline is None and adv.advantages == (None, None)
 
 
-@pytest.mark.parametrize(("ids", "rewards", "match"), [([], [], "at least one"), (["a"], [1.0, 2.0], "1 execution ids"),
-                                                     (["a", "a"], [1.0, 2.0], "duplicate"),
-                                                     (["a"], [float("nan")], "reward=nan")])
+@pytest.mark.parametrize(("ids", "rewards", "match"), [
+    ([], [], "at least one"),
+    (["a"], [1.0, 2.0], "1 execution ids"),
+    (["a", "a"], [1.0, 2.0], "duplicate"),
+    (["a"], [float("nan")], "reward=nan"),
+])
 def test_bad_groups(ids, rewards, match):
     with pytest.raises(ValueError, match=match):
         group_advantages(ids, rewards)

@@ -73,7 +73,8 @@ def _check_equivalence(seed, jmax, executions):
                 if j is not None:
                     occurrences.setdefault(j, []).append(lps[i])
                     terms.append((j, lps[i]))
-    assert sorted(occurrences) == list(range(positions.size))  # every loss token is on a selected path
+    # every loss token lies on a selected path
+    assert sorted(occurrences) == list(range(positions.size))
     for j, values in occurrences.items():
         for v in values:
             assert abs(v.item() - lp_packed[j].item()) <= 1e-9 * max(1.0, abs(v.item()))

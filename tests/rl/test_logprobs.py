@@ -43,8 +43,9 @@ def test_b07_logprobs_do_not_depend_on_batch_mates_fp32():
     others = [_execution(f"o{n}", n, max(n // 3, 1), seed=n) for n in (5, 300, 1000)]
     items = [(t, select_trajectories(t, 1)) for t in [target, *others]]
     alone = _logprobs_of(model, pack_batch(items[:1], token_budget=10_000), "target")
-    packed = _logprobs_of(model, pack_batch(items, token_budget=10_000), "target")  # one micro-batch of 4
-    per_one = _logprobs_of(model, pack_batch(items, token_budget=1), "target")  # micro-batch size 1
+    # one micro-batch of 4 sequences, then micro-batch size 1
+    packed = _logprobs_of(model, pack_batch(items, token_budget=10_000), "target")
+    per_one = _logprobs_of(model, pack_batch(items, token_budget=1), "target")
     with torch.no_grad():
         plain = path_logprobs(model, target.token_N.tolist())[9:]  # no mask, no position ids
     assert alone.shape == (30,)
@@ -58,7 +59,8 @@ def test_b07_first_update_is_on_policy_ratio_one_no_clipping():
     other = _execution("other", 300, 100, seed=3, model=model)
     items = [(t, select_trajectories(t, 1)) for t in (target, other)]
     (batch,) = pack_batch(items, token_budget=10_000)
-    _, stats = microbatch_loss(model, batch, {"target": 1.0, "other": -1.0}, trainer_version=1, max_staleness=0)
+    advantages = {"target": 1.0, "other": -1.0}
+    _, stats = microbatch_loss(model, batch, advantages, trainer_version=1, max_staleness=0)
     assert stats.tokens == 30 + 200
     assert stats.clip_fraction == 0.0
     assert stats.mean_ratio == pytest.approx(1.0, abs=1e-5)
@@ -111,3 +113,19 @@ def test_each_call_is_scored_at_its_own_sampling_temperature():
     (gbatch,) = pack_batch([(greedy, select_trajectories(greedy, 1))], token_budget=100)
     with pytest.raises(ValueError, match="temperature"):
         packed_logprobs(model, gbatch)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile internals
+def test_flex_attention_block_mask_forward_equals_sdpa_on_cpu():
+    # The GPU training path (FlexAttention + BlockMask) checked forward-only on CPU (~10 s compile).
+    from tests.trajectory.builders import random_execution
+
+    model = tiny_qwen2(seed=0, vocab=8, dtype=torch.float32)
+    tree = build_tree(random_execution(3, vocab=8, max_calls=8))
+    (batch,) = pack_batch([(tree, select_trajectories(tree, 8))], token_budget=10_000)
+    with torch.no_grad():
+        ref, _ = packed_logprobs(model, batch)
+        model.set_attn_implementation("flex_attention")
+        out, _ = packed_logprobs(model, batch)
+    assert (out - ref).abs().max().item() <= 1e-5

@@ -16,7 +16,8 @@ def _resumed_call():
     # 2 tokens at v2 (aborted), 2 at v4 (aborted again), 8 at v6 (finish_reason=length)
     completion = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 4]
     logprobs = [-0.1 * (i + 1) for i in range(12)]
-    return make_call("e", "a", [1, 2, 3], completion, logprobs=logprobs, versions=VERSIONS, finish_reason="length")
+    return make_call("e", "a", [1, 2, 3], completion, logprobs=logprobs, versions=VERSIONS,
+                     finish_reason="length")
 
 
 def test_b11_every_token_keeps_its_version_and_logprob():
@@ -35,7 +36,8 @@ def test_b11_mixing_disallowed_names_the_call():
 def test_b11_staleness_masks_old_tokens_per_token_not_by_newest():
     mask = stale_token_mask(torch.tensor(VERSIONS), trainer_version=7, max_staleness=2)
     assert mask.tolist() == [False] * 4 + [True] * 8
-    assert stale_token_mask(torch.tensor([-1, 8, 5]), trainer_version=7, max_staleness=2).tolist() == [False, False, True]
+    edge = stale_token_mask(torch.tensor([-1, 8, 5]), trainer_version=7, max_staleness=2)
+    assert edge.tolist() == [False, False, True]  # context, newer than trainer, fresh
 
 
 def test_b11_trainer_masks_the_v2_and_v4_tokens():

@@ -1,4 +1,4 @@
-"""The step guard: a non-finite loss on one micro-batch leaves the weights and optimizer unchanged."""
+"""The step guard: a non-finite loss on one micro-batch leaves weights and optimizer unchanged."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def _batches(model):
         prompt, completion = [1, 2, 3 + i], [4, 5, 6]
         with torch.no_grad():
             lps = path_logprobs(model, prompt + completion)[-3:].tolist()
-        trees.append(build_tree([make_call(f"e{i}", "a", prompt, completion, logprobs=lps, versions=[1, 1, 1])]))
+        call = make_call(f"e{i}", "a", prompt, completion, logprobs=lps, versions=[1, 1, 1])
+        trees.append(build_tree([call]))
     return pack_batch([(t, select_trajectories(t, 1)) for t in trees], token_budget=6)
 
 

@@ -52,7 +52,8 @@ def random_execution(seed: int, *, execution_id: str = "e0", max_calls: int = 6,
             prompt = seqs[j][:cut] + rng.integers(0, vocab, int(rng.integers(1, 3))).tolist()
             parent = calls[j].call_id
         else:  # a fresh context (a sub-agent or a new root), often sharing a "system prompt"
-            prompt = ([0, 1] if rng.random() < 0.6 else []) + rng.integers(0, vocab, int(rng.integers(1, 4))).tolist()
+            system = [0, 1] if rng.random() < 0.6 else []
+            prompt = system + rng.integers(0, vocab, int(rng.integers(1, 4))).tolist()
         completion = rng.integers(0, vocab, int(rng.integers(0, max_new + 1))).tolist()
         logprobs = (-rng.random(len(completion)) * 3).tolist()
         versions = rng.integers(3, 6, len(completion)).tolist()
@@ -71,7 +72,8 @@ def naive_nodes(calls: list[ModelCall]) -> dict[tuple[int, ...], dict]:
         seq = call.prompt_ids + call.completion_ids
         for i in range(len(seq)):
             key = tuple(seq[: i + 1])
-            node = nodes.setdefault(key, {"policy": False, "logprob": None, "version": -1, "call": ci})
+            fresh = {"policy": False, "logprob": None, "version": -1, "call": ci}
+            node = nodes.setdefault(key, fresh)
             j = i - len(call.prompt_ids)
             if j >= 0 and not node["policy"]:
                 node.update(policy=True, logprob=call.logprobs[j], version=call.versions[j])

@@ -62,7 +62,8 @@ def test_chain_of_three_calls_trains_each_completion_exactly_once():
     packed = pack_tree(tree, select_trajectories(tree, 4), num_executions=1)
     assert packed.input_ids_T.tolist() == [1, 2, 3, 10, 11, 50, 12, 13, 14, 51, 52, 15]
     assert packed.position_ids_T.tolist() == list(range(12))
-    assert packed.behaviour_logprob_T[packed.policy_T].tolist() == [-1.0, -1.1, -2.0, -2.1, -2.2, -3.0]
+    trained = packed.behaviour_logprob_T[packed.policy_T].tolist()
+    assert trained == [-1.0, -1.1, -2.0, -2.1, -2.2, -3.0]
     assert np.allclose(packed.loss_weight_T[packed.policy_T], 1 / 6)
     assert packed.loss_weight_T[~packed.policy_T].tolist() == [0.0] * 6
 
@@ -80,7 +81,8 @@ def test_one_call_and_three_call_executions_get_equal_total_weight():
 def test_two_trees_in_one_micro_batch_never_see_each_other():
     a = build_tree(_chain_of_three("a"))
     b = build_tree([make_call("b", "x", [1, 2, 3], [10, 99])])
-    (batch,) = pack_batch([(a, select_trajectories(a, 2)), (b, select_trajectories(b, 2))], token_budget=100)
+    items = [(a, select_trajectories(a, 2)), (b, select_trajectories(b, 2))]
+    (batch,) = pack_batch(items, token_budget=100)
     na = a.statistics().unique_tokens
     assert batch.num_tokens == na + 5
     assert batch.dfs_out_T[:na].max() == na  # a's intervals end inside a

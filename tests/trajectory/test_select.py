@@ -23,7 +23,8 @@ def _jmax_execution():
         make_call("e", "m3", sys_main + [10, 11, 42], [15, 16, 17], parent="m0", role="main"),
     ]
     for k, n in enumerate([6, 2, 5, 3]):
-        calls.append(make_call("e", f"s{k}", [5, 6, 60 + k], list(range(100, 100 + n)), role="sub_agent"))
+        completion = list(range(100, 100 + n))
+        calls.append(make_call("e", f"s{k}", [5, 6, 60 + k], completion, role="sub_agent"))
     return calls
 
 
@@ -54,8 +55,9 @@ def test_role_limits_and_priority_order():
 def test_ties_break_by_leaf_id_deterministically():
     calls = [make_call("e", f"s{k}", [7, k], [1, 2], role="sub_agent") for k in range(4)]
     tree = build_tree(calls)
-    assert select_trajectories(tree, 2).leaves.tolist() == select_trajectories(tree, 2).leaves.tolist()
-    assert select_trajectories(tree, 2).leaves.tolist() == [int(tree.end_node_R[0]), int(tree.end_node_R[1])]
+    first = select_trajectories(tree, 2).leaves.tolist()
+    assert first == select_trajectories(tree, 2).leaves.tolist()
+    assert first == [int(tree.end_node_R[0]), int(tree.end_node_R[1])]
 
 
 @settings(max_examples=100, deadline=None)

@@ -50,7 +50,8 @@ def test_tree_equals_naive_trie(seed):
     assert stats.depth == max(len(k) for k in ref)
     # Every call's sequence ends at its recorded end node.
     for r, call in enumerate(calls):
-        assert _prefix_of(tree, int(tree.end_node_R[r])) == tuple(call.prompt_ids + call.completion_ids)
+        end = int(tree.end_node_R[r])
+        assert _prefix_of(tree, end) == tuple(call.prompt_ids + call.completion_ids)
 
 
 def test_later_prompt_shares_completion_nodes_and_keeps_their_logprobs():
@@ -65,7 +66,9 @@ def test_later_prompt_shares_completion_nodes_and_keeps_their_logprobs():
     assert tree.call_N.tolist() == [0, 0, 0, 0, 0, 1, 1]
     assert tree.divergence_index("b") is None
     stats = tree.statistics()
-    assert (stats.unique_tokens, stats.tokens_in_calls, stats.policy_tokens, stats.branches, stats.depth) == (7, 12, 3, 1, 7)
+    got = (stats.unique_tokens, stats.tokens_in_calls, stats.policy_tokens, stats.branches,
+           stats.depth)
+    assert got == (7, 12, 3, 1, 7)
 
 
 def test_n_choices_share_one_prompt_node_per_token():
