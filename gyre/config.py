@@ -185,9 +185,6 @@ class RLConfig(_Config):
     """Truncated importance-sampling cap on the ratio (dual clip for negative advantages)."""
     max_staleness: int = 2
     """Most weight versions a policy token may lag the trainer; older tokens are masked out."""
-    allow_version_mixing: bool = True
-    """Train a call sampled under several weight versions (abort + resume across a sync), each
-    token with its own version; False drops such executions from the batch (B11)."""
     logprob_chunk_size: int = 1024
     """Positions per chunk of the fused selective logprob (extra memory chunk x vocab)."""
 

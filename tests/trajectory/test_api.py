@@ -11,7 +11,7 @@ EXPECTED = {
                         "select_trajectories", "PackedBatch", "pack_tree", "pack_batch"},
     "gyre.kernels": {"tree_mask", "tree_block_mask", "model_attention_mask", "tree_attention",
                      "selective_logprob_entropy", "selective_logprob_entropy_reference"},
-    "gyre.rl": {"ExecutionSample", "TrainingBatch", "build_training_batch", "GroupAdvantages", "group_advantages", "reward_of", "packed_logprobs",
+    "gyre.rl": {"GroupAdvantages", "group_advantages", "reward_of", "packed_logprobs",
                 "LossStatistics", "policy_loss", "masked_token_mean", "stale_token_mask",
                 "mixed_version_calls", "microbatch_loss", "grads_finite", "step_if_finite"},
 }
