@@ -27,10 +27,11 @@ from typing import Any
 import anyio
 import msgspec
 import sniffio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from gyre.config import ProxyConfig, RunConfig
@@ -122,8 +123,11 @@ class _Call:
     parse_tools: bool
     template_kwargs: dict[str, Any] | None
     choices: list[_Choice]
+    chat: bool = True
     recorded: bool = False
     created: int = 0
+    producer: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    """Cancel scope of the task that iterates the engine (cancelled to stop generating)."""
 
     @property
     def request_id(self) -> str:
@@ -387,41 +391,86 @@ class TitoProxy:
 
     # -- generation ---------------------------------------------------------------------------
 
-    async def _drive(self, call: _Call) -> AsyncIterator[tuple[_Choice, int]]:
-        """Run the engine; after each delta yield (choice, index of its first new token).
-        A choice's finish is set on the yield that ends it."""
+    async def _produce(self, call: _Call, send: MemoryObjectSendStream) -> None:
+        """Iterate the engine's generator in this one task (engines may hold cancel scopes across
+        their yields) and pass each delta on; an engine error is passed on as an item."""
+        request = GenerateRequest(request_id=call.request_id, prompt_ids=call.rendered.prompt_ids, sampling=call.sampling)
+        async with send:
+            with call.producer:
+                try:
+                    async with contextlib.aclosing(call.engine.generate(request)) as deltas:
+                        async for delta in deltas:
+                            await send.send(delta)
+                except EngineError as exc:
+                    await send.send(exc)
+
+    @contextlib.asynccontextmanager
+    async def _engine_events(self, call: _Call) -> AsyncIterator[AsyncIterator[tuple[_Choice, int]]]:
+        """Run the engine for `call` in a producer task; yields the events iterator (see `_events`).
+        Leaving the block stops the engine (the producer is cancelled and the request aborted)."""
+        send, receive = anyio.create_memory_object_stream(math.inf)
+        error: Exception | None = None
+        async with anyio.create_task_group() as tg, receive:
+            tg.start_soon(self._produce, call, send)
+            try:
+                yield self._events(call, receive)
+            except Exception as exc:  # re-raised below as itself, not inside an ExceptionGroup
+                error = exc
+            finally:
+                if not call.producer.cancel_called and any(ch.finish is None for ch in call.choices):
+                    call.producer.cancel()
+                    with anyio.CancelScope(shield=True), contextlib.suppress(EngineError):
+                        await call.engine.abort(call.request_id)
+        if error is not None:
+            raise error
+
+    async def _events(self, call: _Call, receive: MemoryObjectReceiveStream) -> AsyncIterator[tuple[_Choice, int]]:
+        """After each engine delta yield (choice, index of its first new token); a choice's
+        finish is set on the yield that ends it. Raises the engine's error."""
         stops, stop_ids = call.stops, set(call.sampling.stop_token_ids)
         longest = max((len(s) for s in stops), default=0)
-        request = GenerateRequest(request_id=call.request_id, prompt_ids=call.rendered.prompt_ids, sampling=call.sampling)
         table = self.text
-        async with contextlib.aclosing(call.engine.generate(request)) as deltas:
-            async for delta in deltas:
-                ch = call.choices[delta.index]
-                if ch.finish is not None:
-                    continue  # cut at a stop string: later tokens are not part of the choice
-                start = len(ch.ids)
-                for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions):
-                    ch.ids.append(tok)
-                    ch.lps.append(lp)
-                    ch.vers.append(ver)
-                    if tok in stop_ids:
-                        continue
-                    before = len(ch.text)
-                    ch.text += ch.decoder.decode(table.token_bytes(tok))
-                    if stops:
-                        window = ch.text[max(0, before - longest + 1):]
-                        hits = [q for q in (window.find(s) for s in stops) if q >= 0]
-                        if hits:
-                            ch.text = ch.text[: max(0, before - longest + 1) + min(hits)]
-                            ch.finish, ch.stop_string = "stop", True
-                            break
-                if ch.finish is None and delta.finish_reason is not None:
-                    ch.text += ch.decoder.decode(b"", final=True)
-                    ch.finish = delta.finish_reason
-                yield ch, start
-                if ch.stop_string and all(c.finish is not None for c in call.choices):
+        async for delta in receive:
+            if isinstance(delta, BaseException):
+                raise delta
+            ch = call.choices[delta.index]
+            if ch.finish is not None:
+                continue  # cut at a stop string: later tokens are not part of the choice
+            start = len(ch.ids)
+            for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions):
+                ch.ids.append(tok)
+                ch.lps.append(lp)
+                ch.vers.append(ver)
+                if tok in stop_ids:
+                    continue
+                before = len(ch.text)
+                ch.text += ch.decoder.decode(table.token_bytes(tok))
+                if stops:
+                    window = ch.text[max(0, before - longest + 1):]
+                    hits = [q for q in (window.find(s) for s in stops) if q >= 0]
+                    if hits:
+                        ch.text = ch.text[: max(0, before - longest + 1) + min(hits)]
+                        ch.finish, ch.stop_string = "stop", True
+                        break
+            if ch.finish is None and delta.finish_reason is not None:
+                ch.text += ch.decoder.decode(b"", final=True)
+                ch.finish = delta.finish_reason
+            yield ch, start
+            if ch.stop_string and all(c.finish is not None for c in call.choices):
+                call.producer.cancel()
+                with contextlib.suppress(EngineError):
                     await call.engine.abort(call.request_id)
-                    break
+                return
+
+    async def _run_to_end(self, call: _Call) -> None:
+        """Generate every choice of a non-streamed call; on failure keep what was sampled."""
+        try:
+            async with self._engine_events(call) as events:
+                async for _ in events:
+                    pass
+        except BaseException:
+            await self._record_partial(call, chat=call.chat)
+            raise
 
     def _reply_message(self, call: _Call, ch: _Choice) -> tuple[dict[str, Any], ChatMessage]:
         """(JSON message for the client, the ChatMessage the renderer compares echoes with)."""
@@ -593,16 +642,8 @@ class TitoProxy:
                 created=int(started),
             )
             if req.stream:
-                # Start the engine before answering 200, so refusals are still plain errors.
-                stream = self._chat_stream(call, req)
-                first = await anext(stream)
-                return StreamingResponse(_prepend(first, stream), media_type="text/event-stream")
-            try:
-                async for _ in self._drive(call):
-                    pass
-            except BaseException:
-                await self._record_partial(call, chat=True)
-                raise
+                return _SSEResponse(self, call, lambda events: self._chat_stream(call, req, events))
+            await self._run_to_end(call)
             replies = [self._reply_message(call, ch) for ch in call.choices]
             await self._record(call, [r[1] for r in replies])
             body = {
@@ -633,15 +674,14 @@ class TitoProxy:
         body = {"id": f"chatcmpl-{call.request_id}", "object": "chat.completion.chunk", "created": call.created, "model": self.config.model_name, "choices": choices, **extra}
         return b"data: " + JSON_ENCODER.encode(body) + b"\n\n"
 
-    async def _chat_stream(self, call: _Call, req: ChatCompletionRequest) -> AsyncIterator[bytes]:
+    async def _chat_stream(self, call: _Call, req: ChatCompletionRequest, events) -> AsyncIterator[bytes]:
         """SSE chunks: every engine delta becomes one chunk carrying its token IDs and logprobs,
         even when it adds no text (B04); tool calls are sent whole when their choice ends."""
         hold = call.stops
         started = set()
-        drive = self._drive(call)
         try:
             first = True
-            async for ch, start in drive:
+            async for ch, start in events:
                 new_ids, new_lps = ch.ids[start:], ch.lps[start:]
                 delta: dict[str, Any] = {}
                 if ch.index not in started:
@@ -691,9 +731,7 @@ class TitoProxy:
             await self._record_partial(call, chat=True)
             yield _sse_error(exc)
         finally:
-            await drive.aclose()
-            if not call.recorded:
-                await self._record_partial(call, chat=True)
+            await self._record_partial(call, chat=True)
 
     # -- completions --------------------------------------------------------------------------
 
@@ -723,20 +761,13 @@ class TitoProxy:
             sampling = self._sampling(req, req.max_tokens, len(ids), ex, engine)
             call = _Call(
                 execution=ex, engine=engine, role=role, call_id=ex.new_call_id(), started_s=started,
-                rendered=rendered, sampling=sampling, stops=self._stops(req.stop), parse_tools=False,
+                rendered=rendered, sampling=sampling, stops=self._stops(req.stop), parse_tools=False, chat=False,
                 template_kwargs=None, choices=[_Choice(index=i, decoder=TokenText.incremental()) for i in range(req.n)],
                 created=int(started),
             )
             if req.stream:
-                stream = self._completion_stream(call, req)
-                first = await anext(stream)
-                return StreamingResponse(_prepend(first, stream), media_type="text/event-stream")
-            try:
-                async for _ in self._drive(call):
-                    pass
-            except BaseException:
-                await self._record_partial(call, chat=False)
-                raise
+                return _SSEResponse(self, call, lambda events: self._completion_stream(call, req, events))
+            await self._run_to_end(call)
             await self._record(call, [None] * len(call.choices))
             body = {
                 "id": f"cmpl-{call.request_id}",
@@ -762,13 +793,12 @@ class TitoProxy:
         except (ProxyError, EngineError) as exc:
             return self._error(exc)
 
-    async def _completion_stream(self, call: _Call, req: CompletionRequest) -> AsyncIterator[bytes]:
+    async def _completion_stream(self, call: _Call, req: CompletionRequest, events) -> AsyncIterator[bytes]:
         started = False
-        drive = self._drive(call)
         try:
             first = True
             for_offsets = {ch.index: 0 for ch in call.choices}
-            async for ch, start in drive:
+            async for ch, start in events:
                 started = True
                 new_ids, new_lps = ch.ids[start:], ch.lps[start:]
                 visible = ch.text if ch.finish is not None else ch.text[: len(ch.text) - max((_hold_len(ch.text, s) for s in call.stops), default=0)]
@@ -797,9 +827,7 @@ class TitoProxy:
             await self._record_partial(call, chat=False)
             yield _sse_error(exc)
         finally:
-            await drive.aclose()
-            if not call.recorded:
-                await self._record_partial(call, chat=False)
+            await self._record_partial(call, chat=False)
 
 
 def _hold_len(text: str, stop: str) -> int:
@@ -832,7 +860,44 @@ def _sse_error(exc: Exception) -> bytes:
     return b"data: " + error_body(str(exc), type="server_error", code=code) + b"\n\ndata: [DONE]\n\n"
 
 
-async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    yield first
-    async for item in rest:
-        yield item
+class _SSEResponse:
+    """A server-sent-events response that runs the engine within its own task group.
+
+    The first chunk is produced before the status line is sent, so a request the engine refuses
+    still gets a plain HTTP error. A client that disconnects cancels generation; what was
+    sampled so far is recorded (finish `abort`).
+    """
+
+    def __init__(self, proxy: TitoProxy, call: _Call, chunks: Callable[[Any], AsyncIterator[bytes]]) -> None:
+        self.proxy, self.call, self.chunks = proxy, call, chunks
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with self.proxy._engine_events(self.call) as events:
+            chunks = self.chunks(events)
+            try:
+                try:
+                    first = await anext(chunks)
+                except (ProxyError, EngineError) as exc:
+                    await self.proxy._error(exc)(scope, receive, send)
+                    return
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
+                    await send({"type": "http.response.start", "status": 200, "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                    ]})
+                    await send({"type": "http.response.body", "body": first, "more_body": True})
+                    async for chunk in chunks:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    tg.cancel_scope.cancel()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await chunks.aclose()
+
+
+async def _cancel_on_disconnect(receive, scope: anyio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
