@@ -120,3 +120,28 @@ async def test_client_gone_mid_stream_keeps_the_sampled_tokens_as_abort(tok, any
     assert call.finish_reason == "abort"
     assert call.completion_ids[: len(got)] == got == ids[: len(got)]
     assert len(call.logprobs) == len(call.completion_ids) < len(ids)
+
+
+class ScopedEngine(ScriptedEngine):
+    """Holds a cancel scope across its yields, as the cell client does (bounded waits)."""
+
+    async def generate(self, request):
+        import anyio
+
+        with anyio.fail_after(60):
+            async for delta in super().generate(request):
+                yield delta
+
+
+async def test_engines_holding_cancel_scopes_across_yields_stream_fine(tok, anyio_backend):
+    ids = encode(tok, "one two three") + [tok.eos_token_id]
+    engine = ScopedEngine([ScriptedReply(token_ids=ids)] * 3, eos_token_id=tok.eos_token_id)
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("scoped")
+    body = {"model": "gyre", "messages": [{"role": "user", "content": "count"}]}
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
+        chunks = await sse(http, key, "/chat/completions", body)
+        plain = (await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})).json()
+        text = await sse(http, key, "/completions", {"model": "gyre", "prompt": "count", "max_tokens": 8})
+    assert [t for c in chunks for ch in c["choices"] for t in ch["token_ids"]] == ids == plain["choices"][0]["token_ids"]
+    assert "".join(ch["text"] for c in text for ch in c["choices"]) == "one two three"
