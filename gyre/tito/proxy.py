@@ -487,7 +487,8 @@ class TitoProxy:
                 {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
                 for tc in calls
             ]
-        if parsed.tool_call_error is not None:
+        if parsed.tool_call_error is not None and ch.finish != "length":
+            # A reply cut off by max_tokens is truncated, not malformed (B15): no tool error.
             out["gyre_tool_call_error"] = parsed.tool_call_error
         return out, msg
 

@@ -8,8 +8,8 @@ and `Rendered` (a prompt with its parent call and divergence).
 The rule (DESIGN.md invariant 1): when an earlier call's messages plus the reply the proxy returned
 are a prefix of the new messages, and the chat template renders that reply as exactly the text the
 model generated, the new prompt is `parent prompt + parent completion + tokens of the new text`.
-The new text is rendered from an anchor (the system head, the echoed reply, the new messages) so the
-cost follows the new messages, not the history; the anchor is checked against a full render on the
+The new text is rendered from an anchor (the first message, the echoed reply, the new messages) so
+the cost follows the new messages, not the history; the anchor is checked against a full render on the
 first such call of every execution (and every `check_every` calls), and an execution whose template
 disagrees falls back to full renders for good. Otherwise the whole conversation is rendered; the
 longest text prefix shared with the parent's tokens keeps those exact tokens, and the call records

@@ -352,3 +352,17 @@ async def test_b23_malformed_call_is_a_tool_error_not_a_crash(tok, anyio_backend
     p1 = calls[0].prompt_ids
     assert calls[1].prompt_ids[: len(p1) + len(c1)] == p1 + c1 and calls[1].divergence is None
     assert r3.status_code == 200
+
+
+async def test_b15_length_cut_tool_call_is_not_a_parse_failure(tok, anyio_backend):
+    ids = encode(tok, '<tool_call>{"name": "ls", "arguments": {"path": "a very long path that goes on"}}</tool_call>')
+    engine = ScriptedEngine([ScriptedReply(token_ids=ids)], eos_token_id=tok.eos_token_id)
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("cut")
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
+        body = {"model": "gyre", "messages": [{"role": "user", "content": "ls"}], "tools": LS_TOOLS, "max_tokens": 6}
+        r = (await post(http, key, "/chat/completions", body)).json()
+    choice = r["choices"][0]
+    assert choice["finish_reason"] == "length" and "gyre_tool_call_error" not in choice["message"]
+    assert choice["message"]["content"] == tok.decode(ids[:6])
+    assert (await proxy.close("cut")).truncated
