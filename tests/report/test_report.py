@@ -1,0 +1,89 @@
+"""The run report: summary numbers computed by hand from a synthetic metrics file; valid PNGs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from gyre.report import PLOTS, summarize, write_report
+from gyre.report.__main__ import main
+from gyre.runtime.metrics import EvalMetrics, MetricsWriter, StepMetrics, read_metrics
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def step(n: int, *, pass_rate: float, partial: int = 0, failed: int = 0, tokens: int = 100, dedup: float = 1.5,
+         diff: float = 1e-6, applied: bool = True, rollout: float = 10.0, train: float = 4.0, sync: float = 1.0) -> StepMetrics:
+    return StepMetrics(
+        step=n, version=n, executions=8, pass_rate=pass_rate, mean_reward=pass_rate + 0.1,
+        finished=8 - partial - failed, partial=partial, failed=failed, truncated=0, model_calls=16,
+        policy_tokens=tokens, packed_tokens=tokens * 2, dedup_ratio=dedup, logprob_abs_diff_mean=diff,
+        mean_ratio=1.0, applied=applied, rollout_s=rollout, train_s=train, sync_s=sync,
+        step_s=rollout + train + sync + 0.5,
+    )
+
+
+def heldout(n: int, pass_rate: float, split: str = "heldout") -> EvalMetrics:
+    return EvalMetrics(step=n, version=n, split=split, executions=16, pass_rate=pass_rate, mean_reward=pass_rate,
+                       eval_s=6.0)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    w = MetricsWriter(tmp_path)
+    w.write(heldout(0, 0.25))
+    w.write(heldout(0, 0.5, split="train"))
+    w.write(step(1, pass_rate=0.25, partial=1, tokens=100, dedup=1.0, diff=2e-6))
+    w.write(step(2, pass_rate=0.5, failed=2, tokens=999, dedup=9.0))  # superseded: run killed and resumed
+    w.write(step(2, pass_rate=0.625, failed=1, tokens=200, dedup=2.0, diff=4e-6, applied=False))
+    w.write(heldout(2, 0.625))
+    w.write(step(3, pass_rate=0.625, partial=2, tokens=300, dedup=3.0, diff=6e-6))
+    w.write(heldout(3, 0.5))
+    return tmp_path
+
+
+def test_summary_numbers_by_hand(run_dir: Path) -> None:
+    s = summarize(read_metrics(run_dir))
+    assert (s.steps, s.first_step, s.last_step) == (3, 1, 3)
+    # 3 steps x (10 + 4 + 1 + 0.5) s + 4 evals x 6 s = 70.5 s: rollout 30 / 70.5 = 43%
+    assert s.wall_s == pytest.approx(3 * 15.5 + 4 * 6.0)
+    assert (s.rollout_s, s.train_s, s.sync_s) == (30.0, 12.0, 3.0)
+    assert (s.executions, s.partial, s.failed, s.finished) == (24, 3, 1, 24 - 3 - 1)
+    assert s.policy_tokens == 100 + 200 + 300
+    assert s.mean_dedup_ratio == pytest.approx((1.0 + 2.0 + 3.0) / 3)
+    assert s.mean_logprob_abs_diff == pytest.approx(4e-6) and s.max_logprob_abs_diff == pytest.approx(6e-6)
+    assert s.skipped_steps == 1
+    assert s.eval_split == "heldout"
+    assert (s.pass_before, s.pass_before_step, s.pass_after, s.pass_after_step) == (0.25, 0, 0.5, 3)
+    assert (s.best_eval_pass, s.best_eval_step) == (0.625, 2)
+    assert (s.best_step, s.best_step_pass) == (2, 0.625)  # ties go to the earliest step
+
+
+def test_report_files(run_dir: Path) -> None:
+    summary = write_report(run_dir)
+    assert summary == run_dir / "report" / "summary.md"
+    text = summary.read_text()
+    for expected in ("| steps | 3 (1-3) |", "| pass rate before (heldout) | 25.0% at step 0 |",
+                     "| pass rate after (heldout) | 50.0% at step 3 |", "| change | +25.0 points |",
+                     "| best evaluation (heldout) | 62.5% at step 2 |", "| best step (batch pass rate) | 2 (62.5%) |",
+                     "| executions | 24 (finished 20, partially scored 3, failed 1) |",
+                     "| policy tokens trained | 600 |", "| mean dedup ratio | 2.00x |",
+                     "| wall time | 1m 10s (rollout 43%, train 17%, sync 4%) |"):
+        assert expected in text, expected
+    for name in PLOTS:
+        data = (run_dir / "report" / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000
+        assert f"]({name})" in text
+
+
+def test_empty_run_and_missing_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "nothing")]) == 2
+    assert "no metrics" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text("")
+    s = summarize([])
+    assert s.steps == 0 and s.pass_before is None and math.isnan(s.mean_dedup_ratio)
+    assert main([str(tmp_path)]) == 0
+    assert "| steps | 0 |" in (tmp_path / "report" / "summary.md").read_text()
+    assert all((tmp_path / "report" / n).read_bytes().startswith(PNG_MAGIC) for n in PLOTS)
