@@ -16,11 +16,12 @@ Run: `.venv/bin/python -m benchmarks.bench_dedup` (about a minute on 2 cores).
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-
-import time
 
 from benchmarks.common import print_table, summarize, write_result
 from gyre.kernels import selective_logprob_entropy
@@ -35,8 +36,9 @@ CONFIG = {
     "paths_for_jmax": 10,
     "chain_calls": 4,
     "completion_fraction": 0.5,
-    "model": {"vocab_size": 1024, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "dtype": "float32"},
+    "model": {"vocab_size": 1024, "hidden_size": 128, "intermediate_size": 384,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "dtype": "float32"},
     "repeats": 7,
     "seed": 0,
 }
@@ -51,9 +53,11 @@ def synthetic_calls(paths: int, cfg: dict = CONFIG) -> list[ModelCall]:
 
     def call(call_id, prompt, completion, parent):
         n = len(completion)
-        calls.append(ModelCall(execution_id="bench", call_id=call_id, role="main", prompt_ids=prompt,
-                               completion_ids=completion, logprobs=(-rng.random(n) * 5).tolist(),
-                               versions=[1] * n, finish_reason="stop", parent_call_id=parent))
+        calls.append(ModelCall(
+            execution_id="bench", call_id=call_id, role="main", prompt_ids=prompt,
+            completion_ids=completion, logprobs=(-rng.random(n) * 5).tolist(), versions=[1] * n,
+            finish_reason="stop", parent_call_id=parent,
+        ))
 
     step = shared // cfg["chain_calls"]
     context = rng.integers(0, vocab, step // 2).tolist()
@@ -78,7 +82,8 @@ def tiny_model() -> Qwen2ForCausalLM:
     m = dict(CONFIG["model"])
     m.pop("dtype")
     torch.manual_seed(CONFIG["seed"])
-    return Qwen2ForCausalLM(Qwen2Config(**m, attn_implementation="sdpa", max_position_embeddings=4096)).float()
+    config = Qwen2Config(**m, attn_implementation="sdpa", max_position_embeddings=4096)
+    return Qwen2ForCausalLM(config).float()
 
 
 def tree_step(model, batch) -> None:
@@ -108,10 +113,11 @@ def linear_step(model, rows) -> None:
     target = policy.clone()
     target[:, 0] = False
     rows_idx, cols = torch.nonzero(target, as_tuple=True)
-    lp, _ = selective_logprob_entropy(hidden[rows_idx, cols - 1], model.lm_head.weight, ids[rows_idx, cols])
+    lp, _ = selective_logprob_entropy(hidden[rows_idx, cols - 1], model.lm_head.weight,
+                                      ids[rows_idx, cols])
     n = lp.shape[0]
-    loss, _ = policy_loss(lp, blp[rows_idx, cols].float(), torch.ones(n), weight[rows_idx, cols].float(),
-                          torch.ones(n, dtype=torch.bool))
+    loss, _ = policy_loss(lp, blp[rows_idx, cols].float(), torch.ones(n),
+                          weight[rows_idx, cols].float(), torch.ones(n, dtype=torch.bool))
     loss.backward()
 
 
@@ -139,24 +145,29 @@ def main() -> None:
     rows = linear_rows(tree, selection)
     linear_tokens = int(rows[0].numel())
     per_call_tokens = sum(len(c.prompt_ids) + len(c.completion_ids) for c in calls)
-    timed = interleaved({"tree": lambda: tree_step(model, batch), "linear": lambda: linear_step(model, rows)},
-                        repeats)
+    timed = interleaved(
+        {"tree": lambda: tree_step(model, batch), "linear": lambda: linear_step(model, rows)},
+        repeats,
+    )
     tree_times, linear_times = timed["tree"], timed["linear"]
 
     jtree = build_tree(synthetic_calls(CONFIG["paths_for_jmax"]))
     jbatches, jtokens = {}, {}
     for label, jmax in (("1", 1), ("5", 5), ("all", CONFIG["paths_for_jmax"])):
-        (jbatches[label],) = pack_batch([(jtree, select_trajectories(jtree, jmax))], token_budget=1 << 20)
+        item = (jtree, select_trajectories(jtree, jmax))
+        (jbatches[label],) = pack_batch([item], token_budget=1 << 20)
         jtokens[label] = jbatches[label].num_tokens
-    jtimes = interleaved({k: (lambda b=b: tree_step(model, b)) for k, b in jbatches.items()}, repeats)
+    jtimes = interleaved({k: (lambda b=b: tree_step(model, b)) for k, b in jbatches.items()},
+                         repeats)
 
     med = {k: summarize(v)["median"] for k, v in jtimes.items()}
+    k, p = CONFIG["paths"], CONFIG["shared_fraction"]
     numbers = {
         "tree_tokens": batch.num_tokens,
         "linear_tokens": linear_tokens,
         "per_call_tokens": per_call_tokens,
         "token_ratio_vs_linear": linear_tokens / batch.num_tokens,
-        "token_ratio_vs_linear_analytic": CONFIG["paths"] / (CONFIG["shared_fraction"] + CONFIG["paths"] * (1 - CONFIG["shared_fraction"])),
+        "token_ratio_vs_linear_analytic": k / (p + k * (1 - p)),
         "token_ratio_vs_per_call": per_call_tokens / batch.num_tokens,
         "tree_step_s": summarize(tree_times),
         "linear_step_s": summarize(linear_times),
@@ -168,16 +179,20 @@ def main() -> None:
         "jmax1_token_fraction": jtokens["1"] / jtokens["all"],
         "jmax5_token_fraction": jtokens["5"] / jtokens["all"],
         "goals": {"token_ratio_vs_linear": ">= 3.5", "time_ratio_vs_linear": ">= 1.5"},
+        "load_average_1m": os.getloadavg()[0],
     }
     write_result("dedup", CONFIG, numbers)
     print_table("packed tree vs linearised trajectories vs per-call rows (k = 5, p = 0.9)", [
-        {"layout": "packed tree", "tokens": batch.num_tokens, "fwd+bwd_s": summarize(tree_times)["median"]},
-        {"layout": "linear rows", "tokens": linear_tokens, "fwd+bwd_s": summarize(linear_times)["median"]},
+        {"layout": "packed tree", "tokens": batch.num_tokens,
+         "fwd+bwd_s": summarize(tree_times)["median"]},
+        {"layout": "linear rows", "tokens": linear_tokens,
+         "fwd+bwd_s": summarize(linear_times)["median"]},
         {"layout": "per-call rows", "tokens": per_call_tokens, "fwd+bwd_s": "-"},
     ])
     print_table("Jmax (k = 10 tree)", [
-        {"jmax": k, "tokens": jtokens[k], "fwd+bwd_s": med[k], "fraction_of_all": med[k] / med["all"]}
-        for k in ("1", "5", "all")
+        {"jmax": j, "tokens": jtokens[j], "fwd+bwd_s": med[j],
+         "fraction_of_all": med[j] / med["all"]}
+        for j in ("1", "5", "all")
     ])
     print(f"token_ratio_vs_linear={numbers['token_ratio_vs_linear']:.3f} "
           f"time_ratio_vs_linear={numbers['time_ratio_vs_linear']:.3f} "

@@ -8,14 +8,17 @@ nodes, which keep their policy flag, behaviour logprob and weight version.
 
 Storage: each call appends at most one new *run* (a contiguous chain of node ids whose parent is
 the previous id, except the run's first node). Matching a new call walks runs and compares whole
-slices vectorised, so building costs O(tokens of the records) numpy work plus O(runs on the path)
-Python steps per call. The tree knows nothing about rewards, selection, packing or models.
+slices vectorised: a call whose prompt extends its parent's prompt + completion (checked with one
+vectorised comparison) starts at the parent's last node; any other walks from the root, one
+Python step per run on its path. Reading the records' Python ints dominates the cost. The tree
+knows nothing about rewards, selection, packing or models.
 
 Array suffix legend: `_N` one entry per node (token) of the tree, `_R` one entry per run (= call).
 """
 
 from __future__ import annotations
 
+import array
 from collections.abc import Sequence
 
 import msgspec
@@ -198,6 +201,8 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
     run_depth_R = np.zeros(num_calls, dtype=np.int64)
     end_node_R = np.full(num_calls, -1, dtype=np.int64)
     divergence_R = np.full(num_calls, -1, dtype=np.int64)
+    end_run_R = np.full(num_calls, -1, dtype=np.int64)  # the end node as (run, index in run)
+    end_i_R = np.full(num_calls, -1, dtype=np.int64)
     run_tokens: list[np.ndarray] = []
     run_policy: list[np.ndarray] = []
     run_logprob: list[np.ndarray] = []
@@ -210,19 +215,22 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
 
     for r, call in enumerate(calls):
         prompt_len = len(call.prompt_ids)
-        seq = np.asarray(call.prompt_ids + call.completion_ids, dtype=np.int32)
+        seq = _as_int32(call.prompt_ids, call.completion_ids)
         tokens_in_calls += seq.shape[0]
+        # Walk down: (cur_run, cur_i) is the deepest matched node, (-1, -1) the virtual root.
+        pos, cur_run, cur_i = 0, -1, -1
         if call.parent_call_id is not None:
             parent_seq = kept_sequences[call.parent_call_id]
             divergence_R[r] = _first_difference(seq[:prompt_len], parent_seq)
+            if divergence_R[r] < 0:  # extends its parent: start the walk at the parent's end
+                p = index_of[call.parent_call_id]
+                pos, cur_run, cur_i = parent_seq.shape[0], int(end_run_R[p]), int(end_i_R[p])
             remaining_refs[call.parent_call_id] -= 1
             if remaining_refs[call.parent_call_id] == 0:
                 del kept_sequences[call.parent_call_id]
         if remaining_refs.get(call.call_id):
             kept_sequences[call.call_id] = seq
 
-        # Walk down: (cur_run, cur_i) is the deepest matched node, (-1, -1) the virtual root.
-        pos, cur_run, cur_i = 0, -1, -1
         matched: list[tuple[int, int, int, int]] = []  # (run, first index, seq position, length)
         length = seq.shape[0]
         while pos < length:
@@ -284,8 +292,10 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
         if new.shape[0]:
             branch_child[(parent_node, int(new[0]))] = r
             end_node_R[r] = num_nodes + new.shape[0] - 1
+            end_run_R[r], end_i_R[r] = r, new.shape[0] - 1
         else:
             end_node_R[r] = parent_node
+            end_run_R[r], end_i_R[r] = cur_run, cur_i
         num_nodes += new.shape[0]
 
     return _finish(
@@ -305,6 +315,14 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
         divergence_R=divergence_R,
         tokens_in_calls=tokens_in_calls,
     )
+
+
+def _as_int32(prompt: list[int], completion: list[int]) -> np.ndarray:
+    """prompt + completion as one int32 array; array.array reads Python ints ~25% faster than
+    np.asarray on a concatenated list, and frombuffer shares its buffer without a copy."""
+    buf = array.array("i", prompt)
+    buf.extend(completion)
+    return np.frombuffer(buf, dtype=np.int32)
 
 
 def _first_difference(prompt: np.ndarray, parent_seq: np.ndarray) -> int:
