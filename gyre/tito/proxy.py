@@ -207,7 +207,7 @@ class TitoProxy:
         ex = self.sessions.get(execution_id)
         if ex is None:
             raise KeyError(execution_id)
-        return list(ex.calls)
+        return ex.calls()
 
     def summary(self, execution_id: str) -> ExecutionSummary:
         """The running summary of an open execution (KeyError if it is not open)."""
@@ -342,7 +342,7 @@ class TitoProxy:
             execution_id = request.path_params["execution_id"]
             if ex.execution_id != execution_id:
                 raise _proxy_error(f"the key does not belong to execution {execution_id!r}", 403, "forbidden", type="permission_error")
-            body = _CALLS_ENCODER.encode({"object": "list", "execution_id": execution_id, "data": ex.calls, "summary": ex.summary()})
+            body = _CALLS_ENCODER.encode({"object": "list", "execution_id": execution_id, "data": ex.calls(), "summary": ex.summary()})
             return Response(body, media_type="application/json")
         except ProxyError as exc:
             return self._error(exc)
@@ -501,9 +501,11 @@ class TitoProxy:
         parent = rendered.parent
         base = None
         if parent is not None and rendered.divergence is None:
-            base = (parent.call_id, len(parent.prompt_ids) + len(parent.completion_ids))
+            base = (parent.call_id, parent.prompt_len + len(parent.completion_ids))
         now = time.time()
         out = []
+        if base is not None and rendered.path != "repeat":
+            parent.lend_prefix(rendered.prompt_ids)  # the parent's prompt now lives in this list
         for ch, reply in zip(call.choices, replies):
             finish: FinishReason = ch.finish or "abort"
             mc = ModelCall(
@@ -524,24 +526,21 @@ class TitoProxy:
             )
             if self.log is not None:
                 await self.log.append_call(mc, base=base)
-            ex.calls.append(mc)
-            if finish == "length":
-                ex.truncated = True
-            ex.render.nodes.append(
-                Node(
-                    call_id=mc.call_id,
-                    prompt_ids=rendered.prompt_ids,
-                    completion_ids=ch.ids,
-                    completion_text=self.text.decode(ch.ids),
-                    messages=rendered.messages,
-                    reply=reply,
-                    tools=rendered.tools,
-                    template_kwargs=call.template_kwargs,
-                    stop_string=ch.stop_string,
-                    parent=parent,
-                    divergence=rendered.divergence,
-                )
+            node = Node(
+                call_id=mc.call_id,
+                prompt_ref=rendered.prompt_ids,
+                completion_ids=ch.ids,
+                completion_text=self.text.decode(ch.ids),
+                messages=rendered.messages,
+                reply=reply,
+                tools=rendered.tools,
+                template_kwargs=call.template_kwargs,
+                stop_string=ch.stop_string,
+                parent=parent,
+                divergence=rendered.divergence,
             )
+            ex.render.nodes.append(node)
+            ex.add(mc, node)
             self._counts["calls_recorded"] += 1
             self._counts["completion_tokens"] += len(ch.ids)
             out.append(mc)

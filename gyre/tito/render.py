@@ -228,10 +228,16 @@ def _reply_key(m: ChatMessage) -> tuple:
 
 @dataclass(slots=True, eq=False)
 class Node:
-    """One recorded choice, as the renderer needs it to extend later calls."""
+    """One recorded choice, as the renderer needs it to extend later calls.
+
+    Memory stays O(history) per execution, not O(history x calls): the prompt is the first
+    `prompt_len` IDs of `prompt_ref`, and once a child's prompt extends this node, `prompt_ref`
+    points at the child's list (`lend_prefix`), so a linear conversation holds one list.
+    """
 
     call_id: str
-    prompt_ids: list[int]
+    prompt_ref: list[int]
+    """A list whose first `prompt_len` IDs are this prompt (this node's own, or a descendant's)."""
     completion_ids: list[int]
     completion_text: str
     """Decoded completion, special tokens included (the text the template must reproduce)."""
@@ -248,6 +254,34 @@ class Node:
     parent: Node | None = None
     """The node this one's prompt extends (or diverges from)."""
     divergence: Divergence | None = None
+    prompt_len: int = -1
+    """Prompt length, tokens (-1 at construction: all of `prompt_ref`)."""
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 0:
+            self.prompt_len = len(self.prompt_ref)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt (the shared list itself while nothing extends it, else a copy of its prefix)."""
+        ref = self.prompt_ref
+        return ref if len(ref) == self.prompt_len else ref[: self.prompt_len]
+
+    def known_ids(self) -> list[int]:
+        """A new list: prompt + completion (one copy)."""
+        out = self.prompt_ref[: self.prompt_len]
+        out += self.completion_ids
+        return out
+
+    def lend_prefix(self, ids: list[int]) -> None:
+        """`ids` starts with this node's prompt + completion: keep it instead of this prompt, and
+        so do the ancestors that kept this node's list (it is a prefix of `ids` too)."""
+        n = self.prompt_len
+        assert ids[n: n + len(self.completion_ids)] == self.completion_ids, "lend_prefix: not an extension"
+        old, node = self.prompt_ref, self
+        while node is not None and node.prompt_ref is old:
+            node.prompt_ref = ids
+            node = node.parent
 
 
 @dataclass(slots=True)
@@ -435,7 +469,8 @@ class ChatRenderer:
         if not (b.startswith(a) and b.startswith(ct, len(a))):
             return None
         suffix = b[len(a) + len(ct):]
-        ids = [*parent.prompt_ids, *parent.completion_ids, *self.encode(suffix)]  # one copy
+        ids = parent.known_ids()  # the one copy of the history per call
+        ids += self.encode(suffix)
         shared = parent.messages + messages[k:]
         return Rendered(prompt_ids=ids, parent=parent, divergence=None, messages=shared, tools=parent.tools, path="fast")
 
@@ -475,8 +510,7 @@ class ChatRenderer:
     def _splice(self, parent: Node, text: str) -> tuple[list[int], int | None]:
         """Prompt IDs for `text` keeping the parent's exact tokens over the longest shared text
         prefix; returns (ids, first index differing from parent prompt + completion, or None)."""
-        known = parent.prompt_ids + parent.completion_ids
-        return self.splice_tokens(known, text)
+        return self.splice_tokens(parent.known_ids(), text)
 
     def splice_tokens(self, known: list[int], text: str) -> tuple[list[int], int | None]:
         """(ids, divergence index or None): `known` tokens kept while their bytes prefix `text`."""
@@ -532,14 +566,13 @@ class ChatRenderer:
         """Parent and divergence of a raw token prompt (completions API); the IDs are kept as sent."""
         best, best_len = None, 0
         for node in reversed(state.nodes[-limit:]):
-            if node.prompt_ids == prompt_ids:  # the same prompt again: a sibling of that call
-                return Rendered(prompt_ids=node.prompt_ids, parent=node.parent, divergence=node.divergence, path="repeat")
-            known_len = len(node.prompt_ids) + len(node.completion_ids)
-            if known_len <= len(prompt_ids) and prompt_ids[: len(node.prompt_ids)] == node.prompt_ids and (
-                prompt_ids[len(node.prompt_ids):known_len] == node.completion_ids
-            ):
+            n = node.prompt_len
+            if n == len(prompt_ids) and node.prompt_ref[:n] == prompt_ids:  # the same prompt again: a sibling
+                return Rendered(prompt_ids=prompt_ids, parent=node.parent, divergence=node.divergence, path="repeat")
+            known = node.known_ids()
+            if len(known) <= len(prompt_ids) and prompt_ids[: len(known)] == known:
                 return Rendered(prompt_ids=prompt_ids, parent=node, divergence=None, path="tokens")
-            m = _common_prefix(node.prompt_ids + node.completion_ids, prompt_ids)
+            m = _common_prefix(known, prompt_ids)
             if m > best_len:
                 best, best_len = node, m
         if best is None:

@@ -13,9 +13,11 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+import msgspec
+
 from gyre.errors import ProxyError
 from gyre.tito.records import ROLES, ExecutionSummary, ModelCall, Role
-from gyre.tito.render import RenderState
+from gyre.tito.render import Node, RenderState
 
 __all__ = ["Execution", "Sessions", "parse_role"]
 
@@ -27,11 +29,29 @@ class Execution:
     execution_id: str
     key: str
     render: RenderState = field(default_factory=RenderState)
-    calls: list[ModelCall] = field(default_factory=list)
+    records: list[tuple[ModelCall, Node]] = field(default_factory=list)
+    """Recorded calls without their prompt IDs (the node holds them compactly)."""
     truncated: bool = False
     """Any call cut off (`length`) or refused for the context limit (B14, B15)."""
     context_refusals: int = 0
     next_call: int = 0
+    length_calls: int = 0
+    divergences: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, call: ModelCall, node: Node) -> None:
+        """Keep a recorded call (its prompt lives in `node`)."""
+        self.records.append((msgspec.structs.replace(call, prompt_ids=[]), node))
+        self.length_calls += call.finish_reason == "length"
+        self.truncated |= call.finish_reason == "length"
+        self.divergences += call.divergence is not None
+        self.prompt_tokens += len(call.prompt_ids)
+        self.completion_tokens += len(call.completion_ids)
+
+    def calls(self) -> list[ModelCall]:
+        """Every recorded call with its full prompt IDs (materialised: O(calls x history))."""
+        return [msgspec.structs.replace(call, prompt_ids=node.prompt_ids) for call, node in self.records]
 
     def new_call_id(self) -> str:
         """`c<k>`: unique within the execution, in arrival order."""
@@ -42,13 +62,13 @@ class Execution:
     def summary(self) -> ExecutionSummary:
         return ExecutionSummary(
             execution_id=self.execution_id,
-            num_calls=len(self.calls),
+            num_calls=len(self.records),
             truncated=self.truncated,
-            length_calls=sum(c.finish_reason == "length" for c in self.calls),
+            length_calls=self.length_calls,
             context_refusals=self.context_refusals,
-            divergences=sum(c.divergence is not None for c in self.calls),
-            prompt_tokens=sum(len(c.prompt_ids) for c in self.calls),
-            completion_tokens=sum(len(c.completion_ids) for c in self.calls),
+            divergences=self.divergences,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
             closed_s=time.time(),
         )
 

@@ -268,8 +268,10 @@ async def test_b22_n_choices_are_distinct_reproducible_and_aligned(tok, anyio_ba
         assert rec.completion_ids == ch["token_ids"]
         assert rec.logprobs == [e["logprob"] for e in ch["logprobs"]["content"]]
         assert rec.finish_reason == ch["finish_reason"]
-    # One prompt shared by the 4 branches: the same list, never re-tokenized per choice (assert 4).
-    assert all(rec.prompt_ids is first[0].prompt_ids for rec in first)
+    # One prompt shared by the 4 branches, never re-tokenized per choice (assert 4).
+    assert all(rec.prompt_ids == first[0].prompt_ids for rec in first)
+    nodes = proxy.sessions.get("b22").render.nodes[:4]
+    assert all(n.prompt_ref is nodes[0].prompt_ref for n in nodes)  # one list in memory
     assert a["usage"]["prompt_tokens"] == len(first[0].prompt_ids)
     last = calls[-1]
     # The continuation extends choice 2 (of the repeat, the most recent identical branch) (assert 5).

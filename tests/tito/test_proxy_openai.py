@@ -98,6 +98,9 @@ async def test_twenty_turns_async_sdk(tok, anyio_backend):
         assert proxy.text.decode(call.prompt_ids) == text
     stats = proxy.statistics()
     assert stats.render_check_failures == 0 and stats.divergences == 0
+    # Memory is O(history), not O(history x calls): the whole chain holds one prompt list.
+    nodes = proxy.sessions.get("ex-async").render.nodes
+    assert len({id(n.prompt_ref) for n in nodes}) == 1 and nodes[0].prompt_ref is calls[-1].prompt_ids
     summary = await proxy.close("ex-async")
     assert summary.num_calls == TURNS and not summary.truncated
 

@@ -63,7 +63,7 @@ def test_fast_render_equals_full_render(tok, turns, system):
             tool_calls=list(parsed.tool_calls) or None,
         )
         state.nodes.append(Node(
-            call_id=f"c{k}", prompt_ids=rendered.prompt_ids, completion_ids=completion,
+            call_id=f"c{k}", prompt_ref=rendered.prompt_ids, completion_ids=completion,
             completion_text=fast.text.decode(completion), messages=rendered.messages, reply=echo, tools=TOOLS,
         ))
         messages = messages + [echo] + new
