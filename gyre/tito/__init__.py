@@ -4,7 +4,7 @@
 call log after a run or a crash. See DESIGN.md (data path, invariant 1).
 """
 
-from gyre.tito.log import CallLog, LogContents, LogCorruptError, read_log
+from gyre.tito.log import CallLog, LogContents, LogCorruptError, LogStatistics, read_log
 from gyre.tito.proxy import ProxyStatistics, TitoProxy
 from gyre.tito.records import ROLES, Divergence, ExecutionSummary, ModelCall, Role
 from gyre.tito.render import ChatRenderer, RenderStatistics
@@ -18,6 +18,7 @@ __all__ = [
     "Role",
     "ROLES",
     "CallLog",
+    "LogStatistics",
     "LogContents",
     "LogCorruptError",
     "read_log",

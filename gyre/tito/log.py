@@ -1,6 +1,6 @@
 """The append-only call log of one run: every `ModelCall` the proxy recorded, crash-safe.
 
-Owns `CallLog` (the writer), `read_log` (the reader) and `LogContents`. A log is a sequence of
+Owns `CallLog` (the writer, with `LogStatistics`), `read_log` (the reader) and `LogContents`. A log is a sequence of
 frames `[u32 length][u32 crc32][msgpack payload]` (little-endian); a payload is a `CallEntry`
 (one `ModelCall`; a prompt that extends its parent's prompt + completion is stored as the
 parent's call ID plus the new tokens only, so the log grows with new tokens, not history) or an
@@ -25,7 +25,7 @@ import msgspec
 
 from gyre.tito.records import ExecutionSummary, ModelCall
 
-__all__ = ["CallEntry", "EndEntry", "CallLog", "LogContents", "LogCorruptError", "read_log"]
+__all__ = ["CallEntry", "EndEntry", "CallLog", "LogStatistics", "LogContents", "LogCorruptError", "read_log", "encode_frame"]
 
 _HEADER = struct.Struct("<II")
 _INLINE_WRITE_BYTES = 64 * 1024
@@ -58,6 +58,17 @@ def encode_frame(entry: CallEntry | EndEntry) -> bytes:
     """One length-prefixed, checksummed frame."""
     payload = _ENCODER.encode(entry)
     return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+class LogStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of a call log writer (STYLE.md rule 6)."""
+
+    frames_written: int
+    """Frames appended (calls and execution summaries)."""
+    bytes_written: int
+    """Bytes appended, headers included."""
+    syncs: int
+    """fsync calls that had something to make durable."""
 
 
 class CallLog:
@@ -118,6 +129,9 @@ class CallLog:
         while True:
             await anyio.sleep(interval_s)
             await self.sync()
+
+    def statistics(self) -> LogStatistics:
+        return LogStatistics(frames_written=self.frames_written, bytes_written=self.bytes_written, syncs=self.syncs)
 
     def close(self) -> None:
         """fsync and close (blocking: call at shutdown)."""

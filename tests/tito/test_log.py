@@ -32,6 +32,9 @@ async def run_conversation(tok, log_path: Path, turns: int = 6) -> list[ModelCal
             msgs += [r["choices"][-1]["message"], {"role": "user", "content": f"next {k}"}]
         calls = proxy.calls("ex")
         await proxy.close("ex")
+    stats = proxy.log.statistics()
+    assert stats.frames_written == len(calls) + 1 and stats.syncs >= 1  # closing an execution fsyncs
+    assert stats.bytes_written == log_path.stat().st_size
     proxy.log.close()
     return calls
 
@@ -42,6 +45,7 @@ async def test_log_round_trips_every_call_and_summary(tok, tmp_path, anyio_backe
     calls = await run_conversation(tok, path)
     got = read_log(path)
     assert got.calls == calls and got.torn_bytes == 0 and got.unresolved == 0
+    assert path.stat().st_size > 0
     assert got.summaries["ex"].num_calls == len(calls) == 9
     # The log stores new tokens only: far smaller than every prompt in full.
     full = sum(len(encode_frame(CallEntry(call=c))) for c in calls)
