@@ -9,6 +9,8 @@ Knows nothing about what the cell runs inside (vLLM, DeepSpeed).
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +46,7 @@ from gyre.runtime.cell_wire import (
 __all__ = ["CellClient", "CellProcess", "spawn_cell", "wait_cell_ready", "open_cell"]
 
 _HEADERS = {"Content-Type": "application/msgpack"}
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _raise_for(response: httpx.Response, body: bytes) -> None:
@@ -210,8 +213,17 @@ def spawn_cell(
         "--host", host, "--port", str(port), "--port-file", str(port_file),
     ]
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
     return CellProcess(process=process, port_file=port_file, log_path=log_path)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the node dies (Linux `PR_SET_PDEATHSIG`), so a killed node
+    leaves no cell (and, through the cell's shutdown, no engine process) behind."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def wait_cell_ready(cell: CellProcess, timeout_s: float, host: str = "127.0.0.1") -> str:
