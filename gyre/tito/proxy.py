@@ -622,7 +622,7 @@ class TitoProxy:
 
             # Rendering a few new messages takes microseconds, less than a thread hop; rendering
             # and tokenizing much text (a first call, a full re-render) must not block the loop.
-            new_bytes = len(body) if parent is None else sum(
+            new_bytes = len(body) if parent is None or self.renderer.check_due(ex.render) else sum(
                 len(message_text(m.content) or "") for m in req.messages[len(parent.messages):]
             )
             try:

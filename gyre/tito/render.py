@@ -410,10 +410,7 @@ class ChatRenderer:
         if parent is not None and state.anchor_ok is not False:
             fast = self._render_fast(parent, messages, tools, template_kwargs)
             if fast is not None:
-                check = state.anchor_ok is None or (
-                    self.check_every and state.fast_since_check + 1 >= self.check_every
-                )
-                if not check:
+                if not self.check_due(state):
                     state.fast_since_check += 1
                     self.stats.fast += 1
                     return fast
@@ -426,6 +423,13 @@ class ChatRenderer:
                 state.anchor_ok = ok if state.anchor_ok is None else state.anchor_ok and ok
                 return full
         return self._render_full(state, messages, tools, add_generation_prompt, template_kwargs)
+
+    def check_due(self, state: RenderState) -> bool:
+        """Whether the next fast-path prompt of this execution is cross-checked by a full render
+        (or the execution renders in full anyway): then rendering costs O(history)."""
+        return state.anchor_ok is not True or bool(
+            self.check_every and state.fast_since_check + 1 >= self.check_every
+        )
 
     def find_parent(
         self,
