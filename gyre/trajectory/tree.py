@@ -84,6 +84,10 @@ class TrajectoryTree:
     def __len__(self) -> int:
         return int(self.token_N.shape[0])
 
+    def __repr__(self) -> str:
+        return (f"TrajectoryTree(execution_id={self.execution_id!r}, calls={len(self.call_ids)}, "
+                f"nodes={len(self)})")
+
     @property
     def num_nodes(self) -> int:
         return len(self)

@@ -53,6 +53,20 @@ def test_b07_logprobs_do_not_depend_on_batch_mates_fp32():
         assert (alone - other).abs().max().item() <= 1e-5
 
 
+def test_b07_bf16_difference_stays_within_its_documented_tolerance():
+    # bf16 is not batch-invariant (reduction order changes with T); tolerance documented here:
+    # max |alone - packed| <= 5e-2 nats on this model (measured 1.8e-2). Trainers report the
+    # behaviour-vs-trainer mismatch per step (`LossStatistics.mean_abs_logprob_diff`).
+    model = tiny_qwen2(seed=4, vocab=VOCAB, dtype=torch.bfloat16)
+    target = _execution("target", 40, 10, seed=0)
+    others = [_execution(f"o{n}", n, max(n // 3, 1), seed=n) for n in (5, 300, 1000)]
+    items = [(t, select_trajectories(t, 1)) for t in [target, *others]]
+    alone = _logprobs_of(model, pack_batch(items[:1], token_budget=10_000), "target")
+    packed = _logprobs_of(model, pack_batch(items, token_budget=10_000), "target")
+    assert alone.dtype == torch.float32  # the head runs in fp32 even for a bf16 model
+    assert (alone - packed).abs().max().item() <= 5e-2
+
+
 def test_b07_first_update_is_on_policy_ratio_one_no_clipping():
     model = tiny_qwen2(seed=4, vocab=VOCAB, dtype=torch.float32)
     target = _execution("target", 40, 10, seed=0, model=model)
