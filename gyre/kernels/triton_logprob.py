@@ -25,9 +25,10 @@ def _logprob_entropy_kernel(x_ptr, labels_ptr, lp_ptr, ent_ptr, lse_ptr, V, stri
                             BLOCK: tl.constexpr):
     row = tl.program_id(0)
     base = x_ptr + row * stride_row
-    m = -float("inf")
-    s = 0.0
-    sx = 0.0
+    # fp32 scalars typed up front: loop-carried values must keep one type when compiled
+    m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), 0)
+    s = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
+    sx = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         inside = offs < V
