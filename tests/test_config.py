@@ -78,3 +78,19 @@ def test_node_cli_bad_config_exits_2_with_one_line(tmp_path) -> None:
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"gyre: error: {path}: max_model_len=0 must be > 0 - at `$.engine`"]
+
+
+def test_node_cli_bad_task_folder_is_one_clear_error_before_start(tmp_path) -> None:
+    bad = tmp_path / "suite" / "broken-task"
+    bad.mkdir(parents=True)
+    (bad / "task.toml").write_text("version = 1\n[agent]\ndeadline_s = -5\n")
+    model = tmp_path / "model"
+    path = write(tmp_path, f'run_dir = "{tmp_path / "run"}"\n[model]\npath = "{model}"\n'
+                           f'[tasks]\nsuites = ["{tmp_path / "suite"}"]\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "gyre.node", "--config", str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()[-1:]
+    assert line.startswith("gyre: error: ") and "broken-task" in line
+    assert not (tmp_path / "run").exists() and not model.exists()  # nothing built or started

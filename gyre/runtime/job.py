@@ -14,7 +14,7 @@ import anyio
 
 from gyre.config import RunConfig
 from gyre.runtime.checkpoint import LoopState
-from gyre.runtime.loop import run_rl
+from gyre.runtime.loop import run_rl, split_tasks
 
 __all__ = ["run", "ensure_model"]
 
@@ -46,5 +46,6 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     Raises `GyreError` subclasses for engine and config failures, `FileNotFoundError` for a
     missing model folder.
     """
+    split_tasks(config)  # a bad task folder is reported before anything is built or started
     model_dir = ensure_model(config)
     return anyio.run(partial(run_rl, config, model_dir, resume=resume), backend="trio")

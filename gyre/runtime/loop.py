@@ -207,6 +207,7 @@ async def run_rl(config: RunConfig, model_dir: Path, *, resume: bool = False, pr
     from gyre.engines.trainer import DeepSpeedTrainer
 
     run_dir = Path(config.run_dir)
+    split_tasks(config)  # a task folder that fails validation stops the run before anything starts
     found = latest_checkpoint(run_dir)
     if found is not None and not resume:
         raise ConfigError(f"run_dir={str(run_dir)!r} already holds a run: pass --resume or choose another run_dir")
