@@ -1,0 +1,462 @@
+"""Warm start: supervised fine-tuning of a model on the `learnable` suite's demonstrations.
+
+Owns `warm_start` (base model folder + `WarmStartConfig` -> fine-tuned folder, cached by a hash of
+its inputs), `demonstrations` (fresh `learnable` conversations, the shipped suite's instructions
+held out), `encode_conversation` (a chat to token IDs and a loss mask, segment by segment as the
+TITO proxy builds prompts: every assistant turn is the text the model would generate, ending with
+`<|im_end|>`) and `offline_pass_rate` (a quick check that plays the reference agent's loop with
+transformers and scores the written file as the hidden tests do). Demonstrations come from
+`gyre.agents.oracle`, so they are the reference agent's conversations token for token. Knows
+nothing about engines, the proxy or RL; plain torch AdamW in float32 on one process.
+
+Shape suffix legend: `T` packed tokens, `N` loss positions, `H` hidden size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gyre.config import WarmStartConfig
+
+__all__ = [
+    "SFT_RECORD",
+    "Encoded",
+    "SFTResult",
+    "OfflineEval",
+    "demonstrations",
+    "encode_conversation",
+    "warm_start",
+    "offline_pass_rate",
+]
+
+SFT_RECORD = "gyre_sft.json"
+"""File in the output folder: the input hash, settings, losses and wall time of the fine-tune."""
+_RECIPE_VERSION = 1
+"""Bump when the training procedure changes, so cached outputs are rebuilt."""
+_WEIGHT_FILES = ("model.safetensors",)
+
+
+class SFTResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What `warm_start` recorded in `<out>/gyre_sft.json`."""
+
+    input_hash: str
+    """sha256 of (recipe version, base model files, settings, demonstrations)."""
+    settings: WarmStartConfig
+    base_model: str
+    demonstrations: int
+    steps: int
+    """Optimizer steps taken."""
+    losses: list[float]
+    """Mean loss per assistant token (nats) of every step."""
+    tokens_per_step: float
+    """Mean packed tokens forwarded per step (the shared prompt prefix counted once)."""
+    wall_s: float
+    """Seconds spent training (demonstrations, encoding and saving included)."""
+    cpu_s: float
+    """CPU seconds of this process over the same span (all threads; robust to other load)."""
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One conversation as token IDs; `loss_mask[i]` is True for tokens the model generates."""
+
+    ids: list[int]
+    loss_mask: list[bool]
+
+
+# --------------------------------------------------------------------------------------------
+# demonstrations
+
+
+def demonstrations(settings: WarmStartConfig) -> list[dict]:
+    """`settings.examples` demonstrations of the `learnable` kind, as `demonstration_for` dicts.
+
+    Drawn with `learnable_examples(seed=settings.seed)`; an example whose instruction is one of
+    the shipped suite's (generated with `settings.heldout_suite_seed`) is skipped, so every
+    shipped task stays unseen. Deterministic for equal settings.
+    """
+    from gyre.agents.oracle import demonstration_for  # agents -> tasks; model code only calls them
+    from gyre.tasks.suites import SUITES, learnable_examples
+
+    heldout = {t.instruction for t in SUITES["learnable"](settings.heldout_suite_seed)}
+    draw = settings.examples * 2 + 16
+    while True:
+        pairs = [(i, s) for i, s in learnable_examples(draw, settings.seed) if i not in heldout]
+        if len(pairs) >= settings.examples:
+            break
+        draw *= 2
+    return [demonstration_for(i, s) for i, s in pairs[: settings.examples]]
+
+
+def _render(tokenizer: Any, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                         add_generation_prompt=generation_prompt)
+
+
+def encode_conversation(tokenizer: Any, messages: list[dict], tools: list[dict] | None) -> Encoded:
+    """Token IDs of a chat as the TITO proxy would hold them, and which tokens carry loss.
+
+    Each assistant turn is tokenized on its own as the completion the model generates (its text
+    as the chat template renders it, ending with `<|im_end|>`); the text between turns (the
+    template's generation prompt, tool results, the newline after `<|im_end|>`) is tokenized on
+    its own and carries no loss. This is `parent prompt + parent completion + new text`, the way
+    the proxy extends prompts (DESIGN.md invariant 1).
+
+    Raises:
+        ValueError: the template does not render an assistant turn as a continuation of its
+            generation prompt, or the conversation has no assistant turn.
+    """
+    ids: list[int] = []
+    mask: list[bool] = []
+    done = ""  # rendered text covered by `ids` so far
+    eos = tokenizer.eos_token
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        prompt = _render(tokenizer, messages[:i], tools, True)
+        full = _render(tokenizer, messages[: i + 1], tools, False)
+        if not prompt.startswith(done) or not full.startswith(prompt):
+            raise ValueError(f"message {i}: the template's render of the turn does not extend the prompt")
+        completion = full[len(prompt):]
+        end = completion.find(eos)
+        if end < 0:
+            raise ValueError(f"message {i}: rendered assistant turn has no {eos!r}: {completion!r}")
+        completion = completion[: end + len(eos)]
+        new = tokenizer.encode(prompt[len(done):], add_special_tokens=False)
+        gen = tokenizer.encode(completion, add_special_tokens=False)
+        ids += new + gen
+        mask += [False] * len(new) + [True] * len(gen)
+        done = prompt + completion
+    if not any(mask):
+        raise ValueError("the conversation has no assistant turn")
+    return Encoded(ids=ids, loss_mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# training
+
+
+def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
+    n = min(len(s) for s in seqs)
+    first = seqs[0]
+    for k in range(n):
+        if any(s[k] != first[k] for s in seqs):
+            return k
+    return n
+
+
+def _packed_loss(model: Any, batch: list[Encoded], prefix_len: int):
+    """Mean NLL (nats) over the batch's loss tokens, with the shared prompt prefix forwarded once.
+
+    The packed sequence is `prefix + suffix_1 + ... + suffix_B` (DFS order of a one-level tree);
+    each suffix attends to the prefix and to itself (`gyre.kernels.tree_attention.tree_mask`),
+    with position IDs continuing the prefix. Equal to the mean over separate forwards.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from gyre.kernels.tree_attention import tree_mask
+
+    p = prefix_len
+    ids: list[int] = list(batch[0].ids[:p])
+    pos: list[int] = list(range(p))
+    dfs_out: list[int] = []
+    parents: list[int] = []
+    labels: list[int] = []
+    spans: list[tuple[int, int]] = []
+    for ex in batch:
+        start = len(ids)
+        suffix = ex.ids[p:]
+        ids += suffix
+        pos += range(p, p + len(suffix))
+        spans.append((start, len(ids)))
+        for j, (tok, m) in enumerate(zip(ex.ids, ex.loss_mask)):
+            if m:
+                assert j >= p and j > 0, "loss tokens lie after the shared prefix"
+                parents.append(start + j - p - 1 if j > p else p - 1)
+                labels.append(tok)
+    total = len(ids)
+    dfs_out_T = [total] * p
+    for start, end in spans:
+        dfs_out_T += [end] * (end - start)
+    mask = tree_mask(torch.tensor(dfs_out_T))[None, None]
+    hidden_TH = model.model(input_ids=torch.tensor(ids)[None], attention_mask=mask,
+                            position_ids=torch.tensor(pos)[None], use_cache=False).last_hidden_state[0]
+    logits_NV = model.lm_head(hidden_TH[torch.tensor(parents)])
+    return F.cross_entropy(logits_NV, torch.tensor(labels)), total
+
+
+def _hash_inputs(model_dir: Path, settings: WarmStartConfig, demos: list[dict]) -> str:
+    h = hashlib.sha256()
+    h.update(f"gyre-sft-v{_RECIPE_VERSION}\n".encode())
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        if path.name == SFT_RECORD:
+            continue
+        h.update(str(path.relative_to(model_dir)).encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    h.update(msgspec.json.encode(settings))
+    h.update(json.dumps(demos, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _cached(out_dir: Path, input_hash: str) -> bool:
+    record = out_dir / SFT_RECORD
+    if not record.is_file():
+        return False
+    try:
+        return msgspec.json.decode(record.read_bytes(), type=SFTResult).input_hash == input_hash
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+
+
+def warm_start(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
+               settings: WarmStartConfig = WarmStartConfig(), *, log=None) -> Path:
+    """Fine-tune the model at `model_dir` on demonstrations; the result is a model folder `out_dir`.
+
+    Steps: `ceil(examples / batch_size) * epochs`, each one AdamW update (float32, linear warm-up
+    then cosine decay to 10% of `learning_rate`) on the mean loss over the assistant tokens of
+    `batch_size` demonstrations. Deterministic for equal inputs and thread count. Cached: when
+    `out_dir/gyre_sft.json` records the same input hash (base model files, settings,
+    demonstrations, recipe version), returns at once; a stale output is replaced atomically.
+
+    Args:
+        model_dir: a Hugging Face causal-LM folder with a chat template (e.g. `gyre.model init`).
+        out_dir: where the fine-tuned folder goes (model, tokenizer, `gyre_sft.json`).
+        settings: `WarmStartConfig` (its `enabled` and `path` are the caller's business).
+        log: optional `callable(str)` for progress lines (every 10 steps).
+    Returns:
+        `out_dir` as a Path.
+    Raises:
+        FileNotFoundError: `model_dir` is not a folder.
+        FileExistsError: `out_dir` exists, is not empty and is not a warm-start output.
+    """
+    t0, c0 = time.perf_counter(), time.process_time()
+    model_dir = Path(model_dir)
+    out_dir = Path(out_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model folder {str(model_dir)!r} does not exist")
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / SFT_RECORD).is_file():
+        raise FileExistsError(f"{str(out_dir)!r} exists, is not empty and holds no {SFT_RECORD}")
+    demos = demonstrations(settings)
+    input_hash = _hash_inputs(model_dir, settings, demos)
+    if _cached(out_dir, input_hash):
+        if log is not None:
+            log(f"warm start: {out_dir} is up to date (inputs {input_hash[:12]})")
+        return out_dir
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    encoded = [encode_conversation(tokenizer, d["messages"], d["tools"]) for d in demos]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(settings.seed)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate,
+                                weight_decay=settings.weight_decay, betas=(0.9, 0.95))
+        per_epoch = math.ceil(len(encoded) / settings.batch_size)
+        total_steps = per_epoch * settings.epochs
+        rng = random.Random(f"{settings.seed}:sft-order")
+        losses: list[float] = []
+        tokens = 0
+        step = 0
+        for _ in range(settings.epochs):
+            order = list(range(len(encoded)))
+            rng.shuffle(order)
+            for b in range(per_epoch):
+                batch = [encoded[i] for i in order[b * settings.batch_size:(b + 1) * settings.batch_size]]
+                prefix = min(_common_prefix([e.ids for e in batch]), *(e.loss_mask.index(True) for e in batch))
+                lr = _lr(step, total_steps, settings)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                loss, packed = _packed_loss(model, batch, prefix)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                losses.append(loss.item())
+                tokens += packed
+                step += 1
+                if log is not None and (step % 10 == 0 or step == total_steps):
+                    log(f"sft step {step}/{total_steps} loss {losses[-1]:.4f} lr {lr:.2e}")
+        model.eval()
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        for path in model_dir.iterdir():
+            if path.is_file() and path.name not in _WEIGHT_FILES and path.name != SFT_RECORD:
+                shutil.copy2(path, tmp / path.name)
+        model.save_pretrained(tmp, safe_serialization=True)
+        result = SFTResult(
+            input_hash=input_hash, settings=settings, base_model=str(model_dir), demonstrations=len(demos),
+            steps=step, losses=losses, tokens_per_step=tokens / max(step, 1),
+            wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0,
+        )
+        (tmp / SFT_RECORD).write_bytes(msgspec.json.format(msgspec.json.encode(result), indent=1) + b"\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out_dir
+
+
+def _lr(step: int, total: int, s: WarmStartConfig) -> float:
+    if step < s.warmup_steps:
+        return s.learning_rate * (step + 1) / s.warmup_steps
+    span = max(total - s.warmup_steps, 1)
+    frac = min((step - s.warmup_steps) / span, 1.0)
+    return s.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+# --------------------------------------------------------------------------------------------
+# offline check
+
+
+class OfflineEval(msgspec.Struct, frozen=True, kw_only=True):
+    """Result of `offline_pass_rate`."""
+
+    tasks: int
+    samples: int
+    """Conversations played (tasks x samples per task)."""
+    passed: int
+    """Conversations after which the file held the word (the hidden tests' check)."""
+    pass_rate: float
+    first_call_ok: float
+    """Fraction whose first reply was exactly the reference `write_file` call."""
+    finished: float
+    """Fraction that ended with a `finish` call."""
+
+
+def _sample(model: Any, prompt_ids: list[int], eos_id: int, max_new_tokens: int, temperature: float,
+            generator: Any) -> list[int]:
+    import torch
+
+    out: list[int] = []
+    cache = None
+    inp = torch.tensor(prompt_ids)[None]
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            res = model(input_ids=inp, past_key_values=cache, use_cache=True)
+            cache = res.past_key_values
+            logits_V = res.logits[0, -1].float()
+            if temperature == 0:
+                tok = int(logits_V.argmax())
+            else:
+                probs = torch.softmax(logits_V / temperature, dim=-1)
+                tok = int(torch.multinomial(probs, 1, generator=generator))
+            out.append(tok)
+            if tok == eos_id:
+                break
+            inp = torch.tensor([[tok]])
+    return out
+
+
+def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[str, str, str]], *,
+                      samples: int = 1, temperature: float = 0.0, max_turns: int = 4,
+                      max_new_tokens: int = 96, seed: int = 0) -> OfflineEval:
+    """Play the reference agent's loop with transformers on `learnable` tasks and score them.
+
+    Each conversation is the reference agent's (its system prompt, tools and message format):
+    prompt IDs are the conversation encoded like `encode_conversation` (re-rendered, so a reply
+    the template would render differently is re-tokenized: an estimate, not the proxy). Tool calls
+    `write_file`, `read_file` and `list_dir` run on a fresh temporary workspace; `run` and
+    `delegate` are answered with an error (nothing from the model is executed). It ends on
+    `finish`, a reply without tool calls, or after `max_turns` replies; it passes when
+    `path` holds `word` (whitespace stripped), as the hidden tests check.
+
+    Args:
+        tasks: (instruction, word, path) triples, e.g. from the suite's oracle solutions.
+        samples: conversations per task; temperature: 0 is greedy, else plain softmax sampling.
+    Raises:
+        ValueError: samples < 1, temperature < 0, max_turns < 1 or no tasks.
+    """
+    if samples < 1 or temperature < 0 or max_turns < 1 or not tasks:
+        raise ValueError(f"{samples=} must be >= 1, {temperature=} >= 0, {max_turns=} >= 1, tasks={len(tasks)} > 0")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gyre.agents.tools import SYSTEM_PROMPT, TOOL_SCHEMAS, ToolError, Workspace
+    from gyre.tito.render import parse_reply
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+    passed = first_ok = finished = 0
+    for instruction, word, path in tasks:
+        reference = {"path": path, "content": word}
+        for _ in range(samples):
+            with tempfile.TemporaryDirectory(prefix="gyre-sft-eval-") as tmp:
+                ws = Workspace(tmp)
+                messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
+                                        {"role": "user", "content": instruction}]
+                for turn in range(max_turns):
+                    probe = [*messages, {"role": "assistant", "content": ""}]
+                    ids = encode_conversation(tokenizer, probe, TOOL_SCHEMAS).ids
+                    prompt_ids = ids[: len(ids) - 1]  # drop the probe's <|im_end|>
+                    out = _sample(model, prompt_ids, tokenizer.eos_token_id, max_new_tokens, temperature, gen)
+                    text = tokenizer.decode(out, skip_special_tokens=False).removesuffix(tokenizer.eos_token)
+                    reply = parse_reply(text, f"call_{turn}")
+                    calls = reply.tool_calls
+                    if turn == 0 and len(calls) == 1 and calls[0].function.name == "write_file":
+                        first_ok += _loads(calls[0].function.arguments) == reference
+                    messages.append({"role": "assistant", "content": reply.content, "tool_calls": [
+                        {"id": c.id, "type": "function", "function": {"name": c.function.name,
+                                                                      "arguments": c.function.arguments}}
+                        for c in calls] or None})
+                    if not calls:
+                        break
+                    done = False
+                    for c in calls:
+                        args = _loads(c.function.arguments)
+                        name = c.function.name
+                        try:
+                            if not isinstance(args, dict):
+                                result = f"error: invalid arguments for {name}"
+                            elif name == "finish":
+                                result, done = str(args.get("summary", "")), True
+                            elif name == "write_file":
+                                result = ws.write_file(args.get("path", ""), args.get("content", ""))
+                            elif name == "read_file":
+                                result = ws.read_file(args.get("path", ""))
+                            elif name == "list_dir":
+                                result = ws.list_dir(args.get("path", "."))
+                            else:
+                                result = f"error: {name!r} is not available in the offline check"
+                        except ToolError as exc:
+                            result = f"error: {exc}"
+                        except OSError as exc:
+                            result = f"error: {exc.strerror or exc}"
+                        messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
+                    if done:
+                        finished += 1
+                        break
+                target = Path(tmp) / path
+                passed += target.is_file() and target.read_text(errors="replace").strip() == word
+    n = len(tasks) * samples
+    return OfflineEval(tasks=len(tasks), samples=n, passed=passed, pass_rate=passed / n,
+                       first_call_ok=first_ok / n, finished=finished / n)
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
