@@ -71,7 +71,9 @@ async def main() -> None:
         eos_token_id=tok.eos_token_id,
         max_model_len=2_000_000,
     )
-    proxy = TitoProxy(tokenizer=tok, engine_for=lambda _: engine, config=ProxyConfig(), log_path="/tmp/gyre_bench_proxy.log")
+    proxy = TitoProxy(
+        tokenizer=tok, engine_for=lambda _: engine, config=ProxyConfig(), log_path="/tmp/gyre_bench_proxy.log"
+    )
     numbers: dict[str, object] = {}
     rows = []
     async with anyio.create_task_group() as tg:
@@ -80,10 +82,15 @@ async def main() -> None:
             convs, headers = {}, {}
             for name, size in SIZES.items():
                 convs[name] = Conversation(tok, size, seed=size)
-                headers[name] = {"Authorization": f"Bearer {proxy.mint_key(name)}", "Content-Type": "application/json"}
+                headers[name] = {
+                    "Authorization": f"Bearer {proxy.mint_key(name)}",
+                    "Content-Type": "application/json",
+                }
                 # Untimed: the first call renders everything, the second is cross-checked in full.
                 for _ in range(2):
-                    r = await http.post("/chat/completions", content=convs[name].body(), headers=headers[name])
+                    r = await http.post(
+                        "/chat/completions", content=convs[name].body(), headers=headers[name]
+                    )
                     r.raise_for_status()
                     convs[name].extend(r.json())
             # Timed in interleaved rounds, so load from other processes hits every size alike.
@@ -95,9 +102,14 @@ async def main() -> None:
                         # Keep the history at its size: start the execution over (untimed).
                         await proxy.close(name)
                         convs[name] = Conversation(tok, SIZES[name], seed=SIZES[name] + rnd)
-                        headers[name] = {"Authorization": f"Bearer {proxy.mint_key(name)}", "Content-Type": "application/json"}
+                        headers[name] = {
+                            "Authorization": f"Bearer {proxy.mint_key(name)}",
+                            "Content-Type": "application/json",
+                        }
                         for _ in range(2):
-                            r = await http.post("/chat/completions", content=convs[name].body(), headers=headers[name])
+                            r = await http.post(
+                                "/chat/completions", content=convs[name].body(), headers=headers[name]
+                            )
                             r.raise_for_status()
                             convs[name].extend(r.json())
                     fast_before = proxy.statistics().rendered_fast
@@ -113,7 +125,8 @@ async def main() -> None:
                     # The engine alone on a prompt of the same length (its own per-token validation).
                     prompt = proxy.calls(name)[-1].prompt_ids
                     req = GenerateRequest(
-                        request_id=f"bench-{name}-{rnd}", prompt_ids=prompt,
+                        request_id=f"bench-{name}-{rnd}",
+                        prompt_ids=prompt,
                         sampling=SamplingParams(max_tokens=16, stop_token_ids=(tok.eos_token_id,)),
                     )
                     engine.requests_seen.clear()  # the fake engine's test log would pin every prompt
@@ -132,7 +145,15 @@ async def main() -> None:
                 numbers[f"total_ms_{name}"] = summarize([t * 1e3 for t in total[name]])
                 numbers[f"engine_ms_{name}"] = summarize([t * 1e3 for t in engine_s[name]])
                 numbers[f"prompt_tokens_{name}"] = prompt_len
-                rows.append({"history": name, "prompt_tokens": prompt_len, "total_ms": ms_total, "engine_ms": ms_engine, "proxy_ms": ms})
+                rows.append(
+                    {
+                        "history": name,
+                        "prompt_tokens": prompt_len,
+                        "total_ms": ms_total,
+                        "engine_ms": ms_engine,
+                        "proxy_ms": ms,
+                    }
+                )
         tg.cancel_scope.cancel()
     proxy.log.close()
     numbers["calls_per_s_1k"] = 1e3 / numbers["ms_per_call_1k"]
@@ -150,7 +171,9 @@ async def main() -> None:
     }
     path = write_result("proxy", config, numbers)
     print_table("TITO proxy per-call cost (median; engine alone subtracted)", rows)
-    print(f"calls_per_s_1k={numbers['calls_per_s_1k']:.0f}  ratio_700k/100k={numbers['ratio_700k_over_100k']:.2f}  -> {path}")
+    print(
+        f"calls_per_s_1k={numbers['calls_per_s_1k']:.0f}  ratio_700k/100k={numbers['ratio_700k_over_100k']:.2f}  -> {path}"
+    )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,16 @@ import msgspec
 
 from gyre.tito.records import ExecutionSummary, ModelCall
 
-__all__ = ["CallEntry", "EndEntry", "CallLog", "LogStatistics", "LogContents", "LogCorruptError", "read_log", "encode_frame"]
+__all__ = [
+    "CallEntry",
+    "EndEntry",
+    "CallLog",
+    "LogStatistics",
+    "LogContents",
+    "LogCorruptError",
+    "read_log",
+    "encode_frame",
+]
 
 _HEADER = struct.Struct("<II")
 _INLINE_WRITE_BYTES = 64 * 1024
@@ -105,7 +114,9 @@ class CallLog:
         prompt + completion, so only the rest is written."""
         if base is not None:
             call_id, n = base
-            entry = CallEntry(call=msgspec.structs.replace(call, prompt_ids=call.prompt_ids[n:]), prompt_base=call_id)
+            entry = CallEntry(
+                call=msgspec.structs.replace(call, prompt_ids=call.prompt_ids[n:]), prompt_base=call_id
+            )
         else:
             entry = CallEntry(call=call)
         await self._write(encode_frame(entry))
@@ -131,7 +142,9 @@ class CallLog:
             await self.sync()
 
     def statistics(self) -> LogStatistics:
-        return LogStatistics(frames_written=self.frames_written, bytes_written=self.bytes_written, syncs=self.syncs)
+        return LogStatistics(
+            frames_written=self.frames_written, bytes_written=self.bytes_written, syncs=self.syncs
+        )
 
     def close(self) -> None:
         """fsync and close (blocking: call at shutdown)."""
@@ -180,7 +193,9 @@ def read_log(path: str | os.PathLike[str]) -> LogContents:
             if stop >= end:
                 out.torn_bytes = end - pos
                 break
-            raise LogCorruptError(f"{path}: frame at byte {pos} fails its checksum ({end - stop} bytes follow)")
+            raise LogCorruptError(
+                f"{path}: frame at byte {pos} fails its checksum ({end - stop} bytes follow)"
+            )
         try:
             entry = _DECODER.decode(data[start:stop])
         except msgspec.DecodeError as exc:
@@ -195,7 +210,9 @@ def read_log(path: str | os.PathLike[str]) -> LogContents:
             if base is None:
                 out.unresolved += 1
                 continue
-            call = msgspec.structs.replace(call, prompt_ids=base.prompt_ids + base.completion_ids + call.prompt_ids)
+            call = msgspec.structs.replace(
+                call, prompt_ids=base.prompt_ids + base.completion_ids + call.prompt_ids
+            )
         known[(call.execution_id, call.call_id)] = call
         out.calls.append(call)
     return out

@@ -46,7 +46,15 @@ from gyre.errors import (
 )
 from gyre.tito.log import CallLog
 from gyre.tito.records import ExecutionSummary, ModelCall, Role
-from gyre.tito.render import ChatRenderer, Node, Rendered, RenderStatistics, TokenText, parse_reply, partial_reply
+from gyre.tito.render import (
+    ChatRenderer,
+    Node,
+    Rendered,
+    RenderStatistics,
+    TokenText,
+    parse_reply,
+    partial_reply,
+)
 from gyre.tito.sessions import Execution, Sessions, parse_role
 from gyre.tito.wire import (
     CHAT_DECODER,
@@ -181,7 +189,9 @@ class TitoProxy:
         )
 
     @classmethod
-    def for_run(cls, run: RunConfig, *, tokenizer: Any, engine_for: Callable[[str], InferenceEngine]) -> TitoProxy:
+    def for_run(
+        cls, run: RunConfig, *, tokenizer: Any, engine_for: Callable[[str], InferenceEngine]
+    ) -> TitoProxy:
         """The proxy of a run: `run.proxy` settings, call log at `<run_dir>/records/<log_name>`."""
         log_path = Path(run.run_dir) / "records" / run.proxy.log_name
         return cls(tokenizer=tokenizer, engine_for=engine_for, config=run.proxy, log_path=str(log_path))
@@ -227,7 +237,9 @@ class TitoProxy:
             **self._counts,
         )
 
-    async def serve(self, *, host: str | None = None, port: int | None = None, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self, *, host: str | None = None, port: int | None = None, task_status=anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Serve the API with Hypercorn in the current event loop (trio or asyncio) until cancelled.
 
         Binds first, then reports the bound port through `task_status` (so
@@ -297,10 +309,16 @@ class TitoProxy:
             status, type_, code = 502, "server_error", exc.code
         else:
             logger.exception("proxy request failed")
-        return Response(error_body(str(exc), type=type_, code=code, param=param), status_code=status, media_type="application/json")
+        return Response(
+            error_body(str(exc), type=type_, code=code, param=param),
+            status_code=status,
+            media_type="application/json",
+        )
 
     async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
-        return self._error(_proxy_error(exc.detail, exc.status_code, "not_found" if exc.status_code == 404 else None))
+        return self._error(
+            _proxy_error(exc.detail, exc.status_code, "not_found" if exc.status_code == 404 else None)
+        )
 
     async def _body(self, request: Request) -> bytes:
         """The request body, at most `max_body_bytes`; a larger one is read to its end (up to 8x
@@ -314,26 +332,41 @@ class TitoProxy:
             elif size > 8 * cap:
                 break
         if size > cap:
-            raise _proxy_error(f"request body of {size}+ bytes exceeds the limit of {cap} bytes", 413, "request_too_large")
+            raise _proxy_error(
+                f"request body of {size}+ bytes exceeds the limit of {cap} bytes", 413, "request_too_large"
+            )
         return b"".join(chunks)
 
     def _resolve(self, request: Request) -> Execution:
-        return self.sessions.resolve(request.headers.get("authorization"), request.headers.get("x-gyre-execution"))
+        return self.sessions.resolve(
+            request.headers.get("authorization"), request.headers.get("x-gyre-execution")
+        )
 
     def _decode(self, decoder: msgspec.json.Decoder, body: bytes):
         try:
             return decoder.decode(body)
         except msgspec.ValidationError as exc:
-            raise _proxy_error(f"invalid request: {exc}", 400, "invalid_type", param=_param_of(str(exc))) from None
+            raise _proxy_error(
+                f"invalid request: {exc}", 400, "invalid_type", param=_param_of(str(exc))
+            ) from None
         except msgspec.DecodeError as exc:
             raise _proxy_error(f"malformed JSON body: {exc}", 400, "invalid_json") from None
 
     def _check_model(self, model: str) -> None:
         if model != self.config.model_name:
-            raise _proxy_error(f"the model {model!r} does not exist (served: {self.config.model_name!r})", 404, "model_not_found", param="model", type="invalid_request_error")
+            raise _proxy_error(
+                f"the model {model!r} does not exist (served: {self.config.model_name!r})",
+                404,
+                "model_not_found",
+                param="model",
+                type="invalid_request_error",
+            )
 
     async def _models(self, request: Request) -> Response:
-        body = {"object": "list", "data": [{"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "gyre"}]}
+        body = {
+            "object": "list",
+            "data": [{"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "gyre"}],
+        }
         return Response(JSON_ENCODER.encode(body), media_type="application/json")
 
     async def _list_calls(self, request: Request) -> Response:
@@ -341,23 +374,43 @@ class TitoProxy:
             ex = self._resolve(request)
             execution_id = request.path_params["execution_id"]
             if ex.execution_id != execution_id:
-                raise _proxy_error(f"the key does not belong to execution {execution_id!r}", 403, "forbidden", type="permission_error")
-            body = _CALLS_ENCODER.encode({"object": "list", "execution_id": execution_id, "data": ex.calls(), "summary": ex.summary()})
+                raise _proxy_error(
+                    f"the key does not belong to execution {execution_id!r}",
+                    403,
+                    "forbidden",
+                    type="permission_error",
+                )
+            body = _CALLS_ENCODER.encode(
+                {"object": "list", "execution_id": execution_id, "data": ex.calls(), "summary": ex.summary()}
+            )
             return Response(body, media_type="application/json")
         except ProxyError as exc:
             return self._error(exc)
 
     # -- request preparation ------------------------------------------------------------------
 
-    def _sampling(self, req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None, prompt_len: int, ex: Execution, engine: InferenceEngine) -> SamplingParams:
+    def _sampling(
+        self,
+        req: ChatCompletionRequest | CompletionRequest,
+        max_tokens: int | None,
+        prompt_len: int,
+        ex: Execution,
+        engine: InferenceEngine,
+    ) -> SamplingParams:
         """Sampling params with the context limit applied (B15): clamp or refuse, never a crash."""
         if not 1 <= req.n <= self.config.max_n:
-            raise _proxy_error(f"n={req.n} must be in [1, {self.config.max_n}]", 400, "invalid_value", param="n")
+            raise _proxy_error(
+                f"n={req.n} must be in [1, {self.config.max_n}]", 400, "invalid_value", param="n"
+            )
         if max_tokens is not None and max_tokens < 1:
-            raise _proxy_error(f"max_tokens={max_tokens} must be >= 1", 400, "invalid_value", param="max_tokens")
+            raise _proxy_error(
+                f"max_tokens={max_tokens} must be >= 1", 400, "invalid_value", param="max_tokens"
+            )
         temperature = 1.0 if req.temperature is None else req.temperature
         if not (math.isfinite(temperature) and 0 <= temperature <= 2):
-            raise _proxy_error(f"temperature={temperature} must be in [0, 2]", 400, "invalid_value", param="temperature")
+            raise _proxy_error(
+                f"temperature={temperature} must be in [0, 2]", 400, "invalid_value", param="temperature"
+            )
         top_p = 1.0 if req.top_p is None else req.top_p
         if not 0 < top_p <= 1:
             raise _proxy_error(f"top_p={top_p} must be in (0, 1]", 400, "invalid_value", param="top_p")
@@ -370,7 +423,9 @@ class TitoProxy:
             raise _proxy_error(
                 f"this model's maximum context length is {max_model_len} tokens; the prompt has "
                 f"{prompt_len} tokens and {wanted} completion tokens were requested",
-                400, "context_length_exceeded", param="messages",
+                400,
+                "context_length_exceeded",
+                param="messages",
             )
         return SamplingParams(
             max_tokens=min(wanted, room),
@@ -378,7 +433,8 @@ class TitoProxy:
             top_p=top_p,
             top_k=req.top_k or 0,
             seed=req.seed,
-            stop_token_ids=self.stop_token_ids + tuple(t for t in req.stop_token_ids or () if t not in self.stop_token_ids),
+            stop_token_ids=self.stop_token_ids
+            + tuple(t for t in req.stop_token_ids or () if t not in self.stop_token_ids),
             n=req.n,
         )
 
@@ -386,7 +442,9 @@ class TitoProxy:
     def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         if len(stops) > 16 or any(not s for s in stops):
-            raise _proxy_error("stop must be at most 16 non-empty strings", 400, "invalid_value", param="stop")
+            raise _proxy_error(
+                "stop must be at most 16 non-empty strings", 400, "invalid_value", param="stop"
+            )
         return stops
 
     # -- generation ---------------------------------------------------------------------------
@@ -394,7 +452,9 @@ class TitoProxy:
     async def _produce(self, call: _Call, send: MemoryObjectSendStream) -> None:
         """Iterate the engine's generator in this one task (engines may hold cancel scopes across
         their yields) and pass each delta on; an engine error is passed on as an item."""
-        request = GenerateRequest(request_id=call.request_id, prompt_ids=call.rendered.prompt_ids, sampling=call.sampling)
+        request = GenerateRequest(
+            request_id=call.request_id, prompt_ids=call.rendered.prompt_ids, sampling=call.sampling
+        )
         async with send:
             with call.producer:
                 try:
@@ -424,7 +484,9 @@ class TitoProxy:
         if error is not None:
             raise error
 
-    async def _events(self, call: _Call, receive: MemoryObjectReceiveStream) -> AsyncIterator[tuple[_Choice, int]]:
+    async def _events(
+        self, call: _Call, receive: MemoryObjectReceiveStream
+    ) -> AsyncIterator[tuple[_Choice, int]]:
         """After each engine delta yield (choice, index of its first new token); a choice's
         finish is set on the yield that ends it. Raises the engine's error."""
         stops, stop_ids = call.stops, set(call.sampling.stop_token_ids)
@@ -446,7 +508,7 @@ class TitoProxy:
                 before = len(ch.text)
                 ch.text += ch.decoder.decode(table.token_bytes(tok))
                 if stops:
-                    window = ch.text[max(0, before - longest + 1):]
+                    window = ch.text[max(0, before - longest + 1) :]
                     hits = [q for q in (window.find(s) for s in stops) if q >= 0]
                     if hits:
                         ch.text = ch.text[: max(0, before - longest + 1) + min(hits)]
@@ -478,13 +540,19 @@ class TitoProxy:
         parsed = parse_reply(ch.text, tool_id, tools=call.parse_tools)
         calls = list(parsed.tool_calls) or None
         content = parsed.content if parsed.content or not calls else None
-        msg = ChatMessage(role="assistant", content=content, reasoning_content=parsed.reasoning, tool_calls=calls)
+        msg = ChatMessage(
+            role="assistant", content=content, reasoning_content=parsed.reasoning, tool_calls=calls
+        )
         out: dict[str, Any] = {"role": "assistant", "content": content}
         if parsed.reasoning is not None:
             out["reasoning_content"] = parsed.reasoning
         if calls:
             out["tool_calls"] = [
-                {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
+                {
+                    "id": tc.id,
+                    "type": "function",
+                    "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+                }
                 for tc in calls
             ]
         if parsed.tool_call_error is not None and ch.finish != "length":
@@ -574,7 +642,12 @@ class TitoProxy:
         for s in tokens:
             offsets.append(offset)
             offset += len(s)
-        return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": [{s: lp} for s, lp in zip(tokens, lps)], "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": list(lps),
+            "top_logprobs": [{s: lp} for s, lp in zip(tokens, lps)],
+            "text_offset": offsets,
+        }
 
     def _usage(self, call: _Call) -> dict[str, int]:
         p = len(call.rendered.prompt_ids)
@@ -614,7 +687,9 @@ class TitoProxy:
 
             def render() -> Rendered:
                 return self.renderer.render_chat(
-                    ex.render, req.messages, tools,
+                    ex.render,
+                    req.messages,
+                    tools,
                     add_generation_prompt=req.add_generation_prompt,
                     template_kwargs=req.chat_template_kwargs,
                     parent=parent,
@@ -622,20 +697,37 @@ class TitoProxy:
 
             # Rendering a few new messages takes microseconds, less than a thread hop; rendering
             # and tokenizing much text (a first call, a full re-render) must not block the loop.
-            new_bytes = len(body) if parent is None or self.renderer.check_due(ex.render) else sum(
-                len(message_text(m.content) or "") for m in req.messages[len(parent.messages):]
+            new_bytes = (
+                len(body)
+                if parent is None or self.renderer.check_due(ex.render)
+                else sum(len(message_text(m.content) or "") for m in req.messages[len(parent.messages) :])
             )
             try:
-                rendered = render() if new_bytes <= _INLINE_RENDER_BYTES else await anyio.to_thread.run_sync(render)
+                rendered = (
+                    render() if new_bytes <= _INLINE_RENDER_BYTES else await anyio.to_thread.run_sync(render)
+                )
             except Exception as exc:  # jinja raises its own errors for messages a template rejects
                 if isinstance(exc, ProxyError):
                     raise
-                raise _proxy_error(f"the chat template cannot render these messages: {exc}", 400, "invalid_messages", param="messages") from None
-            max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+                raise _proxy_error(
+                    f"the chat template cannot render these messages: {exc}",
+                    400,
+                    "invalid_messages",
+                    param="messages",
+                ) from None
+            max_tokens = (
+                req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+            )
             sampling = self._sampling(req, max_tokens, len(rendered.prompt_ids), ex, engine)
             call = _Call(
-                execution=ex, engine=engine, role=role, call_id=ex.new_call_id(), started_s=started,
-                rendered=rendered, sampling=sampling, stops=self._stops(req.stop),
+                execution=ex,
+                engine=engine,
+                role=role,
+                call_id=ex.new_call_id(),
+                started_s=started,
+                rendered=rendered,
+                sampling=sampling,
+                stops=self._stops(req.stop),
                 parse_tools=bool(tools) and req.tool_choice != "none",
                 template_kwargs=req.chat_template_kwargs,
                 choices=[_Choice(index=i, decoder=TokenText.incremental()) for i in range(req.n)],
@@ -655,7 +747,9 @@ class TitoProxy:
                     {
                         "index": ch.index,
                         "message": msg,
-                        "logprobs": self._logprobs_chat(ch.ids, ch.lps, req.top_logprobs) if req.logprobs else None,
+                        "logprobs": self._logprobs_chat(ch.ids, ch.lps, req.top_logprobs)
+                        if req.logprobs
+                        else None,
                         "finish_reason": "tool_calls" if msg.get("tool_calls") else ch.finish,
                         "token_ids": ch.ids,
                     }
@@ -671,7 +765,14 @@ class TitoProxy:
             return self._error(exc)
 
     def _chunk(self, call: _Call, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        body = {"id": f"chatcmpl-{call.request_id}", "object": "chat.completion.chunk", "created": call.created, "model": self.config.model_name, "choices": choices, **extra}
+        body = {
+            "id": f"chatcmpl-{call.request_id}",
+            "object": "chat.completion.chunk",
+            "created": call.created,
+            "model": self.config.model_name,
+            "choices": choices,
+            **extra,
+        }
         return b"data: " + JSON_ENCODER.encode(body) + b"\n\n"
 
     async def _chat_stream(self, call: _Call, req: ChatCompletionRequest, events) -> AsyncIterator[bytes]:
@@ -690,21 +791,21 @@ class TitoProxy:
                 if ch.finish is None:
                     visible = ch.text[: len(ch.text) - max((_hold_len(ch.text, s) for s in hold), default=0)]
                     r, c = partial_reply(visible, tools=call.parse_tools)
-                    if r[ch.emitted_reasoning:]:
-                        delta["reasoning_content"] = r[ch.emitted_reasoning:]
+                    if r[ch.emitted_reasoning :]:
+                        delta["reasoning_content"] = r[ch.emitted_reasoning :]
                         ch.emitted_reasoning = len(r)
-                    if c[ch.emitted_content:]:
-                        delta["content"] = c[ch.emitted_content:]
+                    if c[ch.emitted_content :]:
+                        delta["content"] = c[ch.emitted_content :]
                         ch.emitted_content = len(c)
                     finish = None
                 else:
                     msg, _ = self._reply_message(call, ch)
                     r = msg.get("reasoning_content") or ""
                     c = msg.get("content") or ""
-                    if r[ch.emitted_reasoning:]:
-                        delta["reasoning_content"] = r[ch.emitted_reasoning:]
-                    if c[ch.emitted_content:]:
-                        delta["content"] = c[ch.emitted_content:]
+                    if r[ch.emitted_reasoning :]:
+                        delta["reasoning_content"] = r[ch.emitted_reasoning :]
+                    if c[ch.emitted_content :]:
+                        delta["content"] = c[ch.emitted_content :]
                     if msg.get("tool_calls"):
                         delta["tool_calls"] = [dict(tc, index=i) for i, tc in enumerate(msg["tool_calls"])]
                     if "gyre_tool_call_error" in msg:
@@ -713,11 +814,15 @@ class TitoProxy:
                 choice: dict[str, Any] = {
                     "index": ch.index,
                     "delta": delta,
-                    "logprobs": self._logprobs_chat(new_ids, new_lps, req.top_logprobs) if req.logprobs else None,
+                    "logprobs": self._logprobs_chat(new_ids, new_lps, req.top_logprobs)
+                    if req.logprobs
+                    else None,
                     "finish_reason": finish,
                 }
                 choice["token_ids"] = new_ids
-                extra = {"prompt_token_ids": call.rendered.prompt_ids} if first and req.return_token_ids else {}
+                extra = (
+                    {"prompt_token_ids": call.rendered.prompt_ids} if first and req.return_token_ids else {}
+                )
                 first = False
                 yield self._chunk(call, [choice], **extra)
             replies = [self._reply_message(call, ch)[1] for ch in call.choices]
@@ -745,10 +850,14 @@ class TitoProxy:
             prompt = req.prompt
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
                 if len(prompt) != 1:
-                    raise _proxy_error("one prompt per request is supported", 400, "invalid_value", param="prompt")
+                    raise _proxy_error(
+                        "one prompt per request is supported", 400, "invalid_value", param="prompt"
+                    )
                 prompt = prompt[0]
             if isinstance(prompt, list) and not all(type(t) is int for t in prompt):
-                raise _proxy_error("prompt must be a string or a list of token IDs", 400, "invalid_type", param="prompt")
+                raise _proxy_error(
+                    "prompt must be a string or a list of token IDs", 400, "invalid_type", param="prompt"
+                )
             started = time.time()
             engine = self.engine_for(ex.execution_id)
             if isinstance(prompt, str):
@@ -760,9 +869,18 @@ class TitoProxy:
             rendered = self.renderer.link_tokens(ex.render, ids)
             sampling = self._sampling(req, req.max_tokens, len(ids), ex, engine)
             call = _Call(
-                execution=ex, engine=engine, role=role, call_id=ex.new_call_id(), started_s=started,
-                rendered=rendered, sampling=sampling, stops=self._stops(req.stop), parse_tools=False, chat=False,
-                template_kwargs=None, choices=[_Choice(index=i, decoder=TokenText.incremental()) for i in range(req.n)],
+                execution=ex,
+                engine=engine,
+                role=role,
+                call_id=ex.new_call_id(),
+                started_s=started,
+                rendered=rendered,
+                sampling=sampling,
+                stops=self._stops(req.stop),
+                parse_tools=False,
+                chat=False,
+                template_kwargs=None,
+                choices=[_Choice(index=i, decoder=TokenText.incremental()) for i in range(req.n)],
                 created=int(started),
             )
             if req.stream:
@@ -778,7 +896,9 @@ class TitoProxy:
                     {
                         "index": ch.index,
                         "text": ch.text,
-                        "logprobs": self._logprobs_text(ch.ids, ch.lps, 0) if req.logprobs is not None else None,
+                        "logprobs": self._logprobs_text(ch.ids, ch.lps, 0)
+                        if req.logprobs is not None
+                        else None,
                         "finish_reason": ch.finish,
                         "token_ids": ch.ids,
                     }
@@ -801,24 +921,46 @@ class TitoProxy:
             async for ch, start in events:
                 started = True
                 new_ids, new_lps = ch.ids[start:], ch.lps[start:]
-                visible = ch.text if ch.finish is not None else ch.text[: len(ch.text) - max((_hold_len(ch.text, s) for s in call.stops), default=0)]
-                piece = visible[ch.emitted_content:]
+                visible = (
+                    ch.text
+                    if ch.finish is not None
+                    else ch.text[: len(ch.text) - max((_hold_len(ch.text, s) for s in call.stops), default=0)]
+                )
+                piece = visible[ch.emitted_content :]
                 ch.emitted_content = len(visible)
                 choice = {
                     "index": ch.index,
                     "text": piece,
-                    "logprobs": self._logprobs_text(new_ids, new_lps, for_offsets[ch.index]) if req.logprobs is not None else None,
+                    "logprobs": self._logprobs_text(new_ids, new_lps, for_offsets[ch.index])
+                    if req.logprobs is not None
+                    else None,
                     "finish_reason": ch.finish,
                 }
                 for_offsets[ch.index] += sum(len(self.text.token_str(t)) for t in new_ids)
                 choice["token_ids"] = new_ids
-                extra = {"prompt_token_ids": call.rendered.prompt_ids} if first and req.return_token_ids else {}
+                extra = (
+                    {"prompt_token_ids": call.rendered.prompt_ids} if first and req.return_token_ids else {}
+                )
                 first = False
-                body = {"id": f"cmpl-{call.request_id}", "object": "text_completion", "created": call.created, "model": self.config.model_name, "choices": [choice], **extra}
+                body = {
+                    "id": f"cmpl-{call.request_id}",
+                    "object": "text_completion",
+                    "created": call.created,
+                    "model": self.config.model_name,
+                    "choices": [choice],
+                    **extra,
+                }
                 yield b"data: " + JSON_ENCODER.encode(body) + b"\n\n"
             await self._record(call, [None] * len(call.choices))
             if req.stream_options is not None and req.stream_options.include_usage:
-                body = {"id": f"cmpl-{call.request_id}", "object": "text_completion", "created": call.created, "model": self.config.model_name, "choices": [], "usage": self._usage(call)}
+                body = {
+                    "id": f"cmpl-{call.request_id}",
+                    "object": "text_completion",
+                    "created": call.created,
+                    "model": self.config.model_name,
+                    "choices": [],
+                    "usage": self._usage(call),
+                }
                 yield b"data: " + JSON_ENCODER.encode(body) + b"\n\n"
             yield b"data: [DONE]\n\n"
         except EngineError as exc:
@@ -838,7 +980,9 @@ def _hold_len(text: str, stop: str) -> int:
     return 0
 
 
-def _proxy_error(message: str, status: int, code: str | None, *, param: str | None = None, type: str | None = None) -> ProxyError:
+def _proxy_error(
+    message: str, status: int, code: str | None, *, param: str | None = None, type: str | None = None
+) -> ProxyError:
     if type is None:
         type = "invalid_request_error" if status < 500 else "server_error"
         if status == 401:
@@ -882,9 +1026,16 @@ class _SSEResponse:
                     return
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
-                    await send({"type": "http.response.start", "status": 200, "headers": [
-                        (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-                    ]})
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 200,
+                            "headers": [
+                                (b"content-type", b"text/event-stream; charset=utf-8"),
+                                (b"cache-control", b"no-cache"),
+                            ],
+                        }
+                    )
                     await send({"type": "http.response.body", "body": first, "more_body": True})
                     async for chunk in chunks:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})

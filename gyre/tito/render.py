@@ -48,7 +48,11 @@ _CANONICAL_CALL = re.compile(r'\{"name": ("(?:[^"\\]|\\.)*"), "arguments": (.*)\
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte <-> printable-character table used by byte-level BPE tokenizers."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -127,9 +131,9 @@ def _split_reasoning(text: str) -> tuple[str | None, str, bool]:
         return None, text, True
     j = text.find(THINK_CLOSE, len(THINK_OPEN))
     if j < 0:
-        return text[len(THINK_OPEN):], "", False
-    rest = text[j + len(THINK_CLOSE):]
-    return text[len(THINK_OPEN):j], rest[1:] if rest.startswith("\n") else rest, True
+        return text[len(THINK_OPEN) :], "", False
+    rest = text[j + len(THINK_CLOSE) :]
+    return text[len(THINK_OPEN) : j], rest[1:] if rest.startswith("\n") else rest, True
 
 
 def _parse_call(body: str, index: int, call_id: str) -> ToolCall:
@@ -144,7 +148,9 @@ def _parse_call(body: str, index: int, call_id: str) -> ToolCall:
         raw = m.group(2)  # the model's exact argument text: re-rendered verbatim (B23)
     else:
         raw = json.dumps(args, ensure_ascii=False)
-    return ToolCall(id=f"{call_id}_{index}", type="function", function=FunctionCall(name=obj["name"], arguments=raw))
+    return ToolCall(
+        id=f"{call_id}_{index}", type="function", function=FunctionCall(name=obj["name"], arguments=raw)
+    )
 
 
 def _loads_or_none(text: str) -> Any:
@@ -173,14 +179,16 @@ def parse_reply(text: str, call_id: str = "call", *, tools: bool = True) -> Pars
     try:
         while pos < len(rest):
             if not rest.startswith(CALL_OPEN, pos):
-                raise ValueError(f"unexpected text after a tool call: {rest[pos:pos + 40]!r}")
+                raise ValueError(f"unexpected text after a tool call: {rest[pos : pos + 40]!r}")
             end = rest.find(CALL_CLOSE, pos)
             if end < 0:
                 raise ValueError("unterminated <tool_call>")
-            calls.append(_parse_call(rest[pos + len(CALL_OPEN):end], len(calls), call_id))
+            calls.append(_parse_call(rest[pos + len(CALL_OPEN) : end], len(calls), call_id))
             pos = end + len(CALL_CLOSE)
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        return ParsedReply(content=rest, reasoning=reasoning, tool_calls=(), tool_call_error=f"malformed tool call: {exc}")
+        return ParsedReply(
+            content=rest, reasoning=reasoning, tool_calls=(), tool_call_error=f"malformed tool call: {exc}"
+        )
     return ParsedReply(content=rest[:i], reasoning=reasoning, tool_calls=tuple(calls), tool_call_error=None)
 
 
@@ -211,7 +219,11 @@ def message_to_template(m: ChatMessage) -> dict[str, Any]:
         d["reasoning_content"] = reasoning
     if m.tool_calls is not None:
         d["tool_calls"] = [
-            {"id": tc.id, "type": tc.type, "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
+            {
+                "id": tc.id,
+                "type": tc.type,
+                "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+            }
             for tc in m.tool_calls
         ]
     if m.tool_call_id is not None:
@@ -222,7 +234,15 @@ def message_to_template(m: ChatMessage) -> dict[str, Any]:
 def _reply_key(m: ChatMessage) -> tuple:
     """What of an assistant message a template renders: echoes that differ elsewhere still match."""
     reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
-    calls = tuple((tc.function.name, tc.function.arguments if isinstance(tc.function.arguments, str) else json.dumps(tc.function.arguments)) for tc in m.tool_calls or ())
+    calls = tuple(
+        (
+            tc.function.name,
+            tc.function.arguments
+            if isinstance(tc.function.arguments, str)
+            else json.dumps(tc.function.arguments),
+        )
+        for tc in m.tool_calls or ()
+    )
     return (m.role, message_text(m.content) or "", reasoning, calls)
 
 
@@ -277,7 +297,7 @@ class Node:
         """`ids` starts with this node's prompt + completion: keep it instead of this prompt, and
         so do the ancestors that kept this node's list (it is a prefix of `ids` too)."""
         n = self.prompt_len
-        assert ids[n: n + len(self.completion_ids)] == self.completion_ids, "lend_prefix: not an extension"
+        assert ids[n : n + len(self.completion_ids)] == self.completion_ids, "lend_prefix: not an extension"
         old, node = self.prompt_ref, self
         while node is not None and node.prompt_ref is old:
             node.prompt_ref = ids
@@ -404,8 +424,12 @@ class ChatRenderer:
         if parent is not None and len(parent.messages) == len(messages):
             # The same conversation again (a retry, or more samples): the same prompt, a sibling.
             return Rendered(
-                prompt_ids=parent.prompt_ids, parent=parent.parent, divergence=parent.divergence,
-                messages=parent.messages, tools=parent.tools, path="repeat",
+                prompt_ids=parent.prompt_ids,
+                parent=parent.parent,
+                divergence=parent.divergence,
+                messages=parent.messages,
+                tools=parent.tools,
+                path="repeat",
             )
         if parent is not None and state.anchor_ok is not False:
             fast = self._render_fast(parent, messages, tools, template_kwargs)
@@ -472,13 +496,17 @@ class ChatRenderer:
         ct = parent.completion_text
         if not (b.startswith(a) and b.startswith(ct, len(a))):
             return None
-        suffix = b[len(a) + len(ct):]
+        suffix = b[len(a) + len(ct) :]
         ids = parent.known_ids()  # the one copy of the history per call
         ids += self.encode(suffix)
         shared = parent.messages + messages[k:]
-        return Rendered(prompt_ids=ids, parent=parent, divergence=None, messages=shared, tools=parent.tools, path="fast")
+        return Rendered(
+            prompt_ids=ids, parent=parent, divergence=None, messages=shared, tools=parent.tools, path="fast"
+        )
 
-    def _best_candidate(self, state: RenderState, messages: list[ChatMessage], limit: int = 256) -> tuple[Node | None, int]:
+    def _best_candidate(
+        self, state: RenderState, messages: list[ChatMessage], limit: int = 256
+    ) -> tuple[Node | None, int]:
         """The recent chat choice sharing the most leading messages with `messages` (reply
         compared by what renders), and that count; ties go to the most recent."""
         best, best_m = None, 0
@@ -501,14 +529,24 @@ class ChatRenderer:
         text = self.render_text(messages, tools, add_generation_prompt, template_kwargs)
         parent, matched = self._best_candidate(state, messages)
         if parent is None:
-            return Rendered(prompt_ids=self.encode(text), parent=None, divergence=None, messages=list(messages), tools=tools)
+            return Rendered(
+                prompt_ids=self.encode(text),
+                parent=None,
+                divergence=None,
+                messages=list(messages),
+                tools=tools,
+            )
         ids, index = self._splice(parent, text)
         divergence = None
         if index is not None:
             self.stats.divergences += 1
             reason = self._reason(parent, messages, matched, tools)
             divergence = Divergence(parent_call_id=parent.call_id, index=index, reason=reason)
-        shared = parent.messages[:matched] + messages[matched:] if matched <= len(parent.messages) else parent.messages + messages[len(parent.messages):]
+        shared = (
+            parent.messages[:matched] + messages[matched:]
+            if matched <= len(parent.messages)
+            else parent.messages + messages[len(parent.messages) :]
+        )
         return Rendered(prompt_ids=ids, parent=parent, divergence=divergence, messages=shared, tools=tools)
 
     def _splice(self, parent: Node, text: str) -> tuple[list[int], int | None]:
@@ -572,7 +610,9 @@ class ChatRenderer:
         for node in reversed(state.nodes[-limit:]):
             n = node.prompt_len
             if n == len(prompt_ids) and node.prompt_ref[:n] == prompt_ids:  # the same prompt again: a sibling
-                return Rendered(prompt_ids=prompt_ids, parent=node.parent, divergence=node.divergence, path="repeat")
+                return Rendered(
+                    prompt_ids=prompt_ids, parent=node.parent, divergence=node.divergence, path="repeat"
+                )
             known = node.known_ids()
             if len(known) <= len(prompt_ids) and prompt_ids[: len(known)] == known:
                 return Rendered(prompt_ids=prompt_ids, parent=node, divergence=None, path="tokens")

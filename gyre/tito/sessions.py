@@ -118,10 +118,16 @@ class Sessions:
         if execution_header:
             named = self._by_id.get(execution_header)
             if named is None or (ex is not None and ex is not named):
-                raise ProxyError(f"unknown or closed execution {execution_header!r}", status=401, type="authentication_error")
+                raise ProxyError(
+                    f"unknown or closed execution {execution_header!r}",
+                    status=401,
+                    type="authentication_error",
+                )
             ex = named
         if ex is None:
-            raise ProxyError("invalid API key: it names no open execution", status=401, type="authentication_error")
+            raise ProxyError(
+                "invalid API key: it names no open execution", status=401, type="authentication_error"
+            )
         return ex
 
     def get(self, execution_id: str) -> Execution | None:

@@ -24,7 +24,9 @@ async def agent(base: str, key: str, execution: str) -> None:
         while True:
             body = {"model": "gyre", "messages": messages, "stream": True, "seed": len(messages)}
             content, ids, call_id = "", [], None
-            async with http.stream("POST", "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+            async with http.stream(
+                "POST", "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as r:
                 async for line in r.aiter_lines():
                     if line == "data: [DONE]":
                         break
@@ -41,7 +43,9 @@ async def agent(base: str, key: str, execution: str) -> None:
 async def main(log_path: str) -> None:
     tok = build_tokenizer()
     engine = ScriptedEngine(eos_token_id=tok.eos_token_id, token_delay_s=0.002, max_model_len=1 << 20)
-    proxy = TitoProxy(tokenizer=tok, engine_for=lambda _: engine, config=ProxyConfig(flush_interval_s=60), log_path=log_path)
+    proxy = TitoProxy(
+        tokenizer=tok, engine_for=lambda _: engine, config=ProxyConfig(flush_interval_s=60), log_path=log_path
+    )
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.serve)
         for i in range(4):

@@ -9,8 +9,11 @@ def test_tito_all_names_exist_and_public_names_are_listed() -> None:
     exported = set(gyre.tito.__all__)
     assert all(hasattr(gyre.tito, n) for n in exported)
     public = {
-        n for n, v in vars(gyre.tito).items()
-        if not n.startswith("_") and not isinstance(v, type(gyre.tito)) and getattr(v, "__module__", "").startswith("gyre")
+        n
+        for n, v in vars(gyre.tito).items()
+        if not n.startswith("_")
+        and not isinstance(v, type(gyre.tito))
+        and getattr(v, "__module__", "").startswith("gyre")
     }
     assert public <= exported, f"gyre.tito exposes {sorted(public - exported)} outside __all__"
     assert {"TitoProxy", "ModelCall", "read_log"} <= exported

@@ -28,34 +28,56 @@ async def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(tok, 
     bad_key, good_key = proxy.mint_key("bad"), proxy.mint_key("good")
     auth = {"Authorization": f"Bearer {bad_key}"}
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base, timeout=30) as http:
-        err = error_of(await http.post("/chat/completions", content=b'{"model": "gyre", "messages": [', headers=auth), 400)
+        err = error_of(
+            await http.post("/chat/completions", content=b'{"model": "gyre", "messages": [', headers=auth),
+            400,
+        )
         assert err["code"] == "invalid_json" and err["type"] == "invalid_request_error"
-        err = error_of(await http.post("/chat/completions", json={"model": "gyre", "messages": "hi"}, headers=auth), 400)
+        err = error_of(
+            await http.post("/chat/completions", json={"model": "gyre", "messages": "hi"}, headers=auth), 400
+        )
         assert err["code"] == "invalid_type" and err["param"] == "messages"
-        err = error_of(await http.post("/chat/completions", json={**GOOD, "temperature": "hot"}, headers=auth), 400)
+        err = error_of(
+            await http.post("/chat/completions", json={**GOOD, "temperature": "hot"}, headers=auth), 400
+        )
         assert err["param"] == "temperature"
-        err = error_of(await http.post("/chat/completions", json={**GOOD, "messages": [{"content": "x"}]}, headers=auth), 400)
+        err = error_of(
+            await http.post("/chat/completions", json={**GOOD, "messages": [{"content": "x"}]}, headers=auth),
+            400,
+        )
         assert "role" in err["message"]
-        err = error_of(await http.post("/chat/completions", json={**GOOD, "model": "gpt-4o"}, headers=auth), 404)
+        err = error_of(
+            await http.post("/chat/completions", json={**GOOD, "model": "gpt-4o"}, headers=auth), 404
+        )
         assert err["code"] == "model_not_found"
         err = error_of(await http.post("/chat/completions", json={**GOOD, "n": 0}, headers=auth), 400)
         assert err["param"] == "n"
-        err = error_of(await http.post("/chat/completions", json={**GOOD, "max_tokens": 0}, headers=auth), 400)
+        err = error_of(
+            await http.post("/chat/completions", json={**GOOD, "max_tokens": 0}, headers=auth), 400
+        )
         assert err["param"] == "max_tokens"
         err = error_of(await http.post("/chat/completions", json={**GOOD, "messages": []}, headers=auth), 400)
         assert err["param"] == "messages"
-        err = error_of(await http.post("/completions", json={"model": "gyre", "prompt": [1, "x"]}, headers=auth), 400)
+        err = error_of(
+            await http.post("/completions", json={"model": "gyre", "prompt": [1, "x"]}, headers=auth), 400
+        )
         assert err["param"] == "prompt"
-        err = error_of(await http.post("/completions", json={"model": "gyre", "prompt": [5000]}, headers=auth), 400)
+        err = error_of(
+            await http.post("/completions", json={"model": "gyre", "prompt": [5000]}, headers=auth), 400
+        )
         assert err["code"] == "invalid_request"  # the engine's own validation (token out of vocabulary)
         huge = b'{"model": "gyre", "messages": [{"role": "user", "content": "' + b"x" * (20 * 2**20) + b'"}]}'
         err = error_of(await http.post("/chat/completions", content=huge, headers=auth), 413)
         assert err["code"] == "request_too_large"
-        err = error_of(await http.post("/chat/completions", json=GOOD, headers={"Authorization": "Bearer nope"}), 401)
+        err = error_of(
+            await http.post("/chat/completions", json=GOOD, headers={"Authorization": "Bearer nope"}), 401
+        )
         assert err["type"] == "authentication_error"
         error_of(await http.post("/chat/completions", json=GOOD), 401)
         error_of(await http.post("/chat/completions", json=GOOD, headers={"X-Gyre-Execution": "nope"}), 401)
-        err = error_of(await http.post("/chat/completions", json=GOOD, headers={**auth, "X-Gyre-Role": "boss"}), 400)
+        err = error_of(
+            await http.post("/chat/completions", json=GOOD, headers={**auth, "X-Gyre-Role": "boss"}), 400
+        )
         assert "X-Gyre-Role" in err["message"]
         error_of(await http.get("/nowhere"), 404)
         # Nothing above reached the engine or the records, except the engine-validated prompt.
@@ -65,7 +87,9 @@ async def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(tok, 
         client = openai.AsyncOpenAI(base_url=base, api_key=good_key, max_retries=0)
 
         async def one(i: int) -> None:
-            r = await client.chat.completions.create(model="gyre", messages=[{"role": "user", "content": f"q{i}"}])
+            r = await client.chat.completions.create(
+                model="gyre", messages=[{"role": "user", "content": f"q{i}"}]
+            )
             assert r.choices[0].finish_reason == "stop"
 
         async with anyio.create_task_group() as tg:
@@ -87,18 +111,36 @@ async def test_sessions_roles_headers_and_call_listing(tok, anyio_backend):
     with pytest.raises(ValueError):
         proxy.mint_key("ex1")
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
-        r = await http.post("/chat/completions", json=GOOD, headers={"Authorization": f"Bearer {key}", "X-Gyre-Role": "sub_agent"})
+        r = await http.post(
+            "/chat/completions",
+            json=GOOD,
+            headers={"Authorization": f"Bearer {key}", "X-Gyre-Role": "sub_agent"},
+        )
         assert r.status_code == 200
-        r = await http.post("/chat/completions", json=GOOD, headers={"X-Gyre-Execution": "ex1", "X-Gyre-Role": "main_summary"})
+        r = await http.post(
+            "/chat/completions", json=GOOD, headers={"X-Gyre-Execution": "ex1", "X-Gyre-Role": "main_summary"}
+        )
         assert r.status_code == 200
         # A key and an execution header that disagree are refused.
-        r = await http.post("/chat/completions", json=GOOD, headers={"Authorization": f"Bearer {other}", "X-Gyre-Execution": "ex1"})
+        r = await http.post(
+            "/chat/completions",
+            json=GOOD,
+            headers={"Authorization": f"Bearer {other}", "X-Gyre-Execution": "ex1"},
+        )
         assert r.status_code == 401
-        listing = (await http.get(base.removesuffix("/v1") + "/gyre/v1/executions/ex1/calls", headers={"Authorization": f"Bearer {key}"})).json()
+        listing = (
+            await http.get(
+                base.removesuffix("/v1") + "/gyre/v1/executions/ex1/calls",
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        ).json()
         assert "data" in listing, listing
         assert [c["role"] for c in listing["data"]] == ["sub_agent", "main_summary"]
         assert listing["data"][0]["prompt_ids"] == proxy.calls("ex1")[0].prompt_ids
-        r = await http.get(base.removesuffix("/v1") + "/gyre/v1/executions/ex1/calls", headers={"Authorization": f"Bearer {other}"})
+        r = await http.get(
+            base.removesuffix("/v1") + "/gyre/v1/executions/ex1/calls",
+            headers={"Authorization": f"Bearer {other}"},
+        )
         assert r.status_code == 403
         await proxy.close("ex1")
         r = await http.post("/chat/completions", json=GOOD, headers={"Authorization": f"Bearer {key}"})

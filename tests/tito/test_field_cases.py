@@ -39,20 +39,38 @@ def non_canonical_word(tok) -> tuple[str, list[int]]:
 async def test_b01_retokenization_drift(tok, anyio_backend):
     word, split = non_canonical_word(tok)
     c1 = split + [tok.eos_token_id]
-    engine = ScriptedEngine([ScriptedReply(token_ids=c1, logprobs=[-1.5, -0.25, -0.125])], eos_token_id=tok.eos_token_id)
+    engine = ScriptedEngine(
+        [ScriptedReply(token_ids=c1, logprobs=[-1.5, -0.25, -0.125])], eos_token_id=tok.eos_token_id
+    )
     proxy = make_proxy(tok, engine)
     key = proxy.mint_key("b01")
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         msgs = [{"role": "user", "content": "Spell a word."}]
-        r1 = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": TOOLS})).json()
+        r1 = (
+            await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": TOOLS})
+        ).json()
         assert r1["choices"][0]["message"]["content"] == word
         msgs += [r1["choices"][0]["message"], {"role": "tool", "content": "ok"}]
-        r2 = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": TOOLS, "return_token_ids": True})).json()
+        r2 = (
+            await post(
+                http,
+                key,
+                "/chat/completions",
+                {"model": "gyre", "messages": msgs, "tools": TOOLS, "return_token_ids": True},
+            )
+        ).json()
         # Variant: call 3 as raw prompt token IDs on /v1/completions.
         assert "prompt_token_ids" in r2, r2
         p2, c2 = r2["prompt_token_ids"], r2["choices"][0]["token_ids"]
         sent = p2 + c2 + encode(tok, "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
-        r3 = (await post(http, key, "/completions", {"model": "gyre", "prompt": sent, "max_tokens": 4, "return_token_ids": True})).json()
+        r3 = (
+            await post(
+                http,
+                key,
+                "/completions",
+                {"model": "gyre", "prompt": sent, "max_tokens": 4, "return_token_ids": True},
+            )
+        ).json()
     calls = proxy.calls("b01")
     p1, rec1 = calls[0].prompt_ids, calls[0]
     assert rec1.completion_ids == c1 and len(c1) == 3  # two IDs for the word, not one (assert 1)
@@ -62,7 +80,7 @@ async def test_b01_retokenization_drift(tok, anyio_backend):
     assert p_2[: len(p1) + len(c1)] == p1 + c1  # (a) spliced (assert 2)
     assert calls[1].divergence is None and calls[1].parent_call_id == "c0"
     # c_1 appears exactly once in p_2 after p_1, so a prefix tree trains it once with lp_1 (assert 3).
-    assert p_2[len(p1): len(p1) + len(c1)] == c1
+    assert p_2[len(p1) : len(p1) + len(c1)] == c1
     # Token IDs sent in are the IDs the engine ran on, echoed back (assert 4).
     assert r3["prompt_token_ids"] == sent == engine.requests_seen[-1].prompt_ids == calls[2].prompt_ids
     assert calls[2].parent_call_id == "c1" and calls[2].divergence is None
@@ -87,12 +105,17 @@ async def test_b02_template_drops_reasoning(anyio_backend):
     key = proxy.mint_key("b02")
     async with serving(proxy) as base:
         client = openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0)
-        msgs: list = [{"role": "system", "content": "sys"}, {"role": "user", "content": "compute 2+3 with the tool"}]
+        msgs: list = [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "compute 2+3 with the tool"},
+        ]
         r1 = await client.chat.completions.create(model="gyre", messages=msgs, tools=TOOLS)
         m1 = r1.choices[0].message
         assert m1.reasoning_content == "need tool"
         msgs += [m1, {"role": "tool", "tool_call_id": m1.tool_calls[0].id, "content": "5"}]
-        r2 = await client.chat.completions.create(model="gyre", messages=msgs, tools=TOOLS)  # no crash (assert 5)
+        r2 = await client.chat.completions.create(
+            model="gyre", messages=msgs, tools=TOOLS
+        )  # no crash (assert 5)
         assert r2.choices[0].finish_reason in ("stop", "length")
         await client.close()
     calls = proxy.calls("b02")
@@ -104,7 +127,7 @@ async def test_b02_template_drops_reasoning(anyio_backend):
     assert div.index == len(p1)  # the first token of the <think> block in c_1 (assert 1)
     assert div.reason == "template_dropped_reasoning"
     assert p2[: len(p1)] == p1 and p2[len(p1)] != c1[0]  # two branches sharing only p_1 (assert 2)
-    assert think not in p2[len(p1):]  # no <think> token of c_1 is in p_2 (assert 3)
+    assert think not in p2[len(p1) :]  # no <think> token of c_1 is in p_2 (assert 3)
     assert calls[0].completion_ids == c1
     summary = await proxy.close("b02")
     assert summary.completion_tokens == len(c1) + len(calls[1].completion_ids)  # (assert 4)
@@ -118,17 +141,33 @@ async def test_b04_streaming_keeps_tool_call_ids_and_logprobs(tok, anyio_backend
     engine = ScriptedEngine([ScriptedReply(token_ids=ids, logprobs=lps)] * 2, eos_token_id=tok.eos_token_id)
     proxy = make_proxy(tok, engine)
     key = proxy.mint_key("b04")
-    body = {"model": "gyre", "messages": [{"role": "user", "content": "15+27?"}], "tools": TOOLS, "seed": 3, "logprobs": True}
+    body = {
+        "model": "gyre",
+        "messages": [{"role": "user", "content": "15+27?"}],
+        "tools": TOOLS,
+        "seed": 3,
+        "logprobs": True,
+    }
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         chunks = []
-        async with http.stream("POST", "/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}},
-                               headers={"Authorization": f"Bearer {key}"}) as r:
+        async with http.stream(
+            "POST",
+            "/chat/completions",
+            json={**body, "stream": True, "stream_options": {"include_usage": True}},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as r:
             async for line in r.aiter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
                     chunks.append(json.loads(line[6:]))
         plain = (await post(http, key, "/chat/completions", body)).json()
     streamed_ids = [t for c in chunks for ch in c["choices"] for t in ch["token_ids"]]
-    streamed_lps = [e["logprob"] for c in chunks for ch in c["choices"] if ch["logprobs"] for e in ch["logprobs"]["content"]]
+    streamed_lps = [
+        e["logprob"]
+        for c in chunks
+        for ch in c["choices"]
+        if ch["logprobs"]
+        for e in ch["logprobs"]["content"]
+    ]
     usage = chunks[-1]["usage"]
     calls = proxy.calls("b04")
     assert calls[0].completion_ids == calls[1].completion_ids == ids  # streamed == non-streamed (assert 1)
@@ -137,7 +176,9 @@ async def test_b04_streaming_keeps_tool_call_ids_and_logprobs(tok, anyio_backend
     assert tok.decode(calls[0].completion_ids, skip_special_tokens=False) == raw + "<|im_end|>"  # (assert 3)
     assert streamed_lps == lps == calls[0].logprobs  # appended in order, never overwritten (assert 4)
     silent = [ch for c in chunks for ch in c["choices"] if ch["token_ids"] and not ch["delta"].get("content")]
-    assert sum(len(ch["token_ids"]) for ch in silent) == len(ids)  # text-less chunks still carry IDs (assert 5)
+    assert sum(len(ch["token_ids"]) for ch in silent) == len(
+        ids
+    )  # text-less chunks still carry IDs (assert 5)
     tool_calls = [tc for c in chunks for ch in c["choices"] for tc in ch["delta"].get("tool_calls") or ()]
     assert [json.loads(tc["function"]["arguments"]) for tc in tool_calls] == [{"a": 15, "b": 27}]
     assert plain["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == '{"a": 15, "b": 27}'
@@ -146,18 +187,24 @@ async def test_b04_streaming_keeps_tool_call_ids_and_logprobs(tok, anyio_backend
 async def test_b14_length_reaches_the_execution(tok, anyio_backend):
     first = encode(tok, "fine") + [tok.eos_token_id]
     long = encode(tok, "word " * 30)  # no stop token: cut by max_tokens
-    engine = ScriptedEngine([ScriptedReply(token_ids=first), ScriptedReply(token_ids=long)], eos_token_id=tok.eos_token_id)
+    engine = ScriptedEngine(
+        [ScriptedReply(token_ids=first), ScriptedReply(token_ids=long)], eos_token_id=tok.eos_token_id
+    )
     proxy = make_proxy(tok, engine)
     key = proxy.mint_key("b14")
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         msgs = [{"role": "user", "content": "hi"}]
         r1 = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs})).json()
         msgs += [r1["choices"][0]["message"], {"role": "user", "content": "more"}]
-        r2 = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "max_tokens": 8})).json()
+        r2 = (
+            await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "max_tokens": 8})
+        ).json()
     assert r1["choices"][0]["finish_reason"] == "stop" and r2["choices"][0]["finish_reason"] == "length"
     calls = proxy.calls("b14")
     assert calls[1].finish_reason == "length"  # (assert 1)
-    assert calls[1].completion_ids == long[:8] and tok.eos_token_id not in calls[1].completion_ids  # (assert 4)
+    assert (
+        calls[1].completion_ids == long[:8] and tok.eos_token_id not in calls[1].completion_ids
+    )  # (assert 4)
     summary = await proxy.close("b14")
     assert summary.truncated is True and summary.length_calls == 1  # one flag per execution (asserts 2, 3)
 
@@ -179,17 +226,25 @@ def prompt_of_length(tok, n: int) -> list[dict]:
 async def test_b15_context_overflow_clamps_or_refuses(tok, anyio_backend):
     msgs = prompt_of_length(tok, 4000)
     long = encode(tok, "word " * 300)[:512]
-    engine = ScriptedEngine([ScriptedReply(token_ids=long)], eos_token_id=tok.eos_token_id, max_model_len=4096)
+    engine = ScriptedEngine(
+        [ScriptedReply(token_ids=long)], eos_token_id=tok.eos_token_id, max_model_len=4096
+    )
     clamp = make_proxy(tok, engine)
     refuse = make_proxy(tok, engine, context_overflow="refuse")
     k1, k2 = clamp.mint_key("b15a"), refuse.mint_key("b15b")
     async with serving(clamp) as base1, serving(refuse) as base2:
         async with httpx.AsyncClient(base_url=base1) as http:
-            r = await post(http, k1, "/chat/completions", {"model": "gyre", "messages": msgs, "max_tokens": 512})
+            r = await post(
+                http, k1, "/chat/completions", {"model": "gyre", "messages": msgs, "max_tokens": 512}
+            )
             # A prompt that alone fills the context is refused, never crashed on.
-            over = await post(http, k1, "/chat/completions", {"model": "gyre", "messages": prompt_of_length(tok, 4100)})
+            over = await post(
+                http, k1, "/chat/completions", {"model": "gyre", "messages": prompt_of_length(tok, 4100)}
+            )
         async with httpx.AsyncClient(base_url=base2) as http:
-            r2 = await post(http, k2, "/chat/completions", {"model": "gyre", "messages": msgs, "max_tokens": 512})
+            r2 = await post(
+                http, k2, "/chat/completions", {"model": "gyre", "messages": msgs, "max_tokens": 512}
+            )
     # (a) clamp: 4096 - 4000 = 96 tokens, finish `length`, the execution is truncated.
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
     assert engine.requests_seen[0].sampling.max_tokens == 96
@@ -200,7 +255,11 @@ async def test_b15_context_overflow_clamps_or_refuses(tok, anyio_backend):
     assert s1.truncated and s1.num_calls == 1 and s1.context_refusals == 1  # the earlier call stays
     # (b) refuse: a structured error, nothing recorded, the execution marked truncated.
     err = r2.json()["error"]
-    assert r2.status_code == 400 and err["code"] == "context_length_exceeded" and err["type"] == "invalid_request_error"
+    assert (
+        r2.status_code == 400
+        and err["code"] == "context_length_exceeded"
+        and err["type"] == "invalid_request_error"
+    )
     assert "4096" in err["message"] and "4000" in err["message"]
     s2 = await refuse.close("b15b")
     assert s2.truncated and s2.num_calls == 0 and s2.context_refusals == 1
@@ -227,9 +286,20 @@ async def test_b19_single_bos(anyio_backend):
     key = proxy.mint_key("b19")
     msgs = [{"role": "user", "content": "hello"}]
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
-        r = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "return_token_ids": True})).json()
+        r = (
+            await post(
+                http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "return_token_ids": True}
+            )
+        ).json()
         # Variant: a base model with no template (completions API, text prompt): exactly one BOS.
-        r2 = (await post(http, key, "/completions", {"model": "gyre", "prompt": "hello", "max_tokens": 3, "return_token_ids": True})).json()
+        r2 = (
+            await post(
+                http,
+                key,
+                "/completions",
+                {"model": "gyre", "prompt": "hello", "max_tokens": 3, "return_token_ids": True},
+            )
+        ).json()
     p1 = proxy.calls("b19")[0].prompt_ids
     assert p1[0] == bos and p1[1] != bos  # (assert 1)
     template_ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)["input_ids"]
@@ -249,14 +319,21 @@ async def test_b22_n_choices_are_distinct_reproducible_and_aligned(tok, anyio_ba
     engine = ScriptedEngine(rule=four_digits, eos_token_id=tok.eos_token_id)
     proxy = make_proxy(tok, engine)
     key = proxy.mint_key("b22")
-    body = {"model": "gyre", "messages": [{"role": "user", "content": "name a random 4-digit number"}],
-            "n": 4, "seed": 7, "temperature": 1.0, "logprobs": True}
+    body = {
+        "model": "gyre",
+        "messages": [{"role": "user", "content": "name a random 4-digit number"}],
+        "n": 4,
+        "seed": 7,
+        "temperature": 1.0,
+        "logprobs": True,
+    }
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         a = (await post(http, key, "/chat/completions", body)).json()
         b = (await post(http, key, "/chat/completions", body)).json()
         # The agent continues from choice 2.
         msgs = body["messages"] + [a["choices"][2]["message"], {"role": "user", "content": "again"}]
         c = (await post(http, key, "/chat/completions", {**body, "messages": msgs, "n": 1})).json()
+    assert c["choices"][0]["finish_reason"] == "stop"
     ids_a = [ch["token_ids"] for ch in a["choices"]]
     assert len({tuple(x) for x in ids_a}) > 1  # not all identical (assert 1)
     assert ids_a == [ch["token_ids"] for ch in b["choices"]]  # reproducible (assert 2)
@@ -276,36 +353,53 @@ async def test_b22_n_choices_are_distinct_reproducible_and_aligned(tok, anyio_ba
     last = calls[-1]
     # The continuation extends choice 2 (of the repeat, the most recent identical branch) (assert 5).
     assert last.parent_call_id == "c1/2" and last.divergence is None
-    assert last.prompt_ids[: len(first[2].prompt_ids) + len(first[2].completion_ids)] == first[2].prompt_ids + first[2].completion_ids
+    assert (
+        last.prompt_ids[: len(first[2].prompt_ids) + len(first[2].completion_ids)]
+        == first[2].prompt_ids + first[2].completion_ids
+    )
 
 
 async def run_b23(tok, args_text: str, *, echo_arguments=None):
     text = f'<tool_call>{{"name": "ls", "arguments": {args_text}}}</tool_call>'
     c1 = encode(tok, text) + [tok.eos_token_id]
     c2 = encode(tok, "listed the files") + [tok.eos_token_id]
-    engine = ScriptedEngine([ScriptedReply(token_ids=c1), ScriptedReply(token_ids=c2)], eos_token_id=tok.eos_token_id)
+    engine = ScriptedEngine(
+        [ScriptedReply(token_ids=c1), ScriptedReply(token_ids=c2)], eos_token_id=tok.eos_token_id
+    )
     proxy = make_proxy(tok, engine)
     key = proxy.mint_key("b23")
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         msgs = [{"role": "user", "content": "list src"}]
-        r1 = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": LS_TOOLS})).json()
+        r1 = (
+            await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": LS_TOOLS})
+        ).json()
         m1 = r1["choices"][0]["message"]
         echo = json.loads(json.dumps(m1))
         for tc in echo.get("tool_calls") or ():
             if echo_arguments is not None:
                 tc["function"]["arguments"] = echo_arguments(tc["function"]["arguments"])
         msgs += [echo, {"role": "tool", "tool_call_id": "x", "content": "a.py b.py"}]
-        r2 = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": LS_TOOLS})).json()
+        r2 = (
+            await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": LS_TOOLS})
+        ).json()
         m2 = r2["choices"][0]["message"]
-        msgs += [{"role": "assistant", "content": m2["content"], "tool_calls": []}, {"role": "user", "content": "thanks"}]
-        r3 = await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": LS_TOOLS})
+        msgs += [
+            {"role": "assistant", "content": m2["content"], "tool_calls": []},
+            {"role": "user", "content": "thanks"},
+        ]
+        r3 = await post(
+            http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": LS_TOOLS}
+        )
     return proxy, r1, r3, c1
 
 
 async def test_b23_tool_arguments_round_trip_exactly(tok, anyio_backend):
     proxy, r1, r3, c1 = await run_b23(tok, '{"path": "src", "all": true}')
     args = r1["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
-    assert args == '{"path": "src", "all": true}' and json.loads(args) == {"path": "src", "all": True}  # (assert 2)
+    assert args == '{"path": "src", "all": true}' and json.loads(args) == {
+        "path": "src",
+        "all": True,
+    }  # (assert 2)
     calls = proxy.calls("b23")
     p1 = calls[0].prompt_ids
     assert calls[1].prompt_ids[: len(p1) + len(c1)] == p1 + c1 and calls[1].divergence is None  # (assert 1)
@@ -337,7 +431,7 @@ async def test_b23_reserialized_arguments_branch_inside_the_arguments(tok, anyio
     assert div is not None and div.reason == "tool_arguments_reserialized" and div.parent_call_id == "c0"
     known = p1 + c1
     assert p2[: div.index] == known[: div.index] and p2[div.index] != known[div.index]
-    head = proxy.text.decode(known[len(p1): div.index])
+    head = proxy.text.decode(known[len(p1) : div.index])
     region = '<tool_call>{"name": "ls", "arguments": {"path":'
     assert len(head) >= len('<tool_call>{"name": "ls", "arguments": {') and region.startswith(head)
 
@@ -357,12 +451,19 @@ async def test_b23_malformed_call_is_a_tool_error_not_a_crash(tok, anyio_backend
 
 
 async def test_b15_length_cut_tool_call_is_not_a_parse_failure(tok, anyio_backend):
-    ids = encode(tok, '<tool_call>{"name": "ls", "arguments": {"path": "a very long path that goes on"}}</tool_call>')
+    ids = encode(
+        tok, '<tool_call>{"name": "ls", "arguments": {"path": "a very long path that goes on"}}</tool_call>'
+    )
     engine = ScriptedEngine([ScriptedReply(token_ids=ids)], eos_token_id=tok.eos_token_id)
     proxy = make_proxy(tok, engine)
     key = proxy.mint_key("cut")
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
-        body = {"model": "gyre", "messages": [{"role": "user", "content": "ls"}], "tools": LS_TOOLS, "max_tokens": 6}
+        body = {
+            "model": "gyre",
+            "messages": [{"role": "user", "content": "ls"}],
+            "tools": LS_TOOLS,
+            "max_tokens": 6,
+        }
         r = (await post(http, key, "/chat/completions", body)).json()
     choice = r["choices"][0]
     assert choice["finish_reason"] == "length" and "gyre_tool_call_error" not in choice["message"]

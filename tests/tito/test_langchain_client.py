@@ -34,7 +34,9 @@ async def test_langchain_chatopenai_multi_turn_tool_task(tok, anyio_backend):
     async with serving(proxy) as base:
 
         def run_agent() -> str:
-            llm = langchain_openai.ChatOpenAI(base_url=base, api_key=key, model="gyre", max_retries=0).bind_tools([multiply])
+            llm = langchain_openai.ChatOpenAI(
+                base_url=base, api_key=key, model="gyre", max_retries=0
+            ).bind_tools([multiply])
             history = [
                 messages_mod.SystemMessage("You multiply with the tool."),
                 messages_mod.HumanMessage("What is 6*7*2?"),
@@ -45,7 +47,9 @@ async def test_langchain_chatopenai_multi_turn_tool_task(tok, anyio_backend):
                 if not ai.tool_calls:
                     return ai.content
                 for tc in ai.tool_calls:
-                    history.append(messages_mod.ToolMessage(str(multiply.invoke(tc["args"])), tool_call_id=tc["id"]))
+                    history.append(
+                        messages_mod.ToolMessage(str(multiply.invoke(tc["args"])), tool_call_id=tc["id"])
+                    )
             raise AssertionError("the agent did not finish")
 
         answer = await anyio.to_thread.run_sync(run_agent)
@@ -60,7 +64,10 @@ async def test_langchain_chatopenai_multi_turn_tool_task(tok, anyio_backend):
             assert call.prompt_ids[:n] == prev.prompt_ids + prev.completion_ids
         else:
             assert call.divergence.reason == "reasoning_dropped"
-            assert call.prompt_ids[: call.divergence.index] == (prev.prompt_ids + prev.completion_ids)[: call.divergence.index]
+            assert (
+                call.prompt_ids[: call.divergence.index]
+                == (prev.prompt_ids + prev.completion_ids)[: call.divergence.index]
+            )
     assert [c.completion_ids for c in calls] == [r.token_ids for r in replies]
     assert calls[1].divergence.reason == "reasoning_dropped"
     assert "first 6*7" not in proxy.text.decode(calls[1].prompt_ids)

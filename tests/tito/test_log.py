@@ -27,8 +27,13 @@ async def run_conversation(tok, log_path: Path, turns: int = 6) -> list[ModelCal
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         msgs = [{"role": "user", "content": "start"}]
         for k in range(turns):
-            r = (await http.post("/chat/completions", json={"model": "gyre", "messages": msgs, "seed": k, "n": 1 + k % 2},
-                                 headers={"Authorization": f"Bearer {key}"})).json()
+            r = (
+                await http.post(
+                    "/chat/completions",
+                    json={"model": "gyre", "messages": msgs, "seed": k, "n": 1 + k % 2},
+                    headers={"Authorization": f"Bearer {key}"},
+                )
+            ).json()
             msgs += [r["choices"][-1]["message"], {"role": "user", "content": f"next {k}"}]
         calls = proxy.calls("ex")
         await proxy.close("ex")
@@ -75,7 +80,10 @@ def test_killed_proxy_loses_no_completed_call(tmp_path):
     path = tmp_path / "calls.log"
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.tito.crash_child", str(path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     done = []
     try:
@@ -96,7 +104,9 @@ def test_killed_proxy_loses_no_completed_call(tmp_path):
     for c in got.calls:
         if c.parent_call_id is not None and c.divergence is None:
             p = by_key[(c.execution_id, c.parent_call_id)]
-            assert c.prompt_ids[: len(p.prompt_ids) + len(p.completion_ids)] == p.prompt_ids + p.completion_ids
+            assert (
+                c.prompt_ids[: len(p.prompt_ids) + len(p.completion_ids)] == p.prompt_ids + p.completion_ids
+            )
 
 
 @pytest.mark.anyio
@@ -105,11 +115,16 @@ async def test_proxy_for_run_logs_under_the_run_dir(tok, tmp_path, anyio_backend
     from gyre.tito import TitoProxy
 
     engine = ScriptedEngine(eos_token_id=tok.eos_token_id)
-    proxy = TitoProxy.for_run(RunConfig(run_dir=str(tmp_path / "run")), tokenizer=tok, engine_for=lambda _: engine)
+    proxy = TitoProxy.for_run(
+        RunConfig(run_dir=str(tmp_path / "run")), tokenizer=tok, engine_for=lambda _: engine
+    )
     key = proxy.mint_key("e")
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
-        r = await http.post("/chat/completions", json={"model": "gyre", "messages": [{"role": "user", "content": "x"}]},
-                            headers={"Authorization": f"Bearer {key}"})
+        r = await http.post(
+            "/chat/completions",
+            json={"model": "gyre", "messages": [{"role": "user", "content": "x"}]},
+            headers={"Authorization": f"Bearer {key}"},
+        )
         assert r.status_code == 200
     summary = await proxy.close("e")
     proxy.log.close()

@@ -19,7 +19,10 @@ TOOLS = [
         "function": {
             "name": "add",
             "description": "Add two integers.",
-            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
         },
     }
 ]
@@ -39,7 +42,9 @@ def script(tok) -> list[ScriptedReply]:
         else:
             ids += encode(tok, call)
         ids.append(eos)
-        replies.append(ScriptedReply(token_ids=ids, logprobs=[-0.01 * (k + 1) - 0.001 * j for j in range(len(ids))]))
+        replies.append(
+            ScriptedReply(token_ids=ids, logprobs=[-0.01 * (k + 1) - 0.001 * j for j in range(len(ids))])
+        )
     final = encode(tok, "The sum is done. Ünïcode ✓") + [eos]
     replies.append(ScriptedReply(token_ids=final, logprobs=[-0.2] * len(final)))
     return replies
@@ -74,20 +79,34 @@ async def test_twenty_turns_async_sdk(tok, anyio_backend):
     key = proxy.mint_key("ex-async")
     async with serving(proxy) as base_url:
         client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
-        messages: list = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "Add things."}]
+        messages: list = [
+            {"role": "system", "content": "You add numbers."},
+            {"role": "user", "content": "Add things."},
+        ]
         texts = []
         for k in range(TURNS):
             r = await client.chat.completions.create(model="gyre", messages=messages, tools=TOOLS, seed=k)
             msg = r.choices[0].message
-            texts.append(tok.apply_chat_template(
-                [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in messages],
-                tools=TOOLS, tokenize=False, add_generation_prompt=True))
+            texts.append(
+                tok.apply_chat_template(
+                    [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in messages],
+                    tools=TOOLS,
+                    tokenize=False,
+                    add_generation_prompt=True,
+                )
+            )
             messages.append(msg)  # the SDK's own message object, sent back as is
             if msg.tool_calls:
                 assert r.choices[0].finish_reason == "tool_calls"
                 assert msg.reasoning_content == f"step {k}: add ünïcode 字{k}"
                 assert json.loads(msg.tool_calls[0].function.arguments) == {"a": k, "b": k + 1}
-                messages.append({"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": tool_result(msg.tool_calls[0])})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": msg.tool_calls[0].id,
+                        "content": tool_result(msg.tool_calls[0]),
+                    }
+                )
             else:
                 assert msg.content == "The sum is done. Ünïcode ✓"
         await client.close()
@@ -114,9 +133,16 @@ async def test_twenty_turns_sync_sdk_in_thread(tok, anyio_backend):
 
         def agent() -> None:
             client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
-            messages: list = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "Add."}]
+            messages: list = [
+                {"role": "system", "content": "You add numbers."},
+                {"role": "user", "content": "Add."},
+            ]
             for _ in range(TURNS):
-                msg = client.chat.completions.create(model="gyre", messages=messages, tools=TOOLS).choices[0].message
+                msg = (
+                    client.chat.completions.create(model="gyre", messages=messages, tools=TOOLS)
+                    .choices[0]
+                    .message
+                )
                 messages.append(msg.model_dump(exclude_none=True))
                 for tc in msg.tool_calls or ():
                     messages.append({"role": "tool", "tool_call_id": tc.id, "content": tool_result(tc)})
@@ -136,10 +162,17 @@ async def test_twenty_turns_streaming_sdk(tok, anyio_backend):
     key = proxy.mint_key("ex-stream")
     async with serving(proxy) as base_url:
         client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
-        messages: list = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "Add."}]
+        messages: list = [
+            {"role": "system", "content": "You add numbers."},
+            {"role": "user", "content": "Add."},
+        ]
         for k in range(TURNS):
             stream = await client.chat.completions.create(
-                model="gyre", messages=messages, tools=TOOLS, stream=True, logprobs=True,
+                model="gyre",
+                messages=messages,
+                tools=TOOLS,
+                stream=True,
+                logprobs=True,
                 stream_options={"include_usage": True},
             )
             content, reasoning, tool_calls, token_ids, lps, usage = "", "", {}, [], [], None
@@ -151,7 +184,10 @@ async def test_twenty_turns_streaming_sdk(tok, anyio_backend):
                     content += d.content or ""
                     reasoning += (d.model_extra or {}).get("reasoning_content") or ""
                     for tc in d.tool_calls or ():
-                        slot = tool_calls.setdefault(tc.index, {"id": tc.id, "type": "function", "function": {"name": "", "arguments": ""}})
+                        slot = tool_calls.setdefault(
+                            tc.index,
+                            {"id": tc.id, "type": "function", "function": {"name": "", "arguments": ""}},
+                        )
                         slot["function"]["name"] += tc.function.name or ""
                         slot["function"]["arguments"] += tc.function.arguments or ""
                     token_ids += choice.model_extra["token_ids"]
@@ -166,6 +202,8 @@ async def test_twenty_turns_streaming_sdk(tok, anyio_backend):
             messages.append(msg)
             for tc in msg.get("tool_calls", ()):
                 args = json.loads(tc["function"]["arguments"])
-                messages.append({"role": "tool", "tool_call_id": tc["id"], "content": str(args["a"] + args["b"])})
+                messages.append(
+                    {"role": "tool", "tool_call_id": tc["id"], "content": str(args["a"] + args["b"])}
+                )
         await client.close()
     check_tito(tok, engine, proxy.calls("ex-stream"), replies)

@@ -13,8 +13,12 @@ from tests.tito.conftest import encode
 
 TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
 
-text = st.text(alphabet=st.sampled_from(list("abc xyz\n{}\":,.é字🎉<>/_")), max_size=30)
-args = st.dictionaries(st.sampled_from(["path", "cmd", "n", "ok"]), st.one_of(st.integers(-9, 99), text, st.booleans()), max_size=3)
+text = st.text(alphabet=st.sampled_from(list('abc xyz\n{}":,.é字🎉<>/_')), max_size=30)
+args = st.dictionaries(
+    st.sampled_from(["path", "cmd", "n", "ok"]),
+    st.one_of(st.integers(-9, 99), text, st.booleans()),
+    max_size=3,
+)
 reply = st.tuples(st.one_of(st.none(), text), text, st.lists(args, max_size=2))
 new_messages = st.lists(
     st.one_of(
@@ -31,7 +35,9 @@ def reply_text(reasoning: str | None, content: str, calls: list[dict]) -> str:
     out = "" if reasoning is None else f"<think>{reasoning}</think>\n"
     out += content
     for a in calls:
-        out += '<tool_call>{"name": "run", "arguments": ' + json.dumps(a, ensure_ascii=False) + "}</tool_call>"
+        out += (
+            '<tool_call>{"name": "run", "arguments": ' + json.dumps(a, ensure_ascii=False) + "}</tool_call>"
+        )
     return out
 
 
@@ -41,9 +47,14 @@ def test_fast_render_equals_full_render(tok, turns, system):
     fast = ChatRenderer(tok, check_every=0)
     full = ChatRenderer(tok, check_every=0)
     state = RenderState(anchor_ok=True)  # never cross-check: the fast path alone
-    messages = ([ChatMessage(role="system", content="sys")] if system else []) + [ChatMessage(role="user", content="go")]
+    full_state = RenderState(anchor_ok=False)  # always render the whole conversation
+    messages = ([ChatMessage(role="system", content="sys")] if system else []) + [
+        ChatMessage(role="user", content="go")
+    ]
     for k, ((reasoning, content, calls), new) in enumerate(turns):
         rendered = fast.render_chat(state, messages, TOOLS)
+        reference = full.render_chat(full_state, messages, TOOLS)
+        assert reference.path == "full" and reference.prompt_ids == rendered.prompt_ids
         # Reference: the whole conversation rendered and tokenized at once, first call only, then
         # spliced on the known tokens (what TITO means) and compared as text.
         expected_text = tok.apply_chat_template(
@@ -55,19 +66,29 @@ def test_fast_render_equals_full_render(tok, turns, system):
         raw = reply_text(reasoning, content, calls)
         completion = encode(tok, raw) + [tok.eos_token_id]
         parsed = parse_reply(raw, f"c{k}")
-        assert [json.loads(tc.function.arguments) for tc in parsed.tool_calls] == calls or parsed.tool_call_error
+        assert [
+            json.loads(tc.function.arguments) for tc in parsed.tool_calls
+        ] == calls or parsed.tool_call_error
         echo = ChatMessage(
             role="assistant",
             content=parsed.content or None,
             reasoning_content=parsed.reasoning,
             tool_calls=list(parsed.tool_calls) or None,
         )
-        state.nodes.append(Node(
-            call_id=f"c{k}", prompt_ref=rendered.prompt_ids, completion_ids=completion,
-            completion_text=fast.text.decode(completion), messages=rendered.messages, reply=echo, tools=TOOLS,
-        ))
+        for st_, r in ((state, rendered), (full_state, reference)):
+            st_.nodes.append(
+                Node(
+                    call_id=f"c{k}",
+                    prompt_ref=r.prompt_ids,
+                    completion_ids=completion,
+                    completion_text=fast.text.decode(completion),
+                    messages=r.messages,
+                    reply=echo,
+                    tools=TOOLS,
+                )
+            )
         messages = messages + [echo] + new
-    assert fast.stats.check_failures == 0
+    assert fast.stats.check_failures == 0 and full.stats.divergences == 0
 
 
 def full_dict(m: ChatMessage) -> dict:
@@ -78,12 +99,12 @@ def full_dict(m: ChatMessage) -> dict:
 
 def test_token_text_matches_the_tokenizer(tok):
     table = TokenText(tok)
-    ids = encode(tok, "héllo 字 <tool_call>{\"a\": 1}</tool_call> 🎉") + [tok.eos_token_id]
+    ids = encode(tok, 'héllo 字 <tool_call>{"a": 1}</tool_call> 🎉') + [tok.eos_token_id]
     assert table.decode(ids) == tok.decode(ids, skip_special_tokens=False)
     assert table.decode(list(range(len(tok)))) == tok.decode(list(range(len(tok))), skip_special_tokens=False)
 
 
-@given(st.text(alphabet=st.sampled_from(list("ab<>/think_col\n{}\"")), max_size=60))
+@given(st.text(alphabet=st.sampled_from(list('ab<>/think_col\n{}"')), max_size=60))
 def test_partial_reply_only_grows_into_the_final_parse(s):
     final = parse_reply(s)
     for i in range(len(s) + 1):
@@ -93,11 +114,17 @@ def test_partial_reply_only_grows_into_the_final_parse(s):
 
 
 def test_parse_reply_cases():
-    p = parse_reply('<think>plan</think>\nok<tool_call>{"name": "run", "arguments": {"cmd": "ls  -a"}}</tool_call>', "x")
+    p = parse_reply(
+        '<think>plan</think>\nok<tool_call>{"name": "run", "arguments": {"cmd": "ls  -a"}}</tool_call>', "x"
+    )
     assert (p.reasoning, p.content, p.tool_call_error) == ("plan", "ok", None)
-    assert p.tool_calls == (ToolCall(id="x_0", function=FunctionCall(name="run", arguments='{"cmd": "ls  -a"}')),)
+    assert p.tool_calls == (
+        ToolCall(id="x_0", function=FunctionCall(name="run", arguments='{"cmd": "ls  -a"}')),
+    )
     bad = parse_reply('<tool_call>{"name": "run", "arguments": {"cmd": "ls"}</tool_call>')
-    assert bad.tool_calls == () and bad.content.startswith("<tool_call>") and "malformed" in bad.tool_call_error
+    assert (
+        bad.tool_calls == () and bad.content.startswith("<tool_call>") and "malformed" in bad.tool_call_error
+    )
     trailing = parse_reply('<tool_call>{"name": "run", "arguments": {}}</tool_call> and more')
     assert trailing.tool_calls == () and trailing.tool_call_error
     compact = parse_reply('<tool_call>{"name":"run","arguments":{"n":1}}</tool_call>')

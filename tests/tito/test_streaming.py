@@ -16,7 +16,9 @@ pytestmark = pytest.mark.anyio
 
 async def sse(http: httpx.AsyncClient, key: str, path: str, body: dict) -> list[dict]:
     out = []
-    async with http.stream("POST", path, json={**body, "stream": True}, headers={"Authorization": f"Bearer {key}"}) as r:
+    async with http.stream(
+        "POST", path, json={**body, "stream": True}, headers={"Authorization": f"Bearer {key}"}
+    ) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -34,9 +36,18 @@ async def test_stream_and_plain_record_identical_ids_and_logprobs(tok, anyio_bac
     engine = ScriptedEngine(eos_token_id=tok.eos_token_id)  # deterministic in (prompt, seed)
     proxy = make_proxy(tok, engine)
     k1, k2 = proxy.mint_key("plain"), proxy.mint_key("stream")
-    body = {"model": "gyre", "messages": [{"role": "user", "content": "hi"}], "seed": 11, "n": 2, "logprobs": True, "return_token_ids": True}
+    body = {
+        "model": "gyre",
+        "messages": [{"role": "user", "content": "hi"}],
+        "seed": 11,
+        "n": 2,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
-        plain = (await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {k1}"})).json()
+        plain = (
+            await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {k1}"})
+        ).json()
         chunks = await sse(http, k2, "/chat/completions", body)
     a, b = proxy.calls("plain"), proxy.calls("stream")
     assert [(c.prompt_ids, c.completion_ids, c.logprobs, c.finish_reason) for c in a] == [
@@ -44,7 +55,13 @@ async def test_stream_and_plain_record_identical_ids_and_logprobs(tok, anyio_bac
     ]
     for index in range(2):
         ids = [t for c in chunks for ch in c["choices"] if ch["index"] == index for t in ch["token_ids"]]
-        lps = [e["logprob"] for c in chunks for ch in c["choices"] if ch["index"] == index for e in ch["logprobs"]["content"]]
+        lps = [
+            e["logprob"]
+            for c in chunks
+            for ch in c["choices"]
+            if ch["index"] == index
+            for e in ch["logprobs"]["content"]
+        ]
         assert ids == plain["choices"][index]["token_ids"] == a[index].completion_ids
         assert lps == a[index].logprobs
     assert chunks[0]["prompt_token_ids"] == plain["prompt_token_ids"] == a[0].prompt_ids
@@ -60,7 +77,9 @@ async def test_streamed_text_is_the_full_decode_with_split_multibyte_characters(
     body = {"model": "gyre", "messages": [{"role": "user", "content": "say it"}]}
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         chunks = await sse(http, key, "/chat/completions", body)
-        plain = (await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})).json()
+        plain = (
+            await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        ).json()
     pieces = [ch["delta"].get("content") or "" for c in chunks for ch in c["choices"]]
     assert "".join(pieces) == text == plain["choices"][0]["message"]["content"]
     assert all("\ufffd" not in p for p in pieces)  # no half characters sent
@@ -76,15 +95,23 @@ async def test_stop_strings_cut_text_and_keep_sampled_tokens(tok, anyio_backend)
     key = proxy.mint_key("stop")
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         body = {"model": "gyre", "messages": [{"role": "user", "content": "go"}], "stop": ["STOP", "zzz"]}
-        plain = (await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})).json()
+        plain = (
+            await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        ).json()
         chunks = await sse(http, key, "/chat/completions", body)
         cbody = {"model": "gyre", "prompt": "go", "stop": "STOP", "max_tokens": 50}
-        comp = (await http.post("/completions", json=cbody, headers={"Authorization": f"Bearer {key}"})).json()
+        comp = (
+            await http.post("/completions", json=cbody, headers={"Authorization": f"Bearer {key}"})
+        ).json()
         cchunks = await sse(http, key, "/completions", cbody)
     assert plain["choices"][0]["message"]["content"] == "alpha beta "
     assert plain["choices"][0]["finish_reason"] == "stop"
     assert "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"]) == "alpha beta "
-    assert comp["choices"][0]["text"] == "alpha beta " == "".join(ch["text"] for c in cchunks for ch in c["choices"])
+    assert (
+        comp["choices"][0]["text"]
+        == "alpha beta "
+        == "".join(ch["text"] for c in cchunks for ch in c["choices"])
+    )
     calls = proxy.calls("stop")
     # Recorded: every sampled token up to the one that completed "STOP", nothing after it.
     n = next(i for i in range(len(ids)) if "STOP" in tok.decode(ids[: i + 1]))
@@ -106,7 +133,9 @@ async def test_client_gone_mid_stream_keeps_the_sampled_tokens_as_abort(tok, any
     body = {"model": "gyre", "messages": [{"role": "user", "content": "x"}], "stream": True}
     async with serving(proxy) as base:
         async with httpx.AsyncClient(base_url=base) as http:
-            async with http.stream("POST", "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+            async with http.stream(
+                "POST", "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as r:
                 got = []
                 async for line in r.aiter_lines():
                     if line.startswith("data: "):
@@ -141,7 +170,13 @@ async def test_engines_holding_cancel_scopes_across_yields_stream_fine(tok, anyi
     body = {"model": "gyre", "messages": [{"role": "user", "content": "count"}]}
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         chunks = await sse(http, key, "/chat/completions", body)
-        plain = (await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})).json()
+        plain = (
+            await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        ).json()
         text = await sse(http, key, "/completions", {"model": "gyre", "prompt": "count", "max_tokens": 8})
-    assert [t for c in chunks for ch in c["choices"] for t in ch["token_ids"]] == ids == plain["choices"][0]["token_ids"]
+    assert (
+        [t for c in chunks for ch in c["choices"] for t in ch["token_ids"]]
+        == ids
+        == plain["choices"][0]["token_ids"]
+    )
     assert "".join(ch["text"] for c in text for ch in c["choices"]) == "one two three"

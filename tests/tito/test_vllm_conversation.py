@@ -11,7 +11,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 if not hasattr(shared_fixtures, "vllm_engine"):
     # `request.getfixturevalue` cannot set up an async fixture from an async test (anyio), so
     # the fixture is a parameter and its absence is a skip decided at collection.
-    pytestmark.append(pytest.mark.skip(reason="the `vllm_engine` fixture is not defined yet (tests/conftest.py)"))
+    pytestmark.append(
+        pytest.mark.skip(reason="the `vllm_engine` fixture is not defined yet (tests/conftest.py)")
+    )
 
 TURNS = 20
 
@@ -32,10 +34,19 @@ async def test_twenty_turns_against_vllm(vllm_engine, anyio_backend):
     streamed: list[tuple[list[int], list[float]]] = []
     async with serving(proxy) as base:
         client = openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0, timeout=300)
-        messages: list = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Count."}]
+        messages: list = [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Count."},
+        ]
         for k in range(TURNS):
             stream = await client.chat.completions.create(
-                model="gyre", messages=messages, max_tokens=12, temperature=1.0, seed=k, stream=True, logprobs=True,
+                model="gyre",
+                messages=messages,
+                max_tokens=12,
+                temperature=1.0,
+                seed=k,
+                stream=True,
+                logprobs=True,
             )
             content, ids, lps = "", [], []
             async for chunk in stream:
