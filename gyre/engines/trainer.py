@@ -44,7 +44,7 @@ class TrainStatistics(msgspec.Struct, frozen=True, kw_only=True):
     policy_tokens: int
     """Tokens that carried loss."""
     loss: float
-    """Sum of the micro-batch losses (the batch loss; NaN when skipped on a non-finite loss)."""
+    """Sum of the micro-batch losses (the batch loss; non-finite when the step was skipped for it)."""
     grad_norm: float | None
     """Global gradient norm before clipping (None when skipped)."""
     logprob_abs_diff_mean: float
@@ -131,7 +131,7 @@ class DeepSpeedTrainer:
             loss, stats = microbatch_loss(
                 self.model, batch, advantages, trainer_version=self.version,
                 max_staleness=self.rl.max_staleness, clip_eps=self.rl.clip_eps, is_cap=self.rl.is_cap,
-                temperature=self.config.temperature, chunk_size=self.rl.logprob_chunk_size,
+                chunk_size=self.rl.logprob_chunk_size,  # each token at its call's own temperature (B05)
             )
             tokens += batch.num_tokens
             policy_tokens += stats.tokens
@@ -139,10 +139,9 @@ class DeepSpeedTrainer:
                 abs_diff_sum += stats.mean_abs_logprob_diff * stats.tokens
                 ratio_sum += stats.mean_ratio * stats.tokens
                 counted += stats.tokens
-            if not torch.isfinite(loss):
-                finite = False
-                total_loss = float("nan")
-                break
+            # backward even on a non-finite loss: every rank runs the same collectives, and the
+            # all-reduced finite check below skips the step everywhere
+            finite = finite and bool(torch.isfinite(loss))
             self.engine.backward(loss, scale_wrt_gas=False)
             total_loss += float(loss.detach())
         finite = finite and grads_finite(self.model.parameters())

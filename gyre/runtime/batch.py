@@ -1,9 +1,9 @@
 """From executions to one training batch: trees, Jmax selection, group advantages, packing.
 
 Owns `TrainingBatch` and `build_training_batch`. Every execution of the step is accounted for
-once: failed ones (infrastructure), ones with no sampled token, and ones sampled at another
-temperature than the trainer uses (FIELD_CASES B05) get no advantage and stay out of the
-baselines and the loss; the others (finished or partially scored) are trained. Knows nothing about
+once: failed ones (infrastructure), ones with no sampled token, and ones with greedy or truncated
+(top-k / top-p) calls, whose behaviour distribution the trainer does not reproduce (DESIGN.md
+invariant 2), get no advantage and stay out of the baselines and the loss; the others (finished or partially scored) are trained. Knows nothing about
 engines, processes or optimizers.
 """
 
@@ -31,7 +31,7 @@ class TrainingBatch(msgspec.Struct, frozen=True, kw_only=True):
     """Every execution of the step -> its advantage (None: no loss)."""
     trained_executions: int
     excluded: dict[str, str]
-    """Execution id -> why it carries no loss (`failed: ...`, `no tokens`, `temperature ...`)."""
+    """Execution id -> why it carries no loss (`failed: ...`, `no tokens`, `greedy ...`, `truncated ...`)."""
     policy_tokens: int
     """Selected policy tokens, each shared token once."""
     packed_tokens: int
@@ -39,19 +39,20 @@ class TrainingBatch(msgspec.Struct, frozen=True, kw_only=True):
     """Tokens the selected trajectories would cost run one by one (shared prefixes repeated)."""
 
 
-def _exclusion(ex: Executed, temperature: float) -> str | None:
+def _exclusion(ex: Executed) -> str | None:
     if ex.outcome.failed:
         return f"failed: {ex.outcome.failure_reason}"
     if not any(c.completion_ids for c in ex.calls):
         return "no tokens"
-    other = {c.sampling.temperature for c in ex.calls} - {temperature}
-    if other:
-        return f"temperature {sorted(other)} != trainer temperature {temperature}"
+    if any(c.sampling.temperature == 0 for c in ex.calls):
+        return "greedy calls (temperature 0): no sampling distribution to train"
+    if any(c.sampling.top_p < 1 or c.sampling.top_k > 0 for c in ex.calls):
+        return "truncated sampling (top_p < 1 or top_k > 0): refused for training (invariant 2)"
     return None
 
 
 def build_training_batch(
-    groups: Sequence[Sequence[Executed]], *, trajectory: TrajectoryConfig, temperature: float
+    groups: Sequence[Sequence[Executed]], *, trajectory: TrajectoryConfig
 ) -> TrainingBatch | None:
     """One batch from the step's groups (one group per task). None if nothing is trainable."""
     advantages: dict[str, float | None] = {}
@@ -60,7 +61,7 @@ def build_training_batch(
     for group in groups:
         rewards = []
         for ex in group:
-            reason = _exclusion(ex, temperature)
+            reason = _exclusion(ex)
             if reason is not None:
                 excluded[ex.outcome.execution_id] = reason
             else:

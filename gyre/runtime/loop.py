@@ -119,7 +119,7 @@ class _Run:
         rollout_s = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        batch = build_training_batch(groups, trajectory=self.config.trajectory, temperature=self.config.trainer.temperature)
+        batch = build_training_batch(groups, trajectory=self.config.trajectory)
         stats = None
         if batch is not None:
             stats = await anyio.to_thread.run_sync(self.trainer.train_batch, batch.micro_batches, batch.advantages)
