@@ -1,7 +1,8 @@
 """The node's job: `run(config)` (re-exported as `gyre.run`).
 
 Owns start-up of one node's work: make sure the model folder exists, start the cells, and run the
-job on one anyio event loop (trio). The job is the RL loop (`gyre.runtime.loop.run_rl`). Knows nothing about how an engine samples or how a cell hosts it.
+job on one anyio event loop (trio). The job is the supervised warm start
+(`gyre.model.sft`, cached) and then the RL loop (`gyre.runtime.loop.run_rl`). Knows nothing about how an engine samples or how a cell hosts it.
 """
 
 from __future__ import annotations
@@ -48,4 +49,10 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     """
     split_tasks(config)  # a bad task folder is reported before anything is built or started
     model_dir = ensure_model(config)
+    if config.warm_start.enabled:
+        from gyre.model.sft import warm_start
+
+        out = config.warm_start.path or f"{config.model.path.rstrip('/')}-sft"
+        print(f"warm start: fine-tuning {model_dir} on demonstrations -> {out} (cached)", flush=True)
+        model_dir = warm_start(model_dir, out, config.warm_start, log=lambda line: print(f"  {line}", flush=True))
     return anyio.run(partial(run_rl, config, model_dir, resume=resume), backend="trio")

@@ -43,6 +43,7 @@ def run_config(run_dir: Path, model_dir: Path, steps: int) -> dict:
         "tasks": {"suites": [str(REPO / "examples/tasks/learnable")],
                   "harness": {"agent_command": ["python", str(Path(__file__).with_name("coin_agent.py"))]}},
         "trainer": {"learning_rate": 1e-3},
+        "warm_start": {"enabled": False},
     }
 
 
