@@ -218,7 +218,7 @@ class ProxyConfig(_Config):
     flush_interval_s: float = 5.0
     """fsync the call log this often (calls reach the OS before each response completes)."""
     log_name: str = "calls.log"
-    """Call log file name under `<run_dir>/records/`."""
+    """Call log file name under `<run_dir>/`."""
 
     def __post_init__(self) -> None:
         _positive(max_body_bytes=self.max_body_bytes, max_n=self.max_n, flush_interval_s=self.flush_interval_s)

@@ -192,8 +192,8 @@ class TitoProxy:
     def for_run(
         cls, run: RunConfig, *, tokenizer: Any, engine_for: Callable[[str], InferenceEngine]
     ) -> TitoProxy:
-        """The proxy of a run: `run.proxy` settings, call log at `<run_dir>/records/<log_name>`."""
-        log_path = Path(run.run_dir) / "records" / run.proxy.log_name
+        """The proxy of a run: `run.proxy` settings, call log at `<run_dir>/<log_name>`."""
+        log_path = Path(run.run_dir) / run.proxy.log_name
         return cls(tokenizer=tokenizer, engine_for=engine_for, config=run.proxy, log_path=str(log_path))
 
     # -- launcher API -------------------------------------------------------------------------

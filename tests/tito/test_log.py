@@ -128,5 +128,5 @@ async def test_proxy_for_run_logs_under_the_run_dir(tok, tmp_path, anyio_backend
         assert r.status_code == 200
     summary = await proxy.close("e")
     proxy.log.close()
-    got = read_log(tmp_path / "run" / "records" / "calls.log")
+    got = read_log(tmp_path / "run" / "calls.log")
     assert [c.call_id for c in got.calls] == ["c0"] and got.summaries["e"] == summary
