@@ -74,7 +74,7 @@ class _Run:
 
     def __init__(self, config: RunConfig, trainer, engine: CellClient, rollout: Rollout, launch: str) -> None:
         self.config = config
-        self.run_dir = Path(config.run_dir)
+        self.run_dir = Path(config.run_dir).resolve()
         self.trainer = trainer
         self.engine = engine
         self.rollout = rollout
@@ -206,7 +206,7 @@ async def run_rl(config: RunConfig, model_dir: Path, *, resume: bool = False, pr
 
     from gyre.engines.trainer import DeepSpeedTrainer
 
-    run_dir = Path(config.run_dir)
+    run_dir = Path(config.run_dir).resolve()  # agents run in their workspaces: no relative paths
     split_tasks(config)  # a task folder that fails validation stops the run before anything starts
     found = latest_checkpoint(run_dir)
     if found is not None and not resume:

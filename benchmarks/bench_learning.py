@@ -1,0 +1,67 @@
+"""Learning: held-out pass rate of the `learnable` suite before and after N RL steps, 3 seeds.
+
+Each seed runs the `make run` job (examples/cpu.toml: cached warm start, then RL on the real
+engines) in its own run folder with `seed` = the seed; the held-out evaluations before the first
+and after the last step come from its metrics. Writes benchmarks/results/learning.json with
+`gain_points` (after - before, percentage points, per seed), `gain_points_mean`, the pass rates,
+the number of steps and the wall time per seed. Goal: mean gain >= 15 points, every seed > 0.
+
+Run: .venv/bin/python -m benchmarks.bench_learning [--config examples/cpu.toml] [--seeds 0 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import msgspec
+
+from benchmarks.common import print_table, write_result
+from gyre.config import load_config
+from gyre.runtime.job import run
+from gyre.runtime.metrics import EvalMetrics, read_metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="examples/cpu.toml")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=None, help="override loop.steps")
+    args = parser.parse_args()
+    base = load_config(args.config)
+    if args.steps is not None:
+        base = msgspec.structs.replace(base, loop=msgspec.structs.replace(base.loop, steps=args.steps))
+    rows, per_seed = [], []
+    for seed in args.seeds:
+        run_dir = Path("runs") / f"bench-learning-seed{seed}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        config = msgspec.structs.replace(base, run_dir=str(run_dir), seed=seed)
+        t0 = time.perf_counter()
+        run(config)
+        wall_s = time.perf_counter() - t0
+        evals = [r for r in read_metrics(run_dir) if isinstance(r, EvalMetrics)]
+        before, after = evals[0], evals[-1]
+        gain = 100.0 * (after.pass_rate - before.pass_rate)
+        per_seed.append({"seed": seed, "before": before.pass_rate, "after": after.pass_rate, "gain_points": gain,
+                         "steps": after.step, "eval_executions": after.executions, "wall_s": wall_s})
+        rows.append(per_seed[-1])
+    gains = [r["gain_points"] for r in per_seed]
+    numbers = {
+        "gain_points": gains,
+        "gain_points_mean": statistics.fmean(gains),
+        "every_seed_positive": all(g > 0 for g in gains),
+        "per_seed": per_seed,
+        "steps": base.loop.steps,
+        "wall_s_per_seed": [r["wall_s"] for r in per_seed],
+    }
+    path = write_result("learning", {"config": args.config, "seeds": args.seeds, "loop": msgspec.to_builtins(base.loop),
+                                     "trainer": msgspec.to_builtins(base.trainer)}, numbers)
+    print_table("held-out pass rate before / after RL", rows)
+    print(f"mean gain {numbers['gain_points_mean']:.1f} points; wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
