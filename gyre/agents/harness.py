@@ -29,13 +29,13 @@ from gyre.tasks.sandbox import Limits, run_supervised, tail
 from gyre.config import HarnessConfig
 from gyre.errors import ExecutionError
 from gyre.tasks.outcome import Outcome, Termination
-from gyre.tasks.scorer import VerifierError, verify
+from gyre.tasks.scorer import VerifierError, score_workspace
 from gyre.tasks.task import Task
 
 __all__ = ["ExecutionControl", "Harness", "HarnessStatistics", "mint_api_key", "check_execution_id", "REACT_AGENT"]
 
-REACT_AGENT: tuple[str, ...] = (sys.executable, "-m", "gyre.agents.react")
-"""The reference agent's command line."""
+REACT_AGENT: tuple[str, ...] = (sys.executable, "-P", "-m", "gyre.agents.react")
+"""The reference agent's command line (`-P`: files in the workspace cannot shadow its imports)."""
 
 _ENV_PASSTHROUGH = ("PATH", "LANG", "LC_ALL", "TZ")
 
@@ -191,6 +191,7 @@ class Harness:
         self.keep_workspaces = keep_workspaces
         self.extra_env = dict(extra_env or {})
         self._running = self._finished = self._stopped = self._failed = 0
+        self._template_ok: dict[str, bool] = {}  # task root -> its verifier works on the template
 
     @classmethod
     def from_config(cls, config: HarnessConfig, *, base_url: str, model: str = "gyre",
@@ -331,7 +332,8 @@ class Harness:
                     "before their first token (aborted)",
                 )
             try:
-                score = await verify(task, workspace, limits=self.verifier_limits)
+                score = await score_workspace(task, workspace, limits=self.verifier_limits,
+                                              template_ok=self._template_ok)
             except VerifierError as exc:
                 return Outcome(**common, **stats, termination="failed", failure_reason=str(exc))
             return Outcome(**common, **stats, termination=termination, score=score)

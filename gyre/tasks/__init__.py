@@ -3,7 +3,7 @@ outcomes (see DESIGN.md). Knows nothing of agents: `gyre.agents` builds on it.""
 
 from gyre.tasks.outcome import STOP_REASONS, TERMINATIONS, Outcome, Score, Termination
 from gyre.tasks.sandbox import Limits, ProcessResult, run_supervised
-from gyre.tasks.scorer import VerifierError, verify
+from gyre.tasks.scorer import VerifierError, score_workspace, verify
 from gyre.tasks.solution import Solution, Step, load_solution
 from gyre.tasks.suites import SUITES, generate_suite, learnable_examples
 from gyre.tasks.task import Task, TaskSpec, load_suite, load_task
@@ -11,7 +11,7 @@ from gyre.tasks.task import Task, TaskSpec, load_suite, load_task
 __all__ = [
     "Task", "TaskSpec", "load_task", "load_suite",
     "Outcome", "Score", "Termination", "TERMINATIONS", "STOP_REASONS",
-    "verify", "VerifierError",
+    "verify", "score_workspace", "VerifierError",
     "Limits", "ProcessResult", "run_supervised",
     "Solution", "Step", "load_solution",
     "SUITES", "generate_suite", "learnable_examples",

@@ -29,11 +29,17 @@ from gyre.errors import ExecutionError
 from gyre.tasks.outcome import Score
 from gyre.tasks.task import Task
 
-__all__ = ["VerifierError", "verify", "score_junit"]
+__all__ = ["VerifierError", "verify", "score_workspace", "score_junit"]
 
 _PYTEST_INI = """[pytest]
-pythonpath = workspace
 addopts = -p no:cacheprovider
+"""
+# The workspace goes at the END of sys.path: a `json.py` or `pytest_timeout.py` the agent wrote
+# cannot shadow what the verifier itself imports; the package under test is still found.
+_CONFTEST = """import os
+import sys
+
+sys.path.append(os.environ["GYRE_WORKSPACE"])
 """
 
 
@@ -102,6 +108,7 @@ def _prepare(task: Task, workspace: Path) -> Path:
     shutil.copytree(workspace, scratch / "workspace", symlinks=True)
     shutil.copytree(task.tests_dir, scratch / "tests", symlinks=True)
     (scratch / "pytest.ini").write_text(_PYTEST_INI)
+    (scratch / "conftest.py").write_text(_CONFTEST)
     (scratch / "verifier").mkdir()
     (scratch / "tmp").mkdir()
     return scratch
@@ -179,3 +186,35 @@ async def verify(
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(lambda: shutil.rmtree(scratch, ignore_errors=True))
+
+
+async def score_workspace(
+    task: Task,
+    workspace: str | os.PathLike[str],
+    *,
+    limits: Limits = Limits(),
+    template_ok: dict[str, bool] | None = None,
+) -> Score:
+    """`verify`, blaming the workspace when the verifier breaks on it but not on the template.
+
+    Agent code runs inside the verifier (the tests import it), so it can crash or hang it; that
+    must score 0, not drop the execution from training. When `verify` raises `VerifierError`,
+    the verifier is run once on the task's pristine `environment/` (cached per task in
+    `template_ok`): if it works there, the workspace is at fault and the score is 0 of
+    `num_tests` (or 1); if it fails there too, the `VerifierError` is raised (infrastructure).
+    """
+    try:
+        return await verify(task, workspace, limits=limits)
+    except VerifierError as exc:
+        cache = template_ok if template_ok is not None else {}
+        if task.root not in cache:
+            try:
+                await verify(task, task.environment_dir, limits=limits)
+                cache[task.root] = True
+            except VerifierError:
+                cache[task.root] = False
+        if not cache[task.root]:
+            raise
+        total = task.spec.verifier.num_tests or 1
+        return Score(passed=0, total=total, score=0.0, all_passed=False,
+                     failed_tests=(f"verifier broke on this workspace only: {exc}"[:500],))

@@ -12,6 +12,11 @@ from gyre.tasks.task import Task
 from tests.agents.openai_server import HANG, ControlBridge, ScriptedOpenAI
 
 
+HALF_ORACLE_DEADLINE_S = 15.0
+"""Deadline of executions meant to time out: long enough for the agent to start and reach its
+stopping point on a loaded 2-core machine (a test waits for it in full)."""
+
+
 def with_deadline(task: Task, deadline_s: float) -> Task:
     """A copy of `task` with another wall-clock deadline."""
     agent = msgspec.structs.replace(task.spec.agent, deadline_s=deadline_s)

@@ -29,7 +29,7 @@ OUT_TESTS = {
 }
 
 
-def out_task(tmp_path: Path, agent: str = "deadline_s = 2.0\n", verifier: str = "num_tests = 2\n"):
+def out_task(tmp_path: Path, agent: str = "deadline_s = 5.0\n", verifier: str = "num_tests = 2\n"):
     toml = f"[agent]\n{agent}\n[verifier]\n{verifier}"
     return load_task(make_task(tmp_path / "suite" / "out", toml=toml, tests=OUT_TESTS))
 
@@ -42,10 +42,11 @@ urllib.request.urlopen(urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/
 """
 
 
+@pytest.mark.slow
 async def test_agent_ignoring_sigterm_with_children_is_gone_and_scored(
     tmp_path: Path, harness: Harness, server, bridge
 ) -> None:
-    task = out_task(tmp_path)
+    task = out_task(tmp_path, agent="deadline_s = 10.0\n")
     (tmp_path / "evil.py").write_text(ONE_MODEL_CALL + "open('out.txt', 'w').write('partial')\n" + EVIL)
     pidfile = tmp_path / "pids"
     outcome = await run_policy(
@@ -94,6 +95,19 @@ async def test_agent_giving_up_after_a_context_refusal_is_context_exceeded(tmp_p
                                 control=control)
     assert outcome.termination == "context_exceeded"
     assert (outcome.score.score, outcome.exit_code, outcome.model_calls) == (1.0, 3, 3)
+
+
+async def test_reference_agent_is_not_shadowed_by_workspace_files(tmp_path: Path, harness: Harness, server, bridge) -> None:
+    task = out_task(tmp_path, agent="deadline_s = 60.0\n")
+    (task.environment_dir / "openai.py").write_text("raise SystemExit('shadowed')\n")
+    (task.environment_dir / "gyre").mkdir()
+    (task.environment_dir / "gyre" / "__init__.py").write_text("raise SystemExit('shadowed')\n")
+    script = [tool_call_message("write_file", {"path": "out.txt", "content": "done"}, "c0"),
+              tool_call_message("finish", {}, "c1")]
+    outcome = await run_policy(harness, server, bridge, task, "shadow",
+                               lambda call: script[sum(m["role"] == "assistant" for m in call.messages)])
+    assert outcome.termination == "finished", outcome.stderr_tail
+    assert outcome.score.score == 1.0
 
 
 async def test_hanging_verifier_fails_the_execution(tmp_path: Path, harness: Harness, server, bridge) -> None:

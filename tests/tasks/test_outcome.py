@@ -12,7 +12,7 @@ from gyre.rl.advantages import group_advantages, reward_of
 from gyre.tasks.outcome import Outcome, Score
 from gyre.tasks.solution import Solution, Step, encode_solution
 from gyre.tasks.task import load_task
-from tests.agents.drive import oracle_policy, run_policy, with_deadline
+from tests.agents.drive import HALF_ORACLE_DEADLINE_S, oracle_policy, run_policy, with_deadline
 from tests.agents.openai_server import tool_call_message
 from tests.tasks.test_task import make_task
 
@@ -53,7 +53,7 @@ async def test_group_of_five_gives_the_documented_advantages(tmp_path: Path, har
     outcomes = [
         await run_policy(harness, server, bridge, task, "g0", oracle_policy(task)),
         await run_policy(harness, server, bridge, task, "g1", oracle_policy(task)),
-        await run_policy(harness, server, bridge, with_deadline(task, 3.0), "g2", oracle_policy(task, stop_after=1)),
+        await run_policy(harness, server, bridge, with_deadline(task, HALF_ORACLE_DEADLINE_S), "g2", oracle_policy(task, stop_after=1)),
         await run_policy(harness, server, bridge, task, "g3", lambda call: tool_call_message("finish", {}, "c")),
         await harness.run(task, "g4", agent_command=[sys.executable, "-c", "raise SystemExit(2)"]),
     ]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.tasks.scorer import VerifierError, score_junit, verify
+from gyre.tasks.scorer import VerifierError, score_junit, score_workspace, verify
 from gyre.tasks.task import load_task
 from tests.tasks.test_task import make_task
 
@@ -166,3 +166,39 @@ def test_score_junit_counts_failures_errors_and_skips(tmp_path: Path) -> None:
         score_junit(report, None)
     with pytest.raises(VerifierError, match="no report"):
         score_junit(tmp_path / "missing.xml", None)
+
+
+@pytest.mark.anyio
+async def test_workspace_shadowing_stdlib_does_not_break_the_verifier(tmp_path: Path) -> None:
+    task = load_task(make_task(tmp_path / "t", tests=MOD_TESTS))
+    ws = workspace(tmp_path, {
+        "mod.py": "def double(x):\n    return 2 * x\n\ndef half(x):\n    return x // 2\n",
+        "json.py": "raise SystemExit('shadowed json')\n",
+        "pytest_timeout.py": "raise SystemExit('shadowed plugin')\n",
+        "xml.py": "raise SystemExit('shadowed xml')\n",
+    })
+    score = await verify(task, ws)
+    assert (score.passed, score.total) == (2, 2)
+
+
+@pytest.mark.anyio
+async def test_a_verifier_broken_by_the_workspace_scores_zero(tmp_path: Path) -> None:
+    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 2\n", tests=MOD_TESTS))
+    ws = workspace(tmp_path, {"mod.py": "import os\nos._exit(3)\n"})  # kills pytest on import
+    with pytest.raises(VerifierError, match="crashed"):
+        await verify(task, ws)
+    cache: dict[str, bool] = {}
+    score = await score_workspace(task, ws, template_ok=cache)
+    assert (score.passed, score.total, score.score) == (0, 2, 0.0)
+    assert score.failed_tests[0].startswith("verifier broke on this workspace only")
+    assert cache == {task.root: True}
+
+
+@pytest.mark.anyio
+async def test_a_verifier_broken_everywhere_is_an_error(tmp_path: Path) -> None:
+    toml = "[verifier]\nkind = 'script'\n"
+    task = load_task(make_task(tmp_path / "t", toml=toml, tests={"test.sh": "exit 1\n"}))
+    cache: dict[str, bool] = {}
+    with pytest.raises(VerifierError, match="wrote neither"):
+        await score_workspace(task, workspace(tmp_path, {}), template_ok=cache)
+    assert cache == {task.root: False}

@@ -16,7 +16,7 @@ import pytest
 from gyre.tasks.solution import load_solution
 from gyre.tasks.suites import SUITES, generate_suite, learnable_examples
 from gyre.tasks.task import load_suite
-from tests.agents.drive import oracle_policy, run_policy, with_deadline
+from tests.agents.drive import HALF_ORACLE_DEADLINE_S, oracle_policy, run_policy, with_deadline
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 MIN_TASKS = {"nl2repo-mini": 50, "terminal-mini": 30, "multiagent-mini": 20, "learnable": 30}
@@ -107,7 +107,7 @@ async def test_half_oracle_gets_exact_partial_score_at_deadline(name, harness, s
     # learnable tasks have one step: stopped before `finish`, the workspace is complete (2 of 2)
     stop_after = max(1, len(steps) // 2)
     expected = steps[stop_after - 1].tests_passing
-    task = with_deadline(task, 4.0)
+    task = with_deadline(task, HALF_ORACLE_DEADLINE_S)
     outcome = await run_policy(harness, server, bridge, task, f"{name}-half", oracle_policy(task, stop_after))
     assert outcome.termination == "timeout", outcome
     total = task.spec.verifier.num_tests or outcome.score.total
@@ -122,7 +122,8 @@ def load_suite_solution_steps(task):
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_half_of_the_hidden_tests_is_half_the_score(harness, server, bridge) -> None:
-    task = with_deadline(next(t for t in load_suite(EXAMPLES / "nl2repo-mini") if t.task_id.endswith("002-brave-canyon")), 4.0)
+    task = with_deadline(next(t for t in load_suite(EXAMPLES / "nl2repo-mini") if t.task_id.endswith("002-brave-canyon")),
+                         HALF_ORACLE_DEADLINE_S)
     assert [s.tests_passing for s in load_solution(task).main][:2] == [0, 4] and task.spec.verifier.num_tests == 8
     outcome = await run_policy(harness, server, bridge, task, "half", oracle_policy(task, stop_after=2))
     assert outcome.termination == "timeout"
