@@ -51,9 +51,9 @@ from gyre.tito.render import (
     Node,
     Rendered,
     RenderStatistics,
+    ReplyStream,
     TokenText,
     parse_reply,
-    partial_reply,
 )
 from gyre.tito.sessions import Execution, Sessions, parse_role
 from gyre.tito.wire import (
@@ -108,12 +108,34 @@ class _Choice:
     ids: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     vers: list[int] = field(default_factory=list)
-    text: str = ""
-    """Visible text: stop tokens excluded, cut before a stop string."""
+    parts: list[str] = field(default_factory=list)
+    """Visible text in pieces (joined once, by `text`): stop tokens excluded, cut before a stop string."""
+    tail: str = ""
+    """The last characters of the visible text (where a stop string may be starting)."""
+    new_text: str = ""
+    """Visible text added by the latest engine delta (for streaming)."""
     finish: FinishReason | None = None
     stop_string: bool = False
+    pending: str = ""
+    """Streaming: text held back because it may be the start of a stop string."""
+    stream: ReplyStream | None = None
     emitted_reasoning: int = 0
     emitted_content: int = 0
+
+    @property
+    def text(self) -> str:
+        if len(self.parts) > 1:
+            self.parts[:] = ["".join(self.parts)]
+        return self.parts[0] if self.parts else ""
+
+    def cut_tail(self, n: int) -> None:
+        """Drop the last `n` visible characters (a stop string that began in earlier pieces)."""
+        while n > 0 and self.parts:
+            last = self.parts.pop()
+            if len(last) > n:
+                self.parts.append(last[: len(last) - n])
+                return
+            n -= len(last)
 
 
 @dataclass(slots=True)
@@ -499,24 +521,34 @@ class TitoProxy:
             if ch.finish is not None:
                 continue  # cut at a stop string: later tokens are not part of the choice
             start = len(ch.ids)
-            for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions):
+            added = []
+            for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
                 ch.ids.append(tok)
                 ch.lps.append(lp)
                 ch.vers.append(ver)
                 if tok in stop_ids:
                     continue
-                before = len(ch.text)
-                ch.text += ch.decoder.decode(table.token_bytes(tok))
-                if stops:
-                    window = ch.text[max(0, before - longest + 1) :]
+                piece = ch.decoder.decode(table.token_bytes(tok))
+                if stops and piece:
+                    window = ch.tail + piece
                     hits = [q for q in (window.find(s) for s in stops) if q >= 0]
-                    if hits:
-                        ch.text = ch.text[: max(0, before - longest + 1) + min(hits)]
+                    if hits:  # keep the text before the stop string, nothing of it or after it
+                        keep = min(hits) - len(ch.tail)
+                        if keep >= 0:
+                            added.append(piece[:keep])
+                        else:
+                            ch.parts.extend(added)
+                            added = []
+                            ch.cut_tail(-keep)
                         ch.finish, ch.stop_string = "stop", True
                         break
+                    ch.tail = window[-(longest - 1) :] if longest > 1 else ""
+                added.append(piece)
             if ch.finish is None and delta.finish_reason is not None:
-                ch.text += ch.decoder.decode(b"", final=True)
+                added.append(ch.decoder.decode(b"", final=True))
                 ch.finish = delta.finish_reason
+            ch.new_text = "".join(added)
+            ch.parts.append(ch.new_text)
             yield ch, start
             if ch.stop_string and all(c.finish is not None for c in call.choices):
                 call.producer.cancel()
@@ -789,14 +821,18 @@ class TitoProxy:
                     started.add(ch.index)
                     delta["role"] = "assistant"
                 if ch.finish is None:
-                    visible = ch.text[: len(ch.text) - max((_hold_len(ch.text, s) for s in hold), default=0)]
-                    r, c = partial_reply(visible, tools=call.parse_tools)
-                    if r[ch.emitted_reasoning :]:
-                        delta["reasoning_content"] = r[ch.emitted_reasoning :]
-                        ch.emitted_reasoning = len(r)
-                    if c[ch.emitted_content :]:
-                        delta["content"] = c[ch.emitted_content :]
-                        ch.emitted_content = len(c)
+                    if ch.stream is None:
+                        ch.stream = ReplyStream(tools=call.parse_tools)
+                    pending = ch.pending + ch.new_text
+                    held = max((_hold_len(pending, s) for s in hold), default=0)
+                    ch.pending = pending[len(pending) - held :]
+                    r, c = ch.stream.feed(pending[: len(pending) - held])
+                    if r:
+                        delta["reasoning_content"] = r
+                        ch.emitted_reasoning += len(r)
+                    if c:
+                        delta["content"] = c
+                        ch.emitted_content += len(c)
                     finish = None
                 else:
                     msg, _ = self._reply_message(call, ch)
@@ -921,13 +957,13 @@ class TitoProxy:
             async for ch, start in events:
                 started = True
                 new_ids, new_lps = ch.ids[start:], ch.lps[start:]
-                visible = (
-                    ch.text
-                    if ch.finish is not None
-                    else ch.text[: len(ch.text) - max((_hold_len(ch.text, s) for s in call.stops), default=0)]
-                )
-                piece = visible[ch.emitted_content :]
-                ch.emitted_content = len(visible)
+                if ch.finish is not None:
+                    piece = ch.text[ch.emitted_content :]
+                else:
+                    pending = ch.pending + ch.new_text
+                    held = max((_hold_len(pending, s) for s in call.stops), default=0)
+                    piece, ch.pending = pending[: len(pending) - held], pending[len(pending) - held :]
+                ch.emitted_content += len(piece)
                 choice = {
                     "index": ch.index,
                     "text": piece,

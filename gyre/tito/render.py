@@ -1,7 +1,7 @@
 """Incremental chat rendering: chat messages to exact prompt token IDs, reusing every known token.
 
 Owns `TokenText` (token IDs to bytes and text, incremental UTF-8), `parse_reply` /
-`partial_reply` (model text to reasoning, content and tool calls, exactly as the chat template
+`partial_reply` / `ReplyStream` (model text to reasoning, content and tool calls, exactly as the chat template
 renders them back), `ChatRenderer`, `RenderState` (per execution: one `Node` per recorded choice)
 and `Rendered` (a prompt with its parent call and divergence).
 
@@ -33,6 +33,7 @@ __all__ = [
     "ParsedReply",
     "parse_reply",
     "partial_reply",
+    "ReplyStream",
     "Node",
     "RenderState",
     "Rendered",
@@ -207,6 +208,62 @@ def partial_reply(text: str, *, tools: bool = True) -> tuple[str, str]:
     i = rest.find(CALL_OPEN)
     content = rest[:i] if i >= 0 else rest[: len(rest) - _hold(rest, CALL_OPEN)]
     return reasoning or "", content
+
+
+class ReplyStream:
+    """Incremental `partial_reply`: feed text pieces, get the reasoning and content to stream.
+
+    Keeps only a tag-sized buffer, so streaming a completion costs O(its length), not O(length^2).
+    What it emits is always a prefix of what `parse_reply` returns for the whole text; the caller
+    sends the rest of the final parse when the choice ends.
+    """
+
+    def __init__(self, *, tools: bool = True) -> None:
+        self.tools = tools
+        self.mode = "start"
+        self.buf = ""
+
+    def feed(self, piece: str) -> tuple[str, str]:
+        """(reasoning, content) newly safe to send after `piece`."""
+        self.buf += piece
+        reasoning, content = [], []
+        while True:
+            buf = self.buf
+            if self.mode == "start":
+                if len(buf) < len(THINK_OPEN) and THINK_OPEN.startswith(buf):
+                    break
+                if buf.startswith(THINK_OPEN):
+                    self.buf, self.mode = buf[len(THINK_OPEN) :], "think"
+                else:
+                    self.mode = "content"
+            elif self.mode == "think":
+                j = buf.find(THINK_CLOSE)
+                if j >= 0:
+                    reasoning.append(buf[:j])
+                    self.buf, self.mode = buf[j + len(THINK_CLOSE) :], "after_think"
+                else:
+                    keep = len(buf) - _hold(buf, THINK_CLOSE)
+                    reasoning.append(buf[:keep])
+                    self.buf = buf[keep:]
+                    break
+            elif self.mode == "after_think":
+                if not buf:
+                    break
+                self.buf, self.mode = (buf[1:] if buf[0] == "\n" else buf), "content"
+            elif self.mode == "content":
+                i = buf.find(CALL_OPEN) if self.tools else -1
+                if i >= 0:
+                    content.append(buf[:i])
+                    self.buf, self.mode = "", "held"
+                    break
+                keep = len(buf) - (_hold(buf, CALL_OPEN) if self.tools else 0)
+                content.append(buf[:keep])
+                self.buf = buf[keep:]
+                break
+            else:  # held: the rest is tool calls (or malformed): sent from the final parse
+                self.buf = ""
+                break
+        return "".join(reasoning), "".join(content)
 
 
 def message_to_template(m: ChatMessage) -> dict[str, Any]:

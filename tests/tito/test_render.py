@@ -131,3 +131,22 @@ def test_parse_reply_cases():
     assert compact.tool_calls[0].function.arguments == '{"n": 1}'  # non-canonical: re-serialised
     assert parse_reply("<think>unfinished").reasoning == "unfinished"
     assert parse_reply("<tool_call>x", tools=False).content == "<tool_call>x"
+
+
+@given(
+    st.text(alphabet=st.sampled_from(list("ab<>/think_col\n{}\"")), max_size=60),
+    st.lists(st.integers(1, 7), max_size=30),
+    st.booleans(),
+)
+def test_reply_stream_emits_only_prefixes_of_the_final_parse(s, cuts, tools):
+    from gyre.tito.render import ReplyStream
+
+    stream, reasoning, content, pos = ReplyStream(tools=tools), "", "", 0
+    for n in cuts + [len(s)]:
+        r, c = stream.feed(s[pos : pos + n])
+        reasoning, content, pos = reasoning + r, content + c, pos + n
+    final = parse_reply(s, tools=tools)
+    assert (final.reasoning or "").startswith(reasoning)
+    assert (final.content or "").startswith(content)
+    if not tools and not s.startswith("<think>") and not "<think>".startswith(s):
+        assert content == s  # plain text streams whole

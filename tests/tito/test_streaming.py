@@ -180,3 +180,19 @@ async def test_engines_holding_cancel_scopes_across_yields_stream_fine(tok, anyi
         == plain["choices"][0]["token_ids"]
     )
     assert "".join(ch["text"] for c in text for ch in c["choices"]) == "one two three"
+
+
+async def test_stop_string_spread_over_many_tokens(tok, anyio_backend):
+    text = "alpha beta STOP gamma"
+    ids = byte_tokens(tok, text) + [tok.eos_token_id]  # one token per character
+    engine = ScriptedEngine([ScriptedReply(token_ids=ids)] * 2, eos_token_id=tok.eos_token_id)
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("spread")
+    body = {"model": "gyre", "messages": [{"role": "user", "content": "go"}], "stop": ["STOP"]}
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
+        chunks = await sse(http, key, "/chat/completions", body)
+        plain = (await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})).json()
+    streamed = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
+    assert streamed == plain["choices"][0]["message"]["content"] == "alpha beta "
+    for call in proxy.calls("spread"):
+        assert call.completion_ids == ids[: len("alpha beta STOP")] and call.finish_reason == "stop"
