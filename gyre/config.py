@@ -19,7 +19,7 @@ import msgspec
 from gyre.errors import ConfigError
 
 __all__ = [
-    "ModelConfig", "EngineConfig", "CellConfig", "TrainerConfig", "LoopConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
+    "ModelConfig", "EngineConfig", "CellConfig", "RouterConfig", "TrainerConfig", "LoopConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
     "HarnessConfig", "TaskConfig", "WarmStartConfig", "RunConfig",
     "load_config", "config_from_dict",
 ]
@@ -126,6 +126,37 @@ class CellConfig(_Config):
         _positive(num_cells=self.num_cells)
         if not 0 <= self.base_port < 65536:
             raise ValueError(f"base_port={self.base_port} must be in [0, 65535]")
+
+
+class RouterConfig(_Config):
+    """The router in front of the rollout cells (`gyre.runtime.router`): every wait it makes is bounded."""
+
+    attempt_timeout_s: float = 300.0
+    """Longest wait for the next token of one attempt on one cell (the first token includes the
+    prefill); a stalled attempt is aborted on its cell and continued elsewhere."""
+    abort_timeout_s: float = 30.0
+    """Longest wait for a cell to answer an abort and end the aborted stream."""
+    no_cell_timeout_s: float = 120.0
+    """Longest wait for a rollout cell in service when there is none."""
+    request_timeout_s: float = 3600.0
+    """Longest time for one request through the router, all attempts and waits included."""
+    max_retries: int = 3
+    """Failed attempts (timeouts, errors) per choice before its error is raised; redirects off a
+    cell that left rollout or went down are not counted."""
+    remember_finished: int = 4096
+    """Finished request IDs whose completions are kept, so a repeated request ID replays them."""
+
+    def __post_init__(self) -> None:
+        _positive(
+            attempt_timeout_s=self.attempt_timeout_s,
+            abort_timeout_s=self.abort_timeout_s,
+            no_cell_timeout_s=self.no_cell_timeout_s,
+            request_timeout_s=self.request_timeout_s,
+        )
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries={self.max_retries} must be >= 0")
+        if self.remember_finished < 0:
+            raise ValueError(f"remember_finished={self.remember_finished} must be >= 0")
 
 
 class TrajectoryConfig(_Config):
@@ -341,6 +372,7 @@ class RunConfig(_Config):
     model: ModelConfig = ModelConfig()
     engine: EngineConfig = EngineConfig()
     cells: CellConfig = CellConfig()
+    router: RouterConfig = RouterConfig()
     trajectory: TrajectoryConfig = TrajectoryConfig()
     rl: RLConfig = RLConfig()
     trainer: TrainerConfig = TrainerConfig()

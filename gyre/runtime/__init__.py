@@ -1,9 +1,10 @@
 """gyre.runtime (see DESIGN.md): node loop, cells, scheduler policies, router, streaming trainer.
 
-So far it exports the scheduler-policy seam (`gyre.runtime.scheduler`), which the node loop and
-the cluster simulator (`gyre.sim`) both drive.
+It exports the scheduler-policy seam (`gyre.runtime.scheduler`), which the node loop and the
+cluster simulator (`gyre.sim`) both drive, and the `Router` in front of the rollout cells.
 """
 
+from gyre.runtime.router import Router
 from gyre.runtime.scheduler import (
     Action,
     AsyncPolicy,
@@ -26,6 +27,7 @@ __all__ = [
     "ColocatePolicy",
     "Dispatch",
     "ElasticPolicy",
+    "Router",
     "SchedulerPolicy",
     "SchedulerState",
     "StartStep",
