@@ -6,7 +6,7 @@ so it starts fast and imports nothing of gyre). It marks itself a child subreape
 after `setsid` and double forks; forks the command with resource limits (`RLIMIT_CPU`,
 `RLIMIT_AS`, `RLIMIT_NPROC`, `RLIMIT_FSIZE`); on SIGTERM forwards SIGTERM to the whole tree; when
 the command exits, SIGKILLs what it left behind and exits with the command's status (128 + N when
-signal N killed it). If the harness dies, it kills the tree and exits. Also owns the /proc scan
+signal N killed it). If the harness process dies, it kills the tree and exits. Also owns the /proc scan
 (`descendants`) that the harness uses to kill a tree. Knows nothing about tasks or models. Linux only.
 """
 
@@ -18,6 +18,8 @@ import os
 import resource
 import signal
 import sys
+import threading
+import time
 
 __all__ = ["descendants", "live_descendants", "kill_descendants", "main"]
 
@@ -127,16 +129,34 @@ def main(argv: list[str]) -> int:
     parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    # PR_SET_PDEATHSIG fires when the *thread* that forked us exits, and event loops spawn from
+    # worker threads that come and go (trio's open_process): so the death signal is SIGUSR1 and
+    # only counts when the harness process itself is gone; a watchdog thread covers later deaths.
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0)
+
+    def orphaned() -> None:
+        while kill_descendants(me, signal.SIGKILL):
+            pass
+        os._exit(128 + signal.SIGTERM)
+
+    def on_parent_death(signum, frame):
+        if os.getppid() != parent:  # the harness is gone: nobody will clean up but us
+            orphaned()
 
     def on_term(signum, frame):
-        if os.getppid() != parent:  # the harness is gone: nobody will clean up but us
-            while kill_descendants(me, signal.SIGKILL):
-                pass
-            os._exit(128 + signal.SIGTERM)
+        if os.getppid() != parent:
+            orphaned()
         kill_descendants(me, signal.SIGTERM)
 
+    def watchdog() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                orphaned()
+
+    signal.signal(signal.SIGUSR1, on_parent_death)
     signal.signal(signal.SIGTERM, on_term)
+    threading.Thread(target=watchdog, daemon=True).start()
     child = os.fork()
     if child == 0:
         try:
