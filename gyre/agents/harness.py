@@ -212,6 +212,7 @@ class Harness:
         )
 
     def statistics(self) -> HarnessStatistics:
+        """Counters since this harness was built."""
         return HarnessStatistics(
             running=self._running, finished=self._finished, stopped=self._stopped, failed=self._failed
         )

@@ -95,6 +95,9 @@ class Workspace:
         return real
 
     def read_file(self, path: str) -> str:
+        """The text of a file (UTF-8, bad bytes replaced), cut at `max_read_chars` characters.
+
+        Raises `ToolError` for paths outside the workspace, missing files and folders."""
         p = self.resolve(path)
         try:
             text = p.read_text(encoding="utf-8", errors="replace")
@@ -107,6 +110,9 @@ class Workspace:
         return text
 
     def write_file(self, path: str, content: str) -> str:
+        """Write `content` to a file (parent folders are created); returns a one-line receipt.
+
+        Raises `ToolError` for paths outside the workspace, folders and non-string content."""
         if not isinstance(content, str):
             raise ToolError("content must be a string")
         p = self.resolve(path)
@@ -121,6 +127,9 @@ class Workspace:
         return f"wrote {len(content)} characters to {path}"
 
     def list_dir(self, path: str = ".") -> str:
+        """Names in a folder, sorted, one per line, folders with a trailing '/'; '(empty)' if none.
+
+        Raises `ToolError` for paths outside the workspace and for non-folders."""
         p = self.resolve(path or ".")
         if not p.is_dir():
             raise ToolError(f"no such folder: {path}")
@@ -128,7 +137,10 @@ class Workspace:
         return "\n".join(names) if names else "(empty)"
 
     def run(self, command: str) -> str:
-        """Run `command` with /bin/sh in the workspace; its process group is killed at the timeout."""
+        """Run `command` with /bin/sh in the workspace; returns `exit code N` and the combined output
+        (its last `max_read_chars` characters). Raises `ToolError` at `command_timeout_s` (the
+        command's process group is killed) and for an empty command. Not confined: a shell
+        command can reach any path the agent's user can."""
         if not isinstance(command, str) or not command.strip():
             raise ToolError("command must be a non-empty string")
         proc = subprocess.Popen(
