@@ -143,8 +143,9 @@ class RouterConfig(_Config):
     max_retries: int = 3
     """Failed attempts (timeouts, errors) per choice before its error is raised; redirects off a
     cell that left rollout or went down are not counted."""
-    remember_finished: int = 4096
-    """Finished request IDs whose completions are kept, so a repeated request ID replays them."""
+    remember_finished: int = 1024
+    """Finished request IDs whose completions are kept (msgpack, ~15 bytes per token), so a
+    repeated request ID replays them instead of generating again."""
 
     def __post_init__(self) -> None:
         _positive(

@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 _ROLES: tuple[str, ...] = get_args(Role)
+_ENCODER = msgspec.msgpack.Encoder()
+_COMPLETIONS_DECODER = msgspec.msgpack.Decoder(list[Completion])
 _StopReason = Literal["redirect", "timeout", "user"]
 
 
@@ -273,7 +275,7 @@ class Router:
         self._cells: dict[str, _Cell] = {}
         self._pins: dict[str, _Cell] = {}
         self._requests: dict[str, _Request] = {}
-        self._finished: dict[str, list[Completion]] = {}
+        self._finished: dict[str, bytes] = {}  # request ID -> its completions (msgpack: ~15 B/token)
         self._tombstones: dict[str, bool] = {}
         self._cells_changed = _Signal()
         self._tg: TaskGroup | None = None
@@ -537,7 +539,7 @@ class Router:
                     index=c.index, token_ids=c.token_ids, logprobs=c.logprobs, versions=c.versions,
                     finish_reason=c.finish_reason,
                 )
-                for c in done
+                for c in _COMPLETIONS_DECODER.decode(done)
             ]
         if self._paused:
             raise EngineUnavailableError(f"request {rid!r} refused: the router is paused")
@@ -569,16 +571,18 @@ class Router:
                     for choice in state.choices:
                         tg.start_soon(self._run_choice, state, choice)
         finally:
-            state.send.close()
-            if self._requests.get(rid) is state:
-                del self._requests[rid]
-            if any(c.finish == "abort" for c in state.choices):
-                self._counts["requests_aborted"] += 1
-            if self.config.remember_finished and all(c.finish is not None for c in state.choices):
-                self._finished[rid] = [c.completion() for c in state.choices]
-                while len(self._finished) > self.config.remember_finished:
-                    del self._finished[next(iter(self._finished))]
-            state.served.set()
+            try:
+                state.send.close()
+                if self._requests.get(rid) is state:
+                    del self._requests[rid]
+                if any(c.finish == "abort" for c in state.choices):
+                    self._counts["requests_aborted"] += 1
+                if self.config.remember_finished and all(c.finish is not None for c in state.choices):
+                    self._finished[rid] = _ENCODER.encode([c.completion() for c in state.choices])
+                    while len(self._finished) > self.config.remember_finished:
+                        del self._finished[next(iter(self._finished))]
+            finally:
+                state.served.set()
 
     async def _run_choice(self, state: _Request, choice: _Choice) -> None:
         """Drive one choice to its end and hand the caller its final delta, or its error."""
