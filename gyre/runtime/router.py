@@ -371,6 +371,14 @@ class Router:
             )
         return len(legs)
 
+    async def remove_cell(self, name: str) -> int:
+        """Drain cell `name` (see `drain`) and forget it; returns the attempts moved off it. A
+        restarted cell process comes back with `add_cell` under the same name and its new engine."""
+        moved = await self.drain(name)
+        del self._cells[name]
+        self._cells_changed.notify()
+        return moved
+
     def mark_down(self, name: str, reason: str) -> None:
         """Take cell `name` out of service (it died or must not serve); its attempts in flight end
         by themselves (their stream fails or stalls) and continue elsewhere; `drain` moves them now."""

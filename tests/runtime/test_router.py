@@ -365,6 +365,24 @@ async def test_a_cell_killed_mid_request_is_marked_down_and_its_requests_continu
     assert b.requests_seen[0].prompt_ids == [4, 5, 6, *want.token_ids[:10]]
 
 
+async def test_a_restarted_cell_replaces_its_dead_engine_under_the_same_name() -> None:
+    dying = DyingEngine(scripted(1, 0.002), die_after_tokens=5)
+    async with Router({"a": dying}, config=RouterConfig(no_cell_timeout_s=30)) as router:
+        consumer = Consumer()
+        req = request("e/1", [4], 20)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.run, router, req)
+            await wait_until(lambda: router.statistics().cells_down == 1)  # the request waits
+            assert await router.remove_cell("a") == 0
+            restarted = scripted(3, 0.002)
+            router.add_cell("a", restarted)
+        stats = router.statistics()
+    assert consumer.error is None and consumer.tokens() == (await reference(req))[0].token_ids
+    assert consumer.versions() == [1] * 5 + [3] * 15
+    assert [(c.name, c.down) for c in stats.cells] == [("a", None)]
+    assert [r.request_id for r in restarted.requests_seen] == ["e/1@0.1"]
+
+
 async def test_a_timed_out_attempt_is_aborted_on_its_cell_before_the_retry() -> None:
     log: list[tuple[str, str, str]] = []
     stalled = LoggingEngine("a", scripted(1, delay_s=3600), log)  # never produces a token
