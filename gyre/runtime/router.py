@@ -437,9 +437,12 @@ class Router:
                     f"request {request.request_id!r}: router closed before choices {sorted(pending)} finished"
                 )
         finally:
-            state.scope.cancel()  # the caller stopped early: abort the attempts (no-op when done)
-            with anyio.CancelScope(shield=True), anyio.move_on_after(2 * self.config.abort_timeout_s + 1):
-                await state.served.wait()  # no attempt of this request runs anywhere after we return
+            with anyio.CancelScope(shield=True):
+                if pending and not state.served.is_set():  # the caller stopped early, or failed
+                    await self.abort(request.request_id)  # on the cells first, then stop listening
+                state.scope.cancel()
+                with anyio.move_on_after(2 * self.config.abort_timeout_s + 1):
+                    await state.served.wait()  # no attempt of this request runs anywhere after this
 
     async def abort(self, request_id: str) -> list[Completion]:
         """Stop a request on whichever cells run it; return each choice's tokens so far across all
