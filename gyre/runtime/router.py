@@ -439,7 +439,7 @@ class Router:
         finally:
             with anyio.CancelScope(shield=True):
                 if pending and not state.served.is_set():  # the caller stopped early, or failed
-                    await self.abort(request.request_id)  # on the cells first, then stop listening
+                    await self._abort_request(state)  # on the cells first, then stop listening
                 state.scope.cancel()
                 with anyio.move_on_after(2 * self.config.abort_timeout_s + 1):
                     await state.served.wait()  # no attempt of this request runs anywhere after this
@@ -454,6 +454,9 @@ class Router:
             if request_id not in self._finished:
                 remember_abort(self._tombstones, request_id)
             return []
+        return await self._abort_request(state)
+
+    async def _abort_request(self, state: _Request) -> list[Completion]:
         for choice in state.choices:
             choice.user_aborted = True
         self._cells_changed.notify()  # wakes choices waiting for a cell
@@ -674,7 +677,7 @@ class Router:
             if isinstance(leg.error, InvalidRequestError):
                 raise leg.error
             if leg.stop_reason == "redirect" or isinstance(leg.error, EngineUnavailableError):
-                if isinstance(leg.error, EngineUnavailableError):
+                if isinstance(leg.error, EngineUnavailableError) and leg.stop_reason != "redirect":
                     self._mark_down(cell, f"attempt {leg.request_id!r} failed: {leg.error}")
                 self._counts["requests_redirected"] += 1
                 choice.moved_s = leg.stopped_s if leg.stopped_s is not None else anyio.current_time()
