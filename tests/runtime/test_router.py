@@ -553,6 +553,13 @@ async def test_invalid_requests_fail_at_once() -> None:
         Router({"a": scripted(1)}, roles={"a": "sleeping"})
 
 
+def test_router_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="max_retries=-1"):
+        RouterConfig(max_retries=-1)
+    with pytest.raises(ValueError, match="abort_timeout_s=0"):
+        RouterConfig(abort_timeout_s=0)
+
+
 async def test_recompute_continuation_counts_the_prefill() -> None:
     plan = await RecomputeContinuation().prepare(request("e/1@0.1", [1, 2, 3, 4], 8), source=None, target=scripted(1))
     assert plan.tokens_recomputed == 4 and plan.request.prompt_ids == [1, 2, 3, 4]
