@@ -514,6 +514,7 @@ class TitoProxy:
         stops, stop_ids = call.stops, set(call.sampling.stop_token_ids)
         longest = max((len(s) for s in stops), default=0)
         table = self.text
+        ints, nints = table.ints, len(table.ints)
         async for delta in receive:
             if isinstance(delta, BaseException):
                 raise delta
@@ -523,7 +524,7 @@ class TitoProxy:
             start = len(ch.ids)
             added = []
             for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
-                ch.ids.append(tok)
+                ch.ids.append(ints[tok] if 0 <= tok < nints else tok)
                 ch.lps.append(lp)
                 ch.vers.append(ver)
                 if tok in stop_ids:
@@ -898,8 +899,7 @@ class TitoProxy:
             engine = self.engine_for(ex.execution_id)
             if isinstance(prompt, str):
                 ids = await anyio.to_thread.run_sync(lambda: self.tokenizer.encode(prompt))
-            else:
-                ids = list(prompt)
+            ids = self.text.intern(ids if isinstance(prompt, str) else prompt)
             if not ids:
                 raise _proxy_error("prompt must not be empty", 400, "invalid_value", param="prompt")
             rendered = self.renderer.link_tokens(ex.render, ids)

@@ -85,6 +85,14 @@ class TokenText:
             else:
                 table.append(tokenizer.decode([i], skip_special_tokens=False).encode())
         self.table = table
+        self.ints: list[int] = list(range(len(table)))
+        """One int object per token ID: lists of interned IDs copy, compare and get scanned by
+        the garbage collector at memory speed (a fresh int per token costs a cache miss each)."""
+
+    def intern(self, ids: list[int]) -> list[int]:
+        """`ids` with every in-vocabulary ID replaced by its canonical int object (O(len))."""
+        ints, n = self.ints, len(self.ints)
+        return [ints[i] if 0 <= i < n else i for i in ids]
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.table[token_id] if 0 <= token_id < len(self.table) else b""
@@ -308,8 +316,9 @@ class Node:
     """One recorded choice, as the renderer needs it to extend later calls.
 
     Memory stays O(history) per execution, not O(history x calls): the prompt is the first
-    `prompt_len` IDs of `prompt_ref`, and once a child's prompt extends this node, `prompt_ref`
-    points at the child's list (`lend_prefix`), so a linear conversation holds one list.
+    `prompt_len` IDs of `prompt_ref`, a list that descendants extend in place (`extend_ids`) or,
+    for a branch, a copy that this node then points at (`lend_prefix`). A linear conversation
+    holds one list, appended to call after call; nothing but `prompt_len` views reads it.
     """
 
     call_id: str
@@ -340,9 +349,8 @@ class Node:
 
     @property
     def prompt_ids(self) -> list[int]:
-        """The prompt (the shared list itself while nothing extends it, else a copy of its prefix)."""
-        ref = self.prompt_ref
-        return ref if len(ref) == self.prompt_len else ref[: self.prompt_len]
+        """A copy of the prompt (O(prompt); the proxy itself works on `prompt_ref` views)."""
+        return self.prompt_ref[: self.prompt_len]
 
     def known_ids(self) -> list[int]:
         """A new list: prompt + completion (one copy)."""
@@ -350,12 +358,24 @@ class Node:
         out += self.completion_ids
         return out
 
+    def extend_ids(self) -> list[int]:
+        """prompt + completion as a list the caller may append to: `prompt_ref` itself, extended
+        in place, when nothing has extended it yet (the linear case: no copy, no new large list
+        for the garbage collector to scan); otherwise a copy (a branch)."""
+        ref = self.prompt_ref
+        if len(ref) != self.prompt_len:
+            return self.known_ids()
+        ref += self.completion_ids
+        return ref
+
     def lend_prefix(self, ids: list[int]) -> None:
         """`ids` starts with this node's prompt + completion: keep it instead of this prompt, and
         so do the ancestors that kept this node's list (it is a prefix of `ids` too)."""
         n = self.prompt_len
         assert ids[n : n + len(self.completion_ids)] == self.completion_ids, "lend_prefix: not an extension"
         old, node = self.prompt_ref, self
+        if ids is old:  # extended in place: every view of it already sees the new prompt
+            return
         while node is not None and node.prompt_ref is old:
             node.prompt_ref = ids
             node = node.parent
@@ -439,7 +459,7 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         """Token IDs of `text`, no special tokens added (the template already wrote them: B19)."""
-        return self._backend.encode(text, add_special_tokens=False).ids if text else []
+        return self.text.intern(self._backend.encode(text, add_special_tokens=False).ids) if text else []
 
     def render_text(
         self,
@@ -481,7 +501,7 @@ class ChatRenderer:
         if parent is not None and len(parent.messages) == len(messages):
             # The same conversation again (a retry, or more samples): the same prompt, a sibling.
             return Rendered(
-                prompt_ids=parent.prompt_ids,
+                prompt_ids=parent.prompt_ids,  # a copy: the shared list may grow while this runs
                 parent=parent.parent,
                 divergence=parent.divergence,
                 messages=parent.messages,
@@ -554,7 +574,7 @@ class ChatRenderer:
         if not (b.startswith(a) and b.startswith(ct, len(a))):
             return None
         suffix = b[len(a) + len(ct) :]
-        ids = parent.known_ids()  # the one copy of the history per call
+        ids = parent.extend_ids()  # no copy of the history while the conversation is linear
         ids += self.encode(suffix)
         shared = parent.messages + messages[k:]
         return Rendered(

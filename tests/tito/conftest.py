@@ -20,6 +20,20 @@ def tok():
     return build_tokenizer()
 
 
+class SnapshotEngine(ScriptedEngine):
+    """A scripted engine that also copies every prompt when generation starts (`prompts_seen`):
+    the proxy appends to a linear conversation's prompt list after each call has finished."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.prompts_seen: list[list[int]] = []
+
+    async def generate(self, request):
+        self.prompts_seen.append(list(request.prompt_ids))
+        async for delta in super().generate(request):
+            yield delta
+
+
 def make_proxy(tok, engine: ScriptedEngine, log_path=None, **config) -> TitoProxy:
     """A proxy over one engine; `config` overrides `ProxyConfig` fields (checks every render)."""
     config.setdefault("render_check_every", 1)

@@ -119,7 +119,7 @@ async def test_stop_strings_cut_text_and_keep_sampled_tokens(tok, anyio_backend)
         assert call.completion_ids == ids[: n + 1] and call.finish_reason == "stop"
         assert len(call.logprobs) == n + 1
     # The same request again is a sibling (same prompt IDs, same parent), not a divergence.
-    assert calls[1].prompt_ids is calls[0].prompt_ids and calls[1].parent_call_id is None
+    assert calls[1].prompt_ids == calls[0].prompt_ids and calls[1].parent_call_id is None
     assert all(call.divergence is None for call in calls)
 
 
