@@ -22,6 +22,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "message_to_template",
 ]
 
+_EXTEND_LOCK = threading.Lock()
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CANONICAL_CALL = re.compile(r'\{"name": ("(?:[^"\\]|\\.)*"), "arguments": (.*)\}', re.DOTALL)
@@ -362,11 +364,12 @@ class Node:
         """prompt + completion as a list the caller may append to: `prompt_ref` itself, extended
         in place, when nothing has extended it yet (the linear case: no copy, no new large list
         for the garbage collector to scan); otherwise a copy (a branch)."""
-        ref = self.prompt_ref
-        if len(ref) != self.prompt_len:
-            return self.known_ids()
-        ref += self.completion_ids
-        return ref
+        with _EXTEND_LOCK:  # renders run on the loop and in worker threads: one extender per list
+            ref = self.prompt_ref
+            if len(ref) != self.prompt_len:
+                return self.known_ids()
+            ref += self.completion_ids
+            return ref
 
     def lend_prefix(self, ids: list[int]) -> None:
         """`ids` starts with this node's prompt + completion: keep it instead of this prompt, and
@@ -515,7 +518,7 @@ class ChatRenderer:
                     state.fast_since_check += 1
                     self.stats.fast += 1
                     return fast
-                full = self._render_full(state, messages, tools, add_generation_prompt, template_kwargs)
+                full = self._render_full(state, messages, tools, add_generation_prompt, template_kwargs, parent)
                 self.stats.checks += 1
                 state.fast_since_check = 0
                 ok = full.prompt_ids == fast.prompt_ids and full.divergence is None
@@ -523,7 +526,7 @@ class ChatRenderer:
                     self.stats.check_failures += 1
                 state.anchor_ok = ok if state.anchor_ok is None else state.anchor_ok and ok
                 return full
-        return self._render_full(state, messages, tools, add_generation_prompt, template_kwargs)
+        return self._render_full(state, messages, tools, add_generation_prompt, template_kwargs, parent)
 
     def check_due(self, state: RenderState) -> bool:
         """Whether the next fast-path prompt of this execution is cross-checked by a full render
@@ -601,10 +604,18 @@ class ChatRenderer:
                 best, best_m = node, m
         return best, best_m
 
-    def _render_full(self, state, messages, tools, add_generation_prompt, template_kwargs) -> Rendered:
+    def _render_full(
+        self, state, messages, tools, add_generation_prompt, template_kwargs, parent: Node | None = None
+    ) -> Rendered:
+        """Render the whole conversation; keep the exact tokens of `parent` (the call whose
+        messages + reply the request extends) or else of the recent call sharing the most
+        leading messages, over the longest shared text; flag a divergence where they differ."""
         self.stats.full += 1
         text = self.render_text(messages, tools, add_generation_prompt, template_kwargs)
-        parent, matched = self._best_candidate(state, messages)
+        if parent is not None:
+            matched = len(parent.messages) + 1
+        else:
+            parent, matched = self._best_candidate(state, messages)
         if parent is None:
             return Rendered(
                 prompt_ids=self.encode(text),

@@ -130,3 +130,43 @@ async def test_proxy_for_run_logs_under_the_run_dir(tok, tmp_path, anyio_backend
     proxy.log.close()
     got = read_log(tmp_path / "run" / "calls.log")
     assert [c.call_id for c in got.calls] == ["c0"] and got.summaries["e"] == summary
+
+
+@pytest.mark.anyio
+async def test_branches_off_one_call_keep_every_prompt_exact(tok, tmp_path, anyio_backend):
+    """A linear conversation appends to one list in place; a branch copies; no view is corrupted."""
+    from gyre.engines.scripted import ScriptedReply
+    from tests.tito.conftest import encode
+
+    def readable(request, index, vocab_size):  # text that survives decode + re-render
+        return ScriptedReply(token_ids=encode(tok, f"answer {len(request.prompt_ids)}"))
+
+    engine = ScriptedEngine(rule=readable, eos_token_id=tok.eos_token_id)
+    proxy = make_proxy(tok, engine, log_path=str(tmp_path / "calls.log"))
+    key = proxy.mint_key("br")
+    headers = {"Authorization": f"Bearer {key}"}
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
+
+        async def ask(msgs):
+            r = await http.post("/chat/completions", json={"model": "gyre", "messages": msgs, "seed": len(msgs)}, headers=headers)
+            return r.json()["choices"][0]["message"]
+
+        root = [{"role": "user", "content": "start"}]
+        m0 = await ask(root)
+        a = root + [m0, {"role": "user", "content": "branch a"}]
+        ma = await ask(a)  # extends c0's list in place
+        b = root + [m0, {"role": "user", "content": "branch b"}]
+        await ask(b)  # c0's list is taken: a copy
+        await ask(a + [ma, {"role": "user", "content": "deeper a"}])  # extends branch a in place
+        calls = proxy.calls("br")
+        await proxy.close("br")
+    proxy.log.close()
+    assert [c.parent_call_id for c in calls] == [None, "c0", "c0", "c1"]
+    assert all(c.divergence is None for c in calls)
+    texts = [proxy.text.decode(c.prompt_ids) for c in calls]
+    for msgs, text in zip([root, a, b], texts):
+        assert text == tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    for child, parent in ((calls[1], calls[0]), (calls[2], calls[0]), (calls[3], calls[1])):
+        n = len(parent.prompt_ids) + len(parent.completion_ids)
+        assert child.prompt_ids[:n] == parent.prompt_ids + parent.completion_ids
+    assert read_log(tmp_path / "calls.log").calls == calls
