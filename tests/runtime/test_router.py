@@ -657,3 +657,44 @@ async def test_vllm_greedy_redirect_equals_an_uninterrupted_run(vllm_cell, secon
     assert 8 <= carried < 400
     print(f"\nvLLM redirect after {carried} tokens: first token on the new cell "
           f"{stats.redirect_latency_s_max * 1e3:.1f} ms after the abort")
+
+
+@pytest.mark.slow
+async def test_vllm_cell_killed_mid_request_continues_on_another_cell(vllm_cell, tiny_model_dir, tmp_path) -> None:
+    """kill -9 of a cell process mid-generation: the request continues on the other cell, token for
+    token as an uninterrupted greedy run; the dead cell is marked down."""
+    import psutil
+
+    from gyre.runtime.cell_client import CellClient
+    from tests.conftest import start_vllm_cell
+
+    process, doomed = await anyio.to_thread.run_sync(start_vllm_cell, tiny_model_dir, tmp_path / "doomed.log")
+    engine_processes: list[psutil.Process] = []
+    sampling = SamplingParams(max_tokens=400, temperature=0.0)
+    prompt = [(11 * i + 5) % 500 + 10 for i in range(30)]
+    try:
+        async with (
+            CellClient(doomed.url, doomed.config) as d,
+            CellClient(vllm_cell.url, vllm_cell.config) as a,
+        ):
+            want = (await collect(a, GenerateRequest(request_id="direct-2", prompt_ids=prompt, sampling=sampling)))[0]
+            async with Router({"doomed": d, "a": a}) as router:  # a new execution goes to the first cell
+                consumer = Consumer()
+                async with anyio.create_task_group() as tg:
+                    routed = GenerateRequest(request_id="k/1", prompt_ids=prompt, sampling=sampling)
+                    tg.start_soon(consumer.run, router.engine_for("k"), routed)
+                    await consumer.wait_tokens(8)
+                    engine_processes = psutil.Process(process.process.pid).children(recursive=True)
+                    process.process.kill()  # the cell crashes; its vLLM engine processes outlive it
+                stats = router.statistics()
+    finally:
+        await anyio.to_thread.run_sync(process.stop)
+        for child in engine_processes:  # what the dead cell could not shut down
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+    assert consumer.error is None
+    lps = [lp for d in consumer.deltas for lp in d.logprobs]
+    assert consumer.tokens() == want.token_ids
+    assert max(abs(x - y) for x, y in zip(lps, want.logprobs, strict=True)) <= 1e-5
+    assert stats.requests_redirected == 1 and stats.cells_down == 1
+    assert stats.cells[0].down is not None and stats.cells[1].down is None
