@@ -453,6 +453,20 @@ async def test_a_caller_that_stops_reading_aborts_the_request_on_its_cell() -> N
         assert a.statistics().tokens_generated == stats.tokens_generated >= len(got) == 3
 
 
+async def test_closing_the_router_aborts_what_runs_and_tells_the_callers() -> None:
+    a = scripted(1, 0.002)
+    consumer = Consumer()
+    async with anyio.create_task_group() as tg:
+        async with Router({"a": a}) as router:
+            tg.start_soon(consumer.run, router, request("e/1", [1], 500))
+            await consumer.wait_tokens(3)
+        await consumer.finished.wait()
+    assert isinstance(consumer.error, EngineUnavailableError) and "router closed" in str(consumer.error)
+    assert a.statistics().running_requests == 0  # the attempt ended on the cell
+    with pytest.raises(EngineUnavailableError, match="not open"):
+        await collect(router, request("e/2", [1], 5))
+
+
 async def test_abort_before_arrival_ends_the_request_with_no_tokens() -> None:
     async with Router({"a": scripted(1)}) as router:
         assert await router.abort("e/early") == []
