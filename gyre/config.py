@@ -19,7 +19,7 @@ import msgspec
 from gyre.errors import ConfigError
 
 __all__ = [
-    "ModelConfig", "EngineConfig", "CellConfig", "RouterConfig", "TrainerConfig", "LoopConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
+    "ModelConfig", "KVTransferConfig", "EngineConfig", "CellConfig", "RouterConfig", "TrainerConfig", "LoopConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
     "HarnessConfig", "TaskConfig", "WarmStartConfig", "RunConfig",
     "load_config", "config_from_dict",
 ]
@@ -80,6 +80,24 @@ class ModelConfig(_Config):
             raise ValueError(f"vocab_size={self.vocab_size} must be >= 300 (256 bytes + specials)")
 
 
+class KVTransferConfig(_Config):
+    """KV-cache migration between engines through vLLM's KV connectors (`gyre.engines.kv_connector`)."""
+
+    connector: Literal["none", "example"] = "none"
+    """`none`: a redirected request recomputes its context; `example`: vLLM's ExampleConnector on a
+    shared folder (exports written only on request, loaded by exact key)."""
+    shared_dir: str = "/dev/shm/gyre-kv"
+    """Folder every cell of the run shares for `example` (host memory under /dev/shm); one per run
+    when several runs share a host."""
+    lease_s: float = 120.0
+    """An export not released by then is deleted by the next export or release on any cell."""
+
+    def __post_init__(self) -> None:
+        _positive(lease_s=self.lease_s)
+        if self.connector != "none" and not self.shared_dir:
+            raise ValueError(f"shared_dir={self.shared_dir!r} must be set for connector={self.connector!r}")
+
+
 class EngineConfig(_Config):
     """The inference engine of every rollout cell."""
 
@@ -101,6 +119,9 @@ class EngineConfig(_Config):
     """Longest wait for a cell's engine to come up."""
     weight_load_timeout_s: float = 120.0
     """Longest wait for one `load_weights`."""
+    kv_transfer: KVTransferConfig = KVTransferConfig()
+    """KV-cache export/import for migrating requests between cells (off by default). When on, the
+    engine never chunks a prefill (max_num_batched_tokens = max_model_len: a chunked store is corrupt)."""
 
     def __post_init__(self) -> None:
         _positive(

@@ -2,7 +2,7 @@
 
 Owns `SamplingParams`, `GenerateRequest`, `TokenDelta`, `Completion`, `EngineStatistics` and the
 `InferenceEngine` protocol that the vLLM backend, the cell client and the scripted fake all
-implement. The engine knows nothing about chat messages, tools or executions: only token IDs.
+implement, plus the optional `KVTransferEngine` capability (`KVExport`): KV-cache migration. The engine knows nothing about chat messages, tools or executions: only token IDs.
 
 Behaviour logprobs are those of the distribution actually sampled from: after temperature, top-k
 and top-p (DESIGN.md invariant 2). Every token carries the weight version that sampled it.
@@ -23,6 +23,8 @@ __all__ = [
     "Completion",
     "EngineStatistics",
     "InferenceEngine",
+    "KVExport",
+    "KVTransferEngine",
     "choice_seed",
     "collect",
 ]
@@ -108,6 +110,18 @@ class EngineStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Longest prompt + completion the engine accepts, in tokens."""
     vocab_size: int
     """Number of token IDs the model accepts."""
+    prompt_tokens_computed: int = 0
+    """Prompt tokens the model prefilled (not served by the prefix cache or the KV connector)."""
+    kv_tokens_loaded: int = 0
+    """Prompt tokens whose KV was loaded through the KV connector (counted when the request ends)."""
+    kv_exports: int = 0
+    """Successful `export_kv` calls."""
+    kv_tokens_exported: int = 0
+    """Tokens whose KV those exports stored."""
+    kv_released: int = 0
+    """Exports deleted by `release_kv` (after their import)."""
+    kv_expired: int = 0
+    """Exports deleted because their lease ran out (`KVTransferConfig.lease_s`)."""
 
 
 @runtime_checkable
@@ -144,6 +158,42 @@ class InferenceEngine(Protocol):
 
     def statistics(self) -> EngineStatistics:
         """A snapshot of the engine's counters."""
+        ...
+
+
+class KVExport(msgspec.Struct, frozen=True, kw_only=True):
+    """The KV cache of one token sequence, stored by `export_kv` for another engine to load."""
+
+    key: str
+    """Name of the export in the shared store (hex digest of the stored token IDs)."""
+    tokens: int
+    """Leading tokens of the sequence whose KV was stored: whole blocks, at least len - block_size."""
+    sequence_tokens: int
+    """Length of the exported sequence; an engine asked to continue exactly it loads `tokens`."""
+    bytes: int
+    """Size of the export in the store."""
+    weight_version: int
+    """Weights the KV was computed with; only an engine on the same version may load it."""
+    seconds: float
+    """Wall time of the export on the exporting engine."""
+
+
+@runtime_checkable
+class KVTransferEngine(Protocol):
+    """An engine that can hand a sequence's KV cache to another engine (KV migration).
+
+    The receiving engine needs no call: a generate request whose prompt is exactly the exported
+    sequence loads the stored KV instead of prefilling it (its `kv_tokens_loaded` grows).
+    Errors: `EngineUnavailableError` (no KV connector configured, paused, shut down),
+    `InvalidRequestError` (sequence too short or too long), `EngineTimeoutError`.
+    """
+
+    async def export_kv(self, token_ids: list[int]) -> KVExport:
+        """Store the KV of `token_ids` (a finished or aborted request's prompt + completion)."""
+        ...
+
+    async def release_kv(self, key: str) -> bool:
+        """Delete export `key` from the shared store; False if it was already gone."""
         ...
 
 

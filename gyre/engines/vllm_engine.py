@@ -9,7 +9,10 @@ Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node 
   n>1 reuses one seed); EOS is not special: the request's stop IDs decide, the stop token is kept;
 - `load_weights` aborts in-flight requests with their tokens so far, reloads (`reload_weights`),
   resets the prefix cache (B12), bumps the version and continues each request from prompt +
-  tokens so far, so every token carries the version that sampled it and callers see one stream.
+  tokens so far, so every token carries the version that sampled it and callers see one stream;
+- with `kv_transfer.connector = "example"`, `export_kv` stores a sequence's KV in the shared folder
+  (`gyre.engines.kv_connector`) and any request whose prompt is exactly an exported sequence loads
+  it instead of prefilling; `release_kv` deletes an export, expired ones are swept.
 
 It knows nothing about chat messages, executions or HTTP.
 """
@@ -19,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,6 +34,7 @@ from gyre.engines.protocol import (
     EngineStatistics,
     FinishReason,
     GenerateRequest,
+    KVExport,
     TokenDelta,
     choice_seed,
 )
@@ -38,6 +44,7 @@ from gyre.errors import (
     EngineTimeoutError,
     EngineUnavailableError,
     GyreError,
+    InvalidRequestError,
     WeightSyncError,
 )
 
@@ -52,6 +59,19 @@ def engine_args(model_path: str, config: EngineConfig) -> Any:
     """vLLM `AsyncEngineArgs` for a gyre rollout engine (token IDs in, processed logprobs out)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    kv: dict[str, Any] = {}
+    if config.kv_transfer.connector == "example":
+        from vllm.config import KVTransferConfig
+
+        kv = dict(
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="GyreKVConnector",
+                kv_connector_module_path="gyre.engines.kv_connector",
+                kv_role="kv_both",
+                kv_connector_extra_config={"shared_storage_path": config.kv_transfer.shared_dir},
+            ),
+            max_num_batched_tokens=max(config.max_model_len, 2048),  # a chunked store is corrupt
+        )
     return AsyncEngineArgs(
         model=model_path,
         dtype=config.dtype,
@@ -65,6 +85,7 @@ def engine_args(model_path: str, config: EngineConfig) -> Any:
         skip_tokenizer_init=True,
         seed=0,
         disable_log_stats=True,
+        **kv,
     )
 
 
@@ -133,7 +154,9 @@ class VLLMEngine:
         self._paused = False
         self._broken: str | None = None  # set when a weight load failed half-way
         self._counts = dict(
-            requests_total=0, requests_aborted=0, tokens_generated=0, weight_loads=0, prefix_cache_resets=0
+            requests_total=0, requests_aborted=0, tokens_generated=0, weight_loads=0, prefix_cache_resets=0,
+            prompt_tokens_computed=0, kv_tokens_loaded=0, kv_exports=0, kv_tokens_exported=0, kv_released=0,
+            kv_expired=0,
         )
 
     @classmethod
@@ -141,6 +164,8 @@ class VLLMEngine:
         """Start vLLM on `model_path` (a Hugging Face folder). Takes ~20 s on 2 CPU cores."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        if config.kv_transfer.connector != "none":
+            os.makedirs(config.kv_transfer.shared_dir, exist_ok=True)
         llm = AsyncLLM.from_engine_args(engine_args(model_path, config))
         model_config = llm.model_config
         return cls(
@@ -266,9 +291,15 @@ class VLLMEngine:
         self._drained.clear()
         finish: FinishReason = "abort"
         cached = None
+        counted = False
         try:
             prompt = TokensPrompt(prompt_token_ids=[*request.prompt_ids, *choice.ids])
             async for out in self.llm.generate(prompt, params, sub_id):
+                if not counted and out.num_cached_tokens is not None:
+                    counted = True
+                    self._counts["prompt_tokens_computed"] += len(prompt["prompt_token_ids"]) - out.num_cached_tokens
+                if out.finished and out.kv_transfer_params:
+                    self._counts["kv_tokens_loaded"] += int(out.kv_transfer_params.get("gyre_loaded_tokens", 0))
                 if choice.user_aborted:  # tokens after an abort are not handed out: abort()
                     await self.llm.abort(sub_id)  # returns exactly what the stream carried
                     break
@@ -319,6 +350,98 @@ class VLLMEngine:
             )
             for c in choices
         ]
+
+    # -- KV migration -----------------------------------------------------------------------
+
+    async def export_kv(self, token_ids: list[int]) -> KVExport:
+        """Store the KV of `token_ids` (a request's prompt + tokens so far) in the shared folder.
+
+        Runs `token_ids` as a 1-token request marked for storing; its prefix is normally still in
+        this engine's prefix cache (an abort keeps it), so this costs about one decode step.
+        Exporting a sequence already exported refreshes its lease. Sweeps expired exports.
+        Raises `EngineUnavailableError` (no connector, paused, weights changed meanwhile),
+        `InvalidRequestError` (shorter than one block + 1 token, or no room for one more token),
+        `EngineTimeoutError` (`request_timeout_s`), `EngineError` (nothing was stored).
+        """
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        from gyre.engines import kv_connector as store
+
+        kv = self.config.kv_transfer
+        if kv.connector == "none":
+            raise EngineUnavailableError("export_kv needs engine.kv_transfer.connector = 'example' (it is 'none')")
+        ids = list(token_ids)
+        block = self.config.block_size
+        key, tokens = store.export_key(ids, block)
+        if tokens == 0:
+            raise InvalidRequestError(f"export_kv of {len(ids)} tokens: at least block_size + 1 = {block + 1} needed")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(f"export_kv of {len(ids)} tokens: must be < max_model_len={self.max_model_len}")
+        self._check_serving("export_kv")
+        t0 = time.monotonic()
+        folder = os.path.join(kv.shared_dir, key)
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s):
+                await self._ready.wait()
+                version = self.weight_version
+                if os.path.exists(os.path.join(folder, store.COMPLETE)):
+                    os.utime(folder)
+                else:
+                    params = VSamplingParams(
+                        max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
+                        output_kind=RequestOutputKind.FINAL_ONLY,
+                        extra_args={"kv_transfer_params": {store.EXPORT_PARAM: True}},
+                    )
+                    rid = f"gyre-export-{uuid.uuid4().hex}"
+                    self._active_subs.add(rid)  # a weight load waits for it
+                    self._drained.clear()
+                    try:
+                        async for _ in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+                            pass
+                    finally:
+                        self._active_subs.discard(rid)
+                        if not self._active_subs:
+                            self._drained.set()
+                    if self.weight_version != version:
+                        await asyncio.to_thread(store.release, kv.shared_dir, key)
+                        raise EngineUnavailableError(
+                            f"export_kv: weights changed from version {version} to {self.weight_version} meanwhile"
+                        )
+                    try:
+                        await asyncio.to_thread(store.mark_complete, kv.shared_dir, key, version)
+                    except FileNotFoundError as exc:
+                        raise EngineError(f"export_kv stored nothing: {exc}") from None
+        except TimeoutError:
+            raise EngineTimeoutError(
+                f"export_kv of {len(ids)} tokens exceeded request_timeout_s={self.config.request_timeout_s}"
+            ) from None
+        size = await asyncio.to_thread(store.export_bytes, kv.shared_dir, key)
+        self._counts["kv_exports"] += 1
+        self._counts["kv_tokens_exported"] += tokens
+        self._counts["kv_expired"] += await asyncio.to_thread(store.sweep, kv.shared_dir, kv.lease_s)
+        return KVExport(
+            key=key, tokens=tokens, sequence_tokens=len(ids), bytes=size, weight_version=version,
+            seconds=time.monotonic() - t0,
+        )
+
+    async def release_kv(self, key: str) -> bool:
+        """Delete export `key` from the shared folder (after its import); False if already gone.
+        Sweeps expired exports. Raises `InvalidRequestError` (malformed key),
+        `EngineUnavailableError` (no connector)."""
+        from gyre.engines import kv_connector as store
+
+        kv = self.config.kv_transfer
+        if kv.connector == "none":
+            raise EngineUnavailableError("release_kv needs engine.kv_transfer.connector = 'example' (it is 'none')")
+        try:
+            released = await asyncio.to_thread(store.release, kv.shared_dir, key)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        self._counts["kv_released"] += released
+        self._counts["kv_expired"] += await asyncio.to_thread(store.sweep, kv.shared_dir, kv.lease_s)
+        return released
 
     # -- weights and scheduling -------------------------------------------------------------
 

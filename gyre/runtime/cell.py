@@ -8,6 +8,8 @@ when `backend = "scripted"`), and serves until `POST /shutdown` or SIGTERM:
     POST /generate      GenerateRequest -> stream of length-prefixed Frames (deltas, or an error)
     POST /abort         AbortRequest -> list[Completion] (tokens so far)
     POST /load_weights  LoadWeightsRequest -> {} once the new version serves
+    POST /export_kv     ExportKVRequest -> KVExport (503 when the engine has no KV connector)
+    POST /release_kv    ReleaseKVRequest -> bool (False: already gone)
     POST /pause, /resume, /shutdown
     GET  /statistics    EngineStatistics
 
@@ -29,7 +31,7 @@ import msgspec
 from aiohttp import web
 
 from gyre.config import EngineConfig
-from gyre.engines.protocol import GenerateRequest
+from gyre.engines.protocol import GenerateRequest, KVTransferEngine
 from gyre.errors import (
     ContextLengthError,
     EngineTimeoutError,
@@ -39,9 +41,11 @@ from gyre.errors import (
 )
 from gyre.runtime.cell_wire import (
     AbortRequest,
+    ExportKVRequest,
     Frame,
     Health,
     LoadWeightsRequest,
+    ReleaseKVRequest,
     WireError,
     decode,
     encode,
@@ -136,6 +140,26 @@ class _Cell:
         except GyreError as exc:
             return _error(exc)
 
+    def _kv_engine(self) -> KVTransferEngine:
+        engine = self._engine()
+        if not isinstance(engine, KVTransferEngine):
+            raise EngineUnavailableError(f"this cell's engine ({type(engine).__name__}) cannot export KV")
+        return engine
+
+    async def export_kv(self, request: web.Request) -> web.Response:
+        try:
+            req = await self._decode(request, ExportKVRequest)
+            return _ok(await self._kv_engine().export_kv(req.token_ids))
+        except GyreError as exc:
+            return _error(exc)
+
+    async def release_kv(self, request: web.Request) -> web.Response:
+        try:
+            req = await self._decode(request, ReleaseKVRequest)
+            return web.Response(body=encode(await self._kv_engine().release_kv(req.key)), content_type=_MSGPACK)
+        except GyreError as exc:
+            return _error(exc)
+
     async def pause(self, request: web.Request) -> web.Response:
         try:
             await self._engine().pause()
@@ -179,6 +203,8 @@ async def serve(model: str, config: EngineConfig, *, host: str, port: int, port_
     app.router.add_post("/generate", cell.generate)
     app.router.add_post("/abort", cell.abort)
     app.router.add_post("/load_weights", cell.load_weights)
+    app.router.add_post("/export_kv", cell.export_kv)
+    app.router.add_post("/release_kv", cell.release_kv)
     app.router.add_post("/pause", cell.pause)
     app.router.add_post("/resume", cell.resume)
     app.router.add_get("/statistics", cell.statistics)

@@ -24,7 +24,7 @@ import httpx
 import msgspec
 
 from gyre.config import EngineConfig
-from gyre.engines.protocol import Completion, EngineStatistics, GenerateRequest, TokenDelta
+from gyre.engines.protocol import Completion, EngineStatistics, GenerateRequest, KVExport, TokenDelta
 from gyre.errors import (
     EngineError,
     EngineTimeoutError,
@@ -35,9 +35,11 @@ from gyre.errors import (
 )
 from gyre.runtime.cell_wire import (
     AbortRequest,
+    ExportKVRequest,
     FrameReader,
     Health,
     LoadWeightsRequest,
+    ReleaseKVRequest,
     WireError,
     decode,
     encode,
@@ -148,6 +150,18 @@ class CellClient:
         except EngineTimeoutError as exc:
             raise WeightSyncError(f"weight load of version {version}: {exc}") from None
         await self.refresh_statistics()
+
+    async def export_kv(self, token_ids: list[int]) -> KVExport:
+        """Have the cell store the KV of `token_ids` (see `KVTransferEngine`); bounded by
+        `request_timeout_s`. Raises `EngineUnavailableError` (no connector, unreachable),
+        `InvalidRequestError`, `EngineTimeoutError`."""
+        body = await self._post("/export_kv", ExportKVRequest(list(token_ids)), self.config.request_timeout_s)
+        return decode(body, KVExport)
+
+    async def release_kv(self, key: str) -> bool:
+        """Delete export `key` in the cell's shared store; False if already gone."""
+        body = await self._post("/release_kv", ReleaseKVRequest(key), self.config.request_timeout_s)
+        return decode(body, bool)
 
     async def pause(self) -> None:
         await self._post("/pause", {}, self.config.request_timeout_s)

@@ -11,11 +11,13 @@ import struct
 
 import msgspec
 
-from gyre.engines.protocol import Completion, EngineStatistics, GenerateRequest, TokenDelta
+from gyre.engines.protocol import Completion, EngineStatistics, GenerateRequest, KVExport, TokenDelta
 
 __all__ = [
     "AbortRequest",
     "LoadWeightsRequest",
+    "ExportKVRequest",
+    "ReleaseKVRequest",
     "WireError",
     "Frame",
     "Health",
@@ -34,6 +36,16 @@ class LoadWeightsRequest(msgspec.Struct, frozen=True):
     snapshot: str
     """Hugging Face folder with the new weights (safetensors)."""
     version: int
+
+
+class ExportKVRequest(msgspec.Struct, frozen=True):
+    token_ids: list[int]
+    """The sequence (prompt + tokens so far) whose KV the cell stores (`export_kv`)."""
+
+
+class ReleaseKVRequest(msgspec.Struct, frozen=True):
+    key: str
+    """`KVExport.key` of the export to delete."""
 
 
 class WireError(msgspec.Struct, frozen=True):
@@ -62,7 +74,7 @@ _decoders: dict[type, msgspec.msgpack.Decoder] = {
     t: msgspec.msgpack.Decoder(t)
     for t in (
         GenerateRequest, AbortRequest, LoadWeightsRequest, WireError, Frame, Health,
-        EngineStatistics, list[Completion],
+        EngineStatistics, list[Completion], ExportKVRequest, ReleaseKVRequest, KVExport, bool,
     )
 }
 _LEN = struct.Struct(">I")
