@@ -213,9 +213,11 @@ async def test_router_is_an_engine_and_uninterrupted_requests_pass_through() -> 
     assert seen == [("x/1@0.0", [1, 2, 3], 20)]
 
 
-async def test_hundred_forced_role_switches_lose_and_duplicate_nothing() -> None:
-    """100 role switches while 24 clients keep long requests in flight on 4 cells."""
-    names = ["c0", "c1", "c2", "c3"]
+async def switch_storm(num_cells: int, num_switchers: int, switches_each: int, num_clients: int) -> RouterStatistics:
+    """Clients keep long requests in flight while each switcher moves its own cells out of rollout
+    (train), loads new weights into them and puts them back, `switches_each` times; returns the
+    router's statistics after checking that nothing was lost or duplicated."""
+    names = [f"c{k}" for k in range(num_cells)]
     engines = {name: scripted(1000 * k) for k, name in enumerate(names)}
     tokens_by_version: Counter[int] = Counter()  # what the cells sampled, per weight version
     accounted = dict.fromkeys(names, 0)
@@ -240,11 +242,12 @@ async def test_hundred_forced_role_switches_lose_and_duplicate_nothing() -> None
             results[req.request_id] = (req, await collect(router.engine_for(f"exec{k}"), req))
             i += 1
 
-    async def switcher() -> None:
+    async def switcher(mine: list[int]) -> None:
         nonlocal switches, moved
-        for s in range(100):
-            name = names[s % len(names)]
-            await wait_until(lambda: router.statistics().cells[s % len(names)].running > 0)
+        for s in range(switches_each):
+            k = mine[s % len(mine)]
+            name = names[k]
+            await wait_until(lambda: router.statistics().cells[k].running > 0)
             moved += await router.set_role(name, "train")
             assert engines[name].statistics().running_requests == 0  # drained: nothing left on it
             close_epoch(name)
@@ -252,21 +255,24 @@ async def test_hundred_forced_role_switches_lose_and_duplicate_nothing() -> None
             await engines[name].load_weights("snapshot", engines[name].weight_version + 1)
             await router.set_role(name, "rollout")
             switches += 1
-        stop_clients.set()
 
     async with Router(engines) as router:
         async with anyio.create_task_group() as tg:
-            for k in range(24):
+            for k in range(num_clients):
                 tg.start_soon(client, k)
-            tg.start_soon(switcher)
+            async with anyio.create_task_group() as switchers:
+                for j in range(num_switchers):
+                    switchers.start_soon(switcher, list(range(j, num_cells, num_switchers)))
+            stop_clients.set()
         stats = router.statistics()
     for name in names:
         close_epoch(name)
 
-    assert switches == 100 and moved >= 100
-    assert stats.requests_redirected >= 100 and stats.requests_retried == 0
+    total_switches = num_switchers * switches_each
+    assert switches == total_switches and moved >= total_switches
+    assert stats.requests_redirected >= total_switches and stats.requests_retried == 0
     assert stats.running_requests == 0 and stats.requests_total == len(results)
-    assert stats.cells_rollout == 4 and stats.cells_down == 0
+    assert stats.cells_rollout == num_cells and stats.cells_down == 0
     delivered = Counter()
     for rid, (req, got) in results.items():
         want = await reference(req)
@@ -298,6 +304,17 @@ async def test_hundred_forced_role_switches_lose_and_duplicate_nothing() -> None
         f"\nrouter: {len(results)} requests, {stats.requests_redirected} redirects, redirect latency "
         f"mean {stats.redirect_latency_s_mean * 1e3:.2f} ms max {stats.redirect_latency_s_max * 1e3:.2f} ms"
     )
+    return stats
+
+
+async def test_hundred_forced_role_switches_lose_and_duplicate_nothing() -> None:
+    """100 role switches while 24 clients keep long requests in flight on 4 cells."""
+    await switch_storm(num_cells=4, num_switchers=1, switches_each=100, num_clients=24)
+
+
+async def test_overlapping_switches_leave_no_rollout_cell_at_times_and_lose_nothing() -> None:
+    """Two switchers on two cells: at times no cell rolls out and requests wait for one."""
+    await switch_storm(num_cells=2, num_switchers=2, switches_each=25, num_clients=8)
 
 
 async def test_redirected_tokens_carry_the_versions_that_sampled_them() -> None:
