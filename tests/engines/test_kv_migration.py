@@ -8,6 +8,9 @@ back to recompute, still exact. Every export is deleted after its import or by t
 requests store nothing. Two cells for the whole module (each start costs 30-60 s on 2 cores); the
 test that kills cell A runs last. The death is before the export (killing A inside the ~10 ms export
 is not reproducible); a half-written export is never loaded (`complete` marker) and expires.
+
+The router's side of migration (when it migrates, when it falls back) is also checked in the fast
+tier, on scripted engines with a scripted export (`ExportingEngine`).
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ import pytest
 
 from gyre.config import KVTransferConfig, RouterConfig
 from gyre.engines import GenerateRequest, SamplingParams, collect
-from gyre.errors import InvalidRequestError
+from gyre.engines.protocol import KVExport, KVTransferEngine
+from gyre.engines.scripted import ScriptedEngine
+from gyre.errors import EngineUnavailableError, InvalidRequestError
 from gyre.runtime.router import MigrateContinuation, Router
 from tests.conftest import start_vllm_cell
+from tests.runtime.test_router import prefix_rule
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = pytest.mark.anyio
 
 FP32_TOL = 1e-5
 BLOCK = 32
@@ -115,6 +121,7 @@ def shared_entries(shared_dir: Path) -> list[str]:
     return sorted(os.listdir(shared_dir)) if shared_dir.exists() else []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", [1_000, 8_000, 16_000])
 async def test_migrated_request_equals_uninterrupted_run(cells, shared_dir, context: int) -> None:
     (_, cell_a), (_, cell_b) = cells
@@ -149,6 +156,7 @@ async def test_migrated_request_equals_uninterrupted_run(cells, shared_dir, cont
     assert shared_entries(shared_dir) == []  # released after the import
 
 
+@pytest.mark.slow
 async def test_ordinary_requests_store_nothing_and_exports_expire(cells, shared_dir) -> None:
     from gyre.engines.kv_connector import sweep
 
@@ -175,6 +183,7 @@ async def test_ordinary_requests_store_nothing_and_exports_expire(cells, shared_
     assert shared_entries(shared_dir) == []
 
 
+@pytest.mark.slow
 async def test_repeated_switches_migrate_every_time(cells, shared_dir) -> None:
     """One long request moved back and forth between the cells: one call, nothing lost, exact."""
     (_, cell_a), (_, cell_b) = cells
@@ -210,6 +219,7 @@ async def test_repeated_switches_migrate_every_time(cells, shared_dir) -> None:
     assert shared_entries(shared_dir) == []
 
 
+@pytest.mark.slow
 async def test_source_that_dies_falls_back_to_recompute(cells, shared_dir) -> None:
     """Runs last: it stops cell A."""
     (process_a, cell_a), (_, cell_b) = cells
@@ -238,3 +248,85 @@ async def test_source_that_dies_falls_back_to_recompute(cells, shared_dir) -> No
     assert [c.name for c in stats.cells if c.down is not None] == ["a"]
     assert after.kv_tokens_loaded == before.kv_tokens_loaded
     assert shared_entries(shared_dir) == []
+
+
+# -- the router's side, on scripted engines (fast tier) -------------------------------------------
+
+
+class ExportingEngine(ScriptedEngine):
+    """A scripted engine with a scripted KV export: `export` says what `export_kv` does
+    ("ok", "fail" or "hang"); released keys are recorded."""
+
+    def __init__(self, *, export: str = "ok", weight_version: int = 0) -> None:
+        super().__init__(rule=prefix_rule, vocab_size=64, token_delay_s=0.002, weight_version=weight_version)
+        self.export = export
+        self.exported: list[list[int]] = []
+        self.released: list[str] = []
+
+    async def export_kv(self, token_ids: list[int]) -> KVExport:
+        if self.export == "fail":
+            raise EngineUnavailableError("scripted: the source is gone")
+        if self.export == "hang":
+            await anyio.sleep_forever()
+        self.exported.append(list(token_ids))
+        n = (len(token_ids) - 1) // BLOCK * BLOCK
+        return KVExport(
+            key=f"{len(self.exported):032x}", tokens=n, sequence_tokens=len(token_ids), bytes=n * 1024,
+            weight_version=self.statistics().weight_version, seconds=0.0,
+        )
+
+    async def release_kv(self, key: str) -> bool:
+        self.released.append(key)
+        return True
+
+
+async def _switch_once(a, b, migrate: MigrateContinuation, prompt: list[int]):
+    async with Router({"a": a, "b": b}, roles={"b": "train"}, continuation=migrate) as router:
+
+        async def leave_a() -> None:
+            await router.set_role("b", "rollout")
+            assert await router.set_role("a", "train") == 1
+
+        ids, lps = await switch_midway(router, greedy("r", prompt, 40), leave_a)
+        return ids, lps, router.statistics()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_router_migrates_with_an_export_and_releases_it() -> None:
+    prompt = list(range(3, 63)) * 2
+    [ref] = await collect(ScriptedEngine(rule=prefix_rule, vocab_size=64), greedy("ref", prompt, 40))
+    a, b = ExportingEngine(), ExportingEngine()
+    assert isinstance(a, KVTransferEngine)
+    migrate = MigrateContinuation()
+    ids, lps, stats = await _switch_once(a, b, migrate, prompt)
+    assert (ids, lps) == (ref.token_ids, ref.logprobs)
+    [seq] = a.exported
+    assert seq == prompt + ids[: len(seq) - len(prompt)]
+    [record] = migrate.statistics().records
+    assert (record.outcome, record.sequence_tokens, record.tokens_moved) == ("migrated", len(seq), (len(seq) - 1) // 32 * 32)
+    assert stats.requests_migrated == 1 and stats.tokens_migrated == record.tokens_moved
+    assert stats.tokens_recomputed == len(seq) - record.tokens_moved
+    assert b.released == ["1".zfill(32)] and migrate.statistics().released == 1
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "reason"),
+    [
+        (dict(export="fail"), dict(), "export failed: EngineUnavailableError"),
+        (dict(export="hang"), dict(), "export timed out"),
+        (dict(), dict(weight_version=1), "weight version 0, target at 1"),
+    ],
+)
+async def test_router_falls_back_to_recompute_when_migration_cannot_work(source, target, reason) -> None:
+    prompt = list(range(3, 63)) * 2
+    [ref] = await collect(ScriptedEngine(rule=prefix_rule, vocab_size=64), greedy("ref", prompt, 40))
+    a, b = ExportingEngine(**source), ExportingEngine(**target)
+    migrate = MigrateContinuation(export_timeout_s=0.2)
+    ids, lps, stats = await _switch_once(a, b, migrate, prompt)
+    assert (ids, lps) == (ref.token_ids, ref.logprobs)
+    [record] = migrate.statistics().records
+    assert record.outcome == "recomputed" and reason in record.reason, record.reason
+    assert stats.requests_migrated == 0 and stats.requests_redirected == 1
+    assert stats.tokens_recomputed == record.sequence_tokens
+    # an export that was made but cannot be used is released at once
+    assert b.released == ([] if source else ["1".zfill(32)])
