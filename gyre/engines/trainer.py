@@ -60,18 +60,19 @@ def _free_port() -> int:
 
 
 def init_process_group() -> None:
-    """Join (or form) torch.distributed for DeepSpeed: from RANK/WORLD_SIZE/MASTER_* when set,
-    else a one-process gloo group on loopback."""
-    if torch.distributed.is_initialized():
-        return
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    """Join (or form) torch.distributed for DeepSpeed: from RANK/WORLD_SIZE/MASTER_* when a
+    launcher set them, else a one-process group on a free loopback port. No rendezvous variable is
+    written to the environment, so child processes (agents, other nodes) never inherit a stale one
+    (only LOCAL_RANK=0, which DeepSpeed requires)."""
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not torch.distributed.is_initialized() and "WORLD_SIZE" not in os.environ:
+        torch.distributed.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        )
+    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine asserts it; harmless to children
+    deepspeed.init_distributed(dist_backend=backend)  # adopts an existing group
 
 
 class DeepSpeedTrainer:

@@ -106,22 +106,27 @@ class CellClient:
         return response.content
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        # No cancel scope spans a `yield` (a consumer may resume this generator from another
+        # task): each read is bounded by httpx's read timeout, the whole request by a deadline
+        # checked between reads.
         pending = set(range(request.sampling.n))
+        deadline = time.monotonic() + self.config.request_timeout_s
         try:
-            with anyio.fail_after(self.config.request_timeout_s):
-                async with self.http.stream("POST", "/generate", content=encode(request), headers=_HEADERS) as response:
-                    if response.status_code != 200:
-                        _raise_for(response, await response.aread())
-                    reader = FrameReader()
-                    async for chunk in response.aiter_bytes():
-                        for frame in reader.feed(chunk):
-                            if frame.error is not None:
-                                raise error_from_code(frame.error.code, frame.error.message)
-                            delta = frame.delta
-                            if delta.finish_reason is not None:
-                                pending.discard(delta.index)
-                            yield delta
-        except TimeoutError:
+            async with self.http.stream("POST", "/generate", content=encode(request), headers=_HEADERS) as response:
+                if response.status_code != 200:
+                    _raise_for(response, await response.aread())
+                reader = FrameReader()
+                async for chunk in response.aiter_bytes():
+                    for frame in reader.feed(chunk):
+                        if frame.error is not None:
+                            raise error_from_code(frame.error.code, frame.error.message)
+                        delta = frame.delta
+                        if delta.finish_reason is not None:
+                            pending.discard(delta.index)
+                        yield delta
+                    if time.monotonic() > deadline and pending:
+                        raise httpx.ReadTimeout("request deadline passed")
+        except httpx.TimeoutException:
             await self._abort_quietly(request.request_id)
             raise EngineTimeoutError(
                 f"request {request.request_id!r} exceeded request_timeout_s={self.config.request_timeout_s}"
