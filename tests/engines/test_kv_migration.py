@@ -185,10 +185,10 @@ async def test_ordinary_requests_store_nothing_and_exports_expire(cells, shared_
 
 @pytest.mark.slow
 async def test_repeated_switches_migrate_every_time(cells, shared_dir) -> None:
-    """One long request moved back and forth between the cells: one call, nothing lost, exact."""
+    """One long request forced to switch cells 50 times: one call, nothing lost, exact, store empty."""
     (_, cell_a), (_, cell_b) = cells
-    prompt = tokens(3_000, seed=3)
-    max_tokens, every = 240, 16
+    prompt = tokens(2_000, seed=3)
+    max_tokens, every, switches = 2_000, 8, 50  # room to spare: a switch takes longer than 8 tokens
     async with await client(cell_a) as a, await client(cell_b) as b:
         [reference] = await collect(a, greedy("ref-pingpong", prompt, max_tokens))
         migrate = MigrateContinuation()
@@ -201,7 +201,7 @@ async def test_repeated_switches_migrate_every_time(cells, shared_dir) -> None:
             async for delta in router.generate(greedy("pingpong", prompt, max_tokens)):
                 ids += delta.token_ids
                 lps += delta.logprobs
-                if len(ids) >= next_switch and len(ids) < max_tokens:
+                if len(ids) >= next_switch and len(ids) < max_tokens and moved < switches:
                     await router.set_role(idle, "rollout")
                     moved += await router.set_role(active, "train")
                     active, idle = idle, active
@@ -211,7 +211,8 @@ async def test_repeated_switches_migrate_every_time(cells, shared_dir) -> None:
     assert ids == reference.token_ids
     assert max(abs(x - y) for x, y in zip(lps, reference.logprobs, strict=True)) <= FP32_TOL
     m = migrate.statistics()
-    assert m.migrated >= 3 and m.migrated <= moved  # a leg that had just finished is not continued
+    assert moved == switches
+    assert m.migrated == moved  # every forced switch moved the request, with its KV
     assert (m.recomputed, m.exports_failed, m.release_failed) == (0, 0, 0)
     assert all(r.outcome == "migrated" for r in m.records)
     assert stats.requests_total == 1
