@@ -10,6 +10,7 @@ Knows nothing about what the cell runs inside (vLLM, DeepSpeed).
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -202,7 +203,9 @@ class CellProcess(msgspec.Struct, kw_only=True):
     base_url: str | None = None
 
     def stop(self, timeout_s: float = 30.0) -> int:
-        """Ask the cell to exit (SIGTERM), then kill it after `timeout_s`; returns the exit code."""
+        """Ask the cell to exit (SIGTERM), then kill it after `timeout_s`; then kill whatever its
+        process group left behind (vLLM's engine-core and worker processes when the cell itself
+        was killed). Returns the cell's exit code."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -210,6 +213,10 @@ class CellProcess(msgspec.Struct, kw_only=True):
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the group is already empty
         return self.process.returncode
 
 
@@ -233,7 +240,8 @@ def spawn_cell(
     ]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            start_new_session=True,  # its own process group: `stop` can reap vLLM's children too
         )
     return CellProcess(process=process, port_file=port_file, log_path=log_path)
 

@@ -111,3 +111,26 @@ def test_failed_start_reports_the_log(tmp_path) -> None:
     with pytest.raises(EngineUnavailableError, match="failed to start|exited"):
         wait_cell_ready(process, 120)
     process.stop()
+
+
+@pytest.mark.slow
+def test_stop_after_kill9_reaps_the_engine_processes(tmp_path, tiny_model_dir) -> None:
+    import os
+    import signal
+    import time
+
+    from gyre.tasks.supervisor import live_descendants
+    from tests.conftest import require_vllm
+
+    require_vllm()
+    config = EngineConfig(max_model_len=256, startup_timeout_s=300)
+    process = spawn_cell(tiny_model_dir, config, log_path=tmp_path / "cell.log")
+    wait_cell_ready(process, 300)
+    engine_pids = live_descendants(process.process.pid)
+    assert engine_pids  # vLLM's engine core (and its worker) run under the cell
+    os.kill(process.process.pid, signal.SIGKILL)
+    process.stop()
+    time.sleep(0.5)
+    alive = [pid for pid in engine_pids if os.path.exists(f"/proc/{pid}") and
+             open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+    assert alive == []
