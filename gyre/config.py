@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import msgspec
 
 from gyre.errors import ConfigError
 
+T = TypeVar("T")
+
 __all__ = [
     "ModelConfig", "KVTransferConfig", "EngineConfig", "CellConfig", "RouterConfig", "TrainerConfig", "LoopConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
     "HarnessConfig", "TaskConfig", "WarmStartConfig", "RunConfig",
-    "load_config", "config_from_dict",
+    "load_config", "load_toml", "config_from_dict",
 ]
 
 
@@ -31,7 +33,7 @@ class _Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
 def _positive(**fields: float) -> None:
     for name, value in fields.items():
-        if value <= 0:
+        if not value > 0:  # NaN fails too
             raise ValueError(f"{name}={value!r} must be > 0")
 
 
@@ -83,14 +85,17 @@ class ModelConfig(_Config):
 class KVTransferConfig(_Config):
     """KV-cache migration between engines through vLLM's KV connectors (`gyre.engines.kv_connector`)."""
 
-    connector: Literal["none", "example"] = "none"
+    connector: Literal["none", "example", "nixl"] = "none"
     """`none`: a redirected request recomputes its context; `example`: vLLM's ExampleConnector on a
-    shared folder (exports written only on request, loaded by exact key)."""
+    shared folder (exports written only on request, loaded by exact key); `nixl`: vLLM's
+    NixlConnector, the target pulls the KV from the source engine's memory (UCX over shared memory
+    on CPU, RDMA on GPU; needs the `nixl` package; its idle progress thread is turned off)."""
     shared_dir: str = "/dev/shm/gyre-kv"
     """Folder every cell of the run shares for `example` (host memory under /dev/shm); one per run
     when several runs share a host."""
     lease_s: float = 120.0
-    """An export not released by then is deleted by the next export or release on any cell."""
+    """`example`: an export not released by then is deleted by the next export or release on any
+    cell. `nixl`: how long the source keeps an export's blocks for the target to pull."""
 
     def __post_init__(self) -> None:
         _positive(lease_s=self.lease_s)
@@ -418,13 +423,20 @@ def config_from_dict(data: dict) -> RunConfig:
 
 def load_config(path: str | os.PathLike[str]) -> RunConfig:
     """Read a TOML run config. Raises `ConfigError` (one line: file, key path, value)."""
+    return load_toml(path, RunConfig)
+
+
+def load_toml(path: str | os.PathLike[str], type_: type[T]) -> T:
+    """Read a TOML file as the config Struct `type_` (also used by `gyre.sim`'s own configs).
+
+    Raises `ConfigError` (one line: file, key path, value)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config {str(path)!r}: {exc.strerror}") from None
     try:
-        return msgspec.toml.decode(raw, type=RunConfig)
+        return msgspec.toml.decode(raw, type=type_)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except msgspec.DecodeError as exc:

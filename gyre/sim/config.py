@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from gyre.errors import ConfigError
+from gyre.config import _Config, _positive, load_toml
 
 __all__ = [
     "ClusterConfig",
@@ -34,16 +34,6 @@ SWITCH_TO_TRAIN_S = 8.52
 """QwenGyre's measured rollout -> train switch (notes/anchors-performance.md §0, §1d)."""
 SWITCH_TO_ROLLOUT_S = 3.46
 """QwenGyre's measured train -> rollout switch (notes/anchors-performance.md §0, §1d)."""
-
-
-class _Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Base: frozen, keyword-only, unknown keys rejected."""
-
-
-def _positive(**fields: float) -> None:
-    for name, value in fields.items():
-        if not value > 0:
-            raise ValueError(f"{name}={value!r} must be > 0")
 
 
 class ClusterConfig(_Config):
@@ -296,14 +286,4 @@ class SimConfig(_Config):
 
 def load_sim_config(path: str | os.PathLike[str]) -> SimConfig:
     """Read a simulator TOML. Raises `ConfigError` (one line: file, key path, value)."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {str(path)!r}: {exc.strerror}") from None
-    try:
-        return msgspec.toml.decode(raw, type=SimConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return load_toml(path, SimConfig)
