@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 
-import msgspec
 
 from gyre.config import _Config, _positive, load_toml
 
