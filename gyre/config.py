@@ -368,13 +368,15 @@ class WarmStartConfig(_Config):
     """Fine-tune before RL; False starts RL from `model.path` as it is."""
     path: str = ""
     """Output model folder (cached by input hash); empty: `<model.path>-sft`."""
-    examples: int = 256
-    """Demonstrations generated with `learnable_examples` (shipped suite instructions excluded)."""
+    examples: int = 3072
+    """Demonstrations generated with `learnable_examples` (shipped suite instructions excluded).
+    The default (384 steps of 8) is where the tiny model starts copying the word and path from
+    the instruction; fewer steps learn the call format only (`gyre.model.sft` docstring)."""
     epochs: int = 1
     """Passes over the demonstrations."""
-    batch_size: int = 16
+    batch_size: int = 8
     """Demonstrations per optimizer step."""
-    learning_rate: float = 3e-3
+    learning_rate: float = 5e-3
     """Peak AdamW learning rate (linear warm-up, cosine decay to 10%)."""
     warmup_steps: int = 10
     weight_decay: float = 0.0
