@@ -9,6 +9,12 @@ transformers and scores the written file as the hidden tests do). Demonstrations
 `gyre.agents.oracle`, so they are the reference agent's conversations token for token. Knows
 nothing about engines, the proxy or RL; plain torch AdamW in float32 on one process.
 
+Measured on the default tiny model (2 layers, hidden 128), held-out = the 32 shipped `learnable`
+tasks, greedy / T=1 pass rate: 32 steps of 16: 0%; 64 of 16: 0% (call format learned, word and
+path guessed: loss plateaus at ~0.10 nats/token, the no-copy floor); 128 of 4: 0%; 384 of 4:
+6% / 0% (path copied, word not); 512 of 4: 0% / 2%; 384 of 8 (the default): 22% / 17%, mean
+reward 0.44 / 0.38 (half credit for the right file).
+
 Shape suffix legend: `T` packed tokens, `N` loss positions, `H` hidden size.
 """
 
@@ -39,6 +45,7 @@ __all__ = [
     "demonstrations",
     "encode_conversation",
     "warm_start",
+    "output_dir",
     "offline_pass_rate",
 ]
 
@@ -207,7 +214,8 @@ def _hash_inputs(model_dir: Path, settings: WarmStartConfig, demos: list[dict]) 
             continue
         h.update(str(path.relative_to(model_dir)).encode() + b"\0")
         h.update(hashlib.sha256(path.read_bytes()).digest())
-    h.update(msgspec.json.encode(settings))
+    # where the output goes and whether the caller uses it do not change the weights
+    h.update(msgspec.json.encode(msgspec.structs.replace(settings, enabled=True, path="")))
     h.update(json.dumps(demos, sort_keys=True).encode())
     return h.hexdigest()
 
@@ -236,7 +244,7 @@ def warm_start(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
         model_dir: a Hugging Face causal-LM folder with a chat template (e.g. `gyre.model init`).
         out_dir: where the fine-tuned folder goes (model, tokenizer, `gyre_sft.json`).
         settings: `WarmStartConfig` (its `enabled` and `path` are the caller's business).
-        log: optional `callable(str)` for progress lines (every 10 steps).
+        log: optional `callable(str)` for progress lines (about ten per run, and the outcome).
     Returns:
         `out_dir` as a Path.
     Raises:
@@ -258,9 +266,39 @@ def warm_start(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
         return out_dir
 
     import torch
+
+    threads = torch.get_num_threads()  # all cores while training, the caller's setting after
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        model, result = _train(model_dir, settings, demos, input_hash, log)
+    finally:
+        torch.set_num_threads(threads)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        for path in model_dir.iterdir():
+            if path.is_file() and path.name not in _WEIGHT_FILES and path.name != SFT_RECORD:
+                shutil.copy2(path, tmp / path.name)
+        model.save_pretrained(tmp, safe_serialization=True)
+        result = msgspec.structs.replace(result, wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0)
+        (tmp / SFT_RECORD).write_bytes(msgspec.json.format(msgspec.json.encode(result), indent=1) + b"\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    if log is not None:
+        log(f"warm start: wrote {out_dir} ({result.steps} steps, final loss {result.losses[-1]:.4f}, "
+            f"{result.wall_s:.0f} s)")
+    return out_dir
+
+
+def _train(model_dir: Path, settings: WarmStartConfig, demos: list[dict], input_hash: str, log):
+    """The fine-tune itself: (model in eval mode, SFTResult without times)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(os.cpu_count() or 1)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     encoded = [encode_conversation(tokenizer, d["messages"], d["tools"]) for d in demos]
     with torch.random.fork_rng(devices=[]):
@@ -292,30 +330,18 @@ def warm_start(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
                 losses.append(loss.item())
                 tokens += packed
                 step += 1
-                if log is not None and (step % 10 == 0 or step == total_steps):
+                if log is not None and (step % max(total_steps // 10, 1) == 0 or step == total_steps):
                     log(f"sft step {step}/{total_steps} loss {losses[-1]:.4f} lr {lr:.2e}")
         model.eval()
+    return model, SFTResult(
+        input_hash=input_hash, settings=settings, base_model=str(model_dir), demonstrations=len(demos),
+        steps=step, losses=losses, tokens_per_step=tokens / max(step, 1), wall_s=0.0, cpu_s=0.0,
+    )
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        for path in model_dir.iterdir():
-            if path.is_file() and path.name not in _WEIGHT_FILES and path.name != SFT_RECORD:
-                shutil.copy2(path, tmp / path.name)
-        model.save_pretrained(tmp, safe_serialization=True)
-        result = SFTResult(
-            input_hash=input_hash, settings=settings, base_model=str(model_dir), demonstrations=len(demos),
-            steps=step, losses=losses, tokens_per_step=tokens / max(step, 1),
-            wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0,
-        )
-        (tmp / SFT_RECORD).write_bytes(msgspec.json.format(msgspec.json.encode(result), indent=1) + b"\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    return out_dir
+
+def output_dir(model_path: str | os.PathLike[str], settings: WarmStartConfig) -> Path:
+    """Where a run's warm-started model goes: `settings.path`, or `<model_path>-sft` when empty."""
+    return Path(settings.path) if settings.path else Path(f"{os.fspath(model_path).rstrip('/')}-sft")
 
 
 def _lr(step: int, total: int, s: WarmStartConfig) -> float:
@@ -339,6 +365,8 @@ class OfflineEval(msgspec.Struct, frozen=True, kw_only=True):
     passed: int
     """Conversations after which the file held the word (the hidden tests' check)."""
     pass_rate: float
+    mean_reward: float
+    """Mean fraction of the two hidden tests passed (file exists; file holds the word)."""
     first_call_ok: float
     """Fraction whose first reply was exactly the reference `write_file` call."""
     finished: float
@@ -399,7 +427,7 @@ def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[s
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(seed)
-    passed = first_ok = finished = 0
+    passed = first_ok = finished = tests = 0
     for instruction, word, path in tasks:
         reference = {"path": path, "content": word}
         for _ in range(samples):
@@ -449,9 +477,11 @@ def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[s
                         finished += 1
                         break
                 target = Path(tmp) / path
-                passed += target.is_file() and target.read_text(errors="replace").strip() == word
+                ok = target.is_file() and target.read_text(errors="replace").strip() == word
+                passed += ok
+                tests += target.is_file() + ok
     n = len(tasks) * samples
-    return OfflineEval(tasks=len(tasks), samples=n, passed=passed, pass_rate=passed / n,
+    return OfflineEval(tasks=len(tasks), samples=n, passed=passed, pass_rate=passed / n, mean_reward=tests / (2 * n),
                        first_call_ok=first_ok / n, finished=finished / n)
 
 

@@ -21,6 +21,7 @@ from gyre.model.sft import (
     demonstrations,
     encode_conversation,
     offline_pass_rate,
+    output_dir,
     warm_start,
 )
 from gyre.tasks.suites import SUITES, learnable_examples
@@ -146,3 +147,9 @@ def test_cli_errors(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.Capture
     assert "does not exist" in capsys.readouterr().err
     assert main(["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o3"), "--epochs", "0"]) == 2
     assert "epochs=0" in capsys.readouterr().err
+
+
+def test_output_dir() -> None:
+    assert output_dir("runs/model-tiny/", WarmStartConfig()) == Path("runs/model-tiny-sft")
+    assert output_dir("runs/model-tiny", WarmStartConfig(path="elsewhere/sft")) == Path("elsewhere/sft")
+
