@@ -305,10 +305,23 @@ class HarnessConfig(_Config):
     """RLIMIT_FSIZE of agent and verifier processes, bytes; 0: no limit."""
     keep_workspaces: bool = False
     """Keep each execution's folder after scoring (debugging)."""
+    isolate_uid: bool = True
+    """When the node runs as root: each agent runs as its own unprivileged uid and cannot read
+    other workspaces or hidden tests (`gyre.agents.harness`); otherwise a warning."""
+    agent_uid_base: int = 200_000
+    """First uid (and gid) of agents under `isolate_uid`; must be >= 1000 and no real user's."""
+    agent_uid_count: int = 4096
+    """Agent uids from `agent_uid_base` on: the most isolated executions running at once on a node."""
 
     def __post_init__(self) -> None:
         if self.kill_grace_s < 0:
             raise ValueError(f"kill_grace_s={self.kill_grace_s} must be >= 0")
+        base, count = self.agent_uid_base, self.agent_uid_count
+        if base < 1000 or count < 1 or base + count > 2**31:
+            raise ValueError(
+                f"agent_uid_base={self.agent_uid_base}, agent_uid_count={self.agent_uid_count}: need "
+                "base >= 1000, count >= 1 and base + count <= 2**31"
+            )
         for name in ("cpu_time_s", "memory_bytes", "max_processes", "file_size_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0: no limit)")

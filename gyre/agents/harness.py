@@ -2,25 +2,41 @@
 
 Owns `ExecutionControl` (the execution's model-call counters and its stop signal), `mint_api_key`,
 `Harness` and `HarnessStatistics`. `Harness.run(task, execution_id)` copies the task's
-`environment/` into a private per-execution folder (0700; hidden tests and solution are never
+`environment/` into a private per-execution folder (hidden tests and solution are never
 copied), starts the agent command under the supervisor (resource limits, new session) with
 `OPENAI_BASE_URL`, a minted `OPENAI_API_KEY` and the instruction, stops it at the deadline or when
 its `ExecutionControl` says so (turns, tokens, context), kills its whole tree, runs the verifier
 on what the workspace holds, and returns one `Outcome`. Never raises for an execution's failure:
 infrastructure problems become `termination="failed"` with a reason (DESIGN.md invariant 5).
 Knows nothing about HTTP, tokens or the proxy: the proxy reports calls to `ExecutionControl`.
+
+Isolation (`isolate_uid`, when the node runs as root): each agent runs as its own unprivileged
+uid (`agent_uid_base` + a slot held with a lock file while the execution runs, so no two running
+executions on the node share one) with gid = uid and no supplementary groups. Its workspace, HOME,
+TMPDIR and instruction are chowned to it; the execution folder (0711, root) and its logs (0600)
+stay root's; the task's `tests/` and `solution/` are tightened to 0700 before the first run, so
+the agent cannot read hidden files or another execution's workspace (0700, another uid). After the
+agent's tree is gone its files are handed back to root, then scored. Without root, or when the
+workspace root or the agent's executable cannot be reached by other users (mode bits of every
+parent), agents run as the node's user and a warning says why, once.
 """
 
 from __future__ import annotations
 
+import fcntl
+import grp
+import logging
 import os
+import pwd
 import re
 import secrets
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO
 
 import anyio
 import msgspec
@@ -38,6 +54,98 @@ REACT_AGENT: tuple[str, ...] = (sys.executable, "-P", "-m", "gyre.agents.react")
 """The reference agent's command line (`-P`: files in the workspace cannot shadow its imports)."""
 
 _ENV_PASSTHROUGH = ("PATH", "LANG", "LC_ALL", "TZ")
+
+logger = logging.getLogger(__name__)
+
+_UID_LOCK_DIR = Path("/run/gyre-agent-uids" if os.path.isdir("/run") else "/tmp/gyre-agent-uids")
+"""Root-only folder of one lock file per agent uid in use on this node (all harnesses share it)."""
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str, *args: object) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message, *args)
+
+
+def _closed_to_others(path: Path, *, executable: bool) -> Path | None:
+    """The first parent folder of `path` (as given and resolved) that other users cannot
+    traverse (no o+x), or `path` itself if `executable` and they cannot read and run it; None if
+    an unprivileged stranger reaches it. Mode bits only (ACLs are not consulted)."""
+    for p in (path.absolute(), path.resolve()):
+        for folder in reversed(p.parents):
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return folder
+    if executable and (os.stat(path).st_mode & (stat.S_IROTH | stat.S_IXOTH)) != stat.S_IROTH | stat.S_IXOTH:
+        return path
+    return None
+
+
+def _private(path: str, flags: int) -> int:
+    """`open` opener: a new file only its owner can read and write."""
+    return os.open(path, flags, 0o600)
+
+
+def _chown_tree(top: Path, uid: int, gid: int) -> None:
+    """`lchown` `top` and everything under it (symlinks themselves, never their targets)."""
+    os.lchown(top, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, gid)
+
+
+def _tighten_hidden(task: Task) -> None:
+    """Make `tests/` and `solution/` of `task` 0700 (owner only): no agent uid can enter them.
+
+    The verifier and the oracle run as root and are unaffected; git does not track folder modes.
+    """
+    for folder in (task.tests_dir, task.solution_dir):
+        if folder.is_dir() and stat.S_IMODE(os.stat(folder).st_mode) & 0o077:
+            os.chmod(folder, 0o700)
+            logger.info("isolation: %s is now 0700 (hidden from agent uids)", folder)
+
+
+class _AgentUser:
+    """One agent uid (gid = uid) held for an execution: an exclusive lock on its lock file."""
+
+    def __init__(self, uid: int, lock: IO[bytes]) -> None:
+        self.uid = uid
+        self._lock = lock
+
+    def release(self) -> None:
+        self._lock.close()
+
+    @classmethod
+    def acquire(cls, base: int, count: int) -> _AgentUser:
+        """A uid in [base, base + count) that no running execution on this node holds and no
+        user or group of the node has (random start: a uid is rarely reused right away).
+        Raises `ExecutionError` if all are held or the lock folder is not root's own."""
+        _UID_LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(_UID_LOCK_DIR)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077:
+            raise ExecutionError(f"{_UID_LOCK_DIR} must be a folder owned by root with mode 0700")
+        start = secrets.randbelow(count)
+        for i in range(count):
+            uid = base + (start + i) % count
+            try:
+                pwd.getpwuid(uid)
+                continue  # a real user of the node
+            except KeyError:
+                pass
+            try:
+                grp.getgrgid(uid)
+                continue
+            except KeyError:
+                pass
+            lock = open(_UID_LOCK_DIR / str(uid), "ab")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            return cls(uid, lock)
+        raise ExecutionError(f"all {count} agent uids from {base} are in use on this node")
 
 
 _EXECUTION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}")
@@ -61,6 +169,10 @@ def mint_api_key(execution_id: str) -> str:
     """
     check_execution_id(execution_id)
     return f"gyre-{execution_id}-{secrets.token_hex(8)}"
+
+
+_AGENT_OWNED = ("workspace", "home", "tmp", "instruction.md")
+"""What of an execution folder belongs to its agent uid while the agent runs."""
 
 
 class ExecutionControl:
@@ -150,6 +262,8 @@ class HarnessStatistics(msgspec.Struct, frozen=True, kw_only=True):
     stopped: int
     """Ended at a limit (timeout, turns, tokens, context) and partially scored."""
     failed: int
+    isolated: int = 0
+    """Executions whose agent ran as its own uid (the rest ran as the node's user)."""
 
 
 class Harness:
@@ -173,25 +287,68 @@ class Harness:
         kill_grace_s: float = 1.0,
         keep_workspaces: bool = False,
         extra_env: dict[str, str] | None = None,
+        isolate_uid: bool = True,
+        agent_uid_base: int = 200_000,
+        agent_uid_count: int = 4096,
     ) -> None:
+        """`isolate_uid`: run each agent as its own uid from `agent_uid_base` on (`agent_uid_count`
+        of them) when we are root (see the module docstring); otherwise a warning, once.
+        Raises `ValueError` for an empty command, a negative grace or an invalid uid range."""
         if not agent_command:
             raise ValueError("agent_command must not be empty")
         if kill_grace_s < 0:
             raise ValueError(f"kill_grace_s={kill_grace_s} must be >= 0")
+        if agent_uid_base < 1000 or agent_uid_count < 1 or agent_uid_base + agent_uid_count > 2**31:
+            raise ValueError(
+                f"agent_uid_base={agent_uid_base}, agent_uid_count={agent_uid_count}: need "
+                "base >= 1000, count >= 1 and base + count <= 2**31"
+            )
         self.base_url = base_url
         self.agent_command = tuple(agent_command)
         self.model = model
         root = Path(workspace_root) if workspace_root is not None else Path(tempfile.mkdtemp(prefix="gyre-ws-"))
         root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o700)
+        self.agent_uid_base, self.agent_uid_count = agent_uid_base, agent_uid_count
+        self.isolated = isolate_uid and self._can_isolate(root)
+        """Agents run as their own uids (`isolate_uid`, and we are root, and the root is reachable)."""
+        os.chmod(root, 0o711 if self.isolated else 0o700)  # 0711: agents pass, nobody lists
         self.workspace_root = root
         self.limits = limits
         self.verifier_limits = verifier_limits
         self.kill_grace_s = kill_grace_s
         self.keep_workspaces = keep_workspaces
         self.extra_env = dict(extra_env or {})
-        self._running = self._finished = self._stopped = self._failed = 0
+        self._running = self._finished = self._stopped = self._failed = self._isolated = 0
         self._template_ok: dict[str, bool] = {}  # task root -> its verifier works on the template
+        self._hidden_tightened: set[str] = set()  # task roots whose tests/ and solution/ are 0700
+
+    @staticmethod
+    def _can_isolate(root: Path) -> bool:
+        if os.geteuid() != 0:
+            _warn_once("not-root", "isolate_uid: the node runs as uid %d, not root: agents run as "
+                       "this user and can read other workspaces and hidden tests", os.geteuid())
+            return False
+        closed = _closed_to_others(root, executable=False)
+        if closed is not None:
+            _warn_once(f"root:{root}", "isolate_uid: agents run as root: workspace_root %s cannot be "
+                       "reached by other users (%s has mode %o); choose one whose parents are "
+                       "world-searchable (o+x)", root, closed, stat.S_IMODE(os.stat(closed).st_mode))
+            return False
+        return True
+
+    def _user_for(self, command: tuple[str, ...], path: str) -> bool:
+        """Whether `command` can run as an agent uid: its executable is reachable by others."""
+        if not self.isolated:
+            return False
+        found = shutil.which(command[0], path=path)
+        if found is None:
+            return True  # it fails to start either way (status 127), as the agent's user
+        closed = _closed_to_others(Path(found), executable=True)
+        if closed is not None:
+            _warn_once(f"exe:{found}", "isolate_uid: agents running %s run as root: other users "
+                       "cannot reach it (%s has mode %o)", found, closed, stat.S_IMODE(os.stat(closed).st_mode))
+            return False
+        return True
 
     @classmethod
     def from_config(cls, config: HarnessConfig, *, base_url: str, model: str = "gyre",
@@ -209,26 +366,46 @@ class Harness:
             verifier_limits=Limits(**common),
             kill_grace_s=config.kill_grace_s,
             keep_workspaces=config.keep_workspaces,
+            isolate_uid=config.isolate_uid,
+            agent_uid_base=config.agent_uid_base,
+            agent_uid_count=config.agent_uid_count,
         )
 
     def statistics(self) -> HarnessStatistics:
         """Counters since this harness was built."""
         return HarnessStatistics(
-            running=self._running, finished=self._finished, stopped=self._stopped, failed=self._failed
+            running=self._running, finished=self._finished, stopped=self._stopped, failed=self._failed,
+            isolated=self._isolated,
         )
 
     def execution_dir(self, execution_id: str) -> Path:
         """The private folder of an execution: `workspace/`, `instruction.md`, logs."""
         return self.workspace_root / execution_id
 
-    def _prepare(self, task: Task, execution_id: str) -> Path:
+    def _prepare(self, task: Task, execution_id: str, user: _AgentUser | None) -> Path:
         exec_dir = self.execution_dir(execution_id)
         exec_dir.mkdir(mode=0o700)  # FileExistsError: an execution ID is used once
         shutil.copytree(task.environment_dir, exec_dir / "workspace", symlinks=True)
         (exec_dir / "home").mkdir()
         (exec_dir / "tmp").mkdir()
         (exec_dir / "instruction.md").write_text(task.instruction, encoding="utf-8")
+        if user is not None:
+            if task.root not in self._hidden_tightened:
+                _tighten_hidden(task)
+                self._hidden_tightened.add(task.root)
+            for name in _AGENT_OWNED:
+                _chown_tree(exec_dir / name, user.uid, user.uid)
+            for name in ("workspace", "home", "tmp"):
+                os.chmod(exec_dir / name, 0o700)
+            os.chmod(exec_dir / "instruction.md", 0o400)
+            os.chmod(exec_dir, 0o711)  # the agent passes through to its files; it lists nothing
         return exec_dir
+
+    def _hand_back(self, exec_dir: Path) -> None:
+        """Give the agent's files to root once its tree is gone (its uid may be reused)."""
+        for name in _AGENT_OWNED:
+            if os.path.lexists(exec_dir / name):
+                _chown_tree(exec_dir / name, 0, 0)
 
     async def run(
         self,
@@ -270,22 +447,45 @@ class Harness:
     async def _run(
         self, task: Task, execution_id: str, control: ExecutionControl, api_key: str, command: tuple[str, ...]
     ) -> Outcome:
+        """Pick the agent's uid (held until the execution is scored), then `_run_as` it."""
+        env = {k: os.environ[k] for k in _ENV_PASSTHROUGH if k in os.environ}
+        env["OPENAI_API_KEY"] = api_key
+        user: _AgentUser | None = None
+        if self._user_for(command, env.get("PATH", os.defpath)):
+            try:
+                user = await anyio.to_thread.run_sync(
+                    _AgentUser.acquire, self.agent_uid_base, self.agent_uid_count)
+            except (OSError, ExecutionError) as exc:
+                return Outcome(execution_id=execution_id, task_id=task.task_id, termination="failed",
+                               failure_reason=f"cannot pick an agent uid: {exc}")
         try:
-            exec_dir = await anyio.to_thread.run_sync(self._prepare, task, execution_id)
+            return await self._run_as(task, execution_id, control, command, env, user)
+        finally:
+            if user is not None:
+                user.release()
+
+    async def _run_as(
+        self, task: Task, execution_id: str, control: ExecutionControl, command: tuple[str, ...],
+        env: dict[str, str], user: _AgentUser | None,
+    ) -> Outcome:
+        try:
+            exec_dir = await anyio.to_thread.run_sync(self._prepare, task, execution_id, user)
         except FileExistsError:
             raise
         except OSError as exc:
+            if user is not None and self.execution_dir(execution_id).is_dir():
+                await anyio.to_thread.run_sync(self._hand_back, self.execution_dir(execution_id))
             return Outcome(
                 execution_id=execution_id, task_id=task.task_id, termination="failed",
                 failure_reason=f"cannot prepare the workspace: {exc}",
             )
+        if user is not None:
+            self._isolated += 1
         workspace = exec_dir / "workspace"
-        env = {k: os.environ[k] for k in _ENV_PASSTHROUGH if k in os.environ}
         env.update(
             HOME=str(exec_dir / "home"),
             TMPDIR=str(exec_dir / "tmp"),
             OPENAI_BASE_URL=self.base_url,
-            OPENAI_API_KEY=api_key,
             GYRE_MODEL=self.model,
             GYRE_EXECUTION_ID=execution_id,
             GYRE_WORKSPACE=str(workspace),
@@ -294,20 +494,27 @@ class Harness:
         )
         env.update(self.extra_env)
         common = dict(execution_id=execution_id, task_id=task.task_id)
+        handed_back = user is None
         try:
-            with open(exec_dir / "stdout.log", "wb") as out, open(exec_dir / "stderr.log", "wb") as err:
+            # 0600: other agents pass through this folder (0711) but must not read the logs
+            with open(exec_dir / "stdout.log", "wb+", opener=_private) as out, \
+                    open(exec_dir / "stderr.log", "wb+", opener=_private) as err:
                 result = await run_supervised(
                     command, cwd=workspace, env=env, limits=self.limits,
                     deadline_s=task.spec.agent.deadline_s, stdout=out, stderr=err,
                     kill_grace_s=self.kill_grace_s, stop=control.event,
+                    user=None if user is None else (user.uid, user.uid),
                 )
+                stdout_tail, stderr_tail = tail(out), tail(err)
+            if not handed_back:  # the tree is gone: nothing runs as the agent's uid any more
+                handed_back = True
+                await anyio.to_thread.run_sync(self._hand_back, exec_dir)
             reason_before = control.reason
             control.refresh()
             stats = dict(
                 exit_code=result.exit_code, model_calls=control.model_calls,
                 completion_tokens=control.completion_tokens, started_s=result.started_s,
-                agent_s=result.wall_s, stdout_tail=tail(exec_dir / "stdout.log"),
-                stderr_tail=tail(exec_dir / "stderr.log"),
+                agent_s=result.wall_s, stdout_tail=stdout_tail, stderr_tail=stderr_tail,
             )
             termination: Termination
             if result.ended == "exited":
@@ -341,6 +548,10 @@ class Harness:
         except (OSError, ExecutionError) as exc:
             return Outcome(**common, termination="failed", failure_reason=f"{type(exc).__name__}: {exc}")
         finally:
-            if not self.keep_workspaces:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(lambda: shutil.rmtree(exec_dir, ignore_errors=True))
+            with anyio.CancelScope(shield=True):
+                try:
+                    if not handed_back:
+                        await anyio.to_thread.run_sync(self._hand_back, exec_dir)
+                finally:
+                    if not self.keep_workspaces:
+                        await anyio.to_thread.run_sync(lambda: shutil.rmtree(exec_dir, ignore_errors=True))

@@ -1,11 +1,12 @@
 """Run one command as a supervised process tree with resource limits and an outside deadline.
 
 Owns `Limits`, `ProcessResult` and `run_supervised`: the command runs under
-`gyre/tasks/supervisor.py` (child subreaper + rlimits) in a new session; the call waits for it to
-exit, for the deadline, or for a stop event, and then makes sure nothing of the tree is left:
-SIGTERM to the group and every descendant, `kill_grace_s` to exit, then SIGKILL until the tree is
-empty. Used by the harness (agents) and the scorer (verifiers). Runs on any anyio backend; /proc
-scans run in worker threads. Knows nothing about tasks, models or scores. Linux only.
+`gyre/tasks/supervisor.py` (child subreaper + rlimits, optionally as another user) in a new
+session; the call waits for it to exit, for the deadline, or for a stop event, and then makes sure
+nothing of the tree is left: SIGTERM to the group and every descendant, `kill_grace_s` to exit,
+then SIGKILL until the tree is empty. Used by the harness (agents) and the scorer (verifiers).
+Runs on any anyio backend; /proc scans run in worker threads. Knows nothing about tasks, models
+or scores. Linux only.
 """
 
 from __future__ import annotations
@@ -113,15 +114,25 @@ async def run_supervised(
     stderr: IO[bytes] | int,
     kill_grace_s: float = 1.0,
     stop: anyio.Event | None = None,
+    user: tuple[int, int] | None = None,
 ) -> ProcessResult:
     """Run `argv` supervised until it exits, `deadline_s` passes or `stop` is set; kill its tree.
 
-    On return (and on cancellation) no process of the tree is alive. Raises `OSError` if the
-    supervisor cannot be started; a command that cannot be executed exits with status 127.
+    `user` = (uid, gid): the command runs as that user with no supplementary groups (needs root;
+    the supervisor keeps our user, so the tree can still be signalled and killed); None: as we
+    run. On return (and on cancellation) no process of the tree is alive. Raises `OSError` if the
+    supervisor cannot be started, `ValueError` for a negative uid or gid; a command that cannot
+    be executed, or whose user cannot be set, exits with status 127.
     """
     if deadline_s <= 0:
         raise ValueError(f"deadline_s={deadline_s!r} must be > 0")
-    cmd = [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(msgspec.to_builtins(limits)), "--", *argv]
+    settings = msgspec.to_builtins(limits)
+    if user is not None:
+        uid, gid = user
+        if uid < 0 or gid < 0:
+            raise ValueError(f"user={user!r}: uid and gid must be >= 0")
+        settings.update(uid=uid, gid=gid)
+    cmd = [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(settings), "--", *argv]
     started_s = time.time()
     t0 = time.monotonic()
     proc = await anyio.open_process(
@@ -156,13 +167,17 @@ async def run_supervised(
     )
 
 
-def tail(path: str | os.PathLike[str], max_bytes: int = 4096) -> str:
-    """The last `max_bytes` of a file, decoded as UTF-8 with replacement; '' if it is missing."""
+def tail(path: str | os.PathLike[str] | IO[bytes], max_bytes: int = 4096) -> str:
+    """The last `max_bytes` of a file, decoded as UTF-8 with replacement; '' if it is missing.
+
+    `path` may be an open binary file that can be read and seeked (read by descriptor, so a
+    file renamed or replaced meanwhile does not matter)."""
+    if not isinstance(path, (str, os.PathLike)):
+        path.seek(0, os.SEEK_END)
+        path.seek(max(0, path.tell() - max_bytes))
+        return path.read().decode("utf-8", errors="replace")
     try:
         with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            return f.read().decode("utf-8", errors="replace")
+            return tail(f, max_bytes)
     except FileNotFoundError:
         return ""

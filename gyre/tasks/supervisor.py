@@ -1,13 +1,16 @@
 """The supervisor: a tiny process between the harness and an agent command that owns its tree.
 
-Run as a script (`python -I -S supervisor.py '<limits json>' -- cmd ...`; standard library only,
-so it starts fast and imports nothing of gyre). It marks itself a child subreaper
+Run as a script (`python -I -S supervisor.py '<settings json>' -- cmd ...`; standard library
+only, so it starts fast and imports nothing of gyre). It marks itself a child subreaper
 (`prctl(PR_SET_CHILD_SUBREAPER)`), so every process the agent starts stays its descendant even
 after `setsid` and double forks; forks the command with resource limits (`RLIMIT_CPU`,
-`RLIMIT_AS`, `RLIMIT_NPROC`, `RLIMIT_FSIZE`); on SIGTERM forwards SIGTERM to the whole tree; when
-the command exits, SIGKILLs what it left behind and exits with the command's status (128 + N when
-signal N killed it). If the harness process dies, it kills the tree and exits. Also owns the /proc scan
-(`descendants`) that the harness uses to kill a tree. Knows nothing about tasks or models. Linux only.
+`RLIMIT_AS`, `RLIMIT_NPROC`, `RLIMIT_FSIZE`) and, when the settings name a `uid` and `gid`, drops
+to that user right before exec (no supplementary groups, `PR_SET_NO_NEW_PRIVS`; the supervisor
+keeps its own user, so it can still signal the tree); on SIGTERM forwards SIGTERM to the whole
+tree; when the command exits, SIGKILLs what it left behind and exits with the command's status
+(128 + N when signal N killed it). If the harness process dies, it kills the tree and exits. Also
+owns the /proc scan (`descendants`) that the harness uses to kill a tree. Knows nothing about
+tasks or models. Linux only.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ __all__ = ["descendants", "live_descendants", "kill_descendants", "main"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NO_NEW_PRIVS = 38
 
 
 def _process_table() -> dict[int, tuple[int, str]]:
@@ -86,9 +90,8 @@ def kill_descendants(root: int, sig: int) -> int:
     return n
 
 
-def _user_tasks() -> int:
-    """Tasks (threads) running under this real uid: what RLIMIT_NPROC counts."""
-    uid = os.getuid()
+def _user_tasks(uid: int) -> int:
+    """Tasks (threads) running under real uid `uid`: what RLIMIT_NPROC counts."""
     total = 0
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -105,7 +108,9 @@ def _user_tasks() -> int:
 
 
 def _apply_limits(limits: dict) -> None:
-    """Set resource limits in the forked child, before exec. 0 or missing means no limit."""
+    """Set resource limits in the forked child, before exec. 0 or missing means no limit.
+
+    RLIMIT_NPROC is counted for the uid the command will run as (`limits["uid"]`, else ours)."""
     if limits.get("cpu_time_s"):
         cpu = int(limits["cpu_time_s"])
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -115,13 +120,29 @@ def _apply_limits(limits: dict) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_bytes"],) * 2)
     if limits.get("max_processes"):
         # RLIMIT_NPROC counts every task of the uid, so the limit is relative to what runs now.
-        n = _user_tasks() + int(limits["max_processes"])
+        uid = limits.get("uid")
+        n = _user_tasks(os.getuid() if uid is None else int(uid)) + int(limits["max_processes"])
         resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
 
 
+def _drop_user(uid: int, gid: int) -> None:
+    """Become `uid`:`gid` with no supplementary groups, for good (real, effective and saved IDs).
+
+    `PR_SET_NO_NEW_PRIVS` first: no setuid binary can raise the command's privileges again."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid or os.getgroups():
+        raise OSError(f"still uid={os.getuid()}/{os.geteuid()} gid={os.getgid()} groups={os.getgroups()}")
+
+
 def main(argv: list[str]) -> int:
+    """Settings JSON: the `Limits` fields, and optionally `uid` and `gid` to run the command as."""
     if len(argv) < 3 or argv[1] != "--":
-        sys.stderr.write("usage: supervisor.py '<limits json>' -- command [args...]\n")
+        sys.stderr.write("usage: supervisor.py '<settings json>' -- command [args...]\n")
         return 2
     limits = json.loads(argv[0])
     command = argv[2:]
@@ -162,6 +183,8 @@ def main(argv: list[str]) -> int:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             _apply_limits(limits)
+            if limits.get("uid") is not None:
+                _drop_user(int(limits["uid"]), int(limits["gid"]))
             os.execvp(command[0], command)
         except BaseException as exc:  # noqa: BLE001 - report any exec failure and exit
             os.write(2, f"gyre supervisor: cannot run {command[0]!r}: {exc}\n".encode())

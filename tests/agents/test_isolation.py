@@ -1,0 +1,217 @@
+"""Agent isolation as root: each agent runs as its own uid, away from hidden tests and other workspaces."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+import anyio
+import pytest
+
+from gyre.agents.harness import REACT_AGENT, ExecutionControl, Harness, mint_api_key
+from gyre.tasks.sandbox import Limits, run_supervised
+from gyre.tasks.task import load_task
+from tests.agents.drive import run_policy
+from tests.agents.openai_server import tool_call_message
+from tests.tasks.test_sandbox import alive
+from tests.tasks.test_task import make_task
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(os.geteuid() != 0, reason="agent uids need the node to run as root"),
+]
+
+PYTHON = "/usr/bin/python3"
+"""An interpreter every user can run (the venv's may sit under a private home, as here)."""
+
+UID_BASE = 300_000
+
+TESTS = {
+    "test_out.py": (
+        "def test_out():\n    assert open('out.txt').read() == 'mine'\n\n\n"
+        "def test_secret_untouched():\n    assert open('secret.txt').read() == 'x'\n"
+    )
+}
+
+# Holds its workspace open: writes its uid and pid, then waits to be stopped.
+HOLDER = """
+import os, time
+open("secret.txt", "w").write("%d %d" % (os.getuid(), os.getpid()))
+time.sleep(60)
+"""
+
+# Tries the hidden test file and the other execution's file; writes its own; makes one model call.
+PROBE = """
+import json, os, sys, urllib.request
+def attempt(path):
+    try:
+        open(path).read()
+        return "read"
+    except Exception as exc:
+        return type(exc).__name__
+result = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
+          "tests": attempt(sys.argv[1]), "other": attempt(sys.argv[2]),
+          "solution": attempt(sys.argv[3] + "/oracle.json"), "instruction": open(os.environ["GYRE_INSTRUCTION_FILE"]).read()}
+open("out.txt", "w").write("mine")
+open("secret.txt", "w").write("x")
+body = json.dumps({"model": "gyre", "messages": [{"role": "user", "content": "hi"}]}).encode()
+headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"}
+urllib.request.urlopen(urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, headers)).read()
+print(json.dumps(result))
+"""
+
+
+@pytest.fixture
+def open_dir():
+    """A folder every user can traverse, like a checkout (pytest's tmp_path is root's own)."""
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} is missing")
+    path = Path(tempfile.mkdtemp(prefix="gyre-isolation-", dir="/tmp"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_agent_cannot_read_hidden_tests_or_other_workspaces(open_dir: Path, server, bridge) -> None:
+    task = load_task(make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 30.0\n", tests=TESTS))
+    (task.path / "solution").mkdir()
+    (task.path / "solution" / "oracle.json").write_text("{}")
+    hidden = task.tests_dir / "test_out.py"
+    assert stat.S_IMODE(os.stat(task.tests_dir).st_mode) == 0o755  # world-readable, as in a checkout
+    harness = Harness(base_url=server.base_url, workspace_root=open_dir / "executions", kill_grace_s=0.5,
+                      agent_uid_base=UID_BASE, agent_uid_count=64)
+    assert harness.isolated
+    holder_secret = harness.execution_dir("holder") / "workspace" / "secret.txt"
+    holder_control = ExecutionControl()
+
+    async def run_holder() -> None:
+        nonlocal holder
+        holder = await harness.run(task, "holder", agent_command=[PYTHON, "-I", "-c", HOLDER],
+                                   control=holder_control)
+
+    holder = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_holder)
+        with anyio.fail_after(20):
+            while not (holder_secret.exists() and holder_secret.read_text()):
+                await anyio.sleep(0.05)
+        holder_uid, holder_pid = map(int, holder_secret.read_text().split())
+        probe = await run_policy(
+            harness, server, bridge, task, "probe", lambda call: {"role": "assistant", "content": "ok"},
+            agent_command=[PYTHON, "-I", "-c", PROBE, str(hidden), str(holder_secret), str(task.solution_dir)],
+        )
+        assert alive(holder_pid)  # the holder ran all along
+        holder_control.stop("timeout")
+    result = json.loads(probe.stdout_tail)
+    assert (result["tests"], result["other"], result["solution"]) == ("PermissionError",) * 3
+    assert result["instruction"] == task.instruction
+    assert UID_BASE <= result["uid"] < UID_BASE + 64 and UID_BASE <= holder_uid < UID_BASE + 64
+    assert result["uid"] != holder_uid
+    assert (result["gid"], result["groups"]) == (result["uid"], [])
+    # what the agent wrote, as its own uid, is scored; the model call went through over loopback
+    assert probe.termination == "finished" and probe.model_calls == 1
+    assert (probe.score.passed, probe.score.total) == (2, 2)
+    # the holder, running as another uid, was killed from outside (root signals it)
+    assert holder.termination == "failed" and "before its first model call" in holder.failure_reason
+    assert not alive(holder_pid)
+    assert stat.S_IMODE(os.stat(task.tests_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(task.solution_dir).st_mode) == 0o700
+    assert harness.statistics().isolated == 2
+
+
+async def test_kept_workspace_is_handed_back_to_root(open_dir: Path, server) -> None:
+    task = load_task(make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 30.0\n", tests=TESTS))
+    harness = Harness(base_url=server.base_url, workspace_root=open_dir / "executions", keep_workspaces=True,
+                      agent_uid_base=UID_BASE, agent_uid_count=64)
+    key = mint_api_key("kept")
+    control = ExecutionControl(refresh=lambda c: c.observe_totals(model_calls=1, completion_tokens=1))
+    script = "import os; open('out.txt', 'w').write('mine'); print(os.getuid())"
+    outcome = await harness.run(task, "kept", agent_command=[PYTHON, "-I", "-c", script], api_key=key,
+                                control=control)
+    assert int(outcome.stdout_tail) >= UID_BASE
+    exec_dir = harness.execution_dir("kept")
+    assert stat.S_IMODE(os.stat(harness.workspace_root).st_mode) == 0o711
+    assert stat.S_IMODE(os.stat(exec_dir).st_mode) == 0o711
+    for name in ("stdout.log", "stderr.log"):
+        assert stat.S_IMODE(os.stat(exec_dir / name).st_mode) == 0o600
+    owners = {os.lstat(os.path.join(d, n)).st_uid for d, ds, fs in os.walk(exec_dir) for n in ds + fs}
+    assert owners == {0}  # no file of the execution keeps the (reusable) agent uid
+
+
+async def test_unreachable_workspace_root_runs_agents_as_root_with_a_warning(
+    tmp_path: Path, server, caplog: pytest.LogCaptureFixture
+) -> None:
+    # pytest's tmp_path lies under a 0700 folder of root: no other user can reach a workspace there
+    with caplog.at_level(logging.WARNING, logger="gyre.agents.harness"):
+        harness = Harness(base_url=server.base_url, workspace_root=tmp_path / "executions")
+    assert not harness.isolated
+    assert stat.S_IMODE(os.stat(harness.workspace_root).st_mode) == 0o700
+    assert any("cannot be reached by other users" in r.getMessage() for r in caplog.records)
+
+
+def test_uid_range_is_validated() -> None:
+    with pytest.raises(ValueError, match="agent_uid_base=0"):
+        Harness(base_url="http://127.0.0.1:1/v1", agent_uid_base=0)
+
+
+async def test_process_limit_binds_an_agent_uid(open_dir: Path) -> None:
+    # root is exempt from RLIMIT_NPROC; the agent's own uid is not
+    script = (
+        "import subprocess\nn = 0\ntry:\n    for _ in range(200):\n"
+        "        subprocess.Popen(['sleep', '60']); n += 1\nexcept OSError:\n    pass\nprint(n)\n"
+    )
+    with open(open_dir / "out", "wb") as out:
+        result = await run_supervised(
+            [PYTHON, "-I", "-c", script], cwd=open_dir, env={"PATH": os.environ["PATH"]},
+            limits=Limits(max_processes=20), deadline_s=60, stdout=out, stderr=out,
+            user=(UID_BASE + 999, UID_BASE + 999),
+        )
+    assert result.ended == "exited"
+    assert 0 < int((open_dir / "out").read_text()) < 20
+
+
+def closed_to_others(path: Path) -> Path | None:
+    """The first folder on the way to `path` that other users cannot traverse, or None."""
+    for p in (path.absolute(), path.resolve()):
+        for folder in p.parents:
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return folder
+    return None
+
+
+async def test_reference_agent_runs_as_its_own_uid(open_dir: Path, server, bridge) -> None:
+    import gyre
+
+    for needed in (Path(sys.executable), Path(gyre.__file__)):
+        closed = closed_to_others(needed)
+        if closed is not None:  # e.g. a venv under /root (0700): the harness warns and runs as root
+            pytest.skip(f"{needed} is not reachable by other users ({closed} has mode "
+                        f"{stat.S_IMODE(os.stat(closed).st_mode):o})")
+    task = load_task(make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 60.0\n", tests=TESTS))
+    harness = Harness(base_url=server.base_url, workspace_root=open_dir / "executions",
+                      agent_uid_base=UID_BASE, agent_uid_count=64)
+    script = [
+        tool_call_message("write_file", {"path": "out.txt", "content": "mine"}, "c0"),
+        tool_call_message("write_file", {"path": "secret.txt", "content": "x"}, "c1"),
+        tool_call_message("run", {"command": f"id -u; cat {task.tests_dir / 'test_out.py'}"}, "c2"),
+        tool_call_message("finish", {}, "c3"),
+    ]
+    seen: list[dict] = []
+
+    def policy(call):
+        seen[:] = call.messages
+        return script[sum(m["role"] == "assistant" for m in call.messages)]
+
+    outcome = await run_policy(harness, server, bridge, task, "react", policy)
+    assert REACT_AGENT[0] == sys.executable
+    assert outcome.termination == "finished", outcome.stderr_tail
+    assert outcome.score.score == 1.0 and harness.statistics().isolated == 1
+    ran = next(m["content"] for m in seen if m["role"] == "tool" and "exit code" in m["content"])
+    assert "Permission denied" in ran and "def test_out" not in ran
+    assert int(ran.split("\n")[1]) >= UID_BASE
