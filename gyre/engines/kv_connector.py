@@ -9,8 +9,7 @@ worker processes) and by `VLLMEngine.export_kv` / `release_kv`:
   the export request finished makes it loadable, so a half-written export is never read;
 - `GyreKVConnector` (an `ExampleConnector`) stores only requests marked `{"gyre_export": True}` in
   their `kv_transfer_params`, never ordinary prompts (stale KV after a weight load, unbounded
-  growth), and loads for any new request whose prompt has a complete export under its key; the
-  tokens it loaded come back in the finished output's `kv_transfer_params["gyre_loaded_tokens"]`;
+  growth), and loads for any new request whose prompt has a complete export under its key;
 - exports older than the lease are deleted by `sweep`.
 
 Knows nothing about requests, routing or HTTP; the engine must not chunk a storing prefill.
@@ -35,7 +34,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
 __all__ = [
     "GyreKVConnector",
     "EXPORT_PARAM",
-    "LOADED_PARAM",
     "COMPLETE",
     "export_key",
     "export_bytes",
@@ -46,8 +44,6 @@ __all__ = [
 
 EXPORT_PARAM = "gyre_export"
 """`kv_transfer_params` flag of a request whose prompt the connector stores."""
-LOADED_PARAM = "gyre_loaded_tokens"
-"""`kv_transfer_params` key of a finished request: tokens it loaded through the connector."""
 COMPLETE = "complete"
 """Marker file of an export that may be loaded."""
 _KEY = re.compile(r"[0-9a-f]{32,64}")
@@ -125,14 +121,13 @@ class GyreKVConnector(ExampleConnector):
     """ExampleConnector that stores only marked requests and loads only complete exports.
 
     Scheduler side: `get_num_new_matched_tokens` decides store (marked) or load (complete export of
-    the prompt's key); `build_connector_meta` hands the worker what to store or load;
-    `request_finished` reports the tokens loaded. Worker side: ExampleConnector's file I/O.
+    the prompt's key); `build_connector_meta` hands the worker what to store or load. Worker side:
+    ExampleConnector's file I/O (its load skipped on steps with nothing to load).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._store_ids: set[str] = set()
-        self._loaded: dict[str, int] = {}
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         params = request.kv_transfer_params or {}
@@ -143,11 +138,6 @@ class GyreKVConnector(ExampleConnector):
         if n <= num_computed_tokens or not os.path.exists(os.path.join(self._storage_path, key, COMPLETE)):
             return 0, False
         return n - num_computed_tokens, False
-
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        if num_external_tokens > 0:
-            self._requests_need_load[request.request_id] = request
-            self._loaded[request.request_id] = num_external_tokens
 
     def build_connector_meta(self, scheduler_output: Any) -> ExampleConnectorMetadata:
         meta = ExampleConnectorMetadata()
@@ -177,6 +167,5 @@ class GyreKVConnector(ExampleConnector):
             super().start_load_kv(forward_context, **kwargs)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        self._store_ids.discard(request.request_id)
-        loaded = self._loaded.pop(request.request_id, 0)
-        return False, ({LOADED_PARAM: loaded} if loaded else None)
+        self._store_ids.discard(request.request_id)  # a marked request aborted before it was scheduled
+        return False, None

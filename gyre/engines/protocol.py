@@ -11,7 +11,7 @@ and top-p (DESIGN.md invariant 2). Every token carries the weight version that s
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -59,6 +59,10 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     prompt_ids: list[int]
     sampling: SamplingParams = SamplingParams()
+    kv_import: KVExport | None = None
+    """KV migration: load this export instead of prefilling; `prompt_ids` must be its exact
+    sequence. Engines without KV transfer (and the shared-folder connector, which finds exports by
+    their tokens) ignore it; a failed load is recomputed."""
 
 
 class TokenDelta(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=False):
@@ -113,7 +117,8 @@ class EngineStatistics(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens_computed: int = 0
     """Prompt tokens the model prefilled (not served by the prefix cache or the KV connector)."""
     kv_tokens_loaded: int = 0
-    """Prompt tokens whose KV was loaded through the KV connector (counted when the request ends)."""
+    """Prompt tokens of KV imports (`GenerateRequest.kv_import`) served without prefill: loaded
+    through the KV connector, or already in this engine's prefix cache (vLLM reports no split)."""
     kv_exports: int = 0
     """Successful `export_kv` calls."""
     kv_tokens_exported: int = 0
@@ -171,11 +176,14 @@ class KVExport(msgspec.Struct, frozen=True, kw_only=True):
     sequence_tokens: int
     """Length of the exported sequence; an engine asked to continue exactly it loads `tokens`."""
     bytes: int
-    """Size of the export in the store."""
+    """Size of the export in the shared store (0 for NIXL: nothing is copied until the target pulls)."""
     weight_version: int
     """Weights the KV was computed with; only an engine on the same version may load it."""
     seconds: float
     """Wall time of the export on the exporting engine."""
+    transfer_params: dict[str, Any] | None = None
+    """What the loading engine needs to find the KV (NIXL: the source engine, its blocks, its
+    address); None for the shared folder."""
 
 
 @runtime_checkable
@@ -183,7 +191,8 @@ class KVTransferEngine(Protocol):
     """An engine that can hand a sequence's KV cache to another engine (KV migration).
 
     The receiving engine needs no call: a generate request whose prompt is exactly the exported
-    sequence loads the stored KV instead of prefilling it (its `kv_tokens_loaded` grows).
+    sequence and whose `kv_import` is the export loads the KV instead of prefilling it (its
+    `kv_tokens_loaded` grows).
     Errors: `EngineUnavailableError` (no KV connector configured, paused, shut down),
     `InvalidRequestError` (sequence too short or too long), `EngineTimeoutError`.
     """

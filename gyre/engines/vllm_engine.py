@@ -12,7 +12,9 @@ Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node 
   tokens so far, so every token carries the version that sampled it and callers see one stream;
 - with `kv_transfer.connector = "example"`, `export_kv` stores a sequence's KV in the shared folder
   (`gyre.engines.kv_connector`) and any request whose prompt is exactly an exported sequence loads
-  it instead of prefilling; `release_kv` deletes an export, expired ones are swept.
+  it instead of prefilling; `release_kv` deletes an export, expired ones are swept. With `"nixl"`,
+  `export_kv` keeps the sequence's blocks for a remote decode (`gyre.engines.kv_nixl`) and a request
+  carrying the export as `kv_import` pulls them from this engine's memory.
 
 It knows nothing about chat messages, executions or HTTP.
 """
@@ -72,6 +74,19 @@ def engine_args(model_path: str, config: EngineConfig) -> Any:
             ),
             max_num_batched_tokens=max(config.max_model_len, 2048),  # a chunked store is corrupt
         )
+    elif config.kv_transfer.connector == "nixl":
+        from vllm.config import KVTransferConfig
+        from vllm.platforms import current_platform
+
+        kv = dict(
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="NixlConnector",
+                kv_connector_module_path="gyre.engines.kv_nixl",  # vLLM's, progress thread off
+                kv_role="kv_both",
+                kv_buffer_device="cpu" if current_platform.is_cpu() else "cuda",
+                kv_connector_extra_config={"kv_lease_duration": max(1, int(config.kv_transfer.lease_s))},
+            ),
+        )
     return AsyncEngineArgs(
         model=model_path,
         dtype=config.dtype,
@@ -87,6 +102,15 @@ def engine_args(model_path: str, config: EngineConfig) -> Any:
         disable_log_stats=True,
         **kv,
     )
+
+
+def _free_port() -> int:
+    """A TCP port free on this host now (for NIXL's side channel)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class _Choice:
@@ -164,8 +188,13 @@ class VLLMEngine:
         """Start vLLM on `model_path` (a Hugging Face folder). Takes ~20 s on 2 CPU cores."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        if config.kv_transfer.connector != "none":
+        if config.kv_transfer.connector == "nixl":  # each engine's NIXL side channel needs a port
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(_free_port())
+        if config.kv_transfer.connector == "example":
+            from gyre.engines.kv_connector import sweep
+
             os.makedirs(config.kv_transfer.shared_dir, exist_ok=True)
+            sweep(config.kv_transfer.shared_dir, config.kv_transfer.lease_s)  # leftovers of a crashed run
         llm = AsyncLLM.from_engine_args(engine_args(model_path, config))
         model_config = llm.model_config
         return cls(
@@ -271,6 +300,8 @@ class VLLMEngine:
         seed = choice_seed(s.seed, choice.index)
         if seed is not None and attempt:
             seed = choice_seed(seed, attempt)
+        importing = request.kv_import is not None and attempt == 0
+        pull = request.kv_import.transfer_params if importing else None
         params = VSamplingParams(
             n=1,
             max_tokens=max_tokens - len(choice.ids),
@@ -284,6 +315,7 @@ class VLLMEngine:
             detokenize=False,
             skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA,
+            extra_args={"kv_transfer_params": dict(pull)} if pull else None,
         )
         sub_id = f"{request.request_id}/{choice.index}/{attempt}"
         choice.sub_id = sub_id
@@ -298,8 +330,8 @@ class VLLMEngine:
                 if not counted and out.num_cached_tokens is not None:
                     counted = True
                     self._counts["prompt_tokens_computed"] += len(prompt["prompt_token_ids"]) - out.num_cached_tokens
-                if out.finished and out.kv_transfer_params:
-                    self._counts["kv_tokens_loaded"] += int(out.kv_transfer_params.get("gyre_loaded_tokens", 0))
+                    if importing:  # vLLM reports no split between connector and local cache hits
+                        self._counts["kv_tokens_loaded"] += out.num_cached_tokens
                 if choice.user_aborted:  # tokens after an abort are not handed out: abort()
                     await self.llm.abort(sub_id)  # returns exactly what the stream carried
                     break
@@ -354,11 +386,12 @@ class VLLMEngine:
     # -- KV migration -----------------------------------------------------------------------
 
     async def export_kv(self, token_ids: list[int]) -> KVExport:
-        """Store the KV of `token_ids` (a request's prompt + tokens so far) in the shared folder.
+        """Export the KV of `token_ids` (a request's prompt + tokens so far) for another engine.
 
-        Runs `token_ids` as a 1-token request marked for storing; its prefix is normally still in
-        this engine's prefix cache (an abort keeps it), so this costs about one decode step.
-        Exporting a sequence already exported refreshes its lease. Sweeps expired exports.
+        Runs `token_ids` as a 1-token request marked for storing (`example`: into the shared
+        folder; `nixl`: its blocks kept for `lease_s` for a remote pull); its prefix is normally
+        still in this engine's prefix cache (an abort keeps it), so this costs about one decode
+        step. `example`: exporting a sequence again refreshes its lease; expired exports are swept.
         Raises `EngineUnavailableError` (no connector, paused, weights changed meanwhile),
         `InvalidRequestError` (shorter than one block + 1 token, or no room for one more token),
         `EngineTimeoutError` (`request_timeout_s`), `EngineError` (nothing was stored).
@@ -371,7 +404,7 @@ class VLLMEngine:
 
         kv = self.config.kv_transfer
         if kv.connector == "none":
-            raise EngineUnavailableError("export_kv needs engine.kv_transfer.connector = 'example' (it is 'none')")
+            raise EngineUnavailableError("export_kv needs engine.kv_transfer.connector = 'example' or 'nixl' (it is 'none')")
         ids = list(token_ids)
         block = self.config.block_size
         key, tokens = store.export_key(ids, block)
@@ -380,6 +413,8 @@ class VLLMEngine:
         if len(ids) >= self.max_model_len:
             raise InvalidRequestError(f"export_kv of {len(ids)} tokens: must be < max_model_len={self.max_model_len}")
         self._check_serving("export_kv")
+        if kv.connector == "nixl":
+            return await self._export_nixl(ids)
         t0 = time.monotonic()
         folder = os.path.join(kv.shared_dir, key)
         try:
@@ -426,15 +461,62 @@ class VLLMEngine:
             seconds=time.monotonic() - t0,
         )
 
+    async def _export_nixl(self, ids: list[int]) -> KVExport:
+        """NIXL: run `ids` as a 1-token request that keeps its blocks for a remote decode; the
+        handle vLLM returns tells the target where to pull them from (within `lease_s`)."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        t0 = time.monotonic()
+        params = VSamplingParams(
+            max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            extra_args={"kv_transfer_params": {"do_remote_decode": True}},
+        )
+        rid = f"gyre-export-{uuid.uuid4().hex}"
+        handle = None
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s):
+                await self._ready.wait()
+                version = self.weight_version
+                self._active_subs.add(rid)
+                self._drained.clear()
+                try:
+                    async for out in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+                        handle = out.kv_transfer_params or handle
+                finally:
+                    self._active_subs.discard(rid)
+                    if not self._active_subs:
+                        self._drained.set()
+        except TimeoutError:
+            raise EngineTimeoutError(
+                f"export_kv of {len(ids)} tokens exceeded request_timeout_s={self.config.request_timeout_s}"
+            ) from None
+        if not handle or self.weight_version != version:
+            raise EngineError(f"export_kv: NixlConnector kept no blocks for {len(ids)} tokens (handle {handle!r})")
+        handle = dict(handle)
+        handle.pop("remote_prefill_cached_tokens", None)  # else the target reports this engine's cache hits as its own
+        tokens = len(ids) - 1  # the target computes the last token itself
+        self._counts["kv_exports"] += 1
+        self._counts["kv_tokens_exported"] += tokens
+        return KVExport(
+            key=str(handle.get("remote_request_id", rid)), tokens=tokens, sequence_tokens=len(ids), bytes=0,
+            weight_version=version, seconds=time.monotonic() - t0, transfer_params=handle,
+        )
+
     async def release_kv(self, key: str) -> bool:
         """Delete export `key` from the shared folder (after its import); False if already gone.
-        Sweeps expired exports. Raises `InvalidRequestError` (malformed key),
+        Sweeps expired exports. NIXL: nothing to do (the source frees the blocks once pulled, or
+        after the lease): returns False. Raises `InvalidRequestError` (malformed key),
         `EngineUnavailableError` (no connector)."""
         from gyre.engines import kv_connector as store
 
         kv = self.config.kv_transfer
         if kv.connector == "none":
-            raise EngineUnavailableError("release_kv needs engine.kv_transfer.connector = 'example' (it is 'none')")
+            raise EngineUnavailableError("release_kv needs engine.kv_transfer.connector = 'example' or 'nixl' (it is 'none')")
+        if kv.connector == "nixl":
+            return False
         try:
             released = await asyncio.to_thread(store.release, kv.shared_dir, key)
         except ValueError as exc:

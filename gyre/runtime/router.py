@@ -250,8 +250,8 @@ class MigrateContinuation:
                     tokens_moved=carried.tokens, export_s=export_s,
                 ))
                 return ContinuationPlan(
-                    request=request, tokens_recomputed=n - carried.tokens, tokens_loaded=carried.tokens,
-                    export=carried,
+                    request=msgspec.structs.replace(request, kv_import=carried),
+                    tokens_recomputed=n - carried.tokens, tokens_loaded=carried.tokens, export=carried,
                 )
             await self._delete(carried, target)
         self._record(MigrationRecord(
