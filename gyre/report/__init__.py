@@ -61,7 +61,7 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     """Pass rate of the earliest evaluation (step 0 = before RL) of `eval_split`."""
     pass_before_step: int | None
     pass_after: float | None
-    """Pass rate of the latest evaluation of `eval_split`."""
+    """Pass rate of the latest evaluation of `eval_split`; None unless there are two or more."""
     pass_after_step: int | None
     best_eval_pass: float | None
     """Highest evaluation pass rate of `eval_split` and the step it was measured at (earliest on ties)."""
@@ -118,8 +118,8 @@ def summarize(records: list[StepMetrics | EvalMetrics]) -> RunSummary:
         eval_split=split,
         pass_before=chosen[0].pass_rate if chosen else None,
         pass_before_step=chosen[0].step if chosen else None,
-        pass_after=chosen[-1].pass_rate if chosen else None,
-        pass_after_step=chosen[-1].step if chosen else None,
+        pass_after=chosen[-1].pass_rate if len(chosen) > 1 else None,
+        pass_after_step=chosen[-1].step if len(chosen) > 1 else None,
         best_eval_pass=best_eval.pass_rate if best_eval else None,
         best_eval_step=best_eval.step if best_eval else None,
         best_step=best.step if best else None,
@@ -183,6 +183,7 @@ def _plot_time_split(steps: list[StepMetrics], path: Path) -> None:
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_xlabel("RL step")
     ax.set_ylabel("seconds")
+    ax.margins(y=0.08)
     ax.set_title("Time split per step")
     ax.grid(axis="y", alpha=0.3)
     fig.legend(loc="outside lower center", ncols=4, fontsize=8)

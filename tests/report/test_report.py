@@ -86,4 +86,7 @@ def test_empty_run_and_missing_metrics(tmp_path: Path, capsys: pytest.CaptureFix
     assert s.steps == 0 and s.pass_before is None and math.isnan(s.mean_dedup_ratio)
     assert main([str(tmp_path)]) == 0
     assert "| steps | 0 |" in (tmp_path / "report" / "summary.md").read_text()
+    only_before = summarize([EvalMetrics(step=0, version=0, split="heldout", executions=4, pass_rate=0.5,
+                                         mean_reward=0.5, eval_s=1.0)])
+    assert (only_before.pass_before, only_before.pass_after) == (0.5, None)  # no "after" yet
     assert all((tmp_path / "report" / n).read_bytes().startswith(PNG_MAGIC) for n in PLOTS)
