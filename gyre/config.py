@@ -349,7 +349,7 @@ class LoopConfig(_Config):
     group_size: int = 8
     """Executions of one task per step; their rewards form the baseline."""
     heldout_tasks: int = 8
-    """The last N tasks of the suites (by task id) are never trained on; they are evaluated."""
+    """N tasks of the suites (a fixed seeded draw) are never trained on; they are evaluated."""
     eval_group_size: int = 2
     """Executions per held-out task in an evaluation."""
     eval_every: int = 0

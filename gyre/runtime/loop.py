@@ -43,11 +43,14 @@ logger = logging.getLogger(__name__)
 
 
 def split_tasks(config: RunConfig) -> tuple[list[Task], list[Task]]:
-    """(training tasks, held-out tasks): every task of the configured suites, by task id; the last
-    `heldout_tasks` are held out. Raises `ConfigError` when no training task is left."""
+    """(training tasks, held-out tasks): every task of the configured suites, by task id;
+    `heldout_tasks` of them, drawn by a fixed seed (the same split for every run seed), are held
+    out. Raises `ConfigError` when no training task is left."""
     tasks = sorted((t for suite in config.tasks.suites for t in load_suite(suite)), key=lambda t: t.task_id)
     k = config.loop.heldout_tasks
-    train, heldout = (tasks[:-k], tasks[-k:]) if k else (tasks, [])
+    held = set(random.Random("gyre-heldout").sample(range(len(tasks)), min(k, len(tasks))))
+    train = [t for i, t in enumerate(tasks) if i not in held]
+    heldout = [t for i, t in enumerate(tasks) if i in held]
     if not train:
         raise ConfigError(f"loop.heldout_tasks={k} leaves no training task among {len(tasks)} in {config.tasks.suites}")
     return train, heldout
