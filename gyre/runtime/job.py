@@ -55,4 +55,11 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
         out = config.warm_start.path or f"{config.model.path.rstrip('/')}-sft"
         print(f"warm start: fine-tuning {model_dir} on demonstrations -> {out} (cached)", flush=True)
         model_dir = warm_start(model_dir, out, config.warm_start, log=lambda line: print(f"  {line}", flush=True))
-    return anyio.run(partial(run_rl, config, model_dir, resume=resume), backend="trio")
+    from gyre.report import write_report
+    from gyre.runtime.progress import Progress
+
+    with Progress(total_steps=config.loop.steps) as progress:
+        state = anyio.run(partial(run_rl, config, model_dir, resume=resume, progress=progress), backend="trio")
+        summary = write_report(config.run_dir)
+        progress.message(f"done: {state.step} steps, weight version {state.version}; report: {summary}")
+    return state
