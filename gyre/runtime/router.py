@@ -866,7 +866,7 @@ class Router:
                     leg.error = exc
                 leg.ended.set()
                 if _continues(choice, leg, stop_ids):  # still registered here: a drain waits for it
-                    so_far = msgspec.structs.replace(sub, prompt_ids=[*request.prompt_ids, *choice.ids])
+                    so_far = msgspec.structs.replace(sub, prompt_ids=[*request.prompt_ids, *choice.ids], kv_import=None)
                     carried = await self.continuation.leave(so_far, source=cell.engine)
             finally:
                 leg.ended.set()
