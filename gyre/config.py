@@ -118,6 +118,9 @@ class EngineConfig(_Config):
     enable_prefix_caching: bool = True
     enforce_eager: bool = True
     """Skip torch.compile: saves ~22 s of start-up on CPU at equal speed for tiny models."""
+    sleep_mode: bool = False
+    """GPU only: `pause()` puts vLLM to sleep (level 1) so a cell switching to training frees
+    its accelerator memory. vLLM's CPU backend refuses sleep mode (shared/notes)."""
     request_timeout_s: float = 600.0
     """Longest wait for one generate request before it is aborted."""
     startup_timeout_s: float = 300.0

@@ -95,6 +95,7 @@ def engine_args(model_path: str, config: EngineConfig) -> Any:
         block_size=config.block_size,
         enable_prefix_caching=config.enable_prefix_caching,
         enforce_eager=config.enforce_eager,
+        enable_sleep_mode=config.sleep_mode,
         logprobs_mode="processed_logprobs",
         max_logprobs=20,
         skip_tokenizer_init=True,
@@ -556,12 +557,23 @@ class VLLMEngine:
                 self._ready.set()
 
     async def pause(self) -> None:
-        """Freeze in-flight requests (vLLM `pause_generation(mode="keep")`; sleep mode is GPU-only)."""
+        """Stop serving. With `EngineConfig.sleep_mode` (GPU): let in-flight requests finish, then
+        vLLM sleep level 1 (weights offloaded, KV cache freed, memory handed to the trainer).
+        Otherwise (CPU, where vLLM has no sleep mode): freeze in-flight requests in place
+        (`pause_generation(mode="keep")`); the engine stays resident."""
         self._paused = True
-        await self.llm.pause_generation(mode="keep", clear_cache=False)
+        if self.config.sleep_mode:
+            await self.llm.sleep(level=1, mode="wait")
+        else:
+            await self.llm.pause_generation(mode="keep", clear_cache=False)
 
     async def resume(self) -> None:
-        await self.llm.resume_generation()
+        """Undo `pause()` (vLLM `wake_up` after a sleep); the prefix cache starts empty after one."""
+        if self.config.sleep_mode:
+            await self.llm.wake_up()
+            await self.llm.reset_prefix_cache()
+        else:
+            await self.llm.resume_generation()
         self._paused = False
 
     def statistics(self) -> EngineStatistics:

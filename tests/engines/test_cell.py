@@ -134,3 +134,36 @@ def test_stop_after_kill9_reaps_the_engine_processes(tmp_path, tiny_model_dir) -
     alive = [pid for pid in engine_pids if os.path.exists(f"/proc/{pid}") and
              open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
     assert alive == []
+
+
+@pytest.mark.slow
+def test_sleep_mode_on_cpu_is_refused_with_the_reason(tmp_path, tiny_model_dir) -> None:
+    from tests.conftest import require_vllm
+
+    require_vllm()
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: sleep mode is supported here (see the gpu test)")
+    process = spawn_cell(tiny_model_dir, EngineConfig(max_model_len=256, sleep_mode=True), log_path=tmp_path / "c.log")
+    with pytest.raises(EngineUnavailableError, match="[Ss]leep mode"):
+        wait_cell_ready(process, 300)
+    process.stop()
+
+
+@pytest.mark.gpu
+async def test_gpu_pause_sleeps_and_frees_memory_then_resume_serves(tmp_path, tiny_model_dir) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device: vLLM sleep mode is GPU-only")
+    from gyre.runtime.cell_client import open_cell
+
+    config = EngineConfig(max_model_len=512, sleep_mode=True)
+    async with open_cell(tiny_model_dir, config, log_path=tmp_path / "c.log") as engine:
+        before = torch.cuda.mem_get_info()[0]
+        await engine.pause()
+        assert torch.cuda.mem_get_info()[0] > before  # the cell handed accelerator memory back
+        await engine.resume()
+        [c] = await collect(engine, req("after-wake", max_tokens=4))
+        assert len(c.token_ids) == 4
