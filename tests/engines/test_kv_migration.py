@@ -244,7 +244,9 @@ async def test_repeated_switches_migrate_every_time(cells, shared_dir) -> None:
     assert max(abs(x - y) for x, y in zip(lps, reference.logprobs, strict=True)) <= FP32_TOL
     m = migrate.statistics()
     assert 5 <= moved <= switches
-    assert m.migrated == moved  # every forced switch moved the request, with its KV
+    # every forced switch moved the request with its KV, except that the last one may land after
+    # the request's final token (nothing left to move; seen once in CI: 49 of 50)
+    assert moved - 1 <= m.migrated <= moved
     assert (m.recomputed, m.exports_failed, m.release_failed) == (0, 0, 0)
     assert all(r.outcome == "migrated" for r in m.records)
     assert stats.requests_total == 1
