@@ -1,6 +1,6 @@
 """KV migration through vLLM's NixlConnector between two real vLLM cells (tiny model, CPU: UCX).
 
-The same switch as `test_kv_migration.py`, but cell B pulls the KV straight from cell A's memory
+The same switch as `test_vllm_kv_migration.py`, but cell B pulls the KV straight from cell A's memory
 (no shared folder): greedy continuation equal to an uninterrupted run on A token for token
 (logprobs within 1e-5), and B's counters show the context was pulled, not prefilled. Skipped
 unless the `nixl` package is importable (NIXL wheels, `shared/notes/vllm-kv-and-cells.md`).
@@ -16,7 +16,7 @@ from gyre.config import KVTransferConfig
 from gyre.engines import collect
 from gyre.runtime.router import MigrateContinuation, Router
 from tests.conftest import start_vllm_cell
-from tests.engines.test_kv_migration import BLOCK, FP32_TOL, SWITCH_AFTER, TRIES, client, greedy, switch_midway, tokens
+from tests.engines.test_vllm_kv_migration import BLOCK, FP32_TOL, SWITCH_AFTER, TRIES, client, greedy, switch_midway, tokens
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
