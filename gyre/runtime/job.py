@@ -1,8 +1,9 @@
 """The node's job: `run(config)` (re-exported as `gyre.run`).
 
 Owns start-up of one node's work: make sure the model folder exists, start the cells, and run the
-job on one anyio event loop (trio). The job is the supervised warm start
-(`gyre.model.sft`, cached) and then the RL loop (`gyre.runtime.loop.run_rl`). Knows nothing about how an engine samples or how a cell hosts it.
+job on one anyio event loop (trio). The job is the supervised warm start (`gyre.model.sft`,
+cached) and then the RL loop (`gyre.runtime.loop.run_rl`). Knows nothing about how an engine
+samples or how a cell hosts it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ logger = logging.getLogger(__name__)
 def ensure_model(config: RunConfig) -> Path:
     """The model folder of `config`, built from the tiny-model recipe if missing and allowed.
 
-    Raises `FileNotFoundError` when the folder is missing and
-    `init_if_missing` is false.
+    Raises `FileNotFoundError` when the folder is missing and `init_if_missing` is false.
     """
     path = Path(config.model.path)
     if (path / "config.json").exists():
