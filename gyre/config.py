@@ -21,7 +21,7 @@ from gyre.errors import ConfigError
 T = TypeVar("T")
 
 __all__ = [
-    "ModelConfig", "KVTransferConfig", "EngineConfig", "CellConfig", "RouterConfig", "TrainerConfig", "LoopConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
+    "ModelConfig", "KVTransferConfig", "EngineConfig", "CellConfig", "SchedulerConfig", "RouterConfig", "TrainerConfig", "LoopConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
     "HarnessConfig", "TaskConfig", "WarmStartConfig", "RunConfig",
     "load_config", "load_toml", "config_from_dict",
 ]
@@ -155,6 +155,32 @@ class CellConfig(_Config):
         _positive(num_cells=self.num_cells)
         if not 0 <= self.base_port < 65536:
             raise ValueError(f"base_port={self.base_port} must be in [0, 65535]")
+
+
+class SchedulerConfig(_Config):
+    """Which cells roll out and which train (`gyre.runtime.scheduler`, driven by `gyre.runtime.elastic`).
+
+    Used when the node runs more than one cell (`cells.num_cells > 1`)."""
+
+    policy: Literal["colocate", "async", "elastic"] = "elastic"
+    """`colocate`: every cell rolls out, then every cell trains; `async`: a fixed split of
+    `async_train_cells` training cells; `elastic`: cells move between roles by the water level."""
+    capacity_per_cell: int = 4
+    """Concurrent executions one rollout cell hosts (bounded by its KV memory)."""
+    async_train_cells: int = 1
+    """Training cells of the `async` split (and of `elastic`'s pinned fallback)."""
+    max_staleness_steps: int = 1
+    """Versions an execution may start ahead of the step that trains it (AReaL's admission rule;
+    `colocate` is always 0)."""
+    streaming: bool = True
+    """A step's batch is the first `batch_executions // group_size` groups to finish, trained group
+    by group as they finish; off: the batch is the step's own dispatched groups, trained once all
+    of them are in."""
+
+    def __post_init__(self) -> None:
+        _positive(capacity_per_cell=self.capacity_per_cell, async_train_cells=self.async_train_cells)
+        if self.max_staleness_steps < 0:
+            raise ValueError(f"max_staleness_steps={self.max_staleness_steps} must be >= 0")
 
 
 class RouterConfig(_Config):
@@ -417,6 +443,7 @@ class RunConfig(_Config):
     model: ModelConfig = ModelConfig()
     engine: EngineConfig = EngineConfig()
     cells: CellConfig = CellConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
     router: RouterConfig = RouterConfig()
     trajectory: TrajectoryConfig = TrajectoryConfig()
     rl: RLConfig = RLConfig()
