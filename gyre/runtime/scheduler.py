@@ -33,6 +33,7 @@ __all__ = [
     "AsyncPolicy",
     "ElasticPolicy",
     "admission_room",
+    "make_policy",
 ]
 
 Role = Literal["rollout", "train", "switching"]
@@ -397,3 +398,20 @@ class ElasticPolicy(msgspec.Struct, frozen=True, kw_only=True):
                 target = max(candidates, key=lambda c: (not c.is_core, c.index))
                 actions.append(SwitchToRollout(target.index))
         return tuple(actions)
+
+
+def make_policy(
+    name: str, *, max_staleness_steps: int = 1, async_train_cells: int = 1, switch_cost_s: float | None = None
+) -> SchedulerPolicy:
+    """The policy called `name` (`colocate`, `async` or `elastic`) with the shared knobs.
+
+    `switch_cost_s` (elastic only) is the expected rollout -> train -> rollout round trip; None
+    keeps `ElasticPolicy`'s published default. Raises `ValueError` for an unknown name."""
+    if name == "colocate":
+        return ColocatePolicy()
+    if name == "async":
+        return AsyncPolicy(num_train_cells=async_train_cells, max_staleness_steps=max_staleness_steps)
+    if name == "elastic":
+        cost = {} if switch_cost_s is None else {"switch_cost_s": switch_cost_s}
+        return ElasticPolicy(max_staleness_steps=max_staleness_steps, fallback_train_cells=async_train_cells, **cost)
+    raise ValueError(f"{name=} must be colocate, async or elastic")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from gyre.runtime.scheduler import AsyncPolicy, ColocatePolicy, ElasticPolicy, SchedulerPolicy
+from gyre.runtime.scheduler import SchedulerPolicy, make_policy
 from gyre.sim.config import SimConfig
 from gyre.sim.engine import SimResult, Workload, simulate
 
@@ -36,19 +36,11 @@ class Comparison(msgspec.Struct, frozen=True, kw_only=True):
 def build_policy(config: SimConfig, name: str, async_train_cells: int = 1) -> SchedulerPolicy:
     """The runtime policy object `name` configured from `config.policies` and `config.costs`."""
     p, c = config.policies, config.costs
-    if name == "colocate":
-        return ColocatePolicy()
-    if name == "async":
-        return AsyncPolicy(
-            num_train_cells=async_train_cells, max_staleness_steps=p.async_max_staleness_steps
-        )
-    if name == "elastic":
-        return ElasticPolicy(
-            max_staleness_steps=p.elastic_max_staleness_steps,
-            switch_cost_s=c.switch_to_train_s + c.switch_to_rollout_s,
-            fallback_train_cells=async_train_cells,
-        )
-    raise ValueError(f"{name=} must be colocate, async or elastic")
+    staleness = p.elastic_max_staleness_steps if name == "elastic" else p.async_max_staleness_steps
+    return make_policy(
+        name, max_staleness_steps=staleness, async_train_cells=async_train_cells,
+        switch_cost_s=c.switch_to_train_s + c.switch_to_rollout_s,
+    )
 
 
 def best_async(
