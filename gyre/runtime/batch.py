@@ -52,9 +52,13 @@ def _exclusion(ex: Executed) -> str | None:
 
 
 def build_training_batch(
-    groups: Sequence[Sequence[Executed]], *, trajectory: TrajectoryConfig
+    groups: Sequence[Sequence[Executed]], *, trajectory: TrajectoryConfig, num_executions: int | None = None
 ) -> TrainingBatch | None:
-    """One batch from the step's groups (one group per task). None if nothing is trainable."""
+    """One batch from the step's groups (one group per task). None if nothing is trainable.
+
+    `num_executions` is the loss denominator (executions the step averages over); default: the
+    trainable executions of `groups`. A streaming step trains a batch group by group and passes
+    the whole batch's size, so each execution weighs the same in every part."""
     advantages: dict[str, float | None] = {}
     excluded: dict[str, str] = {}
     trainable: list[Executed] = []
@@ -77,7 +81,10 @@ def build_training_batch(
         selection = select_trajectories(tree, trajectory.jmax, role_limits=trajectory.role_limits)
         items.append((tree, selection))
         linear += sum(len(tree.path(int(leaf))) for leaf in selection.leaves)
-    micro_batches = pack_batch(items, token_budget=trajectory.micro_batch_tokens, num_executions=len(items))
+    micro_batches = pack_batch(
+        items, token_budget=trajectory.micro_batch_tokens,
+        num_executions=len(items) if num_executions is None else num_executions,
+    )
     return TrainingBatch(
         micro_batches=micro_batches,
         advantages=advantages,

@@ -583,6 +583,17 @@ class Router:
         self._cell(name).down = None
         self._cells_changed.notify()
 
+    def pin(self, execution_id: str, name: str) -> None:
+        """Route the requests of `execution_id` to cell `name` from now on (a driver's placement;
+        without one the router places an execution on its first request). Its attempts already
+        running stay where they are. Raises `ValueError` (unknown cell)."""
+        cell = self._cell(name)
+        old = self._pins.get(execution_id)
+        if old is not None:
+            old.executions -= 1
+        self._pins[execution_id] = cell
+        cell.executions += 1
+
     def engine_for(self, execution_id: str) -> InferenceEngine:
         """The router as seen by one execution (pass this method as the proxy's `engine_for`):
         its requests are routed with `execution_id` as the affinity key."""
