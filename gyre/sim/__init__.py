@@ -2,7 +2,8 @@
 
 `simulate(config, policy)` runs one policy on one scenario; `compare(config)` runs Colocate,
 Async (best fixed split) and Elastic on the same workload draws; `python -m gyre.sim --config
-FILE` prints the table and writes timeline PNGs. The policies come from `gyre.runtime.scheduler`.
+FILE` prints the table and writes timeline PNGs (`gyre.report.timeline.plot_timeline`). The
+policies come from `gyre.runtime.scheduler`, the `Timeline` type from `gyre.runtime.timeline`.
 """
 
 from gyre.sim.comparison import (
@@ -11,7 +12,6 @@ from gyre.sim.comparison import (
     build_policy,
     compare,
     format_table,
-    plot_timeline,
 )
 from gyre.sim.config import (
     ClusterConfig,
@@ -22,7 +22,8 @@ from gyre.sim.config import (
     WorkloadConfig,
     load_sim_config,
 )
-from gyre.sim.engine import SimResult, SimulationStalled, Timeline, Workload, simulate
+from gyre.runtime.timeline import Timeline
+from gyre.sim.engine import SimResult, SimulationStalled, Workload, simulate
 
 __all__ = [
     "ClusterConfig",
@@ -41,6 +42,5 @@ __all__ = [
     "compare",
     "format_table",
     "load_sim_config",
-    "plot_timeline",
     "simulate",
 ]

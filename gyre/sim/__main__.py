@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from gyre.errors import ConfigError
-from gyre.sim.comparison import compare, format_table, plot_timeline
+from gyre.report.timeline import plot_timeline
+from gyre.sim.comparison import compare, format_table
 from gyre.sim.config import load_sim_config
 
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"async makespan (h) by training cells: {splits}")
     for name, result in comp.results.items():
         path = plot_timeline(
-            result,
+            result.timeline,
             config.cluster.num_cells,
             Path(config.out_dir) / f"timeline-{name}.png",
             title=f"{config.name} / {name}: makespan {result.makespan_s / 3600:.2f} h, "

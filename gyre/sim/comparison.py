@@ -1,14 +1,12 @@
 """Compare scheduler policies on one simulated scenario: build them, search Async's split, report.
 
 Owns `build_policy`, `best_async`, `compare` (the three policies on one config, same workload
-draws), `Comparison`, `format_table` and `plot_timeline` (a Gantt-style PNG per policy with the
-water level and rollout capacity underneath, drawn with matplotlib). Knows nothing about event
-handling; it calls `gyre.sim.engine.simulate`.
+draws), `Comparison` and `format_table`. Knows nothing about event handling (it calls
+`gyre.sim.engine.simulate`) or plotting (`gyre.report.timeline.plot_timeline` draws a result's
+timeline).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import msgspec
 
@@ -16,7 +14,7 @@ from gyre.runtime.scheduler import SchedulerPolicy, make_policy
 from gyre.sim.config import SimConfig
 from gyre.sim.engine import SimResult, Workload, simulate
 
-__all__ = ["Comparison", "build_policy", "best_async", "compare", "format_table", "plot_timeline"]
+__all__ = ["Comparison", "build_policy", "best_async", "compare", "format_table"]
 
 
 class Comparison(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,63 +110,3 @@ def format_table(comp: Comparison) -> str:
     ]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(lines)
-
-
-_COLOURS = {
-    "rollout": "#9ecae1",
-    "switch": "#969696",
-    "train": "#fd8d3c",
-    "load": "#9e9ac8",
-    "step": "#d62728",
-}
-
-
-def plot_timeline(result: SimResult, num_cells: int, path: str | Path, title: str = "") -> Path:
-    """Write a Gantt-style PNG of `result`: one row per cell, water level and capacity below."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, (ax, ax_w) = plt.subplots(
-        2, 1, figsize=(14, 3 + 0.25 * num_cells), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
-    )
-    by_kind: dict[tuple[int, str], list[tuple[float, float]]] = {}
-    for iv in result.timeline.intervals:
-        by_kind.setdefault((iv.cell, iv.kind), []).append(
-            (iv.start_s / 3600, (iv.end_s - iv.start_s) / 3600)
-        )
-    for (cell, kind), spans in by_kind.items():
-        ax.broken_barh(spans, (cell - 0.4, 0.8), facecolors=_COLOURS[kind], linewidth=0)
-    ax.set_ylabel("cell")
-    ax.set_ylim(-0.6, num_cells - 0.4)
-    ax.invert_yaxis()
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLOURS.values()]
-    ax.legend(
-        handles,
-        list(_COLOURS),
-        loc="lower left",
-        bbox_to_anchor=(0.0, 1.02),
-        ncol=5,
-        fontsize=8,
-        frameon=False,
-    )
-    ax.set_title(
-        title
-        or f"{result.policy}: makespan {result.makespan_s / 3600:.2f} h, "
-        f"utilisation {result.utilisation:.2f}"
-    )
-    t = [x / 3600 for x in result.timeline.water_t_s]
-    ax_w.step(t, result.timeline.water_level, where="post", label="water level", linewidth=0.8)
-    ax_w.step(
-        t, result.timeline.rollout_capacity, where="post", label="rollout capacity", linewidth=0.8
-    )
-    ax_w.set_xlabel("simulated hours")
-    ax_w.set_ylabel("executions")
-    ax_w.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path

@@ -1,8 +1,9 @@
 """Discrete-event cluster simulator: one scheduler policy, one workload, simulated seconds.
 
-Owns `simulate(config, policy)` and its records `SimResult`, `Timeline`. A heapq event queue holds
-execution finishes, switch completions, micro-batch completions, weight loads and optimizer steps;
-after every instant the simulator snapshots the cluster into the runtime's `SchedulerState`,
+Owns `simulate(config, policy)` and its record `SimResult`, whose `Timeline` (the runtime's
+type, `gyre.runtime.timeline`) holds what every cell did. A heapq event queue holds execution
+finishes, switch completions, micro-batch completions, weight loads and optimizer steps; after
+every instant the simulator snapshots the cluster into the runtime's `SchedulerState`,
 calls the policy's `decide` (the real objects from `gyre.runtime.scheduler`, never a copy of their
 logic) and applies the returned actions until the policy has nothing more to do.
 
@@ -31,9 +32,10 @@ from gyre.runtime.scheduler import (
     SwitchToRollout,
     SwitchToTrain,
 )
+from gyre.runtime.timeline import Interval, Timeline
 from gyre.sim.config import SimConfig
 
-__all__ = ["Interval", "Timeline", "SimResult", "Workload", "simulate", "SimulationStalled"]
+__all__ = ["SimResult", "Workload", "simulate", "SimulationStalled"]
 
 _FINISH, _SWITCH, _TRAIN, _LOAD, _STEP = range(5)
 _MAX_DECISIONS_PER_INSTANT = 10_000
@@ -41,25 +43,6 @@ _MAX_DECISIONS_PER_INSTANT = 10_000
 
 class SimulationStalled(RuntimeError):
     """No event is pending but the run has not finished its steps (a policy never acts)."""
-
-
-class Interval(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """What one cell did from `start_s` to `end_s`: rollout, switch, train, load or step."""
-
-    cell: int
-    start_s: float
-    end_s: float
-    kind: str
-
-
-class Timeline(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-cell activity and the water level over time, for plots."""
-
-    intervals: tuple[Interval, ...]
-    water_t_s: tuple[float, ...]
-    """Times at which the water level or the rollout capacity changed."""
-    water_level: tuple[int, ...]
-    rollout_capacity: tuple[int, ...]
 
 
 class SimResult(msgspec.Struct, frozen=True, kw_only=True):
