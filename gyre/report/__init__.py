@@ -3,8 +3,10 @@
 Owns `RunSummary` (the numbers of the page, computed by `summarize`), `write_report` (plots +
 `<run_dir>/report/summary.md`) and the three plots: pass rate and mean reward per step with the
 held-out evaluations overlaid, the rollout/train/sync time split per step, and the off-policy
-logprob mismatch per step. Reads only `gyre.runtime.metrics` records; knows nothing about how
-they were produced. A step recorded twice (a run killed after writing a step and resumed before
+logprob mismatch per step. When the run recorded a timeline (`<run_dir>/timeline.jsonl`), it
+also draws the cells' Gantt chart (`timeline.png`, `gyre.report.timeline`) and adds cell
+utilisation per step to the page. Reads only `gyre.runtime.metrics` and `gyre.runtime.timeline`
+records; knows nothing about how they were produced. A step recorded twice (a run killed after writing a step and resumed before
 its checkpoint) counts once, with its last record. Plots use matplotlib's object API (no pyplot
 state, no display needed).
 """
@@ -17,14 +19,26 @@ from pathlib import Path
 
 import msgspec
 
+from gyre.report.timeline import plot_timeline
 from gyre.runtime.metrics import EvalMetrics, StepMetrics, read_metrics
+from gyre.runtime.timeline import (
+    TIMELINE_FILE,
+    Timeline,
+    read_timeline,
+    utilisation,
+    utilisation_per_step,
+)
 
-__all__ = ["RunSummary", "summarize", "write_report", "REPORT_DIR", "PLOTS"]
+__all__ = [
+    "RunSummary", "summarize", "write_report", "utilisation_table", "REPORT_DIR", "PLOTS", "TIMELINE_PLOT",
+]
 
 REPORT_DIR = "report"
 """Folder under the run directory that `write_report` fills."""
 PLOTS = ("pass_rate.png", "time_split.png", "mismatch.png")
 """File names of the plots, in the order the summary shows them."""
+TIMELINE_PLOT = "timeline.png"
+"""The cells' Gantt chart, drawn when the run has a `timeline.jsonl`."""
 
 
 class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -264,11 +278,57 @@ def _markdown(run_dir: Path, s: RunSummary) -> str:
     return "\n".join(lines)
 
 
+def _fraction(x: float | None) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def utilisation_table(timeline: Timeline, num_cells: int) -> str:
+    """Markdown table of cell utilisation per RL step and over the whole timeline.
+
+    One row per step window of `utilisation_per_step` (from 0 s) and a last row `all` over
+    [0, the latest interval end]: the window in seconds, `busy` and `slot_fill` as percentages
+    (one decimal) and the cell-seconds of rollout, train, step, load, switch and idle.
+    """
+    kinds = ("rollout", "train", "step", "load", "switch", "idle")
+    head = "| step | window (s) | busy | slot fill | " + " | ".join(f"{k} (cell-s)" for k in kinds) + " |"
+    lines = [head, "|" + " --- |" * (4 + len(kinds))]
+
+    def row(label: str, u) -> str:
+        cells = " | ".join(f"{u.cell_s_by_kind.get(k, 0.0):.1f}" for k in kinds)
+        return (f"| {label} | {u.start_s:.1f}-{u.end_s:.1f} | {_fraction(u.busy)} | {_fraction(u.slot_fill)} | "
+                f"{cells} |")
+
+    for s in utilisation_per_step(timeline, num_cells):
+        lines.append(row(str(s.step), s.utilisation))
+    end = max((iv.end_s for iv in timeline.intervals), default=0.0)
+    if end > 0:
+        lines.append(row("all", utilisation(timeline, num_cells, 0.0, end)))
+    return "\n".join(lines)
+
+
+def _timeline_section(run_dir: Path, out: Path) -> str:
+    timeline = read_timeline(run_dir)
+    num_cells = max(timeline.num_cells, 1)
+    end = max((iv.end_s for iv in timeline.intervals), default=0.0)
+    unit_s, label = (1.0, "seconds") if end <= 600 else ((60.0, "minutes") if end <= 3 * 3600 else (3600.0, "hours"))
+    plot_timeline(timeline, num_cells, out / TIMELINE_PLOT, title=f"{num_cells} cells",
+                  time_unit_s=unit_s, time_label=f"{label} since the run started")
+    return "\n".join([
+        "## Cells", "",
+        "Utilisation by slots: a cell is busy while it holds work (a rollout cell hosting an execution, a "
+        "training cell computing, the optimizer step); slot fill = executions running / rollout slots.", "",
+        utilisation_table(timeline, num_cells), "",
+        f"![cell timeline]({TIMELINE_PLOT})", "",
+    ])
+
+
 def write_report(run_dir: str | os.PathLike[str]) -> Path:
     """Write `<run_dir>/report/` (`summary.md` and the `PLOTS`) from `<run_dir>/metrics.jsonl`.
 
-    Returns the path of `summary.md`. Raises `FileNotFoundError` when the run has no metrics
-    file. A run with no step yet still gets a page (with n/a) and empty plots.
+    When `<run_dir>/timeline.jsonl` exists, also `TIMELINE_PLOT` and a utilisation table per
+    step (`utilisation_table`) on the page. Returns the path of `summary.md`. Raises
+    `FileNotFoundError` when the run has no metrics file. A run with no step yet still gets a
+    page (with n/a) and empty plots.
     """
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
@@ -278,6 +338,9 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
     _plot_pass_rate(steps, evals, out / PLOTS[0])
     _plot_time_split(steps, out / PLOTS[1])
     _plot_mismatch(steps, out / PLOTS[2])
+    page = _markdown(run_dir, summarize(records))
+    if (run_dir / TIMELINE_FILE).exists():
+        page += "\n" + _timeline_section(run_dir, out)
     summary = out / "summary.md"
-    summary.write_text(_markdown(run_dir, summarize(records)))
+    summary.write_text(page)
     return summary

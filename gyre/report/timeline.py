@@ -65,10 +65,13 @@ def plot_timeline(
         by_kind.setdefault((iv.cell, iv.kind), []).append(
             (iv.start_s / time_unit_s, (iv.end_s - iv.start_s) / time_unit_s)
         )
-    for (cell, kind), spans in by_kind.items():
+    layer = {kind: i for i, kind in enumerate(("idle", "rollout", "switch", "train", "load", "step"))}
+    for (cell, kind), spans in sorted(by_kind.items(), key=lambda item: layer[item[0][1]]):
+        # loads and steps overlay the rollout or training span they interrupt
         ax.broken_barh(spans, (cell - 0.4, 0.8), facecolors=COLOURS[kind], linewidth=0)
     ax.set_ylabel("cell")
     ax.set_ylim(-0.6, num_cells - 0.4)
+    ax.set_yticks(range(num_cells))
     ax.invert_yaxis()
     kinds = [k for k in COLOURS if k != "idle" or any(kind == "idle" for _, kind in by_kind)]
     ax.legend(

@@ -1,4 +1,5 @@
-"""The run report: summary numbers computed by hand from a synthetic metrics file; valid PNGs."""
+"""The run report: summary numbers computed by hand from a synthetic metrics file; valid PNGs; with a
+recorded timeline, the Gantt PNG and utilisation per step equal to hand-computed values."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gyre.report import PLOTS, summarize, write_report
+from gyre.report import PLOTS, TIMELINE_PLOT, summarize, write_report
 from gyre.report.__main__ import main
 from gyre.runtime.metrics import EvalMetrics, MetricsWriter, StepMetrics, read_metrics
+from tests.runtime.test_timeline import write_two_steps
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -90,3 +92,24 @@ def test_empty_run_and_missing_metrics(tmp_path: Path, capsys: pytest.CaptureFix
                                          mean_reward=0.5, eval_s=1.0)])
     assert (only_before.pass_before, only_before.pass_after) == (0.5, None)  # no "after" yet
     assert all((tmp_path / "report" / n).read_bytes().startswith(PNG_MAGIC) for n in PLOTS)
+
+
+def test_report_with_a_timeline(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert not (write_report(run_dir).parent / TIMELINE_PLOT).exists()  # no timeline: no Gantt chart
+    write_two_steps(run_dir)  # the hand-computed timeline of tests/runtime/test_timeline.py
+    assert main([str(run_dir)]) == 0
+    assert "and 4 plots" in capsys.readouterr().out
+    text = (run_dir / "report" / "summary.md").read_text()
+    # busy = busy cell-s / (2 cells x window); slot fill = level integral / capacity integral
+    for expected in (
+        "| step | window (s) | busy | slot fill | rollout (cell-s) | train (cell-s) | step (cell-s) | "
+        "load (cell-s) | switch (cell-s) | idle (cell-s) |",
+        "| 1 | 0.0-10.0 | 95.0% | 78.6% | 14.0 | 3.0 | 2.0 | 1.0 | 1.0 | 0.0 |",  # 19/20, 22/28
+        "| 2 | 10.0-14.0 | 62.5% | 12.5% | 1.0 | 2.0 | 2.0 | 0.0 | 0.0 | 3.0 |",  # 5/8, 1/8
+        "| all | 0.0-14.0 | 85.7% | 63.9% | 15.0 | 5.0 | 4.0 | 1.0 | 1.0 | 3.0 |",  # 24/28, 23/36
+        f"![cell timeline]({TIMELINE_PLOT})",
+    ):
+        assert expected in text, expected
+    assert "| steps | 3 (1-3) |" in text  # the metrics part is unchanged
+    data = (run_dir / "report" / TIMELINE_PLOT).read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
