@@ -1,12 +1,14 @@
 """The DeepSpeed trainer: one optimizer step per batch of packed trajectory trees.
 
-Owns `DeepSpeedTrainer` and `TrainStatistics`. The model is a Hugging Face causal LM under a
+Owns `DeepSpeedTrainer`, `TrainStatistics`, `AccumulateStatistics` and `StepStatistics`. The model is a Hugging Face causal LM under a
 DeepSpeed ZeRO engine (stage 0-2; gloo on CPU, NCCL on GPU) with a torch AdamW client optimizer
 (bit-identical to plain torch AdamW in fp32, shared/notes). DeepSpeed's gradient accumulation is
 unmanaged: a batch may have any number of micro-batches, each `backward()` adds its gradient (the
 loss weights already normalise per execution and per batch), and `step()` is the boundary. A
 non-finite loss or gradient skips the step on every rank and leaves weights and optimizer state
-unchanged. Weight snapshots are Hugging Face folders that vLLM's `reload_weights` reads.
+unchanged. A step is split into `accumulate` (forward/backward, no step), `gradient_vector` /
+`add_gradient_vector` (a satellite's flat gradient leaves one trainer and is added into another's
+accumulation, exactly) and `apply_step`; `train_batch` is accumulate + apply_step. Weight snapshots are Hugging Face folders that vLLM's `reload_weights` reads.
 Blocking: call it from a worker thread, never on an event loop. Knows nothing about engines or HTTP.
 """
 
@@ -26,7 +28,7 @@ from gyre.config import RLConfig, TrainerConfig
 from gyre.rl import grads_finite, microbatch_loss
 from gyre.trajectory.pack import PackedBatch
 
-__all__ = ["DeepSpeedTrainer", "TrainStatistics", "init_process_group"]
+__all__ = ["DeepSpeedTrainer", "TrainStatistics", "AccumulateStatistics", "StepStatistics", "init_process_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,38 @@ class TrainStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Mean |trainer logprob - behaviour logprob| over loss tokens (the off-policy mismatch)."""
     mean_ratio: float
     """Mean importance ratio pi_trainer / pi_behaviour over loss tokens (1 when on-policy)."""
+
+
+class AccumulateStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What one `accumulate` call did; sums, so that the node can combine several calls exactly."""
+
+    micro_batches: int
+    tokens: int
+    """Packed tokens forwarded (shared prefixes once)."""
+    policy_tokens: int
+    """Tokens that carried loss."""
+    loss: float
+    """Sum of the micro-batch losses (non-finite when one of them was)."""
+    logprob_abs_diff_sum: float
+    """Sum over counted loss tokens of |trainer logprob - behaviour logprob| (nats)."""
+    ratio_sum: float
+    """Sum over counted loss tokens of the importance ratio pi_trainer / pi_behaviour."""
+    counted: int
+    """Loss tokens in the two sums above (divide by it for means)."""
+    finite: bool
+    """False when a micro-batch loss was non-finite (the next `apply_step` will skip)."""
+
+
+class StepStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What one `apply_step` did."""
+
+    version: int
+    """Weight version after the call (bumped only when the step was applied)."""
+    applied: bool
+    """False when a non-finite loss or gradient skipped the step."""
+    grad_norm: float | None
+    """Global gradient norm before clipping (None when skipped, or where DeepSpeed reports none:
+    ZeRO stage 0)."""
 
 
 def _free_port() -> int:
@@ -90,8 +124,9 @@ class DeepSpeedTrainer:
         from transformers import AutoModelForCausalLM
 
         init_process_group()
-        dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[config.dtype]
+        load_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=load_dtype, attn_implementation="sdpa")
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
             weight_decay=config.weight_decay,
@@ -110,6 +145,9 @@ class DeepSpeedTrainer:
         self.config = config
         self.rl = rl
         self.version = version
+        self._grad_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        self._has_gradients = False
+        self._finite = True  # every loss and added vector since the last step was finite
 
     @property
     def model(self) -> torch.nn.Module:
@@ -117,13 +155,43 @@ class DeepSpeedTrainer:
         return self.engine.module
 
     def train_batch(self, micro_batches: Sequence[PackedBatch], advantages: Mapping[str, float | None]) -> TrainStatistics:
-        """Forward/backward every micro-batch of one batch, then one optimizer step.
+        """Forward/backward every micro-batch of one batch, then one optimizer step
+        (`accumulate` + `apply_step`).
 
         `advantages` maps each execution id to its advantage (None: no loss). Raises
         `ValueError` for an empty batch or an execution without an advantage.
         """
+        acc = self.accumulate(micro_batches, advantages)
+        step = self.apply_step(finite=acc.finite)
+        return TrainStatistics(
+            version=step.version, applied=step.applied, micro_batches=acc.micro_batches, tokens=acc.tokens,
+            policy_tokens=acc.policy_tokens, loss=acc.loss, grad_norm=step.grad_norm,
+            logprob_abs_diff_mean=acc.logprob_abs_diff_sum / acc.counted if acc.counted else float("nan"),
+            mean_ratio=acc.ratio_sum / acc.counted if acc.counted else float("nan"),
+        )
+
+    @property
+    def has_gradients(self) -> bool:
+        """True between an `accumulate` / `add_gradient_vector` and the next `apply_step` /
+        `zero_grad`: gradients are held that no step or send has consumed yet."""
+        return self._has_gradients
+
+    def accumulate(
+        self, micro_batches: Sequence[PackedBatch], advantages: Mapping[str, float | None]
+    ) -> AccumulateStatistics:
+        """Forward/backward every micro-batch, adding its gradient to the accumulation; no step.
+
+        The loss weights of a packed batch already normalise per execution and per batch, so the
+        gradients of a batch's micro-batches simply add up, on one trainer or spread over several.
+        Raises `ValueError` for no micro-batches or an execution without an advantage (checked
+        for every micro-batch before any backward, so a refused call adds nothing).
+        """
         if not micro_batches:
-            raise ValueError("train_batch needs at least one micro-batch")
+            raise ValueError("accumulate needs at least one micro-batch")
+        for batch in micro_batches:
+            missing = [e for e in batch.execution_ids if e not in advantages]
+            if missing:
+                raise ValueError(f"executions {missing} have no advantage (pass None for no loss)")
         self.engine.train()
         total_loss, tokens, policy_tokens = 0.0, 0, 0
         abs_diff_sum, ratio_sum, counted = 0.0, 0.0, 0
@@ -141,11 +209,83 @@ class DeepSpeedTrainer:
                 ratio_sum += stats.mean_ratio * stats.tokens
                 counted += stats.tokens
             # backward even on a non-finite loss: every rank runs the same collectives, and the
-            # all-reduced finite check below skips the step everywhere
+            # all-reduced finite check in apply_step skips the step everywhere
             finite = finite and bool(torch.isfinite(loss))
             self.engine.backward(loss, scale_wrt_gas=False)
+            self._has_gradients = True
             total_loss += float(loss.detach())
-        finite = finite and grads_finite(self.model.parameters())
+        self._finite = self._finite and finite
+        return AccumulateStatistics(
+            micro_batches=len(micro_batches), tokens=tokens, policy_tokens=policy_tokens, loss=total_loss,
+            logprob_abs_diff_sum=abs_diff_sum, ratio_sum=ratio_sum, counted=counted, finite=finite,
+        )
+
+    def gradient_vector(self) -> torch.Tensor:
+        """The accumulated gradient as one flat tensor (shape [P], P = total parameter count, the
+        gradient dtype: fp32, or fp64 for a float64 model), in `model.parameters()` order; zeros
+        where nothing was accumulated.
+
+        Read through `deepspeed.utils.safe_get_full_grad`; at ZeRO stage 2 the accumulation is
+        first finalised (as `step()` would), so follow this call with `zero_grad()` (a satellite
+        sends, then zeroes) or `apply_step()`, not with more `accumulate`.
+        """
+        from deepspeed.utils import safe_get_full_grad
+
+        if self.config.zero_stage == 2:
+            self.optimizer.finalize_gradient_accumulation_boundary()
+        parts = []
+        for p in self.model.parameters():
+            if self.config.zero_stage == 2 or p.grad is not None:
+                grad = safe_get_full_grad(p)
+            else:
+                grad = None  # stage 0/1 after zero_grad: no backward since, the gradient is 0
+            parts.append(torch.zeros(p.numel(), dtype=self._grad_dtype) if grad is None else grad.reshape(-1))
+        return torch.cat(parts).to(self._grad_dtype)
+
+    @property
+    def num_parameters(self) -> int:
+        """P: the length of `gradient_vector()`."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def grad_dtype(self) -> torch.dtype:
+        """dtype of `gradient_vector()` (fp32, or fp64 for a float64 model)."""
+        return self._grad_dtype
+
+    def add_gradient_vector(self, vec: torch.Tensor) -> None:
+        """Add a flat gradient (shape [P], as `gradient_vector` returns) into DeepSpeed's accumulation,
+        at any ZeRO stage 0-2, so that the next `apply_step` sees it.
+
+        Done as one `engine.backward` of sum_i (p_i * g_i).sum(): d/dp of p.g is g, exactly (the
+        autograd seed is 1 and each product's gradient is 1 * g), and DeepSpeed adds it to what
+        it holds as for any micro-batch. Raises `ValueError` on a wrong shape or a non-float
+        tensor; a non-finite entry makes the next `apply_step` skip.
+        """
+        if vec.dim() != 1 or vec.shape[0] != self.num_parameters or not vec.is_floating_point():
+            raise ValueError(
+                f"gradient vector of shape {tuple(vec.shape)} and dtype {vec.dtype}: expected a float "
+                f"vector of {self.num_parameters} entries"
+            )
+        self.engine.train()
+        terms = []
+        offset = 0
+        for p in self.model.parameters():
+            n = p.numel()
+            g = vec[offset : offset + n].view(p.shape).to(p.dtype)
+            offset += n
+            terms.append((p * g).sum())
+        self.engine.backward(torch.stack(terms).sum(), scale_wrt_gas=False)
+        self._has_gradients = True
+        self._finite = self._finite and bool(torch.isfinite(vec).all())
+
+    def apply_step(self, *, finite: bool = True) -> StepStatistics:
+        """One optimizer step on what was accumulated, then `zero_grad()`.
+
+        Skipped (weights, optimizer state and version unchanged; gradients zeroed) when a loss
+        accumulated since the last step, the `finite` argument, or any gradient is non-finite on
+        any rank of the trainer's own group.
+        """
+        finite = finite and self._finite and grads_finite(self.model.parameters())
         grad_norm = None
         if finite:
             self.engine.step()
@@ -154,13 +294,49 @@ class DeepSpeedTrainer:
             self.version += 1
         else:
             logger.warning("non-finite loss or gradient: optimizer step skipped at version %d", self.version)
+        self.zero_grad()
+        return StepStatistics(version=self.version, applied=finite, grad_norm=grad_norm)
+
+    def zero_grad(self) -> None:
+        """Drop the accumulated gradients (frees their memory: grads are set to None)."""
         self.engine.zero_grad()
-        return TrainStatistics(
-            version=self.version, applied=finite, micro_batches=len(micro_batches), tokens=tokens,
-            policy_tokens=policy_tokens, loss=total_loss, grad_norm=grad_norm,
-            logprob_abs_diff_mean=abs_diff_sum / counted if counted else float("nan"),
-            mean_ratio=ratio_sum / counted if counted else float("nan"),
-        )
+        self._has_gradients = False
+        self._finite = True
+
+    def load_weights(self, snapshot_dir: str | Path, version: int) -> None:
+        """Load a Hugging Face safetensors snapshot (as `save_snapshot` writes) into the module and
+        tag it `version`. The optimizer state (and, at ZeRO 1-2, its master copy of the weights) is
+        untouched: a satellite that loads snapshots computes gradients and never steps.
+
+        Raises `FileNotFoundError` when the folder has no safetensors file, `ValueError` when a
+        tensor's name or shape does not match the model, and refuses (`ValueError`) while
+        gradients are held (they belong to the old weights).
+        """
+        from safetensors.torch import load_file
+
+        if self._has_gradients:
+            raise ValueError("load_weights while gradients are held: send or zero them first")
+        files = sorted(Path(snapshot_dir).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors in snapshot {str(snapshot_dir)!r}")
+        state = {}
+        for f in files:
+            state.update(load_file(f))
+        params = dict(self.model.named_parameters())
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        missing = [n for n in params if n not in state and not (tied and n == "lm_head.weight")]
+        unknown = [n for n in state if n not in params]
+        if missing or unknown:
+            raise ValueError(f"snapshot {str(snapshot_dir)!r} does not match the model: missing {missing}, unknown {unknown}")
+        with torch.no_grad():
+            for name, p in params.items():
+                if name not in state:
+                    continue
+                t = state[name]
+                if t.shape != p.shape:
+                    raise ValueError(f"snapshot tensor {name!r} has shape {tuple(t.shape)}, the model {tuple(p.shape)}")
+                p.copy_(t.to(p.dtype))
+        self.version = version
 
     def save_snapshot(self, root: str | Path) -> Path:
         """Write the current weights as `root/v<version>` (Hugging Face folder, safetensors) for the
