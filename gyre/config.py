@@ -245,15 +245,20 @@ class TrainerConfig(_Config):
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     """Global gradient-norm clip (0 disables it)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Training dtype; float32 keeps trainer and vLLM logprobs within 1e-5."""
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
+    """Training dtype; float32 keeps trainer and vLLM logprobs within 1e-5 (float64: exactness
+    tests only; vLLM does not serve it)."""
     keep_snapshots: int = 2
     """Weight snapshots kept on disk for the engines (older ones are deleted)."""
+    train_timeout_s: float = 600.0
+    """Longest a cell's training call may take (`/train`, `/step`, a gradient send or receive, a
+    checkpoint); the gradient exchange fails with a clear error after it (DESIGN.md invariant 7)."""
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2):
             raise ValueError(f"zero_stage={self.zero_stage} must be 0, 1 or 2")
-        _positive(learning_rate=self.learning_rate, keep_snapshots=self.keep_snapshots)
+        _positive(learning_rate=self.learning_rate, keep_snapshots=self.keep_snapshots,
+                  train_timeout_s=self.train_timeout_s)
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError(f"grad_clip={self.grad_clip} and weight_decay={self.weight_decay} must be >= 0")
         for name, beta in (("adam_beta1", self.adam_beta1), ("adam_beta2", self.adam_beta2)):
