@@ -14,11 +14,17 @@ Isolation (`isolate_uid`, when the node runs as root): each agent runs as its ow
 uid (`agent_uid_base` + a slot held with a lock file while the execution runs, so no two running
 executions on the node share one) with gid = uid and no supplementary groups. Its workspace, HOME,
 TMPDIR and instruction are chowned to it; the execution folder (0711, root) and its logs (0600)
-stay root's; the task's `tests/` and `solution/` are tightened to 0700 before the first run, so
-the agent cannot read hidden files or another execution's workspace (0700, another uid). After the
-agent's tree is gone its files are handed back to root, then scored. Without root, or when the
+stay root's; the task's `tests/` and `solution/` are tightened to 0700 before the first run.
+With `isolate_mounts` (and CAP_SYS_ADMIN) each agent also starts in a private mount namespace
+(`gyre.tasks.sandbox.Mounts`): `hidden_paths` (/root), the run folder, the workspace root and the
+`tests/` and `solution/` of every task of each suite seen so far are covered by empty read-only
+tmpfs; its own execution folder, the interpreter's installation and the gyre package are bound
+back at their real paths; /tmp, /var/tmp and /dev/shm are fresh and its own. So a venv whose
+Python lives under a private /root still runs agents as their uid. After the agent's tree is gone
+its files are handed back to root, and the verifier runs on a copy as the same uid, in a
+namespace where the whole filesystem is read-only except that copy. Without root, or when the
 workspace root or the agent's executable cannot be reached by other users (mode bits of every
-parent), agents run as the node's user and a warning says why, once.
+parent, as the namespace shows them), agents run as the node's user and a warning says why, once.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from typing import IO
 import anyio
 import msgspec
 
-from gyre.tasks.sandbox import Limits, run_supervised, tail
+from gyre.tasks.sandbox import Limits, Mounts, mount_namespace_problem, run_supervised, tail
 from gyre.config import HarnessConfig
 from gyre.errors import ExecutionError
 from gyre.tasks.outcome import Outcome, Termination
@@ -69,17 +75,46 @@ def _warn_once(key: str, message: str, *args: object) -> None:
         logger.warning(message, *args)
 
 
-def _closed_to_others(path: Path, *, executable: bool) -> Path | None:
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _closed_to_others(path: Path, *, executable: bool, mounts: Mounts | None = None) -> Path | None:
     """The first parent folder of `path` (as given and resolved) that other users cannot
     traverse (no o+x), or `path` itself if `executable` and they cannot read and run it; None if
-    an unprivileged stranger reaches it. Mode bits only (ACLs are not consulted)."""
-    for p in (path.absolute(), path.resolve()):
+    an unprivileged stranger reaches it. With `mounts`, as that namespace shows the tree: a folder
+    covered by `hide`/`private` is gone, except the parents of an exposed folder (created 0755).
+    Mode bits only (ACLs are not consulted)."""
+    covers = () if mounts is None else mounts.hide + mounts.private
+    shown = () if mounts is None else mounts.expose + mounts.writable
+
+    def blocks(folder: Path) -> bool:
+        f = str(folder)
+        inner = max((c for c in covers + shown if _under(f, c)), key=len, default=None)
+        if inner is not None and inner in covers and inner not in shown:
+            return not any(_under(e, f) and e != f and _under(e, inner) for e in shown)
+        return not os.stat(folder).st_mode & stat.S_IXOTH
+
+    for p in (Path(os.path.abspath(path)), path.resolve()):
         for folder in reversed(p.parents):
-            if not os.stat(folder).st_mode & stat.S_IXOTH:
+            if blocks(folder):
                 return folder
     if executable and (os.stat(path).st_mode & (stat.S_IROTH | stat.S_IXOTH)) != stat.S_IROTH | stat.S_IXOTH:
         return path
     return None
+
+
+def _suite_hidden(task: Task) -> set[str]:
+    """`tests/` and `solution/` of `task` and of every task folder beside it (its suite)."""
+    found = {str(task.tests_dir), str(task.solution_dir)}
+    for sibling in task.path.parent.iterdir():
+        if (sibling / "task.toml").is_file():
+            found.update(str(sibling / name) for name in ("tests", "solution"))
+    return {os.path.abspath(p) for p in found}
+
+
+_PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+"""Covered by a fresh tmpfs for each agent and verifier (nothing left there reaches another)."""
 
 
 def _private(path: str, flags: int) -> int:
@@ -290,10 +325,17 @@ class Harness:
         isolate_uid: bool = True,
         agent_uid_base: int = 200_000,
         agent_uid_count: int = 4096,
+        isolate_mounts: bool = True,
+        hidden_paths: Sequence[str | os.PathLike[str]] = ("/root",),
+        run_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         """`isolate_uid`: run each agent as its own uid from `agent_uid_base` on (`agent_uid_count`
         of them) when we are root (see the module docstring); otherwise a warning, once.
-        Raises `ValueError` for an empty command, a negative grace or an invalid uid range."""
+        `isolate_mounts`: with `isolate_uid`, also give each agent and verifier a private mount
+        namespace hiding `hidden_paths`, `run_dir` (call log, checkpoints, snapshots) and the
+        workspace root but their own folder; a warning, once, where it cannot be built.
+        Raises `ValueError` for an empty command, a negative grace, an invalid uid range or a
+        relative hidden path."""
         if not agent_command:
             raise ValueError("agent_command must not be empty")
         if kill_grace_s < 0:
@@ -309,6 +351,29 @@ class Harness:
         root = Path(workspace_root) if workspace_root is not None else Path(tempfile.mkdtemp(prefix="gyre-ws-"))
         root.mkdir(parents=True, exist_ok=True)
         self.agent_uid_base, self.agent_uid_count = agent_uid_base, agent_uid_count
+        for path in hidden_paths:
+            if not os.path.isabs(path):
+                raise ValueError(f"hidden_paths: {str(path)!r} must be absolute")
+        hide = {os.path.abspath(p) for p in hidden_paths}
+        for folder in (root, *(() if run_dir is None else (Path(run_dir),))):
+            hide.update((os.path.abspath(folder), os.path.realpath(folder)))
+        self.mounts: Mounts | None = None
+        """The namespace every agent starts from (None: no mount isolation); per execution its
+        own folder is added, and the hidden files of the task's suite."""
+        if isolate_uid and isolate_mounts and os.geteuid() == 0:
+            problem = mount_namespace_problem()
+            if problem is None:
+                import gyre
+
+                gyre_dir = Path(gyre.__file__).parent
+                expose = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, gyre_dir)}
+                expose |= {os.path.realpath(p) for p in expose}
+                self.mounts = Mounts(hide=tuple(sorted(hide)), private=_PRIVATE_DIRS, expose=tuple(sorted(expose)))
+            else:
+                _warn_once("mounts", "isolate_mounts: no private mount namespace for agents (%s): "
+                           "an agent sees the node's files as its uid may", problem)
+        self._suite_hidden: set[str] = set()
+        self._suites_seen: set[Path] = set()
         self.isolated = isolate_uid and self._can_isolate(root)
         """Agents run as their own uids (`isolate_uid`, and we are root, and the root is reachable)."""
         os.chmod(root, 0o711 if self.isolated else 0o700)  # 0711: agents pass, nobody lists
@@ -322,13 +387,19 @@ class Harness:
         self._template_ok: dict[str, bool] = {}  # task root -> its verifier works on the template
         self._hidden_tightened: set[str] = set()  # task roots whose tests/ and solution/ are 0700
 
-    @staticmethod
-    def _can_isolate(root: Path) -> bool:
+    def _view(self, *shown: str) -> Mounts | None:
+        """`self.mounts` with `shown` folders also bound back (None without mount isolation)."""
+        if self.mounts is None:
+            return None
+        return msgspec.structs.replace(self.mounts, writable=(*self.mounts.writable, *shown))
+
+    def _can_isolate(self, root: Path) -> bool:
         if os.geteuid() != 0:
             _warn_once("not-root", "isolate_uid: the node runs as uid %d, not root: agents run as "
                        "this user and can read other workspaces and hidden tests", os.geteuid())
             return False
-        closed = _closed_to_others(root, executable=False)
+        probe = root / "execution"  # an execution folder, bound back in the agent's namespace
+        closed = _closed_to_others(probe, executable=False, mounts=self._view(os.path.abspath(probe)))
         if closed is not None:
             _warn_once(f"root:{root}", "isolate_uid: agents run as root: workspace_root %s cannot be "
                        "reached by other users (%s has mode %o); choose one whose parents are "
@@ -343,7 +414,7 @@ class Harness:
         found = shutil.which(command[0], path=path)
         if found is None:
             return True  # it fails to start either way (status 127), as the agent's user
-        closed = _closed_to_others(Path(found), executable=True)
+        closed = _closed_to_others(Path(found), executable=True, mounts=self.mounts)
         if closed is not None:
             _warn_once(f"exe:{found}", "isolate_uid: agents running %s run as root: other users "
                        "cannot reach it (%s has mode %o)", found, closed, stat.S_IMODE(os.stat(closed).st_mode))
@@ -369,6 +440,9 @@ class Harness:
             isolate_uid=config.isolate_uid,
             agent_uid_base=config.agent_uid_base,
             agent_uid_count=config.agent_uid_count,
+            isolate_mounts=config.isolate_mounts,
+            hidden_paths=config.hidden_paths,
+            run_dir=Path(run_dir).absolute(),
         )
 
     def statistics(self) -> HarnessStatistics:
@@ -390,6 +464,9 @@ class Harness:
         (exec_dir / "tmp").mkdir()
         (exec_dir / "instruction.md").write_text(task.instruction, encoding="utf-8")
         if user is not None:
+            if self.mounts is not None and task.path.parent not in self._suites_seen:
+                self._suite_hidden |= _suite_hidden(task)
+                self._suites_seen.add(task.path.parent)
             if task.root not in self._hidden_tightened:
                 _tighten_hidden(task)
                 self._hidden_tightened.add(task.root)
@@ -495,6 +572,19 @@ class Harness:
         env.update(self.extra_env)
         common = dict(execution_id=execution_id, task_id=task.task_id)
         handed_back = user is None
+        agent_mounts = verifier_mounts = None
+        if user is not None and self.mounts is not None:
+            hide = tuple(sorted({*self.mounts.hide, *self._suite_hidden}))
+            agent_mounts = msgspec.structs.replace(self.mounts, hide=hide, writable=(os.path.abspath(exec_dir),))
+            verifier_mounts = msgspec.structs.replace(self.mounts, hide=hide, read_only=True)
+        # the verifier runs as the agent's uid once the agent's tree is gone, if its Python is reachable
+        verifier_user = None
+        if user is not None and _closed_to_others(Path(sys.executable), executable=True,
+                                                  mounts=verifier_mounts) is None:
+            verifier_user = (user.uid, user.uid)
+        elif user is not None:
+            _warn_once("verifier-root", "isolate_uid: verifiers run as root: other users cannot reach %s",
+                       sys.executable)
         try:
             # 0600: other agents pass through this folder (0711) but must not read the logs
             with open(exec_dir / "stdout.log", "wb+", opener=_private) as out, \
@@ -503,7 +593,7 @@ class Harness:
                     command, cwd=workspace, env=env, limits=self.limits,
                     deadline_s=task.spec.agent.deadline_s, stdout=out, stderr=err,
                     kill_grace_s=self.kill_grace_s, stop=control.event,
-                    user=None if user is None else (user.uid, user.uid),
+                    user=None if user is None else (user.uid, user.uid), mounts=agent_mounts,
                 )
                 stdout_tail, stderr_tail = tail(out), tail(err)
             if not handed_back:  # the tree is gone: nothing runs as the agent's uid any more
@@ -541,7 +631,8 @@ class Harness:
                 )
             try:
                 score = await score_workspace(task, workspace, limits=self.verifier_limits,
-                                              template_ok=self._template_ok)
+                                              template_ok=self._template_ok, user=verifier_user,
+                                              mounts=verifier_mounts if verifier_user else None)
             except VerifierError as exc:
                 return Outcome(**common, **stats, termination="failed", failure_reason=str(exc))
             return Outcome(**common, **stats, termination=termination, score=score)

@@ -1,8 +1,8 @@
 """Run one command as a supervised process tree with resource limits and an outside deadline.
 
-Owns `Limits`, `ProcessResult` and `run_supervised`: the command runs under
-`gyre/tasks/supervisor.py` (child subreaper + rlimits, optionally as another user) in a new
-session; the call waits for it to exit, for the deadline, or for a stop event, and then makes sure
+Owns `Limits`, `Mounts`, `ProcessResult`, `run_supervised` and `mount_namespace_problem`: the
+command runs under `gyre/tasks/supervisor.py` (child subreaper + rlimits, optionally as another
+user, optionally in a private mount namespace) in a new session; the call waits for it to exit, for the deadline, or for a stop event, and then makes sure
 nothing of the tree is left: SIGTERM to the group and every descendant, `kill_grace_s` to exit,
 then SIGKILL until the tree is empty. Used by the harness (agents) and the scorer (verifiers).
 Runs on any anyio backend; /proc scans run in worker threads. Knows nothing about tasks, models
@@ -27,7 +27,7 @@ import msgspec
 
 from gyre.tasks import supervisor
 
-__all__ = ["Limits", "ProcessResult", "run_supervised", "tail"]
+__all__ = ["Limits", "Mounts", "ProcessResult", "run_supervised", "mount_namespace_problem", "tail"]
 
 _SUPERVISOR = str(Path(supervisor.__file__).resolve())
 
@@ -48,6 +48,47 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("cpu_time_s", "memory_bytes", "max_processes", "file_size_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0 (0: no limit)")
+
+
+class Mounts(msgspec.Struct, frozen=True, kw_only=True):
+    """The filesystem a supervised command sees: a private mount namespace (needs root with
+    CAP_SYS_ADMIN; see `supervisor.enter_mount_namespace`). Absolute paths; missing ones are skipped.
+
+    Shallowest path first: a folder in `expose` under one in `hide` is visible, a folder in `hide`
+    under one in `expose` is not."""
+
+    hide: tuple[str, ...] = ()
+    """Folders covered by an empty read-only tmpfs: their content cannot be reached."""
+    private: tuple[str, ...] = ()
+    """Folders covered by a fresh writable tmpfs (1777) that dies with the command (/tmp)."""
+    expose: tuple[str, ...] = ()
+    """Folders shown read-only at their own path even under a hidden one (the interpreter)."""
+    writable: tuple[str, ...] = ()
+    """Folders shown writable at their own path (the workspace), even under `read_only`."""
+    read_only: bool = False
+    """Every other mount read-only: the command writes only to `writable` and `private`."""
+
+    def __post_init__(self) -> None:
+        for name in ("hide", "private", "expose", "writable"):
+            for path in getattr(self, name):
+                if not os.path.isabs(path) or os.path.normpath(path) != path or path == "/":
+                    raise ValueError(f"{name}: {path!r} must be a normalised absolute path other than /")
+
+
+_probe: list[str | None] = []
+
+
+def mount_namespace_problem() -> str | None:
+    """None if commands can run with `Mounts` here (root, CAP_SYS_ADMIN, Linux >= 5.12), else why
+    not. Probed once per process in a throwaway child (`supervisor.py --probe-mounts`)."""
+    if not _probe:
+        if os.geteuid() != 0:
+            _probe.append(f"the node runs as uid {os.geteuid()}, not root")
+        else:
+            done = subprocess.run([sys.executable, "-I", "-S", _SUPERVISOR, "--probe-mounts"],
+                                  capture_output=True, text=True, timeout=30)
+            _probe.append(None if done.returncode == 0 else done.stderr.strip() or f"status {done.returncode}")
+    return _probe[0]
 
 
 class ProcessResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,14 +156,17 @@ async def run_supervised(
     kill_grace_s: float = 1.0,
     stop: anyio.Event | None = None,
     user: tuple[int, int] | None = None,
+    mounts: Mounts | None = None,
 ) -> ProcessResult:
     """Run `argv` supervised until it exits, `deadline_s` passes or `stop` is set; kill its tree.
 
     `user` = (uid, gid): the command runs as that user with no supplementary groups (needs root;
     the supervisor keeps our user, so the tree can still be signalled and killed); None: as we
-    run. On return (and on cancellation) no process of the tree is alive. Raises `OSError` if the
-    supervisor cannot be started, `ValueError` for a negative uid or gid; a command that cannot
-    be executed, or whose user cannot be set, exits with status 127.
+    run. `mounts`: the command (and everything it starts) sees the filesystem `Mounts` describes
+    (check `mount_namespace_problem` first). On return (and on cancellation) no process of the
+    tree is alive. Raises `OSError` if the supervisor cannot be started, `ValueError` for a
+    negative uid or gid; a command that cannot be executed, or whose user or mounts cannot be
+    set, exits with status 127 and says why on its stderr.
     """
     if deadline_s <= 0:
         raise ValueError(f"deadline_s={deadline_s!r} must be > 0")
@@ -132,6 +176,8 @@ async def run_supervised(
         if uid < 0 or gid < 0:
             raise ValueError(f"user={user!r}: uid and gid must be >= 0")
         settings.update(uid=uid, gid=gid)
+    if mounts is not None:
+        settings["mounts"] = msgspec.to_builtins(mounts)
     cmd = [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(settings), "--", *argv]
     started_s = time.time()
     t0 = time.monotonic()

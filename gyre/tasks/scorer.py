@@ -5,7 +5,8 @@ inside it) into a private temporary folder, and the verifier runs there as a sup
 subprocess under a time limit, so nothing the verifier or the agent's code does touches the
 workspace or the task. pytest verifiers are counted from a JUnit XML report, never from stdout:
 score = passed / total (NL2RepoBench), total = the declared `num_tests` or the reported count if
-larger; `test.sh` verifiers write `reward.txt` (a float in [0, 1]) or `reward.json`
+larger; the verifier may run as an unprivileged uid in a mount namespace where only its copy is
+writable (`user`, `mounts`: the harness's isolation). `test.sh` verifiers write `reward.txt` (a float in [0, 1]) or `reward.json`
 (`{"passed": p, "total": t}` or `{"reward": r}`) into `$GYRE_REWARD_DIR`. Knows nothing about
 agents, termination reasons or advantages.
 """
@@ -24,7 +25,9 @@ from pathlib import Path
 
 import anyio
 
-from gyre.tasks.sandbox import Limits, run_supervised, tail
+import msgspec
+
+from gyre.tasks.sandbox import Limits, Mounts, run_supervised, tail
 from gyre.errors import ExecutionError
 from gyre.tasks.outcome import Score
 from gyre.tasks.task import Task
@@ -102,8 +105,9 @@ def _score_reward_dir(reward_dir: Path) -> Score:
     return Score(passed=int(reward == 1.0), total=1, score=reward, all_passed=reward == 1.0)
 
 
-def _prepare(task: Task, workspace: Path) -> Path:
-    """Copy workspace and hidden tests into a fresh private folder (blocking; run in a thread)."""
+def _prepare(task: Task, workspace: Path, user: tuple[int, int] | None) -> Path:
+    """Copy workspace and hidden tests into a fresh private folder (blocking; run in a thread);
+    with `user`, everything but `pytest.ini` and `conftest.py` becomes that user's."""
     scratch = Path(tempfile.mkdtemp(prefix="gyre-verify-"))  # mode 0700
     shutil.copytree(workspace, scratch / "workspace", symlinks=True)
     shutil.copytree(task.tests_dir, scratch / "tests", symlinks=True)
@@ -111,6 +115,14 @@ def _prepare(task: Task, workspace: Path) -> Path:
     (scratch / "conftest.py").write_text(_CONFTEST)
     (scratch / "verifier").mkdir()
     (scratch / "tmp").mkdir()
+    if user is not None:
+        for top in ("workspace", "tests", "verifier", "tmp"):
+            os.lchown(scratch / top, *user)
+            for dirpath, dirnames, filenames in os.walk(scratch / top):
+                for name in dirnames + filenames:
+                    os.lchown(os.path.join(dirpath, name), *user)
+        # readable, not writable: Python imports conftest.py from a folder it can list
+        os.chmod(scratch, 0o755)
     return scratch
 
 
@@ -120,10 +132,14 @@ async def verify(
     *,
     limits: Limits = Limits(),
     python: str = sys.executable,
+    user: tuple[int, int] | None = None,
+    mounts: Mounts | None = None,
 ) -> Score:
     """Run `task`'s hidden verifier on a copy of `workspace`; the workspace is never modified.
 
-    The verifier gets `task.spec.verifier.timeout_s` seconds of wall clock; each pytest test
+    `user` = (uid, gid): the verifier (and the agent code its tests import) runs as that user,
+    owning its copy (needs root). `mounts`: it runs in that mount namespace, with its copy added
+    to `mounts.writable` (so with `read_only` it writes nowhere else). The verifier gets `task.spec.verifier.timeout_s` seconds of wall clock; each pytest test
     `test_timeout_s`. Raises `VerifierError` when it hangs past its limit, crashes (pytest usage
     or internal error, no tests collected) or reports nothing usable; `FileNotFoundError` if the
     workspace does not exist.
@@ -132,7 +148,9 @@ async def verify(
     if not workspace.is_dir():
         raise FileNotFoundError(f"workspace {workspace} does not exist")
     spec = task.spec.verifier
-    scratch = await anyio.to_thread.run_sync(_prepare, task, workspace)
+    scratch = await anyio.to_thread.run_sync(_prepare, task, workspace, user)
+    if mounts is not None:
+        mounts = msgspec.structs.replace(mounts, writable=(*mounts.writable, str(scratch)))
     try:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -159,7 +177,7 @@ async def verify(
         with open(scratch / "verifier" / "output.log", "wb") as out:
             result = await run_supervised(
                 argv, cwd=scratch / "workspace", env=env, limits=limits,
-                deadline_s=spec.timeout_s, stdout=out, stderr=out,
+                deadline_s=spec.timeout_s, stdout=out, stderr=out, user=user, mounts=mounts,
             )
         verifier_s = time.monotonic() - t0
         output = tail(scratch / "verifier" / "output.log", 2000)
@@ -194,8 +212,10 @@ async def score_workspace(
     *,
     limits: Limits = Limits(),
     template_ok: dict[str, bool] | None = None,
+    user: tuple[int, int] | None = None,
+    mounts: Mounts | None = None,
 ) -> Score:
-    """`verify`, blaming the workspace when the verifier breaks on it but not on the template.
+    """`verify` (`limits`, `user` and `mounts` passed on), blaming the workspace when the verifier breaks on it but not on the template.
 
     Agent code runs inside the verifier (the tests import it), so it can crash or hang it; that
     must score 0, not drop the execution from training. When `verify` raises `VerifierError`,
@@ -204,12 +224,12 @@ async def score_workspace(
     `num_tests` (or 1); if it fails there too, the `VerifierError` is raised (infrastructure).
     """
     try:
-        return await verify(task, workspace, limits=limits)
+        return await verify(task, workspace, limits=limits, user=user, mounts=mounts)
     except VerifierError as exc:
         cache = template_ok if template_ok is not None else {}
         if task.root not in cache:
             try:
-                await verify(task, task.environment_dir, limits=limits)
+                await verify(task, task.environment_dir, limits=limits, user=user, mounts=mounts)
                 cache[task.root] = True
             except VerifierError:
                 cache[task.root] = False

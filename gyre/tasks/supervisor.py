@@ -6,7 +6,9 @@ only, so it starts fast and imports nothing of gyre). It marks itself a child su
 after `setsid` and double forks; forks the command with resource limits (`RLIMIT_CPU`,
 `RLIMIT_AS`, `RLIMIT_NPROC`, `RLIMIT_FSIZE`) and, when the settings name a `uid` and `gid`, drops
 to that user right before exec (no supplementary groups, `PR_SET_NO_NEW_PRIVS`; the supervisor
-keeps its own user, so it can still signal the tree); on SIGTERM forwards SIGTERM to the whole
+keeps its own user, so it can still signal the tree). With `mounts` in the settings the child
+first enters a private mount namespace (`enter_mount_namespace`) where folders are hidden under
+empty tmpfs, a few are bound back at their real paths, and the tree may be made read-only. On SIGTERM forwards SIGTERM to the whole
 tree; when the command exits, SIGKILLs what it left behind and exits with the command's status
 (128 + N when signal N killed it). If the harness process dies, it kills the tree and exits. Also
 owns the /proc scan (`descendants`) that the harness uses to kill a tree. Knows nothing about
@@ -24,11 +26,20 @@ import sys
 import threading
 import time
 
-__all__ = ["descendants", "live_descendants", "kill_descendants", "main"]
+__all__ = ["descendants", "live_descendants", "kill_descendants", "enter_mount_namespace", "main"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
+
+# <sched.h>, <sys/mount.h>, <linux/mount.h>; mount_setattr is 442 on every architecture (the
+# syscall numbers added since Linux 5.1 are shared), and needs Linux >= 5.12.
+_CLONE_NEWNS = 0x00020000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+_SYS_MOUNT_SETATTR = 442
+_AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 1
+_PRIVATE_TMP_BYTES = 1 << 30
+"""Size limit of each fresh writable tmpfs (`private` folders), bytes."""
 
 
 def _process_table() -> dict[int, tuple[int, str]]:
@@ -139,8 +150,128 @@ def _drop_user(uid: int, gid: int) -> None:
         raise OSError(f"still uid={os.getuid()}/{os.geteuid()} gid={os.getgid()} groups={os.getgroups()}")
 
 
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    return libc
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _mount(libc: ctypes.CDLL, source: str | None, target: str, fstype: str | None, flags: int,
+           data: str | None = None) -> None:
+    enc = lambda v: None if v is None else os.fsencode(v)  # noqa: E731
+    _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)),
+           f"mount({source!r}, {target!r}, {fstype!r}, {flags:#x}, {data!r})")
+
+
+def _depth(path: str) -> int:
+    return len([part for part in path.split("/") if part])
+
+
+def enter_mount_namespace(mounts: dict) -> None:
+    """Move the calling process into a private mount namespace laid out by `mounts` (root only).
+
+    `mounts` (all paths absolute; a missing one is skipped):
+    - `read_only`: every mount becomes read-only first (`mount_setattr(AT_RECURSIVE)`);
+    - `hide`: folders covered by an empty tmpfs (0755), made read-only at the end;
+    - `private`: folders covered by a fresh writable tmpfs (1777, `_PRIVATE_TMP_BYTES`), e.g. /tmp;
+    - `expose` (read-only) and `writable`: folders bound back at their own path (their content as
+      seen before anything was hidden; missing parents are created 0755 on the covering tmpfs).
+    Operations run shallowest path first (at one path: cover, then bind), so a folder exposed
+    under a hidden one, or hidden under an exposed one, ends as asked. Changes to this namespace
+    never reach the node's. The working folder is looked up again by path at the end. Raises `OSError` (errno set) when a step fails; the caller must not
+    run the command then. Linux only; needs CAP_SYS_ADMIN.
+    """
+    libc = _libc()
+    cwd = os.getcwd()
+    _check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing propagates back to the node
+    binds: dict[str, tuple[int, bool]] = {}
+    try:
+        for key, writable in (("expose", False), ("writable", True)):
+            for path in mounts.get(key, ()):
+                if os.path.isdir(path):  # opened before anything is covered
+                    binds[path] = (os.open(path, os.O_PATH | os.O_CLOEXEC), writable)
+        if mounts.get("read_only"):
+            attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
+            _check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr),
+                                ctypes.sizeof(attr)), "mount_setattr(/, AT_RECURSIVE, MOUNT_ATTR_RDONLY)")
+        ops = [(p, 0, "hide") for p in mounts.get("hide", ())]
+        ops += [(p, 0, "private") for p in mounts.get("private", ())]
+        ops += [(p, 1, "bind") for p in binds]
+        covers: list[str] = []
+        hidden: list[str] = []
+        for path, _order, kind in sorted(ops, key=lambda op: (_depth(op[0]), op[1])):
+            if kind == "bind":
+                fd, writable = binds[path]
+                if not any(path == c or path.startswith(c.rstrip("/") + "/") for c in covers) and not (
+                    writable and mounts.get("read_only")
+                ):
+                    continue  # already visible as it is
+                os.makedirs(path, mode=0o755, exist_ok=True)
+                _mount(libc, f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+                ro = 0 if writable else _MS_RDONLY
+                _mount(libc, None, path, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV | ro)
+            elif os.path.isdir(path):  # a path already covered by a shallower tmpfs is gone: skip
+                if kind == "hide":
+                    _mount(libc, "tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
+                    hidden.append(path)
+                else:
+                    _mount(libc, "tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV,
+                           f"mode=1777,size={_PRIVATE_TMP_BYTES}")
+                covers.append(path)
+        for path in hidden:
+            _mount(libc, None, path, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV | _MS_RDONLY)
+        os.chdir(cwd)  # the working folder as this namespace shows it (e.g. its writable bind)
+    finally:
+        for fd, _writable in binds.values():
+            os.close(fd)
+
+
+def probe_mount_namespace() -> str | None:
+    """None if this process may build a mount namespace (`enter_mount_namespace`), else why not.
+
+    Forks a child that tries (unshare, a private tmpfs, `mount_setattr`) and reports back; the
+    caller's own namespace is untouched."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            enter_mount_namespace({"read_only": True, "hide": ["/mnt"], "private": ["/tmp"],
+                                   "expose": ["/tmp"]})
+            os._exit(0)
+        except BaseException as exc:  # noqa: BLE001 - report any failure to the parent
+            os.write(write, str(exc).encode()[:500])
+            os._exit(1)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        reason = f.read().decode(errors="replace")
+    _, wstatus = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(wstatus) == 0:
+        return None
+    return reason or f"probe exited with status {os.waitstatus_to_exitcode(wstatus)}"
+
+
 def main(argv: list[str]) -> int:
-    """Settings JSON: the `Limits` fields, and optionally `uid` and `gid` to run the command as."""
+    """Settings JSON: the `Limits` fields; optionally `uid` and `gid` to run the command as, and
+    `mounts` (see `enter_mount_namespace`). `--probe-mounts` alone: exit 0 if a mount namespace
+    can be built, else print why and exit 1."""
+    if argv == ["--probe-mounts"]:
+        reason = probe_mount_namespace()
+        if reason is not None:
+            sys.stderr.write(reason + "\n")
+        return 0 if reason is None else 1
     if len(argv) < 3 or argv[1] != "--":
         sys.stderr.write("usage: supervisor.py '<settings json>' -- command [args...]\n")
         return 2
@@ -182,6 +313,8 @@ def main(argv: list[str]) -> int:
     if child == 0:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if limits.get("mounts") is not None:
+                enter_mount_namespace(limits["mounts"])
             _apply_limits(limits)
             if limits.get("uid") is not None:
                 _drop_user(int(limits["uid"]), int(limits["gid"]))

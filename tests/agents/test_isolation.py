@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from gyre.agents.harness import REACT_AGENT, ExecutionControl, Harness, mint_api_key
-from gyre.tasks.sandbox import Limits, run_supervised
+from gyre.tasks.sandbox import Limits, mount_namespace_problem, run_supervised
 from gyre.tasks.task import load_task
 from tests.agents.drive import run_policy
 from tests.agents.openai_server import tool_call_message
@@ -78,15 +78,18 @@ def open_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-async def test_agent_cannot_read_hidden_tests_or_other_workspaces(open_dir: Path, server, bridge) -> None:
+@pytest.mark.parametrize("mounts", [True, False], ids=["mount-namespace", "uid-only"])
+async def test_agent_cannot_read_hidden_tests_or_other_workspaces(open_dir: Path, server, bridge, mounts: bool) -> None:
+    if mounts and mount_namespace_problem() is not None:
+        pytest.skip(f"no mount namespace here: {mount_namespace_problem()}")
     task = load_task(make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 30.0\n", tests=TESTS))
     (task.path / "solution").mkdir()
     (task.path / "solution" / "oracle.json").write_text("{}")
     hidden = task.tests_dir / "test_out.py"
     assert stat.S_IMODE(os.stat(task.tests_dir).st_mode) == 0o755  # world-readable, as in a checkout
     harness = Harness(base_url=server.base_url, workspace_root=open_dir / "executions", kill_grace_s=0.5,
-                      agent_uid_base=UID_BASE, agent_uid_count=64)
-    assert harness.isolated
+                      agent_uid_base=UID_BASE, agent_uid_count=64, isolate_mounts=mounts)
+    assert harness.isolated and (harness.mounts is not None) == mounts
     holder_secret = harness.execution_dir("holder") / "workspace" / "secret.txt"
     holder_control = ExecutionControl()
 
@@ -109,7 +112,9 @@ async def test_agent_cannot_read_hidden_tests_or_other_workspaces(open_dir: Path
         assert alive(holder_pid)  # the holder ran all along
         holder_control.stop("timeout")
     result = json.loads(probe.stdout_tail)
-    assert (result["tests"], result["other"], result["solution"]) == ("PermissionError",) * 3
+    # covered by the namespace: gone; by modes alone: refused
+    refused = "FileNotFoundError" if mounts else "PermissionError"
+    assert (result["tests"], result["other"], result["solution"]) == (refused,) * 3
     assert result["instruction"] == task.instruction
     assert UID_BASE <= result["uid"] < UID_BASE + 64 and UID_BASE <= holder_uid < UID_BASE + 64
     assert result["uid"] != holder_uid
@@ -148,8 +153,9 @@ async def test_unreachable_workspace_root_runs_agents_as_root_with_a_warning(
     tmp_path: Path, server, caplog: pytest.LogCaptureFixture
 ) -> None:
     # pytest's tmp_path lies under a 0700 folder of root: no other user can reach a workspace there
+    # (without the mount namespace: with it, /tmp is the agent's own and the folder is bound back)
     with caplog.at_level(logging.WARNING, logger="gyre.agents.harness"):
-        harness = Harness(base_url=server.base_url, workspace_root=tmp_path / "executions")
+        harness = Harness(base_url=server.base_url, workspace_root=tmp_path / "executions", isolate_mounts=False)
     assert not harness.isolated
     assert stat.S_IMODE(os.stat(harness.workspace_root).st_mode) == 0o700
     assert any("cannot be reached by other users" in r.getMessage() for r in caplog.records)
@@ -188,9 +194,10 @@ def closed_to_others(path: Path) -> Path | None:
 async def test_reference_agent_runs_as_its_own_uid(open_dir: Path, server, bridge) -> None:
     import gyre
 
+    mounts = mount_namespace_problem() is None  # the namespace binds the interpreter back
     for needed in (Path(sys.executable), Path(gyre.__file__)):
         closed = closed_to_others(needed)
-        if closed is not None:  # e.g. a venv under /root (0700): the harness warns and runs as root
+        if closed is not None and not mounts:  # e.g. a venv under /root (0700): the harness warns and runs as root
             pytest.skip(f"{needed} is not reachable by other users ({closed} has mode "
                         f"{stat.S_IMODE(os.stat(closed).st_mode):o})")
     task = load_task(make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 60.0\n", tests=TESTS))
@@ -213,5 +220,5 @@ async def test_reference_agent_runs_as_its_own_uid(open_dir: Path, server, bridg
     assert outcome.termination == "finished", outcome.stderr_tail
     assert outcome.score.score == 1.0 and harness.statistics().isolated == 1
     ran = next(m["content"] for m in seen if m["role"] == "tool" and "exit code" in m["content"])
-    assert "Permission denied" in ran and "def test_out" not in ran
+    assert ("No such file or directory" if mounts else "Permission denied") in ran and "def test_out" not in ran
     assert int(ran.split("\n")[1]) >= UID_BASE

@@ -1,0 +1,204 @@
+"""Agents and verifiers in a private mount namespace (root with CAP_SYS_ADMIN, as on this machine
+and CI): the venv's Python under a private /root still runs them as their own uid, and they reach
+neither hidden tests, other workspaces, the run folder nor /root; a verifier writes only its copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gyre.agents.harness import Harness
+from gyre.config import HarnessConfig
+from gyre.tasks.sandbox import Limits, Mounts, mount_namespace_problem, run_supervised
+from gyre.tasks.scorer import verify
+from gyre.tasks.task import load_task
+from tests.agents.drive import run_policy
+from tests.tasks.test_task import make_task
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(os.geteuid() != 0 or mount_namespace_problem() is not None,
+                       reason=f"needs root with CAP_SYS_ADMIN: {mount_namespace_problem()}"),
+]
+
+UID_BASE = 310_000
+
+ROOT_FILE = next((p for p in ("/root/.profile", "/root/.bashrc") if os.path.isfile(p)), None)
+
+TESTS = {"test_out.py": "def test_out():\n    assert open('out.txt').read() == 'mine'\n"}
+
+# Run by the venv's own interpreter (which lives under /root here): tries every forbidden path.
+PROBE = """
+import json, os, sys
+def attempt(path):
+    try:
+        open(path).read()
+        return "read"
+    except Exception as exc:
+        return type(exc).__name__
+import gyre  # the package is bound back for the reference agent
+result = {"uid": os.getuid(), "python": sys.base_prefix, "gyre": gyre.__file__,
+          "tests": attempt(sys.argv[1]), "solution": attempt(sys.argv[2]),
+          "sibling_tests": attempt(sys.argv[3]), "other": attempt(sys.argv[4]),
+          "call_log": attempt(sys.argv[5]), "root": attempt(sys.argv[6]), "root_list": sorted(os.listdir("/root"))}
+open("out.txt", "w").write("mine")
+print(json.dumps(result))
+"""
+
+
+@pytest.fixture
+def run_dir():
+    """A run folder as the loop makes it: under a 0755 parent (this checkout's is root's, 0755)."""
+    path = Path(tempfile.mkdtemp(prefix="gyre-mounts-", dir="/tmp"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def config_harness(server, run_dir: Path, **kw) -> Harness:
+    config = HarnessConfig(agent_uid_base=UID_BASE, agent_uid_count=64, kill_grace_s=0.5, **kw)
+    return Harness.from_config(config, base_url=server.base_url, run_dir=run_dir)
+
+
+async def test_agent_on_the_venv_python_reaches_only_its_workspace(run_dir: Path, server, bridge) -> None:
+    if ROOT_FILE is None:
+        pytest.skip("no file in /root to try")
+    suite = run_dir / "suite"
+    task = load_task(make_task(suite / "t", toml="[agent]\ndeadline_s = 60.0\n", tests=TESTS))
+    (task.path / "solution").mkdir()
+    (task.path / "solution" / "oracle.json").write_text("{}")
+    sibling = load_task(make_task(suite / "u", tests={"test_secret.py": "SECRET = 1\n"}))
+    harness = config_harness(server, run_dir)
+    assert harness.isolated and harness.mounts is not None
+    # another execution's files, and the run's call log, both readable by anyone on the host
+    other = harness.execution_dir("other") / "workspace"
+    other.mkdir(parents=True)
+    (other / "secret.txt").write_text("other")
+    (run_dir / "calls.log").write_bytes(b"calls")
+    for path in (other / "secret.txt", run_dir / "calls.log", sibling.tests_dir / "test_secret.py"):
+        assert os.stat(path).st_mode & stat.S_IROTH
+    argv = [str(task.tests_dir / "test_out.py"), str(task.solution_dir / "oracle.json"),
+            str(sibling.tests_dir / "test_secret.py"), str(other / "secret.txt"), str(run_dir / "calls.log"), ROOT_FILE]
+    outcome = await run_policy(harness, server, bridge, task, "probe",
+                               lambda call: {"role": "assistant", "content": "ok"},
+                               agent_command=[sys.executable, "-c", f"import urllib.request, os, json\n{PROBE}"
+                                              + CALL, *argv])
+    assert outcome.termination == "finished", (outcome.failure_reason, outcome.stdout_tail, outcome.stderr_tail)
+    result = json.loads(outcome.stdout_tail.splitlines()[0])
+    assert UID_BASE <= result["uid"] < UID_BASE + 64  # not root: the venv's Python was reachable
+    assert result["python"] == sys.base_prefix and result["gyre"].startswith(str(Path(__file__).parents[2]))
+    for key in ("tests", "solution", "sibling_tests", "other", "call_log", "root"):
+        assert result[key] == "FileNotFoundError", key
+    assert result["root_list"] == [".pyenv"] if sys.base_prefix.startswith("/root/.pyenv/") else True
+    # the agent's own work is scored, by a verifier that also ran as its uid
+    assert (outcome.score.passed, outcome.score.total) == (1, 1)
+    assert harness.statistics().isolated == 1
+
+
+# one model call, so the execution counts (a run without one is an infrastructure failure)
+CALL = """
+body = json.dumps({"model": "gyre", "messages": [{"role": "user", "content": "hi"}]}).encode()
+headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"}
+urllib.request.urlopen(urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, headers)).read()
+"""
+
+
+# Agent-written code that the hidden test imports: it tries to write outside the verification copy.
+ESCAPE = """
+import os
+def attempt(path):
+    try:
+        with open(path, "w") as f:
+            f.write("escaped")
+        return "written"
+    except OSError as exc:
+        return exc.errno
+RESULTS = {name: attempt(path) for name, path in PATHS.items()}
+RESULTS["own"] = attempt("own.txt")
+RESULTS["uid"] = os.getuid()
+"""
+
+ESCAPE_TEST = """
+import errno, os
+from escape import RESULTS
+
+def test_runs_as_the_agent_uid():
+    assert RESULTS["uid"] >= 1000
+
+def test_writes_its_own_copy():
+    assert (RESULTS["own"], open("own.txt").read()) == ("written", "escaped")
+
+def test_host_tmp_is_private():
+    assert RESULTS["host_tmp"] == "written"  # a fresh tmpfs: the host's /tmp is untouched (checked outside)
+
+def test_world_writable_host_folder_is_read_only():
+    assert RESULTS["open_folder"] == errno.EROFS
+
+def test_task_and_original_workspace_are_out_of_sight():
+    assert (RESULTS["task"], RESULTS["original"]) == (errno.ENOENT, errno.ENOENT)
+"""
+
+
+async def test_verifier_runs_agent_code_unprivileged_and_writes_only_its_copy(run_dir: Path) -> None:
+    shared = Path(tempfile.mkdtemp(prefix="gyre-open-", dir="/run"))  # world-writable on the host
+    os.chmod(shared, 0o777)
+    marker = f"/tmp/gyre-escape-{secrets.token_hex(4)}"
+    try:
+        task = load_task(make_task(run_dir / "suite" / "t", toml="[verifier]\nnum_tests = 5\n",
+                                   tests={"test_escape.py": ESCAPE_TEST}))
+        workspace = run_dir / "ws"
+        workspace.mkdir()
+        paths = {"host_tmp": marker, "open_folder": str(shared / "x"), "task": str(task.tests_dir / "x"),
+                 "original": str(workspace / "x")}
+        (workspace / "escape.py").write_text(f"PATHS = {paths!r}\n{ESCAPE}")
+        mounts = Mounts(hide=("/root",), private=("/tmp", "/var/tmp", "/dev/shm"),
+                        expose=tuple(sorted({sys.prefix, sys.base_prefix, os.path.realpath(sys.base_prefix)})),
+                        read_only=True)
+        score = await verify(task, workspace, user=(UID_BASE + 7, UID_BASE + 7), mounts=mounts,
+                             limits=Limits(max_processes=64))
+        assert score.failed_tests == () and (score.passed, score.total) == (5, 5)
+        assert not os.path.exists(marker)
+        assert os.listdir(shared) == []
+        assert not (task.tests_dir / "x").exists() and not (workspace / "x").exists()
+        assert sorted(os.listdir(workspace)) == ["escape.py"]
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        if os.path.exists(marker):
+            os.unlink(marker)
+
+
+async def test_a_failed_namespace_is_a_clear_127(run_dir: Path) -> None:
+    # bind a folder that cannot be created: the tree under a read-only root has no such parent
+    with open(run_dir / "out", "wb") as out:
+        result = await run_supervised(
+            ["true"], cwd="/", env={"PATH": os.environ["PATH"]}, limits=Limits(), deadline_s=30,
+            stdout=out, stderr=out, mounts=Mounts(read_only=True, expose=(str(run_dir),),
+                                                  hide=(str(run_dir),), writable=("/proc/nonexistent",)),
+        )
+    assert result.exit_code == 0  # a missing folder is skipped, the rest applies
+    with open(run_dir / "out", "wb") as out:
+        result = await run_supervised(
+            ["sh", "-c", "echo x > /etc/gyre-should-fail"], cwd="/", env={"PATH": os.environ["PATH"]},
+            limits=Limits(), deadline_s=30, stdout=out, stderr=out, mounts=Mounts(read_only=True),
+        )
+    assert result.exit_code != 0 and "Read-only file system" in (run_dir / "out").read_text()
+    assert not os.path.exists("/etc/gyre-should-fail")
+
+
+def test_mounts_and_hidden_paths_are_validated() -> None:
+    with pytest.raises(ValueError, match="normalised absolute"):
+        Mounts(hide=("tmp",))
+    with pytest.raises(ValueError, match="normalised absolute"):
+        Mounts(expose=("/a/../b",))
+    with pytest.raises(ValueError, match="must be absolute"):
+        HarnessConfig(hidden_paths=("root",))
+    with pytest.raises(ValueError, match="must be absolute"):
+        Harness(base_url="http://127.0.0.1:1/v1", hidden_paths=("root",))
