@@ -1,5 +1,6 @@
 """The shipped task suites, generated from a seed: `nl2repo-mini`, `terminal-mini`,
-`multiagent-mini` and `learnable`.
+`multiagent-mini`, `learnable` and `longtail` (the schedule benchmark's workload, for the agent
+`gyre.agents.longtail`).
 
 Owns the generators (`generate_suite`, `generate_all`, `SUITES`) and `learnable_examples` (fresh
 instruction + solution pairs of the `learnable` kind for warm-start demonstrations). Every task is
@@ -718,6 +719,51 @@ def learnable_examples(count: int, seed: int) -> list[tuple[str, Solution]]:
 
 
 # --------------------------------------------------------------------------------------------
+# longtail: the schedule benchmark's workload (`python -m gyre.agents.longtail` writes result.json)
+
+_LONGTAIL_CHECK_PY = '''"""Scores result.json: turns done / turns planned; 0 without a readable file."""
+import json
+import os
+
+passed, total = 0, 1
+try:
+    with open("result.json") as f:
+        data = json.load(f)
+    planned, done = int(data["turns_planned"]), int(data["turns_done"])
+    if planned >= 1:
+        passed, total = max(0, min(done, planned)), planned
+except (OSError, ValueError, KeyError, TypeError):
+    pass
+with open(os.path.join(os.environ["GYRE_REWARD_DIR"], "reward.json"), "w") as f:
+    json.dump({"passed": passed, "total": total}, f)
+'''
+
+_LT_SYSTEMS = ["billing", "search", "auth", "storage", "scheduler", "gateway", "mailer", "indexer", "cache",
+               "ledger", "metrics", "uploader"]
+_LT_CHORES = ["port the {s} service to the new build system", "find why the {s} tests are flaky",
+              "refactor the {s} module into smaller packages", "add tracing to every {s} endpoint",
+              "migrate the {s} configuration to TOML", "raise the {s} test coverage above 90%"]
+
+
+def _longtail_task(index: int, seed: int) -> TaskFiles:
+    rng = random.Random(f"{seed}:longtail:{index}")
+    system = rng.choice(_LT_SYSTEMS)
+    chore = rng.choice(_LT_CHORES).format(s=system)
+    result = json.dumps({"turns_planned": 1, "turns_done": 1, "finished": True}) + "\n"
+    return TaskFiles(
+        name=f"{index:03d}-{system}",
+        instruction=f"# Long-horizon task\n\nIn the {system} repository, {chore}. Work in small steps; "
+                    "each step runs a long tool call.\n",
+        difficulty=1, tags=("longtail", "benchmark"),
+        deadline_s=3600.0, max_turns=64, token_budget=65536, group_size=4,
+        environment={}, tests={"test.sh": _TEST_SH, "check.py": _LONGTAIL_CHECK_PY},
+        solution=Solution(main=[Step(tool="write_file", arguments={"path": "result.json", "content": result},
+                                     tests_passing=1)]),
+        verifier_kind="script", verifier_timeout_s=60.0,
+    )
+
+
+# --------------------------------------------------------------------------------------------
 # suites
 
 
@@ -732,6 +778,7 @@ SUITES: dict[str, Callable[[int], list[TaskFiles]]] = {
     "terminal-mini": lambda seed: [_terminal_task(i, seed) for i in range(33)],
     "multiagent-mini": lambda seed: [_nl2repo_task(i, seed, "multiagent-mini", True) for i in range(21)],
     "learnable": _learnable_suite,
+    "longtail": lambda seed: [_longtail_task(i, seed) for i in range(16)],
 }
 """Suite name -> generator of its tasks from a seed."""
 

@@ -19,7 +19,7 @@ from gyre.tasks.task import load_suite
 from tests.agents.drive import HALF_ORACLE_DEADLINE_S, oracle_policy, run_policy, with_deadline
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
-MIN_TASKS = {"nl2repo-mini": 50, "terminal-mini": 30, "multiagent-mini": 20, "learnable": 30}
+MIN_TASKS = {"nl2repo-mini": 50, "terminal-mini": 30, "multiagent-mini": 20, "learnable": 30, "longtail": 16}
 
 
 @pytest.fixture
