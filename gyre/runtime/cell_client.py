@@ -1,9 +1,12 @@
 """The node's view of a cell: `CellClient` (the `InferenceEngine` protocol over HTTP) and start-up.
 
-Owns `CellClient`, `CellProcess`, `spawn_cell`, `wait_cell_ready` and `open_cell`. The client runs
-on anyio + httpx, so it works on the node's trio loop and on asyncio; code above it cannot tell a
-cell from the scripted engine. Every wait is bounded (DESIGN.md invariant 7): requests by
-`request_timeout_s`, weight loads by `weight_load_timeout_s`, start-up by `startup_timeout_s`.
+Owns `CellClient`, `CellProcess`, `spawn_cell`, `wait_cell_ready`, `open_cell` and `open_cells`
+(n cells around a node-hosted gradient-group store). The client runs on anyio + httpx, so it works
+on the node's trio loop and on asyncio; code above it cannot tell a cell from the scripted engine.
+Besides the `InferenceEngine` protocol it drives the cell's role and trainer (`switch_role`,
+`train`, `send_gradients`, `receive_gradients`, `step`, ...). Every wait is bounded (DESIGN.md
+invariant 7): requests by `request_timeout_s`, weight loads by `weight_load_timeout_s`, training
+calls and switches by `TrainerConfig.train_timeout_s`, start-up by `startup_timeout_s`.
 Knows nothing about what the cell runs inside (vLLM, DeepSpeed).
 """
 
@@ -16,15 +19,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import anyio
 import httpx
 import msgspec
 
-from gyre.config import EngineConfig
+from gyre.config import EngineConfig, RLConfig, TrainerConfig
 from gyre.engines.protocol import Completion, EngineStatistics, GenerateRequest, KVExport, TokenDelta
 from gyre.errors import (
     EngineError,
@@ -34,19 +37,30 @@ from gyre.errors import (
     WeightSyncError,
     error_from_code,
 )
+from gyre.engines.trainer import AccumulateStatistics
 from gyre.runtime.cell_wire import (
     AbortRequest,
+    CellStatistics,
+    CheckpointRequest,
     ExportKVRequest,
     FrameReader,
     Health,
     LoadWeightsRequest,
+    ReceiveGradientsRequest,
     ReleaseKVRequest,
+    SendGradientsRequest,
+    StepRequest,
+    StepResult,
+    SwitchRequest,
+    SwitchResult,
+    TrainRequest,
     WireError,
     decode,
     encode,
 )
+from gyre.trajectory.pack import PackedBatch
 
-__all__ = ["CellClient", "CellProcess", "spawn_cell", "wait_cell_ready", "open_cell"]
+__all__ = ["CellClient", "CellProcess", "spawn_cell", "wait_cell_ready", "open_cell", "open_cells", "StepResult"]
 
 _HEADERS = {"Content-Type": "application/msgpack"}
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -69,9 +83,14 @@ class CellClient:
     fetched by the last `refresh_statistics()` (HTTP cannot be called synchronously).
     """
 
-    def __init__(self, base_url: str, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(
+        self, base_url: str, config: EngineConfig = EngineConfig(), trainer_config: TrainerConfig | None = None
+    ) -> None:
         self.base_url = base_url
         self.config = config
+        self.trainer_config = trainer_config or TrainerConfig()
+        self.rank: int | None = None
+        """The cell's rank in the run-wide gradient group (set by `open_cells`)."""
         self._http: httpx.AsyncClient | None = None
         self._stats: EngineStatistics | None = None
 
@@ -193,6 +212,70 @@ class CellClient:
             raise EngineUnavailableError("no statistics fetched yet: call refresh_statistics()")
         return self._stats
 
+    # -- role and training (bounded by TrainerConfig.train_timeout_s) ---------------------------
+
+    @property
+    def _train_timeout_s(self) -> float:
+        return self.trainer_config.train_timeout_s
+
+    async def switch_role(self, role: str, snapshot: str | None = None, version: int = 0) -> float:
+        """Switch the cell to `role` ("rollout" or "train"); returns the seconds the switch took in
+        the cell (0 when already there). To "train": in-flight requests are aborted (drain them
+        first), the engine paused, `snapshot` (if given) loaded into the trainer as `version`. To
+        "rollout": refused (`InvalidRequestError`) while the trainer holds unsent gradients;
+        `snapshot` loaded into the engine when `version` differs from its own. Raises
+        `InvalidRequestError` for an unknown role or a cell without a trainer."""
+        body = await self._post("/switch", SwitchRequest(role=role, snapshot=snapshot, version=version), self._train_timeout_s)
+        return decode(body, SwitchResult).seconds
+
+    async def train(
+        self, micro_batches: Sequence[PackedBatch], advantages: Mapping[str, float | None]
+    ) -> AccumulateStatistics:
+        """Accumulate the gradients of `micro_batches` in the cell's trainer (role "train"; no step).
+        Raises `InvalidRequestError` in another role, for no micro-batches or an execution
+        without an advantage (nothing is accumulated then)."""
+        request = TrainRequest(micro_batches=list(micro_batches), advantages=dict(advantages))
+        return decode(await self._post("/train", request, self._train_timeout_s), AccumulateStatistics)
+
+    async def load_trainer_weights(self, snapshot: str, version: int) -> None:
+        """Load a weight snapshot into the cell's trainer (a satellite syncing to the core).
+        Raises `InvalidRequestError` for a bad snapshot or while gradients are held."""
+        await self._post("/load_trainer_weights", LoadWeightsRequest(snapshot, version), self._train_timeout_s)
+
+    async def send_gradients(self, dst: int) -> None:
+        """Satellite: send the accumulated flat gradient to rank `dst` (the core, which must call
+        `receive_gradients` concurrently), then zero it. A failed send keeps the gradients."""
+        await self._post("/send_gradients", SendGradientsRequest(dst=dst), self._train_timeout_s)
+
+    async def receive_gradients(self, src: int) -> None:
+        """Core: receive rank `src`'s flat gradient and add it to the accumulation."""
+        await self._post("/receive_gradients", ReceiveGradientsRequest(src=src), self._train_timeout_s)
+
+    async def step(self, snapshot_root: str) -> StepResult:
+        """Core: one optimizer step on everything accumulated and received; when applied, the new
+        weights are saved under `snapshot_root/v<version>` (`StepResult.snapshot`)."""
+        return decode(await self._post("/step", StepRequest(snapshot_root=str(snapshot_root)), self._train_timeout_s), StepResult)
+
+    async def save_checkpoint(self, path: str) -> None:
+        """Core: write a DeepSpeed checkpoint (weights, optimizer state, version) at `path`."""
+        await self._post("/save_checkpoint", CheckpointRequest(path=str(path)), self._train_timeout_s)
+
+    async def load_checkpoint(self, path: str) -> None:
+        """Core: restore a DeepSpeed checkpoint; `InvalidRequestError` when there is none."""
+        await self._post("/load_checkpoint", CheckpointRequest(path=str(path)), self._train_timeout_s)
+
+    async def cell_statistics(self) -> CellStatistics:
+        """The cell's role, trainer version and gradient traffic, fetched now."""
+        try:
+            with anyio.fail_after(30):
+                response = await self.http.get("/cell_statistics")
+        except TimeoutError:
+            raise EngineTimeoutError(f"cell {self.base_url} /cell_statistics: no answer within 30 s") from None
+        except httpx.TransportError as exc:
+            raise EngineUnavailableError(f"cell {self.base_url} /cell_statistics: {exc!r}") from None
+        _raise_for(response, response.content)
+        return decode(response.content, CellStatistics)
+
 
 class CellProcess(msgspec.Struct, kw_only=True):
     """A spawned cell worker: its process, where it writes its port, and its log file."""
@@ -227,8 +310,15 @@ def spawn_cell(
     log_path: str | Path,
     host: str = "127.0.0.1",
     port: int = 0,
+    trainer_config: TrainerConfig | None = None,
+    rl_config: RLConfig | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    group_store: str | None = None,
 ) -> CellProcess:
-    """Start a cell worker process (returns at once; see `wait_cell_ready`)."""
+    """Start a cell worker process (returns at once; see `wait_cell_ready`). With `trainer_config`
+    the cell also holds a trainer on `model_dir`; with `rank`, `world_size` and `group_store`
+    ("HOST:PORT" of `host_group_store`) it joins the run-wide gradient group."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     port_file = Path(tempfile.mkdtemp(prefix="gyre-cell-")) / "port"
@@ -238,6 +328,12 @@ def spawn_cell(
         "--engine-config", msgspec.json.encode(config).decode(),
         "--host", host, "--port", str(port), "--port-file", str(port_file),
     ]
+    if trainer_config is not None:
+        cmd += ["--trainer-config", msgspec.json.encode(trainer_config).decode()]
+    if rl_config is not None:
+        cmd += ["--rl-config", msgspec.json.encode(rl_config).decode()]
+    if group_store is not None:
+        cmd += ["--rank", str(rank), "--world-size", str(world_size), "--group-store", group_store]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
@@ -293,14 +389,81 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 @asynccontextmanager
 async def open_cell(
-    model_dir: str | Path, config: EngineConfig, *, log_path: str | Path, host: str = "127.0.0.1"
+    model_dir: str | Path,
+    config: EngineConfig,
+    *,
+    log_path: str | Path,
+    host: str = "127.0.0.1",
+    trainer_config: TrainerConfig | None = None,
+    rl_config: RLConfig | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    group_store: str | None = None,
 ) -> AsyncIterator[CellClient]:
     """Spawn a cell, wait until it serves, yield its client; stop the process on exit."""
-    cell = spawn_cell(model_dir, config, log_path=log_path, host=host)
+    cell = spawn_cell(
+        model_dir, config, log_path=log_path, host=host, trainer_config=trainer_config, rl_config=rl_config,
+        rank=rank, world_size=world_size, group_store=group_store,
+    )
     try:
         url = await anyio.to_thread.run_sync(wait_cell_ready, cell, config.startup_timeout_s, host)
-        async with CellClient(url, config) as client:
+        async with CellClient(url, config, trainer_config) as client:
+            client.rank = rank
             yield client
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(cell.stop)
+
+
+@asynccontextmanager
+async def open_cells(
+    n: int,
+    model_dir: str | Path,
+    config: EngineConfig,
+    *,
+    log_dir: str | Path,
+    trainer_config: TrainerConfig | None = None,
+    rl_config: RLConfig | None = None,
+    host: str = "127.0.0.1",
+) -> AsyncIterator[list[CellClient]]:
+    """Start `n` cells at once around a gradient-group store hosted here; yield their clients in
+    rank order (`client.rank` = 0..n-1; logs at `log_dir/cell-<rank>.log`). Without
+    `trainer_config` the cells have no trainer and no group. Every process is stopped on exit; a
+    cell that fails to start stops the others and raises as `wait_cell_ready` does."""
+    if n < 1:
+        raise ValueError(f"n={n} must be >= 1")
+    store = None
+    if trainer_config is not None:
+        from gyre.runtime.grad_group import host_group_store
+
+        store = host_group_store(host, timeout_s=max(config.startup_timeout_s, trainer_config.train_timeout_s))
+    address = None if store is None else f"{host}:{store.port}"
+    processes = [
+        spawn_cell(
+            model_dir, config, log_path=Path(log_dir) / f"cell-{rank}.log", host=host,
+            trainer_config=trainer_config, rl_config=rl_config,
+            rank=None if store is None else rank, world_size=None if store is None else n, group_store=address,
+        )
+        for rank in range(n)
+    ]
+    try:
+        urls: list[str | None] = [None] * n
+
+        async def wait(rank: int) -> None:
+            urls[rank] = await anyio.to_thread.run_sync(wait_cell_ready, processes[rank], config.startup_timeout_s, host)
+
+        async with anyio.create_task_group() as tg:
+            for rank in range(n):
+                tg.start_soon(wait, rank)
+        async with AsyncExitStack() as stack:
+            clients = []
+            for rank, url in enumerate(urls):
+                client = await stack.enter_async_context(CellClient(url, config, trainer_config))
+                client.rank = rank
+                clients.append(client)
+            yield clients
+    finally:
+        with anyio.CancelScope(shield=True):
+            for process in processes:
+                await anyio.to_thread.run_sync(process.stop)
+        del store  # the store outlives every cell that used it

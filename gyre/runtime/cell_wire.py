@@ -1,7 +1,9 @@
 """Wire format of a cell's token-level API: msgspec msgpack bodies and length-prefixed stream frames.
 
 Owns the request/response Structs of the cell API and the frame codec used by `/generate`'s
-streamed body (4-byte big-endian length, then one msgpack `Frame`). Shared by the cell server
+streamed body (4-byte big-endian length, then one msgpack `Frame`). numpy arrays (the fields of
+`PackedBatch`) cross as `[dtype.str, shape, raw bytes]` and decode to an equal array (same
+dtype, shape and bytes). Shared by the cell server
 (asyncio, aiohttp) and the client (anyio, httpx); knows nothing about either.
 """
 
@@ -10,8 +12,11 @@ from __future__ import annotations
 import struct
 
 import msgspec
+import numpy as np
 
 from gyre.engines.protocol import Completion, EngineStatistics, GenerateRequest, KVExport, TokenDelta
+from gyre.engines.trainer import AccumulateStatistics
+from gyre.trajectory.pack import PackedBatch
 
 __all__ = [
     "AbortRequest",
@@ -21,6 +26,16 @@ __all__ = [
     "WireError",
     "Frame",
     "Health",
+    "Role",
+    "SwitchRequest",
+    "SwitchResult",
+    "TrainRequest",
+    "SendGradientsRequest",
+    "ReceiveGradientsRequest",
+    "StepRequest",
+    "StepResult",
+    "CheckpointRequest",
+    "CellStatistics",
     "encode",
     "decode",
     "encode_frame",
@@ -63,18 +78,122 @@ class Frame(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 
 class Health(msgspec.Struct, frozen=True):
-    """`/health`: `starting`, `ready` or `failed` (with the start-up error)."""
+    """`/health`: `starting`, `ready` or `failed` (with the start-up error), the cell's role and
+    its trainer's weight version (None without a trainer)."""
 
     state: str
     error: str | None = None
+    role: str = "rollout"
+    trainer_version: int | None = None
 
 
-_encoder = msgspec.msgpack.Encoder()
+Role = str
+"""A cell's role: `rollout`, `train`, or `switching` (between the two; refuses work)."""
+
+
+class SwitchRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """`/switch`: change role to `rollout` or `train`. `snapshot`: Hugging Face folder to load
+    (into the trainer going to `train`, a satellite; into the engine going to `rollout`, when
+    `version` differs from the engine's); None keeps the weights in place."""
+
+    role: str
+    snapshot: str | None = None
+    version: int = 0
+
+
+class SwitchResult(msgspec.Struct, frozen=True, kw_only=True):
+    seconds: float
+    """Wall time of the switch inside the cell (0 when already in that role)."""
+
+
+class TrainRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """`/train`: accumulate the gradients of these micro-batches (no step)."""
+
+    micro_batches: list[PackedBatch]
+    advantages: dict[str, float | None]
+    """Advantage per execution id (None: no loss); every execution of the micro-batches needs one."""
+
+
+class SendGradientsRequest(msgspec.Struct, frozen=True, kw_only=True):
+    dst: int
+    """Gradient-group rank of the core cell."""
+
+
+class ReceiveGradientsRequest(msgspec.Struct, frozen=True, kw_only=True):
+    src: int
+    """Gradient-group rank of the satellite cell."""
+
+
+class StepRequest(msgspec.Struct, frozen=True, kw_only=True):
+    snapshot_root: str
+    """Folder under which an applied step's weights are saved as `v<version>`."""
+
+
+class StepResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What `/step` did."""
+
+    version: int
+    """Trainer weight version after the step (bumped only when applied)."""
+    applied: bool
+    """False when a non-finite loss or gradient skipped the step."""
+    grad_norm: float | None
+    """Global gradient norm before clipping (None when skipped or not reported: ZeRO 0)."""
+    snapshot: str | None
+    """The saved snapshot folder (None when skipped)."""
+
+
+class CheckpointRequest(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    """DeepSpeed checkpoint folder (weights, optimizer state, version)."""
+
+
+class CellStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /cell_statistics`: the cell's role side (STYLE.md rule 6)."""
+
+    role: str
+    """`rollout`, `train` or `switching`."""
+    trainer_version: int | None
+    """The trainer's weight version (None: no trainer)."""
+    has_gradients: bool
+    """The trainer holds gradients no step or send consumed yet."""
+    switches: int
+    """Completed role switches since start."""
+    last_switch_s: float | None
+    """Wall seconds of the last completed switch."""
+    requests_aborted_by_switch: int
+    """In-flight generate requests aborted by switches to `train`."""
+    group_rank: int | None
+    """Rank in the run-wide gradient group (None: no group)."""
+    gradients_sent: int
+    gradients_received: int
+    micro_batches_trained: int
+    steps_applied: int
+
+
+def _enc_hook(obj: object) -> object:
+    if isinstance(obj, np.ndarray):
+        return (obj.dtype.str, list(obj.shape), np.ascontiguousarray(obj).tobytes())
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def _dec_hook(type_: type, obj: object) -> object:
+    if type_ is np.ndarray:
+        try:
+            dtype, shape, data = obj
+            return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
+        except (TypeError, ValueError) as exc:
+            raise msgspec.ValidationError(f"bad array {type(obj).__name__}: {exc}") from None
+    raise NotImplementedError(f"cannot decode {type_}")
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 _decoders: dict[type, msgspec.msgpack.Decoder] = {
-    t: msgspec.msgpack.Decoder(t)
+    t: msgspec.msgpack.Decoder(t, dec_hook=_dec_hook)
     for t in (
         GenerateRequest, AbortRequest, LoadWeightsRequest, WireError, Frame, Health,
         EngineStatistics, list[Completion], ExportKVRequest, ReleaseKVRequest, KVExport, bool,
+        SwitchRequest, SwitchResult, TrainRequest, SendGradientsRequest, ReceiveGradientsRequest,
+        StepRequest, StepResult, CheckpointRequest, CellStatistics, AccumulateStatistics, PackedBatch,
     )
 }
 _LEN = struct.Struct(">I")
