@@ -1,0 +1,656 @@
+"""The multi-cell node runtime: identical cells move between rollout and training by a policy.
+
+Owns `ElasticRuntime` (the driver) and `StepRecord`. The driver owns the mechanics the pure
+scheduler policies (`gyre.runtime.scheduler`) leave out, exactly as the simulator does for the same
+policy objects: it places dispatched executions on rollout cells (pinned in the `Router`), moves
+them off a cell that leaves rollout (the router redirects their in-flight requests), forms each
+step's batch from finished groups, hands a group's micro-batches to an idle training cell, gathers
+the satellites' gradients on the core cell before its optimizer step, and publishes the new
+weights to the rollout cells. It calls `policy.decide` after every change until no action is left.
+
+Batches (DESIGN.md "step"): executions are dispatched in order, `group_size` per task. Streaming
+(`SchedulerConfig.streaming`): a step's batch is the first `batch_executions // group_size` groups
+to finish, each trained as soon as it finishes; a group finishing after its step's batch is full
+carries over to the next step. Not streaming: step s trains the groups dispatched for it, once all
+of them finished. Every execution's loss weight uses the batch size as denominator (DESIGN.md loss
+normalisation: per execution, then over the batch's executions).
+
+Cells (`Cell`): anything with the `CellClient` methods (generate..., `switch_role`, `train`,
+`load_trainer_weights`, `send_gradients`, `receive_gradients`, `step`) and, optionally, a process
+to watch. Cell 0 is the core. A cell whose process dies is dropped: its executions move to the
+survivors (beyond their capacity until they finish), groups its trainer held are trained again;
+losing the core stops the run with `CellDiedError`.
+
+Every role change and activity interval goes to the run's timeline (`gyre.runtime.timeline`).
+Knows nothing about HTTP, vLLM or DeepSpeed internals.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from gyre.config import RunConfig
+from gyre.errors import GyreError
+from gyre.runtime.batch import TrainingBatch, build_training_batch
+from gyre.agents.harness import Harness
+from gyre.runtime.loop import _with_interpreter, pick_tasks
+from gyre.runtime.metrics import MetricsWriter, StepMetrics
+from gyre.runtime.rollout import Executed, Rollout
+from gyre.runtime.router import Router
+from gyre.runtime.scheduler import (
+    CellView,
+    Dispatch,
+    Role,
+    SchedulerPolicy,
+    SchedulerState,
+    StartStep,
+    SwitchToRollout,
+    SwitchToTrain,
+    make_policy,
+)
+from gyre.runtime.timeline import TimelineWriter
+from gyre.tasks.task import Task
+from gyre.tito.proxy import TitoProxy
+
+__all__ = ["Cell", "CellDiedError", "ElasticRuntime", "StepRecord", "run_cells"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_DECISIONS = 1000
+"""Decisions at one instant before the driver calls the policy stuck (it keeps acting)."""
+_WATCH_S = 0.25
+"""How often cell processes are checked for death."""
+
+
+class CellDiedError(GyreError):
+    """The core cell's process died: its weights and optimizer state are gone."""
+
+    code = "cell_died"
+
+
+class Cell(msgspec.Struct, kw_only=True):
+    """One cell as the driver is given it: a name, its client, and its process if it has one."""
+
+    name: str
+    client: Any
+    """A `CellClient` (or any object with its methods)."""
+    process: Any = None
+    """Something with `poll()` (a `subprocess.Popen`); None: never checked for death."""
+
+
+class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What one step of the elastic runtime did (besides its `StepMetrics` line)."""
+
+    step: int
+    version: int
+    end_s: float
+    """Seconds since the run started when the optimizer step was published."""
+    step_s: float
+    """Seconds since the previous step ended (the run start for step 1)."""
+    groups: int
+    executions: int
+    switches: int
+    """Role switches completed during the step."""
+
+
+class _CellState:
+    def __init__(self, index: int, cell: Cell) -> None:
+        self.index = index
+        self.name = cell.name
+        self.client = cell.client
+        self.process = cell.process
+        self.role: Role = "rollout"
+        self.target: Role | None = None
+        self.executions: set[str] = set()
+        self.busy = False
+        self.trainer_version = 0
+        self.engine_version = 0
+        self.has_grads = False
+        self.trained_groups: list[_Group] = []
+        """Groups of the current step whose gradients sit in this cell's trainer."""
+        self.lock = anyio.Lock()
+        """One trainer operation at a time (a cell's trainer is not reentrant)."""
+        self.alive = True
+        self.kind = "idle"
+        self.since = 0.0
+
+
+class _Group:
+    def __init__(self, index: int, task: Task, size: int) -> None:
+        self.index = index
+        self.task = task
+        self.members: list[Executed | None] = [None] * size
+        self.left = size
+        self.batch: TrainingBatch | None = None
+
+
+class ElasticRuntime:
+    """Drive `policy` over `cells` until `steps` optimizer steps are done.
+
+    Args:
+        config: the run (scheduler, loop, trajectory and trainer settings).
+        cells: the cells; `cells[0]` is the core. Their engines must already be in `router`.
+        router: routes the executions' model calls to rollout cells.
+        rollout: runs executions (proxy + harness); its limiter must admit every rollout slot.
+        policy: a `SchedulerPolicy` (pure; see `gyre.runtime.scheduler`).
+        tasks: the training tasks (the data stream is `pick_tasks` over them).
+        snapshot: the weights the cells start from (a Hugging Face folder), at `version`.
+        timeline: a `TimelineWriter` (or None).
+        metrics: a `MetricsWriter` (or None).
+        launch: part of every execution id (a restarted run never reuses one).
+    """
+
+    def __init__(
+        self, *, config: RunConfig, cells: Sequence[Cell], router: Router, rollout: Rollout,
+        policy: SchedulerPolicy, tasks: Sequence[Task], snapshot: str, version: int = 0,
+        timeline: Any = None, metrics: Any = None, launch: str = "0",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        loop = config.loop
+        if loop.batch_executions % loop.group_size:
+            raise ValueError(
+                f"loop.batch_executions={loop.batch_executions} must be a multiple of loop.group_size={loop.group_size}"
+            )
+        if not cells:
+            raise ValueError("cells=() must not be empty")
+        if not tasks:
+            raise ValueError("tasks=() must not be empty")
+        self.config = config
+        self.cells = [_CellState(i, c) for i, c in enumerate(cells)]
+        for c in self.cells:
+            c.trainer_version = c.engine_version = version
+        self.router = router
+        self.rollout = rollout
+        self.policy = policy
+        self.tasks = list(tasks)
+        self.snapshot = snapshot
+        self.version = version
+        self.timeline = timeline
+        self.metrics = metrics
+        self.launch = launch
+        self.clock = clock
+        self.B = loop.batch_executions
+        self.G = loop.group_size
+        self.groups_per_batch = self.B // self.G
+        self.capacity = config.scheduler.capacity_per_cell
+        self.streaming = config.scheduler.streaming
+        self.snapshot_root = Path(config.run_dir).resolve() / "snapshots"
+        # counters the policy sees
+        self.dispatched = 0
+        self.finished = 0
+        self.steps_done = 0
+        self.trained = 0
+        self.running = 0
+        self.step_running = False
+        # batches
+        self.groups: dict[int, _Group] = {}
+        self.queue: deque[_Group] = deque()
+        self.backlog: deque[_Group] = deque()
+        self.step_groups: list[_Group] = []
+        """Groups admitted to the current step's batch (streaming) or waiting for it."""
+        self.where: dict[str, _CellState] = {}
+        self.switch_s: list[float] = []
+        self.switches_done = 0
+        self.records: list[StepRecord] = []
+        self.train_stats: list[Any] = []
+        self._changed = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._t0 = 0.0
+        self._step_t0 = 0.0
+        self._batch_in_s = math.nan
+        self._trained_s = math.nan
+        self._step_switches = 0
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    async def run(self, steps: int) -> list[StepRecord]:
+        """Run until `steps` optimizer steps are done; returns one `StepRecord` per step.
+        Executions still running then are cancelled (their agents are stopped)."""
+        self._t0 = self._step_t0 = self.clock()
+        for c in self.cells:
+            c.since = 0.0
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            await self._initial_roles()
+            tg.start_soon(self._watch)
+            while self.steps_done < steps:
+                self._decide()
+                await self._changed.wait()
+                self._changed = anyio.Event()
+            tg.cancel_scope.cancel()
+        now = self._now()
+        for c in self.cells:
+            self._activity(c, "idle", now)
+        return self.records
+
+    def _notify(self) -> None:
+        self._changed.set()
+
+    def _now(self) -> float:
+        return self.clock() - self._t0
+
+    def _live(self) -> list[_CellState]:
+        return [c for c in self.cells if c.alive]
+
+    @property
+    def core(self) -> _CellState:
+        return self.cells[0]
+
+    def _state(self) -> SchedulerState:
+        live = self._live()
+        capacity = max([self.capacity, *(len(c.executions) for c in live)])  # survivors of a lost cell
+        views = tuple(
+            CellView(
+                index=i, role=c.role, is_core=c is self.core, switching_to=c.target,
+                executions=len(c.executions), busy=c.busy and c.role == "train",
+            )
+            for i, c in enumerate(live)
+        )
+        return SchedulerState(
+            cells=views, capacity_per_cell=capacity, batch_executions=self.B,
+            dispatched=self.dispatched, finished=self.finished, weight_version=self.steps_done,
+            train_ready=self.G * len(self.queue), train_running=self.running, trained=self.trained,
+            step_running=self.step_running,
+        )
+
+    def _decide(self) -> None:
+        for _ in range(_MAX_DECISIONS):
+            self._assign_training()
+            actions = self.policy.decide(self._state())
+            if not actions:
+                return
+            live = self._live()
+            for act in actions:
+                if isinstance(act, Dispatch):
+                    self._dispatch(act.n)
+                elif isinstance(act, SwitchToTrain):
+                    self._begin_switch(live[act.cell], "train")
+                elif isinstance(act, SwitchToRollout):
+                    self._begin_switch(live[act.cell], "rollout")
+                elif isinstance(act, StartStep):
+                    self.step_running = True
+                    self.core.busy = True
+                    self._spawn(self._step)
+                else:
+                    raise TypeError(f"{self.policy.name}: unknown action {act!r}")
+        raise RuntimeError(f"{self.policy.name}: still acting after {_MAX_DECISIONS} decisions")
+
+    def _spawn(self, fn, *args) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(fn, *args)
+
+    # -- timeline -------------------------------------------------------------------------------
+
+    def _activity(self, cell: _CellState, kind: str, now: float | None = None) -> None:
+        """Close the cell's current interval and open one of `kind`."""
+        now = self._now() if now is None else now
+        if kind == cell.kind:
+            return
+        if self.timeline is not None and now > cell.since:
+            self.timeline.interval(cell.index, cell.since, now, cell.kind, step=self.steps_done + 1)
+        cell.kind, cell.since = kind, now
+
+    def _rollout_activity(self, cell: _CellState) -> None:
+        if cell.role == "rollout":
+            self._activity(cell, "rollout" if cell.executions else "idle")
+
+    def _water(self) -> None:
+        if self.timeline is not None:
+            live = self._live()
+            self.timeline.water(
+                self._now(), self.dispatched - self.finished,
+                self.capacity * sum(c.role == "rollout" for c in live),
+            )
+
+    def _set_role(self, cell: _CellState, role: Role, target: Role | None = None) -> None:
+        cell.role, cell.target = role, target
+        if self.timeline is not None:
+            self.timeline.role(self._now(), cell.index, role)
+        self._water()
+
+    # -- executions -----------------------------------------------------------------------------
+
+    def _place(self, avoid: _CellState | None = None) -> _CellState:
+        pool = [c for c in self._live() if c.role == "rollout" and c is not avoid]
+        if not pool:
+            raise RuntimeError(f"{self.policy.name}: no rollout cell to place an execution on")
+        return min(pool, key=lambda c: (len(c.executions) >= self.capacity, len(c.executions), c.index))
+
+    def _pin(self, execution_id: str, cell: _CellState) -> None:
+        self.router.pin(execution_id, cell.name)
+        cell.executions.add(execution_id)
+        self.where[execution_id] = cell
+        self._rollout_activity(cell)
+
+    def _dispatch(self, n: int) -> None:
+        for _ in range(n):
+            k = self.dispatched
+            g, j = divmod(k, self.G)
+            group = self.groups.get(g)
+            if group is None:
+                task = pick_tasks(self.tasks, g, 1, self.config.seed)[0]
+                group = self.groups[g] = _Group(g, task, self.G)
+            execution_id = f"x{k}-{self.launch}-t{g}-g{j}"
+            self._pin(execution_id, self._place())
+            self.dispatched += 1
+            self._spawn(self._execute, group, j, execution_id)
+        self._water()
+
+    async def _execute(self, group: _Group, member: int, execution_id: str) -> None:
+        executed = await self.rollout.run(group.task, execution_id)
+        cell = self.where.pop(execution_id)
+        cell.executions.discard(execution_id)
+        self.router.end_execution(execution_id)
+        self._rollout_activity(cell)
+        self.finished += 1
+        self._water()
+        group.members[member] = executed
+        group.left -= 1
+        if group.left == 0:
+            members = [m for m in group.members if m is not None]
+            group.batch = await anyio.to_thread.run_sync(
+                lambda: build_training_batch([members], trajectory=self.config.trajectory, num_executions=self.B)
+            )
+            self._group_complete(group)
+        self._notify()
+
+    def _group_complete(self, group: _Group) -> None:
+        if self.streaming:
+            if len(self.step_groups) < self.groups_per_batch:
+                self._admit(group)
+            else:
+                self.backlog.append(group)
+        else:
+            self.backlog.append(group)
+            self._admit_whole_batch()
+
+    def _admit(self, group: _Group) -> None:
+        self.step_groups.append(group)
+        self.queue.append(group)
+        if len(self.step_groups) == self.groups_per_batch:
+            self._batch_in_s = self._now()
+
+    def _admit_whole_batch(self) -> None:
+        """Not streaming: step s+1 trains groups s*gpb .. (s+1)*gpb - 1 once all finished."""
+        if self.step_groups:
+            return
+        first = self.steps_done * self.groups_per_batch
+        wanted = set(range(first, first + self.groups_per_batch))
+        ready = [g for g in self.backlog if g.index in wanted]
+        if len(ready) == len(wanted):
+            for g in ready:
+                self.backlog.remove(g)
+                self._admit(g)
+
+    # -- training -------------------------------------------------------------------------------
+
+    def _assign_training(self) -> None:
+        if self.step_running:
+            return
+        for cell in self._live():
+            if not self.queue:
+                return
+            if cell.role != "train" or cell.busy:
+                continue
+            cell.busy = True
+            self.running += 1
+            self._spawn(self._train, cell, self.queue.popleft())
+
+    async def _train(self, cell: _CellState, group: _Group) -> None:
+        try:
+            async with cell.lock:
+                if cell.trainer_version < self.version:
+                    self._activity(cell, "load")
+                    await cell.client.load_trainer_weights(self.snapshot, self.version)
+                    cell.trainer_version = self.version
+                self._activity(cell, "train")
+                if group.batch is not None:
+                    stats = await cell.client.train(group.batch.micro_batches, group.batch.advantages)
+                    self.train_stats.append(stats)
+                    cell.has_grads = True
+                cell.trained_groups.append(group)
+        except GyreError as exc:
+            if cell.alive and not _died(cell):
+                raise
+            logger.warning("cell %s died while training group %d: it is trained again (%s)", cell.name, group.index, exc)
+            self.queue.appendleft(group)
+        else:
+            self.trained += self.G
+            if len(self.step_groups) == self.groups_per_batch and self.trained >= self.B:
+                self._trained_s = self._now()
+        finally:
+            self.running -= 1
+            cell.busy = False
+            if cell.alive:
+                self._activity(cell, "idle")
+            self._notify()
+
+    async def _send_gradients(self, satellite: _CellState) -> None:
+        """Move a satellite's accumulated gradient into the core's (both trainers locked)."""
+        core = self.core
+        async with satellite.lock, core.lock:
+            if not satellite.has_grads:
+                return
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(satellite.client.send_gradients, core.index)
+                tg.start_soon(core.client.receive_gradients, satellite.index)
+            satellite.has_grads = False
+            core.has_grads = True
+            core.trained_groups += satellite.trained_groups
+            satellite.trained_groups = []
+
+    async def _step(self) -> None:
+        core = self.core
+        for cell in self._live():
+            if cell is not core and cell.has_grads:
+                try:
+                    await self._send_gradients(cell)
+                except GyreError:
+                    if not _died(cell):
+                        raise
+                    if cell.alive:
+                        self._lose(cell)  # its groups go back to the queue: the step waits for them
+                    self.step_running = core.busy = False
+                    self._notify()
+                    return
+        t_step = self._now()
+        async with core.lock:
+            self._activity(core, "step")
+            result = await core.client.step(str(self.snapshot_root))
+            core.has_grads = False
+            core.trained_groups = []
+        if result.applied:
+            self.version = result.version
+            self.snapshot = result.snapshot
+            core.trainer_version = self.version
+            await self.router.load_weights(self.snapshot, self.version)
+            for cell in self._live():
+                if cell.role == "rollout":
+                    cell.engine_version = self.version
+        self._activity(core, "idle")
+        self._finish_step(result, t_step)
+        self.step_running = False
+        core.busy = False
+        self._notify()
+
+    def _finish_step(self, result: Any, t_step: float) -> None:
+        now = self._now()
+        executed = [m for g in self.step_groups for m in g.members if m is not None]
+        batches = [g.batch for g in self.step_groups if g.batch is not None]
+        stats = self.train_stats
+        counted = sum(s.counted for s in stats)
+        self.steps_done += 1
+        step_s = now - (self._step_t0 - self._t0)
+        record = StepRecord(
+            step=self.steps_done, version=self.version, end_s=now, step_s=step_s, groups=len(self.step_groups),
+            executions=len(executed), switches=self.switches_done - self._step_switches,
+        )
+        self.records.append(record)
+        if self.metrics is not None:
+            self.metrics.write(_step_metrics(record, executed, batches, stats, counted, result, {
+                "rollout_s": self._batch_in_s - (self._step_t0 - self._t0),
+                "train_s": t_step - self._batch_in_s,
+                "sync_s": now - t_step,
+            }))
+        logger.info("step %d: version %d, %.1f s, %d executions", record.step, record.version, step_s, len(executed))
+        self._step_t0 = self.clock()
+        self._step_switches = self.switches_done
+        self.trained = 0
+        self.train_stats = []
+        self.step_groups = []
+        if self.streaming:
+            while self.backlog and len(self.step_groups) < self.groups_per_batch:
+                self._admit(self.backlog.popleft())
+        else:
+            self._admit_whole_batch()
+
+    # -- role switches --------------------------------------------------------------------------
+
+    def _begin_switch(self, cell: _CellState, role: Role) -> None:
+        if cell.role == role or cell.role == "switching":
+            raise RuntimeError(f"{self.policy.name}: switch of cell {cell.name} ({cell.role}) to {role}")
+        if role == "train":
+            for execution_id in sorted(cell.executions):
+                self._pin(execution_id, self._place(avoid=cell))
+            cell.executions.clear()
+        self._set_role(cell, "switching", role)
+        self._spawn(self._switch, cell, role)
+
+    async def _switch(self, cell: _CellState, role: Role) -> None:
+        t0 = self._now()
+        self._activity(cell, "switch", t0)
+        if role == "train":
+            await self.router.set_role(cell.name, "train")  # redirects its in-flight requests
+            async with cell.lock:
+                satellite = cell is not self.core
+                await cell.client.switch_role("train", self.snapshot if satellite else None, self.version)
+                if satellite:
+                    cell.trainer_version = self.version
+        else:
+            if cell is not self.core:
+                await self._send_gradients(cell)
+            async with cell.lock:
+                version = self.version
+                await cell.client.switch_role("rollout", self.snapshot, version)
+                cell.engine_version = version
+            await self.router.set_role(cell.name, "rollout")
+            while cell.engine_version < self.version:  # a step was published meanwhile
+                version = self.version
+                await cell.client.load_weights(self.snapshot, version)
+                cell.engine_version = version
+        self.switch_s.append(self._now() - t0)
+        self.switches_done += 1
+        self._set_role(cell, role)
+        self._activity(cell, "idle")
+        self._rollout_activity(cell)
+        self._notify()
+
+    async def _initial_roles(self) -> None:
+        roles = self.policy.initial_roles(len(self.cells), 0)
+        async with anyio.create_task_group() as tg:
+            for cell, role in zip(self.cells, roles, strict=True):
+                if role == "train":
+                    self._set_role(cell, "switching", "train")
+                    tg.start_soon(self._switch, cell, "train")
+        self.switch_s.clear()  # initial roles cost no switch (the policies' contract)
+        self.switches_done = 0
+
+    # -- cell deaths ----------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        while True:
+            await anyio.sleep(_WATCH_S)
+            for cell in self._live():
+                if _died(cell):
+                    self._lose(cell)
+
+    def _lose(self, cell: _CellState) -> None:
+        code = cell.process.poll()
+        if cell is self.core:
+            raise CellDiedError(f"core cell {cell.name} died (exit {code}): its weights and optimizer state are lost")
+        logger.warning("cell %s died (exit %s): dropped; its executions move to the other cells", cell.name, code)
+        cell.alive = False
+        self.router.mark_down(cell.name, f"process exited with {code}")
+        self._activity(cell, "idle")
+        for execution_id in sorted(cell.executions):
+            self._pin(execution_id, self._place(avoid=cell))
+        cell.executions.clear()
+        for group in cell.trained_groups:  # its gradients died with it
+            self.trained -= self.G
+            self.queue.appendleft(group)
+        cell.trained_groups = []
+        cell.has_grads = False
+        self._water()
+        self._notify()
+
+
+def _died(cell: _CellState) -> bool:
+    return cell.process is not None and cell.process.poll() is not None
+
+
+def _step_metrics(record, executed, batches, stats, counted, result, times) -> StepMetrics:
+    scored = [ex.outcome.score for ex in executed if not ex.outcome.failed]
+    linear = sum(b.linear_tokens for b in batches)
+    packed = sum(b.packed_tokens for b in batches)
+    return StepMetrics(
+        step=record.step, version=record.version, executions=len(executed),
+        pass_rate=sum(s.all_passed for s in scored) / len(scored) if scored else math.nan,
+        mean_reward=sum(s.score for s in scored) / len(scored) if scored else math.nan,
+        finished=sum(ex.outcome.termination == "finished" for ex in executed),
+        partial=sum(ex.outcome.stopped for ex in executed),
+        failed=sum(ex.outcome.failed for ex in executed),
+        truncated=sum(ex.summary.truncated for ex in executed),
+        model_calls=sum(len(ex.calls) for ex in executed),
+        policy_tokens=sum(b.policy_tokens for b in batches), packed_tokens=packed,
+        dedup_ratio=linear / packed if packed else math.nan,
+        logprob_abs_diff_mean=sum(s.logprob_abs_diff_sum for s in stats) / counted if counted else math.nan,
+        mean_ratio=sum(s.ratio_sum for s in stats) / counted if counted else math.nan,
+        applied=bool(result.applied), step_s=record.step_s, **times,
+    )
+
+
+async def run_cells(
+    config: RunConfig, cells: Sequence[Cell], *, tokenizer: Any, tasks: Sequence[Task], snapshot: str,
+    version: int = 0, policy: SchedulerPolicy | None = None, launch: str = "0",
+) -> ElasticRuntime:
+    """Run `config.loop.steps` steps on `cells` (open clients; `cells[0]` is the core): the TITO
+    proxy over a `Router` of the cells, the harness, and an `ElasticRuntime` with `policy` (default:
+    `config.scheduler`'s). Metrics and the timeline go to `config.run_dir`. Returns the runtime
+    (its `records`, `switch_s`, ...)."""
+    run_dir = Path(config.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sched = config.scheduler
+    if policy is None:
+        policy = make_policy(
+            sched.policy, max_staleness_steps=sched.max_staleness_steps, async_train_cells=sched.async_train_cells
+        )
+    async with Router({c.name: c.client for c in cells}, config=config.router) as router:
+        proxy = TitoProxy(
+            tokenizer=tokenizer, engine_for=router.engine_for, config=config.proxy,
+            log_path=str(run_dir / config.proxy.log_name),
+        )
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(proxy.serve)
+            harness = Harness.from_config(
+                _with_interpreter(config.tasks.harness), base_url=f"http://{config.proxy.host}:{port}/v1",
+                model=config.proxy.model_name, run_dir=run_dir,
+            )
+            rollout = Rollout(proxy, harness, max_concurrent=sched.capacity_per_cell * len(cells))
+            with TimelineWriter(run_dir) as timeline:
+                runtime = ElasticRuntime(
+                    config=config, cells=cells, router=router, rollout=rollout, policy=policy, tasks=tasks,
+                    snapshot=snapshot, version=version, timeline=timeline, metrics=MetricsWriter(run_dir),
+                    launch=launch,
+                )
+                await runtime.run(config.loop.steps)
+            tg.cancel_scope.cancel()
+    return runtime
