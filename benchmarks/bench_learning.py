@@ -3,8 +3,11 @@
 Each seed runs the `make run` job (examples/cpu.toml: cached warm start, then RL on the real
 engines) in its own run folder with `seed` = the seed; the held-out evaluations before the first
 and after the last step come from its metrics. Writes benchmarks/results/learning.json with
-`gain_points` (after - before, percentage points, per seed), `gain_points_mean`, the pass rates,
-the number of steps and the wall time per seed. Goal: mean gain >= 15 points, every seed > 0.
+`gain_points` (after - before, percentage points, per seed), `gain_points_mean`, the pass rates
+with their binomial standard errors (sqrt(p (1 - p) / n), n = held-out executions of that
+evaluation; the gain's is sqrt(se_before^2 + se_after^2), the two evaluations being independent
+draws), the number of steps and the wall time per seed. Goal: mean gain >= 15 points, every
+seed > 0.
 
 Run: .venv/bin/python -m benchmarks.bench_learning [--config examples/cpu.toml] [--seeds 0 1 2]
 """
@@ -12,6 +15,7 @@ Run: .venv/bin/python -m benchmarks.bench_learning [--config examples/cpu.toml] 
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import statistics
 import time
@@ -23,6 +27,11 @@ from benchmarks.common import print_table, write_result
 from gyre.config import load_config
 from gyre.runtime.job import run
 from gyre.runtime.metrics import EvalMetrics, read_metrics
+
+
+def binomial_se(p: float, n: int) -> float:
+    """Standard error of a pass rate `p` measured on `n` independent executions (fraction)."""
+    return math.sqrt(p * (1.0 - p) / n)
 
 
 def main() -> None:
@@ -45,13 +54,18 @@ def main() -> None:
         evals = [r for r in read_metrics(run_dir) if isinstance(r, EvalMetrics)]
         before, after = evals[0], evals[-1]
         gain = 100.0 * (after.pass_rate - before.pass_rate)
+        se_before, se_after = binomial_se(before.pass_rate, before.executions), binomial_se(after.pass_rate, after.executions)
         per_seed.append({"seed": seed, "before": before.pass_rate, "after": after.pass_rate, "gain_points": gain,
-                         "steps": after.step, "eval_executions": after.executions, "wall_s": wall_s})
+                         "gain_se_points": 100.0 * math.hypot(se_before, se_after),
+                         "before_se": se_before, "after_se": se_after, "steps": after.step,
+                         "eval_executions": after.executions, "wall_s": wall_s})
         rows.append(per_seed[-1])
     gains = [r["gain_points"] for r in per_seed]
     numbers = {
         "gain_points": gains,
         "gain_points_mean": statistics.fmean(gains),
+        # seeds are independent runs: the mean's standard error from the per-seed binomial ones
+        "gain_se_points_mean": math.sqrt(sum(r["gain_se_points"] ** 2 for r in per_seed)) / len(per_seed),
         "every_seed_positive": all(g > 0 for g in gains),
         "per_seed": per_seed,
         "steps": base.loop.steps,
@@ -60,7 +74,7 @@ def main() -> None:
     path = write_result("learning", {"config": args.config, "seeds": args.seeds, "loop": msgspec.to_builtins(base.loop),
                                      "trainer": msgspec.to_builtins(base.trainer)}, numbers)
     print_table("held-out pass rate before / after RL", rows)
-    print(f"mean gain {numbers['gain_points_mean']:.1f} points; wrote {path}")
+    print(f"mean gain {numbers['gain_points_mean']:.1f} +- {numbers['gain_se_points_mean']:.1f} points; wrote {path}")
 
 
 if __name__ == "__main__":
