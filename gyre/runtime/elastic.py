@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -39,10 +40,12 @@ import anyio
 import msgspec
 
 from gyre.config import RunConfig
-from gyre.errors import GyreError
+from gyre.errors import ConfigError, GyreError
 from gyre.runtime.batch import TrainingBatch, build_training_batch
 from gyre.agents.harness import Harness
-from gyre.runtime.loop import _with_interpreter, pick_tasks
+from gyre.runtime.cell_client import open_cells
+from gyre.runtime.checkpoint import latest_checkpoint
+from gyre.runtime.loop import _with_interpreter, pick_tasks, split_tasks
 from gyre.runtime.metrics import MetricsWriter, StepMetrics
 from gyre.runtime.rollout import Executed, Rollout
 from gyre.runtime.router import Router
@@ -61,7 +64,7 @@ from gyre.runtime.timeline import TimelineWriter
 from gyre.tasks.task import Task
 from gyre.tito.proxy import TitoProxy
 
-__all__ = ["Cell", "CellDiedError", "ElasticRuntime", "StepRecord", "run_cells"]
+__all__ = ["Cell", "CellDiedError", "ElasticRuntime", "StepRecord", "run_cells", "run_elastic"]
 
 logger = logging.getLogger(__name__)
 
@@ -654,3 +657,27 @@ async def run_cells(
                 await runtime.run(config.loop.steps)
             tg.cancel_scope.cancel()
     return runtime
+
+
+async def run_elastic(
+    config: RunConfig, model_dir: Path, *, policy: SchedulerPolicy | None = None, launch: str | None = None
+) -> ElasticRuntime:
+    """The multi-cell job: start `config.cells.num_cells` cells (each a vLLM engine and a DeepSpeed
+    trainer on `model_dir`, one run-wide gradient group), then `run_cells` on the training tasks.
+    Raises `ConfigError` when `run_dir` already holds a run (multi-cell runs do not resume yet)."""
+    from transformers import AutoTokenizer
+
+    run_dir = Path(config.run_dir).resolve()
+    train, _heldout = split_tasks(config)
+    if latest_checkpoint(run_dir) is not None or (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a run: multi-cell runs cannot resume; choose another")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    async with open_cells(
+        config.cells.num_cells, model_dir, config.engine, log_dir=run_dir / "cells",
+        trainer_config=config.trainer, rl_config=config.rl, host=config.cells.host,
+    ) as clients:
+        cells = [Cell(name=f"cell-{i}", client=c, process=getattr(c, "process", None)) for i, c in enumerate(clients)]
+        return await run_cells(
+            config, cells, tokenizer=tokenizer, tasks=train, snapshot=str(model_dir), policy=policy,
+            launch=launch or secrets.token_hex(3),
+        )

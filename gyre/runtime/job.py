@@ -2,8 +2,10 @@
 
 Owns start-up of one node's work: make sure the model folder exists, start the cells, and run the
 job on one anyio event loop (trio). The job is the supervised warm start (`gyre.model.sft`,
-cached) and then the RL loop (`gyre.runtime.loop.run_rl`). Knows nothing about how an engine
-samples or how a cell hosts it.
+cached) and then the RL loop: with one cell the colocate loop (`gyre.runtime.loop.run_rl`: the
+trainer in the node, checkpoints and `--resume`), with `cells.num_cells > 1` the elastic runtime
+(`gyre.runtime.elastic.run_elastic`: every cell a vLLM engine and a DeepSpeed trainer, roles by
+`config.scheduler`). Knows nothing about how an engine samples or how a cell hosts it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import anyio
 
 from gyre.config import RunConfig
+from gyre.errors import ConfigError
 from gyre.runtime.checkpoint import LoopState
 from gyre.runtime.loop import run_rl, split_tasks
 
@@ -58,6 +61,15 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     from gyre.report import write_report
     from gyre.runtime.progress import Progress
 
+    if config.cells.num_cells > 1:
+        if resume:
+            raise ConfigError("--resume: multi-cell runs (cells.num_cells > 1) cannot resume yet")
+        from gyre.runtime.elastic import run_elastic
+
+        runtime = anyio.run(partial(run_elastic, config, model_dir), backend="trio")
+        summary = write_report(config.run_dir)
+        print(f"done: {runtime.steps_done} steps, weight version {runtime.version}; report: {summary}", flush=True)
+        return LoopState(step=runtime.steps_done, version=runtime.version, task_cursor=-(-runtime.dispatched // runtime.G))
     with Progress(total_steps=config.loop.steps) as progress:
         state = anyio.run(partial(run_rl, config, model_dir, resume=resume, progress=progress), backend="trio")
         summary = write_report(config.run_dir)
