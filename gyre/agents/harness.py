@@ -19,10 +19,11 @@ With `isolate_mounts` (and CAP_SYS_ADMIN) each agent also starts in a private mo
 (`gyre.tasks.sandbox.Mounts`): `hidden_paths` (/root), the run folder, the workspace root and the
 `tests/` and `solution/` of every task of each suite seen so far are covered by empty read-only
 tmpfs; its own execution folder, the interpreter's installation and the gyre package are bound
-back at their real paths; /tmp, /var/tmp and /dev/shm are fresh and its own. So a venv whose
+back at their real paths. So a venv whose
 Python lives under a private /root still runs agents as their uid. After the agent's tree is gone
 its files are handed back to root, and the verifier runs on a copy as the same uid, in a
-namespace where the whole filesystem is read-only except that copy. Without root, or when the
+namespace where the whole filesystem is read-only except that copy (and fresh /tmp, /var/tmp and
+/dev/shm that die with it). Without root, or when the
 workspace root or the agent's executable cannot be reached by other users (mode bits of every
 parent, as the namespace shows them), agents run as the node's user and a warning says why, once.
 """
@@ -114,7 +115,7 @@ def _suite_hidden(task: Task) -> set[str]:
 
 
 _PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
-"""Covered by a fresh tmpfs for each agent and verifier (nothing left there reaches another)."""
+"""Covered by a fresh tmpfs for each verifier (agents keep the node's: their commands may live there)."""
 
 
 def _private(path: str, flags: int) -> int:
@@ -368,7 +369,7 @@ class Harness:
                 gyre_dir = Path(gyre.__file__).parent
                 expose = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, gyre_dir)}
                 expose |= {os.path.realpath(p) for p in expose}
-                self.mounts = Mounts(hide=tuple(sorted(hide)), private=_PRIVATE_DIRS, expose=tuple(sorted(expose)))
+                self.mounts = Mounts(hide=tuple(sorted(hide)), expose=tuple(sorted(expose)))
             else:
                 _warn_once("mounts", "isolate_mounts: no private mount namespace for agents (%s): "
                            "an agent sees the node's files as its uid may", problem)
@@ -576,7 +577,7 @@ class Harness:
         if user is not None and self.mounts is not None:
             hide = tuple(sorted({*self.mounts.hide, *self._suite_hidden}))
             agent_mounts = msgspec.structs.replace(self.mounts, hide=hide, writable=(os.path.abspath(exec_dir),))
-            verifier_mounts = msgspec.structs.replace(self.mounts, hide=hide, read_only=True)
+            verifier_mounts = msgspec.structs.replace(self.mounts, hide=hide, private=_PRIVATE_DIRS, read_only=True)
         # the verifier runs as the agent's uid once the agent's tree is gone, if its Python is reachable
         verifier_user = None
         if user is not None and _closed_to_others(Path(sys.executable), executable=True,
