@@ -142,6 +142,16 @@ class DeepSpeedTrainer:
             "steps_per_print": 2**31 - 1,
         }
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        if dtype == torch.float64:
+            # DeepSpeed has no float64 path: its all-reduce asserts on fp64 grads (ZeRO 0) and
+            # its ZeRO 1-2 partitions give wrong updates. On one rank that all-reduce is a no-op,
+            # so float64 (exactness tests) runs ZeRO 0 on a one-rank group without it.
+            if config.zero_stage != 0 or torch.distributed.get_world_size() != 1:
+                raise ValueError(
+                    f"dtype='float64' needs zero_stage=0 on a one-rank group, got zero_stage={config.zero_stage}, "
+                    f"world size {torch.distributed.get_world_size()}"
+                )
+            self.engine.enable_backward_allreduce = False
         self.config = config
         self.rl = rl
         self.version = version
