@@ -241,6 +241,8 @@ class DeepSpeedTrainer:
         """
         from deepspeed.utils import safe_get_full_grad
 
+        if not self._has_gradients:  # nothing accumulated since the last step / zero_grad
+            return torch.zeros(self.num_parameters, dtype=self._grad_dtype)
         if self.config.zero_stage == 2:
             self.optimizer.finalize_gradient_accumulation_boundary()
         parts = []
