@@ -34,6 +34,28 @@ def binomial_se(p: float, n: int) -> float:
     return math.sqrt(p * (1.0 - p) / n)
 
 
+def _numbers(per_seed: list[dict], base) -> dict:
+    gains = [r["gain_points"] for r in per_seed]
+    return {
+        "gain_points": gains,
+        "gain_points_mean": statistics.fmean(gains),
+        # seeds are independent runs: the mean's standard error from the per-seed binomial ones
+        "gain_se_points_mean": math.sqrt(sum(r["gain_se_points"] ** 2 for r in per_seed)) / len(per_seed),
+        "every_seed_positive": all(g > 0 for g in gains),
+        "per_seed": per_seed,
+        "steps": base.loop.steps,
+        "wall_s_per_seed": [r["wall_s"] for r in per_seed],
+    }
+
+
+def _write(args, base, per_seed: list[dict]) -> Path:
+    config = {"config": args.config, "seeds": args.seeds, "seeds_done": [r["seed"] for r in per_seed],
+              "loop": msgspec.to_builtins(base.loop), "trainer": msgspec.to_builtins(base.trainer),
+              "warm_start": msgspec.to_builtins(base.warm_start),
+              "agent_command": list(base.tasks.harness.agent_command)}
+    return write_result("learning", config, _numbers(per_seed, base))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="examples/cpu.toml")
@@ -60,19 +82,8 @@ def main() -> None:
                          "before_se": se_before, "after_se": se_after, "steps": after.step,
                          "eval_executions": after.executions, "wall_s": wall_s})
         rows.append(per_seed[-1])
-    gains = [r["gain_points"] for r in per_seed]
-    numbers = {
-        "gain_points": gains,
-        "gain_points_mean": statistics.fmean(gains),
-        # seeds are independent runs: the mean's standard error from the per-seed binomial ones
-        "gain_se_points_mean": math.sqrt(sum(r["gain_se_points"] ** 2 for r in per_seed)) / len(per_seed),
-        "every_seed_positive": all(g > 0 for g in gains),
-        "per_seed": per_seed,
-        "steps": base.loop.steps,
-        "wall_s_per_seed": [r["wall_s"] for r in per_seed],
-    }
-    path = write_result("learning", {"config": args.config, "seeds": args.seeds, "loop": msgspec.to_builtins(base.loop),
-                                     "trainer": msgspec.to_builtins(base.trainer)}, numbers)
+        path = _write(args, base, per_seed)  # after every seed: a bench stopped early keeps the seeds it finished
+    numbers = _numbers(per_seed, base)
     print_table("held-out pass rate before / after RL", rows)
     print(f"mean gain {numbers['gain_points_mean']:.1f} +- {numbers['gain_se_points_mean']:.1f} points; wrote {path}")
 
