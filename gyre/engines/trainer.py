@@ -157,6 +157,7 @@ class DeepSpeedTrainer:
         self.version = version
         self._grad_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self._has_gradients = False
+        self._vector: torch.Tensor | None = None  # the last gradient_vector(), until the grads change
         self._finite = True  # every loss and added vector since the last step was finite
 
     @property
@@ -223,6 +224,7 @@ class DeepSpeedTrainer:
             finite = finite and bool(torch.isfinite(loss))
             self.engine.backward(loss, scale_wrt_gas=False)
             self._has_gradients = True
+            self._vector = None
             total_loss += float(loss.detach())
         self._finite = self._finite and finite
         return AccumulateStatistics(
@@ -237,12 +239,15 @@ class DeepSpeedTrainer:
 
         Read through `deepspeed.utils.safe_get_full_grad`; at ZeRO stage 2 the accumulation is
         first finalised (as `step()` would), so follow this call with `zero_grad()` (a satellite
-        sends, then zeroes) or `apply_step()`, not with more `accumulate`.
+        sends, then zeroes) or `apply_step()`, not with more `accumulate`. A second call before
+        the gradients change returns the same tensor (a retried send).
         """
         from deepspeed.utils import safe_get_full_grad
 
         if not self._has_gradients:  # nothing accumulated since the last step / zero_grad
             return torch.zeros(self.num_parameters, dtype=self._grad_dtype)
+        if self._vector is not None:  # read already (a retried send): ZeRO 2 finalises only once
+            return self._vector
         if self.config.zero_stage == 2:
             self.optimizer.finalize_gradient_accumulation_boundary()
         parts = []
@@ -252,7 +257,8 @@ class DeepSpeedTrainer:
             else:
                 grad = None  # stage 0/1 after zero_grad: no backward since, the gradient is 0
             parts.append(torch.zeros(p.numel(), dtype=self._grad_dtype) if grad is None else grad.reshape(-1))
-        return torch.cat(parts).to(self._grad_dtype)
+        self._vector = torch.cat(parts).to(self._grad_dtype)
+        return self._vector
 
     @property
     def num_parameters(self) -> int:
@@ -288,6 +294,7 @@ class DeepSpeedTrainer:
             terms.append((p * g).sum())
         self.engine.backward(torch.stack(terms).sum(), scale_wrt_gas=False)
         self._has_gradients = True
+        self._vector = None
         self._finite = self._finite and bool(torch.isfinite(vec).all())
 
     def apply_step(self, *, finite: bool = True) -> StepStatistics:
@@ -314,6 +321,7 @@ class DeepSpeedTrainer:
         self.engine.zero_grad()
         self._has_gradients = False
         self._finite = True
+        self._vector = None
 
     def load_weights(self, snapshot_dir: str | Path, version: int) -> None:
         """Load a Hugging Face safetensors snapshot (as `save_snapshot` writes) into the module and

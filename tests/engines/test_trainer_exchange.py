@@ -49,6 +49,7 @@ def test_gradient_vectors_add_up_to_one_trainers_step(stage, tiny_model_dir) -> 
         vec = trainer.gradient_vector()
         assert vec.dtype == torch.float32 and vec.shape == (trainer.num_parameters,)
         assert (vec - grad).abs().max().item() <= 1e-6 * grad.abs().max().item()
+        assert torch.equal(trainer.gradient_vector(), vec)  # read again (a retried send): the same
         sent.append(vec)
         trainer.zero_grad()
         assert not trainer.has_gradients
