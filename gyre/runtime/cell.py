@@ -428,7 +428,7 @@ def _exchange(fn, what: str):
         return fn()
     except RuntimeError as exc:
         text = str(exc)
-        if "imeout" in text or "timed out" in text:
+        if "timed out" in text.lower() or "timeout" in text.lower():  # gloo: "Timed out waiting 20000ms ..."
             raise EngineTimeoutError(f"{what} timed out: {text[:300]}") from None
         raise EngineError(f"{what} failed: {text[:300]}") from None
 

@@ -20,7 +20,7 @@ import torch
 
 from gyre.config import EngineConfig, RLConfig, TrainerConfig
 from gyre.engines import GenerateRequest, SamplingParams, collect
-from gyre.errors import EngineUnavailableError, InvalidRequestError
+from gyre.errors import EngineTimeoutError, EngineUnavailableError, InvalidRequestError
 from gyre.runtime.cell_client import CellClient, open_cells, spawn_cell, wait_cell_ready
 from gyre.trajectory.pack import pack_batch
 from gyre.trajectory.select import select_trajectories
@@ -250,3 +250,22 @@ def test_packed_batches_cross_the_wire_exactly() -> None:
             x, y = getattr(a, field), getattr(b, field)
             if isinstance(x, np.ndarray):
                 assert (x.dtype, x.shape, x.tobytes()) == (y.dtype, y.shape, y.tobytes()), field
+
+
+def test_receive_without_a_sender_times_out_with_a_clear_error(tiny_model_dir, tmp_path) -> None:
+    short = TrainerConfig(learning_rate=1e-3, zero_stage=0, train_timeout_s=20.0)
+
+    async def main():
+        async with open_cells(2, tiny_model_dir, CONFIG, log_dir=tmp_path / "logs", trainer_config=short,
+                              rl_config=RL) as (core, sat):
+            await core.switch_role("train")
+            with pytest.raises(EngineTimeoutError, match="receive of gradients from rank 1"):
+                await core.receive_gradients(1)  # rank 1 never sends: bounded by train_timeout_s
+            with pytest.raises(InvalidRequestError, match="peer rank 0 must be another rank"):
+                await core.receive_gradients(0)
+            cs = await core.cell_statistics()  # the cell keeps serving
+            assert (cs.role, cs.gradients_received) == ("train", 0)
+            [c] = await collect(sat, req("still-serving"))
+            assert len(c.token_ids) == 4
+
+    anyio.run(main)
