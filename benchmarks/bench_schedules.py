@@ -7,7 +7,8 @@ wall time in (sleeping) tool calls, as hours-long executions do (shared/notes/vl
 on 2 cores at most one computing engine per core pays). Execution IDs, hence every execution's
 draw, are the same for all three policies.
 
-Reported per policy: median step seconds (steps after the first, whose start-up differs), role
+Reported per policy: median step seconds (steps after the first, whose start-up differs), the
+mean step seconds of the same steps (last step's end - first step's end over the steps), role
 switches and their seconds (measured by the driver around the whole switch: router drain + the
 cell's own switch), utilisation by slots (`gyre.runtime.timeline.utilisation`: busy cell-seconds
 over cells x wall) and by CPU (CPU seconds of every cell process tree over wall x cores).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import time
@@ -36,31 +38,19 @@ from gyre.runtime.job import ensure_model
 from gyre.runtime.timeline import read_timeline, utilisation
 
 REPO = Path(__file__).resolve().parents[1]
+CAPACITY = 2
+"""Executions per rollout cell: 8 slots on 4 cells stay below the staleness bound's 2 batches
+(12), so rollout capacity, not admission, limits every policy."""
 WORKLOAD = LongtailSettings(turns_median=4.0, turns_sigma=0.8, max_turns=24, tool_median_s=1.5, tool_sigma=0.5,
                             tool_max_s=10.0, max_tokens=16)
 
 
-def _cpu_seconds(pids: set[int]) -> float:
-    """utime + stime of `pids` and all their descendants now (from /proc), in seconds."""
-    tick = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = {}
-    times: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        children.setdefault(int(fields[1]), []).append(int(entry))
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    total, todo = 0.0, list(pids)
-    while todo:
-        pid = todo.pop()
-        total += times.get(pid, 0.0)
-        todo += children.get(pid, [])
-    return total
+def _cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of every child process it has waited for:
+    the cells, their vLLM engine processes and the agents' supervisors count once they exited."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def bench_config(policy: str, run_dir: Path, model: Path, steps: int) -> object:
@@ -70,7 +60,7 @@ def bench_config(policy: str, run_dir: Path, model: Path, steps: int) -> object:
         "model": {"path": str(model)},
         "engine": {"max_model_len": 2048, "kv_cache_memory_bytes": 64 * 2**20},
         "cells": {"num_cells": 4},
-        "scheduler": {"policy": policy, "capacity_per_cell": 3, "async_train_cells": 1, "max_staleness_steps": 1,
+        "scheduler": {"policy": policy, "capacity_per_cell": CAPACITY, "async_train_cells": 1, "max_staleness_steps": 1,
                       "streaming": policy == "elastic"},
         "loop": {"steps": steps, "batch_executions": 6, "group_size": 3},
         "trajectory": {"micro_batch_tokens": 4096},
@@ -83,20 +73,10 @@ def bench_config(policy: str, run_dir: Path, model: Path, steps: int) -> object:
 
 async def _measure(config) -> dict:
     t0 = time.perf_counter()
-    pids: set[int] = set()
-
-    async def sample_cpu() -> None:  # cells are children of this process: find them as they start
-        while True:
-            pids.update(p for p in _child_pids(os.getpid()))
-            await anyio.sleep(1.0)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(sample_cpu)
-        cpu0 = _cpu_seconds({os.getpid()})
-        runtime = await run_elastic(config, Path(config.model.path), launch="bench")
-        cpu1 = _cpu_seconds({os.getpid()})
-        tg.cancel_scope.cancel()
+    cpu0 = _cpu_seconds()
+    runtime = await run_elastic(config, Path(config.model.path), launch="bench")
     wall = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0  # the cells have exited and been waited for: their CPU is in
     records = runtime.records
     start = records[0].end_s  # steady state: from the end of step 1 to the end of the last step
     end = records[-1].end_s
@@ -105,32 +85,20 @@ async def _measure(config) -> dict:
     return {
         "step_s": [r.step_s for r in records],
         "step_s_median": statistics.median(r.step_s for r in records[1:]),
+        "step_s_mean": (records[-1].end_s - records[0].end_s) / (len(records) - 1),
         "switches": runtime.switches_done,
         "switch_s": runtime.switch_s,
         "utilisation_slots": util.busy,
         "slot_fill": util.slot_fill,
         "cell_s_by_kind": dict(util.cell_s_by_kind),
-        "cpu_utilisation": (cpu1 - cpu0) / (wall * (os.cpu_count() or 1)),
+        "cpu_utilisation": cpu / (wall * (os.cpu_count() or 1)),
         "wall_s": wall,
     }
 
 
-def _child_pids(root: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2:].split()[1]) == root:
-                out.append(int(entry))
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--policies", nargs="+", default=["colocate", "async", "elastic"])
     args = parser.parse_args()
     model = ensure_model(config_from_dict({"model": {"path": "runs/model-tiny"}}))
@@ -141,6 +109,7 @@ def main() -> None:
         results[policy] = anyio.run(_measure, bench_config(policy, run_dir, model, args.steps), backend="trio")
         print(policy, {k: v for k, v in results[policy].items() if k != "switch_s"}, flush=True)
     numbers = {f"step_s_{p}": r["step_s_median"] for p, r in results.items()}
+    numbers |= {f"step_s_mean_{p}": r["step_s_mean"] for p, r in results.items()}
     if "elastic" in results:
         e = results["elastic"]
         numbers["utilisation_elastic"] = e["utilisation_slots"]
@@ -150,9 +119,11 @@ def main() -> None:
         others = [numbers[f"step_s_{p}"] for p in ("colocate", "async") if p in results]
         if others:
             numbers["elastic_speedup_vs_best_other"] = min(others) / numbers["step_s_elastic"]
+            means = [numbers[f"step_s_mean_{p}"] for p in ("colocate", "async") if p in results]
+            numbers["elastic_speedup_vs_best_other_mean"] = min(means) / numbers["step_s_mean_elastic"]
     numbers["per_policy"] = results
     params = {"workload": msgspec.to_builtins(msgspec.json.decode(msgspec.json.encode(WORKLOAD.__dict__))),
-              "steps": args.steps, "cells": 4, "capacity_per_cell": 3, "batch_executions": 6, "group_size": 3}
+              "steps": args.steps, "cells": 4, "capacity_per_cell": CAPACITY, "batch_executions": 6, "group_size": 3}
     path = write_result("schedules", params, numbers)
     print_table("schedules (median step seconds after step 1)",
                 [{"policy": p, "step_s": r["step_s_median"], "switches": r["switches"],

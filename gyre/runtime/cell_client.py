@@ -91,6 +91,8 @@ class CellClient:
         self.trainer_config = trainer_config or TrainerConfig()
         self.rank: int | None = None
         """The cell's rank in the run-wide gradient group (set by `open_cells`)."""
+        self.process: subprocess.Popen | None = None
+        """The cell's process when this node started it (set by `open_cells`); None otherwise."""
         self._http: httpx.AsyncClient | None = None
         self._stats: EngineStatistics | None = None
 
@@ -315,10 +317,12 @@ def spawn_cell(
     rank: int | None = None,
     world_size: int | None = None,
     group_store: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> CellProcess:
     """Start a cell worker process (returns at once; see `wait_cell_ready`). With `trainer_config`
     the cell also holds a trainer on `model_dir`; with `rank`, `world_size` and `group_store`
-    ("HOST:PORT" of `host_group_store`) it joins the run-wide gradient group."""
+    ("HOST:PORT" of `host_group_store`) it joins the run-wide gradient group. `env` adds to the
+    environment it inherits."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     port_file = Path(tempfile.mkdtemp(prefix="gyre-cell-")) / "port"
@@ -337,9 +341,22 @@ def spawn_cell(
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            env=None if env is None else {**os.environ, **env},
             start_new_session=True,  # its own process group: `stop` can reap vLLM's children too
         )
     return CellProcess(process=process, port_file=port_file, log_path=log_path)
+
+
+def _cpu_binding(rank: int, n: int) -> dict[str, str] | None:
+    """Spread several cells' vLLM CPU workers over the cores, one core each, round robin: left to
+    itself every engine binds its worker to core 0 (shared/notes/vllm-kv-and-cells.md §2). None
+    for one cell, on a GPU, or when the user set `VLLM_CPU_OMP_THREADS_BIND`."""
+    import torch
+
+    if n < 2 or torch.cuda.is_available() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[rank % len(cores)])}
 
 
 def _die_with_parent() -> None:
@@ -443,6 +460,7 @@ async def open_cells(
             model_dir, config, log_path=Path(log_dir) / f"cell-{rank}.log", host=host,
             trainer_config=trainer_config, rl_config=rl_config,
             rank=None if store is None else rank, world_size=None if store is None else n, group_store=address,
+            env=_cpu_binding(rank, n),
         )
         for rank in range(n)
     ]
@@ -460,6 +478,7 @@ async def open_cells(
             for rank, url in enumerate(urls):
                 client = await stack.enter_async_context(CellClient(url, config, trainer_config))
                 client.rank = rank
+                client.process = processes[rank].process  # the node watches it for death
                 clients.append(client)
             yield clients
     finally:

@@ -676,7 +676,7 @@ async def run_elastic(
         config.cells.num_cells, model_dir, config.engine, log_dir=run_dir / "cells",
         trainer_config=config.trainer, rl_config=config.rl, host=config.cells.host,
     ) as clients:
-        cells = [Cell(name=f"cell-{i}", client=c, process=getattr(c, "process", None)) for i, c in enumerate(clients)]
+        cells = [Cell(name=f"cell-{i}", client=c, process=c.process) for i, c in enumerate(clients)]
         return await run_cells(
             config, cells, tokenizer=tokenizer, tasks=train, snapshot=str(model_dir), policy=policy,
             launch=launch or secrets.token_hex(3),

@@ -325,6 +325,9 @@ class ElasticPolicy(msgspec.Struct, frozen=True, kw_only=True):
     - one switch at a time: nothing switches while another cell is switching.
     - dispatch: new executions start into free slots under the staleness bound, but not while
       training data waits without a trainer (training first, so the water level can fall).
+    - the core returns to training first (same water rule) whenever the current step has
+      gradients on satellites, or micro-batches running there, while the core rolls out: only it
+      can receive them and step (a driver that forced satellites into training gets here).
 
     When a role switch costs more than `max_switch_cost_s` (``switch_cost_s``, the round trip the
     driver expects, measured or configured), moving cells cannot pay off: the policy pins the
@@ -371,8 +374,12 @@ class ElasticPolicy(msgspec.Struct, frozen=True, kw_only=True):
             actions.append(StartStep())
         idle = [c for c in state.idle_trainers if not (c.is_core and state.step_ready)]
         waiting = state.train_ready > len(idle)
+        core = state.core
+        # gradients of the step exist or are being computed (on satellites) but the core, which
+        # must receive them and step, is rolling out: it goes back first
+        core_needed = core.role == "rollout" and (state.trained > 0 or state.train_running > 0)
         room = admission_room(state, self.max_staleness_steps)
-        n = 0 if waiting else min(room, state.free_slots)
+        n = 0 if waiting or core_needed else min(room, state.free_slots)
         if n > 0:
             actions.append(Dispatch(n))
         if state.any_switching:
@@ -380,8 +387,10 @@ class ElasticPolicy(msgspec.Struct, frozen=True, kw_only=True):
         water = state.water_level + n
         rollout = state.with_role("rollout")
         cap = state.capacity_per_cell
-        if waiting and rollout and water <= (len(rollout) - 1) * cap:
-            core = state.core
+        fits = water <= (len(rollout) - 1) * cap  # its executions fit on the other rollout cells
+        if core_needed and fits:
+            actions.append(SwitchToTrain(core.index))
+        elif waiting and rollout and fits:
             target = (
                 core
                 if core.role == "rollout"

@@ -16,11 +16,13 @@ from pathlib import Path
 import anyio
 import pytest
 
+from gyre.agents.longtail import LongtailSettings, draw_plan, longtail_command, plan_seed
 from gyre.config import config_from_dict
 from gyre.engines.scripted import ScriptedEngine
 from gyre.model.recipe import build_tokenizer
 from gyre.runtime.elastic import Cell, run_cells
 from gyre.runtime.metrics import StepMetrics, read_metrics
+from gyre.runtime.scheduler import ElasticPolicy, StartStep, SwitchToRollout, SwitchToTrain
 from gyre.runtime.timeline import read_timeline
 from gyre.tasks.task import load_suite
 from gyre.tito.log import read_log
@@ -29,6 +31,7 @@ from tests.runtime.fake_cells import Exchange, FakeTrainingCell
 REPO = Path(__file__).resolve().parents[2]
 AGENT = Path(__file__).with_name("coin_agent.py")
 B, G, STEPS, CELLS, CAP = 4, 2, 3, 3, 2
+STORM_STEPS = 4
 
 
 def config(run_dir: Path, policy: str, *, streaming: bool = True, steps: int = STEPS) -> object:
@@ -154,3 +157,85 @@ async def test_a_cell_killed_mid_rollout_is_dropped_and_nothing_is_lost(tmp_path
     check_accounting(runtime, fakes, tmp_path / "run")
     assert not runtime.cells[2].alive
     assert fakes[2].engine.statistics().requests_total == calls_at_kill["n"]  # nothing more went there
+
+
+class ChaosPolicy:
+    """`ElasticPolicy` plus `budget` forced switches of satellite cells: whenever the inner policy
+    neither switches nor dispatches and no cell is switching, one satellite flips its role. Each
+    step's optimizer update waits until that step's share of the budget has been switched."""
+
+    name = "chaos"
+
+    def __init__(self, budget: int, steps: int) -> None:
+        self.inner = ElasticPolicy()
+        self.per_step = budget // steps
+        self.budget = budget
+        self.forced = 0
+        self.turn = 0
+
+    def initial_roles(self, num_cells: int, core_cell: int):
+        return self.inner.initial_roles(num_cells, core_cell)
+
+    def decide(self, state):
+        actions = self.inner.decide(state)
+        if self.forced < self.per_step * (state.weight_version + 1):  # each step takes its share
+            actions = tuple(a for a in actions if not isinstance(a, StartStep))
+        if self.forced == self.budget or state.any_switching or actions:
+            return actions
+        satellites = [c for c in state.cells if not c.is_core]
+        self.turn += 1
+        rollout = state.with_role("rollout")
+        for k in range(len(satellites)):  # the next satellite that can flip, round robin
+            cell = satellites[(self.turn + k) % len(satellites)]
+            room = sum(state.capacity_per_cell - c.executions for c in rollout if c is not cell)
+            if cell.role == "rollout" and len(rollout) > 1 and cell.executions <= room:
+                self.forced += 1
+                return (SwitchToTrain(cell.index),)
+            if cell.role == "train" and not cell.busy:
+                self.forced += 1
+                return (SwitchToRollout(cell.index),)
+        return actions
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_hundred_forced_switches_during_long_executions_lose_nothing(tmp_path: Path) -> None:
+    """Long executions (the longtail agent: many calls, streamed tokens) while satellites are
+    switched 100 times: every execution finishes with exactly its planned calls, one record each,
+    and every batch trains once."""
+    tok = build_tokenizer()
+    exchange = Exchange()
+    fakes = [
+        FakeTrainingCell(i, ScriptedEngine(eos_token_id=tok.eos_token_id, vocab_size=len(tok), max_model_len=8192,
+                                           token_delay_s=0.03), exchange)
+        for i in range(4)
+    ]
+    settings = LongtailSettings(turns_median=10, turns_sigma=0.3, max_turns=20, tool_median_s=0.05, tool_sigma=0.1,
+                                tool_max_s=0.2, max_tokens=12)
+    cfg = config_from_dict({
+        "run_dir": str(tmp_path / "run"), "seed": 1,
+        "loop": {"steps": STORM_STEPS, "batch_executions": B, "group_size": G},
+        "scheduler": {"policy": "elastic", "capacity_per_cell": 4},
+        "tasks": {"suites": [str(REPO / "examples/tasks/longtail")],
+                  "harness": {"agent_command": list(longtail_command(settings))}},
+        "router": {"no_cell_timeout_s": 60},
+    })
+    chaos = ChaosPolicy(budget=100, steps=STORM_STEPS)
+    cells = [Cell(name=f"cell-{i}", client=f) for i, f in enumerate(fakes)]
+    runtime = await run_cells(cfg, cells, tokenizer=tok, tasks=load_suite(REPO / "examples/tasks/longtail"),
+                              snapshot="model", policy=chaos, launch="L")
+    assert chaos.forced == 100
+    assert runtime.switches_done >= 100
+    log = read_log(tmp_path / "run" / "calls.log")
+    ended = [m for g in runtime.groups.values() for m in g.members if m is not None]
+    assert len(ended) >= STORM_STEPS * B
+    for ex in ended:
+        eid = ex.outcome.execution_id
+        planned = draw_plan(plan_seed(eid), settings).turns
+        assert ex.outcome.termination == "finished" and ex.outcome.score.score == 1.0, (eid, ex.outcome)
+        assert len(log.for_execution(eid)) == planned  # no call lost, none duplicated
+        assert all(c.completion_ids for c in log.for_execution(eid))  # every response complete
+    trained = Counter()
+    for grads in fakes[0].steps:
+        trained.update(grads)
+    assert len(fakes[0].steps) == STORM_STEPS and max(trained.values()) == 1

@@ -290,3 +290,19 @@ def test_elastic_pins_a_fixed_split_when_switching_cannot_pay() -> None:
     for s in (state("ttrr"), state("ttrr", (0, 0, 4, 4)), state("ttrr", finished=8, trained=8)):
         assert p.decide(s) == twin.decide(s)
     assert not ElasticPolicy().pinned  # the published 8.52 + 3.46 s
+
+
+def test_elastic_calls_the_core_back_when_satellites_hold_the_steps_gradients() -> None:
+    """Satellites trained (or train) the step while the core rolls out: the core must go back to
+    receive their gradients and step, or the step never happens."""
+    policy = ElasticPolicy()
+    # 2 groups trained on satellite 1 (trained = B), nothing waiting; the core hosts 2 executions
+    # that fit on cell 2 (capacity 4): the core switches to train
+    s = state("rtr", (2, 0, 1), trained=B, finished=3 * B + 5, version=3)
+    assert SwitchToTrain(0) in policy.decide(s)
+    # a satellite is still computing a micro-batch of the step: same answer
+    s = state("rtr", (2, 0, 1), busy=".b.", running=1, finished=3 * B + 5, version=3)
+    assert SwitchToTrain(0) in policy.decide(s)
+    # no gradient of the step anywhere: the core may keep rolling out
+    s = state("rtr", (2, 0, 1), finished=3 * B + 5, version=3)
+    assert not any(isinstance(a, SwitchToTrain) for a in policy.decide(s))
