@@ -196,17 +196,20 @@ class CellClient:
     async def resume(self) -> None:
         await self._post("/resume", {}, self.config.request_timeout_s)
 
+    async def _get(self, path: str, type_: type, timeout_s: float = 30.0):
+        try:
+            with anyio.fail_after(timeout_s):
+                response = await self.http.get(path)
+        except TimeoutError:
+            raise EngineTimeoutError(f"cell {self.base_url} {path}: no answer within {timeout_s} s") from None
+        except httpx.TransportError as exc:
+            raise EngineUnavailableError(f"cell {self.base_url} {path}: {exc!r}") from None
+        _raise_for(response, response.content)
+        return decode(response.content, type_)
+
     async def refresh_statistics(self) -> EngineStatistics:
         """Fetch the cell's statistics now (and keep them for `statistics()`)."""
-        try:
-            with anyio.fail_after(30):
-                response = await self.http.get("/statistics")
-        except TimeoutError:
-            raise EngineTimeoutError(f"cell {self.base_url} /statistics: no answer within 30 s") from None
-        except httpx.TransportError as exc:
-            raise EngineUnavailableError(f"cell {self.base_url} /statistics: {exc!r}") from None
-        _raise_for(response, response.content)
-        self._stats = decode(response.content, EngineStatistics)
+        self._stats = await self._get("/statistics", EngineStatistics)
         return self._stats
 
     def statistics(self) -> EngineStatistics:
@@ -268,15 +271,7 @@ class CellClient:
 
     async def cell_statistics(self) -> CellStatistics:
         """The cell's role, trainer version and gradient traffic, fetched now."""
-        try:
-            with anyio.fail_after(30):
-                response = await self.http.get("/cell_statistics")
-        except TimeoutError:
-            raise EngineTimeoutError(f"cell {self.base_url} /cell_statistics: no answer within 30 s") from None
-        except httpx.TransportError as exc:
-            raise EngineUnavailableError(f"cell {self.base_url} /cell_statistics: {exc!r}") from None
-        _raise_for(response, response.content)
-        return decode(response.content, CellStatistics)
+        return await self._get("/cell_statistics", CellStatistics)
 
 
 class CellProcess(msgspec.Struct, kw_only=True):

@@ -42,12 +42,11 @@ import msgspec
 from gyre.config import RunConfig
 from gyre.errors import ConfigError, GyreError
 from gyre.runtime.batch import TrainingBatch, build_training_batch
-from gyre.agents.harness import Harness
 from gyre.runtime.cell_client import open_cells
 from gyre.runtime.checkpoint import latest_checkpoint
-from gyre.runtime.loop import _with_interpreter, pick_tasks, split_tasks
+from gyre.runtime.loop import pick_tasks, split_tasks
 from gyre.runtime.metrics import MetricsWriter, StepMetrics
-from gyre.runtime.rollout import Executed, Rollout
+from gyre.runtime.rollout import Executed, Rollout, open_rollout
 from gyre.runtime.router import Router
 from gyre.runtime.scheduler import (
     CellView,
@@ -62,7 +61,6 @@ from gyre.runtime.scheduler import (
 )
 from gyre.runtime.timeline import TimelineWriter
 from gyre.tasks.task import Task
-from gyre.tito.proxy import TitoProxy
 
 __all__ = ["Cell", "CellDiedError", "ElasticRuntime", "StepRecord", "run_cells", "run_elastic"]
 
@@ -637,17 +635,10 @@ async def run_cells(
             sched.policy, max_staleness_steps=sched.max_staleness_steps, async_train_cells=sched.async_train_cells
         )
     async with Router({c.name: c.client for c in cells}, config=config.router) as router:
-        proxy = TitoProxy(
-            tokenizer=tokenizer, engine_for=router.engine_for, config=config.proxy,
-            log_path=str(run_dir / config.proxy.log_name),
-        )
-        async with anyio.create_task_group() as tg:
-            port = await tg.start(proxy.serve)
-            harness = Harness.from_config(
-                _with_interpreter(config.tasks.harness), base_url=f"http://{config.proxy.host}:{port}/v1",
-                model=config.proxy.model_name, run_dir=run_dir,
-            )
-            rollout = Rollout(proxy, harness, max_concurrent=sched.capacity_per_cell * len(cells))
+        async with open_rollout(
+            config, tokenizer=tokenizer, engine_for=router.engine_for,
+            max_concurrent=sched.capacity_per_cell * len(cells),
+        ) as rollout:
             with TimelineWriter(run_dir) as timeline:
                 runtime = ElasticRuntime(
                     config=config, cells=cells, router=router, rollout=rollout, policy=policy, tasks=tasks,
@@ -655,7 +646,6 @@ async def run_cells(
                     launch=launch,
                 )
                 await runtime.run(config.loop.steps)
-            tg.cancel_scope.cancel()
     return runtime
 
 

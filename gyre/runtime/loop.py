@@ -17,25 +17,21 @@ import math
 import os
 import random
 import secrets
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
-import msgspec
 
-from gyre.agents.harness import Harness
-from gyre.config import HarnessConfig, RunConfig
+from gyre.config import RunConfig
 from gyre.errors import ConfigError
 from gyre.runtime.batch import build_training_batch
 from gyre.runtime.cell_client import CellClient, open_cell
 from gyre.runtime.checkpoint import ExecutionLedger, LedgerEntry, LoopState, latest_checkpoint, save_checkpoint
 from gyre.runtime.metrics import EvalMetrics, MetricsWriter, StepMetrics, read_metrics
-from gyre.runtime.rollout import Executed, Rollout
+from gyre.runtime.rollout import Executed, Rollout, open_rollout
 from gyre.tasks.task import Task, load_suite
 from gyre.tito.log import read_log
-from gyre.tito.proxy import TitoProxy
 
 __all__ = ["run_rl", "split_tasks", "pick_tasks"]
 
@@ -182,14 +178,6 @@ class _Run:
             return False
 
 
-def _with_interpreter(harness: HarnessConfig) -> HarnessConfig:
-    """A leading `python` in `agent_command` means this node's interpreter (its venv)."""
-    command = harness.agent_command
-    if command and command[0] == "python":
-        return msgspec.structs.replace(harness, agent_command=(sys.executable, *command[1:]))
-    return harness
-
-
 def _truncate_torn_log(path: Path) -> None:
     """Cut a torn last frame (a kill mid-write) so new frames append after whole ones."""
     if path.exists():
@@ -227,17 +215,10 @@ async def run_rl(config: RunConfig, model_dir: Path, *, resume: bool = False, pr
     async with open_cell(weights, config.engine, log_path=run_dir / "cells" / "cell-0.log") as engine:
         if trainer.version:
             await engine.load_weights(str(weights), trainer.version)  # tag the resumed version
-        proxy = TitoProxy(
-            tokenizer=tokenizer, engine_for=lambda _execution: engine, config=config.proxy,
-            log_path=str(run_dir / config.proxy.log_name),
-        )
-        async with anyio.create_task_group() as tg:
-            port = await tg.start(proxy.serve)
-            harness = Harness.from_config(
-                _with_interpreter(config.tasks.harness), base_url=f"http://{config.proxy.host}:{port}/v1",
-                model=config.proxy.model_name, run_dir=run_dir,
-            )
-            rollout = Rollout(proxy, harness, max_concurrent=config.loop.max_concurrent_executions)
+        async with open_rollout(
+            config, tokenizer=tokenizer, engine_for=lambda _execution: engine,
+            max_concurrent=config.loop.max_concurrent_executions,
+        ) as rollout:
             run = _Run(config, trainer, engine, rollout, launch=secrets.token_hex(3))
             async def evaluate(step: int) -> None:
                 record = await run.evaluate(step)
@@ -255,5 +236,4 @@ async def run_rl(config: RunConfig, model_dir: Path, *, resume: bool = False, pr
                     await evaluate(state.step)
             if not run.evaluated(state.step):
                 await evaluate(state.step)
-            tg.cancel_scope.cancel()
     return state

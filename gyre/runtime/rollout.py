@@ -10,18 +10,24 @@ trees, losses or training.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
 
 from gyre.agents.harness import ExecutionControl, Harness
+from gyre.config import HarnessConfig, RunConfig
+from gyre.engines.protocol import InferenceEngine
 from gyre.tasks.outcome import Outcome
 from gyre.tasks.task import Task
 from gyre.tito.proxy import TitoProxy
 from gyre.tito.records import ExecutionSummary, ModelCall
 
-__all__ = ["Executed", "Rollout"]
+__all__ = ["Executed", "Rollout", "open_rollout"]
 
 _POLL_S = 0.05
 """How often a running execution's limits are checked against the proxy's totals."""
@@ -89,3 +95,31 @@ class Rollout:
 
                 tg.start_soon(one)
         return [r for r in results if r is not None]
+
+
+def _with_interpreter(harness: HarnessConfig) -> HarnessConfig:
+    """A leading `python` in `agent_command` means this node's interpreter (its venv)."""
+    command = harness.agent_command
+    if command and command[0] == "python":
+        return msgspec.structs.replace(harness, agent_command=(sys.executable, *command[1:]))
+    return harness
+
+
+@asynccontextmanager
+async def open_rollout(
+    config: RunConfig, *, tokenizer: Any, engine_for: Callable[[str], InferenceEngine], max_concurrent: int
+) -> AsyncIterator[Rollout]:
+    """The run's TITO proxy served on a task of its own (call log at `<run_dir>/<proxy.log_name>`),
+    the harness pointed at it, and a `Rollout` over both; the proxy stops on exit."""
+    run_dir = Path(config.run_dir).resolve()  # agents run in their workspaces: no relative paths
+    proxy = TitoProxy(
+        tokenizer=tokenizer, engine_for=engine_for, config=config.proxy, log_path=str(run_dir / config.proxy.log_name)
+    )
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.serve)
+        harness = Harness.from_config(
+            _with_interpreter(config.tasks.harness), base_url=f"http://{config.proxy.host}:{port}/v1",
+            model=config.proxy.model_name, run_dir=run_dir,
+        )
+        yield Rollout(proxy, harness, max_concurrent=max_concurrent)
+        tg.cancel_scope.cancel()
