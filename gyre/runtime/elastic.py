@@ -44,7 +44,7 @@ from gyre.errors import ConfigError, GyreError
 from gyre.runtime.batch import TrainingBatch, build_training_batch
 from gyre.runtime.cell_client import open_cells
 from gyre.runtime.checkpoint import latest_checkpoint
-from gyre.runtime.loop import pick_tasks, split_tasks
+from gyre.runtime.loop import pass_rate, pick_tasks, split_tasks
 from gyre.runtime.metrics import MetricsWriter, StepMetrics
 from gyre.runtime.rollout import Executed, Rollout, open_rollout
 from gyre.runtime.router import Router
@@ -599,13 +599,12 @@ def _died(cell: _CellState) -> bool:
 
 
 def _step_metrics(record, executed, batches, stats, counted, result, times) -> StepMetrics:
-    scored = [ex.outcome.score for ex in executed if not ex.outcome.failed]
+    rate, reward = pass_rate(executed)
     linear = sum(b.linear_tokens for b in batches)
     packed = sum(b.packed_tokens for b in batches)
     return StepMetrics(
         step=record.step, version=record.version, executions=len(executed),
-        pass_rate=sum(s.all_passed for s in scored) / len(scored) if scored else math.nan,
-        mean_reward=sum(s.score for s in scored) / len(scored) if scored else math.nan,
+        pass_rate=rate, mean_reward=reward,
         finished=sum(ex.outcome.termination == "finished" for ex in executed),
         partial=sum(ex.outcome.stopped for ex in executed),
         failed=sum(ex.outcome.failed for ex in executed),

@@ -33,7 +33,7 @@ from gyre.runtime.rollout import Executed, Rollout, open_rollout
 from gyre.tasks.task import Task, load_suite
 from gyre.tito.log import read_log
 
-__all__ = ["run_rl", "split_tasks", "pick_tasks"]
+__all__ = ["run_rl", "split_tasks", "pick_tasks", "pass_rate"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,9 @@ def pick_tasks(train: Sequence[Task], cursor: int, n: int, seed: int) -> list[Ta
     return out
 
 
-def _pass_rate(executed: Sequence[Executed]) -> tuple[float, float]:
+def pass_rate(executed: Sequence[Executed]) -> tuple[float, float]:
+    """(fraction of scored executions whose hidden tests all passed, their mean score); failed
+    executions are left out; (NaN, NaN) when none was scored."""
     scored = [ex.outcome.score for ex in executed if not ex.outcome.failed]
     if not scored:
         return math.nan, math.nan
@@ -134,7 +136,7 @@ class _Run:
         )
         sync_s = time.perf_counter() - t2
 
-        pass_rate, mean_reward = _pass_rate(executed)
+        pass_rate, mean_reward = pass_rate(executed)
         self.metrics.write(StepMetrics(
             step=step, version=self.trainer.version, executions=len(executed), pass_rate=pass_rate,
             mean_reward=mean_reward,
@@ -163,7 +165,7 @@ class _Run:
             for i, task in enumerate(self.heldout) for j in range(self.config.loop.eval_group_size)
         ]
         executed = await self.rollout.run_many(jobs)
-        pass_rate, mean_reward = _pass_rate(executed)
+        pass_rate, mean_reward = pass_rate(executed)
         record = EvalMetrics(
             step=step, version=self.trainer.version, split="heldout", executions=len(executed),
             pass_rate=pass_rate, mean_reward=mean_reward, eval_s=time.perf_counter() - t0,
