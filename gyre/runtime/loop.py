@@ -136,9 +136,9 @@ class _Run:
         )
         sync_s = time.perf_counter() - t2
 
-        pass_rate, mean_reward = pass_rate(executed)
+        rate, mean_reward = pass_rate(executed)
         self.metrics.write(StepMetrics(
-            step=step, version=self.trainer.version, executions=len(executed), pass_rate=pass_rate,
+            step=step, version=self.trainer.version, executions=len(executed), pass_rate=rate,
             mean_reward=mean_reward,
             finished=sum(ex.outcome.termination == "finished" for ex in executed),
             partial=sum(ex.outcome.stopped for ex in executed),
@@ -165,10 +165,10 @@ class _Run:
             for i, task in enumerate(self.heldout) for j in range(self.config.loop.eval_group_size)
         ]
         executed = await self.rollout.run_many(jobs)
-        pass_rate, mean_reward = pass_rate(executed)
+        rate, mean_reward = pass_rate(executed)
         record = EvalMetrics(
             step=step, version=self.trainer.version, split="heldout", executions=len(executed),
-            pass_rate=pass_rate, mean_reward=mean_reward, eval_s=time.perf_counter() - t0,
+            pass_rate=rate, mean_reward=mean_reward, eval_s=time.perf_counter() - t0,
         )
         self.metrics.write(record)
         return record

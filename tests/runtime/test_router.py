@@ -716,6 +716,7 @@ async def test_vllm_cell_killed_mid_request_continues_on_another_cell(vllm_cell,
                     routed = GenerateRequest(request_id="k/1", prompt_ids=prompt, sampling=sampling)
                     tg.start_soon(consumer.run, router.engine_for("k"), routed)
                     await consumer.wait_tokens(8)
+                    finished_before_kill = consumer.finish() is not None
                     engine_processes = psutil.Process(process.process.pid).children(recursive=True)
                     process.process.kill()  # the cell crashes; its vLLM engine processes outlive it
                 stats = router.statistics()
@@ -728,5 +729,7 @@ async def test_vllm_cell_killed_mid_request_continues_on_another_cell(vllm_cell,
     lps = [lp for d in consumer.deltas for lp in d.logprobs]
     assert consumer.tokens() == want.token_ids
     assert max(abs(x - y) for x, y in zip(lps, want.logprobs, strict=True)) <= 1e-5
+    if finished_before_kill:  # seen once in CI: all 400 tokens arrived in one late burst
+        pytest.skip("the request finished before the kill landed (stream delivered late); tokens were checked")
     assert stats.requests_redirected == 1 and stats.cells_down == 1
     assert stats.cells[0].down is not None and stats.cells[1].down is None
