@@ -41,7 +41,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -78,6 +78,15 @@ def _warn_once(key: str, message: str, *args: object) -> None:
 
 def _under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _closed_parents(paths: Iterable[str]) -> set[str]:
+    """The parent folders of `paths` (absolute) that other users cannot traverse (no o+x), e.g.
+    the 0700 folder of a `mktemp -d` checkout. An agent's namespace covers them with a 0755 tmpfs,
+    so the folders bound back below them (the venv, the gyre package, the execution) are reached
+    and nothing else under them is. Mode bits only."""
+    return {str(folder) for path in paths for folder in Path(path).parents
+            if folder != Path("/") and not os.stat(folder).st_mode & stat.S_IXOTH}
 
 
 def _closed_to_others(path: Path, *, executable: bool, mounts: Mounts | None = None) -> Path | None:
@@ -369,6 +378,7 @@ class Harness:
                 gyre_dir = Path(gyre.__file__).parent
                 expose = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, gyre_dir)}
                 expose |= {os.path.realpath(p) for p in expose}
+                hide |= _closed_parents(expose | {os.path.abspath(root), os.path.realpath(root)})
                 self.mounts = Mounts(hide=tuple(sorted(hide)), expose=tuple(sorted(expose)))
             else:
                 _warn_once("mounts", "isolate_mounts: no private mount namespace for agents (%s): "

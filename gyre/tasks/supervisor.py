@@ -248,6 +248,7 @@ def probe_mount_namespace() -> str | None:
     if pid == 0:
         try:
             os.close(read)
+            os.chdir("/")  # the caller's folder may sit under the probed /tmp (a checkout in /tmp)
             enter_mount_namespace({"read_only": True, "hide": ["/mnt"], "private": ["/tmp"],
                                    "expose": ["/tmp"]})
             os._exit(0)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
+import tempfile
 from pathlib import Path
 
 import anyio
@@ -47,13 +49,20 @@ async def test_agent_ignoring_sigterm_with_children_is_gone_and_scored(
     tmp_path: Path, harness: Harness, server, bridge
 ) -> None:
     task = out_task(tmp_path, agent="deadline_s = 10.0\n")
-    (tmp_path / "evil.py").write_text(ONE_MODEL_CALL + "open('out.txt', 'w').write('partial')\n" + EVIL)
-    pidfile = tmp_path / "pids"
-    outcome = await run_policy(
-        harness, server, bridge, task, "evil", lambda call: {"role": "assistant", "content": "ok"},
-        agent_command=[sys.executable, str(tmp_path / "evil.py"), str(pidfile)],
-    )
-    pids = [int(p) for p in pidfile.read_text().split()]
+    # the agent runs as its own uid in a namespace that hides tmp_path: its script and pid file
+    # live in a folder every user reaches
+    shared = Path(tempfile.mkdtemp(prefix="gyre-evil-", dir="/tmp"))
+    os.chmod(shared, 0o777)
+    (shared / "evil.py").write_text(ONE_MODEL_CALL + "open('out.txt', 'w').write('partial')\n" + EVIL)
+    pidfile = shared / "pids"
+    try:
+        outcome = await run_policy(
+            harness, server, bridge, task, "evil", lambda call: {"role": "assistant", "content": "ok"},
+            agent_command=[sys.executable, str(shared / "evil.py"), str(pidfile)],
+        )
+        pids = [int(p) for p in pidfile.read_text().split()]
+    finally:
+        shutil.rmtree(shared)
     assert len(pids) >= 3
     assert outcome.termination == "timeout"
     assert outcome.agent_s <= task.spec.agent.deadline_s + 2.0  # bound, not a timing measurement
@@ -173,15 +182,21 @@ async def test_workspace_is_private_and_holds_no_hidden_files(
     key = mint_api_key("iso")
     outcome = await harness.run(task, "iso", agent_command=["/bin/sh", "-c", script], api_key=key)
     out = outcome.stdout_tail
-    assert "mode 700" in out
+    # isolated (root here): the agent passes through its execution folder and the root (0711) but
+    # lists neither; otherwise it runs as us and both are ours alone (0700)
+    mode = 0o711 if harness.isolated else 0o700
+    assert f"mode {mode:o}" in out
     listing = out.split("WS\n")[1].split("UP\n")
     assert listing[0].split() == ["data.txt"]  # the environment template only
-    assert listing[1].split()[:6] == ["home", "instruction.md", "stderr.log", "stdout.log", "tmp", "workspace"]
+    if harness.isolated:  # 0711: the agent cannot list its execution folder
+        assert listing[1].split()[0] == "GYRE_MODEL=gyre"
+    else:
+        assert listing[1].split()[:6] == ["home", "instruction.md", "stderr.log", "stdout.log", "tmp", "workspace"]
     assert "test_out" not in out and "oracle" not in out
     assert f"OPENAI_API_KEY={key}" in out and f"OPENAI_BASE_URL={harness.base_url}" in out
     assert "GYRE_EXECUTION_ID=iso" in out
     assert "do-not-leak" not in out
-    assert stat.S_IMODE(os.stat(harness.workspace_root).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(harness.workspace_root).st_mode) == mode
 
 
 async def test_execution_ids(tmp_path: Path, server) -> None:
