@@ -41,8 +41,13 @@ REPO = Path(__file__).resolve().parents[1]
 CAPACITY = 2
 """Executions per rollout cell: 8 slots on 4 cells stay below the staleness bound's 2 batches
 (12), so rollout capacity, not admission, limits every policy."""
-WORKLOAD = LongtailSettings(turns_median=4.0, turns_sigma=0.8, max_turns=24, tool_median_s=1.5, tool_sigma=0.5,
-                            tool_max_s=10.0, max_tokens=16)
+WORKLOAD = LongtailSettings(turns_median=4.0, turns_sigma=0.8, max_turns=24, tool_median_s=5.0, tool_sigma=0.5,
+                            tool_max_s=30.0, max_tokens=16)
+"""Tool-bound: an execution costs about 3 CPU-seconds here (agent and verifier start-up, its model
+calls; measured 2026-11-29 with 1.5 s tools: 463 CPU-s for 144 executions), so with 1.5 s tools 8
+busy slots asked for ~2.7 of the 2 cores and every policy was CPU-bound. 5 s tools bring a full
+8 slots to ~1 core: the slots, which the policies move, bound the steps, as in a cluster whose
+executions wait on tools for hours."""
 
 
 def _cpu_seconds() -> float:
