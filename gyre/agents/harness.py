@@ -82,9 +82,9 @@ def _under(path: str, folder: str) -> bool:
 
 def _closed_parents(paths: Iterable[str]) -> set[str]:
     """The parent folders of `paths` (absolute) that other users cannot traverse (no o+x), e.g.
-    the 0700 folder of a `mktemp -d` checkout. An agent's namespace covers them with a 0755 tmpfs,
-    so the folders bound back below them (the venv, the gyre package, the execution) are reached
-    and nothing else under them is. Mode bits only."""
+    the 0700 folder of a `mktemp -d` checkout: an agent's namespace lets it pass through them
+    (`Mounts.traverse`), so it reaches the venv, the gyre package, its execution and whatever else
+    below them other users may read, as in a checkout whose parents are o+x. Mode bits only."""
     return {str(folder) for path in paths for folder in Path(path).parents
             if folder != Path("/") and not os.stat(folder).st_mode & stat.S_IXOTH}
 
@@ -93,13 +93,17 @@ def _closed_to_others(path: Path, *, executable: bool, mounts: Mounts | None = N
     """The first parent folder of `path` (as given and resolved) that other users cannot
     traverse (no o+x), or `path` itself if `executable` and they cannot read and run it; None if
     an unprivileged stranger reaches it. With `mounts`, as that namespace shows the tree: a folder
-    covered by `hide`/`private` is gone, except the parents of an exposed folder (created 0755).
+    covered by `hide`/`private` is gone, except the parents of an exposed folder (created 0755); a
+    folder in `traverse` is passed.
     Mode bits only (ACLs are not consulted)."""
     covers = () if mounts is None else mounts.hide + mounts.private
     shown = () if mounts is None else mounts.expose + mounts.writable
+    passed = () if mounts is None else mounts.traverse
 
     def blocks(folder: Path) -> bool:
         f = str(folder)
+        if f in passed:
+            return False
         inner = max((c for c in covers + shown if _under(f, c)), key=len, default=None)
         if inner is not None and inner in covers and inner not in shown:
             return not any(_under(e, f) and e != f and _under(e, inner) for e in shown)
@@ -378,8 +382,9 @@ class Harness:
                 gyre_dir = Path(gyre.__file__).parent
                 expose = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, gyre_dir)}
                 expose |= {os.path.realpath(p) for p in expose}
-                hide |= _closed_parents(expose | {os.path.abspath(root), os.path.realpath(root)})
-                self.mounts = Mounts(hide=tuple(sorted(hide)), expose=tuple(sorted(expose)))
+                traverse = _closed_parents(expose | {os.path.abspath(root), os.path.realpath(root)}) - hide
+                self.mounts = Mounts(hide=tuple(sorted(hide)), traverse=tuple(sorted(traverse)),
+                                     expose=tuple(sorted(expose)))
             else:
                 _warn_once("mounts", "isolate_mounts: no private mount namespace for agents (%s): "
                            "an agent sees the node's files as its uid may", problem)

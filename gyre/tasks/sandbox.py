@@ -61,6 +61,9 @@ class Mounts(msgspec.Struct, frozen=True, kw_only=True):
     """Folders covered by an empty read-only tmpfs: their content cannot be reached."""
     private: tuple[str, ...] = ()
     """Folders covered by a fresh writable tmpfs (1777) that dies with the command (/tmp)."""
+    traverse: tuple[str, ...] = ()
+    """Folders other users cannot enter (0700) that the command passes through as if they had
+    o+x (the folder of a `mktemp -d` checkout): what lies below keeps its own modes."""
     expose: tuple[str, ...] = ()
     """Folders shown read-only at their own path even under a hidden one (the interpreter)."""
     writable: tuple[str, ...] = ()
@@ -69,7 +72,7 @@ class Mounts(msgspec.Struct, frozen=True, kw_only=True):
     """Every other mount read-only: the command writes only to `writable` and `private`."""
 
     def __post_init__(self) -> None:
-        for name in ("hide", "private", "expose", "writable"):
+        for name in ("hide", "private", "traverse", "expose", "writable"):
             for path in getattr(self, name):
                 if not os.path.isabs(path) or os.path.normpath(path) != path or path == "/":
                     raise ValueError(f"{name}: {path!r} must be a normalised absolute path other than /")

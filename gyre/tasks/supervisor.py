@@ -185,6 +185,10 @@ def enter_mount_namespace(mounts: dict) -> None:
     - `read_only`: every mount becomes read-only first (`mount_setattr(AT_RECURSIVE)`);
     - `hide`: folders covered by an empty tmpfs (0755), made read-only at the end;
     - `private`: folders covered by a fresh writable tmpfs (1777, `_PRIVATE_TMP_BYTES`), e.g. /tmp;
+    - `traverse`: folders other users cannot enter (0700) that they pass through here as if they
+      had o+x: covered by a 0711 tmpfs on which every entry is bound back at its own path (a
+      symlink is recreated; sockets, FIFOs and devices are left out), so what lies below keeps its
+      own modes and nobody lists the folder;
     - `expose` (read-only) and `writable`: folders bound back at their own path (their content as
       seen before anything was hidden; missing parents are created 0755 on the covering tmpfs).
     Operations run shallowest path first (at one path: cover, then bind), so a folder exposed
@@ -197,16 +201,28 @@ def enter_mount_namespace(mounts: dict) -> None:
     _check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing propagates back to the node
     binds: dict[str, tuple[int, bool]] = {}
+    entries: dict[str, list[tuple[str, int | str]]] = {}  # traversed folder -> (name, fd or link)
     try:
         for key, writable in (("expose", False), ("writable", True)):
             for path in mounts.get(key, ()):
                 if os.path.isdir(path):  # opened before anything is covered
                     binds[path] = (os.open(path, os.O_PATH | os.O_CLOEXEC), writable)
+        for path in mounts.get("traverse", ()):
+            if os.path.isdir(path):
+                entries[path] = []
+                with os.scandir(path) as scan:
+                    for entry in scan:
+                        if entry.is_symlink():
+                            entries[path].append((entry.name, os.readlink(entry.path)))
+                        elif entry.is_dir() or entry.is_file():
+                            fd = os.open(entry.path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+                            entries[path].append((entry.name, fd))
         if mounts.get("read_only"):
             attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
             _check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr),
                                 ctypes.sizeof(attr)), "mount_setattr(/, AT_RECURSIVE, MOUNT_ATTR_RDONLY)")
         ops = [(p, 0, "hide") for p in mounts.get("hide", ())]
+        ops += [(p, 0, "traverse") for p in entries]
         ops += [(p, 0, "private") for p in mounts.get("private", ())]
         ops += [(p, 1, "bind") for p in binds]
         covers: list[str] = []
@@ -222,6 +238,21 @@ def enter_mount_namespace(mounts: dict) -> None:
                 _mount(libc, f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
                 ro = 0 if writable else _MS_RDONLY
                 _mount(libc, None, path, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV | ro)
+            elif kind == "traverse" and os.path.isdir(path):
+                _mount(libc, "tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0711,size=1m")
+                for name, source in entries[path]:
+                    target = os.path.join(path, name)
+                    if isinstance(source, str):
+                        os.symlink(source, target)
+                        continue
+                    if os.path.isdir(f"/proc/self/fd/{source}"):
+                        os.mkdir(target, 0o755)
+                    else:
+                        os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+                    # the bind keeps the source mount's flags (read-only after `read_only`)
+                    _mount(libc, f"/proc/self/fd/{source}", target, None, _MS_BIND | _MS_REC)
+                hidden.append(path)
+                covers.append(path)
             elif os.path.isdir(path):  # a path already covered by a shallower tmpfs is gone: skip
                 if kind == "hide":
                     _mount(libc, "tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
@@ -236,6 +267,10 @@ def enter_mount_namespace(mounts: dict) -> None:
     finally:
         for fd, _writable in binds.values():
             os.close(fd)
+        for listed in entries.values():
+            for _name, source in listed:
+                if isinstance(source, int):
+                    os.close(source)
 
 
 def probe_mount_namespace() -> str | None:

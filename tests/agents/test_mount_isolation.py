@@ -202,3 +202,54 @@ def test_mounts_and_hidden_paths_are_validated() -> None:
         HarnessConfig(hidden_paths=("root",))
     with pytest.raises(ValueError, match="must be absolute"):
         Harness(base_url="http://127.0.0.1:1/v1", hidden_paths=("root",))
+
+
+TRAVERSE_PROBE = r"""
+import json, os, sys
+def attempt(action):
+    try:
+        action()
+        return "ok"
+    except OSError as exc:
+        return type(exc).__name__
+closed = sys.argv[1]
+print(json.dumps({
+    "shared": attempt(lambda: open(f"{closed}/shared/file").read()),
+    "secret": attempt(lambda: open(f"{closed}/secret").read()),
+    "link": attempt(lambda: open(f"{closed}/link").read()),
+    "list": attempt(lambda: os.listdir(closed)),
+    "write": attempt(lambda: open(f"{closed}/shared/open/new", "w").write("x")),
+}))
+"""
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+async def test_traverse_passes_a_closed_folder_as_if_it_had_o_x(run_dir: Path, read_only: bool) -> None:
+    """A 0700 folder (a mktemp -d checkout) in `traverse`: the agent uid reads what lies below by
+    its own modes, lists nothing there, and with `read_only` writes nowhere below it."""
+    closed = Path(tempfile.mkdtemp(prefix="gyre-closed-", dir="/tmp"))  # 0700, root's
+    try:
+        (closed / "shared" / "open").mkdir(parents=True)
+        (closed / "shared" / "file").write_text("public")
+        os.chmod(closed / "shared" / "open", 0o777)
+        (closed / "secret").write_text("private")
+        os.chmod(closed / "secret", 0o600)
+        (closed / "link").symlink_to("shared/file")
+        probe = ["/usr/bin/env", "python3", "-I", "-c", TRAVERSE_PROBE, str(closed)]
+        reports = []
+        for mounts in (None, Mounts(traverse=(str(closed),), read_only=read_only)):
+            with open(run_dir / "out", "wb") as out:
+                result = await run_supervised(
+                    probe, cwd="/", env={"PATH": "/usr/bin:/bin"}, limits=Limits(), deadline_s=30,
+                    stdout=out, stderr=out, user=(UID_BASE + 60, UID_BASE + 60), mounts=mounts,
+                )
+            assert result.exit_code == 0, (run_dir / "out").read_text()
+            reports.append(json.loads((run_dir / "out").read_text()))
+        unchanged = dict.fromkeys(("shared", "secret", "link", "list", "write"), "PermissionError")
+        assert reports[0] == unchanged  # without the namespace nothing below is reached
+        assert reports[1] == {"shared": "ok", "secret": "PermissionError", "link": "ok",
+                              "list": "PermissionError", "write": "OSError" if read_only else "ok"}
+        assert stat.S_IMODE(os.stat(closed).st_mode) == 0o700  # the host folder itself is untouched
+        assert (closed / "shared" / "open" / "new").exists() is not read_only  # the write landed
+    finally:
+        shutil.rmtree(closed)
