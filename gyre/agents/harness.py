@@ -118,13 +118,10 @@ def _closed_to_others(path: Path, *, executable: bool, mounts: Mounts | None = N
     return None
 
 
-def _suite_hidden(task: Task) -> set[str]:
-    """`tests/` and `solution/` of `task` and of every task folder beside it (its suite)."""
-    found = {str(task.tests_dir), str(task.solution_dir)}
-    for sibling in task.path.parent.iterdir():
-        if (sibling / "task.toml").is_file():
-            found.update(str(sibling / name) for name in ("tests", "solution"))
-    return {os.path.abspath(p) for p in found}
+def _suite_hidden(suite: Path) -> set[str]:
+    """`tests/` and `solution/` of every task folder in `suite` (folders holding a task.toml)."""
+    return {os.path.abspath(task / name) for task in suite.iterdir() if (task / "task.toml").is_file()
+            for name in ("tests", "solution")}
 
 
 _PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -403,6 +400,16 @@ class Harness:
         self._template_ok: dict[str, bool] = {}  # task root -> its verifier works on the template
         self._hidden_tightened: set[str] = set()  # task roots whose tests/ and solution/ are 0700
 
+    def hide_suite(self, suite: str | os.PathLike[str]) -> None:
+        """Hide `tests/` and `solution/` of every task in the folder `suite` from agents and
+        verifiers started from now on (a task's own suite is hidden when it first runs; the job
+        hides every configured suite before the first execution). No effect without mount
+        isolation. Raises `OSError` if `suite` cannot be listed."""
+        folder = Path(suite)
+        if self.mounts is not None and folder not in self._suites_seen:
+            self._suite_hidden |= _suite_hidden(folder)
+            self._suites_seen.add(folder)
+
     def _view(self, *shown: str) -> Mounts | None:
         """`self.mounts` with `shown` folders also bound back (None without mount isolation)."""
         if self.mounts is None:
@@ -480,9 +487,7 @@ class Harness:
         (exec_dir / "tmp").mkdir()
         (exec_dir / "instruction.md").write_text(task.instruction, encoding="utf-8")
         if user is not None:
-            if self.mounts is not None and task.path.parent not in self._suites_seen:
-                self._suite_hidden |= _suite_hidden(task)
-                self._suites_seen.add(task.path.parent)
+            self.hide_suite(task.path.parent)
             if task.root not in self._hidden_tightened:
                 _tighten_hidden(task)
                 self._hidden_tightened.add(task.root)

@@ -121,5 +121,7 @@ async def open_rollout(
             _with_interpreter(config.tasks.harness), base_url=f"http://{config.proxy.host}:{port}/v1",
             model=config.proxy.model_name, run_dir=run_dir,
         )
+        for suite in config.tasks.suites:  # no agent reads another suite's hidden tests either
+            harness.hide_suite(Path(suite).resolve())
         yield Rollout(proxy, harness, max_concurrent=max_concurrent)
         tg.cancel_scope.cancel()

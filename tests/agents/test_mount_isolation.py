@@ -253,3 +253,22 @@ async def test_traverse_passes_a_closed_folder_as_if_it_had_o_x(run_dir: Path, r
         assert (closed / "shared" / "open" / "new").exists() is not read_only  # the write landed
     finally:
         shutil.rmtree(closed)
+
+
+async def test_configured_suites_are_hidden_before_their_first_task(run_dir: Path, server) -> None:
+    """A suite none of whose tasks has run yet is readable by default modes (0644 under a 0755
+    run folder); `hide_suite` (the job calls it for every configured suite) covers it."""
+    suites = Path(tempfile.mkdtemp(prefix="gyre-suites-", dir="/tmp"))  # not under the hidden run folder
+    os.chmod(suites, 0o755)
+    try:
+        task = load_task(make_task(suites / "a" / "t", tests=TESTS))
+        other = load_task(make_task(suites / "b" / "u", tests={"test_secret.py": "SECRET = 1\n"}))
+        script = f"cat {other.tests_dir / 'test_secret.py'} || echo unreadable"
+        harness = config_harness(server, run_dir)
+        before = await harness.run(task, "before", agent_command=["/bin/sh", "-c", script])
+        harness.hide_suite(suites / "b")
+        after = await harness.run(task, "after", agent_command=["/bin/sh", "-c", script])
+    finally:
+        shutil.rmtree(suites)
+    assert "SECRET = 1" in before.stdout_tail  # the control: the file is there to be read
+    assert "SECRET" not in after.stdout_tail and "No such file or directory" in after.stderr_tail
