@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import logging
 import os
 import signal
@@ -59,6 +60,7 @@ from gyre.errors import (
     WeightSyncError,
 )
 from gyre.runtime.cell_wire import (
+    CELL_SECRET_ENV,
     AbortRequest,
     CellStatistics,
     CheckpointRequest,
@@ -75,6 +77,7 @@ from gyre.runtime.cell_wire import (
     SwitchResult,
     TrainRequest,
     WireError,
+    cell_secret,
     decode,
     encode,
     encode_frame,
@@ -449,6 +452,19 @@ async def _start_trainer(model: str, trainer: TrainerConfig, rl: RLConfig):
     return await asyncio.to_thread(DeepSpeedTrainer, model, trainer, rl)
 
 
+def _authorised(secret: str):
+    """aiohttp middleware: 401 for a request without `Authorization: Bearer <secret>`."""
+    expected = f"Bearer {secret}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler):
+        if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+            return web.Response(status=401, text=f"cell API: missing or wrong bearer token (${CELL_SECRET_ENV})")
+        return await handler(request)
+
+    return check
+
+
 async def serve(
     model: str,
     config: EngineConfig,
@@ -464,7 +480,7 @@ async def serve(
     engine, then the trainer (`trainer` given) and the gradient group (`group` = (store address,
     rank, world size)); `/health` says ready once all three are up."""
     cell = _Cell()
-    app = web.Application(client_max_size=256 * 2**20)
+    app = web.Application(client_max_size=256 * 2**20, middlewares=[_authorised(cell_secret())])
     app.router.add_get("/health", cell.health_handler)
     app.router.add_post("/generate", cell.generate)
     app.router.add_post("/abort", cell.abort)
@@ -530,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=None, help="size of the run-wide gradient group")
     parser.add_argument("--group-store", default=None, help="HOST:PORT of the node's gradient-group TCPStore")
     args = parser.parse_args(argv)
+    if not os.environ.get(CELL_SECRET_ENV):
+        parser.error(f"${CELL_SECRET_ENV} is not set: clients authenticate with it (gyre sets it for the cells it starts)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = msgspec.json.decode(args.engine_config.encode(), type=EngineConfig)
     trainer = None if args.trainer_config is None else msgspec.json.decode(args.trainer_config.encode(), type=TrainerConfig)

@@ -55,6 +55,7 @@ from gyre.runtime.cell_wire import (
     SwitchResult,
     TrainRequest,
     WireError,
+    cell_secret,
     decode,
     encode,
 )
@@ -63,6 +64,11 @@ from gyre.trajectory.pack import PackedBatch
 __all__ = ["CellClient", "CellProcess", "spawn_cell", "wait_cell_ready", "open_cell", "open_cells", "StepResult"]
 
 _HEADERS = {"Content-Type": "application/msgpack"}
+
+
+def _auth_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {cell_secret()}"}
+
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -98,7 +104,7 @@ class CellClient:
 
     async def __aenter__(self) -> CellClient:
         self._http = httpx.AsyncClient(
-            base_url=self.base_url,
+            base_url=self.base_url, headers=_auth_headers(),
             timeout=httpx.Timeout(self.config.request_timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
@@ -333,6 +339,7 @@ def spawn_cell(
         cmd += ["--rl-config", msgspec.json.encode(rl_config).decode()]
     if group_store is not None:
         cmd += ["--rank", str(rank), "--world-size", str(world_size), "--group-store", group_store]
+    cell_secret()  # in our environment before the cell inherits it
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
@@ -368,7 +375,7 @@ def wait_cell_ready(cell: CellProcess, timeout_s: float, host: str = "127.0.0.1"
     tail of its log), `EngineTimeoutError` after `timeout_s`.
     """
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=5.0) as http:
+    with httpx.Client(timeout=5.0, headers=_auth_headers()) as http:
         while time.monotonic() < deadline:
             if cell.process.poll() is not None:
                 raise EngineUnavailableError(

@@ -9,6 +9,8 @@ dtype, shape and bytes). Shared by the cell server
 
 from __future__ import annotations
 
+import os
+import secrets
 import struct
 
 import msgspec
@@ -19,6 +21,8 @@ from gyre.engines.trainer import AccumulateStatistics
 from gyre.trajectory.pack import PackedBatch
 
 __all__ = [
+    "CELL_SECRET_ENV",
+    "cell_secret",
     "AbortRequest",
     "LoadWeightsRequest",
     "ExportKVRequest",
@@ -41,6 +45,20 @@ __all__ = [
     "encode_frame",
     "FrameReader",
 ]
+
+CELL_SECRET_ENV = "GYRE_CELL_SECRET"
+"""The environment variable holding the node's cell secret: every request to a cell carries it
+(`Authorization: Bearer <secret>`), so an agent on the node, which can reach the cells' loopback
+ports, cannot drive them (`/load_checkpoint` loads a file as root)."""
+
+
+def cell_secret() -> str:
+    """This node's cell secret: `$GYRE_CELL_SECRET`, set in this process's environment on first
+    use (`secrets.token_hex(32)`: 64 hex characters), so the cells it starts inherit it. Agents
+    never hold it: the harness passes them only PATH, LANG, LC_ALL and TZ, and another uid cannot
+    read a root process's /proc/<pid>/environ. Several nodes sharing cells set the same value."""
+    return os.environ.setdefault(CELL_SECRET_ENV, secrets.token_hex(32))
+
 
 
 class AbortRequest(msgspec.Struct, frozen=True):

@@ -6,14 +6,19 @@ the scripted engine so the transport is tested in seconds.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import anyio
+import httpx
 import pytest
 
 from gyre.config import EngineConfig
 from gyre.engines import GenerateRequest, InferenceEngine, SamplingParams, collect
 from gyre.errors import ContextLengthError, EngineUnavailableError, InvalidRequestError
 from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
-from gyre.runtime.cell_wire import Frame, FrameReader, encode_frame
+from gyre.runtime.cell_wire import CELL_SECRET_ENV, Frame, FrameReader, cell_secret, encode_frame
 from gyre.engines.protocol import TokenDelta
 
 pytestmark = pytest.mark.anyio
@@ -167,3 +172,19 @@ async def test_gpu_pause_sleeps_and_frees_memory_then_resume_serves(tmp_path, ti
         await engine.resume()
         [c] = await collect(engine, req("after-wake", max_tokens=4))
         assert len(c.token_ids) == 4
+
+
+async def test_requests_without_the_node_secret_are_refused(scripted_cell, engine: InferenceEngine) -> None:
+    """An agent on the node reaches the cell's loopback port but not its secret: 401, no effect."""
+    before = engine.statistics().weight_version
+    async with httpx.AsyncClient(base_url=scripted_cell) as http:
+        for headers in ({}, {"Authorization": "Bearer " + "0" * 64}, {"Authorization": cell_secret()}):
+            for method, path in (("GET", "/health"), ("POST", "/load_weights"), ("POST", "/shutdown")):
+                response = await http.request(method, path, headers=headers, content=b"")
+                assert response.status_code == 401 and CELL_SECRET_ENV in response.text
+    await engine.refresh_statistics()  # the client's own requests still pass; the cell is up
+    assert engine.statistics().weight_version == before
+    env = {k: v for k, v in os.environ.items() if k != CELL_SECRET_ENV}
+    done = subprocess.run([sys.executable, "-m", "gyre.runtime.cell", "--model", "m", "--port-file", "p"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"${CELL_SECRET_ENV} is not set" in done.stderr
