@@ -427,9 +427,10 @@ class WarmStartConfig(_Config):
     """Output model folder (cached by input hash); empty: `<model.path>-sft`."""
     examples: int = 3072
     """Demonstrations generated with `learnable_examples` (shipped suite instructions excluded).
-    The default (384 steps of 8) is where the tiny model starts copying the word and path from
-    the instruction; fewer steps learn the call format only (`gyre.model.sft` docstring)."""
-    epochs: int = 1
+    With the default 2 epochs (768 steps of 8) the tiny model copies the word and path from the
+    instruction (held-out pass rate 65% at T=1); 384 steps only start to (20%), fewer learn the
+    call format only (`gyre.model.sft` docstring)."""
+    epochs: int = 2
     """Passes over the demonstrations."""
     batch_size: int = 8
     """Demonstrations per optimizer step."""
