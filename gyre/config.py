@@ -347,19 +347,25 @@ class HarnessConfig(_Config):
     agent_uid_count: int = 4096
     """Agent uids from `agent_uid_base` on: the most isolated executions running at once on a node."""
     isolate_mounts: bool = True
-    """With `isolate_uid`: each agent and verifier starts in a private mount namespace where
-    `hidden_paths`, the run folder, other workspaces and the suites' hidden tests are covered
-    (needs CAP_SYS_ADMIN; otherwise a warning)."""
+    """With `isolate_uid`: each agent and verifier starts in a private mount namespace where every
+    top-level folder but the system's (/usr, /etc, /var, ...), `hidden_paths`, the run folder,
+    other workspaces and the suites' hidden tests are covered, and /tmp is private
+    (`gyre.agents.harness`; needs CAP_SYS_ADMIN; otherwise a warning)."""
     hidden_paths: tuple[str, ...] = ("/root",)
     """Absolute folders agents and verifiers never see (the interpreter's installation and the
     gyre package are bound back even when they live under one)."""
+    visible_paths: tuple[str, ...] = ()
+    """Absolute folders or files agents and verifiers see read-only although they lie under a
+    covered top-level folder (tools under /opt, a data set under /home). The interpreter's
+    installation, the gyre package and the files the agent command names are shown anyway."""
 
     def __post_init__(self) -> None:
         if self.kill_grace_s < 0:
             raise ValueError(f"kill_grace_s={self.kill_grace_s} must be >= 0")
-        for path in self.hidden_paths:
-            if not path.startswith("/"):
-                raise ValueError(f"hidden_paths: {path!r} must be absolute")
+        for key in ("hidden_paths", "visible_paths"):
+            for path in getattr(self, key):
+                if not path.startswith("/"):
+                    raise ValueError(f"{key}: {path!r} must be absolute")
         base, count = self.agent_uid_base, self.agent_uid_count
         if base < 1000 or count < 1 or base + count > 2**31:
             raise ValueError(

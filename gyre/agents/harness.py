@@ -16,14 +16,17 @@ executions on the node share one) with gid = uid and no supplementary groups. It
 TMPDIR and instruction are chowned to it; the execution folder (0711, root) and its logs (0600)
 stay root's; the task's `tests/` and `solution/` are tightened to 0700 before the first run.
 With `isolate_mounts` (and CAP_SYS_ADMIN) each agent also starts in a private mount namespace
-(`gyre.tasks.sandbox.Mounts`): `hidden_paths` (/root), the run folder, the workspace root and the
-`tests/` and `solution/` of every task of each suite seen so far are covered by empty read-only
-tmpfs; its own execution folder, the interpreter's installation and the gyre package are bound
-back at their real paths. So a venv whose
-Python lives under a private /root still runs agents as their uid. After the agent's tree is gone
+(`gyre.tasks.sandbox.Mounts`) that denies by default: every top-level folder but the system's
+(`_SYSTEM_DIRS`: /usr, /etc, /var, ...) is covered by an empty read-only tmpfs (so /root, /home, the
+checkout with its .git, other runs), as are `hidden_paths`, the run folder, the workspace root and
+the `tests/` and `solution/` of every task of the configured suites; /tmp, /var/tmp and /dev/shm
+are fresh and private. Bound back read-only at their real paths: the interpreter's installation,
+the gyre package, `visible_paths`, and the files the agent command names (its executable and
+absolute-path arguments); writable: its own execution folder. So a venv whose Python lives under a
+private /root still runs agents as their uid. After the agent's tree is gone
 its files are handed back to root, and the verifier runs on a copy as the same uid, in a
 namespace where the whole filesystem is read-only except that copy (and fresh /tmp, /var/tmp and
-/dev/shm that die with it). Without root, or when the
+/dev/shm that die with it), with no network at all. Without root, or when the
 workspace root or the agent's executable cannot be reached by other users (mode bits of every
 parent, as the namespace shows them), agents run as the node's user and a warning says why, once.
 """
@@ -125,7 +128,29 @@ def _suite_hidden(suite: Path) -> set[str]:
 
 
 _PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
-"""Covered by a fresh tmpfs for each verifier (agents keep the node's: their commands may live there)."""
+"""Covered by a fresh tmpfs for each agent and each verifier: no channel between executions, no
+look at another execution's verifier output, nothing left behind."""
+
+_SYSTEM_DIRS = frozenset({"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin",
+                          "sys", "tmp", "usr", "var"})
+"""The top-level folders an agent's namespace shows (as its uid may read them); every other one
+is covered. The Filesystem Hierarchy Standard's system folders, without /boot, /home, /media,
+/mnt, /opt, /root and /srv."""
+
+
+def _covered_top_level() -> set[str]:
+    """Top-level folders (not symlinks) outside `_SYSTEM_DIRS`: /root, /home, /opt, /work, ..."""
+    with os.scandir("/") as scan:
+        return {e.path for e in scan if e.is_dir(follow_symlinks=False) and e.name not in _SYSTEM_DIRS}
+
+
+def _command_paths(command: Sequence[str], path: str) -> tuple[str, ...]:
+    """What an agent command names on this node: its executable (looked up on `path`) and every
+    argument that is an absolute path to an existing file or folder, as given and resolved."""
+    found = shutil.which(command[0], path=path)
+    named = ([os.path.abspath(found)] if found else []) + [a for a in command[1:] if os.path.isabs(a)]
+    paths = {q for p in named if os.path.exists(p) for q in (os.path.normpath(p), os.path.realpath(p))}
+    return tuple(sorted(paths - {"/"}))
 
 
 def _private(path: str, flags: int) -> int:
@@ -338,15 +363,17 @@ class Harness:
         agent_uid_count: int = 4096,
         isolate_mounts: bool = True,
         hidden_paths: Sequence[str | os.PathLike[str]] = ("/root",),
+        visible_paths: Sequence[str | os.PathLike[str]] = (),
         run_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         """`isolate_uid`: run each agent as its own uid from `agent_uid_base` on (`agent_uid_count`
         of them) when we are root (see the module docstring); otherwise a warning, once.
         `isolate_mounts`: with `isolate_uid`, also give each agent and verifier a private mount
-        namespace hiding `hidden_paths`, `run_dir` (call log, checkpoints, snapshots) and the
-        workspace root but their own folder; a warning, once, where it cannot be built.
+        namespace (module docstring) hiding the non-system top-level folders, `hidden_paths`,
+        `run_dir` (call log, checkpoints, snapshots) and the workspace root but their own folder,
+        and showing `visible_paths` read-only; a warning, once, where it cannot be built.
         Raises `ValueError` for an empty command, a negative grace, an invalid uid range or a
-        relative hidden path."""
+        relative hidden or visible path."""
         if not agent_command:
             raise ValueError("agent_command must not be empty")
         if kill_grace_s < 0:
@@ -365,10 +392,14 @@ class Harness:
         for path in hidden_paths:
             if not os.path.isabs(path):
                 raise ValueError(f"hidden_paths: {str(path)!r} must be absolute")
+        for path in visible_paths:
+            if not os.path.isabs(path):
+                raise ValueError(f"visible_paths: {str(path)!r} must be absolute")
         hide = {os.path.abspath(p) for p in hidden_paths}
         for folder in (root, *(() if run_dir is None else (Path(run_dir),))):
             hide.update((os.path.abspath(folder), os.path.realpath(folder)))
         self.mounts: Mounts | None = None
+        self._hidden: set[str] = set()  # hidden on purpose: what a command names there stays hidden
         """The namespace every agent starts from (None: no mount isolation); per execution its
         own folder is added, and the hidden files of the task's suite."""
         if isolate_uid and isolate_mounts and os.geteuid() == 0:
@@ -377,11 +408,12 @@ class Harness:
                 import gyre
 
                 gyre_dir = Path(gyre.__file__).parent
-                expose = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, gyre_dir)}
+                expose = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, gyre_dir, *visible_paths)}
                 expose |= {os.path.realpath(p) for p in expose}
                 traverse = _closed_parents(expose | {os.path.abspath(root), os.path.realpath(root)}) - hide
-                self.mounts = Mounts(hide=tuple(sorted(hide)), traverse=tuple(sorted(traverse)),
-                                     expose=tuple(sorted(expose)))
+                self._hidden = hide
+                self.mounts = Mounts(hide=tuple(sorted(hide | _covered_top_level())), private=_PRIVATE_DIRS,
+                                     traverse=tuple(sorted(traverse)), expose=tuple(sorted(expose)))
             else:
                 _warn_once("mounts", "isolate_mounts: no private mount namespace for agents (%s): "
                            "an agent sees the node's files as its uid may", problem)
@@ -430,6 +462,12 @@ class Harness:
             return False
         return True
 
+    def _named(self, command: Sequence[str], path: str) -> tuple[str, ...]:
+        """`_command_paths` but those under a folder hidden on purpose (`hidden_paths`, the run
+        folder, the workspace root, the suites' tests and solutions): shown to the agent."""
+        hidden = self._hidden | self._suite_hidden
+        return tuple(p for p in _command_paths(command, path) if not any(_under(p, h) for h in hidden))
+
     def _user_for(self, command: tuple[str, ...], path: str) -> bool:
         """Whether `command` can run as an agent uid: its executable is reachable by others."""
         if not self.isolated:
@@ -437,7 +475,9 @@ class Harness:
         found = shutil.which(command[0], path=path)
         if found is None:
             return True  # it fails to start either way (status 127), as the agent's user
-        closed = _closed_to_others(Path(found), executable=True, mounts=self.mounts)
+        mounts = self.mounts and msgspec.structs.replace(
+            self.mounts, expose=(*self.mounts.expose, *self._named(command, path)))
+        closed = _closed_to_others(Path(found), executable=True, mounts=mounts)
         if closed is not None:
             _warn_once(f"exe:{found}", "isolate_uid: agents running %s run as root: other users "
                        "cannot reach it (%s has mode %o)", found, closed, stat.S_IMODE(os.stat(closed).st_mode))
@@ -465,6 +505,7 @@ class Harness:
             agent_uid_count=config.agent_uid_count,
             isolate_mounts=config.isolate_mounts,
             hidden_paths=config.hidden_paths,
+            visible_paths=config.visible_paths,
             run_dir=Path(run_dir).absolute(),
         )
 
@@ -596,8 +637,10 @@ class Harness:
         agent_mounts = verifier_mounts = None
         if user is not None and self.mounts is not None:
             hide = tuple(sorted({*self.mounts.hide, *self._suite_hidden}))
-            agent_mounts = msgspec.structs.replace(self.mounts, hide=hide, writable=(os.path.abspath(exec_dir),))
-            verifier_mounts = msgspec.structs.replace(self.mounts, hide=hide, private=_PRIVATE_DIRS, read_only=True)
+            expose = (*self.mounts.expose, *self._named(command, env.get("PATH", os.defpath)))
+            agent_mounts = msgspec.structs.replace(self.mounts, hide=hide, expose=expose,
+                                                   writable=(os.path.abspath(exec_dir),))
+            verifier_mounts = msgspec.structs.replace(self.mounts, hide=hide, read_only=True, network=False)
         # the verifier runs as the agent's uid once the agent's tree is gone, if its Python is reachable
         verifier_user = None
         if user is not None and _closed_to_others(Path(sys.executable), executable=True,

@@ -70,6 +70,9 @@ class Mounts(msgspec.Struct, frozen=True, kw_only=True):
     """Folders shown writable at their own path (the workspace), even under `read_only`."""
     read_only: bool = False
     """Every other mount read-only: the command writes only to `writable` and `private`."""
+    network: bool = True
+    """False: the command also gets a network namespace of its own, with no interface up (not
+    even loopback): it reaches nothing, on this node or off it (verifiers)."""
 
     def __post_init__(self) -> None:
         for name in ("hide", "private", "traverse", "expose", "writable"):

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -105,24 +106,35 @@ def _score_reward_dir(reward_dir: Path) -> Score:
     return Score(passed=int(reward == 1.0), total=1, score=reward, all_passed=reward == 1.0)
 
 
+def _special_files(folder: str, names: list[str]) -> set[str]:
+    """FIFOs, sockets and devices in a workspace: not copied for the verifier (copying a FIFO
+    blocks or fails, which would let an agent fail its own execution out of training)."""
+    return {n for n in names if not stat.S_ISDIR(m := os.lstat(os.path.join(folder, n)).st_mode)
+            and not stat.S_ISREG(m) and not stat.S_ISLNK(m)}
+
+
 def _prepare(task: Task, workspace: Path, user: tuple[int, int] | None) -> Path:
     """Copy workspace and hidden tests into a fresh private folder (blocking; run in a thread);
     with `user`, everything but `pytest.ini` and `conftest.py` becomes that user's."""
     scratch = Path(tempfile.mkdtemp(prefix="gyre-verify-"))  # mode 0700
-    shutil.copytree(workspace, scratch / "workspace", symlinks=True)
-    shutil.copytree(task.tests_dir, scratch / "tests", symlinks=True)
-    (scratch / "pytest.ini").write_text(_PYTEST_INI)
-    (scratch / "conftest.py").write_text(_CONFTEST)
-    (scratch / "verifier").mkdir()
-    (scratch / "tmp").mkdir()
-    if user is not None:
-        for top in ("workspace", "tests", "verifier", "tmp"):
-            os.lchown(scratch / top, *user)
-            for dirpath, dirnames, filenames in os.walk(scratch / top):
-                for name in dirnames + filenames:
-                    os.lchown(os.path.join(dirpath, name), *user)
-        # readable, not writable: Python imports conftest.py from a folder it can list
-        os.chmod(scratch, 0o755)
+    try:
+        shutil.copytree(workspace, scratch / "workspace", symlinks=True, ignore=_special_files)
+        shutil.copytree(task.tests_dir, scratch / "tests", symlinks=True)
+        (scratch / "pytest.ini").write_text(_PYTEST_INI)
+        (scratch / "conftest.py").write_text(_CONFTEST)
+        (scratch / "verifier").mkdir()
+        (scratch / "tmp").mkdir()
+        if user is not None:
+            for top in ("workspace", "tests", "verifier", "tmp"):
+                os.lchown(scratch / top, *user)
+                for dirpath, dirnames, filenames in os.walk(scratch / top):
+                    for name in dirnames + filenames:
+                        os.lchown(os.path.join(dirpath, name), *user)
+            # readable, not writable: Python imports conftest.py from a folder it can list
+            os.chmod(scratch, 0o755)
+    except BaseException:  # nothing is left behind in /tmp
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     return scratch
 
 

@@ -34,7 +34,7 @@ _PR_SET_NO_NEW_PRIVS = 38
 
 # <sched.h>, <sys/mount.h>, <linux/mount.h>; mount_setattr is 442 on every architecture (the
 # syscall numbers added since Linux 5.1 are shared), and needs Linux >= 5.12.
-_CLONE_NEWNS = 0x00020000
+_CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 _SYS_MOUNT_SETATTR = 442
 _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 1
@@ -189,8 +189,9 @@ def enter_mount_namespace(mounts: dict) -> None:
       had o+x: covered by a 0711 tmpfs on which every entry is bound back at its own path (a
       symlink is recreated; sockets, FIFOs and devices are left out), so what lies below keeps its
       own modes and nobody lists the folder;
-    - `expose` (read-only) and `writable`: folders bound back at their own path (their content as
-      seen before anything was hidden; missing parents are created 0755 on the covering tmpfs).
+    - `expose` (read-only) and `writable`: folders (or single files) bound back at their own path
+      (their content as seen before anything was hidden; missing parents are created 0755 on the
+      covering tmpfs).
     Operations run shallowest path first (at one path: cover, then bind), so a folder exposed
     under a hidden one, or hidden under an exposed one, ends as asked. Changes to this namespace
     never reach the node's. The working folder is looked up again by path at the end. Raises `OSError` (errno set) when a step fails; the caller must not
@@ -205,7 +206,7 @@ def enter_mount_namespace(mounts: dict) -> None:
     try:
         for key, writable in (("expose", False), ("writable", True)):
             for path in mounts.get(key, ()):
-                if os.path.isdir(path):  # opened before anything is covered
+                if os.path.isdir(path) or os.path.isfile(path):  # opened before anything is covered
                     binds[path] = (os.open(path, os.O_PATH | os.O_CLOEXEC), writable)
         for path in mounts.get("traverse", ()):
             if os.path.isdir(path):
@@ -234,7 +235,11 @@ def enter_mount_namespace(mounts: dict) -> None:
                     writable and mounts.get("read_only")
                 ):
                     continue  # already visible as it is
-                os.makedirs(path, mode=0o755, exist_ok=True)
+                if os.path.isdir(f"/proc/self/fd/{fd}"):
+                    os.makedirs(path, mode=0o755, exist_ok=True)
+                elif not os.path.exists(path):  # a file: bound onto an empty one
+                    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+                    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
                 _mount(libc, f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
                 ro = 0 if writable else _MS_RDONLY
                 _mount(libc, None, path, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV | ro)
@@ -301,7 +306,7 @@ def probe_mount_namespace() -> str | None:
 
 def main(argv: list[str]) -> int:
     """Settings JSON: the `Limits` fields; optionally `uid` and `gid` to run the command as, and
-    `mounts` (see `enter_mount_namespace`). `--probe-mounts` alone: exit 0 if a mount namespace
+    `mounts` (see `enter_mount_namespace`; `"network": false` adds an empty network namespace). `--probe-mounts` alone: exit 0 if a mount namespace
     can be built, else print why and exit 1."""
     if argv == ["--probe-mounts"]:
         reason = probe_mount_namespace()
@@ -351,6 +356,8 @@ def main(argv: list[str]) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             if limits.get("mounts") is not None:
                 enter_mount_namespace(limits["mounts"])
+                if limits["mounts"].get("network") is False:  # its own network namespace: not even lo is up
+                    _check(_libc().unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
             _apply_limits(limits)
             if limits.get("uid") is not None:
                 _drop_user(int(limits["uid"]), int(limits["gid"]))

@@ -49,8 +49,10 @@ async def test_agent_ignoring_sigterm_with_children_is_gone_and_scored(
     tmp_path: Path, harness: Harness, server, bridge
 ) -> None:
     task = out_task(tmp_path, agent="deadline_s = 10.0\n")
-    # the agent runs as its own uid in a namespace that hides tmp_path: its script and pid file
-    # live in a folder every user reaches
+    # the agent writes its pids where the test reads them: no private /tmp (this test is about
+    # ending the tree), and a folder every uid may write to
+    harness = Harness(base_url=server.base_url, workspace_root=tmp_path / "plain", kill_grace_s=0.5,
+                      isolate_mounts=False)
     shared = Path(tempfile.mkdtemp(prefix="gyre-evil-", dir="/tmp"))
     os.chmod(shared, 0o777)
     (shared / "evil.py").write_text(ONE_MODEL_CALL + "open('out.txt', 'w').write('partial')\n" + EVIL)

@@ -256,15 +256,16 @@ async def test_traverse_passes_a_closed_folder_as_if_it_had_o_x(run_dir: Path, r
 
 
 async def test_configured_suites_are_hidden_before_their_first_task(run_dir: Path, server) -> None:
-    """A suite none of whose tasks has run yet is readable by default modes (0644 under a 0755
-    run folder); `hide_suite` (the job calls it for every configured suite) covers it."""
+    """A suite none of whose tasks has run yet, in a folder agents are shown (`visible_paths`),
+    is readable by default modes (0644 under 0755); `hide_suite` (the job calls it for every
+    configured suite) covers it."""
     suites = Path(tempfile.mkdtemp(prefix="gyre-suites-", dir="/tmp"))  # not under the hidden run folder
     os.chmod(suites, 0o755)
     try:
         task = load_task(make_task(suites / "a" / "t", tests=TESTS))
         other = load_task(make_task(suites / "b" / "u", tests={"test_secret.py": "SECRET = 1\n"}))
         script = f"cat {other.tests_dir / 'test_secret.py'} || echo unreadable"
-        harness = config_harness(server, run_dir)
+        harness = config_harness(server, run_dir, visible_paths=(str(suites),))
         before = await harness.run(task, "before", agent_command=["/bin/sh", "-c", script])
         harness.hide_suite(suites / "b")
         after = await harness.run(task, "after", agent_command=["/bin/sh", "-c", script])
@@ -272,3 +273,43 @@ async def test_configured_suites_are_hidden_before_their_first_task(run_dir: Pat
         shutil.rmtree(suites)
     assert "SECRET = 1" in before.stdout_tail  # the control: the file is there to be read
     assert "SECRET" not in after.stdout_tail and "No such file or directory" in after.stderr_tail
+
+
+async def test_the_checkout_and_the_hosts_tmp_are_out_of_sight(run_dir: Path, server) -> None:
+    """Default deny: the checkout (its .git holds every shipped suite's tests), other top-level
+    folders and the host's /tmp are not there; the gyre package and the venv are."""
+    import gyre
+
+    repo = Path(gyre.__file__).resolve().parents[1]
+    marker = Path(tempfile.mkdtemp(prefix="gyre-host-tmp-", dir="/tmp"))
+    os.chmod(marker, 0o755)
+    task = load_task(make_task(run_dir / "suite" / "t", tests=TESTS))
+    harness = config_harness(server, run_dir)
+    paths = [repo / ".git" / "HEAD", repo / "pyproject.toml", marker, Path(gyre.__file__), Path(sys.prefix) / "pyvenv.cfg"]
+    script = "for p in " + " ".join(map(str, paths)) + "; do test -e $p && echo yes || echo no; done"
+    try:
+        outcome = await harness.run(task, "look", agent_command=["/bin/sh", "-c", script])
+    finally:
+        shutil.rmtree(marker)
+    assert outcome.stdout_tail.split() == ["no", "no", "no", "yes", "yes"], outcome.stderr_tail
+
+
+async def test_without_network_a_command_reaches_nothing_on_loopback(run_dir: Path) -> None:
+    """`Mounts(network=False)` (verifiers): a listener on the host's 127.0.0.1 is unreachable."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        script = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
+                  "    print('connected')\nexcept OSError as exc:\n    print('refused', exc.errno)")
+        seen = []
+        for network in (True, False):
+            with open(run_dir / "out", "wb") as out:
+                result = await run_supervised(
+                    ["/usr/bin/env", "python3", "-I", "-c", script], cwd="/", env={"PATH": "/usr/bin:/bin"},
+                    limits=Limits(), deadline_s=30, stdout=out, stderr=out, user=(UID_BASE + 61, UID_BASE + 61),
+                    mounts=Mounts(network=network),
+                )
+            assert result.exit_code == 0, (run_dir / "out").read_text()
+            seen.append((run_dir / "out").read_text().split()[0])
+    assert seen == ["connected", "refused"]

@@ -202,3 +202,22 @@ async def test_a_verifier_broken_everywhere_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(VerifierError, match="wrote neither"):
         await score_workspace(task, workspace(tmp_path, {}), template_ok=cache)
     assert cache == {task.root: False}
+
+
+@pytest.mark.anyio
+async def test_a_fifo_in_the_workspace_is_left_out_of_the_copy(tmp_path: Path) -> None:
+    """An agent cannot fail its own execution (out of training) by leaving a FIFO or a socket to
+    break the verifier's copy: they are skipped and the work is scored."""
+    import os
+    import socket
+    import tempfile
+
+    task = load_task(make_task(tmp_path / "t", tests=MOD_TESTS))
+    ws = workspace(tmp_path, {"mod.py": "def double(x):\n    return 2 * x\n\ndef half(x):\n    return x\n"})
+    os.mkfifo(ws / "pipe")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(ws / "sock"))
+        before = set(Path(tempfile.gettempdir()).glob("gyre-verify-*"))
+        score = await verify(task, ws)
+    assert (score.passed, score.total) == (1, 2)
+    assert set(Path(tempfile.gettempdir()).glob("gyre-verify-*")) <= before  # its scratch is gone
