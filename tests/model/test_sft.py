@@ -137,7 +137,7 @@ def test_warm_start_errors(tiny_model_dir: Path, tmp_path: Path) -> None:
 def test_cli_trains_then_reuses(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o"), "--examples", "4", "--lr", "1e-3"]
     assert main(argv) == 0
-    assert "1 steps, final loss" in capsys.readouterr().out
+    assert "2 steps, final loss" in capsys.readouterr().out  # 4 examples: one batch of 8 per epoch, 2 epochs
     assert main(argv) == 0
     assert "is up to date" in capsys.readouterr().out
 
