@@ -144,6 +144,13 @@ def _covered_top_level() -> set[str]:
         return {e.path for e in scan if e.is_dir(follow_symlinks=False) and e.name not in _SYSTEM_DIRS}
 
 
+def _generator_files(gyre_dir: Path) -> set[str]:
+    """The shipped suites' generator, `gyre/tasks/suites.py`, and the bytecode folder beside it
+    (present once the node imported gyre.tasks; agents then compile those modules in memory):
+    hidden from agents, which could otherwise regenerate a shipped suite's hidden tests."""
+    return {str(gyre_dir / "tasks" / "suites.py"), str(gyre_dir / "tasks" / "__pycache__")}
+
+
 def _command_paths(command: Sequence[str], path: str) -> tuple[str, ...]:
     """What an agent command names on this node: its executable (looked up on `path`) and every
     argument that is an absolute path to an existing file or folder, as given and resolved."""
@@ -408,6 +415,7 @@ class Harness:
                 import gyre
 
                 gyre_dir = Path(gyre.__file__).parent
+                hide |= _generator_files(gyre_dir)
                 expose = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, gyre_dir, *visible_paths)}
                 expose |= {os.path.realpath(p) for p in expose}
                 traverse = _closed_parents(expose | {os.path.abspath(root), os.path.realpath(root)}) - hide

@@ -58,7 +58,8 @@ class Mounts(msgspec.Struct, frozen=True, kw_only=True):
     under one in `expose` is not."""
 
     hide: tuple[str, ...] = ()
-    """Folders covered by an empty read-only tmpfs: their content cannot be reached."""
+    """Folders covered by an empty read-only tmpfs, files by /dev/null: their content cannot be
+    reached."""
     private: tuple[str, ...] = ()
     """Folders covered by a fresh writable tmpfs (1777) that dies with the command (/tmp)."""
     traverse: tuple[str, ...] = ()

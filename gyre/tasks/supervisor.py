@@ -183,7 +183,7 @@ def enter_mount_namespace(mounts: dict) -> None:
 
     `mounts` (all paths absolute; a missing one is skipped):
     - `read_only`: every mount becomes read-only first (`mount_setattr(AT_RECURSIVE)`);
-    - `hide`: folders covered by an empty tmpfs (0755), made read-only at the end;
+    - `hide`: folders covered by an empty tmpfs (0755), files by /dev/null; read-only at the end;
     - `private`: folders covered by a fresh writable tmpfs (1777, `_PRIVATE_TMP_BYTES`), e.g. /tmp;
     - `traverse`: folders other users cannot enter (0700) that they pass through here as if they
       had o+x: covered by a 0711 tmpfs on which every entry is bound back at its own path (a
@@ -258,6 +258,8 @@ def enter_mount_namespace(mounts: dict) -> None:
                     _mount(libc, f"/proc/self/fd/{source}", target, None, _MS_BIND | _MS_REC)
                 hidden.append(path)
                 covers.append(path)
+            elif kind == "hide" and os.path.isfile(path):  # a file reads as empty (no nodev remount)
+                _mount(libc, "/dev/null", path, None, _MS_BIND)
             elif os.path.isdir(path):  # a path already covered by a shallower tmpfs is gone: skip
                 if kind == "hide":
                     _mount(libc, "tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")

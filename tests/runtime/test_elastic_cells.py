@@ -65,7 +65,11 @@ def test_two_real_cells_colocate_two_steps(tmp_path: Path, tiny_model_dir: Path)
     assert runtime.version == 2
     core, satellite = stats
     assert core.trainer_version == 2
-    assert satellite.gradients_sent >= 2 and core.gradients_received >= 2  # one per step at least
+    # a step's 2 groups go to whichever training cell is idle first (under load the core, switched
+    # first, may take both): the 4 groups were trained (>= 1 micro-batch each), and every gradient
+    # the satellite sent reached the core (its exchange: tests/engines/test_trainer_exchange.py)
+    assert core.micro_batches_trained + satellite.micro_batches_trained >= 4
+    assert satellite.gradients_sent == core.gradients_received and core.gradients_sent == 0
     timeline = read_timeline(run_dir)
     assert sum(rc.role == "switching" for rc in timeline.roles) == runtime.switches_done >= 4
     assert {"rollout", "train", "step", "switch"} <= {iv.kind for iv in timeline.intervals}
