@@ -18,6 +18,7 @@ Knows nothing about requests, routing or HTTP; the engine must not chunk a stori
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -41,6 +42,8 @@ __all__ = [
     "release",
     "sweep",
 ]
+
+logger = logging.getLogger(__name__)
 
 EXPORT_PARAM = "gyre_export"
 """`kv_transfer_params` flag of a request whose prompt the connector stores."""
@@ -128,6 +131,7 @@ class GyreKVConnector(ExampleConnector):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._store_ids: set[str] = set()
+        self._failed_blocks: set[int] = set()
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         params = request.kv_transfer_params or {}
@@ -162,9 +166,25 @@ class GyreKVConnector(ExampleConnector):
         return meta
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        """Load this step's exports. One deleted between the scheduler's check and this load
+        (released after an earlier attempt with the same key, or swept) must not kill the engine:
+        its requests' blocks are reported failed and vLLM recomputes them
+        (`kv_load_failure_policy="recompute"`)."""
         metadata = self._get_connector_metadata()
-        if any(not r.is_store for r in metadata.requests):  # else ExampleConnector warns every step
+        loads = [r for r in metadata.requests if not r.is_store]
+        if not loads:  # else ExampleConnector warns every step
+            return
+        try:
             super().start_load_kv(forward_context, **kwargs)
+        except FileNotFoundError as exc:
+            logger.warning("KV export gone while loading (%s): its blocks are recomputed", exc)
+            for r in loads:
+                self._failed_blocks.update(int(b) for b in (r.slot_mapping // self._block_size).unique().tolist())
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """Blocks whose export vanished during `start_load_kv` since the last call."""
+        failed, self._failed_blocks = self._failed_blocks, set()
+        return failed
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._store_ids.discard(request.request_id)  # a marked request aborted before it was scheduled

@@ -71,6 +71,7 @@ def engine_args(model_path: str, config: EngineConfig) -> Any:
                 kv_connector_module_path="gyre.engines.kv_connector",
                 kv_role="kv_both",
                 kv_connector_extra_config={"shared_storage_path": config.kv_transfer.shared_dir},
+                kv_load_failure_policy="recompute",  # an export released mid-load: prefill instead
             ),
             max_num_batched_tokens=max(config.max_model_len, 2048),  # a chunked store is corrupt
         )

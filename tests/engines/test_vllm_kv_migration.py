@@ -375,3 +375,27 @@ async def test_router_falls_back_to_recompute_when_migration_cannot_work(source,
     assert stats.tokens_recomputed == record.sequence_tokens
     # an export that was made but cannot be used is released at once
     assert b.released == ([] if source else ["1".zfill(32)])
+
+
+def test_an_export_deleted_before_its_load_is_recomputed_not_fatal(tmp_path: Path) -> None:
+    """The scheduler saw a complete export, then it was released (an earlier attempt with the same
+    key ended) before the worker loaded it: seen in CI as a FileNotFoundError that killed vLLM's
+    engine core. The connector reports the request's blocks failed and vLLM recomputes them."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnectorMetadata
+
+    from gyre.engines.kv_connector import GyreKVConnector
+
+    connector = GyreKVConnector.__new__(GyreKVConnector)  # the worker side, without a vLLM config
+    connector._failed_blocks, connector._block_size, connector._storage_path = set(), 16, str(tmp_path)
+    meta = ExampleConnectorMetadata()
+    # 33 tokens: the first 32 are loaded (the last is always computed): slots 48-63 and 112-127
+    meta.add_request(list(range(33)), [3, 7], 16, is_store=False, mm_hashes=[])
+    connector._get_connector_metadata = lambda: meta
+    layer = "model.layers.0.self_attn.attn"
+    context = SimpleNamespace(attn_metadata={layer: None}, no_compile_layers={layer: SimpleNamespace(kv_cache=torch.zeros(1))})
+    connector.start_load_kv(context)  # no file under tmp_path: the export is gone
+    assert connector.get_block_ids_with_load_errors() == {3, 7}
+    assert connector.get_block_ids_with_load_errors() == set()  # reported once
