@@ -64,6 +64,8 @@ from gyre.trajectory.pack import PackedBatch
 __all__ = ["CellClient", "CellProcess", "spawn_cell", "wait_cell_ready", "open_cell", "open_cells", "StepResult"]
 
 _HEADERS = {"Content-Type": "application/msgpack"}
+_TRAIN_TIMEOUT_MARGIN_S = 10.0
+"""Seconds the client waits for a training call beyond the cell's own `train_timeout_s`."""
 
 
 def _auth_headers() -> dict[str, str]:
@@ -227,7 +229,9 @@ class CellClient:
 
     @property
     def _train_timeout_s(self) -> float:
-        return self.trainer_config.train_timeout_s
+        # the cell bounds its own training calls by train_timeout_s and answers with a clear
+        # error; the client waits a little longer so that answer, not its own timeout, arrives
+        return self.trainer_config.train_timeout_s + _TRAIN_TIMEOUT_MARGIN_S
 
     async def switch_role(self, role: str, snapshot: str | None = None, version: int = 0) -> float:
         """Switch the cell to `role` ("rollout" or "train"); returns the seconds the switch took in
