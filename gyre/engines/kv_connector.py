@@ -10,7 +10,9 @@ worker processes) and by `VLLMEngine.export_kv` / `release_kv`:
 - `GyreKVConnector` (an `ExampleConnector`) stores only requests marked `{"gyre_export": True}` in
   their `kv_transfer_params`, never ordinary prompts (stale KV after a weight load, unbounded
   growth), and loads for any new request whose prompt has a complete export under its key;
-- exports older than the lease are deleted by `sweep`.
+- exports older than the lease are deleted by `sweep`;
+- an export deleted after the scheduler chose to load it is reported as failed blocks, which
+  vLLM recomputes (the engine sets `kv_load_failure_policy="recompute"`).
 
 Knows nothing about requests, routing or HTTP; the engine must not chunk a storing prefill.
 """

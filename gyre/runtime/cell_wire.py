@@ -3,7 +3,8 @@
 Owns the request/response Structs of the cell API and the frame codec used by `/generate`'s
 streamed body (4-byte big-endian length, then one msgpack `Frame`). numpy arrays (the fields of
 `PackedBatch`) cross as `[dtype.str, shape, raw bytes]` and decode to an equal array (same
-dtype, shape and bytes). Shared by the cell server
+dtype, shape and bytes). Also owns the node's cell secret (`cell_secret`), the bearer token every
+request to a cell carries. Shared by the cell server
 (asyncio, aiohttp) and the client (anyio, httpx); knows nothing about either.
 """
 
