@@ -396,12 +396,10 @@ class Harness:
         root = Path(workspace_root) if workspace_root is not None else Path(tempfile.mkdtemp(prefix="gyre-ws-"))
         root.mkdir(parents=True, exist_ok=True)
         self.agent_uid_base, self.agent_uid_count = agent_uid_base, agent_uid_count
-        for path in hidden_paths:
-            if not os.path.isabs(path):
-                raise ValueError(f"hidden_paths: {str(path)!r} must be absolute")
-        for path in visible_paths:
-            if not os.path.isabs(path):
-                raise ValueError(f"visible_paths: {str(path)!r} must be absolute")
+        for key, paths in (("hidden_paths", hidden_paths), ("visible_paths", visible_paths)):
+            for path in paths:
+                if not os.path.isabs(path):
+                    raise ValueError(f"{key}: {str(path)!r} must be absolute")
         hide = {os.path.abspath(p) for p in hidden_paths}
         for folder in (root, *(() if run_dir is None else (Path(run_dir),))):
             hide.update((os.path.abspath(folder), os.path.realpath(folder)))
