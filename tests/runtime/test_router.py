@@ -106,7 +106,9 @@ class Consumer:
             self.finished.set()
 
     async def wait_tokens(self, count: int, index: int = 0) -> None:
-        with anyio.fail_after(30):
+        # a bound for a hung stream only: a freshly started vLLM cell on a loaded 2-core machine
+        # took over 30 s to its first tokens in a clone run
+        with anyio.fail_after(120):
             while len(self.tokens(index)) < count:
                 await anyio.sleep(0.001)
 
