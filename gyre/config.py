@@ -448,10 +448,18 @@ class WarmStartConfig(_Config):
     """Seed of the demonstrations and of the batch order; keep it unlike the suite's seed."""
     heldout_suite_seed: int = 0
     """Seed of the shipped `learnable` suite whose instructions are never used as demonstrations."""
+    slip_fraction: float = 0.0
+    """Share of demonstrations in which the teacher slips: the written word ends with a full stop
+    (`pearl.`), a prose habit the hidden test (exact word) rejects. The warm-started policy
+    inherits the habit and RL must drop it from the reward alone; 0 is a flawless teacher, with
+    which the tiny model's remaining errors are half-copied words that RL on 24 training tasks
+    does not fix (`examples/cpu.toml`). Drawn per demonstration with a fixed seed. In [0, 1)."""
 
     def __post_init__(self) -> None:
         _positive(examples=self.examples, epochs=self.epochs, batch_size=self.batch_size,
                   learning_rate=self.learning_rate)
+        if not 0 <= self.slip_fraction < 1:
+            raise ValueError(f"slip_fraction={self.slip_fraction} must be in [0, 1)")
         if self.warmup_steps < 0 or self.weight_decay < 0:
             raise ValueError(f"warmup_steps={self.warmup_steps} and weight_decay={self.weight_decay} must be >= 0")
 

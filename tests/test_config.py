@@ -37,6 +37,7 @@ def test_defaults_and_frozen() -> None:
         ("[engin]\nx = 1\n", "unknown field `engin`"),
         ("[engine]\nmax_tokenz = 3\n", "unknown field `max_tokenz` - at `$.engine`"),
         ("[engine]\nmax_model_len = -4\n", "max_model_len=-4 must be > 0 - at `$.engine`"),
+        ("[warm_start]\nslip_fraction = 1.5\n", "slip_fraction=1.5 must be in [0, 1) - at `$.warm_start`"),
         ('[engine]\nmax_model_len = "big"\n', "Expected `int`, got `str` - at `$.engine.max_model_len`"),
         ('[engine]\nbackend = "tgi"\n', "Invalid enum value 'tgi' - at `$.engine.backend`"),
         ("[model]\nhidden_size = 64\n", "head_dim=16"),

@@ -101,7 +101,9 @@ def demonstrations(settings: WarmStartConfig) -> list[dict]:
 
     Drawn with `learnable_examples(seed=settings.seed)`; an example whose instruction is one of
     the shipped suite's (generated with `settings.heldout_suite_seed`) is skipped, so every
-    shipped task stays unseen. Deterministic for equal settings.
+    shipped task stays unseen. Each demonstration slips with probability `settings.slip_fraction`
+    (its written word gets a trailing full stop; drawn with a fixed seed, one draw per
+    demonstration in order). Deterministic for equal settings.
     """
     from gyre.agents.oracle import demonstration_for  # agents -> tasks; model code only calls them
     from gyre.tasks.suites import SUITES, learnable_examples
@@ -113,7 +115,18 @@ def demonstrations(settings: WarmStartConfig) -> list[dict]:
         if len(pairs) >= settings.examples:
             break
         draw *= 2
-    return [demonstration_for(i, s) for i, s in pairs[: settings.examples]]
+    slips = random.Random("slip")
+    return [demonstration_for(i, _slipped(s) if slips.random() < settings.slip_fraction else s)
+            for i, s in pairs[: settings.examples]]
+
+
+def _slipped(solution: Any) -> Any:
+    """The teacher's habit: every `write_file` step writes its content with a trailing full stop
+    (the oracle then runs it, so tool results stay true); the word test fails after it."""
+    steps = [msgspec.structs.replace(step, arguments={**step.arguments, "content": step.arguments["content"] + "."},
+                                     tests_passing=1)
+             if step.tool == "write_file" else step for step in solution.main]
+    return msgspec.structs.replace(solution, main=steps)
 
 
 def _render(tokenizer: Any, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> str:

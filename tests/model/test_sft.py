@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from pathlib import Path
 
 import msgspec
@@ -76,6 +77,24 @@ def test_demonstrations_hold_the_shipped_suite_out() -> None:
     drawn = [i for i, _ in learnable_examples(200, seed=1)]
     assert shipped & set(drawn)  # the raw draw does hit shipped tasks: the filter is doing work
     assert demonstrations(settings) == demos
+
+
+def test_a_slipping_teacher_ends_the_word_with_a_full_stop() -> None:
+    clean = demonstrations(WarmStartConfig(examples=200, seed=1))
+    slipped = demonstrations(WarmStartConfig(examples=200, seed=1, slip_fraction=0.4))
+    draws = random.Random("slip")
+    expected = [draws.random() < 0.4 for _ in range(200)]  # one draw per demonstration, in order
+    assert 60 <= sum(expected) <= 100
+    for want_slip, c, s in zip(expected, clean, slipped, strict=True):
+        assert s["messages"][:2] == c["messages"][:2]  # same task
+        written = json.loads(s["messages"][2]["tool_calls"][0]["function"]["arguments"])
+        word = json.loads(c["messages"][2]["tool_calls"][0]["function"]["arguments"])["content"]
+        assert written["content"] == (word + "." if want_slip else word)
+        # the oracle ran the slipped call, so the tool result tells the truth
+        assert s["messages"][3]["content"] == f"wrote {len(written['content'])} characters to {written['path']}"
+        assert s["messages"][4:] == c["messages"][4:]  # then finish, as before
+    with pytest.raises(ValueError, match="slip_fraction=1"):
+        WarmStartConfig(slip_fraction=1.0)
 
 
 def test_packed_loss_equals_separate_forwards(tiny_model_dir: Path, tokenizer) -> None:
