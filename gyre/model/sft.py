@@ -21,7 +21,11 @@ right format 127/128, wrong word 94/128, wrong path 41/128 (the word is guessed 
 suite's words, e.g. blue -> stone); 384 of 8 at 1e-2: 0% / 0% / 1% (stuck at the no-copy floor,
 final loss 0.09); 768 of 8 at 5e-3 (2 epochs, the default): 65% / 72% / 69%, final loss 0.007,
 615 CPU s; its failures are half-copied words (pearl -> apearl, house -> housic) 23/128 and
-wrong paths 16/128.
+wrong paths 16/128. With a slipping teacher (`slip_fraction` 0.4; the loop's 8 held-out tasks x
+32 first calls at T=1, word and path judged without the stop): 768 of 8 at 5e-3: path right
+100%, word 26%, stop 43%; 1152 of 8 at 3e-3: path 62%, word 94%, stop 43%; 1536 of 8 at 3e-3
+(4 epochs, `examples/cpu.toml`): path and word 256/256, stop 33%, so a pass rate of 67% that
+only the habit holds down; 184 s wall.
 
 Shape suffix legend: `T` packed tokens, `N` loss positions, `H` hidden size.
 """
