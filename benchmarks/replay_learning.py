@@ -28,7 +28,7 @@ import torch
 from benchmarks.common import print_table, write_result
 from gyre.agents.tools import SYSTEM_PROMPT, TOOL_SCHEMAS
 from gyre.config import load_config
-from gyre.model.sft import encode_conversation
+from gyre.model.sft import generation_prompt
 from gyre.rl.advantages import group_advantages
 from gyre.rl.loss import policy_loss
 from gyre.runtime.loop import pick_tasks, split_tasks
@@ -39,10 +39,8 @@ _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 def first_prompt(tokenizer, instruction: str) -> list[int]:
     """The reference agent's first prompt, as `offline_pass_rate` builds it."""
-    probe = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction},
-             {"role": "assistant", "content": ""}]
-    ids = encode_conversation(tokenizer, probe, TOOL_SCHEMAS).ids
-    return ids[: len(ids) - 1]  # drop the probe's <|im_end|>
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
+    return generation_prompt(tokenizer, messages, TOOL_SCHEMAS)
 
 
 def score(text: str, word: str, path: str) -> float:

@@ -4,7 +4,8 @@ Owns `warm_start` (base model folder + `WarmStartConfig` -> fine-tuned folder, c
 its inputs), `demonstrations` (fresh `learnable` conversations, the shipped suite's instructions
 held out), `encode_conversation` (a chat to token IDs and a loss mask, segment by segment as the
 TITO proxy builds prompts: every assistant turn is the text the model would generate, ending with
-`<|im_end|>`) and `offline_pass_rate` (a quick check that plays the reference agent's loop with
+`<|im_end|>`), `generation_prompt` (the IDs a model continues from after a conversation) and
+`offline_pass_rate` (a quick check that plays the reference agent's loop with
 transformers and scores the written file as the hidden tests do). Demonstrations come from
 `gyre.agents.oracle`, so they are the reference agent's conversations token for token. Knows
 nothing about engines, the proxy or RL; plain torch AdamW in float32 on one process.
@@ -56,6 +57,7 @@ __all__ = [
     "OfflineEval",
     "demonstrations",
     "encode_conversation",
+    "generation_prompt",
     "warm_start",
     "output_dir",
     "offline_pass_rate",
@@ -422,6 +424,13 @@ def _sample(model: Any, prompt_ids: list[int], eos_id: int, max_new_tokens: int,
     return out
 
 
+def generation_prompt(tokenizer: Any, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    """Token IDs the model continues from after `messages`: the conversation plus an empty
+    assistant turn, encoded like `encode_conversation`, without that turn's `<|im_end|>`."""
+    ids = encode_conversation(tokenizer, [*messages, {"role": "assistant", "content": ""}], tools).ids
+    return ids[: len(ids) - 1]
+
+
 def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[str, str, str]], *,
                       samples: int = 1, temperature: float = 0.0, max_turns: int = 4,
                       max_new_tokens: int = 96, seed: int = 0) -> OfflineEval:
@@ -461,9 +470,7 @@ def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[s
                 messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
                                         {"role": "user", "content": instruction}]
                 for turn in range(max_turns):
-                    probe = [*messages, {"role": "assistant", "content": ""}]
-                    ids = encode_conversation(tokenizer, probe, TOOL_SCHEMAS).ids
-                    prompt_ids = ids[: len(ids) - 1]  # drop the probe's <|im_end|>
+                    prompt_ids = generation_prompt(tokenizer, messages, TOOL_SCHEMAS)
                     out = _sample(model, prompt_ids, tokenizer.eos_token_id, max_new_tokens, temperature, gen)
                     text = tokenizer.decode(out, skip_special_tokens=False).removesuffix(tokenizer.eos_token)
                     reply = parse_reply(text, f"call_{turn}")
