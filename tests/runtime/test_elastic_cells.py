@@ -71,5 +71,12 @@ def test_two_real_cells_colocate_two_steps(tmp_path: Path, tiny_model_dir: Path)
     assert core.micro_batches_trained + satellite.micro_batches_trained >= 4
     assert satellite.gradients_sent == core.gradients_received and core.gradients_sent == 0
     timeline = read_timeline(run_dir)
-    assert sum(rc.role == "switching" for rc in timeline.roles) == runtime.switches_done >= 4
+    # a switch is done when its cell takes its next role; one still in flight when the last step
+    # ends is cancelled with the run (in the timeline as "switching", not counted as done)
+    last_role: dict[int, str] = {}
+    completed = 0
+    for rc in timeline.roles:
+        completed += last_role.get(rc.cell) == "switching"
+        last_role[rc.cell] = rc.role
+    assert completed == runtime.switches_done >= 4
     assert {"rollout", "train", "step", "switch"} <= {iv.kind for iv in timeline.intervals}
