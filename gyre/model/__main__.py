@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     sft.add_argument("--epochs", type=int, default=defaults.epochs)
     sft.add_argument("--lr", type=float, default=defaults.learning_rate)
     sft.add_argument("--seed", type=int, default=defaults.seed)
+    sft.add_argument("--slip-fraction", type=float, default=defaults.slip_fraction,
+                     help="share of demonstrations whose word the teacher writes with a trailing full stop")
     args = parser.parse_args(argv)
     if args.command == "sft":
         return _sft(args)
@@ -56,7 +58,8 @@ def _sft(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
-        settings = WarmStartConfig(examples=args.examples, epochs=args.epochs, learning_rate=args.lr, seed=args.seed)
+        settings = WarmStartConfig(examples=args.examples, epochs=args.epochs, learning_rate=args.lr, seed=args.seed,
+                                   slip_fraction=args.slip_fraction)
         path = warm_start(args.model, args.out, settings, log=lambda line: print(line, flush=True))
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)

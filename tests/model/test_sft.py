@@ -166,6 +166,9 @@ def test_cli_errors(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.Capture
     assert "does not exist" in capsys.readouterr().err
     assert main(["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o3"), "--epochs", "0"]) == 2
     assert "epochs=0" in capsys.readouterr().err
+    assert main(["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o4"), "--slip-fraction", "1"]) == 2
+    assert "slip_fraction=1.0 must be in [0, 1)" in capsys.readouterr().err
+    assert not (tmp_path / "o4").exists()
 
 
 def test_output_dir() -> None:
