@@ -8,9 +8,10 @@ policies `ColocatePolicy`, `AsyncPolicy` and `ElasticPolicy`.
 Policies are pure: no I/O, no clocks, no asyncio, no randomness; the same snapshot always gives
 the same actions. They know nothing about engines, processes, HTTP or simulated time. The driver
 (runtime or simulator) owns the mechanics: it places dispatched executions on rollout cells, moves
-in-flight executions off a cell that leaves rollout, hands ready micro-batches to idle training
-cells, forms batches (streaming or not) and performs switches and optimizer steps; it calls
-`decide` again after every change until a policy returns no action.
+in-flight executions off a cell that leaves rollout (suspending those no rollout cell has room for,
+and resuming them when room returns), hands ready micro-batches to idle training cells, forms
+batches (streaming or not) and performs switches and optimizer steps; it calls `decide` again
+after every change until a policy returns no action.
 """
 
 from __future__ import annotations
@@ -92,6 +93,10 @@ class SchedulerState(msgspec.Struct, frozen=True, kw_only=True):
     """Executions started since the beginning of the run."""
     finished: int
     """Executions finished (completed, timed out or failed) since the beginning of the run."""
+    suspended: int = 0
+    """Unfinished executions on no cell: their cell left rollout and no rollout cell had room
+    (partial rollouts). They count in the water level and resume, before any new dispatch, when
+    rollout slots are free."""
     weight_version: int = 0
     """Published weight version = optimizer steps completed."""
     train_ready: int = 0
@@ -127,18 +132,18 @@ class SchedulerState(msgspec.Struct, frozen=True, kw_only=True):
                     f"capacity_per_cell={self.capacity_per_cell}"
                 )
         in_flight = sum(c.executions for c in self.cells)
-        if in_flight != self.water_level:
+        if in_flight + self.suspended != self.water_level:
             raise ValueError(
-                f"executions on cells ({in_flight}) != water level "
+                f"executions on cells ({in_flight}) + {self.suspended=} != water level "
                 f"({self.dispatched=} - {self.finished=})"
             )
-        for name in ("train_ready", "train_running", "trained", "weight_version"):
+        for name in ("suspended", "train_ready", "train_running", "trained", "weight_version"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
 
     @property
     def water_level(self) -> int:
-        """Unfinished executions: ``dispatched - finished``."""
+        """Unfinished executions, suspended ones included: ``dispatched - finished``."""
         return self.dispatched - self.finished
 
     @property
@@ -155,7 +160,7 @@ class SchedulerState(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def free_slots(self) -> int:
-        """Room for new executions on the current rollout cells."""
+        """Room for new executions on the current rollout cells (suspended ones resume first)."""
         return self.rollout_capacity - self.water_level
 
     @property
@@ -243,13 +248,26 @@ def _check_staleness(k: int) -> None:
 class ColocatePolicy(msgspec.Struct, frozen=True, kw_only=True):
     """Time-sharing (verl-style colocation): every cell rolls out the batch, then every cell trains.
 
-    Rollout phase: dispatch on-policy (k = 0) into free slots; when the whole batch is ready for
-    training (nothing of it still running), switch every cell to train at once. Train phase: the
-    driver spreads micro-batches over all cells; `StartStep` when the batch is trained; after the
-    update every cell switches back to rollout at once.
+    Rollout phase: dispatch into free slots under the staleness bound (`admission_room`); when the
+    whole batch is ready for training, switch every cell to train at once. Train phase: the driver
+    spreads micro-batches over all cells; `StartStep` when the batch is trained; after the update
+    every cell switches back to rollout at once.
+
+    With ``max_staleness_steps = 0`` (verl, on-policy) a step dispatches exactly its own batch and
+    waits for its slowest execution. With k > 0 (partial rollouts, as in Kimi k1.5 and verl's
+    partial rollout) slots freed by finished executions take executions of later steps; a driver
+    that forms batches from the first groups to finish then switches with executions still
+    running, suspends them (`SchedulerState.suspended`) through the training phase and resumes
+    them in the next rollout phase, so stragglers carry over instead of holding every cell.
     """
 
+    max_staleness_steps: int = 0
+    """Versions an execution may start ahead of the step that trains it (0: on-policy). Only a
+    driver that suspends executions can run k > 0 (the simulator; not yet the node runtime)."""
     name: str = "colocate"
+
+    def __post_init__(self) -> None:
+        _check_staleness(self.max_staleness_steps)
 
     def initial_roles(self, num_cells: int, core_cell: int) -> tuple[Role, ...]:
         return ("rollout",) * num_cells
@@ -266,11 +284,14 @@ class ColocatePolicy(msgspec.Struct, frozen=True, kw_only=True):
         if roles == {"rollout"}:
             if batch_available:
                 return tuple(SwitchToTrain(c.index) for c in state.cells)
-            n = min(admission_room(state, 0), state.free_slots)
+            n = min(admission_room(state, self.max_staleness_steps), state.free_slots)
             return (Dispatch(n),) if n > 0 else ()
         if roles == {"train"}:
+            # Nothing left to train and no whole batch: roll out. With k > 0 the groups carried
+            # over from the last rollout phase may already be trained (`trained > 0`); their
+            # gradients wait on the cells for the rest of the batch.
             idle = all(not c.busy for c in state.cells)
-            if idle and state.trained == 0 and state.train_running == 0 and not batch_available:
+            if idle and state.train_running == 0 and not batch_available:
                 return tuple(SwitchToRollout(c.index) for c in state.cells)
             return ()
         # Mixed roles only arise if the driver started from other roles: reunite on rollout.

@@ -39,12 +39,14 @@ def state(
     running: int = 0,
     trained: int = 0,
     step_running: bool = False,
+    suspended: int = 0,
 ) -> SchedulerState:
     """Cells from a role string: r = rollout, t = train, > = switching to train, < = to rollout.
 
     Cell 0 is the core. `busy` marks training cells busy by position ("b" or "."). The water level
-    is the sum of `executions`; `dispatched = finished + water level + extra_dispatched` is not
-    allowed (the snapshot checks it), so `extra_dispatched` only exists to test that check.
+    is the sum of `executions` plus `suspended`; `dispatched = finished + water level +
+    extra_dispatched` is not allowed (the snapshot checks it), so `extra_dispatched` only exists
+    to test that check.
     """
     executions = executions or (0,) * len(roles)
     cells = []
@@ -61,7 +63,7 @@ def state(
                 busy=i < len(busy) and busy[i] == "b",
             )
         )
-    water = sum(executions)
+    water = sum(executions) + suspended
     return SchedulerState(
         cells=tuple(cells),
         capacity_per_cell=CAP,
@@ -73,6 +75,7 @@ def state(
         train_running=running,
         trained=trained,
         step_running=step_running,
+        suspended=suspended,
     )
 
 
@@ -107,6 +110,21 @@ def test_snapshot_rejects_inconsistent_states() -> None:
         )
     with pytest.raises(ValueError, match="n=0"):
         Dispatch(0)
+
+
+def test_suspended_executions_count_in_the_water_level() -> None:
+    s = state("rr", (1, 0), suspended=3, finished=2)
+    assert s.water_level == 4 and s.dispatched == 6
+    assert s.free_slots == 2 * CAP - 4 == 4  # suspended executions resume into those first
+    with pytest.raises(ValueError, match="suspended=-1 must be >= 0"):
+        SchedulerState(
+            cells=(CellView(index=0, role="rollout", is_core=True, executions=1),),
+            capacity_per_cell=CAP,
+            batch_executions=B,
+            dispatched=0,
+            finished=0,
+            suspended=-1,
+        )
 
 
 def test_admission_room_is_areal_bound() -> None:
@@ -159,6 +177,40 @@ def test_colocate_whole_batch_switches_every_cell_then_steps_then_returns() -> N
     assert p.decide(state("tttt", busy="b", finished=8, trained=8, step_running=True)) == ()
     after_step = state("tttt", finished=8, version=1)
     assert p.decide(after_step) == tuple(SwitchToRollout(i) for i in range(4))
+
+
+def test_colocate_partial_rollouts_fill_the_slots_past_the_batch() -> None:
+    p = ColocatePolicy(max_staleness_steps=1)
+    # 16 free slots, room for two batches (k = 1): 16 start, not 8.
+    assert p.decide(state("rrrr")) == (Dispatch(2 * B),)
+    # 5 of the first batch finished, 3 run: the 13 free slots take the next batch's 8.
+    assert p.decide(state("rrrr", (1, 1, 1, 0), finished=5)) == (Dispatch(B),)
+    assert ColocatePolicy().decide(state("rrrr", (1, 1, 1, 0), finished=5)) == ()
+    with pytest.raises(ValueError, match="max_staleness_steps=-1"):
+        ColocatePolicy(max_staleness_steps=-1)
+
+
+def test_colocate_partial_rollouts_switch_with_executions_running() -> None:
+    # The batch (first 8 to finish) is in while 3 executions still run: every cell trains; the
+    # driver suspends the 3 and resumes them after the update.
+    p = ColocatePolicy(max_staleness_steps=1)
+    assert p.decide(state("rrrr", (2, 1, 0, 0), finished=8, ready=8)) == tuple(
+        SwitchToTrain(i) for i in range(4)
+    )
+    after_step = state("tttt", suspended=3, finished=8, version=1)
+    assert p.decide(after_step) == tuple(SwitchToRollout(i) for i in range(4))
+    # Back in rollout the 3 suspended count against the 16 slots: 13 free, room 3 x 8 - 11.
+    assert p.decide(state("rrrr", suspended=3, finished=8, version=1)) == (Dispatch(13),)
+
+
+def test_colocate_returns_to_rollout_after_training_carried_over_groups() -> None:
+    # After the update 4 carried-over executions were trained at once; the rest of the batch is
+    # still to roll out, so every cell goes back (their gradients wait on the cells).
+    p = ColocatePolicy(max_staleness_steps=1)
+    assert p.decide(state("tttt", suspended=4, finished=12, version=1, trained=4)) == tuple(
+        SwitchToRollout(i) for i in range(4)
+    )
+    assert p.decide(state("tttt", busy="b", finished=12, version=1, running=1, trained=3)) == ()
 
 
 # ---- Async ---------------------------------------------------------------------------------------
