@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-
+from typing import Literal
 
 from gyre.config import _Config, _positive, load_toml
 
@@ -177,19 +177,31 @@ class CostConfig(_Config):
 
 
 class PolicyConfig(_Config):
-    """Which policies to compare and their knobs."""
+    """Which policies to compare and their knobs.
+
+    A step's batch is formed one of three ways. Streaming: the first
+    ``batch_executions // group_size`` groups to finish, each trainable as soon as it finishes.
+    Not streaming, `unstreamed_batch = "first_finished"`: the same groups, trainable once the
+    batch is full (AReaL's buffer, the published Async baseline). Not streaming, `"dispatched"`:
+    the groups dispatched for the step, trainable once all of them finished (the node runtime's
+    `scheduler.streaming = false`). In the first two, groups finishing after the batch is full
+    carry over to the next step; for Colocate that needs ``colocate_max_staleness_steps >= 1``.
+    """
 
     colocate_streaming: bool = False
-    """Streaming for Colocate. True: a finished group joins the current batch at once and may be
-    trained while the rest still runs, and the batch is the first complete groups (stragglers
-    carry over to the next step). False: a step's batch is the groups dispatched for it, trainable
-    only when all of them finished. The published baselines (Colocate, Async) do not stream."""
+    """Streaming for Colocate (see the class doc). The published baselines do not stream."""
     async_streaming: bool = False
-    """Streaming for Async (see `colocate_streaming`)."""
+    """Streaming for Async (see the class doc)."""
     elastic_streaming: bool = True
-    """Streaming for Elastic (QwenGyre streams; see `colocate_streaming`)."""
+    """Streaming for Elastic (QwenGyre streams; see the class doc)."""
+    unstreamed_batch: Literal["first_finished", "dispatched"] = "first_finished"
+    """How a policy that does not stream forms its batch (see the class doc)."""
     async_num_train_cells: int = 0
     """Training cells of the fixed Async split; 0 searches every split and keeps the fastest."""
+    colocate_max_staleness_steps: int = 0
+    """0: verl's on-policy colocation, a step's batch is exactly its own executions. k >= 1:
+    partial rollouts, freed slots take later steps' executions and those still running at the
+    switch to training are suspended and resume in the next rollout phase (`ColocatePolicy`)."""
     async_max_staleness_steps: int = 1
     elastic_max_staleness_steps: int = 1
     compare: tuple[str, ...] = ("colocate", "async", "elastic")
@@ -197,10 +209,22 @@ class PolicyConfig(_Config):
     def __post_init__(self) -> None:
         if self.async_num_train_cells < 0:
             raise ValueError(f"async_num_train_cells={self.async_num_train_cells} must be >= 0")
-        if self.async_max_staleness_steps < 0 or self.elastic_max_staleness_steps < 0:
+        if min(
+            self.colocate_max_staleness_steps,
+            self.async_max_staleness_steps,
+            self.elastic_max_staleness_steps,
+        ) < 0:
             raise ValueError(
+                f"colocate_max_staleness_steps={self.colocate_max_staleness_steps}, "
                 f"async_max_staleness_steps={self.async_max_staleness_steps}, "
                 f"elastic_max_staleness_steps={self.elastic_max_staleness_steps} must be >= 0"
+            )
+        if self.colocate_streaming and self.colocate_max_staleness_steps == 0:
+            raise ValueError(
+                f"colocate_streaming={self.colocate_streaming} with "
+                f"colocate_max_staleness_steps={self.colocate_max_staleness_steps}: an on-policy "
+                "Colocate step dispatches exactly its batch, so streaming changes nothing; set "
+                "colocate_max_staleness_steps >= 1 (partial rollouts)"
             )
         if len(set(self.compare)) != len(self.compare):
             raise ValueError(f"compare={self.compare!r} names a policy twice")

@@ -9,9 +9,12 @@ logic) and applies the returned actions until the policy has nothing more to do.
 
 The simulator owns the mechanics the runtime will own too: placing executions on rollout cells
 (least loaded first), migrating the executions of a cell leaving rollout (delayed by KV bytes /
-bandwidth), forming batches (streaming or not), handing the largest ready execution to an idle
-training cell, weight loads after each update. It knows nothing about engines or processes.
-Every execution index draws the same duration under every policy (common random numbers).
+bandwidth) or, when no rollout cell that stays has room, suspending them (partial rollouts: an
+execution's clock stops until a rollout slot is free again, then it resumes after restoring its KV),
+forming batches (streaming, first finished or dispatched; `PolicyConfig`), handing the largest
+ready execution to an idle training cell, weight loads after each update. It knows nothing about
+engines or processes. Every execution index draws the same duration under every policy (common
+random numbers).
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     optimizer step): no schedule can finish sooner."""
     switches: int
     migrations: int
+    suspensions: int
+    """Times an execution was suspended because its cell left rollout and no rollout cell that
+    stays had room (each resumes later, before any new dispatch)."""
     dispatched: int
     trained_executions: int
     """Executions whose gradients went into a completed step (each exactly once)."""
@@ -115,8 +121,9 @@ def simulate(
 ) -> SimResult:
     """Run `config.workload.num_steps` steps under `policy`; see the module docstring.
 
-    `streaming` defaults to ``config.policies.streaming(policy.name)``; pass the same `workload`
-    to several calls to give every policy the same execution durations.
+    `streaming` defaults to ``config.policies.streaming(policy.name)``; without streaming the batch
+    is formed as ``config.policies.unstreamed_batch`` says. Pass the same `workload` to several
+    calls to give every policy the same execution durations.
     """
     if streaming is None:
         streaming = config.policies.streaming(policy.name)
@@ -137,6 +144,7 @@ class _Sim:
         self.G = w.group_size
         self.gpb = self.B // self.G
         self.streaming = streaming
+        self.dispatched_batches = not streaming and config.policies.unstreamed_batch == "dispatched"
         self.sync_s = config.weight_sync_s()
         self.opt_s = config.costs.optimizer_step_s
         roles = policy.initial_roles(self.C, 0)
@@ -155,6 +163,10 @@ class _Sim:
         self.ex_end: list[float] = []
         self.ex_gen: list[int] = []
         self.ex_version: list[int] = []
+        self.ex_paused_s: list[float] = []  # seconds spent suspended (ended suspensions)
+        self.suspended: deque[int] = deque()  # suspended executions, resumed first in, first out
+        self.suspended_at: dict[int, float] = {}
+        self.left_s: dict[int, float] = {}  # a suspended execution's remaining seconds
         self.dispatched = 0
         self.finished = 0
         self.group_done: list[int] = []
@@ -164,9 +176,10 @@ class _Sim:
         self.running = 0
         self.step_running = False
         self.queue: list[tuple[float, int]] = []  # (-train_s, exec) for the current step
-        self.step_groups = 0  # streaming: groups taken into the current step
-        self.backlog: deque[int] = deque()  # streaming: complete groups waiting for a later step
-        self.batch_complete: dict[int, int] = {}  # not streaming: complete groups per batch
+        self.step_groups = 0  # first finished: groups taken into the current step
+        self.held: list[int] = []  # first finished, not streaming: taken, trained once the batch is
+        self.backlog: deque[int] = deque()  # first finished: complete groups for a later step
+        self.batch_complete: dict[int, int] = {}  # dispatched batches: complete groups per batch
         self.step_members: list[int] = []
         self.trained_execs: list[tuple[int, int]] = []  # (exec, step)
         self.trained_set: set[int] = set()
@@ -178,6 +191,7 @@ class _Sim:
         self.capacity: list[int] = [self._rollout_capacity()]
         self.switches = 0
         self.migrations = 0
+        self.suspensions = 0
         self.train_busy_s = 0.0
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -231,16 +245,23 @@ class _Sim:
             train_running=self.running,
             trained=self.trained,
             step_running=self.step_running,
+            suspended=len(self.suspended),
         )
 
-    def _least_loaded(self, exclude: int = -1) -> _Cell:
+    def _least_loaded(self, exclude: frozenset[int] = frozenset()) -> _Cell | None:
+        """The rollout cell outside `exclude` with the fewest executions and a free slot."""
         best = None
         for c in self.cells:
-            if c.role == "rollout" and c.index != exclude and len(c.execs) < self.cap:
+            if c.role == "rollout" and c.index not in exclude and len(c.execs) < self.cap:
                 if best is None or len(c.execs) < len(best.execs):
                     best = c
-        assert best is not None, "no rollout cell has a free slot"
         return best
+
+    def _done_tokens(self, e: int, left_s: float) -> float:
+        """Context tokens execution `e` holds with `left_s` of its duration still to run."""
+        d = self.wl.duration_s[e]
+        done = min(1.0, max(0.0, 1.0 - left_s / d)) if d > 0 else 1.0
+        return self.wl.tokens[e] * done
 
     def _reschedule(self, e: int, delay: float) -> None:
         self.ex_end[e] += delay
@@ -257,6 +278,7 @@ class _Sim:
         for _ in range(n):
             e = self.dispatched
             cell = self._least_loaded()
+            assert cell is not None, "no rollout cell has a free slot"
             cell.execs.add(e)
             self.views[cell.index] = None
             end = max(self.t, cell.sync_until) + self.wl.duration_s[e]
@@ -265,28 +287,28 @@ class _Sim:
             self.ex_end.append(end)
             self.ex_gen.append(0)
             self.ex_version.append(self.version)
+            self.ex_paused_s.append(0.0)
             if e % self.G == 0:
                 self.group_done.append(0)
             self.dispatched += 1
             self._push(end, _FINISH, e, 0)
         self._trace()
 
-    def _switch_to_train(self, i: int) -> None:
+    def _switch_to_train(self, i: int, leaving: frozenset[int]) -> None:
+        """Cell `i` leaves rollout; `leaving`: every cell this decision moves out of rollout.
+
+        Its executions migrate to rollout cells that stay; those that find no room are suspended.
+        """
         cell = self.cells[i]
         if cell.role != "rollout":
             raise ValueError(f"{self.policy.name}: SwitchToTrain({i}) but the cell is {cell.role}")
         moving = sorted(cell.execs)
-        free_elsewhere = sum(
-            self.cap - len(c.execs) for c in self.cells if c.role == "rollout" and c is not cell
-        )
-        if len(moving) > free_elsewhere:
-            raise ValueError(
-                f"{self.policy.name}: SwitchToTrain({i}) must move {len(moving)} executions, "
-                f"other rollout cells have {free_elsewhere} free slots"
-            )
         cell.execs.clear()
         for e in moving:
-            dest = self._least_loaded(exclude=i)
+            dest = self._least_loaded(exclude=leaving | {i})
+            if dest is None:
+                self._suspend(e)
+                continue
             dest.execs.add(e)
             self.views[dest.index] = None
             self.ex_cell[e] = dest.index
@@ -298,6 +320,39 @@ class _Sim:
         self._set_role(cell, "switching", "train")
         self._push(self.t + self.cfg.costs.switch_to_train_s, _SWITCH, i)
         self._trace()
+
+    def _suspend(self, e: int) -> None:
+        """Stop execution `e`'s clock: the agent's next model call waits for a rollout slot (tool
+        work in progress at the switch is not credited) and its KV leaves the cell."""
+        self.left_s[e] = max(0.0, self.ex_end[e] - self.t)
+        self.ex_gen[e] += 1  # its pending finish is stale
+        self.ex_cell[e] = -1
+        self.suspended_at[e] = self.t
+        self.suspended.append(e)
+        self.suspensions += 1
+
+    def _resume(self) -> None:
+        """Put suspended executions on rollout cells with room, first suspended first.
+
+        Each waits for its cell's weights, restores its KV (bytes / KV bandwidth), then runs the
+        seconds it had left."""
+        resumed = False
+        while self.suspended:
+            cell = self._least_loaded()
+            if cell is None:
+                break
+            e = self.suspended.popleft()
+            left = self.left_s.pop(e)
+            self.ex_paused_s[e] += self.t - self.suspended_at.pop(e)
+            cell.execs.add(e)
+            self.views[cell.index] = None
+            self.ex_cell[e] = cell.index
+            restore = self.cfg.migration_s(self._done_tokens(e, left))
+            self.ex_end[e] = max(self.t, cell.sync_until) + restore + left
+            self._push(self.ex_end[e], _FINISH, e, self.ex_gen[e])
+            resumed = True
+        if resumed:
+            self._trace()
 
     def _switch_to_rollout(self, i: int) -> None:
         cell = self.cells[i]
@@ -330,17 +385,28 @@ class _Sim:
             self.step_members.append(e)
 
     def _on_group_complete(self, g: int) -> None:
-        if self.streaming:
-            if self.step_groups < self.gpb:
-                self.step_groups += 1
-                self._enqueue_group(g)
-            else:
-                self.backlog.append(g)
-        else:
+        if self.dispatched_batches:
             b = g // self.gpb
             self.batch_complete[b] = self.batch_complete.get(b, 0) + 1
             if b == self.version:
                 self._maybe_enqueue_batch()
+        elif self.step_groups < self.gpb:
+            self._take(g)
+        else:
+            self.backlog.append(g)
+
+    def _take(self, g: int) -> None:
+        """Group `g` joins the current step's batch: trainable now when streaming, else once the
+        batch is full."""
+        self.step_groups += 1
+        if self.streaming:
+            self._enqueue_group(g)
+            return
+        self.held.append(g)
+        if self.step_groups == self.gpb:
+            for h in self.held:
+                self._enqueue_group(h)
+            self.held = []
 
     def _maybe_enqueue_batch(self) -> None:
         b = self.version
@@ -350,13 +416,12 @@ class _Sim:
 
     def _begin_step(self) -> None:
         self.step_members = []
-        if self.streaming:
-            self.step_groups = 0
-            while self.backlog and self.step_groups < self.gpb:
-                self.step_groups += 1
-                self._enqueue_group(self.backlog.popleft())
-        else:
+        if self.dispatched_batches:
             self._maybe_enqueue_batch()
+            return
+        self.step_groups = 0
+        while self.backlog and self.step_groups < self.gpb:
+            self._take(self.backlog.popleft())
 
     # ---- events --------------------------------------------------------------------------------
 
@@ -433,16 +498,18 @@ class _Sim:
 
     def _decide(self) -> None:
         for _ in range(_MAX_DECISIONS_PER_INSTANT):
+            self._resume()
             self._assign_training()
             state = self._state()
             actions = self.policy.decide(state)
             if not actions:
                 return
+            leaving = frozenset(a.cell for a in actions if isinstance(a, SwitchToTrain))
             for act in actions:
                 if isinstance(act, Dispatch):
                     self._dispatch(act.n)
                 elif isinstance(act, SwitchToTrain):
-                    self._switch_to_train(act.cell)
+                    self._switch_to_train(act.cell, leaving)
                 elif isinstance(act, SwitchToRollout):
                     self._switch_to_rollout(act.cell)
                 elif isinstance(act, StartStep):
@@ -477,8 +544,12 @@ class _Sim:
         for cell in self.cells:
             self._set_role(cell, cell.role, cell.target)
         wl, cap, C = self.wl, self.cap, self.C
+        paused = list(self.ex_paused_s)
+        for e, since in self.suspended_at.items():
+            paused[e] += end - since
         rollout_slot_s = sum(
-            min(end - self.ex_start[e], wl.duration_s[e]) for e in range(self.dispatched)
+            min(end - self.ex_start[e] - paused[e], wl.duration_s[e])
+            for e in range(self.dispatched)
         )
         train_done_s = sum(wl.train_s[e] for e, _ in self.trained_execs)
         opt_total = self.opt_s * len(self.step_end)
@@ -499,6 +570,7 @@ class _Sim:
             lower_bound_s=max(work / C, longest + self.opt_s),
             switches=self.switches,
             migrations=self.migrations,
+            suspensions=self.suspensions,
             dispatched=self.dispatched,
             trained_executions=len(self.trained_execs),
             max_staleness_steps=staleness,

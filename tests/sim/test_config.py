@@ -43,6 +43,10 @@ def test_bad_values_name_the_field() -> None:
         msgspec.convert({"cluster": {"kv_cache_bytes_per_cell": 1.0}}, SimConfig)
     with pytest.raises(msgspec.ValidationError, match="names a policy twice"):
         msgspec.convert({"policies": {"compare": ["async", "async"]}}, SimConfig)
+    with pytest.raises(msgspec.ValidationError, match="colocate_max_staleness_steps=0"):
+        msgspec.convert({"policies": {"colocate_streaming": True}}, SimConfig)
+    with pytest.raises(msgspec.ValidationError, match="unstreamed_batch"):
+        msgspec.convert({"policies": {"unstreamed_batch": "whole"}}, SimConfig)
 
 
 def test_cost_formulas_by_hand(tiny: SimConfig) -> None:

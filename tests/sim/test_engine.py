@@ -103,3 +103,73 @@ def test_a_policy_asking_for_too_much_is_refused(tiny: SimConfig) -> None:
 
     with pytest.raises(ValueError, match="exceeds free slots"):
         simulate(tiny, Greedy(num_train_cells=1, name="async"))
+
+
+def scripted(config: SimConfig, durations: list[float]) -> Workload:
+    """A workload whose execution `i` runs `durations[i]` seconds (tokens and training follow)."""
+    workload = Workload(config)
+    workload.duration_s = list(durations)
+    workload.tokens = [config.workload.tokens(d) for d in durations]
+    workload.train_s = [config.train_s(t) for t in workload.tokens]
+    return workload
+
+
+STRAGGLER = [D, D, D, 10 * D] + [D] * 12  # execution 3 (group 1) runs 1000 s, every other 100 s
+
+
+def test_colocate_on_policy_waits_for_the_straggler(tiny: SimConfig) -> None:
+    # k = 0: the step dispatches executions 0-3 and trains when 3 finishes at 1000 s; then back
+    # to rollout (3.46 s) and executions 4-7 take 100 s. Streaming cannot help: the batch is
+    # exactly the step's own executions.
+    r = simulate(tiny, ColocatePolicy(), scripted(tiny, STRAGGLER), streaming=True)
+    step = TO_TRAIN + 2 * TRAIN + OPT
+    first = 10 * D + step
+    assert r.step_end_s == pytest.approx((first, first + TO_ROLLOUT + D + step))
+    assert r.suspensions == 0
+
+
+def test_colocate_partial_rollouts_carry_the_straggler_over(tiny: SimConfig) -> None:
+    # k = 1, streaming. t=0: executions 0-3 start (0, 2 on cell 0; 1, 3 on cell 1). t=100: 0-2
+    # finish, group 0 is in; 4, 5, 6 take the freed slots. t=200: group 2 (4, 5) completes the
+    # batch {0, 2}; both cells switch to train and execution 3 (800 s left) is suspended. Step 1
+    # ends at 200 + 8.52 + 2 x 6.006 + 5. Back to rollout (3.46 s): 3 resumes (ends 800 s later),
+    # 7, 8, 9 start; at +100 s groups 3 (6, 7) and 4 (8, 9) are the batch and 3 is suspended
+    # again with 700 s left. On-policy Colocate takes 1154.5 s for the same two steps.
+    r = simulate(
+        tiny, ColocatePolicy(max_staleness_steps=1), scripted(tiny, STRAGGLER), streaming=True
+    )
+    step = TO_TRAIN + 2 * TRAIN + OPT
+    first = 2 * D + step
+    assert r.step_end_s == pytest.approx((first, first + TO_ROLLOUT + D + step), abs=1e-6)
+    assert r.suspensions == 2  # execution 3, at both switches to train
+    assert r.dispatched == 10 and r.trained_executions == 8
+    assert r.max_staleness_steps == 1  # execution 6 started at version 0, trained in step 2
+    # No cell trains during Colocate's rollout, so streaming and a first-finished batch agree.
+    unstreamed = simulate(
+        tiny, ColocatePolicy(max_staleness_steps=1), scripted(tiny, STRAGGLER), streaming=False
+    )
+    assert unstreamed.step_end_s == r.step_end_s
+
+
+def test_first_finished_batch_lets_async_train_past_a_straggler(tiny: SimConfig) -> None:
+    # Async, 1 training cell, 1 rollout cell of 2 slots, k = 1, not streaming. The straggler 3
+    # holds one slot from 100 s to 1100 s (+10 s weight sync at the first update); the other
+    # slot runs 4, 5, 6, ... back to back.
+    policy = AsyncPolicy(num_train_cells=1, max_staleness_steps=1)
+    step = 4 * TRAIN + OPT
+    # First finished (AReaL): batch 1 = groups 0 (done 100 s) and 2 (4, 5: done 400 s), trained
+    # at 400 s; 6 ends 500 + 10 s (weight sync at the update), 7 ends 610 s, group 4 (8, 9) at
+    # 810 s completes batch 2 = groups 3, 4.
+    first_finished = simulate(tiny, policy, scripted(tiny, STRAGGLER))
+    assert first_finished.step_end_s == pytest.approx((4 * D + step, 8 * D + SYNC + step))
+    # Dispatched batches (the node runtime's non-streaming mode): batch 1 = groups 0, 1 waits for
+    # 3 at 1100 s; groups 2, 3 (done by 600 s) are batch 2, trained right after the update.
+    dispatched = replace(tiny, policies__unstreamed_batch="dispatched")
+    r = simulate(dispatched, policy, scripted(dispatched, STRAGGLER))
+    assert r.step_end_s == pytest.approx((11 * D + step, 11 * D + 2 * step))
+
+
+def test_elastic_never_suspends(longtail: SimConfig) -> None:
+    # Elastic's water rule only moves a cell whose executions fit on the others.
+    r = simulate(replace(longtail, workload__num_steps=6), ElasticPolicy(max_staleness_steps=1))
+    assert r.suspensions == 0 and r.migrations > 0

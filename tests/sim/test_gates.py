@@ -17,6 +17,7 @@ def test_without_variance_the_three_policies_are_within_ten_percent(longtail: Si
         longtail,
         workload__sigma=0.0,
         policies__colocate_streaming=True,
+        policies__colocate_max_staleness_steps=1,
         policies__async_streaming=True,
     )
     comp = compare(config)
