@@ -1,9 +1,11 @@
 """Cluster simulator benchmark: elastic vs async (best split) vs colocate at the published scale.
 
 Runs the shipped scenarios `examples/sim/122b-longtail.toml` and `examples/sim/2.4t-capped.toml`
-over several workload seeds, the two published ablations (streaming added to Async; Elastic over
-Colocate with streaming) on the 122B workload, and times the simulator itself on 48 steps x 64
-cells. Writes `benchmarks/results/sim.json`: each headline key is the median over seeds, and
+over several workload seeds, the two published ablations on the 122B workload (streaming added to
+Async, whose unstreamed batch is AReaL's first finished groups; Elastic over Colocate with
+streaming, i.e. partial rollouts at Elastic's staleness bound: stragglers are suspended through
+the training phase and carried over), and times the simulator itself on 48 steps x 64 cells.
+Writes `benchmarks/results/sim.json`: each headline key is the median over seeds, and
 `spread` holds min / median / max. Published numbers (notes/anchors-performance.md §0) are
 printed next to ours; nothing here is tuned towards them.
 
@@ -108,12 +110,30 @@ def main() -> None:
                 samples["streaming_only_saving"].append(
                     1 - streamed.makespan_s / comp.results["async"].makespan_s
                 )
-                # Ablation 2: Elastic over Colocate + streaming.
-                cfg = with_seed(base, seed, colocate_streaming=True)
+                d.setdefault("makespan_h_async_streaming", []).append(streamed.makespan_s / 3600)
+                # The same saving over an Async whose batch is its own dispatched groups (the
+                # node runtime's non-streaming mode): stragglers then hold the step.
+                _, own, _ = best_async(with_seed(base, seed, unstreamed_batch="dispatched"))
+                d.setdefault("makespan_h_async_dispatched_batches", []).append(
+                    own.makespan_s / 3600
+                )
+                d.setdefault("streaming_saving_over_dispatched_batches", []).append(
+                    1 - streamed.makespan_s / own.makespan_s
+                )
+                # Ablation 2: Elastic over Colocate + streaming (partial rollouts, Elastic's k).
+                cfg = with_seed(
+                    base,
+                    seed,
+                    colocate_streaming=True,
+                    colocate_max_staleness_steps=base.policies.elastic_max_staleness_steps,
+                )
                 colo = simulate(cfg, build_policy(cfg, "colocate"), Workload(cfg))
                 samples["elastic_over_colocate_streaming"].append(
                     colo.makespan_s / comp.results["elastic"].makespan_s
                 )
+                d.setdefault("makespan_h_colocate_streaming", []).append(colo.makespan_s / 3600)
+                d.setdefault("utilisation_colocate_streaming", []).append(colo.utilisation)
+                d.setdefault("suspensions_colocate_streaming", []).append(colo.suspensions)
 
     # Sensitivity on the 122B workload (seed 0): tail width, switch cost, cell granularity.
     sweeps: dict[str, dict[str, dict[str, float]]] = {"sigma": {}, "switch_cost_x": {}}
@@ -136,6 +156,34 @@ def main() -> None:
     whole = simulate(c122, build_policy(c122, "elastic", 1), Workload(c122))
     half = simulate(halved, build_policy(halved, "elastic", 1), Workload(halved))
     sweeps["cell_halving_change"] = {"elastic": half.makespan_s / whole.makespan_s - 1}
+    # Streaming's saving grows with training's share of a step: the 122B config assumes every
+    # layer is full attention (the T^2 upper bound); a 3:1 hybrid has a quarter of them.
+    sweeps["streaming_saving_by_full_attention_layers"] = {}
+    for layers in (c122.model.num_layers, c122.model.num_layers // 4):
+        cfg = replaced(c122, model={"num_layers": layers})
+        _, plain, _ = best_async(cfg)
+        _, streamed, _ = best_async(replaced(cfg, policies={"async_streaming": True}))
+        sweeps["streaming_saving_by_full_attention_layers"][str(layers)] = (
+            1 - streamed.makespan_s / plain.makespan_s
+        )
+    # Staleness bound k shared by Elastic and Colocate + streaming (partial rollouts).
+    sweeps["staleness_k"] = {}
+    for k in (1, 2):
+        cfg = replaced(
+            c122,
+            policies={
+                "elastic_max_staleness_steps": k,
+                "colocate_max_staleness_steps": k,
+                "colocate_streaming": True,
+            },
+        )
+        el = simulate(cfg, build_policy(cfg, "elastic", 1), Workload(cfg))
+        co = simulate(cfg, build_policy(cfg, "colocate"), Workload(cfg))
+        sweeps["staleness_k"][str(k)] = {
+            "elastic_over_colocate_streaming": co.makespan_s / el.makespan_s,
+            "utilisation_elastic": el.utilisation,
+            "utilisation_colocate_streaming": co.utilisation,
+        }
 
     # Speed of the simulator itself: 48 steps on 64 cells, elastic (the policy with most decisions).
     big = scaled(c122, 64)
@@ -182,6 +230,13 @@ def main() -> None:
     ]
     print_table("122B sensitivity (seed 0)", sweep_rows)
     print(f"cell halving (32 half cells vs 16): {sweeps['cell_halving_change']['elastic']:+.3f}")
+    for k, r in sweeps["staleness_k"].items():
+        ratio = r["elastic_over_colocate_streaming"]
+        print(f"k = {k}: elastic over colocate + streaming {ratio:.3f}")
+    for layers, saving in sweeps["streaming_saving_by_full_attention_layers"].items():
+        print(f"streaming saving with {layers} full-attention layers: {saving:.3f}")
+    own = numbers["scenarios"]["122b"]["streaming_saving_over_dispatched_batches"]["median"]
+    print(f"streaming saving over an Async with dispatched batches: {own:.3f}")
 
 
 if __name__ == "__main__":
