@@ -92,7 +92,9 @@ def build_config(durations: list[float], costs: dict[str, float], steps: int) ->
         "costs": {"switch_to_train_s": costs["switch_to_train_s"], "switch_to_rollout_s": costs["switch_to_rollout_s"],
                   "weight_sync_bytes_per_s": params / max(costs["weight_sync_s"], 1e-6),
                   "kv_migration_bytes_per_s": 1e12, "optimizer_step_s": costs["optimizer_step_s"]},
-        "policies": {"async_num_train_cells": 1, "async_max_staleness_steps": 1, "elastic_max_staleness_steps": 1},
+        # bench_schedules measured the node runtime, whose unstreamed batch is the step's own groups
+        "policies": {"async_num_train_cells": 1, "async_max_staleness_steps": 1, "elastic_max_staleness_steps": 1,
+                     "unstreamed_batch": "dispatched"},
     }, SimConfig)
 
 
