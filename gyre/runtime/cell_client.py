@@ -474,11 +474,20 @@ async def open_cells(
         urls: list[str | None] = [None] * n
 
         async def wait(rank: int) -> None:
-            urls[rank] = await anyio.to_thread.run_sync(wait_cell_ready, processes[rank], config.startup_timeout_s, host)
+            # abandoned on cancel: the first cell that fails must not wait out the others' start-up
+            # timeouts (ranks blocked on a missing peer never become ready); `finally` stops them
+            urls[rank] = await anyio.to_thread.run_sync(
+                wait_cell_ready, processes[rank], config.startup_timeout_s, host, abandon_on_cancel=True
+            )
 
-        async with anyio.create_task_group() as tg:
-            for rank in range(n):
-                tg.start_soon(wait, rank)
+        try:
+            async with anyio.create_task_group() as tg:
+                for rank in range(n):
+                    tg.start_soon(wait, rank)
+        except BaseExceptionGroup as group:
+            if all(isinstance(e, EngineError) for e in group.exceptions):
+                raise group.exceptions[0] from None  # the first failure, as `wait_cell_ready` raises it
+            raise
         async with AsyncExitStack() as stack:
             clients = []
             for rank, url in enumerate(urls):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import anyio
 import httpx
@@ -108,6 +109,34 @@ async def test_dead_cell_is_unavailable_not_a_hang(tmp_path) -> None:
         process.process.wait()
         with pytest.raises(EngineUnavailableError):
             await collect(client, req("to-dead"))
+
+
+async def test_one_cell_failing_to_start_stops_the_others_at_once(tmp_path, monkeypatch) -> None:
+    """`open_cells`: a rank that dies during start-up fails the start with its own error and the
+    other ranks are stopped, without waiting out their start-up timeout (a rank blocked on a missing
+    gradient-group peer never becomes ready). Before the fix this took the full timeout."""
+    import gyre.runtime.cell_client as cell_client
+
+    spawned: list[cell_client.CellProcess] = []
+
+    def spawn(model_dir, config, *, log_path, **_):  # rank 0 never becomes ready, rank 1 exits 3
+        code = "import time; time.sleep(600)" if not spawned else "raise SystemExit(3)"
+        process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        spawned.append(cell_client.CellProcess(process=process, port_file=tmp_path / f"port-{len(spawned)}",
+                                               log_path=tmp_path / "no.log"))
+        return spawned[-1]
+
+    monkeypatch.setattr(cell_client, "spawn_cell", spawn)
+    config = EngineConfig(backend="scripted", startup_timeout_s=60.0)
+    started = time.monotonic()
+    with pytest.raises(EngineUnavailableError, match="exited with code 3"):
+        async with cell_client.open_cells(2, "unused", config, log_dir=tmp_path):
+            pytest.fail("no cell started, so nothing may be yielded")
+    # a liveness bound, not a speed one: rank 0 can only end its wait by being stopped or at its
+    # 60 s deadline (before the fix, its thread ran to the deadline and the error came after it)
+    assert time.monotonic() - started < config.startup_timeout_s / 2
+    assert [c.process.returncode for c in spawned][1] == 3
+    assert spawned[0].process.poll() is not None  # the waiting rank was stopped, not left running
 
 
 def test_failed_start_reports_the_log(tmp_path) -> None:
