@@ -163,6 +163,18 @@ class _Call:
     def request_id(self) -> str:
         return f"{self.execution.execution_id}/{self.call_id}"
 
+    @classmethod
+    def start(
+        cls, execution: Execution, engine: InferenceEngine, role: Role, started_s: float, rendered: Rendered,
+        sampling: SamplingParams, stops: tuple[str, ...], **kind: Any,
+    ) -> _Call:
+        """A new call of `execution` (its next call ID), one `_Choice` per sample; `kind` sets
+        `parse_tools`, `chat` and `template_kwargs`."""
+        choices = [_Choice(index=i, decoder=TokenText.incremental()) for i in range(sampling.n)]
+        return cls(execution=execution, engine=engine, role=role, call_id=execution.new_call_id(),
+                   started_s=started_s, rendered=rendered, sampling=sampling, stops=stops, choices=choices,
+                   created=int(started_s), **kind)
+
 
 def _choice_call_id(call: _Call, index: int) -> str:
     return call.call_id if call.sampling.n == 1 else f"{call.call_id}/{index}"
@@ -752,19 +764,9 @@ class TitoProxy:
                 req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
             )
             sampling = self._sampling(req, max_tokens, len(rendered.prompt_ids), ex, engine)
-            call = _Call(
-                execution=ex,
-                engine=engine,
-                role=role,
-                call_id=ex.new_call_id(),
-                started_s=started,
-                rendered=rendered,
-                sampling=sampling,
-                stops=self._stops(req.stop),
-                parse_tools=bool(tools) and req.tool_choice != "none",
-                template_kwargs=req.chat_template_kwargs,
-                choices=[_Choice(index=i, decoder=TokenText.incremental()) for i in range(req.n)],
-                created=int(started),
+            call = _Call.start(
+                ex, engine, role, started, rendered, sampling, self._stops(req.stop),
+                parse_tools=bool(tools) and req.tool_choice != "none", template_kwargs=req.chat_template_kwargs,
             )
             if req.stream:
                 return _SSEResponse(self, call, lambda events: self._chat_stream(call, req, events))
@@ -904,20 +906,9 @@ class TitoProxy:
                 raise _proxy_error("prompt must not be empty", 400, "invalid_value", param="prompt")
             rendered = self.renderer.link_tokens(ex.render, ids)
             sampling = self._sampling(req, req.max_tokens, len(ids), ex, engine)
-            call = _Call(
-                execution=ex,
-                engine=engine,
-                role=role,
-                call_id=ex.new_call_id(),
-                started_s=started,
-                rendered=rendered,
-                sampling=sampling,
-                stops=self._stops(req.stop),
-                parse_tools=False,
-                chat=False,
-                template_kwargs=None,
-                choices=[_Choice(index=i, decoder=TokenText.incremental()) for i in range(req.n)],
-                created=int(started),
+            call = _Call.start(
+                ex, engine, role, started, rendered, sampling, self._stops(req.stop),
+                parse_tools=False, chat=False, template_kwargs=None,
             )
             if req.stream:
                 return _SSEResponse(self, call, lambda events: self._completion_stream(call, req, events))
