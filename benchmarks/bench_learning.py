@@ -8,7 +8,8 @@ with their binomial standard errors (sqrt(p (1 - p) / n), n = held-out execution
 evaluation; the gain's is sqrt(se_before^2 + se_after^2), the two evaluations being independent
 draws), the number of steps and the wall time per seed. Goal: mean gain >= 15 points, every
 seed > 0. N defaults to 16 steps (6 tasks x 4 executions each: 4 passes over the 24 training tasks);
-`make run` itself stops at the config's 8 to stay within 20 minutes.
+`make run` itself stops at the config's 8 to stay within 20 minutes, so each seed is also evaluated
+there (`make_run_gain_points`; seed 0's first steps are the `make run` job's).
 
 Run: .venv/bin/python -m benchmarks.bench_learning [--config examples/cpu.toml] [--seeds 0 1 2] [--steps 16]
 """
@@ -43,6 +44,8 @@ def _numbers(per_seed: list[dict], base) -> dict:
         # seeds are independent runs: the mean's standard error from the per-seed binomial ones
         "gain_se_points_mean": math.sqrt(sum(r["gain_se_points"] ** 2 for r in per_seed)) / len(per_seed),
         "every_seed_positive": all(g > 0 for g in gains),
+        # the held-out pass rate where `make run` (the config's loop.steps) stops, minus before
+        "make_run_gain_points": [100.0 * (r["make_run_after"] - r["before"]) for r in per_seed],
         "per_seed": per_seed,
         "steps": base.loop.steps,
         "wall_s_per_seed": [r["wall_s"] for r in per_seed],
@@ -64,6 +67,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="RL steps N (0: the config's loop.steps)")
     args = parser.parse_args()
     base = load_config(args.config)
+    make_run_steps = base.loop.steps
+    if make_run_steps < args.steps:  # also evaluate where `make run` stops: its result on every seed
+        base = msgspec.structs.replace(base, loop=msgspec.structs.replace(base.loop, eval_every=make_run_steps))
     if args.steps:
         base = msgspec.structs.replace(base, loop=msgspec.structs.replace(base.loop, steps=args.steps))
     rows, per_seed = [], []
@@ -76,12 +82,14 @@ def main() -> None:
         wall_s = time.perf_counter() - t0
         evals = [r for r in read_metrics(run_dir) if isinstance(r, EvalMetrics)]
         before, after = evals[0], evals[-1]
+        at_make_run = next((e for e in evals if e.step == make_run_steps), after)
         gain = 100.0 * (after.pass_rate - before.pass_rate)
         se_before, se_after = binomial_se(before.pass_rate, before.executions), binomial_se(after.pass_rate, after.executions)
         per_seed.append({"seed": seed, "before": before.pass_rate, "after": after.pass_rate, "gain_points": gain,
                          "gain_se_points": 100.0 * math.hypot(se_before, se_after),
                          "before_se": se_before, "after_se": se_after, "steps": after.step,
-                         "eval_executions": after.executions, "wall_s": wall_s})
+                         "eval_executions": after.executions, "wall_s": wall_s,
+                         "make_run_steps": at_make_run.step, "make_run_after": at_make_run.pass_rate})
         rows.append(per_seed[-1])
         path = _write(args, base, per_seed)  # after every seed: a bench stopped early keeps the seeds it finished
     numbers = _numbers(per_seed, base)
