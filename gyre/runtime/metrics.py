@@ -7,6 +7,7 @@ the loop writes them. Knows nothing about how the numbers were produced.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Literal
@@ -74,7 +75,16 @@ class EvalMetrics(msgspec.Struct, frozen=True, kw_only=True, tag="eval"):
 
 Record = StepMetrics | EvalMetrics
 _encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(Record)
+_json = msgspec.json.Decoder()
+
+
+def _decode(line: bytes) -> Record:
+    """One record; JSON has no NaN, so the null a NaN was written as (a step or evaluation whose
+    executions all failed has no pass rate) reads back as NaN. No field is ever None."""
+    raw = _json.decode(line)
+    if isinstance(raw, dict):
+        raw = {key: math.nan if value is None else value for key, value in raw.items()}
+    return msgspec.convert(raw, Record)
 
 
 class MetricsWriter:
@@ -103,7 +113,7 @@ def read_metrics(run_dir: str | os.PathLike[str]) -> list[Record]:
         if not line.strip():
             continue
         try:
-            records.append(_decoder.decode(line))
+            records.append(_decode(line))
         except msgspec.DecodeError:
             if i == len(lines) - 1:  # torn by a kill mid-write
                 break

@@ -113,3 +113,25 @@ def test_report_with_a_timeline(run_dir: Path, capsys: pytest.CaptureFixture[str
     assert "| steps | 3 (1-3) |" in text  # the metrics part is unchanged
     data = (run_dir / "report" / TIMELINE_PLOT).read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 5000
+
+
+def test_a_step_whose_executions_all_failed_reads_back_as_nan(tmp_path: Path) -> None:
+    """JSON has no NaN (the writer emits null): a batch or evaluation with every execution failed
+    has no pass rate, and reading it back must neither crash the run nor invent a number (the
+    fresh-clone `make run` whose verifier could not start died here)."""
+    nan = math.nan
+    w = MetricsWriter(tmp_path)
+    w.write(EvalMetrics(step=0, version=0, split="heldout", executions=16, pass_rate=nan, mean_reward=nan, eval_s=6.0))
+    w.write(StepMetrics(
+        step=1, version=0, executions=8, pass_rate=nan, mean_reward=nan, finished=0, partial=0, failed=8,
+        truncated=0, model_calls=16, policy_tokens=0, packed_tokens=0, dedup_ratio=nan,
+        logprob_abs_diff_mean=nan, mean_ratio=nan, applied=False, rollout_s=10.0, train_s=0.0, sync_s=0.0, step_s=10.5,
+    ))
+    w.write(step(2, pass_rate=0.5))
+    assert b"null" in (tmp_path / "metrics.jsonl").read_bytes()
+    evaluation, failed, fine = read_metrics(tmp_path)
+    assert math.isnan(evaluation.pass_rate) and math.isnan(evaluation.mean_reward)
+    assert (failed.failed, failed.applied, failed.policy_tokens) == (8, False, 0)
+    assert all(math.isnan(x) for x in (failed.pass_rate, failed.mean_reward, failed.dedup_ratio, failed.mean_ratio))
+    assert (fine.step, fine.pass_rate, fine.mean_reward) == (2, 0.5, 0.6)
+    assert write_report(tmp_path).exists()
