@@ -20,6 +20,7 @@ from gyre.config import RunConfig
 from gyre.errors import ConfigError
 from gyre.runtime.checkpoint import LoopState
 from gyre.runtime.loop import run_rl, split_tasks
+from gyre.tasks.scorer import check_verifier_python
 
 __all__ = ["run", "ensure_model"]
 
@@ -50,7 +51,8 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     Raises `GyreError` subclasses for engine and config failures, `FileNotFoundError` for a
     missing model folder.
     """
-    split_tasks(config)  # a bad task folder is reported before anything is built or started
+    train, heldout = split_tasks(config)  # a bad task folder is reported before anything is built or started
+    check_verifier_python([*train, *heldout])  # so is a verifier that could not run
     model_dir = ensure_model(config)
     if config.warm_start.enabled:
         from gyre.model.sft import warm_start

@@ -1,7 +1,7 @@
 """Scorers: run a task's hidden verifier on a copy of a workspace and return a `Score`.
 
-Owns `VerifierError` and `verify`. The workspace is copied (with the hidden tests beside it, never
-inside it) into a private temporary folder, and the verifier runs there as a supervised
+Owns `VerifierError`, `verify` and `check_verifier_python` (the run's preflight). The workspace
+is copied (with the hidden tests beside it, never inside it) into a private temporary folder, and the verifier runs there as a supervised
 subprocess under a time limit, so nothing the verifier or the agent's code does touches the
 workspace or the task. pytest verifiers are counted from a JUnit XML report, never from stdout:
 score = passed / total (NL2RepoBench), total = the declared `num_tests` or the reported count if
@@ -18,10 +18,12 @@ import math
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
@@ -29,11 +31,11 @@ import anyio
 import msgspec
 
 from gyre.tasks.sandbox import Limits, Mounts, run_supervised, tail
-from gyre.errors import ExecutionError
+from gyre.errors import ConfigError, ExecutionError
 from gyre.tasks.outcome import Score
 from gyre.tasks.task import Task
 
-__all__ = ["VerifierError", "verify", "score_workspace", "score_junit"]
+__all__ = ["VerifierError", "verify", "score_workspace", "score_junit", "check_verifier_python"]
 
 _PYTEST_INI = """[pytest]
 addopts = -p no:cacheprovider
@@ -53,6 +55,25 @@ class VerifierError(ExecutionError):
     An infrastructure failure: the execution is `failed` with this message as its reason."""
 
     code = "verifier_error"
+
+
+def check_verifier_python(tasks: Sequence[Task], python: str = sys.executable) -> None:
+    """Check, before a run starts, that `python` (the interpreter `verify` runs) can import what the
+    tasks' verifiers need: `pytest` and `pytest_timeout` when any task has a pytest verifier.
+
+    Raises `ConfigError` naming the first such task, the interpreter and the missing modules;
+    without it every execution would fail as "pytest wrote no report" (one subprocess, ~0.3 s)."""
+    pytest_task = next((t for t in tasks if t.spec.verifier.kind == "pytest"), None)
+    if pytest_task is None:
+        return
+    probe = "import importlib.util as u; print(' '.join(m for m in ('pytest', 'pytest_timeout') if u.find_spec(m) is None))"
+    done = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
+    missing = done.stdout.split() if done.returncode == 0 else ["(the interpreter did not run)"]
+    if missing:
+        raise ConfigError(
+            f"task {pytest_task.task_id} has a pytest verifier, but {python} cannot import {', '.join(missing)}: "
+            "pip install pytest pytest-timeout into the run's environment"
+        )
 
 
 def score_junit(report: str | os.PathLike[str], num_tests: int | None) -> Score:

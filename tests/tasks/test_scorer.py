@@ -221,3 +221,24 @@ async def test_a_fifo_in_the_workspace_is_left_out_of_the_copy(tmp_path: Path) -
         score = await verify(task, ws)
     assert (score.passed, score.total) == (1, 2)
     assert set(Path(tempfile.gettempdir()).glob("gyre-verify-*")) <= before  # its scratch is gone
+
+
+def test_a_verifier_python_without_pytest_is_refused_before_the_run(tmp_path: Path) -> None:
+    """The fresh-clone `make run` whose environment lacked pytest failed every execution as
+    "pytest wrote no report"; the preflight names the task, the interpreter and what is missing."""
+    import venv
+
+    from gyre.errors import ConfigError
+    from gyre.tasks.scorer import check_verifier_python
+
+    bare = tmp_path / "bare"
+    venv.create(bare, with_pip=False)  # the same Python, none of this environment's packages
+    bare_python = str(bare / "bin" / "python")
+    pytest_task = load_task(make_task(tmp_path / "suite" / "t1"))
+    script_task = load_task(make_task(tmp_path / "suite" / "t2", toml='[verifier]\nkind = "script"\n',
+                                      tests={"test.sh": "echo 1 > $GYRE_REWARD_DIR/reward.txt\n"}))
+    check_verifier_python([script_task, pytest_task])  # this environment has both
+    check_verifier_python([script_task], bare_python)  # a script verifier needs neither
+    with pytest.raises(ConfigError, match=r"task .*t1 has a pytest verifier, but .*bare/bin/python cannot "
+                                          r"import pytest, pytest_timeout"):
+        check_verifier_python([script_task, pytest_task], bare_python)
