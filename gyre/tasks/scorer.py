@@ -1,8 +1,8 @@
 """Scorers: run a task's hidden verifier on a copy of a workspace and return a `Score`.
 
 Owns `VerifierError`, `verify` and `check_verifier_python` (the run's preflight). The workspace
-is copied (with the hidden tests beside it, never inside it) into a private temporary folder, and the verifier runs there as a supervised
-subprocess under a time limit, so nothing the verifier or the agent's code does touches the
+is copied (with the hidden tests beside it, never inside it) into a private temporary folder, and
+the verifier runs there as a supervised subprocess under a time limit, so nothing the verifier or the agent's code does touches the
 workspace or the task. pytest verifiers are counted from a JUnit XML report, never from stdout:
 score = passed / total (NL2RepoBench), total = the declared `num_tests` or the reported count if
 larger; the verifier may run as an unprivileged uid in a mount namespace where only its copy is
