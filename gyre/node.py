@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its last checkpoint")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # httpx logs every request at INFO: thousands of lines a run, burying the per-step table.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         config = load_config(args.config)
         from gyre.runtime.job import run

@@ -8,7 +8,7 @@ import pytest
 
 import gyre
 
-PACKAGES = ["gyre", "gyre.engines", "gyre.model"]
+PACKAGES = ["gyre", "gyre.agents", "gyre.engines", "gyre.model"]
 
 
 def test_top_level_api() -> None:
@@ -26,3 +26,27 @@ def test_all_names_exist_and_public_names_are_listed(name: str) -> None:
         if not n.startswith("_") and not isinstance(v, type(module)) and getattr(v, "__module__", "").startswith("gyre")
     }
     assert public <= exported, f"{name} exposes {sorted(public - exported)} outside __all__"
+
+
+def test_agent_process_imports_neither_the_runtime_nor_torch() -> None:
+    """Every execution starts `python -m gyre.agents.react`; importing `gyre` eagerly cost 1.4 s of torch and runtime."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, gyre.agents.react; "
+        "print(' '.join(m for m in ('torch', 'gyre.runtime', 'gyre.agents.harness', 'gyre.tito') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == []
+
+
+def test_lazy_exports_resolve_to_their_modules_and_reject_unknown_names() -> None:
+    import gyre.agents
+    from gyre.agents.harness import Harness
+    from gyre.runtime.job import run
+
+    assert gyre.run is run and gyre.agents.Harness is Harness
+    assert "run" in dir(gyre) and "Harness" in dir(gyre.agents)
+    with pytest.raises(AttributeError, match="'gyre' has no attribute 'nope'"):
+        gyre.nope  # noqa: B018

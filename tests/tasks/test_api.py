@@ -10,7 +10,7 @@ import pytest
 @pytest.mark.parametrize("name", ["gyre.tasks", "gyre.agents"])
 def test_all_is_the_public_api(name: str) -> None:
     module = importlib.import_module(name)
-    public = {n for n in vars(module) if not n.startswith("_") and not isinstance(getattr(module, n), type(module))}
+    public = {n for n in dir(module) if not n.startswith("_") and not isinstance(getattr(module, n), type(module))}
     public.discard("annotations")
     assert set(module.__all__) == public
     for n in module.__all__:
