@@ -18,6 +18,8 @@ import logging
 import os
 import shutil
 import socket
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -28,7 +30,8 @@ from gyre.config import RLConfig, TrainerConfig
 from gyre.rl import grads_finite, microbatch_loss
 from gyre.trajectory.pack import PackedBatch
 
-__all__ = ["DeepSpeedTrainer", "TrainStatistics", "AccumulateStatistics", "StepStatistics", "init_process_group"]
+__all__ = ["DeepSpeedTrainer", "TrainStatistics", "AccumulateStatistics", "StepStatistics", "init_process_group",
+           "extensions_dir", "build_ops"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,11 +96,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+STALE_BUILD_LOCK_S = 600.0
+"""Age (seconds) past which a JIT-build lock counts as left by a killed build. DeepSpeed's
+`deepspeed_shm_comm` build takes about 55 s on the 2-core CPU machine (shared/notes)."""
+
+_JIT_OPS = ("deepspeed_shm_comm",)
+"""DeepSpeed ops that `deepspeed.init_distributed` JIT-builds on the CPU accelerator."""
+
+
+def extensions_dir() -> Path:
+    """The folder torch JIT-builds C++ extensions into, made this environment's own.
+
+    Sets TORCH_EXTENSIONS_DIR to `<sys.prefix>/torch_extensions` when unset: an op is compiled
+    against this environment's torch, so the build belongs with it rather than in the user-wide
+    `~/.cache/torch_extensions` that every environment shares. Then removes a build lock of
+    `_JIT_OPS` older than `STALE_BUILD_LOCK_S`, with a warning: torch's FileBaton waits forever on
+    a lock whose builder was killed (one killed trainer start would hang every later one).
+    """
+    root = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions")))
+    for op in _JIT_OPS:
+        lock = root / op / "lock"
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if age > STALE_BUILD_LOCK_S:
+            logger.warning("removing %s, left %.0f s ago by a build that never finished", lock, age)
+            lock.unlink(missing_ok=True)
+    return root
+
+
+def build_ops() -> None:
+    """JIT-build, once, the DeepSpeed ops that trainer start-up needs (`make` runs this after the
+    install, so no trainer start, possibly killed, is the one that builds). A no-op where the
+    accelerator has no such op or it is already built."""
+    extensions_dir()
+    from deepspeed.comm.torch import build_shm_op
+
+    build_shm_op()
+
+
 def init_process_group() -> None:
     """Join (or form) torch.distributed for DeepSpeed: from RANK/WORLD_SIZE/MASTER_* when a
     launcher set them, else a one-process group on a free loopback port. No rendezvous variable is
     written to the environment, so child processes (agents, other nodes) never inherit a stale one
-    (only LOCAL_RANK=0, which DeepSpeed requires)."""
+    (only LOCAL_RANK=0, which DeepSpeed requires, and TORCH_EXTENSIONS_DIR, see `extensions_dir`)."""
+    extensions_dir()
     import deepspeed
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
