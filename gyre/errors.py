@@ -6,6 +6,7 @@ Every error gyre raises on purpose derives from `GyreError`; user-input errors a
     GyreError
     +-- ConfigError (ValueError)          a run config key or value is wrong; names the key
     +-- TaskError (ValueError)            a task folder fails validation; names the path
+    +-- RunDirError (ValueError)          a run folder's record is unreadable; names file and line
     +-- EngineError                       an inference engine or cell failed
     |   +-- InvalidRequestError (ValueError)  the request itself is bad (prompt, sampling params)
     |   |   +-- ContextLengthError            prompt (+ max_tokens) does not fit max_model_len
@@ -25,6 +26,7 @@ __all__ = [
     "GyreError",
     "ConfigError",
     "TaskError",
+    "RunDirError",
     "EngineError",
     "InvalidRequestError",
     "ContextLengthError",
@@ -53,6 +55,13 @@ class TaskError(GyreError, ValueError):
     """A task folder fails validation; the message names the path."""
 
     code = "task_error"
+
+
+class RunDirError(GyreError, ValueError):
+    """A record in a run folder cannot be read (edited or corrupted, not a torn last line); the
+    message names the file and line."""
+
+    code = "run_dir_error"
 
 
 class EngineError(GyreError):

@@ -53,12 +53,13 @@ import msgspec
 
 from gyre.tasks.sandbox import Limits, Mounts, mount_namespace_problem, run_supervised, tail
 from gyre.config import HarnessConfig
-from gyre.errors import ExecutionError
+from gyre.errors import ConfigError, ExecutionError
 from gyre.tasks.outcome import Outcome, Termination
 from gyre.tasks.scorer import VerifierError, score_workspace
 from gyre.tasks.task import Task
 
-__all__ = ["ExecutionControl", "Harness", "HarnessStatistics", "mint_api_key", "check_execution_id", "REACT_AGENT"]
+__all__ = ["ExecutionControl", "Harness", "HarnessStatistics", "mint_api_key", "check_execution_id", "check_agent_command",
+           "REACT_AGENT"]
 
 REACT_AGENT: tuple[str, ...] = (sys.executable, "-P", "-m", "gyre.agents.react")
 """The reference agent's command line (`-P`: files in the workspace cannot shadow its imports)."""
@@ -158,6 +159,22 @@ def _command_paths(command: Sequence[str], path: str) -> tuple[str, ...]:
     named = ([os.path.abspath(found)] if found else []) + [a for a in command[1:] if os.path.isabs(a)]
     paths = {q for p in named if os.path.exists(p) for q in (os.path.normpath(p), os.path.realpath(p))}
     return tuple(sorted(paths - {"/"}))
+
+
+def check_agent_command(command: Sequence[str], path: str | None = None) -> None:
+    """Raise `ConfigError` (naming `tasks.harness.agent_command`) when the agent's program cannot
+    start on this node: a bare name not found on `path` (default: this process's PATH, which agents
+    inherit), or an absolute path that is not an executable file. A relative path with a slash is
+    resolved in each execution's workspace and is not checked here. An empty command is the
+    reference agent."""
+    if not command:
+        return
+    program = command[0]
+    if "/" in program and not os.path.isabs(program):
+        return
+    if shutil.which(program, path=os.environ.get("PATH", os.defpath) if path is None else path) is None:
+        where = "is not an executable file" if os.path.isabs(program) else "is not found on PATH"
+        raise ConfigError(f"tasks.harness.agent_command[0]={program!r} {where}")
 
 
 def _private(path: str, flags: int) -> int:

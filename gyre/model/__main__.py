@@ -1,7 +1,7 @@
 """`python -m gyre.model init|sft`: write the reference tiny model; warm-start it on demonstrations.
 
     python -m gyre.model init DIR [--seed N] [--hidden-size ...]
-    python -m gyre.model sft --model DIR --out DIR [--examples N --epochs E --lr LR --seed S]
+    python -m gyre.model sft --model DIR --out DIR [--config RUN.toml] [--examples N --epochs E --lr LR ...]
 
 Owns only argument parsing; the work is in `gyre.model.recipe` and `gyre.model.sft`.
 """
@@ -14,7 +14,11 @@ import time
 
 import msgspec
 
-from gyre.config import ModelConfig, WarmStartConfig
+from gyre.config import ModelConfig, WarmStartConfig, load_config
+
+_SFT_FLAGS = (("--examples", "examples", int), ("--epochs", "epochs", int), ("--lr", "learning_rate", float),
+              ("--seed", "seed", int), ("--slip-fraction", "slip_fraction", float))
+"""`gyre.model sft` flags: (flag, `WarmStartConfig` field, type)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,15 +32,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         init.add_argument(f"--{field.name.replace('_', '-')}", type=int, default=field.default)
     defaults = WarmStartConfig()
-    sft = sub.add_parser("sft", help="fine-tune a model folder on learnable demonstrations (cached)")
+    sft = sub.add_parser("sft", help="fine-tune a model folder on learnable demonstrations (cached)",
+                         description="Settings come from --config's [warm_start] (else WarmStartConfig's "
+                                     "defaults, shown below); a flag overrides either.")
     sft.add_argument("--model", required=True, help="base Hugging Face model folder")
     sft.add_argument("--out", required=True, help="output model folder")
-    sft.add_argument("--examples", type=int, default=defaults.examples)
-    sft.add_argument("--epochs", type=int, default=defaults.epochs)
-    sft.add_argument("--lr", type=float, default=defaults.learning_rate)
-    sft.add_argument("--seed", type=int, default=defaults.seed)
-    sft.add_argument("--slip-fraction", type=float, default=defaults.slip_fraction,
-                     help="share of demonstrations whose word the teacher writes with a trailing full stop")
+    sft.add_argument("--config", help="run config (TOML) whose [warm_start] to reproduce, e.g. examples/cpu.toml")
+    for flag, name, kind in _SFT_FLAGS:
+        sft.add_argument(flag, dest=name, type=kind, help=f"warm_start.{name} (default {getattr(defaults, name)})")
     args = parser.parse_args(argv)
     if args.command == "sft":
         return _sft(args)
@@ -58,10 +61,11 @@ def _sft(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     try:
-        settings = WarmStartConfig(examples=args.examples, epochs=args.epochs, learning_rate=args.lr, seed=args.seed,
-                                   slip_fraction=args.slip_fraction)
+        base = load_config(args.config).warm_start if args.config else WarmStartConfig()
+        given = {name: getattr(args, name) for _flag, name, _kind in _SFT_FLAGS if getattr(args, name) is not None}
+        settings = WarmStartConfig(**{**msgspec.structs.asdict(base), **given})
         path = warm_start(args.model, args.out, settings, log=lambda line: print(line, flush=True))
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:  # ConfigError is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
     record = msgspec.json.decode((path / SFT_RECORD).read_bytes(), type=SFTResult)

@@ -125,9 +125,11 @@ def build_model(config: ModelConfig, vocab_size: int):
 def init_model_dir(path: str | Path, config: ModelConfig = ModelConfig()) -> Path:
     """Write the tiny model, tokenizer and chat template to `path` (a Hugging Face folder).
 
-    Raises `FileExistsError` if `path` exists and is not empty.
+    Raises `FileExistsError` if `path` exists and is not an empty folder.
     """
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"model folder {str(path)!r} exists and is not a folder")
     if path.exists() and any(path.iterdir()):
         raise FileExistsError(f"model folder {str(path)!r} exists and is not empty")
     path.mkdir(parents=True, exist_ok=True)

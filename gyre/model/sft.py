@@ -60,6 +60,7 @@ __all__ = [
     "encode_conversation",
     "generation_prompt",
     "warm_start",
+    "check_output_dir",
     "output_dir",
     "offline_pass_rate",
 ]
@@ -258,6 +259,16 @@ def _cached(out_dir: Path, input_hash: str) -> bool:
         return False
 
 
+def check_output_dir(out_dir: str | os.PathLike[str]) -> None:
+    """Raise `FileExistsError` unless `out_dir` is missing, empty, or a warm-start output (holds
+    `SFT_RECORD`): `warm_start` replaces a stale output but never someone else's files."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"{str(out_dir)!r} exists and is not a folder")
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / SFT_RECORD).is_file():
+        raise FileExistsError(f"{str(out_dir)!r} exists, is not empty and holds no {SFT_RECORD}")
+
+
 def warm_start(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                settings: WarmStartConfig = WarmStartConfig(), *, log=None) -> Path:
     """Fine-tune the model at `model_dir` on demonstrations; the result is a model folder `out_dir`.
@@ -277,15 +288,14 @@ def warm_start(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
         `out_dir` as a Path.
     Raises:
         FileNotFoundError: `model_dir` is not a folder.
-        FileExistsError: `out_dir` exists, is not empty and is not a warm-start output.
+        FileExistsError: `out_dir` is a file, or a non-empty folder that is not a warm-start output.
     """
     t0, c0 = time.perf_counter(), time.process_time()
     model_dir = Path(model_dir)
     out_dir = Path(out_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model folder {str(model_dir)!r} does not exist")
-    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / SFT_RECORD).is_file():
-        raise FileExistsError(f"{str(out_dir)!r} exists, is not empty and holds no {SFT_RECORD}")
+    check_output_dir(out_dir)
     demos = demonstrations(settings)
     input_hash = _hash_inputs(model_dir, settings, demos)
     if _cached(out_dir, input_hash):

@@ -54,7 +54,7 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     train_s: float
     sync_s: float
     executions: int
-    """Executions over all steps."""
+    """Training executions over all steps (evaluations not counted)."""
     finished: int
     partial: int
     """Executions stopped at a deadline and partially scored, over all steps."""
@@ -69,6 +69,7 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     mean_logprob_abs_diff: float
     """Mean over steps of the behaviour-vs-trainer mismatch; NaN with no steps."""
     max_logprob_abs_diff: float
+    """Largest per-step mean mismatch; NaN with no steps."""
     eval_split: str | None
     """Split used for before/after: `heldout` when there is one, else `train`, else None."""
     pass_before: float | None
@@ -257,17 +258,17 @@ def _markdown(run_dir: Path, s: RunSummary) -> str:
     split = s.eval_split or "none"
     rows = [
         ("steps", f"{s.steps}" + (f" ({s.first_step}-{s.last_step})" if s.steps else "")),
-        ("wall time", f"{_duration(s.wall_s)} (rollout {share(s.rollout_s)}, train {share(s.train_s)}, "
+        ("time in steps + evaluations", f"{_duration(s.wall_s)} (rollout {share(s.rollout_s)}, train {share(s.train_s)}, "
                       f"sync {share(s.sync_s)})"),
         (f"pass rate before ({split})", _pct(s.pass_before) + (f" at step {s.pass_before_step}" if s.pass_before_step is not None else "")),
         (f"pass rate after ({split})", _pct(s.pass_after) + (f" at step {s.pass_after_step}" if s.pass_after_step is not None else "")),
         ("change", change),
         (f"best evaluation ({split})", _pct(s.best_eval_pass) + (f" at step {s.best_eval_step}" if s.best_eval_step is not None else "")),
         ("best step (batch pass rate)", f"{s.best_step} ({_pct(s.best_step_pass)})" if s.best_step is not None else "n/a"),
-        ("executions", f"{s.executions} (finished {s.finished}, partially scored {s.partial}, failed {s.failed})"),
+        ("training executions", f"{s.executions} (finished {s.finished}, partially scored {s.partial}, failed {s.failed})"),
         ("policy tokens trained", f"{s.policy_tokens:,}"),
         ("mean dedup ratio", "n/a" if math.isnan(s.mean_dedup_ratio) else f"{s.mean_dedup_ratio:.2f}x"),
-        ("logprob mismatch (mean / max)", "n/a" if math.isnan(s.mean_logprob_abs_diff)
+        ("logprob mismatch (mean / worst step)", "n/a" if math.isnan(s.mean_logprob_abs_diff)
          else f"{s.mean_logprob_abs_diff:.2e} / {s.max_logprob_abs_diff:.2e} nats"),
         ("skipped optimizer steps", f"{s.skipped_steps}"),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gyre.errors import RunDirError
 from gyre.report import write_report
 
 
@@ -16,6 +17,12 @@ def main(argv: list[str] | None = None) -> int:
         summary = write_report(args.run_dir)
     except FileNotFoundError as exc:
         print(f"error: {args.run_dir}: no metrics ({exc.strerror or exc})", file=sys.stderr)
+        return 2
+    except NotADirectoryError:
+        print(f"error: {args.run_dir}: not a run directory (give the folder that holds metrics.jsonl)", file=sys.stderr)
+        return 2
+    except RunDirError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {summary} and {len(list(summary.parent.glob('*.png')))} plots")
     return 0

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import msgspec
 
+from gyre.errors import ConfigError
+from gyre.runtime.metrics import METRICS_FILE
 from gyre.tasks.outcome import Outcome
 
-__all__ = ["LoopState", "save_checkpoint", "latest_checkpoint", "LedgerEntry", "ExecutionLedger"]
+__all__ = ["LoopState", "save_checkpoint", "latest_checkpoint", "check_run_dir", "LedgerEntry", "ExecutionLedger"]
 
 
 class LoopState(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +68,25 @@ def latest_checkpoint(run_dir: Path) -> tuple[LoopState, Path] | None:
     folder = run_dir / "checkpoints" / pointer.read_text().strip()
     state = msgspec.json.decode((folder / "state.json").read_bytes(), type=LoopState)
     return state, folder / "trainer"
+
+
+def check_run_dir(run_dir: Path, *, resume: bool, resumable: bool = True) -> tuple[LoopState, Path] | None:
+    """Preflight of a run folder, before anything is built or started: the newest checkpoint to
+    resume from (None: the run starts at step 0).
+
+    Raises `ConfigError` when `run_dir` exists and is not a folder; when it already holds a run (a
+    checkpoint or `metrics.jsonl`) and `resume` is False; and when `resume` is asked of a job that
+    cannot resume (`resumable=False`: multi-cell runs).
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run_dir={str(run_dir)!r} is not a folder")
+    if resume and not resumable:
+        raise ConfigError("--resume: multi-cell runs (cells.num_cells > 1) cannot resume yet")
+    found = latest_checkpoint(run_dir)
+    if not resume and (found is not None or (run_dir / METRICS_FILE).exists()):
+        how = "pass --resume to continue it, " if resumable else ""
+        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a run: {how}remove it or choose another run_dir")
+    return found
 
 
 class LedgerEntry(msgspec.Struct, frozen=True, kw_only=True):

@@ -40,10 +40,10 @@ import anyio
 import msgspec
 
 from gyre.config import RunConfig
-from gyre.errors import ConfigError, GyreError
+from gyre.errors import GyreError
 from gyre.runtime.batch import TrainingBatch, build_training_batch
 from gyre.runtime.cell_client import open_cells
-from gyre.runtime.checkpoint import latest_checkpoint
+from gyre.runtime.checkpoint import check_run_dir
 from gyre.runtime.loop import pass_rate, pick_tasks, split_tasks
 from gyre.runtime.metrics import MetricsWriter, StepMetrics
 from gyre.runtime.rollout import Executed, Rollout, open_rollout
@@ -658,8 +658,7 @@ async def run_elastic(
 
     run_dir = Path(config.run_dir).resolve()
     train, _heldout = split_tasks(config)
-    if latest_checkpoint(run_dir) is not None or (run_dir / "metrics.jsonl").exists():
-        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a run: multi-cell runs cannot resume; choose another")
+    check_run_dir(run_dir, resume=False, resumable=False)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     async with open_cells(
         config.cells.num_cells, model_dir, config.engine, log_dir=run_dir / "cells",

@@ -18,11 +18,13 @@ import anyio
 
 from gyre.config import RunConfig
 from gyre.errors import ConfigError
-from gyre.runtime.checkpoint import LoopState
-from gyre.runtime.loop import run_rl, split_tasks
+from gyre.agents.harness import check_agent_command
+from gyre.runtime.checkpoint import LoopState, check_run_dir
+from gyre.runtime.loop import evaluated, run_rl, split_tasks
+from gyre.runtime.rollout import with_interpreter
 from gyre.tasks.scorer import check_verifier_python
 
-__all__ = ["run", "ensure_model"]
+__all__ = ["run", "preflight", "ensure_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +32,18 @@ logger = logging.getLogger(__name__)
 def ensure_model(config: RunConfig) -> Path:
     """The model folder of `config`, built from the tiny-model recipe if missing and allowed.
 
-    Raises `FileNotFoundError` when the folder is missing and `init_if_missing` is false.
+    Raises `FileNotFoundError` when the folder is missing and `init_if_missing` is false, and
+    `ConfigError` when `model.path` is a file, or a non-empty folder with no `config.json` (the
+    recipe never writes over someone else's files).
     """
     path = Path(config.model.path)
     if (path / "config.json").exists():
         return path
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"model.path={str(path)!r} is a file, not a Hugging Face model folder")
+    if path.exists() and any(path.iterdir()):
+        raise ConfigError(f"model.path={str(path)!r} is a folder with files but no config.json: "
+                          "not a Hugging Face model folder, and the tiny model is only built into an empty one")
     if not config.model.init_if_missing:
         raise FileNotFoundError(f"model.path={str(path)!r} has no config.json and model.init_if_missing is false")
     from gyre.model import init_model_dir
@@ -43,29 +52,51 @@ def ensure_model(config: RunConfig) -> Path:
     return init_model_dir(path, config.model)
 
 
+def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | None:
+    """Every check that can fail without building or starting anything, in the order a user would
+    fix them: task folders, verifier interpreter, agent program, run folder, warm-start folder.
+    Returns the checkpoint a resumed run continues from (None: step 0). Raises `ConfigError` or
+    `TaskError` naming the key or path."""
+    train, heldout = split_tasks(config)
+    check_verifier_python([*train, *heldout])
+    check_agent_command(with_interpreter(config.tasks.harness).agent_command)
+    found = check_run_dir(Path(config.run_dir).resolve(), resume=resume, resumable=config.cells.num_cells == 1)
+    if config.warm_start.enabled:
+        from gyre.model.sft import check_output_dir, output_dir
+
+        key = "warm_start.path" if config.warm_start.path else "warm_start.path (default: model.path + '-sft')"
+        try:
+            check_output_dir(output_dir(config.model.path, config.warm_start))
+        except FileExistsError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+    return found
+
+
 def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     """Run one node's job described by `config` on a trio event loop (blocks until done):
     the RL loop to `config.loop.steps` steps. `resume=True` continues from the run's newest
-    checkpoint. Returns the final loop state.
+    checkpoint; a run that already finished returns its state without starting anything.
+    Returns the final loop state.
 
-    Raises `GyreError` subclasses for engine and config failures, `FileNotFoundError` for a
-    missing model folder.
+    Raises `GyreError` subclasses for engine and config failures (config ones, `preflight`'s,
+    before anything is built or started), `FileNotFoundError` for a missing model folder.
     """
-    train, heldout = split_tasks(config)  # a bad task folder is reported before anything is built or started
-    check_verifier_python([*train, *heldout])  # so is a verifier that could not run
+    found = preflight(config, resume=resume)
+    if found is not None and _finished(config, found[0]):
+        print(f"nothing to do: {config.run_dir} finished {found[0].step} of loop.steps={config.loop.steps} "
+              "steps and its last evaluation", flush=True)
+        return found[0]
     model_dir = ensure_model(config)
     if config.warm_start.enabled:
-        from gyre.model.sft import warm_start
+        from gyre.model.sft import output_dir, warm_start
 
-        out = config.warm_start.path or f"{config.model.path.rstrip('/')}-sft"
+        out = output_dir(config.model.path, config.warm_start)
         print(f"warm start: fine-tuning {model_dir} on demonstrations -> {out} (cached)", flush=True)
         model_dir = warm_start(model_dir, out, config.warm_start, log=lambda line: print(f"  {line}", flush=True))
     from gyre.report import write_report
     from gyre.runtime.progress import Progress
 
     if config.cells.num_cells > 1:
-        if resume:
-            raise ConfigError("--resume: multi-cell runs (cells.num_cells > 1) cannot resume yet")
         from gyre.runtime.elastic import run_elastic
 
         runtime = anyio.run(partial(run_elastic, config, model_dir), backend="trio")
@@ -77,3 +108,11 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
         summary = write_report(config.run_dir)
         progress.message(f"done: {state.step} steps, weight version {state.version}; report: {summary}")
     return state
+
+
+def _finished(config: RunConfig, state: LoopState) -> bool:
+    """Whether a resumed run has nothing left: every step trained and, when it has held-out tasks,
+    the last one evaluated (the loop evaluates at its end)."""
+    if state.step < config.loop.steps:
+        return False
+    return not config.loop.heldout_tasks or evaluated(Path(config.run_dir).resolve(), state.step)

@@ -27,13 +27,13 @@ from gyre.config import RunConfig
 from gyre.errors import ConfigError
 from gyre.runtime.batch import build_training_batch
 from gyre.runtime.cell_client import CellClient, open_cell
-from gyre.runtime.checkpoint import ExecutionLedger, LedgerEntry, LoopState, latest_checkpoint, save_checkpoint
+from gyre.runtime.checkpoint import ExecutionLedger, LedgerEntry, LoopState, check_run_dir, save_checkpoint
 from gyre.runtime.metrics import EvalMetrics, MetricsWriter, StepMetrics, read_metrics
 from gyre.runtime.rollout import Executed, Rollout, open_rollout
 from gyre.tasks.task import Task, load_suite
 from gyre.tito.log import read_log
 
-__all__ = ["run_rl", "split_tasks", "pick_tasks", "pass_rate"]
+__all__ = ["run_rl", "split_tasks", "pick_tasks", "pass_rate", "evaluated"]
 
 logger = logging.getLogger(__name__)
 
@@ -174,10 +174,15 @@ class _Run:
         return record
 
     def evaluated(self, step: int) -> bool:
-        try:
-            return any(isinstance(r, EvalMetrics) and r.step == step for r in read_metrics(self.run_dir))
-        except FileNotFoundError:
-            return False
+        return evaluated(self.run_dir, step)
+
+
+def evaluated(run_dir: Path, step: int) -> bool:
+    """Whether the run's metrics hold a held-out evaluation at `step`."""
+    try:
+        return any(isinstance(r, EvalMetrics) and r.step == step for r in read_metrics(run_dir))
+    except FileNotFoundError:
+        return False
 
 
 def _truncate_torn_log(path: Path) -> None:
@@ -201,9 +206,7 @@ async def run_rl(config: RunConfig, model_dir: Path, *, resume: bool = False, pr
 
     run_dir = Path(config.run_dir).resolve()  # agents run in their workspaces: no relative paths
     split_tasks(config)  # a task folder that fails validation stops the run before anything starts
-    found = latest_checkpoint(run_dir)
-    if found is not None and not resume:
-        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a run: pass --resume or choose another run_dir")
+    found = check_run_dir(run_dir, resume=resume)
     state, trainer_dir = found if found is not None else (LoopState(), None)
     run_dir.mkdir(parents=True, exist_ok=True)
     _truncate_torn_log(run_dir / config.proxy.log_name)

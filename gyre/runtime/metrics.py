@@ -14,6 +14,8 @@ from typing import Literal
 
 import msgspec
 
+from gyre.errors import RunDirError
+
 __all__ = ["StepMetrics", "EvalMetrics", "MetricsWriter", "read_metrics", "METRICS_FILE"]
 
 METRICS_FILE = "metrics.jsonl"
@@ -104,7 +106,9 @@ class MetricsWriter:
 def read_metrics(run_dir: str | os.PathLike[str]) -> list[Record]:
     """Every complete record of `<run_dir>/metrics.jsonl`, in order; a torn last line is skipped.
 
-    Raises `FileNotFoundError` when the run has no metrics file.
+    Raises `FileNotFoundError` when the run has no metrics file, `NotADirectoryError` when
+    `run_dir` is a file, and `RunDirError` naming the file and line when a line before the last is
+    not a record (the file was edited or corrupted: nothing after it can be trusted in order).
     """
     path = Path(run_dir) / METRICS_FILE
     records = []
@@ -114,8 +118,8 @@ def read_metrics(run_dir: str | os.PathLike[str]) -> list[Record]:
             continue
         try:
             records.append(_decode(line))
-        except msgspec.DecodeError:
+        except msgspec.DecodeError as exc:  # ValidationError included
             if i == len(lines) - 1:  # torn by a kill mid-write
                 break
-            raise
+            raise RunDirError(f"{path}:{i + 1}: not a metrics record ({exc})") from None
     return records

@@ -27,7 +27,7 @@ from gyre.tasks.task import Task
 from gyre.tito.proxy import TitoProxy
 from gyre.tito.records import ExecutionSummary, ModelCall
 
-__all__ = ["Executed", "Rollout", "open_rollout"]
+__all__ = ["Executed", "Rollout", "open_rollout", "with_interpreter"]
 
 _POLL_S = 0.05
 """How often a running execution's limits are checked against the proxy's totals."""
@@ -97,7 +97,7 @@ class Rollout:
         return [r for r in results if r is not None]
 
 
-def _with_interpreter(harness: HarnessConfig) -> HarnessConfig:
+def with_interpreter(harness: HarnessConfig) -> HarnessConfig:
     """A leading `python` in `agent_command` means this node's interpreter (its venv)."""
     command = harness.agent_command
     if command and command[0] == "python":
@@ -118,7 +118,7 @@ async def open_rollout(
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.serve)
         harness = Harness.from_config(
-            _with_interpreter(config.tasks.harness), base_url=f"http://{config.proxy.host}:{port}/v1",
+            with_interpreter(config.tasks.harness), base_url=f"http://{config.proxy.host}:{port}/v1",
             model=config.proxy.model_name, run_dir=run_dir,
         )
         for suite in config.tasks.suites:  # no agent reads another suite's hidden tests either

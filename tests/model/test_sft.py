@@ -159,6 +159,13 @@ def test_cli_trains_then_reuses(tiny_model_dir: Path, tmp_path: Path, capsys: py
     assert "2 steps, final loss" in capsys.readouterr().out  # 4 examples: one batch of 8 per epoch, 2 epochs
     assert main(argv) == 0
     assert "is up to date" in capsys.readouterr().out
+    run = tmp_path / "run.toml"  # a run's [warm_start] is reproduced; a flag overrides it
+    run.write_text("[warm_start]\nexamples = 4\nepochs = 1\nlearning_rate = 2e-3\n")
+    assert main(["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "c"), "--config", str(run),
+                 "--lr", "1e-3"]) == 0
+    assert "1 steps, final loss" in capsys.readouterr().out
+    record = msgspec.json.decode((tmp_path / "c" / SFT_RECORD).read_bytes(), type=SFTResult)
+    assert (record.settings.examples, record.settings.epochs, record.settings.learning_rate) == (4, 1, 1e-3)
 
 
 def test_cli_errors(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -169,6 +176,15 @@ def test_cli_errors(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.Capture
     assert main(["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o4"), "--slip-fraction", "1"]) == 2
     assert "slip_fraction=1.0 must be in [0, 1)" in capsys.readouterr().err
     assert not (tmp_path / "o4").exists()
+    (tmp_path / "file").write_text("not a folder")
+    assert main(["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "file")]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[warm_start]\nepochs = -1\n")
+    assert main(["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o5"), "--config", str(bad)]) == 2
+    assert "epochs=-1 must be > 0" in capsys.readouterr().err
+    assert main(["init", str(tmp_path / "file")]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
 
 
 def test_output_dir() -> None:

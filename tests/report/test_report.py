@@ -70,9 +70,9 @@ def test_report_files(run_dir: Path) -> None:
     for expected in ("| steps | 3 (1-3) |", "| pass rate before (heldout) | 25.0% at step 0 |",
                      "| pass rate after (heldout) | 50.0% at step 3 |", "| change | +25.0 points |",
                      "| best evaluation (heldout) | 62.5% at step 2 |", "| best step (batch pass rate) | 2 (62.5%) |",
-                     "| executions | 24 (finished 20, partially scored 3, failed 1) |",
+                     "| training executions | 24 (finished 20, partially scored 3, failed 1) |",
                      "| policy tokens trained | 600 |", "| mean dedup ratio | 2.00x |",
-                     "| wall time | 1m 10s (rollout 43%, train 17%, sync 4%) |"):
+                     "| time in steps + evaluations | 1m 10s (rollout 43%, train 17%, sync 4%) |"):
         assert expected in text, expected
     for name in PLOTS:
         data = (run_dir / "report" / name).read_bytes()
@@ -92,6 +92,16 @@ def test_empty_run_and_missing_metrics(tmp_path: Path, capsys: pytest.CaptureFix
                                          mean_reward=0.5, eval_s=1.0)])
     assert (only_before.pass_before, only_before.pass_after) == (0.5, None)  # no "after" yet
     assert all((tmp_path / "report" / n).read_bytes().startswith(PNG_MAGIC) for n in PLOTS)
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"type": "eval", "step": 0}\n\n{"type": "eval"}\n')
+    assert main([str(tmp_path / "metrics.jsonl")]) == 2
+    assert capsys.readouterr().err.strip().endswith("not a run directory (give the folder that holds metrics.jsonl)")
+    assert main([str(tmp_path)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {tmp_path / 'metrics.jsonl'}:1: not a metrics record (")
+    assert not (tmp_path / "report").exists()
 
 
 def test_report_with_a_timeline(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
