@@ -351,6 +351,11 @@ class HarnessConfig(_Config):
     top-level folder but the system's (/usr, /etc, /var, ...), `hidden_paths`, the run folder,
     other workspaces and the suites' hidden tests are covered, and /tmp is private
     (`gyre.agents.harness`; needs CAP_SYS_ADMIN; otherwise a warning)."""
+    require_isolation: bool = False
+    """Refuse to run (one `ConfigError` before anything starts) where `isolate_uid` and
+    `isolate_mounts` cannot both be had (not root, no CAP_SYS_ADMIN, a workspace root other users
+    cannot reach), instead of warning and running agents with the node's view of its files. Turn
+    it on wherever a policy that reads hidden tests would be rewarded for it."""
     hidden_paths: tuple[str, ...] = ("/root",)
     """Absolute folders agents and verifiers never see (the interpreter's installation and the
     gyre package are bound back even when they live under one)."""
@@ -362,6 +367,8 @@ class HarnessConfig(_Config):
     def __post_init__(self) -> None:
         if self.kill_grace_s < 0:
             raise ValueError(f"kill_grace_s={self.kill_grace_s} must be >= 0")
+        if self.require_isolation and not (self.isolate_uid and self.isolate_mounts):
+            raise ValueError("require_isolation needs isolate_uid and isolate_mounts to be true")
         for key in ("hidden_paths", "visible_paths"):
             for path in getattr(self, key):
                 if not path.startswith("/"):

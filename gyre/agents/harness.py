@@ -59,6 +59,7 @@ from gyre.tasks.scorer import VerifierError, score_workspace
 from gyre.tasks.task import Task
 
 __all__ = ["ExecutionControl", "Harness", "HarnessStatistics", "mint_api_key", "check_execution_id", "check_agent_command",
+           "check_isolation",
            "REACT_AGENT"]
 
 REACT_AGENT: tuple[str, ...] = (sys.executable, "-P", "-m", "gyre.agents.react")
@@ -175,6 +176,20 @@ def check_agent_command(command: Sequence[str], path: str | None = None) -> None
     if shutil.which(program, path=os.environ.get("PATH", os.defpath) if path is None else path) is None:
         where = "is not an executable file" if os.path.isabs(program) else "is not found on PATH"
         raise ConfigError(f"tasks.harness.agent_command[0]={program!r} {where}")
+
+
+def check_isolation(config: HarnessConfig) -> None:
+    """Preflight of `require_isolation`: raise `ConfigError` when the node is not root or cannot
+    build a private mount namespace (the harness also refuses a workspace root other users cannot
+    reach, when it is built). No effect when `require_isolation` is false."""
+    if not config.require_isolation:
+        return
+    if os.geteuid() != 0:
+        raise ConfigError(f"tasks.harness.require_isolation: the node runs as uid {os.geteuid()}, not root, "
+                          "so agents cannot run as their own uids")
+    problem = mount_namespace_problem()
+    if problem is not None:
+        raise ConfigError(f"tasks.harness.require_isolation: no private mount namespace for agents ({problem})")
 
 
 def _private(path: str, flags: int) -> int:
@@ -389,6 +404,7 @@ class Harness:
         hidden_paths: Sequence[str | os.PathLike[str]] = ("/root",),
         visible_paths: Sequence[str | os.PathLike[str]] = (),
         run_dir: str | os.PathLike[str] | None = None,
+        require_isolation: bool = False,
     ) -> None:
         """`isolate_uid`: run each agent as its own uid from `agent_uid_base` on (`agent_uid_count`
         of them) when we are root (see the module docstring); otherwise a warning, once.
@@ -396,6 +412,8 @@ class Harness:
         namespace (module docstring) hiding the non-system top-level folders, `hidden_paths`,
         `run_dir` (call log, checkpoints, snapshots) and the workspace root but their own folder,
         and showing `visible_paths` read-only; a warning, once, where it cannot be built.
+        `require_isolation`: where either isolation cannot be had, raise `ConfigError` instead of
+        warning.
         Raises `ValueError` for an empty command, a negative grace, an invalid uid range or a
         relative hidden or visible path."""
         if not agent_command:
@@ -424,6 +442,7 @@ class Harness:
         self._hidden: set[str] = set()  # hidden on purpose: what a command names there stays hidden
         """The namespace every agent starts from (None: no mount isolation); per execution its
         own folder is added, and the hidden files of the task's suite."""
+        mount_problem = None
         if isolate_uid and isolate_mounts and os.geteuid() == 0:
             problem = mount_namespace_problem()
             if problem is None:
@@ -438,11 +457,21 @@ class Harness:
                 self.mounts = Mounts(hide=tuple(sorted(hide | _covered_top_level())), private=_PRIVATE_DIRS,
                                      traverse=tuple(sorted(traverse)), expose=tuple(sorted(expose)))
             else:
-                _warn_once("mounts", "isolate_mounts: no private mount namespace for agents (%s): "
-                           "an agent sees the node's files as its uid may", problem)
+                mount_problem = (f"isolate_mounts: no private mount namespace for agents ({problem}): "
+                                 "an agent sees the node's files as its uid may")
         self._suite_hidden: set[str] = set()
         self._suites_seen: set[Path] = set()
-        self.isolated = isolate_uid and self._can_isolate(root)
+        uid_problem = self._uid_problem(root) if isolate_uid else None
+        if require_isolation:
+            problem = uid_problem or mount_problem or (
+                None if isolate_uid and isolate_mounts else "isolate_uid and isolate_mounts must both be true")
+            if problem is not None:
+                raise ConfigError(f"tasks.harness.require_isolation: {problem}")
+        if mount_problem is not None:
+            _warn_once("mounts", "%s", mount_problem)
+        if uid_problem is not None:
+            _warn_once(f"uid:{root}", "%s", uid_problem)
+        self.isolated = isolate_uid and uid_problem is None
         """Agents run as their own uids (`isolate_uid`, and we are root, and the root is reachable)."""
         os.chmod(root, 0o711 if self.isolated else 0o700)  # 0711: agents pass, nobody lists
         self.workspace_root = root
@@ -471,19 +500,18 @@ class Harness:
             return None
         return msgspec.structs.replace(self.mounts, writable=(*self.mounts.writable, *shown))
 
-    def _can_isolate(self, root: Path) -> bool:
+    def _uid_problem(self, root: Path) -> str | None:
+        """Why agents cannot run as their own uids here (None: they can)."""
         if os.geteuid() != 0:
-            _warn_once("not-root", "isolate_uid: the node runs as uid %d, not root: agents run as "
-                       "this user and can read other workspaces and hidden tests", os.geteuid())
-            return False
+            return (f"isolate_uid: the node runs as uid {os.geteuid()}, not root: agents run as "
+                    "this user and can read other workspaces and hidden tests")
         probe = root / "execution"  # an execution folder, bound back in the agent's namespace
         closed = _closed_to_others(probe, executable=False, mounts=self._view(os.path.abspath(probe)))
         if closed is not None:
-            _warn_once(f"root:{root}", "isolate_uid: agents run as root: workspace_root %s cannot be "
-                       "reached by other users (%s has mode %o); choose one whose parents are "
-                       "world-searchable (o+x)", root, closed, stat.S_IMODE(os.stat(closed).st_mode))
-            return False
-        return True
+            return (f"isolate_uid: agents run as root: workspace_root {root} cannot be reached by other "
+                    f"users ({closed} has mode {stat.S_IMODE(os.stat(closed).st_mode):o}); choose one whose "
+                    "parents are world-searchable (o+x)")
+        return None
 
     def _named(self, command: Sequence[str], path: str) -> tuple[str, ...]:
         """`_command_paths` but those under a folder hidden on purpose (`hidden_paths`, the run
@@ -530,6 +558,7 @@ class Harness:
             hidden_paths=config.hidden_paths,
             visible_paths=config.visible_paths,
             run_dir=Path(run_dir).absolute(),
+            require_isolation=config.require_isolation,
         )
 
     def statistics(self) -> HarnessStatistics:

@@ -18,7 +18,7 @@ import anyio
 
 from gyre.config import RunConfig
 from gyre.errors import ConfigError
-from gyre.agents.harness import check_agent_command
+from gyre.agents.harness import check_agent_command, check_isolation
 from gyre.runtime.checkpoint import LoopState, check_run_dir
 from gyre.runtime.loop import evaluated, run_rl, split_tasks
 from gyre.runtime.rollout import with_interpreter
@@ -54,12 +54,14 @@ def ensure_model(config: RunConfig) -> Path:
 
 def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | None:
     """Every check that can fail without building or starting anything, in the order a user would
-    fix them: task folders, verifier interpreter, agent program, run folder, warm-start folder.
+    fix them: task folders, verifier interpreter, agent program, isolation when required, run
+    folder, warm-start folder.
     Returns the checkpoint a resumed run continues from (None: step 0). Raises `ConfigError` or
     `TaskError` naming the key or path."""
     train, heldout = split_tasks(config)
     check_verifier_python([*train, *heldout])
     check_agent_command(with_interpreter(config.tasks.harness).agent_command)
+    check_isolation(config.tasks.harness)
     found = check_run_dir(Path(config.run_dir).resolve(), resume=resume, resumable=config.cells.num_cells == 1)
     if config.warm_start.enabled:
         from gyre.model.sft import check_output_dir, output_dir

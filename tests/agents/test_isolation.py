@@ -222,3 +222,36 @@ async def test_reference_agent_runs_as_its_own_uid(open_dir: Path, server, bridg
     ran = next(m["content"] for m in seen if m["role"] == "tool" and "exit code" in m["content"])
     assert ("No such file or directory" if mounts else "Permission denied") in ran and "def test_out" not in ran
     assert int(ran.split("\n")[1]) >= UID_BASE
+
+
+def test_require_isolation_refuses_instead_of_warning(open_dir, monkeypatch, caplog):
+    """`tasks.harness.require_isolation`: each way isolation can be missing is one ConfigError
+    naming the key, from the preflight and from the harness; without it the harness warns and
+    runs agents with less isolation."""
+    import gyre.agents.harness as harness
+    from gyre.config import HarnessConfig, config_from_dict
+    from gyre.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="require_isolation needs isolate_uid and isolate_mounts"):
+        config_from_dict({"tasks": {"harness": {"require_isolation": True, "isolate_mounts": False}}})
+    required, url = HarnessConfig(require_isolation=True), "http://127.0.0.1:9/v1"
+    harness.check_isolation(HarnessConfig())  # not required: never refuses
+    if mount_namespace_problem() is None:  # root with a mount namespace (here and in CI): nothing to refuse
+        harness.check_isolation(required)
+        built = Harness.from_config(required, base_url=url, run_dir=open_dir / "ok")
+        assert built.isolated and built.mounts is not None
+
+    monkeypatch.setattr(harness, "mount_namespace_problem", lambda: "no CAP_SYS_ADMIN")
+    with pytest.raises(ConfigError, match=r"require_isolation: no private mount namespace for agents \(no CAP_SYS_ADMIN\)"):
+        harness.check_isolation(required)
+    with pytest.raises(ConfigError, match=r"require_isolation: isolate_mounts: no private mount namespace .*CAP_SYS_ADMIN"):
+        Harness.from_config(required, base_url=url, run_dir=open_dir / "mounts")
+    with caplog.at_level(logging.WARNING, logger="gyre.agents.harness"):
+        relaxed = Harness.from_config(HarnessConfig(), base_url=url, run_dir=open_dir / "relaxed")
+    assert relaxed.mounts is None and relaxed.isolated  # own uid, but the node's view of its files
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match="require_isolation: the node runs as uid 1000, not root"):
+        harness.check_isolation(required)
+    with pytest.raises(ConfigError, match="require_isolation: isolate_uid: the node runs as uid 1000, not root"):
+        Harness.from_config(required, base_url=url, run_dir=open_dir / "uid")

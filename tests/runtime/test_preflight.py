@@ -125,3 +125,12 @@ def test_a_corrupt_metrics_line_names_file_and_line(tmp_path):
         f.write(b'{"type": "ev')  # a torn last line is a kill mid-write, not corruption
     writer.path.write_bytes(writer.path.read_bytes().replace(b'{"type": "eval", "step": "two"}\n', b""))
     assert [r.step for r in read_metrics(tmp_path)] == [0, 1]
+
+
+def test_required_isolation_that_this_node_cannot_give(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match="tasks.harness.require_isolation: the node runs as uid 1000, not root"):
+        run(make_config(tmp_path, tasks={"harness": {"require_isolation": True}}))
+    assert nothing_built(tmp_path)
