@@ -58,9 +58,8 @@ from gyre.tasks.outcome import Outcome, Termination
 from gyre.tasks.scorer import VerifierError, score_workspace
 from gyre.tasks.task import Task
 
-__all__ = ["ExecutionControl", "Harness", "HarnessStatistics", "mint_api_key", "check_execution_id", "check_agent_command",
-           "check_isolation",
-           "REACT_AGENT"]
+__all__ = ["ExecutionControl", "Harness", "HarnessStatistics", "mint_api_key", "check_execution_id",
+           "check_agent_command", "check_isolation", "REACT_AGENT"]
 
 REACT_AGENT: tuple[str, ...] = (sys.executable, "-P", "-m", "gyre.agents.react")
 """The reference agent's command line (`-P`: files in the workspace cannot shadow its imports)."""

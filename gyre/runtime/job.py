@@ -16,9 +16,9 @@ from pathlib import Path
 
 import anyio
 
+from gyre.agents.harness import check_agent_command, check_isolation
 from gyre.config import RunConfig
 from gyre.errors import ConfigError
-from gyre.agents.harness import check_agent_command, check_isolation
 from gyre.runtime.checkpoint import LoopState, check_run_dir
 from gyre.runtime.loop import evaluated, run_rl, split_tasks
 from gyre.runtime.rollout import with_interpreter
@@ -85,8 +85,8 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     """
     found = preflight(config, resume=resume)
     if found is not None and _finished(config, found[0]):
-        print(f"nothing to do: {config.run_dir} finished {found[0].step} of loop.steps={config.loop.steps} "
-              "steps and its last evaluation", flush=True)
+        print(f"nothing to do: {config.run_dir} already ran its {found[0].step} steps and final evaluation "
+              f"(loop.steps={config.loop.steps}; raise it to train further)", flush=True)
         return found[0]
     model_dir = ensure_model(config)
     if config.warm_start.enabled:

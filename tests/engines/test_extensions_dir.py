@@ -1,5 +1,5 @@
 """DeepSpeed's JIT-built comm op lives in this environment's own folder, and a build lock left by a
-killed build is cleared instead of hanging every later trainer start (FIELD: the CI run whose
+killed build is cleared instead of hanging every later trainer start (seen in CI: a run whose
 trainer tests all waited on `deepspeed_shm_comm/lock` until their 600 s timeouts)."""
 
 from __future__ import annotations
