@@ -14,8 +14,9 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 
 .PHONY: run test install install-test clean
 
+# --resume: a second `make run` continues an unfinished run or says there is nothing to do.
 run: $(VENV)/.installed-$(GYRE_EXTRA)
-	$(PY) -m gyre.node --config $(CONFIG)
+	$(PY) -m gyre.node --config $(CONFIG) --resume
 
 test: $(VENV)/.installed-$(GYRE_EXTRA)-test
 	$(PY) -m pytest $(PYTEST_ARGS)

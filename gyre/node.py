@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: `python -m gyre.node --config FILE`. Returns the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m gyre.node", description="Run one gyre node.")
     parser.add_argument("--config", required=True, help="run config (TOML), see examples/")
-    parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its last checkpoint")
+    parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its last checkpoint (or start one if run_dir holds no run)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # httpx logs every request at INFO: thousands of lines a run, burying the per-step table.

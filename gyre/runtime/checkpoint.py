@@ -72,20 +72,23 @@ def latest_checkpoint(run_dir: Path) -> tuple[LoopState, Path] | None:
 
 def check_run_dir(run_dir: Path, *, resume: bool, resumable: bool = True) -> tuple[LoopState, Path] | None:
     """Preflight of a run folder, before anything is built or started: the newest checkpoint to
-    resume from (None: the run starts at step 0).
+    resume from (None: the run starts at step 0; `resume` on a folder without a run starts one).
 
-    Raises `ConfigError` when `run_dir` exists and is not a folder; when it already holds a run (a
-    checkpoint or `metrics.jsonl`) and `resume` is False; and when `resume` is asked of a job that
+    Raises `ConfigError` when `run_dir` exists and is not a folder, and when it already holds a
+    run (a checkpoint or `metrics.jsonl`) that is not to be resumed: `resume` is False, or the job
     cannot resume (`resumable=False`: multi-cell runs).
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run_dir={str(run_dir)!r} is not a folder")
-    if resume and not resumable:
-        raise ConfigError("--resume: multi-cell runs (cells.num_cells > 1) cannot resume yet")
     found = latest_checkpoint(run_dir)
-    if not resume and (found is not None or (run_dir / METRICS_FILE).exists()):
-        how = "pass --resume to continue it, " if resumable else ""
-        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a run: {how}remove it or choose another run_dir")
+    if found is None and not (run_dir / METRICS_FILE).exists():
+        return None
+    if not resumable:
+        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a run and multi-cell runs "
+                          "(cells.num_cells > 1) cannot resume yet: remove it or choose another run_dir")
+    if not resume:
+        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a run: pass --resume to continue it, "
+                          "remove it or choose another run_dir")
     return found
 
 

@@ -77,7 +77,8 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
 def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     """Run one node's job described by `config` on a trio event loop (blocks until done):
     the RL loop to `config.loop.steps` steps. `resume=True` continues from the run's newest
-    checkpoint; a run that already finished returns its state without starting anything.
+    checkpoint (a `run_dir` without a run starts one); a run that already finished returns its
+    state without starting anything.
     Returns the final loop state.
 
     Raises `GyreError` subclasses for engine and config failures (config ones, `preflight`'s,

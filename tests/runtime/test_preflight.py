@@ -63,17 +63,13 @@ def test_run_dir_that_holds_a_run_or_is_a_file(tmp_path):
         EvalMetrics(step=0, version=0, split="heldout", executions=4, pass_rate=0.5, mean_reward=0.5, eval_s=1.0))
     with pytest.raises(ConfigError, match="already holds a run: pass --resume to continue it, remove it"):
         run(make_config(tmp_path))
-    with pytest.raises(ConfigError, match="already holds a run: remove it"):  # multi-cell runs cannot resume
-        run(make_config(tmp_path, cells={"num_cells": 2}))
+    for resume in (False, True):
+        with pytest.raises(ConfigError, match=r"already holds a run and multi-cell runs \(cells.num_cells > 1\) "
+                                              "cannot resume yet: remove it"):
+            run(make_config(tmp_path, cells={"num_cells": 2}), resume=resume)
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="run_dir='.*file' is not a folder"):
-        run(make_config(tmp_path, run_dir=str(tmp_path / "file")))
-    assert nothing_built(tmp_path)
-
-
-def test_multi_cell_resume(tmp_path):
-    with pytest.raises(ConfigError, match=r"multi-cell runs \(cells.num_cells > 1\) cannot resume"):
-        run(make_config(tmp_path, cells={"num_cells": 2}), resume=True)
+        run(make_config(tmp_path, run_dir=str(tmp_path / "file")), resume=True)
     assert nothing_built(tmp_path)
 
 
