@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from gyre.config import load_config
@@ -24,8 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its last checkpoint (or start one if run_dir holds no run)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # httpx logs every request at INFO: thousands of lines a run, burying the per-step table.
+    # httpx logs every request at INFO: thousands of lines a run, burying the per-step table; and
+    # transformers draws a "Writing model shards" bar per weight snapshot (cells inherit this).
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         config = load_config(args.config)
         from gyre.runtime.job import run
@@ -34,7 +37,22 @@ def main(argv: list[str] | None = None) -> int:
     except (GyreError, FileNotFoundError) as exc:
         print(f"gyre: error: {exc}", file=sys.stderr)
         return 2
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        print(f"gyre: interrupted; `python -m gyre.node --config {args.config} --resume` continues from the "
+              "last checkpoint", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
     return 0
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether `exc` is Ctrl-C: a KeyboardInterrupt, or a group of nothing else (trio and anyio
+    raise it out of task groups wrapped in a `BaseExceptionGroup`)."""
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(KeyboardInterrupt)
+        return rest is None
+    return isinstance(exc, KeyboardInterrupt)
 
 
 if __name__ == "__main__":
