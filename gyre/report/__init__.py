@@ -53,6 +53,8 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     rollout_s: float
     train_s: float
     sync_s: float
+    eval_s: float
+    """Sum of evaluation times."""
     executions: int
     """Training executions over all steps (evaluations not counted)."""
     finished: int
@@ -121,6 +123,7 @@ def summarize(records: list[StepMetrics | EvalMetrics]) -> RunSummary:
         rollout_s=sum(s.rollout_s for s in steps),
         train_s=sum(s.train_s for s in steps),
         sync_s=sum(s.sync_s for s in steps),
+        eval_s=sum(e.eval_s for e in evals),
         executions=sum(s.executions for s in steps),
         finished=sum(s.finished for s in steps),
         partial=sum(s.partial for s in steps),
@@ -198,7 +201,7 @@ def _plot_time_split(steps: list[StepMetrics], path: Path) -> None:
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_xlabel("RL step")
     ax.set_ylabel("seconds")
-    ax.margins(y=0.08)
+    ax.set_ylim(0, 1.08 * max(bottom, default=0.0) or 1.0)  # autoscale clipped the tallest stacks
     ax.set_title("Time split per step")
     ax.grid(axis="y", alpha=0.3)
     fig.legend(loc="outside lower center", ncols=4, fontsize=8)
@@ -259,7 +262,7 @@ def _markdown(run_dir: Path, s: RunSummary) -> str:
     rows = [
         ("steps", f"{s.steps}" + (f" ({s.first_step}-{s.last_step})" if s.steps else "")),
         ("time in steps + evaluations", f"{_duration(s.wall_s)} (rollout {share(s.rollout_s)}, train {share(s.train_s)}, "
-                      f"sync {share(s.sync_s)})"),
+                      f"sync {share(s.sync_s)}, evaluation {share(s.eval_s)})"),
         (f"pass rate before ({split})", _pct(s.pass_before) + (f" at step {s.pass_before_step}" if s.pass_before_step is not None else "")),
         (f"pass rate after ({split})", _pct(s.pass_after) + (f" at step {s.pass_after_step}" if s.pass_after_step is not None else "")),
         ("change", change),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -284,6 +285,10 @@ class CellClient:
         return await self._get("/cell_statistics", CellStatistics)
 
 
+_PORT_DIR_PREFIX = "gyre-cell-"
+"""Prefix of the temporary folder `spawn_cell` makes for a cell's port file."""
+
+
 class CellProcess(msgspec.Struct, kw_only=True):
     """A spawned cell worker: its process, where it writes its port, and its log file."""
 
@@ -307,7 +312,14 @@ class CellProcess(msgspec.Struct, kw_only=True):
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass  # the group is already empty
+        self.remove_port_file()
         return self.process.returncode
+
+    def remove_port_file(self) -> None:
+        """Delete the port file and its private folder (`spawn_cell` made it; nothing else is in it)."""
+        self.port_file.unlink(missing_ok=True)
+        if self.port_file.parent.name.startswith(_PORT_DIR_PREFIX):
+            shutil.rmtree(self.port_file.parent, ignore_errors=True)
 
 
 def spawn_cell(
@@ -330,7 +342,7 @@ def spawn_cell(
     environment it inherits."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    port_file = Path(tempfile.mkdtemp(prefix="gyre-cell-")) / "port"
+    port_file = Path(tempfile.mkdtemp(prefix=_PORT_DIR_PREFIX)) / "port"
     cmd = [
         sys.executable, "-m", "gyre.runtime.cell",
         "--model", str(model_dir),
@@ -387,6 +399,7 @@ def wait_cell_ready(cell: CellProcess, timeout_s: float, host: str = "127.0.0.1"
                 )
             if cell.base_url is None and cell.port_file.exists():
                 cell.base_url = f"http://{host}:{int(cell.port_file.read_text())}"
+                cell.remove_port_file()
             if cell.base_url is not None:
                 try:
                     response = http.get(f"{cell.base_url}/health")

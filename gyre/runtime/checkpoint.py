@@ -18,7 +18,7 @@ from pathlib import Path
 import msgspec
 
 from gyre.errors import ConfigError
-from gyre.runtime.metrics import METRICS_FILE
+from gyre.runtime.metrics import METRICS_FILE, append_line
 from gyre.tasks.outcome import Outcome
 
 __all__ = ["LoopState", "save_checkpoint", "latest_checkpoint", "check_run_dir", "LedgerEntry", "ExecutionLedger"]
@@ -110,10 +110,7 @@ class ExecutionLedger:
         self._encoder = msgspec.json.Encoder()
 
     def append(self, entry: LedgerEntry) -> None:
-        with open(self.path, "ab") as f:
-            f.write(self._encoder.encode(entry) + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.path, self._encoder.encode(entry))
 
     def entries(self, step: int) -> list[LedgerEntry]:
         """The entries of `step` (a torn last line from a kill is skipped)."""

@@ -89,6 +89,9 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
         print(f"nothing to do: {config.run_dir} already ran its {found[0].step} steps and final evaluation "
               f"(loop.steps={config.loop.steps}; raise it to train further)", flush=True)
         return found[0]
+    if found is not None:
+        print(f"resuming {config.run_dir} after step {found[0].step} of {config.loop.steps} "
+              f"(weight version {found[0].version})", flush=True)
     model_dir = ensure_model(config)
     if config.warm_start.enabled:
         from gyre.model.sft import output_dir, warm_start

@@ -1,12 +1,14 @@
 """Run metrics: one JSON line per RL step or evaluation in `<run_dir>/metrics.jsonl`.
 
-Owns `StepMetrics`, `EvalMetrics`, `MetricsWriter` (append + flush per record, so a killed run
-keeps every finished step) and `read_metrics`. The report and the live display read these records;
+Owns `StepMetrics`, `EvalMetrics`, `MetricsWriter` (append + fsync per record, so a killed run
+keeps every finished step), `read_metrics` and `append_line` (the JSONL append the execution
+ledger shares: a torn tail is cut before the next record). The report and the live display read these records;
 the loop writes them. Knows nothing about how the numbers were produced.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from pathlib import Path
@@ -16,7 +18,9 @@ import msgspec
 
 from gyre.errors import RunDirError
 
-__all__ = ["StepMetrics", "EvalMetrics", "MetricsWriter", "read_metrics", "METRICS_FILE"]
+__all__ = ["StepMetrics", "EvalMetrics", "MetricsWriter", "read_metrics", "append_line", "METRICS_FILE"]
+
+logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -97,10 +101,25 @@ class MetricsWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: Record) -> None:
-        with open(self.path, "ab") as f:
-            f.write(_encoder.encode(record) + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.path, _encoder.encode(record))
+
+
+def append_line(path: Path, line: bytes) -> None:
+    """Append `line` and a newline to the JSONL file `path`, fsynced before returning. A torn last
+    line (a kill mid-write) is cut first, with a warning, so the new record starts a line of its
+    own instead of joining the fragment into a line nobody can read."""
+    with open(path, "a+b") as f:  # writes go to the end, wherever a read left the position
+        size = f.seek(0, os.SEEK_END)
+        if size:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":
+                f.seek(0)
+                keep = f.read().rfind(b"\n") + 1
+                logger.warning("%s: cutting a torn last line of %d bytes", path, size - keep)
+                f.truncate(keep)
+        f.write(line + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> list[Record]:

@@ -104,6 +104,7 @@ async def test_pause_is_reported_as_unavailable(engine) -> None:
 async def test_dead_cell_is_unavailable_not_a_hang(tmp_path) -> None:
     process = spawn_cell("unused", CONFIG, log_path=tmp_path / "cell.log")
     url = await anyio.to_thread.run_sync(wait_cell_ready, process, 60)
+    assert not process.port_file.parent.exists()  # read, then removed: no /tmp/gyre-cell-* per cell left
     async with CellClient(url, CONFIG) as client:
         process.process.kill()
         process.process.wait()
@@ -145,6 +146,7 @@ def test_failed_start_reports_the_log(tmp_path) -> None:
     with pytest.raises(EngineUnavailableError, match="failed to start|exited"):
         wait_cell_ready(process, 120)
     process.stop()
+    assert not process.port_file.parent.exists()
 
 
 @pytest.mark.slow

@@ -72,7 +72,7 @@ def test_report_files(run_dir: Path) -> None:
                      "| best evaluation (heldout) | 62.5% at step 2 |", "| best step (batch pass rate) | 2 (62.5%) |",
                      "| training executions | 24 (finished 20, partially scored 3, failed 1) |",
                      "| policy tokens trained | 600 |", "| mean dedup ratio | 2.00x |",
-                     "| time in steps + evaluations | 1m 10s (rollout 43%, train 17%, sync 4%) |"):
+                     "| time in steps + evaluations | 1m 10s (rollout 43%, train 17%, sync 4%, evaluation 34%) |"):
         assert expected in text, expected
     for name in PLOTS:
         data = (run_dir / "report" / name).read_bytes()
