@@ -212,7 +212,7 @@ def _tighten_hidden(task: Task) -> None:
     for folder in (task.tests_dir, task.solution_dir):
         if folder.is_dir() and stat.S_IMODE(os.stat(folder).st_mode) & 0o077:
             os.chmod(folder, 0o700)
-            logger.info("isolation: %s is now 0700 (hidden from agent uids)", folder)
+            logger.debug("isolation: %s is now 0700 (hidden from agent uids)", folder)
 
 
 class _AgentUser:

@@ -30,7 +30,7 @@ import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -356,15 +356,20 @@ class TitoProxy:
 
     async def _body(self, request: Request) -> bytes:
         """The request body, at most `max_body_bytes`; a larger one is read to its end (up to 8x
-        the cap, so the client gets the 413 rather than a reset connection) and refused."""
+        the cap, so the client gets the 413 rather than a reset connection) and refused. A client that
+        disconnects mid-body is refused with status 499 (nginx's "client closed request")."""
         cap = self.config.max_body_bytes
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size <= cap:
-                chunks.append(chunk)
-            elif size > 8 * cap:
-                break
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size <= cap:
+                    chunks.append(chunk)
+                elif size > 8 * cap:
+                    break
+        except ClientDisconnect:  # an agent killed at its deadline mid-request: routine, not a crash
+            raise _proxy_error("the client closed the connection before its request body ended", 499,
+                               "client_closed_request") from None
         if size > cap:
             raise _proxy_error(
                 f"request body of {size}+ bytes exceeds the limit of {cap} bytes", 413, "request_too_large"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import anyio
 import httpx
 import openai
@@ -147,3 +149,31 @@ async def test_sessions_roles_headers_and_call_listing(tok, anyio_backend):
         assert r.status_code == 401  # a closed execution's key stops working
     with pytest.raises(KeyError):
         await proxy.close("ex1")
+
+
+async def test_a_client_gone_mid_body_is_a_refused_request_not_a_crash(tok, anyio_backend):
+    """An agent killed at its deadline while sending a request: seen in the field as a 40-line
+    `ClientDisconnect` traceback from the ASGI server. It is counted as refused (499) instead."""
+    proxy = make_proxy(tok, ScriptedEngine(eos_token_id=tok.eos_token_id))
+    key = proxy.mint_key("gone")
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+        "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")],
+        "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 40000),
+    }
+    incoming = iter([{"type": "http.request", "body": b'{"model": "gyre", "mess', "more_body": True},
+                     {"type": "http.disconnect"}])
+    sent = []
+
+    async def receive():
+        return next(incoming)
+
+    async def send(message):
+        sent.append(message)
+
+    await proxy.app(scope, receive, send)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    assert json.loads(sent[1]["body"])["error"]["code"] == "client_closed_request"
+    stats = proxy.statistics()
+    assert (stats.requests_total, stats.requests_refused, stats.calls_recorded) == (1, 1, 0)
