@@ -1,5 +1,5 @@
-"""Offline replay of the `make run` RL loop on first calls: a one-minute check of a warm start and
-a learning rate before spending an hour of `bench_learning` on them.
+"""Offline replay of the `make run` RL loop on first calls: a check of a warm start and a learning
+rate in a few minutes a seed, before spending an hour of `bench_learning` on them.
 
 What it keeps from the real loop (examples/cpu.toml): the training / held-out split
 (`split_tasks`), the data order (`pick_tasks`), `batch_executions` / `group_size`, the reference
@@ -57,7 +57,7 @@ def score(text: str, word: str, path: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--config", default="examples/cpu.toml")
     parser.add_argument("--model", required=True, help="warm-started model folder")
     parser.add_argument("--steps", type=int, default=16)

@@ -24,6 +24,13 @@ def test_example_config_loads() -> None:
     assert config.model.path == "runs/model-tiny"
 
 
+def test_elastic_example_shares_make_runs_warm_start() -> None:
+    """Same model and warm-start settings: the cached runs/model-tiny-sft serves both (other
+    settings would retrain it and replace make run's cache)."""
+    cpu, elastic = load_config("examples/cpu.toml"), load_config("examples/elastic-cpu.toml")
+    assert elastic.warm_start.enabled and (elastic.model, elastic.warm_start) == (cpu.model, cpu.warm_start)
+
+
 def test_defaults_and_frozen() -> None:
     config = RunConfig()
     assert config.engine.block_size == 32 and config.cells.num_cells == 1

@@ -34,3 +34,12 @@ def test_a_real_failure_beside_an_interrupt_still_propagates(monkeypatch) -> Non
     with pytest.raises(BaseExceptionGroup) as caught:
         main(["--config", "examples/cpu.toml"])
     assert caught.value is group
+
+
+def test_python_m_gyre_names_the_commands() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "gyre"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert [line.split()[2] for line in done.stderr.splitlines()[2:]] == ["gyre.node", "gyre.report", "gyre.model", "gyre.sim"]
