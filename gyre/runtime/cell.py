@@ -5,7 +5,7 @@ server first (the port goes to FILE), then starts the engine (`VLLMEngine`, or t
 when `backend = "scripted"`); with `--trainer-config JSON [--rl-config JSON]` also a
 `DeepSpeedTrainer` on the same model folder (its own world-size-1 DeepSpeed group), and with
 `--rank I --world-size N --group-store HOST:PORT` it joins the run-wide gradient group
-(`grad_group`). It serves until `POST /shutdown` or SIGTERM. The cell's role (`rollout` at
+(`grad_group`). It serves until `POST /shutdown` or SIGTERM (during start-up SIGTERM exits at once). The cell's role (`rollout` at
 start, or `train`) changes inside the process; nothing is rebuilt for a switch:
 
     GET  /health        Health (503 while starting, 500 if the engine failed to start)
@@ -508,8 +508,7 @@ async def serve(
     tmp = port_file.with_suffix(".tmp")
     tmp.write_text(f"{bound}\n")
     os.replace(tmp, port_file)
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, cell.stop.set)
+    previous = signal.signal(signal.SIGTERM, _exit_while_starting)
     try:
         try:
             cell.engine = await _start_engine(model, config)
@@ -526,11 +525,24 @@ async def serve(
         except Exception as exc:  # reported through /health; the node decides what to do
             logger.exception("engine failed to start")
             cell.health = Health(state="failed", error=f"{type(exc).__name__}: {exc}")
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, cell.stop.set)  # from now on: a clean stop
         await cell.stop.wait()
     finally:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, previous)
         await runner.cleanup()
         if cell.engine is not None and hasattr(cell.engine, "shutdown"):
             cell.engine.shutdown()
+
+
+def _exit_while_starting(signum: int, _frame) -> None:
+    """SIGTERM before the cell is up: exit now. Start-up (vLLM, DeepSpeed) blocks for up to
+    minutes and cannot be cancelled, and a node that died sends this (`PR_SET_PDEATHSIG`): waiting
+    for the start to finish left an orphan holding its memory. A cell that leads its process group
+    (as `spawn_cell` starts it) takes the group, vLLM's engine processes included, with it."""
+    if os.getpgid(0) == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+    os._exit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:

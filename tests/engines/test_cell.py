@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import anyio
 import httpx
@@ -170,6 +171,42 @@ def test_stop_after_kill9_reaps_the_engine_processes(tmp_path, tiny_model_dir) -
     alive = [pid for pid in engine_pids if os.path.exists(f"/proc/{pid}") and
              open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
     assert alive == []
+
+
+@pytest.mark.slow
+def test_sigterm_during_start_up_takes_the_cell_and_its_group_at_once(tmp_path, tiny_model_dir) -> None:
+    """A node killed while its cell starts sends SIGTERM (PR_SET_PDEATHSIG): the cell used to finish
+    its vLLM start-up first (about 30 s here, minutes for a large model) as an orphan."""
+    import os
+    import signal
+    import time
+
+    from tests.conftest import require_vllm
+
+    require_vllm()
+    process = spawn_cell(tiny_model_dir, EngineConfig(max_model_len=256, startup_timeout_s=300),
+                         log_path=tmp_path / "cell.log")
+    while not process.port_file.exists():  # written once serving, before the engine starts
+        assert process.process.poll() is None, (tmp_path / "cell.log").read_text()
+        time.sleep(0.05)
+    os.kill(process.process.pid, signal.SIGTERM)
+    assert process.process.wait(timeout=120) == -signal.SIGKILL  # its own group kill, not a finished start
+    assert "cell ready" not in (tmp_path / "cell.log").read_text()
+    assert live_in_group(process.process.pid) == []
+    process.stop()
+
+
+def live_in_group(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes of process group `pgid`, from /proc."""
+    live = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # gone meanwhile
+        if fields[2] == str(pgid) and fields[0] != "Z":
+            live.append(int(entry))
+    return live
 
 
 @pytest.mark.slow
