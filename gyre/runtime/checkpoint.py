@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -21,7 +21,10 @@ from gyre.errors import ConfigError
 from gyre.runtime.metrics import METRICS_FILE, append_line
 from gyre.tasks.outcome import Outcome
 
-__all__ = ["LoopState", "save_checkpoint", "latest_checkpoint", "check_run_dir", "LedgerEntry", "ExecutionLedger"]
+__all__ = ["LoopState", "save_checkpoint", "latest_checkpoint", "check_run_dir", "LedgerEntry", "ExecutionLedger",
+           "LEDGER_FILE"]
+
+LEDGER_FILE = "executions.jsonl"
 
 
 class LoopState(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,18 +73,21 @@ def latest_checkpoint(run_dir: Path) -> tuple[LoopState, Path] | None:
     return state, folder / "trainer"
 
 
-def check_run_dir(run_dir: Path, *, resume: bool, resumable: bool = True) -> tuple[LoopState, Path] | None:
+def check_run_dir(
+    run_dir: Path, *, resume: bool, resumable: bool = True, records: Sequence[str] = ()
+) -> tuple[LoopState, Path] | None:
     """Preflight of a run folder, before anything is built or started: the newest checkpoint to
     resume from (None: the run starts at step 0; `resume` on a folder without a run starts one).
 
-    Raises `ConfigError` when `run_dir` exists and is not a folder, and when it already holds a
-    run (a checkpoint or `metrics.jsonl`) that is not to be resumed: `resume` is False, or the job
-    cannot resume (`resumable=False`: multi-cell runs).
+    A folder holds a run when it has a checkpoint, `metrics.jsonl`, `executions.jsonl` or one of
+    `records` (the call log: a run killed in its first evaluation has nothing else). Raises
+    `ConfigError` when `run_dir` exists and is not a folder, and when it holds a run that is not
+    to be resumed: `resume` is False, or the job cannot resume (`resumable=False`: multi-cell runs).
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run_dir={str(run_dir)!r} is not a folder")
     found = latest_checkpoint(run_dir)
-    if found is None and not (run_dir / METRICS_FILE).exists():
+    if found is None and not any((run_dir / name).exists() for name in (METRICS_FILE, LEDGER_FILE, *records)):
         return None
     if not resumable:
         raise ConfigError(f"run_dir={str(run_dir)!r} already holds a run and multi-cell runs "
@@ -106,7 +112,7 @@ class ExecutionLedger:
     """Append-only `executions.jsonl`; every finished execution is written once, fsynced."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "executions.jsonl"
+        self.path = run_dir / LEDGER_FILE
         self._encoder = msgspec.json.Encoder()
 
     def append(self, entry: LedgerEntry) -> None:

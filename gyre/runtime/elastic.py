@@ -658,7 +658,7 @@ async def run_elastic(
 
     run_dir = Path(config.run_dir).resolve()
     train, _heldout = split_tasks(config)
-    check_run_dir(run_dir, resume=False, resumable=False)
+    check_run_dir(run_dir, resume=False, resumable=False, records=(config.proxy.log_name,))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     async with open_cells(
         config.cells.num_cells, model_dir, config.engine, log_dir=run_dir / "cells",

@@ -62,7 +62,8 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
     check_verifier_python([*train, *heldout])
     check_agent_command(with_interpreter(config.tasks.harness).agent_command)
     check_isolation(config.tasks.harness)
-    found = check_run_dir(Path(config.run_dir).resolve(), resume=resume, resumable=config.cells.num_cells == 1)
+    found = check_run_dir(Path(config.run_dir).resolve(), resume=resume, resumable=config.cells.num_cells == 1,
+                          records=(config.proxy.log_name,))
     if config.warm_start.enabled:
         from gyre.model.sft import check_output_dir, output_dir
 

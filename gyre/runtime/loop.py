@@ -206,7 +206,7 @@ async def run_rl(config: RunConfig, model_dir: Path, *, resume: bool = False, pr
 
     run_dir = Path(config.run_dir).resolve()  # agents run in their workspaces: no relative paths
     split_tasks(config)  # a task folder that fails validation stops the run before anything starts
-    found = check_run_dir(run_dir, resume=resume)
+    found = check_run_dir(run_dir, resume=resume, records=(config.proxy.log_name,))
     state, trainer_dir = found if found is not None else (LoopState(), None)
     run_dir.mkdir(parents=True, exist_ok=True)
     _truncate_torn_log(run_dir / config.proxy.log_name)

@@ -130,3 +130,16 @@ def test_required_isolation_that_this_node_cannot_give(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="tasks.harness.require_isolation: the node runs as uid 1000, not root"):
         run(make_config(tmp_path, tasks={"harness": {"require_isolation": True}}))
     assert nothing_built(tmp_path)
+
+
+def test_a_run_killed_in_its_first_evaluation_is_a_run(tmp_path):
+    """Only the call log exists then (no metrics, no ledger, no checkpoint)."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "calls.log").write_bytes(b"")
+    with pytest.raises(ConfigError, match="already holds a run: pass --resume"):
+        run(make_config(tmp_path))
+    (tmp_path / "run" / "calls.log").unlink()
+    (tmp_path / "run" / "executions.jsonl").write_bytes(b"")
+    with pytest.raises(ConfigError, match="already holds a run: pass --resume"):
+        run(make_config(tmp_path))
+    assert nothing_built(tmp_path)
