@@ -4,7 +4,8 @@ Owns `LoopState` (step, weight version, data position), `save_checkpoint` / `lat
 (a folder per step: the trainer's DeepSpeed checkpoint + `state.json`, published by rewriting
 `checkpoints/latest` last, so a kill mid-save leaves the previous one in force) and
 `ExecutionLedger` (`executions.jsonl`: every finished execution with its step, task and group
-slot, so a resumed step reuses what already ran and trains nothing twice). Knows nothing about
+slot, so a resumed step reuses what already ran and trains nothing twice), and `check_run_dir`
+(the preflight: whether a folder holds a run, and whether it may be resumed). Knows nothing about
 engines, trees or HTTP.
 """
 

@@ -1,7 +1,8 @@
 """The node's job: `run(config)` (re-exported as `gyre.run`).
 
-Owns start-up of one node's work: make sure the model folder exists, start the cells, and run the
-job on one anyio event loop (trio). The job is the supervised warm start (`gyre.model.sft`,
+Owns start-up of one node's work: the preflight (`preflight`: every path, the run folder and the
+agent program checked before anything is built or started), make sure the model folder exists,
+start the cells, and run the job on one anyio event loop (trio). The job is the supervised warm start (`gyre.model.sft`,
 cached) and then the RL loop: with one cell the colocate loop (`gyre.runtime.loop.run_rl`: the
 trainer in the node, checkpoints and `--resume`), with `cells.num_cells > 1` the elastic runtime
 (`gyre.runtime.elastic.run_elastic`: every cell a vLLM engine and a DeepSpeed trainer, roles by

@@ -2,8 +2,8 @@
 
 Owns `StepMetrics`, `EvalMetrics`, `MetricsWriter` (append + fsync per record, so a killed run
 keeps every finished step), `read_metrics` and `append_line` (the JSONL append the execution
-ledger shares: a torn tail is cut before the next record). The report and the live display read these records;
-the loop writes them. Knows nothing about how the numbers were produced.
+ledger shares: a torn tail is cut before the next record). The report and the live display read
+these records; the loop writes them. Knows nothing about how the numbers were produced.
 """
 
 from __future__ import annotations
