@@ -31,7 +31,7 @@ from gyre.rl import grads_finite, microbatch_loss
 from gyre.trajectory.pack import PackedBatch
 
 __all__ = ["DeepSpeedTrainer", "TrainStatistics", "AccumulateStatistics", "StepStatistics", "init_process_group",
-           "extensions_dir", "build_ops"]
+           "prepare_extensions_dir", "build_ops"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ _JIT_OPS = ("deepspeed_shm_comm",)
 """DeepSpeed ops that `deepspeed.init_distributed` JIT-builds on the CPU accelerator."""
 
 
-def extensions_dir() -> Path:
+def prepare_extensions_dir() -> Path:
     """The folder torch JIT-builds C++ extensions into, made this environment's own.
 
     Sets TORCH_EXTENSIONS_DIR to `<sys.prefix>/torch_extensions` when unset: an op is compiled
@@ -130,7 +130,7 @@ def build_ops() -> None:
     """JIT-build, once, the DeepSpeed ops that trainer start-up needs (`make` runs this after the
     install, so no trainer start, possibly killed, is the one that builds). A no-op where the
     accelerator has no such op or it is already built."""
-    extensions_dir()
+    prepare_extensions_dir()
     from deepspeed.comm.torch import build_shm_op
 
     build_shm_op()
@@ -140,8 +140,8 @@ def init_process_group() -> None:
     """Join (or form) torch.distributed for DeepSpeed: from RANK/WORLD_SIZE/MASTER_* when a
     launcher set them, else a one-process group on a free loopback port. No rendezvous variable is
     written to the environment, so child processes (agents, other nodes) never inherit a stale one
-    (only LOCAL_RANK=0, which DeepSpeed requires, and TORCH_EXTENSIONS_DIR, see `extensions_dir`)."""
-    extensions_dir()
+    (only LOCAL_RANK=0, which DeepSpeed requires, and TORCH_EXTENSIONS_DIR: `prepare_extensions_dir`)."""
+    prepare_extensions_dir()
     import deepspeed
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"

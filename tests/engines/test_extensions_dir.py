@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.engines.trainer import STALE_BUILD_LOCK_S, extensions_dir
+from gyre.engines.trainer import STALE_BUILD_LOCK_S, prepare_extensions_dir
 
 
 def _lock(root: Path, age_s: float) -> Path:
@@ -27,24 +27,24 @@ def _lock(root: Path, age_s: float) -> Path:
 
 def test_defaults_to_this_environments_folder(monkeypatch):
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
-    assert extensions_dir() == Path(sys.prefix) / "torch_extensions"
+    assert prepare_extensions_dir() == Path(sys.prefix) / "torch_extensions"
     assert os.environ["TORCH_EXTENSIONS_DIR"] == str(Path(sys.prefix) / "torch_extensions")
 
 
 def test_a_folder_the_user_chose_is_kept(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    assert extensions_dir() == tmp_path
+    assert prepare_extensions_dir() == tmp_path
 
 
 def test_stale_lock_is_removed_a_live_one_kept(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     stale = _lock(tmp_path, STALE_BUILD_LOCK_S + 60)
-    extensions_dir()
+    prepare_extensions_dir()
     assert not stale.exists()
     assert "never finished" in caplog.text
 
     live = _lock(tmp_path, STALE_BUILD_LOCK_S - 60)  # a build that may still be running
-    extensions_dir()
+    prepare_extensions_dir()
     assert live.exists()
 
 
