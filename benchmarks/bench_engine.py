@@ -1,6 +1,7 @@
 """Engine overhead: tokens/s through gyre's engine protocol (cell process + client) vs vLLM direct.
 
-Both run in the same process run, alternating repeat by repeat: vLLM's AsyncLLM called in-process
+Both run in the same process run, one after the other (an idle engine beside the measured one
+slows it down several times on 2 cores): vLLM's AsyncLLM called in-process
 (`generate` with token prompts, DELTA outputs, sampled-token logprobs: what gyre asks of it) and
 gyre's `CellClient` -> cell (aiohttp, msgpack frames) -> `VLLMEngine` -> its own AsyncLLM, on the
 same tiny model and sampling. Every request decodes exactly `max_tokens` tokens (no stop IDs).
@@ -65,6 +66,18 @@ async def _gyre(engine, prompts: list[list[int]], max_tokens: int, tag: str) -> 
     return total
 
 
+async def _measure(run, prompts, repeats: int, max_tokens: int, out: dict[int, list[float]], tag: str) -> None:
+    """Warm `run` at every concurrency, then time `repeats` batches at each into `out[n]` (seconds)."""
+    for n in CONCURRENCY:
+        await run(prompts[:n], f"warm-{tag}{n}")
+    for n in CONCURRENCY:
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            tokens = await run(prompts[:n], f"{tag}{n}-{r}")
+            out[n].append(time.perf_counter() - t0)
+            assert tokens == n * max_tokens, tokens
+
+
 async def main_async(repeats: int, max_tokens: int) -> None:
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -77,38 +90,32 @@ async def main_async(repeats: int, max_tokens: int) -> None:
     model_dir = init_model_dir(root / "model", model_config)
     config = EngineConfig(max_model_len=1024)
     prompts = [[5 + (7 * i + j) % 500 for j in range(32 + 8 * (i % 4))] for i in range(max(CONCURRENCY))]
+    direct_s: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
+    gyre_s: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
+    # One engine at a time: an idle vLLM engine beside the measured one took 2-7x off the measured
+    # path on 2 cores (measured 2026-12-01: gyre 55 tok/s at concurrency 1 with the direct engine
+    # alive, 344 tok/s alone), which no alternation cancels.
     llm = AsyncLLM.from_engine_args(engine_args(str(model_dir), config))
-    rows, numbers = [], {}
     try:
-        async with open_cell(model_dir, config, log_path=root / "cell.log") as engine:
-            for n in CONCURRENCY:  # warm both paths at this batch size
-                await _direct(llm, prompts[:n], max_tokens, f"warm-d{n}")
-                await _gyre(engine, prompts[:n], max_tokens, f"warm-g{n}")
-            for n in CONCURRENCY:
-                direct_s, gyre_s = [], []
-                for r in range(repeats):
-                    t0 = time.perf_counter()
-                    tokens = await _direct(llm, prompts[:n], max_tokens, f"d{n}-{r}")
-                    direct_s.append(time.perf_counter() - t0)
-                    assert tokens == n * max_tokens, tokens
-                    t0 = time.perf_counter()
-                    tokens = await _gyre(engine, prompts[:n], max_tokens, f"g{n}-{r}")
-                    gyre_s.append(time.perf_counter() - t0)
-                    assert tokens == n * max_tokens, tokens
-                d, g = summarize(direct_s), summarize(gyre_s)
-                numbers[f"direct_s_{n}"] = d
-                numbers[f"gyre_s_{n}"] = g
-                numbers[f"direct_tokens_per_s_{n}"] = n * max_tokens / d["median"]
-                numbers[f"gyre_tokens_per_s_{n}"] = n * max_tokens / g["median"]
-                numbers[f"overhead_ratio_{n}"] = g["median"] / d["median"]
-                rows.append({
-                    "concurrency": n,
-                    "direct tok/s": n * max_tokens / d["median"],
-                    "gyre tok/s": n * max_tokens / g["median"],
-                    "gyre/direct time": g["median"] / d["median"],
-                })
+        await _measure(lambda ps, tag: _direct(llm, ps, max_tokens, tag), prompts, repeats, max_tokens, direct_s, "d")
     finally:
         llm.shutdown()
+    async with open_cell(model_dir, config, log_path=root / "cell.log") as engine:
+        await _measure(lambda ps, tag: _gyre(engine, ps, max_tokens, tag), prompts, repeats, max_tokens, gyre_s, "g")
+    rows, numbers = [], {}
+    for n in CONCURRENCY:
+        d, g = summarize(direct_s[n]), summarize(gyre_s[n])
+        numbers[f"direct_s_{n}"] = d
+        numbers[f"gyre_s_{n}"] = g
+        numbers[f"direct_tokens_per_s_{n}"] = n * max_tokens / d["median"]
+        numbers[f"gyre_tokens_per_s_{n}"] = n * max_tokens / g["median"]
+        numbers[f"overhead_ratio_{n}"] = g["median"] / d["median"]
+        rows.append({
+            "concurrency": n,
+            "direct tok/s": n * max_tokens / d["median"],
+            "gyre tok/s": n * max_tokens / g["median"],
+            "gyre/direct time": g["median"] / d["median"],
+        })
     path = write_result(
         "engine",
         {"model": "gyre tiny qwen2 (seed 0)", "model_config": {"hidden_size": model_config.hidden_size,
