@@ -5,8 +5,9 @@ server first (the port goes to FILE), then starts the engine (`VLLMEngine`, or t
 when `backend = "scripted"`); with `--trainer-config JSON [--rl-config JSON]` also a
 `DeepSpeedTrainer` on the same model folder (its own world-size-1 DeepSpeed group), and with
 `--rank I --world-size N --group-store HOST:PORT` it joins the run-wide gradient group
-(`grad_group`). It serves until `POST /shutdown` or SIGTERM (during start-up SIGTERM exits at once). The cell's role (`rollout` at
-start, or `train`) changes inside the process; nothing is rebuilt for a switch:
+(`grad_group`). It serves until `POST /shutdown` or SIGTERM (during start-up SIGTERM exits at
+once, with the cell's process group). The cell's role (`rollout` at start, or `train`) changes
+inside the process; nothing is rebuilt for a switch:
 
     GET  /health        Health (503 while starting, 500 if the engine failed to start)
     POST /generate      GenerateRequest -> stream of length-prefixed Frames (deltas, or an error)

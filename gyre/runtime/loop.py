@@ -178,7 +178,8 @@ class _Run:
 
 
 def evaluated(run_dir: Path, step: int) -> bool:
-    """Whether the run's metrics hold a held-out evaluation at `step`."""
+    """Whether `<run_dir>/metrics.jsonl` holds an evaluation at `step` (False when the file is
+    missing). Raises `RunDirError` for a corrupt line (`read_metrics`)."""
     try:
         return any(isinstance(r, EvalMetrics) and r.step == step for r in read_metrics(run_dir))
     except FileNotFoundError:
