@@ -1,23 +1,29 @@
 """One exception hierarchy for gyre.
 
 Every error gyre raises on purpose derives from `GyreError`; user-input errors also derive from
-`ValueError` so callers that only know the standard library still catch them.
+`ValueError` (and waits that ran out from `TimeoutError`) so callers that only know the standard
+library still catch them. Each class carries a stable `code` string, so it survives the cell wire
+(the cell server sends `{code, message}` and the client re-raises the same class,
+`error_from_code`), and the HTTP status and OpenAI error `type` the proxy answers with
+(`http_status`, `http_type`), so no caller maps errors to statuses by hand.
 
-    GyreError
-    +-- ConfigError (ValueError)          a run config key or value is wrong; names the key
-    +-- TaskError (ValueError)            a task folder fails validation; names the path
-    +-- RunDirError (ValueError)          a run folder's record is unreadable; names file and line
-    +-- EngineError                       an inference engine or cell failed
-    |   +-- InvalidRequestError (ValueError)  the request itself is bad (prompt, sampling params)
-    |   |   +-- ContextLengthError            prompt (+ max_tokens) does not fit max_model_len
-    |   +-- EngineUnavailableError            the engine is paused, loading, not ready or gone
-    |   +-- EngineTimeoutError (TimeoutError) a bounded wait on the engine ran out
-    +-- WeightSyncError                   a weight load failed; the engine keeps its old version
-    +-- ProxyError                        the TITO proxy refused a call (carries an HTTP status)
-    +-- ExecutionError                    an execution failed for infrastructure reasons
-
-`EngineError` subclasses carry a stable `code` string so they survive the cell wire: the cell
-server sends `{code, message}` and the client re-raises the same class (`error_from_code`).
+    GyreError                                 500  an unexpected gyre failure
+    +-- ConfigError (ValueError)              400  a run config key or value is wrong; names the key
+    +-- TaskError (ValueError)                400  a task folder fails validation; names the path
+    +-- RunDirError (ValueError)              400  a run folder's record is unreadable; file and line
+    +-- LogCorruptError (ValueError)          500  a call-log frame before the last one is corrupt
+    +-- EngineError                           502  an inference engine or cell failed
+    |   +-- InvalidRequestError (ValueError)  400  the request itself is bad (prompt, sampling)
+    |   |   +-- ContextLengthError            400  prompt (+ max_tokens) does not fit max_model_len
+    |   +-- EngineUnavailableError            503  the engine is paused, loading, not ready or gone
+    |   +-- EngineTimeoutError (TimeoutError) 504  a bounded wait on the engine ran out
+    +-- CellDiedError                         500  the core cell's process died mid-run
+    +-- WeightSyncError                       500  a weight load failed; the engine keeps its version
+    +-- ProxyError                         status  the TITO proxy refused a call (status per instance)
+    +-- ExecutionError                        500  an execution failed for infrastructure reasons
+    |   +-- VerifierError                     500  the verifier crashed, hung or reported nothing
+    +-- ToolError                             400  an agent tool call cannot be carried out
+    +-- SimulationStalled (RuntimeError)      500  a simulated run has no pending event but unfinished steps
 """
 
 from __future__ import annotations
@@ -27,53 +33,81 @@ __all__ = [
     "ConfigError",
     "TaskError",
     "RunDirError",
+    "LogCorruptError",
     "EngineError",
     "InvalidRequestError",
     "ContextLengthError",
     "EngineUnavailableError",
     "EngineTimeoutError",
+    "CellDiedError",
     "WeightSyncError",
     "ProxyError",
     "ExecutionError",
+    "VerifierError",
+    "ToolError",
+    "SimulationStalled",
     "error_from_code",
 ]
 
 
 class GyreError(Exception):
-    """Base of every error gyre raises on purpose."""
+    """Base of every error gyre raises on purpose.
+
+    Class attributes: `code` (stable wire name), `http_status` (the status the proxy answers
+    with), `http_type` (OpenAI's error `type`: ``invalid_request_error`` for a 4xx, else
+    ``server_error``)."""
 
     code = "gyre_error"
+    http_status = 500
+    http_type = "server_error"
 
 
-class ConfigError(GyreError, ValueError):
+class _UserError(GyreError):
+    """Mixin defaults of the user-input errors below: a 400 ``invalid_request_error``."""
+
+    http_status = 400
+    http_type = "invalid_request_error"
+
+
+class ConfigError(_UserError, ValueError):
     """A run config is wrong; the message names the key (``$.engine.max_model_len``) and value."""
 
     code = "config_error"
 
 
-class TaskError(GyreError, ValueError):
+class TaskError(_UserError, ValueError):
     """A task folder fails validation; the message names the path."""
 
     code = "task_error"
 
 
-class RunDirError(GyreError, ValueError):
+class RunDirError(_UserError, ValueError):
     """A record in a run folder cannot be read (edited or corrupted, not a torn last line); the
     message names the file and line."""
 
     code = "run_dir_error"
 
 
+class LogCorruptError(GyreError, ValueError):
+    """A call-log frame before the last one fails its checksum, length or decoding (a torn tail is
+    not corrupt: the reader drops it). The message names the file and byte offset."""
+
+    code = "log_corrupt"
+
+
 class EngineError(GyreError):
     """An inference engine (or the cell hosting it) failed."""
 
     code = "engine_error"
+    http_status = 502
 
 
 class InvalidRequestError(EngineError, ValueError):
     """A generate request is invalid: empty prompt, token ID out of vocabulary, bad sampling."""
 
     code = "invalid_request"
+    http_status = 400
+    http_type = "invalid_request_error"
 
 
 class ContextLengthError(InvalidRequestError):
@@ -86,12 +120,20 @@ class EngineUnavailableError(EngineError):
     """The engine cannot take the request now (paused, loading weights, shut down, unreachable)."""
 
     code = "engine_unavailable"
+    http_status = 503
 
 
 class EngineTimeoutError(EngineError, TimeoutError):
-    """A bounded wait on an engine or cell ran out (DESIGN.md invariant 7)."""
+    """A bounded wait on an engine or cell ran out (docs/design.md, invariant 7)."""
 
     code = "engine_timeout"
+    http_status = 504
+
+
+class CellDiedError(GyreError):
+    """The core cell's process died: its weights and optimizer state are gone."""
+
+    code = "cell_died"
 
 
 class WeightSyncError(GyreError):
@@ -101,20 +143,66 @@ class WeightSyncError(GyreError):
 
 
 class ProxyError(GyreError):
-    """The TITO proxy refused a call; ``status`` is the HTTP status it answers with."""
+    """The TITO proxy refused a call with HTTP status `status` (an instance attribute, so one class
+    serves every refusal); `error_code` and `param` fill OpenAI's error body when known."""
 
     code = "proxy_error"
 
-    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error"):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        type: str | None = None,
+        error_code: str | None = None,
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.status = status
+        if type is None:
+            type = "invalid_request_error" if status < 500 else "server_error"
+            if status == 401:
+                type = "authentication_error"
         self.type = type
+        self.error_code = error_code
+        self.param = param
+
+    @property
+    def http_status(self) -> int:  # type: ignore[override]
+        return self.status
+
+    @property
+    def http_type(self) -> str:  # type: ignore[override]
+        return self.type
 
 
 class ExecutionError(GyreError):
     """An execution failed for an infrastructure reason (not the agent's fault)."""
 
     code = "execution_error"
+
+
+class VerifierError(ExecutionError):
+    """The verifier itself failed (crashed, hung past its time limit, reported nothing usable).
+
+    An infrastructure failure: the execution is `failed` with this message as its reason."""
+
+    code = "verifier_error"
+
+
+class ToolError(GyreError):
+    """A tool call of the reference agent cannot be carried out; the message goes back to the
+    model as the tool result (the agent recovers from it, it never ends the execution)."""
+
+    code = "tool_error"
+    http_status = 400
+    http_type = "invalid_request_error"
+
+
+class SimulationStalled(GyreError, RuntimeError):
+    """No event is pending but the simulated run has not finished its steps (a policy never acts)."""
+
+    code = "simulation_stalled"
 
 
 _BY_CODE: dict[str, type[GyreError]] = {
@@ -127,6 +215,7 @@ _BY_CODE: dict[str, type[GyreError]] = {
         EngineUnavailableError,
         EngineTimeoutError,
         WeightSyncError,
+        CellDiedError,
     )
 }
 

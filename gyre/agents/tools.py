@@ -16,6 +16,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+from gyre.errors import ToolError
+
 __all__ = [
     "ToolError",
     "Workspace",
@@ -34,10 +36,6 @@ SUB_AGENT_PROMPT = (
     "You are a sub-agent working in a shared workspace folder. Do the task you are given with "
     "the tools, then call finish with a short summary."
 )
-
-
-class ToolError(Exception):
-    """A tool call cannot be carried out; the message goes back to the model as the tool result."""
 
 
 def _fn(name: str, description: str, properties: dict, required: list[str]) -> dict:

@@ -40,7 +40,7 @@ import anyio
 import msgspec
 
 from gyre.config import RunConfig
-from gyre.errors import GyreError
+from gyre.errors import CellDiedError, GyreError
 from gyre.runtime.batch import TrainingBatch, build_training_batch
 from gyre.runtime.cell_client import open_cells
 from gyre.runtime.checkpoint import check_run_dir
@@ -70,12 +70,6 @@ _MAX_DECISIONS = 1000
 """Decisions at one instant before the driver calls the policy stuck (it keeps acting)."""
 _WATCH_S = 0.25
 """How often cell processes are checked for death."""
-
-
-class CellDiedError(GyreError):
-    """The core cell's process died: its weights and optimizer state are gone."""
-
-    code = "cell_died"
 
 
 class Cell(msgspec.Struct, kw_only=True):

@@ -26,6 +26,7 @@ from collections import deque
 import msgspec
 import numpy as np
 
+from gyre.errors import SimulationStalled
 from gyre.runtime.scheduler import (
     CellView,
     Dispatch,
@@ -42,10 +43,6 @@ __all__ = ["SimResult", "Workload", "simulate", "SimulationStalled"]
 
 _FINISH, _SWITCH, _TRAIN, _LOAD, _STEP = range(5)
 _MAX_DECISIONS_PER_INSTANT = 10_000
-
-
-class SimulationStalled(RuntimeError):
-    """No event is pending but the run has not finished its steps (a policy never acts)."""
 
 
 class SimResult(msgspec.Struct, frozen=True, kw_only=True):

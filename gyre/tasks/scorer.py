@@ -31,7 +31,7 @@ import anyio
 import msgspec
 
 from gyre.tasks.sandbox import Limits, Mounts, run_supervised, tail
-from gyre.errors import ConfigError, ExecutionError
+from gyre.errors import ConfigError, VerifierError
 from gyre.tasks.outcome import Score
 from gyre.tasks.task import Task
 
@@ -47,14 +47,6 @@ import sys
 
 sys.path.append(os.environ["GYRE_WORKSPACE"])
 """
-
-
-class VerifierError(ExecutionError):
-    """The verifier itself failed (crashed, hung past its time limit, reported nothing usable).
-
-    An infrastructure failure: the execution is `failed` with this message as its reason."""
-
-    code = "verifier_error"
 
 
 def check_verifier_python(tasks: Sequence[Task], python: str = sys.executable) -> None:

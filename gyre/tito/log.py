@@ -23,6 +23,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
+from gyre.errors import LogCorruptError
 from gyre.tito.records import ExecutionSummary, ModelCall
 
 __all__ = [
@@ -57,10 +58,6 @@ class EndEntry(msgspec.Struct, frozen=True, kw_only=True, tag="end"):
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(CallEntry | EndEntry)
-
-
-class LogCorruptError(ValueError):
-    """A frame before the last one fails its checksum or length (not a torn tail)."""
 
 
 def encode_frame(entry: CallEntry | EndEntry) -> bytes:

@@ -36,14 +36,7 @@ from starlette.routing import Route
 
 from gyre.config import ProxyConfig, RunConfig
 from gyre.engines.protocol import FinishReason, GenerateRequest, InferenceEngine, SamplingParams
-from gyre.errors import (
-    ContextLengthError,
-    EngineError,
-    EngineTimeoutError,
-    EngineUnavailableError,
-    InvalidRequestError,
-    ProxyError,
-)
+from gyre.errors import EngineError, GyreError, ProxyError
 from gyre.tito.log import CallLog
 from gyre.tito.records import ExecutionSummary, ModelCall, Role
 from gyre.tito.render import (
@@ -325,23 +318,15 @@ class TitoProxy:
     # -- HTTP plumbing ------------------------------------------------------------------------
 
     def _error(self, exc: Exception) -> Response:
+        """The OpenAI-shaped error response for `exc`: a `GyreError` carries its own HTTP status
+        and type (`gyre.errors`); anything else is a logged 500."""
         self._counts["requests_refused"] += 1
         status, type_, code, param = 500, "server_error", None, None
-        if isinstance(exc, ProxyError):
-            status, type_ = exc.status, exc.type
-            code = getattr(exc, "error_code", None)
-            param = getattr(exc, "param", None)
-        elif isinstance(exc, ContextLengthError):
-            status, type_, code = 400, "invalid_request_error", "context_length_exceeded"
-        elif isinstance(exc, InvalidRequestError):
-            status, type_, code = 400, "invalid_request_error", "invalid_request"
-        elif isinstance(exc, EngineUnavailableError):
-            status, type_, code = 503, "server_error", "engine_unavailable"
-        elif isinstance(exc, EngineTimeoutError):
-            status, type_, code = 504, "server_error", "engine_timeout"
-        elif isinstance(exc, EngineError):
-            status, type_, code = 502, "server_error", exc.code
-        else:
+        if isinstance(exc, GyreError):
+            status, type_ = exc.http_status, exc.http_type
+            code = exc.error_code if isinstance(exc, ProxyError) else exc.code
+            param = exc.param if isinstance(exc, ProxyError) else None
+        if status == 500:
             logger.exception("proxy request failed")
         return Response(
             error_body(str(exc), type=type_, code=code, param=param),
@@ -1015,14 +1000,7 @@ def _hold_len(text: str, stop: str) -> int:
 def _proxy_error(
     message: str, status: int, code: str | None, *, param: str | None = None, type: str | None = None
 ) -> ProxyError:
-    if type is None:
-        type = "invalid_request_error" if status < 500 else "server_error"
-        if status == 401:
-            type = "authentication_error"
-    exc = ProxyError(message, status=status, type=type)
-    exc.error_code = code  # type: ignore[attr-defined]
-    exc.param = param  # type: ignore[attr-defined]
-    return exc
+    return ProxyError(message, status=status, type=type, error_code=code, param=param)
 
 
 def _param_of(message: str) -> str | None:

@@ -1,0 +1,121 @@
+"""Imports only run down the layers (docs/design.md, "Layers").
+
+A module may import gyre modules of its own layer or of a lower one, never of a higher one; the
+walk reads every import statement of `gyre/` (function-level and `TYPE_CHECKING` ones included)
+with `ast`, so a back-running import cannot hide in a function body.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import gyre
+
+ROOT = Path(gyre.__file__).parent
+
+LAYERS: list[tuple[str, ...]] = [
+    ("gyre.errors", "gyre._lazy"),
+    ("gyre.config",),
+    ("gyre.kernels",),
+    ("gyre.engines",),
+    ("gyre.tito",),
+    ("gyre.trajectory",),
+    ("gyre.rl",),
+    ("gyre.sandbox",),
+    ("gyre.tasks",),
+    ("gyre.agents",),
+    ("gyre.model",),
+    ("gyre.runtime",),
+    ("gyre.report",),
+    ("gyre.sim",),
+    ("gyre.gateway", "gyre.job", "gyre.node", "gyre.__main__", "gyre"),
+]
+"""Lowest first. A name matches a module and everything under it (`gyre.tito` holds
+`gyre.tito.proxy`); `gyre` alone is the package's own `__init__`."""
+
+
+def layer_of(module: str) -> int:
+    """The index in `LAYERS` of `module` (a dotted gyre module name); ValueError for none."""
+    best, best_len = None, -1
+    for index, names in enumerate(LAYERS):
+        for name in names:
+            if name == "gyre":
+                hit = module == "gyre"
+            else:
+                hit = module == name or module.startswith(name + ".")
+            if hit and len(name) > best_len:
+                best, best_len = index, len(name)
+    if best is None:
+        raise ValueError(f"{module} is in no layer of tests/test_layering.py's LAYERS")
+    return best
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def gyre_imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line, imported gyre module) for every import statement in `path`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[tuple[int, str]] = []
+    here = module_name(path, root)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "gyre"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "gyre":
+                continue
+            if target == "gyre":  # `from gyre import x`: x may be a subpackage
+                found += [(node.lineno, f"gyre.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, target))
+    return sorted(found)
+
+
+def violations(root: Path = ROOT) -> list[str]:
+    """One line per back-running import under `root` (a `gyre` package folder)."""
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        here = module_name(path, root)
+        own = layer_of(here)
+        for line, target in gyre_imports(path, root):
+            if layer_of(target) > own:
+                bad.append(f"{path.relative_to(root.parent)}:{line}: {here} imports {target}")
+    return bad
+
+
+def test_every_module_has_a_layer() -> None:
+    for path in ROOT.rglob("*.py"):
+        layer_of(module_name(path))
+
+
+def test_imports_only_run_down_the_layers() -> None:
+    assert violations() == []
+
+
+def test_the_walk_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
+    """The checker itself: a back-running import inside a function is found (independent check
+    on a hand-written file, not on gyre's tree)."""
+    root = tmp_path / "gyre"
+    (root / "kernels").mkdir(parents=True)
+    (root / "kernels" / "__init__.py").write_text("from . import probe\nfrom ..runtime import job\n")
+    (root / "kernels" / "probe.py").write_text(
+        "def f():\n    from gyre.runtime import job\n\nimport os\nfrom gyre.errors import GyreError\n"
+    )
+    assert gyre_imports(root / "kernels" / "probe.py", root) == [(2, "gyre.runtime"), (5, "gyre.errors")]
+    assert violations(root) == [
+        "gyre/kernels/__init__.py:2: gyre.kernels imports gyre.runtime",
+        "gyre/kernels/probe.py:2: gyre.kernels.probe imports gyre.runtime",
+    ]
+    assert layer_of("gyre.tito.proxy") == layer_of("gyre.tito") < layer_of("gyre.runtime.job")
