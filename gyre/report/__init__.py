@@ -4,7 +4,7 @@ Owns `RunSummary` (the numbers of the page, computed by `summarize`), `write_rep
 `<run_dir>/report/summary.md`) and the three plots: pass rate and mean reward per step with the
 held-out evaluations overlaid, the rollout/train/sync time split per step, and the off-policy
 logprob mismatch per step. When the run recorded a timeline (`<run_dir>/timeline.jsonl`), it
-also draws the cells' Gantt chart (`timeline.png`, `gyre.report.timeline`) and adds cell
+also draws the cells' Gantt chart (`timeline.png`, `gyre.report.gantt`) and adds cell
 utilisation per step to the page. Reads only `gyre.runtime.metrics` and `gyre.runtime.timeline`
 records; knows nothing about how they were produced. A step recorded twice (a run killed after writing a step and resumed before
 its checkpoint) counts once, with its last record. Plots use matplotlib's object API (no pyplot
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from gyre.report.timeline import plot_timeline
+from gyre.report.gantt import plot_timeline
 from gyre.runtime.metrics import EvalMetrics, StepMetrics, read_metrics
 from gyre.runtime.timeline import (
     TIMELINE_FILE,

@@ -2,7 +2,7 @@
 
 `simulate(config, policy)` runs one policy on one scenario; `compare(config)` runs Colocate,
 Async (best fixed split) and Elastic on the same workload draws; `python -m gyre.sim --config
-FILE` prints the table and writes timeline PNGs (`gyre.report.timeline.plot_timeline`). The
+FILE` prints the table and writes timeline PNGs (`gyre.report.gantt.plot_timeline`). The
 policies come from `gyre.runtime.scheduler`, the `Timeline` type from `gyre.runtime.timeline`.
 """
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from gyre.errors import ConfigError
-from gyre.report.timeline import plot_timeline
+from gyre.report.gantt import plot_timeline
 from gyre.sim.comparison import compare, format_table
 from gyre.sim.config import load_sim_config
 

@@ -2,7 +2,7 @@
 
 Owns `build_policy`, `best_async`, `compare` (the three policies on one config, same workload
 draws), `Comparison` and `format_table`. Knows nothing about event handling (it calls
-`gyre.sim.engine.simulate`) or plotting (`gyre.report.timeline.plot_timeline` draws a result's
+`gyre.sim.engine.simulate`) or plotting (`gyre.report.gantt.plot_timeline` draws a result's
 timeline).
 """
 
