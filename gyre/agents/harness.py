@@ -16,7 +16,7 @@ executions on the node share one) with gid = uid and no supplementary groups. It
 TMPDIR and instruction are chowned to it; the execution folder (0711, root) and its logs (0600)
 stay root's; the task's `tests/` and `solution/` are tightened to 0700 before the first run.
 With `isolate_mounts` (and CAP_SYS_ADMIN) each agent also starts in a private mount namespace
-(`gyre.tasks.sandbox.Mounts`) that denies by default: every top-level folder but the system's
+(`gyre.sandbox.Mounts`) that denies by default: every top-level folder but the system's
 (`_SYSTEM_DIRS`: /usr, /etc, /var, ...) is covered by an empty read-only tmpfs (so /root, /home, the
 checkout with its .git, other runs), as are `hidden_paths`, the run folder, the workspace root and
 the `tests/` and `solution/` of every task of the configured suites; /tmp, /var/tmp and /dev/shm
@@ -51,7 +51,7 @@ from typing import IO
 import anyio
 import msgspec
 
-from gyre.tasks.sandbox import Limits, Mounts, mount_namespace_problem, run_supervised, tail
+from gyre.sandbox import Limits, Mounts, mount_namespace_problem, run_supervised, tail
 from gyre.config import HarnessConfig
 from gyre.errors import ConfigError, ExecutionError
 from gyre.tasks.outcome import Outcome, Termination

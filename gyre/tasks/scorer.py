@@ -30,7 +30,7 @@ import anyio
 
 import msgspec
 
-from gyre.tasks.sandbox import Limits, Mounts, run_supervised, tail
+from gyre.sandbox import Limits, Mounts, run_supervised, tail
 from gyre.errors import ConfigError, VerifierError
 from gyre.tasks.outcome import Score
 from gyre.tasks.task import Task

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from gyre.agents.harness import REACT_AGENT, ExecutionControl, Harness, mint_api_key
-from gyre.tasks.sandbox import Limits, mount_namespace_problem, run_supervised
+from gyre.sandbox import Limits, mount_namespace_problem, run_supervised
 from gyre.tasks.task import load_task
 from tests.agents.drive import run_policy
 from tests.agents.openai_server import tool_call_message

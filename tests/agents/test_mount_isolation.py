@@ -17,7 +17,7 @@ import pytest
 
 from gyre.agents.harness import Harness
 from gyre.config import HarnessConfig
-from gyre.tasks.sandbox import Limits, Mounts, mount_namespace_problem, run_supervised
+from gyre.sandbox import Limits, Mounts, mount_namespace_problem, run_supervised
 from gyre.tasks.scorer import verify
 from gyre.tasks.task import load_task
 from tests.agents.drive import run_policy

@@ -156,7 +156,7 @@ def test_stop_after_kill9_reaps_the_engine_processes(tmp_path, tiny_model_dir) -
     import signal
     import time
 
-    from gyre.tasks.supervisor import live_descendants
+    from gyre.sandbox.supervisor import live_descendants
     from tests.conftest import require_vllm
 
     require_vllm()

@@ -9,7 +9,7 @@ import sys
 import anyio
 import pytest
 
-from gyre.tasks.sandbox import Limits, run_supervised
+from gyre.sandbox import Limits, run_supervised
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

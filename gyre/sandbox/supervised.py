@@ -1,12 +1,13 @@
 """Run one command as a supervised process tree with resource limits and an outside deadline.
 
-Owns `Limits`, `Mounts`, `ProcessResult`, `run_supervised` and `mount_namespace_problem`: the
-command runs under `gyre/tasks/supervisor.py` (child subreaper + rlimits, optionally as another
-user, optionally in a private mount namespace) in a new session; the call waits for it to exit, for the deadline, or for a stop event, and then makes sure
-nothing of the tree is left: SIGTERM to the group and every descendant, `kill_grace_s` to exit,
-then SIGKILL until the tree is empty. Used by the harness (agents) and the scorer (verifiers).
-Runs on any anyio backend; /proc scans run in worker threads. Knows nothing about tasks, models
-or scores. Linux only.
+Owns `Limits`, `ProcessResult`, `run_supervised` and `tail`: the command runs under
+`gyre/sandbox/supervisor.py` (child subreaper + rlimits, optionally as another user, optionally in
+the private mount namespace a `gyre.sandbox.mounts.Mounts` describes) in a new session; the call
+waits for it to exit, for the deadline, or for a stop event, and then makes sure nothing of the
+tree is left: SIGTERM to the group and every descendant, `kill_grace_s` to exit, then SIGKILL until
+the tree is empty. Used by the harness (agents) and the scorer (verifiers). Runs on any anyio
+backend; /proc scans run in worker threads. Knows nothing about tasks, agents, models or scores.
+Linux only.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import anyio
 import anyio.abc
 import msgspec
 
-from gyre.tasks import supervisor
+from gyre.sandbox import supervisor
+from gyre.sandbox.mounts import Mounts
 
-__all__ = ["Limits", "Mounts", "ProcessResult", "run_supervised", "mount_namespace_problem", "tail"]
+__all__ = ["Limits", "ProcessResult", "run_supervised", "tail"]
 
 _SUPERVISOR = str(Path(supervisor.__file__).resolve())
 
@@ -48,54 +50,6 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("cpu_time_s", "memory_bytes", "max_processes", "file_size_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0 (0: no limit)")
-
-
-class Mounts(msgspec.Struct, frozen=True, kw_only=True):
-    """The filesystem a supervised command sees: a private mount namespace (needs root with
-    CAP_SYS_ADMIN; see `supervisor.enter_mount_namespace`). Absolute paths; missing ones are skipped.
-
-    Shallowest path first: a folder in `expose` under one in `hide` is visible, a folder in `hide`
-    under one in `expose` is not."""
-
-    hide: tuple[str, ...] = ()
-    """Folders covered by an empty read-only tmpfs, files by /dev/null: their content cannot be
-    reached."""
-    private: tuple[str, ...] = ()
-    """Folders covered by a fresh writable tmpfs (1777) that dies with the command (/tmp)."""
-    traverse: tuple[str, ...] = ()
-    """Folders other users cannot enter (0700) that the command passes through as if they had
-    o+x (the folder of a `mktemp -d` checkout): what lies below keeps its own modes."""
-    expose: tuple[str, ...] = ()
-    """Folders shown read-only at their own path even under a hidden one (the interpreter)."""
-    writable: tuple[str, ...] = ()
-    """Folders shown writable at their own path (the workspace), even under `read_only`."""
-    read_only: bool = False
-    """Every other mount read-only: the command writes only to `writable` and `private`."""
-    network: bool = True
-    """False: the command also gets a network namespace of its own, with no interface up (not
-    even loopback): it reaches nothing, on this node or off it (verifiers)."""
-
-    def __post_init__(self) -> None:
-        for name in ("hide", "private", "traverse", "expose", "writable"):
-            for path in getattr(self, name):
-                if not os.path.isabs(path) or os.path.normpath(path) != path or path == "/":
-                    raise ValueError(f"{name}: {path!r} must be a normalised absolute path other than /")
-
-
-_probe: list[str | None] = []
-
-
-def mount_namespace_problem() -> str | None:
-    """None if commands can run with `Mounts` here (root, CAP_SYS_ADMIN, Linux >= 5.12), else why
-    not. Probed once per process in a throwaway child (`supervisor.py --probe-mounts`)."""
-    if not _probe:
-        if os.geteuid() != 0:
-            _probe.append(f"the node runs as uid {os.geteuid()}, not root")
-        else:
-            done = subprocess.run([sys.executable, "-I", "-S", _SUPERVISOR, "--probe-mounts"],
-                                  capture_output=True, text=True, timeout=30)
-            _probe.append(None if done.returncode == 0 else done.stderr.strip() or f"status {done.returncode}")
-    return _probe[0]
 
 
 class ProcessResult(msgspec.Struct, frozen=True, kw_only=True):

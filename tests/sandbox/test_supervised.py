@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gyre.tasks.sandbox import Limits, run_supervised
+from gyre.sandbox import Limits, run_supervised
 
 pytestmark = pytest.mark.anyio
 
