@@ -1,4 +1,5 @@
-"""gyre.agents: the harness that runs agent processes, the reference agent and its tools (see DESIGN.md).
+"""gyre.agents: the harness that runs agent processes (their control and isolation), the reference
+agent and its tools (see DESIGN.md).
 
 The names load on first use (`gyre._lazy`): the agent process imports `gyre.agents.tools`, which
 must not import the harness."""
@@ -10,7 +11,8 @@ import typing
 from gyre._lazy import lazy_exports as _lazy_exports
 
 if typing.TYPE_CHECKING:
-    from gyre.agents.harness import REACT_AGENT, ExecutionControl, Harness, HarnessStatistics, mint_api_key
+    from gyre.agents.control import ExecutionControl, mint_api_key
+    from gyre.agents.harness import REACT_AGENT, Harness, HarnessStatistics
     from gyre.agents.oracle import demonstration, demonstration_for, oracle_reply
     from gyre.agents.tools import ToolError, Workspace
 
@@ -21,7 +23,8 @@ __all__ = [
 ]
 
 __getattr__, __dir__ = _lazy_exports(__name__, {
-    **dict.fromkeys(["Harness", "HarnessStatistics", "ExecutionControl", "mint_api_key", "REACT_AGENT"], "gyre.agents.harness"),
+    **dict.fromkeys(["Harness", "HarnessStatistics", "REACT_AGENT"], "gyre.agents.harness"),
+    **dict.fromkeys(["ExecutionControl", "mint_api_key"], "gyre.agents.control"),
     **dict.fromkeys(["Workspace", "ToolError"], "gyre.agents.tools"),
     **dict.fromkeys(["oracle_reply", "demonstration", "demonstration_for"], "gyre.agents.oracle"),
 })

@@ -1,65 +1,52 @@
 """The harness: one execution = one agent process in its own workspace, stopped from outside.
 
-Owns `ExecutionControl` (the execution's model-call counters and its stop signal), `mint_api_key`,
-`Harness` and `HarnessStatistics`. `Harness.run(task, execution_id)` copies the task's
-`environment/` into a private per-execution folder (hidden tests and solution are never
-copied), starts the agent command under the supervisor (resource limits, new session) with
-`OPENAI_BASE_URL`, a minted `OPENAI_API_KEY` and the instruction, stops it at the deadline or when
-its `ExecutionControl` says so (turns, tokens, context), kills its whole tree, runs the verifier
-on what the workspace holds, and returns one `Outcome`. Never raises for an execution's failure:
-infrastructure problems become `termination="failed"` with a reason (DESIGN.md invariant 5).
-Knows nothing about HTTP, tokens or the proxy: the proxy reports calls to `ExecutionControl`.
-
-Isolation (`isolate_uid`, when the node runs as root): each agent runs as its own unprivileged
-uid (`agent_uid_base` + a slot held with a lock file while the execution runs, so no two running
-executions on the node share one) with gid = uid and no supplementary groups. Its workspace, HOME,
-TMPDIR and instruction are chowned to it; the execution folder (0711, root) and its logs (0600)
-stay root's; the task's `tests/` and `solution/` are tightened to 0700 before the first run.
-With `isolate_mounts` (and CAP_SYS_ADMIN) each agent also starts in a private mount namespace
-(`gyre.sandbox.Mounts`) that denies by default: every top-level folder but the system's
-(`_SYSTEM_DIRS`: /usr, /etc, /var, ...) is covered by an empty read-only tmpfs (so /root, /home, the
-checkout with its .git, other runs), as are `hidden_paths`, the run folder, the workspace root and
-the `tests/` and `solution/` of every task of the configured suites; /tmp, /var/tmp and /dev/shm
-are fresh and private. Bound back read-only at their real paths: the interpreter's installation,
-the gyre package, `visible_paths`, and the files the agent command names (its executable and
-absolute-path arguments); writable: its own execution folder. So a venv whose Python lives under a
-private /root still runs agents as their uid. After the agent's tree is gone
-its files are handed back to root, and the verifier runs on a copy as the same uid, in a
-namespace where the whole filesystem is read-only except that copy (and fresh /tmp, /var/tmp and
-/dev/shm that die with it), with no network at all. Without root, or when the
-workspace root or the agent's executable cannot be reached by other users (mode bits of every
-parent, as the namespace shows them), agents run as the node's user and a warning says why, once.
+Owns `Harness`, `HarnessStatistics`, `check_agent_command` and `REACT_AGENT`. `Harness.run(task,
+execution_id)` copies the task's `environment/` into a private per-execution folder (hidden tests
+and solution are never copied), starts the agent command under the supervisor (resource limits,
+new session; `gyre.sandbox`) with `OPENAI_BASE_URL`, a minted `OPENAI_API_KEY` and the
+instruction, stops it at the deadline or when its `ExecutionControl` (`gyre.agents.control`) says
+so (turns, tokens, context), kills its whole tree, runs the verifier on what the workspace holds,
+and returns one `Outcome`. Never raises for an execution's failure: infrastructure problems
+become `termination="failed"` with a reason (DESIGN.md invariant 5). Agents run as their own uids
+in a default-deny namespace where the node allows it (`gyre.agents.isolation` says how). Knows
+nothing about HTTP, tokens or the proxy: whoever watches the model calls feeds `ExecutionControl`.
 """
 
 from __future__ import annotations
 
-import fcntl
-import grp
 import logging
 import os
-import pwd
-import re
-import secrets
 import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
 
 import anyio
 import msgspec
 
-from gyre.sandbox import Limits, Mounts, mount_namespace_problem, run_supervised, tail
+from gyre.agents.control import ExecutionControl, check_execution_id, mint_api_key
+from gyre.agents.isolation import (
+    AgentUser,
+    agent_namespace,
+    closed_to_others,
+    command_paths,
+    hand_back,
+    hand_over,
+    suite_hidden,
+    tighten_hidden,
+    under,
+    warn_once,
+)
 from gyre.config import HarnessConfig
 from gyre.errors import ConfigError, ExecutionError
+from gyre.sandbox import Limits, Mounts, run_supervised, tail
 from gyre.tasks.outcome import Outcome, Termination
 from gyre.tasks.scorer import VerifierError, score_workspace
 from gyre.tasks.task import Task
 
-__all__ = ["ExecutionControl", "Harness", "HarnessStatistics", "mint_api_key", "check_execution_id",
-           "check_agent_command", "check_isolation", "REACT_AGENT"]
+__all__ = ["Harness", "HarnessStatistics", "check_agent_command", "REACT_AGENT"]
 
 REACT_AGENT: tuple[str, ...] = (sys.executable, "-P", "-m", "gyre.agents.react")
 """The reference agent's command line (`-P`: files in the workspace cannot shadow its imports)."""
@@ -67,98 +54,6 @@ REACT_AGENT: tuple[str, ...] = (sys.executable, "-P", "-m", "gyre.agents.react")
 _ENV_PASSTHROUGH = ("PATH", "LANG", "LC_ALL", "TZ")
 
 logger = logging.getLogger(__name__)
-
-_UID_LOCK_DIR = Path("/run/gyre-agent-uids" if os.path.isdir("/run") else "/tmp/gyre-agent-uids")
-"""Root-only folder of one lock file per agent uid in use on this node (all harnesses share it)."""
-
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str, *args: object) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(message, *args)
-
-
-def _under(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
-def _closed_parents(paths: Iterable[str]) -> set[str]:
-    """The parent folders of `paths` (absolute) that other users cannot traverse (no o+x), e.g.
-    the 0700 folder of a `mktemp -d` checkout: an agent's namespace lets it pass through them
-    (`Mounts.traverse`), so it reaches the venv, the gyre package, its execution and whatever else
-    below them other users may read, as in a checkout whose parents are o+x. Mode bits only."""
-    return {str(folder) for path in paths for folder in Path(path).parents
-            if folder != Path("/") and not os.stat(folder).st_mode & stat.S_IXOTH}
-
-
-def _closed_to_others(path: Path, *, executable: bool, mounts: Mounts | None = None) -> Path | None:
-    """The first parent folder of `path` (as given and resolved) that other users cannot
-    traverse (no o+x), or `path` itself if `executable` and they cannot read and run it; None if
-    an unprivileged stranger reaches it. With `mounts`, as that namespace shows the tree: a folder
-    covered by `hide`/`private` is gone, except the parents of an exposed folder (created 0755); a
-    folder in `traverse` is passed.
-    Mode bits only (ACLs are not consulted)."""
-    covers = () if mounts is None else mounts.hide + mounts.private
-    shown = () if mounts is None else mounts.expose + mounts.writable
-    passed = () if mounts is None else mounts.traverse
-
-    def blocks(folder: Path) -> bool:
-        f = str(folder)
-        if f in passed:
-            return False
-        inner = max((c for c in covers + shown if _under(f, c)), key=len, default=None)
-        if inner is not None and inner in covers and inner not in shown:
-            return not any(_under(e, f) and e != f and _under(e, inner) for e in shown)
-        return not os.stat(folder).st_mode & stat.S_IXOTH
-
-    for p in (Path(os.path.abspath(path)), path.resolve()):
-        for folder in reversed(p.parents):
-            if blocks(folder):
-                return folder
-    if executable and (os.stat(path).st_mode & (stat.S_IROTH | stat.S_IXOTH)) != stat.S_IROTH | stat.S_IXOTH:
-        return path
-    return None
-
-
-def _suite_hidden(suite: Path) -> set[str]:
-    """`tests/` and `solution/` of every task folder in `suite` (folders holding a task.toml)."""
-    return {os.path.abspath(task / name) for task in suite.iterdir() if (task / "task.toml").is_file()
-            for name in ("tests", "solution")}
-
-
-_PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
-"""Covered by a fresh tmpfs for each agent and each verifier: no channel between executions, no
-look at another execution's verifier output, nothing left behind."""
-
-_SYSTEM_DIRS = frozenset({"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin",
-                          "sys", "tmp", "usr", "var"})
-"""The top-level folders an agent's namespace shows (as its uid may read them); every other one
-is covered. The Filesystem Hierarchy Standard's system folders, without /boot, /home, /media,
-/mnt, /opt, /root and /srv."""
-
-
-def _covered_top_level() -> set[str]:
-    """Top-level folders (not symlinks) outside `_SYSTEM_DIRS`: /root, /home, /opt, /work, ..."""
-    with os.scandir("/") as scan:
-        return {e.path for e in scan if e.is_dir(follow_symlinks=False) and e.name not in _SYSTEM_DIRS}
-
-
-def _generator_files(gyre_dir: Path) -> set[str]:
-    """The shipped suites' generator, `gyre/tasks/suites.py`, and the bytecode folder beside it
-    (present once the node imported gyre.tasks; agents then compile those modules in memory):
-    hidden from agents, which could otherwise regenerate a shipped suite's hidden tests."""
-    return {str(gyre_dir / "tasks" / "suites.py"), str(gyre_dir / "tasks" / "__pycache__")}
-
-
-def _command_paths(command: Sequence[str], path: str) -> tuple[str, ...]:
-    """What an agent command names on this node: its executable (looked up on `path`) and every
-    argument that is an absolute path to an existing file or folder, as given and resolved."""
-    found = shutil.which(command[0], path=path)
-    named = ([os.path.abspath(found)] if found else []) + [a for a in command[1:] if os.path.isabs(a)]
-    paths = {q for p in named if os.path.exists(p) for q in (os.path.normpath(p), os.path.realpath(p))}
-    return tuple(sorted(paths - {"/"}))
 
 
 def check_agent_command(command: Sequence[str], path: str | None = None) -> None:
@@ -177,189 +72,9 @@ def check_agent_command(command: Sequence[str], path: str | None = None) -> None
         raise ConfigError(f"tasks.harness.agent_command[0]={program!r} {where}")
 
 
-def check_isolation(config: HarnessConfig) -> None:
-    """Preflight of `require_isolation`: raise `ConfigError` when the node is not root or cannot
-    build a private mount namespace (the harness also refuses a workspace root other users cannot
-    reach, when it is built). No effect when `require_isolation` is false."""
-    if not config.require_isolation:
-        return
-    if os.geteuid() != 0:
-        raise ConfigError(f"tasks.harness.require_isolation: the node runs as uid {os.geteuid()}, not root, "
-                          "so agents cannot run as their own uids")
-    problem = mount_namespace_problem()
-    if problem is not None:
-        raise ConfigError(f"tasks.harness.require_isolation: no private mount namespace for agents ({problem})")
-
-
 def _private(path: str, flags: int) -> int:
     """`open` opener: a new file only its owner can read and write."""
     return os.open(path, flags, 0o600)
-
-
-def _chown_tree(top: Path, uid: int, gid: int) -> None:
-    """`lchown` `top` and everything under it (symlinks themselves, never their targets)."""
-    os.lchown(top, uid, gid)
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, name), uid, gid)
-
-
-def _tighten_hidden(task: Task) -> None:
-    """Make `tests/` and `solution/` of `task` 0700 (owner only): no agent uid can enter them.
-
-    The verifier and the oracle run as root and are unaffected; git does not track folder modes.
-    """
-    for folder in (task.tests_dir, task.solution_dir):
-        if folder.is_dir() and stat.S_IMODE(os.stat(folder).st_mode) & 0o077:
-            os.chmod(folder, 0o700)
-            logger.debug("isolation: %s is now 0700 (hidden from agent uids)", folder)
-
-
-class _AgentUser:
-    """One agent uid (gid = uid) held for an execution: an exclusive lock on its lock file."""
-
-    def __init__(self, uid: int, lock: IO[bytes]) -> None:
-        self.uid = uid
-        self._lock = lock
-
-    def release(self) -> None:
-        self._lock.close()
-
-    @classmethod
-    def acquire(cls, base: int, count: int) -> _AgentUser:
-        """A uid in [base, base + count) that no running execution on this node holds and no
-        user or group of the node has (random start: a uid is rarely reused right away).
-        Raises `ExecutionError` if all are held or the lock folder is not root's own."""
-        _UID_LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
-        st = os.lstat(_UID_LOCK_DIR)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077:
-            raise ExecutionError(f"{_UID_LOCK_DIR} must be a folder owned by root with mode 0700")
-        start = secrets.randbelow(count)
-        for i in range(count):
-            uid = base + (start + i) % count
-            try:
-                pwd.getpwuid(uid)
-                continue  # a real user of the node
-            except KeyError:
-                pass
-            try:
-                grp.getgrgid(uid)
-                continue
-            except KeyError:
-                pass
-            lock = open(_UID_LOCK_DIR / str(uid), "ab")
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.close()
-                continue
-            return cls(uid, lock)
-        raise ExecutionError(f"all {count} agent uids from {base} are in use on this node")
-
-
-_EXECUTION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}")
-
-
-def check_execution_id(execution_id: str) -> str:
-    """Return `execution_id` if it is usable as a folder name and in a key, else `ValueError`."""
-    if not _EXECUTION_ID.fullmatch(execution_id):
-        raise ValueError(
-            f"execution_id={execution_id!r} must be 1-200 characters of [A-Za-z0-9_.:-], "
-            "not starting with '.', ':' or '-'"
-        )
-    return execution_id
-
-
-def mint_api_key(execution_id: str) -> str:
-    """A fresh API key naming the execution: `gyre-<execution_id>-<16 hex random>`.
-
-    The proxy maps the key back to the execution (`execution_id` = everything between the first
-    `gyre-` and the last `-`). Raises `ValueError` for an ID `check_execution_id` rejects.
-    """
-    check_execution_id(execution_id)
-    return f"gyre-{execution_id}-{secrets.token_hex(8)}"
-
-
-_AGENT_OWNED = ("workspace", "home", "tmp", "instruction.md")
-"""What of an execution folder belongs to its agent uid while the agent runs."""
-
-
-class ExecutionControl:
-    """Counters and the stop signal of one running execution.
-
-    The proxy calls `note_model_call` after each model call and `context_exceeded` when a prompt
-    cannot fit; the control stops the execution when a limit of its task is passed. Call its
-    methods from the event loop thread that runs `Harness.run`.
-    """
-
-    def __init__(
-        self,
-        *,
-        max_turns: int | None = None,
-        token_budget: int | None = None,
-        refresh: Callable[[ExecutionControl], None] | None = None,
-    ) -> None:
-        """`refresh`, if given, brings the counters up to date (e.g. `observe_totals` from the
-        proxy's summary); the harness calls it once the agent has stopped, before judging."""
-        self._refresh = refresh
-        self.max_turns = max_turns
-        self.token_budget = token_budget
-        self.model_calls = 0
-        """Model calls so far (every role)."""
-        self.completion_tokens = 0
-        """Sampled tokens so far."""
-        self.reason: Termination | None = None
-        """Why the execution was stopped from outside; None while it was not."""
-        self._event = anyio.Event()
-
-    @property
-    def event(self) -> anyio.Event:
-        """Set once when the execution must stop."""
-        return self._event
-
-    def note_model_call(self, completion_tokens: int) -> None:
-        """Count one finished model call of `completion_tokens` sampled tokens; stops at a limit."""
-        if completion_tokens < 0:
-            raise ValueError(f"completion_tokens={completion_tokens} must be >= 0")
-        self.model_calls += 1
-        self.completion_tokens += completion_tokens
-        if self.token_budget is not None and self.completion_tokens >= self.token_budget:
-            self.stop("token_budget")
-        elif self.max_turns is not None and self.model_calls >= self.max_turns:
-            self.stop("turn_limit")
-
-    def observe_totals(self, *, model_calls: int, completion_tokens: int, context_refusals: int = 0) -> None:
-        """Set the counters from running totals (e.g. the proxy's `ExecutionSummary`, polled);
-        stops at a limit like `note_model_call`. Totals never go down."""
-        if model_calls < self.model_calls or completion_tokens < self.completion_tokens:
-            raise ValueError(
-                f"totals went down: model_calls={model_calls} (was {self.model_calls}), "
-                f"completion_tokens={completion_tokens} (was {self.completion_tokens})"
-            )
-        self.model_calls, self.completion_tokens = model_calls, completion_tokens
-        if context_refusals:
-            self.stop("context_exceeded")
-        elif self.token_budget is not None and completion_tokens >= self.token_budget:
-            self.stop("token_budget")
-        elif self.max_turns is not None and model_calls >= self.max_turns:
-            self.stop("turn_limit")
-
-    def refresh(self) -> None:
-        """Run the `refresh` callback, if any."""
-        if self._refresh is not None:
-            self._refresh(self)
-
-    def context_exceeded(self) -> None:
-        """The execution's context no longer fits the model: stop it for partial scoring."""
-        self.stop("context_exceeded")
-
-    def stop(self, reason: Termination) -> None:
-        """Stop the execution with `reason`; the first reason wins."""
-        if reason not in ("timeout", "turn_limit", "token_budget", "context_exceeded"):
-            raise ValueError(f"reason={reason!r} is not a stop reason")
-        if self.reason is None:
-            self.reason = reason
-            self._event.set()
 
 
 class HarnessStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -443,21 +158,7 @@ class Harness:
         own folder is added, and the hidden files of the task's suite."""
         mount_problem = None
         if isolate_uid and isolate_mounts and os.geteuid() == 0:
-            problem = mount_namespace_problem()
-            if problem is None:
-                import gyre
-
-                gyre_dir = Path(gyre.__file__).parent
-                hide |= _generator_files(gyre_dir)
-                expose = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, gyre_dir, *visible_paths)}
-                expose |= {os.path.realpath(p) for p in expose}
-                traverse = _closed_parents(expose | {os.path.abspath(root), os.path.realpath(root)}) - hide
-                self._hidden = hide
-                self.mounts = Mounts(hide=tuple(sorted(hide | _covered_top_level())), private=_PRIVATE_DIRS,
-                                     traverse=tuple(sorted(traverse)), expose=tuple(sorted(expose)))
-            else:
-                mount_problem = (f"isolate_mounts: no private mount namespace for agents ({problem}): "
-                                 "an agent sees the node's files as its uid may")
+            self.mounts, self._hidden, mount_problem = agent_namespace(hide, root, visible_paths)
         self._suite_hidden: set[str] = set()
         self._suites_seen: set[Path] = set()
         uid_problem = self._uid_problem(root) if isolate_uid else None
@@ -467,9 +168,9 @@ class Harness:
             if problem is not None:
                 raise ConfigError(f"tasks.harness.require_isolation: {problem}")
         if mount_problem is not None:
-            _warn_once("mounts", "%s", mount_problem)
+            warn_once("mounts", "%s", mount_problem)
         if uid_problem is not None:
-            _warn_once(f"uid:{root}", "%s", uid_problem)
+            warn_once(f"uid:{root}", "%s", uid_problem)
         self.isolated = isolate_uid and uid_problem is None
         """Agents run as their own uids (`isolate_uid`, and we are root, and the root is reachable)."""
         os.chmod(root, 0o711 if self.isolated else 0o700)  # 0711: agents pass, nobody lists
@@ -490,7 +191,7 @@ class Harness:
         isolation. Raises `OSError` if `suite` cannot be listed."""
         folder = Path(suite)
         if self.mounts is not None and folder not in self._suites_seen:
-            self._suite_hidden |= _suite_hidden(folder)
+            self._suite_hidden |= suite_hidden(folder)
             self._suites_seen.add(folder)
 
     def _view(self, *shown: str) -> Mounts | None:
@@ -505,7 +206,7 @@ class Harness:
             return (f"isolate_uid: the node runs as uid {os.geteuid()}, not root: agents run as "
                     "this user and can read other workspaces and hidden tests")
         probe = root / "execution"  # an execution folder, bound back in the agent's namespace
-        closed = _closed_to_others(probe, executable=False, mounts=self._view(os.path.abspath(probe)))
+        closed = closed_to_others(probe, executable=False, mounts=self._view(os.path.abspath(probe)))
         if closed is not None:
             return (f"isolate_uid: agents run as root: workspace_root {root} cannot be reached by other "
                     f"users ({closed} has mode {stat.S_IMODE(os.stat(closed).st_mode):o}); choose one whose "
@@ -513,10 +214,10 @@ class Harness:
         return None
 
     def _named(self, command: Sequence[str], path: str) -> tuple[str, ...]:
-        """`_command_paths` but those under a folder hidden on purpose (`hidden_paths`, the run
+        """`command_paths` but those under a folder hidden on purpose (`hidden_paths`, the run
         folder, the workspace root, the suites' tests and solutions): shown to the agent."""
         hidden = self._hidden | self._suite_hidden
-        return tuple(p for p in _command_paths(command, path) if not any(_under(p, h) for h in hidden))
+        return tuple(p for p in command_paths(command, path) if not any(under(p, h) for h in hidden))
 
     def _user_for(self, command: tuple[str, ...], path: str) -> bool:
         """Whether `command` can run as an agent uid: its executable is reachable by others."""
@@ -527,9 +228,9 @@ class Harness:
             return True  # it fails to start either way (status 127), as the agent's user
         mounts = self.mounts and msgspec.structs.replace(
             self.mounts, expose=(*self.mounts.expose, *self._named(command, path)))
-        closed = _closed_to_others(Path(found), executable=True, mounts=mounts)
+        closed = closed_to_others(Path(found), executable=True, mounts=mounts)
         if closed is not None:
-            _warn_once(f"exe:{found}", "isolate_uid: agents running %s run as root: other users "
+            warn_once(f"exe:{found}", "isolate_uid: agents running %s run as root: other users "
                        "cannot reach it (%s has mode %o)", found, closed, stat.S_IMODE(os.stat(closed).st_mode))
             return False
         return True
@@ -571,7 +272,7 @@ class Harness:
         """The private folder of an execution: `workspace/`, `instruction.md`, logs."""
         return self.workspace_root / execution_id
 
-    def _prepare(self, task: Task, execution_id: str, user: _AgentUser | None) -> Path:
+    def _prepare(self, task: Task, execution_id: str, user: AgentUser | None) -> Path:
         exec_dir = self.execution_dir(execution_id)
         exec_dir.mkdir(mode=0o700)  # FileExistsError: an execution ID is used once
         shutil.copytree(task.environment_dir, exec_dir / "workspace", symlinks=True)
@@ -581,21 +282,10 @@ class Harness:
         if user is not None:
             self.hide_suite(task.path.parent)
             if task.root not in self._hidden_tightened:
-                _tighten_hidden(task)
+                tighten_hidden(task)
                 self._hidden_tightened.add(task.root)
-            for name in _AGENT_OWNED:
-                _chown_tree(exec_dir / name, user.uid, user.uid)
-            for name in ("workspace", "home", "tmp"):
-                os.chmod(exec_dir / name, 0o700)
-            os.chmod(exec_dir / "instruction.md", 0o400)
-            os.chmod(exec_dir, 0o711)  # the agent passes through to its files; it lists nothing
+            hand_over(exec_dir, user.uid)
         return exec_dir
-
-    def _hand_back(self, exec_dir: Path) -> None:
-        """Give the agent's files to root once its tree is gone (its uid may be reused)."""
-        for name in _AGENT_OWNED:
-            if os.path.lexists(exec_dir / name):
-                _chown_tree(exec_dir / name, 0, 0)
 
     async def run(
         self,
@@ -640,11 +330,11 @@ class Harness:
         """Pick the agent's uid (held until the execution is scored), then `_run_as` it."""
         env = {k: os.environ[k] for k in _ENV_PASSTHROUGH if k in os.environ}
         env["OPENAI_API_KEY"] = api_key
-        user: _AgentUser | None = None
+        user: AgentUser | None = None
         if self._user_for(command, env.get("PATH", os.defpath)):
             try:
                 user = await anyio.to_thread.run_sync(
-                    _AgentUser.acquire, self.agent_uid_base, self.agent_uid_count)
+                    AgentUser.acquire, self.agent_uid_base, self.agent_uid_count)
             except (OSError, ExecutionError) as exc:
                 return Outcome(execution_id=execution_id, task_id=task.task_id, termination="failed",
                                failure_reason=f"cannot pick an agent uid: {exc}")
@@ -656,7 +346,7 @@ class Harness:
 
     async def _run_as(
         self, task: Task, execution_id: str, control: ExecutionControl, command: tuple[str, ...],
-        env: dict[str, str], user: _AgentUser | None,
+        env: dict[str, str], user: AgentUser | None,
     ) -> Outcome:
         try:
             exec_dir = await anyio.to_thread.run_sync(self._prepare, task, execution_id, user)
@@ -664,7 +354,7 @@ class Harness:
             raise
         except OSError as exc:
             if user is not None and self.execution_dir(execution_id).is_dir():
-                await anyio.to_thread.run_sync(self._hand_back, self.execution_dir(execution_id))
+                await anyio.to_thread.run_sync(hand_back, self.execution_dir(execution_id))
             return Outcome(
                 execution_id=execution_id, task_id=task.task_id, termination="failed",
                 failure_reason=f"cannot prepare the workspace: {exc}",
@@ -694,11 +384,11 @@ class Harness:
             verifier_mounts = msgspec.structs.replace(self.mounts, hide=hide, read_only=True, network=False)
         # the verifier runs as the agent's uid once the agent's tree is gone, if its Python is reachable
         verifier_user = None
-        if user is not None and _closed_to_others(Path(sys.executable), executable=True,
+        if user is not None and closed_to_others(Path(sys.executable), executable=True,
                                                   mounts=verifier_mounts) is None:
             verifier_user = (user.uid, user.uid)
         elif user is not None:
-            _warn_once("verifier-root", "isolate_uid: verifiers run as root: other users cannot reach %s",
+            warn_once("verifier-root", "isolate_uid: verifiers run as root: other users cannot reach %s",
                        sys.executable)
         try:
             # 0600: other agents pass through this folder (0711) but must not read the logs
@@ -713,7 +403,7 @@ class Harness:
                 stdout_tail, stderr_tail = tail(out), tail(err)
             if not handed_back:  # the tree is gone: nothing runs as the agent's uid any more
                 handed_back = True
-                await anyio.to_thread.run_sync(self._hand_back, exec_dir)
+                await anyio.to_thread.run_sync(hand_back, exec_dir)
             reason_before = control.reason
             control.refresh()
             stats = dict(
@@ -757,7 +447,7 @@ class Harness:
             with anyio.CancelScope(shield=True):
                 try:
                     if not handed_back:
-                        await anyio.to_thread.run_sync(self._hand_back, exec_dir)
+                        await anyio.to_thread.run_sync(hand_back, exec_dir)
                 finally:
                     if not self.keep_workspaces:
                         await anyio.to_thread.run_sync(lambda: shutil.rmtree(exec_dir, ignore_errors=True))

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import anyio
 
-from gyre.agents.harness import check_agent_command, check_isolation
+from gyre.agents.harness import check_agent_command
+from gyre.agents.isolation import check_isolation
 from gyre.config import RunConfig
 from gyre.errors import ConfigError
 from gyre.runtime.checkpoint import LoopState, check_run_dir

@@ -19,7 +19,8 @@ from typing import Any
 import anyio
 import msgspec
 
-from gyre.agents.harness import ExecutionControl, Harness
+from gyre.agents.control import ExecutionControl
+from gyre.agents.harness import Harness
 from gyre.config import HarnessConfig, RunConfig
 from gyre.engines.protocol import InferenceEngine
 from gyre.tasks.outcome import Outcome

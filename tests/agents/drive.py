@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from gyre.agents.harness import ExecutionControl, Harness, mint_api_key
+from gyre.agents.control import ExecutionControl, mint_api_key
+from gyre.agents.harness import Harness
 from gyre.agents.oracle import oracle_reply
 from gyre.tasks.outcome import Outcome
 from gyre.tasks.solution import load_solution

@@ -16,7 +16,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gyre.agents.harness import ExecutionControl, Harness
+from gyre.agents.control import ExecutionControl
+from gyre.agents.harness import Harness
 from gyre.agents.oracle import FINISH_SUMMARY
 from gyre.config import ProxyConfig
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply

@@ -12,7 +12,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gyre.agents.harness import REACT_AGENT, ExecutionControl, Harness
+from gyre.agents.control import ExecutionControl
+from gyre.agents.harness import REACT_AGENT, Harness
 from gyre.config import ProxyConfig
 from gyre.tasks.task import load_suite
 from tests.agents.drive import with_deadline

@@ -14,11 +14,12 @@ import anyio.from_thread
 import anyio.lowlevel
 import pytest
 
-from gyre.agents.harness import ExecutionControl, Harness, mint_api_key
+from gyre.agents.control import ExecutionControl, mint_api_key
+from gyre.agents.harness import Harness
 from gyre.tasks.task import load_task
 from tests.agents.drive import run_policy
 from tests.agents.openai_server import HANG, tool_call_message
-from tests.tasks.test_sandbox import EVIL, alive
+from tests.sandbox.test_supervised import EVIL, alive
 from tests.tasks.test_task import make_task
 
 pytestmark = pytest.mark.anyio

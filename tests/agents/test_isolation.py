@@ -14,12 +14,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gyre.agents.harness import REACT_AGENT, ExecutionControl, Harness, mint_api_key
+from gyre.agents.control import ExecutionControl, mint_api_key
+from gyre.agents.harness import REACT_AGENT, Harness
 from gyre.sandbox import Limits, mount_namespace_problem, run_supervised
 from gyre.tasks.task import load_task
 from tests.agents.drive import run_policy
 from tests.agents.openai_server import tool_call_message
-from tests.tasks.test_sandbox import alive
+from tests.sandbox.test_supervised import alive
 from tests.tasks.test_task import make_task
 
 pytestmark = [
@@ -154,7 +155,7 @@ async def test_unreachable_workspace_root_runs_agents_as_root_with_a_warning(
 ) -> None:
     # pytest's tmp_path lies under a 0700 folder of root: no other user can reach a workspace there
     # (without the mount namespace: with it, /tmp is the agent's own and the folder is bound back)
-    with caplog.at_level(logging.WARNING, logger="gyre.agents.harness"):
+    with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
         harness = Harness(base_url=server.base_url, workspace_root=tmp_path / "executions", isolate_mounts=False)
     assert not harness.isolated
     assert stat.S_IMODE(os.stat(harness.workspace_root).st_mode) == 0o700
@@ -228,30 +229,30 @@ def test_require_isolation_refuses_instead_of_warning(open_dir, monkeypatch, cap
     """`tasks.harness.require_isolation`: each way isolation can be missing is one ConfigError
     naming the key, from the preflight and from the harness; without it the harness warns and
     runs agents with less isolation."""
-    import gyre.agents.harness as harness
+    import gyre.agents.isolation as isolation
     from gyre.config import HarnessConfig, config_from_dict
     from gyre.errors import ConfigError
 
     with pytest.raises(ConfigError, match="require_isolation needs isolate_uid and isolate_mounts"):
         config_from_dict({"tasks": {"harness": {"require_isolation": True, "isolate_mounts": False}}})
     required, url = HarnessConfig(require_isolation=True), "http://127.0.0.1:9/v1"
-    harness.check_isolation(HarnessConfig())  # not required: never refuses
+    isolation.check_isolation(HarnessConfig())  # not required: never refuses
     if mount_namespace_problem() is None:  # root with a mount namespace (here and in CI): nothing to refuse
-        harness.check_isolation(required)
+        isolation.check_isolation(required)
         built = Harness.from_config(required, base_url=url, run_dir=open_dir / "ok")
         assert built.isolated and built.mounts is not None
 
-    monkeypatch.setattr(harness, "mount_namespace_problem", lambda: "no CAP_SYS_ADMIN")
+    monkeypatch.setattr(isolation, "mount_namespace_problem", lambda: "no CAP_SYS_ADMIN")
     with pytest.raises(ConfigError, match=r"require_isolation: no private mount namespace for agents \(no CAP_SYS_ADMIN\)"):
-        harness.check_isolation(required)
+        isolation.check_isolation(required)
     with pytest.raises(ConfigError, match=r"require_isolation: isolate_mounts: no private mount namespace .*CAP_SYS_ADMIN"):
         Harness.from_config(required, base_url=url, run_dir=open_dir / "mounts")
-    with caplog.at_level(logging.WARNING, logger="gyre.agents.harness"):
+    with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
         relaxed = Harness.from_config(HarnessConfig(), base_url=url, run_dir=open_dir / "relaxed")
     assert relaxed.mounts is None and relaxed.isolated  # own uid, but the node's view of its files
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(ConfigError, match="require_isolation: the node runs as uid 1000, not root"):
-        harness.check_isolation(required)
+        isolation.check_isolation(required)
     with pytest.raises(ConfigError, match="require_isolation: isolate_uid: the node runs as uid 1000, not root"):
         Harness.from_config(required, base_url=url, run_dir=open_dir / "uid")

@@ -14,7 +14,8 @@ import anyio
 import msgspec
 import pytest
 
-from gyre.agents.harness import ExecutionControl, Harness
+from gyre.agents.control import ExecutionControl
+from gyre.agents.harness import Harness
 from gyre.agents.longtail import (
     RESULT_FILE,
     LongtailSettings,

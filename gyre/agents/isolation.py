@@ -1,0 +1,268 @@
+"""Isolation of agents from the node and from each other: own uids and a default-deny namespace.
+
+Owns the harness's isolation policy and its pieces: `AgentUser` (one agent uid held for an
+execution), `agent_namespace` (the mount namespace every agent starts from), `check_isolation`
+(the preflight of `require_isolation`), `closed_to_others` (whether a stranger's uid reaches a path,
+as a namespace shows the tree), `hand_over` / `hand_back` (an execution's files to the agent's uid
+and back) and `tighten_hidden`. The `Harness` (`gyre.agents.harness`) applies them per execution;
+the mechanics (uids, `Mounts`, namespaces) are `gyre.sandbox`'s. Knows nothing about processes'
+lifetimes, HTTP, tokens or the proxy.
+
+Isolation (`isolate_uid`, when the node runs as root): each agent runs as its own unprivileged
+uid (`agent_uid_base` + a slot held with a lock file while the execution runs, so no two running
+executions on the node share one) with gid = uid and no supplementary groups. Its workspace, HOME,
+TMPDIR and instruction are chowned to it; the execution folder (0711, root) and its logs (0600)
+stay root's; the task's `tests/` and `solution/` are tightened to 0700 before the first run.
+With `isolate_mounts` (and CAP_SYS_ADMIN) each agent also starts in a private mount namespace
+(`gyre.sandbox.Mounts`) that denies by default: every top-level folder but the system's
+(`SYSTEM_DIRS`: /usr, /etc, /var, ...) is covered by an empty read-only tmpfs (so /root, /home, the
+checkout with its .git, other runs), as are `hidden_paths`, the run folder, the workspace root,
+the suites' generator and the `tests/` and `solution/` of every task of the configured suites;
+/tmp, /var/tmp and /dev/shm are fresh and private. Bound back read-only at their real paths: the
+interpreter's installation, the gyre package, `visible_paths`, and the files the agent command
+names (its executable and absolute-path arguments); writable: its own execution folder. So a venv
+whose Python lives under a private /root still runs agents as their uid. After the agent's tree
+is gone its files are handed back to root, and the verifier runs on a copy as the same uid, in a
+namespace where the whole filesystem is read-only except that copy (and fresh /tmp, /var/tmp and
+/dev/shm that die with it), with no network at all. Without root, or when the workspace root or
+the agent's executable cannot be reached by other users (mode bits of every parent, as the
+namespace shows them), agents run as the node's user and a warning says why, once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import grp
+import logging
+import os
+import pwd
+import secrets
+import shutil
+import stat
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import IO
+
+from gyre.config import HarnessConfig
+from gyre.errors import ConfigError, ExecutionError
+from gyre.sandbox import Mounts, mount_namespace_problem
+from gyre.tasks.task import Task
+
+__all__ = ["AgentUser", "AGENT_OWNED", "GYRE_DIR", "PRIVATE_DIRS", "SYSTEM_DIRS", "UID_LOCK_DIR", "agent_namespace",
+           "check_isolation", "chown_tree", "closed_parents", "closed_to_others", "command_paths",
+           "covered_top_level", "generator_files", "hand_back", "hand_over", "suite_hidden", "tighten_hidden",
+           "under", "warn_once"]
+
+logger = logging.getLogger(__name__)
+
+GYRE_DIR = Path(__file__).parent.parent
+"""The gyre package folder (shown to agents read-only; its suite generator hidden)."""
+
+UID_LOCK_DIR = Path("/run/gyre-agent-uids" if os.path.isdir("/run") else "/tmp/gyre-agent-uids")
+"""Root-only folder of one lock file per agent uid in use on this node (all harnesses share it)."""
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str, *args: object) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message, *args)
+
+
+def under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def closed_parents(paths: Iterable[str]) -> set[str]:
+    """The parent folders of `paths` (absolute) that other users cannot traverse (no o+x), e.g.
+    the 0700 folder of a `mktemp -d` checkout: an agent's namespace lets it pass through them
+    (`Mounts.traverse`), so it reaches the venv, the gyre package, its execution and whatever else
+    below them other users may read, as in a checkout whose parents are o+x. Mode bits only."""
+    return {str(folder) for path in paths for folder in Path(path).parents
+            if folder != Path("/") and not os.stat(folder).st_mode & stat.S_IXOTH}
+
+
+def closed_to_others(path: Path, *, executable: bool, mounts: Mounts | None = None) -> Path | None:
+    """The first parent folder of `path` (as given and resolved) that other users cannot
+    traverse (no o+x), or `path` itself if `executable` and they cannot read and run it; None if
+    an unprivileged stranger reaches it. With `mounts`, as that namespace shows the tree: a folder
+    covered by `hide`/`private` is gone, except the parents of an exposed folder (created 0755); a
+    folder in `traverse` is passed.
+    Mode bits only (ACLs are not consulted)."""
+    covers = () if mounts is None else mounts.hide + mounts.private
+    shown = () if mounts is None else mounts.expose + mounts.writable
+    passed = () if mounts is None else mounts.traverse
+
+    def blocks(folder: Path) -> bool:
+        f = str(folder)
+        if f in passed:
+            return False
+        inner = max((c for c in covers + shown if under(f, c)), key=len, default=None)
+        if inner is not None and inner in covers and inner not in shown:
+            return not any(under(e, f) and e != f and under(e, inner) for e in shown)
+        return not os.stat(folder).st_mode & stat.S_IXOTH
+
+    for p in (Path(os.path.abspath(path)), path.resolve()):
+        for folder in reversed(p.parents):
+            if blocks(folder):
+                return folder
+    if executable and (os.stat(path).st_mode & (stat.S_IROTH | stat.S_IXOTH)) != stat.S_IROTH | stat.S_IXOTH:
+        return path
+    return None
+
+
+def suite_hidden(suite: Path) -> set[str]:
+    """`tests/` and `solution/` of every task folder in `suite` (folders holding a task.toml)."""
+    return {os.path.abspath(task / name) for task in suite.iterdir() if (task / "task.toml").is_file()
+            for name in ("tests", "solution")}
+
+
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+"""Covered by a fresh tmpfs for each agent and each verifier: no channel between executions, no
+look at another execution's verifier output, nothing left behind."""
+
+SYSTEM_DIRS = frozenset({"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin",
+                          "sys", "tmp", "usr", "var"})
+"""The top-level folders an agent's namespace shows (as its uid may read them); every other one
+is covered. The Filesystem Hierarchy Standard's system folders, without /boot, /home, /media,
+/mnt, /opt, /root and /srv."""
+
+
+def covered_top_level() -> set[str]:
+    """Top-level folders (not symlinks) outside `SYSTEM_DIRS`: /root, /home, /opt, /work, ..."""
+    with os.scandir("/") as scan:
+        return {e.path for e in scan if e.is_dir(follow_symlinks=False) and e.name not in SYSTEM_DIRS}
+
+
+def generator_files(gyre_dir: Path) -> set[str]:
+    """The shipped suites' generator, `gyre/tasks/suites.py`, and the bytecode folder beside it
+    (present once the node imported gyre.tasks; agents then compile those modules in memory):
+    hidden from agents, which could otherwise regenerate a shipped suite's hidden tests."""
+    return {str(gyre_dir / "tasks" / "suites.py"), str(gyre_dir / "tasks" / "__pycache__")}
+
+
+def command_paths(command: Sequence[str], path: str) -> tuple[str, ...]:
+    """What an agent command names on this node: its executable (looked up on `path`) and every
+    argument that is an absolute path to an existing file or folder, as given and resolved."""
+    found = shutil.which(command[0], path=path)
+    named = ([os.path.abspath(found)] if found else []) + [a for a in command[1:] if os.path.isabs(a)]
+    paths = {q for p in named if os.path.exists(p) for q in (os.path.normpath(p), os.path.realpath(p))}
+    return tuple(sorted(paths - {"/"}))
+
+
+def agent_namespace(hide: set[str], root: Path,
+                    visible_paths: Sequence[str | os.PathLike[str]]) -> tuple[Mounts | None, set[str], str | None]:
+    """The namespace every agent of a harness starts from: `(mounts, hidden, None)`, where `hidden`
+    is `hide` (absolute paths hidden on purpose) with the suites' generator added; or
+    `(None, set(), problem)` when no private mount namespace can be built here. `root` is the
+    workspace root (its closed parents are passed through, as are those of what is exposed)."""
+    problem = mount_namespace_problem()
+    if problem is not None:
+        return None, set(), (f"isolate_mounts: no private mount namespace for agents ({problem}): "
+                             "an agent sees the node's files as its uid may")
+    hide |= generator_files(GYRE_DIR)
+    expose = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, GYRE_DIR, *visible_paths)}
+    expose |= {os.path.realpath(p) for p in expose}
+    traverse = closed_parents(expose | {os.path.abspath(root), os.path.realpath(root)}) - hide
+    mounts = Mounts(hide=tuple(sorted(hide | covered_top_level())), private=PRIVATE_DIRS,
+                    traverse=tuple(sorted(traverse)), expose=tuple(sorted(expose)))
+    return mounts, hide, None
+
+
+def check_isolation(config: HarnessConfig) -> None:
+    """Preflight of `require_isolation`: raise `ConfigError` when the node is not root or cannot
+    build a private mount namespace (the harness also refuses a workspace root other users cannot
+    reach, when it is built). No effect when `require_isolation` is false."""
+    if not config.require_isolation:
+        return
+    if os.geteuid() != 0:
+        raise ConfigError(f"tasks.harness.require_isolation: the node runs as uid {os.geteuid()}, not root, "
+                          "so agents cannot run as their own uids")
+    problem = mount_namespace_problem()
+    if problem is not None:
+        raise ConfigError(f"tasks.harness.require_isolation: no private mount namespace for agents ({problem})")
+
+
+def chown_tree(top: Path, uid: int, gid: int) -> None:
+    """`lchown` `top` and everything under it (symlinks themselves, never their targets)."""
+    os.lchown(top, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, gid)
+
+
+def tighten_hidden(task: Task) -> None:
+    """Make `tests/` and `solution/` of `task` 0700 (owner only): no agent uid can enter them.
+
+    The verifier and the oracle run as root and are unaffected; git does not track folder modes.
+    """
+    for folder in (task.tests_dir, task.solution_dir):
+        if folder.is_dir() and stat.S_IMODE(os.stat(folder).st_mode) & 0o077:
+            os.chmod(folder, 0o700)
+            logger.debug("isolation: %s is now 0700 (hidden from agent uids)", folder)
+
+
+class AgentUser:
+    """One agent uid (gid = uid) held for an execution: an exclusive lock on its lock file."""
+
+    def __init__(self, uid: int, lock: IO[bytes]) -> None:
+        self.uid = uid
+        self._lock = lock
+
+    def release(self) -> None:
+        self._lock.close()
+
+    @classmethod
+    def acquire(cls, base: int, count: int) -> AgentUser:
+        """A uid in [base, base + count) that no running execution on this node holds and no
+        user or group of the node has (random start: a uid is rarely reused right away).
+        Raises `ExecutionError` if all are held or the lock folder is not root's own."""
+        UID_LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(UID_LOCK_DIR)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077:
+            raise ExecutionError(f"{UID_LOCK_DIR} must be a folder owned by root with mode 0700")
+        start = secrets.randbelow(count)
+        for i in range(count):
+            uid = base + (start + i) % count
+            try:
+                pwd.getpwuid(uid)
+                continue  # a real user of the node
+            except KeyError:
+                pass
+            try:
+                grp.getgrgid(uid)
+                continue
+            except KeyError:
+                pass
+            lock = open(UID_LOCK_DIR / str(uid), "ab")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            return cls(uid, lock)
+        raise ExecutionError(f"all {count} agent uids from {base} are in use on this node")
+
+
+AGENT_OWNED = ("workspace", "home", "tmp", "instruction.md")
+"""What of an execution folder belongs to its agent uid while the agent runs."""
+
+
+def hand_over(exec_dir: Path, uid: int) -> None:
+    """Give an execution's `AGENT_OWNED` files to the agent's `uid` (gid = uid), owner-only, and
+    make `exec_dir` 0711: the agent passes through to its files; it lists nothing."""
+    for name in AGENT_OWNED:
+        chown_tree(exec_dir / name, uid, uid)
+    for name in ("workspace", "home", "tmp"):
+        os.chmod(exec_dir / name, 0o700)
+    os.chmod(exec_dir / "instruction.md", 0o400)
+    os.chmod(exec_dir, 0o711)
+
+
+def hand_back(exec_dir: Path) -> None:
+    """Give the agent's files to root once its tree is gone (its uid may be reused)."""
+    for name in AGENT_OWNED:
+        if os.path.lexists(exec_dir / name):
+            chown_tree(exec_dir / name, 0, 0)
