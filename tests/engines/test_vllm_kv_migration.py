@@ -29,7 +29,8 @@ from gyre.engines import GenerateRequest, SamplingParams, collect
 from gyre.engines.protocol import KVExport, KVTransferEngine
 from gyre.engines.scripted import ScriptedEngine
 from gyre.errors import EngineUnavailableError, InvalidRequestError
-from gyre.runtime.router import MigrateContinuation, Router
+from gyre.runtime.continuation import MigrateContinuation
+from gyre.runtime.router import Router
 from tests.conftest import start_vllm_cell
 from tests.runtime.test_router import prefix_rule
 

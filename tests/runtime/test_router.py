@@ -30,7 +30,8 @@ from gyre.engines.protocol import (
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
 from gyre.errors import EngineUnavailableError, InvalidRequestError
 from gyre.runtime import Router
-from gyre.runtime.router import RecomputeContinuation, RouterStatistics
+from gyre.runtime.continuation import RecomputeContinuation
+from gyre.runtime.router import RouterStatistics
 
 pytestmark = pytest.mark.anyio
 
