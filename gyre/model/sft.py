@@ -467,7 +467,7 @@ def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[s
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gyre.agents.tools import SYSTEM_PROMPT, TOOL_SCHEMAS, ToolError, Workspace
-    from gyre.tito.render import parse_reply
+    from gyre.tito.reply import parse_reply
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -39,15 +39,9 @@ from gyre.engines.protocol import FinishReason, GenerateRequest, InferenceEngine
 from gyre.errors import EngineError, GyreError, ProxyError
 from gyre.tito.log import CallLog
 from gyre.tito.records import ExecutionSummary, ModelCall, Role
-from gyre.tito.render import (
-    ChatRenderer,
-    Node,
-    Rendered,
-    RenderStatistics,
-    ReplyStream,
-    TokenText,
-    parse_reply,
-)
+from gyre.tito.detok import TokenText
+from gyre.tito.render import ChatRenderer, Node, Rendered, RenderStatistics
+from gyre.tito.reply import ReplyStream, parse_reply
 from gyre.tito.sessions import Execution, Sessions, parse_role
 from gyre.tito.wire import (
     CHAT_DECODER,

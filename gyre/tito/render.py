@@ -1,40 +1,28 @@
 """Incremental chat rendering: chat messages to exact prompt token IDs, reusing every known token.
 
-Owns `TokenText` (token IDs to bytes and text, incremental UTF-8), `parse_reply` /
-`partial_reply` / `ReplyStream` (model text to reasoning, content and tool calls, exactly as the chat template
-renders them back), `ChatRenderer`, `RenderState` (per execution: one `Node` per recorded choice)
-and `Rendered` (a prompt with its parent call and divergence).
-
-The rule (DESIGN.md invariant 1): when an earlier call's messages plus the reply the proxy returned
-are a prefix of the new messages, and the chat template renders that reply as exactly the text the
-model generated, the new prompt is `parent prompt + parent completion + tokens of the new text`.
-The new text is rendered from an anchor (the first message, the echoed reply, the new messages) so
-the cost follows the new messages, not the history; the anchor is checked against a full render on the
-first such call of every execution (and every `check_every` calls), and an execution whose template
-disagrees falls back to full renders for good. Otherwise the whole conversation is rendered; the
-longest text prefix shared with the parent's tokens keeps those exact tokens, and the call records
-a `Divergence` at the first differing token. Generated text is never re-tokenized.
-Knows nothing about HTTP, engines or logs.
+Owns `ChatRenderer`, `RenderState` (per execution: one `Node` per recorded choice), `Rendered`,
+`RenderStatistics` and `message_to_template`. The rule (DESIGN.md invariant 1): when a call's
+messages + returned reply prefix the new messages and the template re-renders that reply as the
+generated text, the prompt is `parent prompt + parent completion + tokens of the new text` (an
+anchor render, checked against a full one on the first call and every `check_every`-th; disagreeing
+templates render in full for good). Otherwise the whole conversation is rendered, the parent's
+tokens kept over the longest shared text and a `Divergence` recorded where they differ. Generated
+text is never re-tokenized. Knows nothing about HTTP, engines or logs.
 """
 
 from __future__ import annotations
 
-import codecs
 import json
-import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from gyre.tito.detok import TokenText
 from gyre.tito.records import Divergence
-from gyre.tito.wire import ChatMessage, FunctionCall, ToolCall, message_text
+from gyre.tito.reply import loads_or_none
+from gyre.tito.wire import ChatMessage, message_text
 
 __all__ = [
-    "TokenText",
-    "ParsedReply",
-    "parse_reply",
-    "partial_reply",
-    "ReplyStream",
     "Node",
     "RenderState",
     "Rendered",
@@ -44,236 +32,6 @@ __all__ = [
 ]
 
 _EXTEND_LOCK = threading.Lock()
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-_CANONICAL_CALL = re.compile(r'\{"name": ("(?:[^"\\]|\\.)*"), "arguments": (.*)\}', re.DOTALL)
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte <-> printable-character table used by byte-level BPE tokenizers."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
-
-
-class TokenText:
-    """Bytes of every token ID of a tokenizer, for exact decoding and incremental UTF-8 streaming.
-
-    Byte-level BPE tokens map to their bytes exactly; added tokens (`<|im_end|>`, `<think>`) to
-    their UTF-8 content. Other tokenizers fall back to `decode([id])` per token (exact for whole
-    characters only). IDs outside the tokenizer (padded model vocab) decode to no bytes.
-    """
-
-    def __init__(self, tokenizer: Any) -> None:
-        inverse = {c: b for b, c in _bytes_to_unicode().items()}
-        added = {i: t for t, i in tokenizer.get_added_vocab().items()}
-        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-        table: list[bytes] = []
-        for i, piece in enumerate(pieces):
-            if i in added:
-                table.append(added[i].encode())
-            elif piece is not None and all(ch in inverse for ch in piece):
-                table.append(bytes(inverse[ch] for ch in piece))
-            else:
-                table.append(tokenizer.decode([i], skip_special_tokens=False).encode())
-        self.table = table
-        self.ints: list[int] = list(range(len(table)))
-        """One int object per token ID: lists of interned IDs copy, compare and get scanned by
-        the garbage collector at memory speed (a fresh int per token costs a cache miss each)."""
-
-    def intern(self, ids: list[int]) -> list[int]:
-        """`ids` with every in-vocabulary ID replaced by its canonical int object (O(len))."""
-        ints, n = self.ints, len(self.ints)
-        return [ints[i] if 0 <= i < n else i for i in ids]
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.table[token_id] if 0 <= token_id < len(self.table) else b""
-
-    def bytes_of(self, ids: list[int]) -> bytes:
-        table, n = self.table, len(self.table)
-        return b"".join([table[i] if 0 <= i < n else b"" for i in ids])
-
-    def decode(self, ids: list[int]) -> str:
-        """Text of `ids`, special tokens included; invalid UTF-8 becomes U+FFFD."""
-        return self.bytes_of(ids).decode("utf-8", errors="replace")
-
-    def token_str(self, token_id: int) -> str:
-        """The token's own text (a lone part of a multi-byte character shows as U+FFFD)."""
-        return self.token_bytes(token_id).decode("utf-8", errors="replace")
-
-    @staticmethod
-    def incremental() -> codecs.IncrementalDecoder:
-        """A UTF-8 decoder that holds back a character split across tokens until it completes."""
-        return codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedReply:
-    """The assistant message the proxy returns for one choice's text."""
-
-    content: str | None
-    reasoning: str | None
-    tool_calls: tuple[ToolCall, ...]
-    tool_call_error: str | None
-    """Set when the text holds a malformed `<tool_call>`: the text then stays `content` (B23)."""
-
-
-def _hold(text: str, tag: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `tag` (may still become it)."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
-
-
-def _split_reasoning(text: str) -> tuple[str | None, str, bool]:
-    """(reasoning, rest, closed): `<think>R</think>\\n` is stripped from the start of `text`."""
-    if not text.startswith(THINK_OPEN):
-        return None, text, True
-    j = text.find(THINK_CLOSE, len(THINK_OPEN))
-    if j < 0:
-        return text[len(THINK_OPEN) :], "", False
-    rest = text[j + len(THINK_CLOSE) :]
-    return text[len(THINK_OPEN) : j], rest[1:] if rest.startswith("\n") else rest, True
-
-
-def _parse_call(body: str, index: int, call_id: str) -> ToolCall:
-    obj = json.loads(body)
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        raise ValueError('a tool call must be a JSON object with a string "name"')
-    args = obj.get("arguments", {})
-    if not isinstance(args, dict):
-        raise ValueError('"arguments" must be a JSON object')
-    m = _CANONICAL_CALL.fullmatch(body.strip())
-    if m is not None and json.loads(m.group(1)) == obj["name"] and _loads_or_none(m.group(2)) == args:
-        raw = m.group(2)  # the model's exact argument text: re-rendered verbatim (B23)
-    else:
-        raw = json.dumps(args, ensure_ascii=False)
-    return ToolCall(
-        id=f"{call_id}_{index}", type="function", function=FunctionCall(name=obj["name"], arguments=raw)
-    )
-
-
-def _loads_or_none(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def parse_reply(text: str, call_id: str = "call", *, tools: bool = True) -> ParsedReply:
-    """Split a choice's visible text into reasoning, content and tool calls.
-
-    `<think>R</think>\\n` at the start is reasoning; content runs up to the first `<tool_call>`;
-    the rest must be `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks to the end.
-    Arguments keep the model's exact text when the call is written the way the template renders
-    it. Anything else after `<tool_call>` is malformed: the whole text stays content and
-    `tool_call_error` says why (the agent sees it; nothing is dropped). Tool call IDs are
-    `<call_id>_<i>`. With `tools=False` (no tools offered) nothing is parsed as a tool call.
-    """
-    reasoning, rest, _ = _split_reasoning(text)
-    i = rest.find(CALL_OPEN) if tools else -1
-    if i < 0:
-        return ParsedReply(content=rest, reasoning=reasoning, tool_calls=(), tool_call_error=None)
-    calls: list[ToolCall] = []
-    pos = i
-    try:
-        while pos < len(rest):
-            if not rest.startswith(CALL_OPEN, pos):
-                raise ValueError(f"unexpected text after a tool call: {rest[pos : pos + 40]!r}")
-            end = rest.find(CALL_CLOSE, pos)
-            if end < 0:
-                raise ValueError("unterminated <tool_call>")
-            calls.append(_parse_call(rest[pos + len(CALL_OPEN) : end], len(calls), call_id))
-            pos = end + len(CALL_CLOSE)
-    except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        return ParsedReply(
-            content=rest, reasoning=reasoning, tool_calls=(), tool_call_error=f"malformed tool call: {exc}"
-        )
-    return ParsedReply(content=rest[:i], reasoning=reasoning, tool_calls=tuple(calls), tool_call_error=None)
-
-
-def partial_reply(text: str, *, tools: bool = True) -> tuple[str, str]:
-    """(reasoning, content) of a text still being generated: prefixes of what `parse_reply` will
-    return for any continuation, so they can be streamed without ever being taken back."""
-    if len(text) < len(THINK_OPEN) and THINK_OPEN.startswith(text):
-        return "", ""
-    reasoning, rest, closed = _split_reasoning(text)
-    if reasoning is not None and not closed:
-        return reasoning[: len(reasoning) - _hold(reasoning, THINK_CLOSE)], ""
-    if reasoning is not None and text.endswith(THINK_CLOSE):
-        return reasoning, ""  # the newline after </think> is not known yet
-    if not tools:
-        return reasoning or "", rest
-    i = rest.find(CALL_OPEN)
-    content = rest[:i] if i >= 0 else rest[: len(rest) - _hold(rest, CALL_OPEN)]
-    return reasoning or "", content
-
-
-class ReplyStream:
-    """Incremental `partial_reply`: feed text pieces, get the reasoning and content to stream.
-
-    Keeps only a tag-sized buffer, so streaming a completion costs O(its length), not O(length^2).
-    What it emits is always a prefix of what `parse_reply` returns for the whole text; the caller
-    sends the rest of the final parse when the choice ends.
-    """
-
-    def __init__(self, *, tools: bool = True) -> None:
-        self.tools = tools
-        self.mode = "start"
-        self.buf = ""
-
-    def feed(self, piece: str) -> tuple[str, str]:
-        """(reasoning, content) newly safe to send after `piece`."""
-        self.buf += piece
-        reasoning, content = [], []
-        while True:
-            buf = self.buf
-            if self.mode == "start":
-                if len(buf) < len(THINK_OPEN) and THINK_OPEN.startswith(buf):
-                    break
-                if buf.startswith(THINK_OPEN):
-                    self.buf, self.mode = buf[len(THINK_OPEN) :], "think"
-                else:
-                    self.mode = "content"
-            elif self.mode == "think":
-                j = buf.find(THINK_CLOSE)
-                if j >= 0:
-                    reasoning.append(buf[:j])
-                    self.buf, self.mode = buf[j + len(THINK_CLOSE) :], "after_think"
-                else:
-                    keep = len(buf) - _hold(buf, THINK_CLOSE)
-                    reasoning.append(buf[:keep])
-                    self.buf = buf[keep:]
-                    break
-            elif self.mode == "after_think":
-                if not buf:
-                    break
-                self.buf, self.mode = (buf[1:] if buf[0] == "\n" else buf), "content"
-            elif self.mode == "content":
-                i = buf.find(CALL_OPEN) if self.tools else -1
-                if i >= 0:
-                    content.append(buf[:i])
-                    self.buf, self.mode = "", "held"
-                    break
-                keep = len(buf) - (_hold(buf, CALL_OPEN) if self.tools else 0)
-                content.append(buf[:keep])
-                self.buf = buf[keep:]
-                break
-            else:  # held: the rest is tool calls (or malformed): sent from the final parse
-                self.buf = ""
-                break
-        return "".join(reasoning), "".join(content)
 
 
 def message_to_template(m: ChatMessage) -> dict[str, Any]:
@@ -677,7 +435,7 @@ class ChatRenderer:
                 return "history_rewritten"
             e, r = _reply_key(echo), _reply_key(reply)
             if e[1:3] == r[1:3] and [c[0] for c in e[3]] == [c[0] for c in r[3]]:
-                loads = [(_loads_or_none(x[1]), _loads_or_none(y[1])) for x, y in zip(e[3], r[3])]
+                loads = [(loads_or_none(x[1]), loads_or_none(y[1])) for x, y in zip(e[3], r[3])]
                 if all(a == b for a, b in loads):
                     return "tool_arguments_reserialized"
             if e[2] is None and r[2] is not None:

@@ -7,7 +7,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre.tito.render import ChatRenderer, Node, RenderState, TokenText, parse_reply, partial_reply
+from gyre.tito.detok import TokenText
+from gyre.tito.render import ChatRenderer, Node, RenderState
+from gyre.tito.reply import parse_reply, partial_reply
 from gyre.tito.wire import ChatMessage, FunctionCall, ToolCall
 from tests.tito.conftest import encode
 
@@ -139,7 +141,7 @@ def test_parse_reply_cases():
     st.booleans(),
 )
 def test_reply_stream_emits_only_prefixes_of_the_final_parse(s, cuts, tools):
-    from gyre.tito.render import ReplyStream
+    from gyre.tito.reply import ReplyStream
 
     stream, reasoning, content, pos = ReplyStream(tools=tools), "", "", 0
     for n in cuts + [len(s)]:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
-from gyre.tito.render import _bytes_to_unicode
+from gyre.tito.detok import _bytes_to_unicode
 from tests.tito.conftest import encode, make_proxy, serving
 
 pytestmark = pytest.mark.anyio
