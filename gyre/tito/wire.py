@@ -100,7 +100,7 @@ class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     model: str
     prompt: str | list[Any]
-    """Text, token IDs, or a one-element list of either (checked by the proxy)."""
+    """Text, token IDs, or a one-element list of either (see `openai_format.completion_prompt`)."""
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1

@@ -1,0 +1,216 @@
+"""Generation: driving the inference engine for one model call, choice by choice.
+
+Owns `Call` (one request in flight: its execution, engine, rendered prompt, sampling and stop
+strings) and `Choice` (one sample: token IDs, behaviour logprobs, weight versions, visible text,
+finish), and `engine_events`, which runs the engine in a producer task and turns each delta into
+text. Stop strings: generation stops once the decoded text contains one; the visible text ends
+before it, while every token sampled up to and including the one that completed it is kept (they
+were sampled and carry logprobs). Knows nothing about HTTP, OpenAI's response format or the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from gyre.engines.protocol import FinishReason, GenerateRequest, InferenceEngine, SamplingParams
+from gyre.errors import EngineError
+from gyre.tito.detok import TokenText
+from gyre.tito.records import Role
+from gyre.tito.render import Rendered
+from gyre.tito.reply import ReplyStream
+from gyre.tito.sessions import Execution
+
+__all__ = ["Choice", "Call", "engine_events"]
+
+
+@dataclass(slots=True)
+class Choice:
+    """One choice being generated."""
+
+    index: int
+    decoder: Any
+    ids: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    vers: list[int] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)
+    """Visible text in pieces (joined once, by `text`): stop tokens excluded, cut before a stop string."""
+    tail: str = ""
+    """The last characters of the visible text (where a stop string may be starting)."""
+    new_text: str = ""
+    """Visible text added by the latest engine delta (for streaming)."""
+    finish: FinishReason | None = None
+    stop_string: bool = False
+    pending: str = ""
+    """Streaming: text held back because it may be the start of a stop string."""
+    stream: ReplyStream | None = None
+    emitted_reasoning: int = 0
+    emitted_content: int = 0
+
+    @property
+    def text(self) -> str:
+        if len(self.parts) > 1:
+            self.parts[:] = ["".join(self.parts)]
+        return self.parts[0] if self.parts else ""
+
+    def cut_tail(self, n: int) -> None:
+        """Drop the last `n` visible characters (a stop string that began in earlier pieces)."""
+        while n > 0 and self.parts:
+            last = self.parts.pop()
+            if len(last) > n:
+                self.parts.append(last[: len(last) - n])
+                return
+            n -= len(last)
+
+    def release_text(self, stops: tuple[str, ...]) -> str:
+        """Streaming: the visible text now safe to send (what was held back + the latest delta's
+        text), less a tail that may be the start of a stop string, which stays held."""
+        pending = self.pending + self.new_text
+        held = max((_hold_len(pending, s) for s in stops), default=0)
+        self.pending = pending[len(pending) - held :]
+        return pending[: len(pending) - held]
+
+
+@dataclass(slots=True)
+class Call:
+    """One request in flight."""
+
+    execution: Execution
+    engine: InferenceEngine
+    role: Role
+    call_id: str
+    started_s: float
+    rendered: Rendered
+    sampling: SamplingParams
+    stops: tuple[str, ...]
+    parse_tools: bool
+    template_kwargs: dict[str, Any] | None
+    choices: list[Choice]
+    chat: bool = True
+    recorded: bool = False
+    created: int = 0
+    producer: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    """Cancel scope of the task that iterates the engine (cancelled to stop generating)."""
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.execution.execution_id}/{self.call_id}"
+
+    @classmethod
+    def start(
+        cls, execution: Execution, engine: InferenceEngine, role: Role, started_s: float, rendered: Rendered,
+        sampling: SamplingParams, stops: tuple[str, ...], **kind: Any,
+    ) -> Call:
+        """A new call of `execution` (its next call ID), one `Choice` per sample; `kind` sets
+        `parse_tools`, `chat` and `template_kwargs`."""
+        choices = [Choice(index=i, decoder=TokenText.incremental()) for i in range(sampling.n)]
+        return cls(execution=execution, engine=engine, role=role, call_id=execution.new_call_id(),
+                   started_s=started_s, rendered=rendered, sampling=sampling, stops=stops, choices=choices,
+                   created=int(started_s), **kind)
+
+    def choice_call_id(self, index: int) -> str:
+        """The call ID of choice `index`: the call's own, or `<call_id>/<index>` when n > 1."""
+        return self.call_id if self.sampling.n == 1 else f"{self.call_id}/{index}"
+
+
+@contextlib.asynccontextmanager
+async def engine_events(call: Call, text: TokenText) -> AsyncIterator[AsyncIterator[tuple[Choice, int]]]:
+    """Run the engine for `call` in a producer task; yields the events iterator (see `_events`;
+    `text` decodes the tokens). Leaving the block stops the engine (the producer is cancelled and
+    the request aborted)."""
+    send, receive = anyio.create_memory_object_stream(math.inf)
+    error: Exception | None = None
+    async with anyio.create_task_group() as tg, receive:
+        tg.start_soon(_produce, call, send)
+        try:
+            yield _events(call, receive, text)
+        except Exception as exc:  # re-raised below as itself, not inside an ExceptionGroup
+            error = exc
+        finally:
+            if not call.producer.cancel_called and any(ch.finish is None for ch in call.choices):
+                call.producer.cancel()
+                with anyio.CancelScope(shield=True), contextlib.suppress(EngineError):
+                    await call.engine.abort(call.request_id)
+    if error is not None:
+        raise error
+
+
+async def _produce(call: Call, send: MemoryObjectSendStream) -> None:
+    """Iterate the engine's generator in this one task (engines may hold cancel scopes across
+    their yields) and pass each delta on; an engine error is passed on as an item."""
+    request = GenerateRequest(
+        request_id=call.request_id, prompt_ids=call.rendered.prompt_ids, sampling=call.sampling
+    )
+    async with send:
+        with call.producer:
+            try:
+                async with contextlib.aclosing(call.engine.generate(request)) as deltas:
+                    async for delta in deltas:
+                        await send.send(delta)
+            except EngineError as exc:
+                await send.send(exc)
+
+
+async def _events(
+    call: Call, receive: MemoryObjectReceiveStream, table: TokenText
+) -> AsyncIterator[tuple[Choice, int]]:
+    """After each engine delta yield (choice, index of its first new token); a choice's
+    finish is set on the yield that ends it. Raises the engine's error."""
+    stops, stop_ids = call.stops, set(call.sampling.stop_token_ids)
+    longest = max((len(s) for s in stops), default=0)
+    ints, nints = table.ints, len(table.ints)
+    async for delta in receive:
+        if isinstance(delta, BaseException):
+            raise delta
+        ch = call.choices[delta.index]
+        if ch.finish is not None:
+            continue  # cut at a stop string: later tokens are not part of the choice
+        start = len(ch.ids)
+        added = []
+        for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
+            ch.ids.append(ints[tok] if 0 <= tok < nints else tok)
+            ch.lps.append(lp)
+            ch.vers.append(ver)
+            if tok in stop_ids:
+                continue
+            piece = ch.decoder.decode(table.token_bytes(tok))
+            if stops and piece:
+                window = ch.tail + piece
+                hits = [q for q in (window.find(s) for s in stops) if q >= 0]
+                if hits:  # keep the text before the stop string, nothing of it or after it
+                    keep = min(hits) - len(ch.tail)
+                    if keep >= 0:
+                        added.append(piece[:keep])
+                    else:
+                        ch.parts.extend(added)
+                        added = []
+                        ch.cut_tail(-keep)
+                    ch.finish, ch.stop_string = "stop", True
+                    break
+                ch.tail = window[-(longest - 1) :] if longest > 1 else ""
+            added.append(piece)
+        if ch.finish is None and delta.finish_reason is not None:
+            added.append(ch.decoder.decode(b"", final=True))
+            ch.finish = delta.finish_reason
+        ch.new_text = "".join(added)
+        ch.parts.append(ch.new_text)
+        yield ch, start
+        if ch.stop_string and all(c.finish is not None for c in call.choices):
+            call.producer.cancel()
+            with contextlib.suppress(EngineError):
+                await call.engine.abort(call.request_id)
+            return
+
+
+def _hold_len(text: str, stop: str) -> int:
+    """Characters at the end of `text` that may be the start of `stop` (held back when streaming)."""
+    for k in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:k]):
+            return k
+    return 0

@@ -1,0 +1,455 @@
+"""OpenAI's format: requests in, responses and server-sent events out, for one model call.
+
+Owns request checks and their translation (`sampling_params`, `stop_strings`, `proxy_error`), the
+assistant message of a choice (`reply_message`), response bodies (`chat_completion`,
+`text_completion`, logprobs, usage, the `gyre` block) and the SSE streams (`chat_stream`,
+`completion_stream`). Every choice carries its `token_ids`; `return_token_ids: true` (vLLM's flag)
+adds `prompt_token_ids`. Knows nothing about routes, API keys or how the engine is driven.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from gyre.config import ProxyConfig
+from gyre.engines.protocol import InferenceEngine, SamplingParams
+from gyre.errors import EngineError, ProxyError
+from gyre.tito.detok import TokenText
+from gyre.tito.generation import Call, Choice
+from gyre.tito.recorder import Recorder
+from gyre.tito.reply import ReplyStream, parse_reply
+from gyre.tito.sessions import Execution
+from gyre.tito.wire import (
+    JSON_ENCODER,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    error_body,
+    message_text,
+)
+
+__all__ = [
+    "proxy_error",
+    "decode_request",
+    "check_model",
+    "check_messages",
+    "completion_prompt",
+    "sampling_params",
+    "stop_strings",
+    "reply_message",
+    "chat_reply",
+    "chat_completion",
+    "text_completion",
+    "chat_stream",
+    "completion_stream",
+]
+
+
+def proxy_error(
+    message: str, status: int, code: str | None, *, param: str | None = None, type: str | None = None
+) -> ProxyError:
+    """A `ProxyError` answered in OpenAI's error shape (`status`, `code`, `param`, `type`)."""
+    return ProxyError(message, status=status, type=type, error_code=code, param=param)
+
+
+def _param_of(message: str) -> str | None:
+    """The JSON path msgspec names in a validation error (`... - at `$.messages[0].role``)."""
+    _, sep, path = message.rpartition("at `")
+    return path.rstrip("`").removeprefix("$.") if sep else None
+
+
+def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+    """The request `body` decoded and validated by `decoder` (400 naming the offending field)."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise proxy_error(
+            f"invalid request: {exc}", 400, "invalid_type", param=_param_of(str(exc))
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise proxy_error(f"malformed JSON body: {exc}", 400, "invalid_json") from None
+
+
+def check_model(model: str, served: str) -> None:
+    """404 unless the request names the served model."""
+    if model != served:
+        raise proxy_error(
+            f"the model {model!r} does not exist (served: {served!r})",
+            404,
+            "model_not_found",
+            param="model",
+            type="invalid_request_error",
+        )
+
+
+def check_messages(messages: list[ChatMessage]) -> None:
+    """400 for an empty conversation or a message content that is not text."""
+    if not messages:
+        raise proxy_error("messages must not be empty", 400, "invalid_value", param="messages")
+    try:
+        for m in messages:
+            message_text(m.content)
+    except ValueError as exc:
+        raise proxy_error(str(exc), 400, "invalid_value", param="messages") from None
+
+
+def completion_prompt(prompt: str | list[Any]) -> str | list[int]:
+    """The one prompt of a completions request: a string or a list of token IDs (a batch of one
+    is unwrapped; more than one is refused)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise proxy_error(
+                "one prompt per request is supported", 400, "invalid_value", param="prompt"
+            )
+        prompt = prompt[0]
+    if isinstance(prompt, list) and not all(type(t) is int for t in prompt):
+        raise proxy_error(
+            "prompt must be a string or a list of token IDs", 400, "invalid_type", param="prompt"
+        )
+    return prompt
+
+
+def sampling_params(
+    req: ChatCompletionRequest | CompletionRequest,
+    max_tokens: int | None,
+    prompt_len: int,
+    ex: Execution,
+    engine: InferenceEngine,
+    *,
+    config: ProxyConfig,
+    stop_token_ids: tuple[int, ...],
+) -> SamplingParams:
+    """Sampling params with the context limit applied (B15): clamp or refuse, never a crash.
+
+    A refusal marks `ex` truncated and counts it; `stop_token_ids` (the tokenizer's EOS) come
+    before the request's own."""
+    if not 1 <= req.n <= config.max_n:
+        raise proxy_error(
+            f"n={req.n} must be in [1, {config.max_n}]", 400, "invalid_value", param="n"
+        )
+    if max_tokens is not None and max_tokens < 1:
+        raise proxy_error(
+            f"max_tokens={max_tokens} must be >= 1", 400, "invalid_value", param="max_tokens"
+        )
+    temperature = 1.0 if req.temperature is None else req.temperature
+    if not (math.isfinite(temperature) and 0 <= temperature <= 2):
+        raise proxy_error(
+            f"temperature={temperature} must be in [0, 2]", 400, "invalid_value", param="temperature"
+        )
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if not 0 < top_p <= 1:
+        raise proxy_error(f"top_p={top_p} must be in (0, 1]", 400, "invalid_value", param="top_p")
+    max_model_len = engine.statistics().max_model_len
+    room = max_model_len - prompt_len
+    wanted = room if max_tokens is None else max_tokens
+    if room < 1 or (wanted > room and config.context_overflow == "refuse"):
+        ex.truncated = True
+        ex.context_refusals += 1
+        raise proxy_error(
+            f"this model's maximum context length is {max_model_len} tokens; the prompt has "
+            f"{prompt_len} tokens and {wanted} completion tokens were requested",
+            400,
+            "context_length_exceeded",
+            param="messages",
+        )
+    return SamplingParams(
+        max_tokens=min(wanted, room),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=req.top_k or 0,
+        seed=req.seed,
+        stop_token_ids=stop_token_ids
+        + tuple(t for t in req.stop_token_ids or () if t not in stop_token_ids),
+        n=req.n,
+    )
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    """The request's stop strings: at most 16, none empty."""
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(stops) > 16 or any(not s for s in stops):
+        raise proxy_error(
+            "stop must be at most 16 non-empty strings", 400, "invalid_value", param="stop"
+        )
+    return stops
+
+
+def reply_message(call: Call, ch: Choice) -> tuple[dict[str, Any], ChatMessage]:
+    """(JSON message for the client, the ChatMessage the renderer compares echoes with)."""
+    tool_id = f"call_{call.execution.execution_id}_{call.choice_call_id(ch.index)}".replace("/", "_")
+    parsed = parse_reply(ch.text, tool_id, tools=call.parse_tools)
+    calls = list(parsed.tool_calls) or None
+    content = parsed.content if parsed.content or not calls else None
+    msg = ChatMessage(
+        role="assistant", content=content, reasoning_content=parsed.reasoning, tool_calls=calls
+    )
+    out: dict[str, Any] = {"role": "assistant", "content": content}
+    if parsed.reasoning is not None:
+        out["reasoning_content"] = parsed.reasoning
+    if calls:
+        out["tool_calls"] = [
+            {
+                "id": tc.id,
+                "type": "function",
+                "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+            }
+            for tc in calls
+        ]
+    if parsed.tool_call_error is not None and ch.finish != "length":
+        # A reply cut off by max_tokens is truncated, not malformed (B15): no tool error.
+        out["gyre_tool_call_error"] = parsed.tool_call_error
+    return out, msg
+
+
+def chat_reply(call: Call, ch: Choice) -> ChatMessage:
+    """The assistant message of a chat choice, as the renderer compares echoes with it."""
+    return reply_message(call, ch)[1]
+
+
+def chat_completion(
+    call: Call, req: ChatCompletionRequest, replies: list[tuple[dict[str, Any], ChatMessage]], *,
+    text: TokenText, model: str,
+) -> dict[str, Any]:
+    """The `chat.completion` body of a finished call; `replies` from `reply_message` per choice."""
+    body = {
+        "id": f"chatcmpl-{call.request_id}",
+        "object": "chat.completion",
+        "created": call.created,
+        "model": model,
+        "choices": [
+            {
+                "index": ch.index,
+                "message": msg,
+                "logprobs": _logprobs_chat(text, ch.ids, ch.lps, req.top_logprobs)
+                if req.logprobs
+                else None,
+                "finish_reason": "tool_calls" if msg.get("tool_calls") else ch.finish,
+                "token_ids": ch.ids,
+            }
+            for ch, (msg, _) in zip(call.choices, replies)
+        ],
+        "usage": _usage(call),
+        "gyre": _gyre_info(call),
+    }
+    if req.return_token_ids:
+        body["prompt_token_ids"] = call.rendered.prompt_ids
+    return body
+
+
+def text_completion(call: Call, req: CompletionRequest, *, text: TokenText, model: str) -> dict[str, Any]:
+    """The `text_completion` body of a finished call."""
+    body = {
+        "id": f"cmpl-{call.request_id}",
+        "object": "text_completion",
+        "created": call.created,
+        "model": model,
+        "choices": [
+            {
+                "index": ch.index,
+                "text": ch.text,
+                "logprobs": _logprobs_text(text, ch.ids, ch.lps, 0)
+                if req.logprobs is not None
+                else None,
+                "finish_reason": ch.finish,
+                "token_ids": ch.ids,
+            }
+            for ch in call.choices
+        ],
+        "usage": _usage(call),
+        "gyre": _gyre_info(call),
+    }
+    if req.return_token_ids:
+        body["prompt_token_ids"] = call.rendered.prompt_ids
+    return body
+
+
+def _logprobs_chat(text: TokenText, ids: list[int], lps: list[float], top: int | None) -> dict[str, Any]:
+    content = []
+    for t, lp in zip(ids, lps):
+        b = text.token_bytes(t)
+        s = b.decode("utf-8", errors="replace")
+        entry = {"token": s, "logprob": lp, "bytes": list(b), "top_logprobs": []}
+        if top:  # the engine reports only the sampled token's logprob
+            entry["top_logprobs"] = [{"token": s, "logprob": lp, "bytes": list(b)}]
+        content.append(entry)
+    return {"content": content}
+
+
+def _logprobs_text(text: TokenText, ids: list[int], lps: list[float], offset: int) -> dict[str, Any]:
+    tokens = [text.token_str(t) for t in ids]
+    offsets = []
+    for s in tokens:
+        offsets.append(offset)
+        offset += len(s)
+    return {
+        "tokens": tokens,
+        "token_logprobs": list(lps),
+        "top_logprobs": [{s: lp} for s, lp in zip(tokens, lps)],
+        "text_offset": offsets,
+    }
+
+
+def _usage(call: Call) -> dict[str, int]:
+    p = len(call.rendered.prompt_ids)
+    c = sum(len(ch.ids) for ch in call.choices)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def _gyre_info(call: Call) -> dict[str, Any]:
+    r = call.rendered
+    return {
+        "execution_id": call.execution.execution_id,
+        "call_id": call.call_id,
+        "parent_call_id": None if r.parent is None else r.parent.call_id,
+        "divergence": None if r.divergence is None else msgspec.to_builtins(r.divergence),
+    }
+
+
+def _chunk(call: Call, model: str, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+    body = {
+        "id": f"chatcmpl-{call.request_id}",
+        "object": "chat.completion.chunk",
+        "created": call.created,
+        "model": model,
+        "choices": choices,
+        **extra,
+    }
+    return b"data: " + JSON_ENCODER.encode(body) + b"\n\n"
+
+
+async def chat_stream(
+    call: Call, req: ChatCompletionRequest, events: AsyncIterator[tuple[Choice, int]], *,
+    text: TokenText, model: str, recorder: Recorder,
+) -> AsyncIterator[bytes]:
+    """SSE chunks: every engine delta becomes one chunk carrying its token IDs and logprobs,
+    even when it adds no text (B04); tool calls are sent whole when their choice ends."""
+    started = set()
+    try:
+        first = True
+        async for ch, start in events:
+            new_ids, new_lps = ch.ids[start:], ch.lps[start:]
+            delta: dict[str, Any] = {}
+            if ch.index not in started:
+                started.add(ch.index)
+                delta["role"] = "assistant"
+            if ch.finish is None:
+                if ch.stream is None:
+                    ch.stream = ReplyStream(tools=call.parse_tools)
+                r, c = ch.stream.feed(ch.release_text(call.stops))
+                if r:
+                    delta["reasoning_content"] = r
+                    ch.emitted_reasoning += len(r)
+                if c:
+                    delta["content"] = c
+                    ch.emitted_content += len(c)
+                finish = None
+            else:
+                msg, _ = reply_message(call, ch)
+                r = msg.get("reasoning_content") or ""
+                c = msg.get("content") or ""
+                if r[ch.emitted_reasoning :]:
+                    delta["reasoning_content"] = r[ch.emitted_reasoning :]
+                if c[ch.emitted_content :]:
+                    delta["content"] = c[ch.emitted_content :]
+                if msg.get("tool_calls"):
+                    delta["tool_calls"] = [dict(tc, index=i) for i, tc in enumerate(msg["tool_calls"])]
+                if "gyre_tool_call_error" in msg:
+                    delta["gyre_tool_call_error"] = msg["gyre_tool_call_error"]
+                finish = "tool_calls" if msg.get("tool_calls") else ch.finish
+            choice: dict[str, Any] = {
+                "index": ch.index,
+                "delta": delta,
+                "logprobs": _logprobs_chat(text, new_ids, new_lps, req.top_logprobs)
+                if req.logprobs
+                else None,
+                "finish_reason": finish,
+            }
+            choice["token_ids"] = new_ids
+            extra = (
+                {"prompt_token_ids": call.rendered.prompt_ids} if first and req.return_token_ids else {}
+            )
+            first = False
+            yield _chunk(call, model, [choice], **extra)
+        replies = [chat_reply(call, ch) for ch in call.choices]
+        await recorder.record(call, replies)
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield _chunk(call, model, [], usage=_usage(call), gyre=_gyre_info(call))
+        yield b"data: [DONE]\n\n"
+    except EngineError as exc:
+        if not started:
+            raise
+        await recorder.record_partial(call, chat_reply)
+        yield _sse_error(exc)
+    finally:
+        await recorder.record_partial(call, chat_reply)
+
+
+async def completion_stream(
+    call: Call, req: CompletionRequest, events: AsyncIterator[tuple[Choice, int]], *,
+    text: TokenText, model: str, recorder: Recorder,
+) -> AsyncIterator[bytes]:
+    """SSE chunks of a completions call: every engine delta becomes one chunk with its token IDs."""
+    started = False
+    try:
+        first = True
+        for_offsets = {ch.index: 0 for ch in call.choices}
+        async for ch, start in events:
+            started = True
+            new_ids, new_lps = ch.ids[start:], ch.lps[start:]
+            if ch.finish is not None:
+                piece = ch.text[ch.emitted_content :]
+            else:
+                piece = ch.release_text(call.stops)
+            ch.emitted_content += len(piece)
+            choice = {
+                "index": ch.index,
+                "text": piece,
+                "logprobs": _logprobs_text(text, new_ids, new_lps, for_offsets[ch.index])
+                if req.logprobs is not None
+                else None,
+                "finish_reason": ch.finish,
+            }
+            for_offsets[ch.index] += sum(len(text.token_str(t)) for t in new_ids)
+            choice["token_ids"] = new_ids
+            extra = (
+                {"prompt_token_ids": call.rendered.prompt_ids} if first and req.return_token_ids else {}
+            )
+            first = False
+            body = {
+                "id": f"cmpl-{call.request_id}",
+                "object": "text_completion",
+                "created": call.created,
+                "model": model,
+                "choices": [choice],
+                **extra,
+            }
+            yield b"data: " + JSON_ENCODER.encode(body) + b"\n\n"
+        await recorder.record(call, [None] * len(call.choices))
+        if req.stream_options is not None and req.stream_options.include_usage:
+            body = {
+                "id": f"cmpl-{call.request_id}",
+                "object": "text_completion",
+                "created": call.created,
+                "model": model,
+                "choices": [],
+                "usage": _usage(call),
+            }
+            yield b"data: " + JSON_ENCODER.encode(body) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    except EngineError as exc:
+        if not started:
+            raise
+        await recorder.record_partial(call, None)
+        yield _sse_error(exc)
+    finally:
+        await recorder.record_partial(call, None)
+
+
+def _sse_error(exc: Exception) -> bytes:
+    """An error event that ends a stream whose 200 status line was already sent."""
+    code = getattr(exc, "code", None)
+    return b"data: " + error_body(str(exc), type="server_error", code=code) + b"\n\ndata: [DONE]\n\n"

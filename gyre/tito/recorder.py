@@ -1,0 +1,112 @@
+"""Recording: a finished (or broken-off) model call becomes `ModelCall` records in the call log.
+
+Owns `Recorder`: every choice of a call becomes one `ModelCall` (the exact prompt IDs the engine
+ran on, the completion IDs, behaviour logprobs and weight versions it sampled, finish reason,
+parent and divergence), appended to the `CallLog` first and then to the execution's records, with
+the renderer `Node` that later calls extend. A call that did not complete is recorded with what was
+sampled (finish `abort`). Knows nothing about HTTP or OpenAI's response format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+import anyio
+
+from gyre.engines.protocol import FinishReason
+from gyre.errors import EngineError
+from gyre.tito.detok import TokenText
+from gyre.tito.generation import Call, Choice
+from gyre.tito.log import CallLog
+from gyre.tito.records import ModelCall
+from gyre.tito.render import Node
+from gyre.tito.wire import ChatMessage
+
+__all__ = ["Recorder"]
+
+
+class Recorder:
+    """Records the calls of one proxy.
+
+    Args:
+        log: the append-only call log; None keeps records in memory only (tests).
+        text: the tokenizer's `TokenText` (a node keeps its completion's text).
+    """
+
+    def __init__(self, log: CallLog | None, text: TokenText) -> None:
+        self.log = log
+        self.text = text
+        self.calls_recorded = 0
+        """ModelCall records written (one per choice)."""
+        self.completion_tokens = 0
+        """Completion tokens recorded."""
+
+    async def record(self, call: Call, replies: list[ChatMessage | None]) -> list[ModelCall]:
+        """Record every choice (log first, then memory): the response may complete after this."""
+        if call.recorded:
+            return []
+        call.recorded = True
+        ex, rendered = call.execution, call.rendered
+        parent = rendered.parent
+        base = None
+        if parent is not None and rendered.divergence is None:
+            base = (parent.call_id, parent.prompt_len + len(parent.completion_ids))
+        now = time.time()
+        out = []
+        if base is not None and rendered.path != "repeat":
+            parent.lend_prefix(rendered.prompt_ids)  # the parent's prompt now lives in this list
+        for ch, reply in zip(call.choices, replies):
+            finish: FinishReason = ch.finish or "abort"
+            mc = ModelCall(
+                execution_id=ex.execution_id,
+                call_id=call.choice_call_id(ch.index),
+                role=call.role,
+                prompt_ids=rendered.prompt_ids,
+                completion_ids=ch.ids,
+                logprobs=ch.lps,
+                versions=ch.vers,
+                finish_reason=finish,
+                parent_call_id=None if parent is None else parent.call_id,
+                choice_index=ch.index,
+                sampling=call.sampling,
+                started_s=call.started_s,
+                finished_s=now,
+                divergence=rendered.divergence,
+            )
+            if self.log is not None:
+                await self.log.append_call(mc, base=base)
+            node = Node(
+                call_id=mc.call_id,
+                prompt_ref=rendered.prompt_ids,
+                completion_ids=ch.ids,
+                completion_text=self.text.decode(ch.ids),
+                messages=rendered.messages,
+                reply=reply,
+                tools=rendered.tools,
+                template_kwargs=call.template_kwargs,
+                stop_string=ch.stop_string,
+                parent=parent,
+                divergence=rendered.divergence,
+            )
+            ex.render.nodes.append(node)
+            ex.add(mc, node)
+            self.calls_recorded += 1
+            self.completion_tokens += len(ch.ids)
+            out.append(mc)
+        return out
+
+    async def record_partial(
+        self, call: Call, reply: Callable[[Call, Choice], ChatMessage] | None
+    ) -> None:
+        """A response that did not complete (client gone, engine error): abort, keep the tokens.
+        A request that produced no token records nothing. `reply` makes a chat choice's assistant
+        message (None: a completions call)."""
+        if call.recorded or not any(ch.ids for ch in call.choices):
+            return
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(EngineError):
+                await call.engine.abort(call.request_id)
+            replies = [None if reply is None else reply(call, ch) for ch in call.choices]
+            await self.record(call, replies)
