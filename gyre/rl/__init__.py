@@ -7,8 +7,8 @@ Building blocks: `packed_logprobs`, `policy_loss`, `stale_token_mask`, `mixed_ve
 """
 
 from gyre.rl.advantages import GroupAdvantages, group_advantages, reward_of
-from gyre.rl.logprobs import packed_logprobs
 from gyre.rl.loss import LossStatistics, masked_token_mean, policy_loss
+from gyre.rl.packed_forward import packed_logprobs
 from gyre.rl.staleness import mixed_version_calls, stale_token_mask
 from gyre.rl.objective import microbatch_loss
 from gyre.rl.step import grads_finite, step_if_finite

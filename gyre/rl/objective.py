@@ -13,9 +13,9 @@ from collections.abc import Mapping
 
 import torch
 
-from gyre.kernels.logprob import LogprobImpl
-from gyre.rl.logprobs import packed_logprobs
+from gyre.kernels.selective_logprob import LogprobImpl
 from gyre.rl.loss import LossStatistics, policy_loss
+from gyre.rl.packed_forward import packed_logprobs
 from gyre.rl.staleness import stale_token_mask
 from gyre.trajectory.pack import PackedBatch
 

@@ -15,7 +15,7 @@ import torch
 
 from gyre.engines import GenerateRequest, SamplingParams, collect
 from gyre.errors import ContextLengthError, EngineUnavailableError, InvalidRequestError
-from gyre.model.logprobs import completion_logprobs
+from gyre.model.behaviour_logprobs import completion_logprobs
 from tests.conftest import VLLM_MAX_MODEL_LEN, start_vllm_cell
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

@@ -9,7 +9,7 @@ import torch
 
 from gyre.config import ModelConfig
 from gyre.model import TAG_TOKENS, build_tokenizer, init_model_dir
-from gyre.model.logprobs import completion_logprobs, sampling_logprobs
+from gyre.model.behaviour_logprobs import completion_logprobs, sampling_logprobs
 
 
 def digest(path) -> dict[str, str]:

@@ -1,8 +1,10 @@
-"""Trainer-side logprobs of a packed micro-batch under a Hugging Face causal LM.
+"""The packed forward: the trainer's differentiable logprobs of a packed micro-batch.
 
-Owns `packed_logprobs`: one forward of the decoder over the packed sequence with the tree mask
-and tree position ids, then the fused selective logprob + entropy at the loss positions only,
-each predicted from its parent's hidden state (not the previous packed position). Knows nothing
+Owns `packed_logprobs`, what the objective trains on: one forward of a Hugging Face causal LM's
+decoder over the packed tree sequence (tree mask, tree position ids), then the fused selective
+logprob + entropy kernel (`gyre.kernels.selective_logprob`) at the loss positions only, each
+predicted from its parent's hidden state (not the previous packed position). Not the engine-side
+reference of `gyre.model.behaviour_logprobs` (one unpacked sequence, no gradient). Knows nothing
 about rewards or optimizers; knows the Hugging Face layout `model.model` (decoder returning
 `last_hidden_state`) and `model.lm_head` (no bias), as in Qwen2ForCausalLM.
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gyre.kernels.logprob import LogprobImpl, selective_logprob_entropy
+from gyre.kernels.selective_logprob import LogprobImpl, selective_logprob_entropy
 from gyre.kernels.tree_attention import model_attention_mask
 from gyre.trajectory.pack import PackedBatch
 
@@ -25,8 +27,9 @@ def packed_logprobs(
     model: torch.nn.Module, batch: PackedBatch, *, positions_N: np.ndarray | None = None,
     temperature: float | None = None, chunk_size: int = 1024, impl: LogprobImpl = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logprob_N, entropy_N) of the tokens at packed indices `positions_N` (default: the loss
-    positions), in nats, float32 (float64 for a float64 model), differentiable.
+    """(logprob_N, entropy_N) of the tokens at packed indices `positions_N` (int [N]; default: the
+    loss positions), in nats, float32 (float64 for a float64 model), differentiable w.r.t. the
+    model's parameters. `chunk_size` and `impl` go to `selective_logprob_entropy`.
 
     The model must use `attn_implementation` "sdpa" or "flex_attention" (`ValueError` otherwise:
     eager attention mishandles boolean 4D masks). Each token is scored at the temperature its

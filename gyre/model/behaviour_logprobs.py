@@ -1,9 +1,11 @@
-"""Trainer-side logprobs: recompute the behaviour logprobs of sampled tokens with transformers.
+"""Behaviour logprobs recomputed with transformers: the reference for what an engine sampled from.
 
-Owns `sampling_logprobs` (logits -> logprobs of the distribution an engine samples from) and
-`completion_logprobs` (a model, a prompt and a completion -> per-token logprobs). Used by the
-trainer for importance ratios and by tests as the independent reference for vLLM. Knows nothing
-about engines or trees.
+Owns `sampling_logprobs` (logits -> logprobs of the distribution an engine samples from: the
+temperature, top-k and top-p of vLLM, DESIGN.md invariant 2) and `completion_logprobs` (a model,
+a prompt and a completion -> each completion token's behaviour logprob, one unpacked forward, no
+gradient). Tests use it as the independent reference for vLLM's logprobs. Not what the trainer
+trains on: that is `gyre.rl.packed_forward` (packed trees, differentiable, over the fused
+`gyre.kernels.selective_logprob` kernel). Knows nothing about engines or trees.
 
 Shapes: T = sequence positions, V = vocabulary, C = completion tokens.
 """

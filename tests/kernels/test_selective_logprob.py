@@ -98,7 +98,7 @@ def triton_parity_check() -> None:
     # Several vocabulary blocks per row (online max / sum-exp across blocks).
     x = torch.randn(5, 700, dtype=torch.float32) * 4
     labels = torch.tensor([0, 699, 350, 1, 512])
-    from gyre.kernels.triton_logprob import triton_logprob_entropy
+    from gyre.kernels.selective_logprob_triton import triton_logprob_entropy
 
     lp_k, ent_k, lse_k = triton_logprob_entropy(x, labels, block=128)
     logp = torch.log_softmax(x, -1)
@@ -120,7 +120,7 @@ def test_triton_kernel_parity_under_interpreter():
     # TRITON_INTERPRET must be set before triton is imported, so the check runs in a subprocess.
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = "from tests.kernels.test_logprob import triton_parity_check; triton_parity_check()"
+    code = "from tests.kernels.test_selective_logprob import triton_parity_check; triton_parity_check()"
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,7 +8,7 @@ O(chunk_size x V), never O(N x V) or O(T x V): the backward recomputes each chun
 the saved hidden rows and per-row log-sum-exp. Knows nothing about trees, models or losses.
 
 `impl="torch"` reduces each chunk with torch ops; `impl="triton"` reduces it with the Triton
-kernel in `gyre.kernels.triton_logprob` (on CPU only under TRITON_INTERPRET=1). Both share the
+kernel in `gyre.kernels.selective_logprob_triton` (on CPU only under TRITON_INTERPRET=1). Both share the
 chunked matmul and the torch backward.
 
 Shape suffix legend: `N` selected positions, `H` hidden size, `V` vocabulary, `C` rows of a chunk.
@@ -54,7 +54,7 @@ class _SelectiveLogprob(torch.autograd.Function):
             sl = slice(lo, min(lo + chunk_size, n))
             x_CV = _chunk_logits(hidden_NH[sl], weight_VH, temp_N[sl])
             if impl == "triton":
-                from gyre.kernels.triton_logprob import triton_logprob_entropy
+                from gyre.kernels.selective_logprob_triton import triton_logprob_entropy
 
                 lp_N[sl], ent_N[sl], lse_N[sl] = triton_logprob_entropy(x_CV, labels_N[sl])
             else:
