@@ -137,10 +137,11 @@ def covered_top_level() -> set[str]:
 
 
 def generator_files(gyre_dir: Path) -> set[str]:
-    """The shipped suites' generator, `gyre/tasks/suites.py`, and the bytecode folder beside it
-    (present once the node imported gyre.tasks; agents then compile those modules in memory):
-    hidden from agents, which could otherwise regenerate a shipped suite's hidden tests."""
-    return {str(gyre_dir / "tasks" / "suites.py"), str(gyre_dir / "tasks" / "__pycache__")}
+    """The shipped suites' generator, the package `gyre/tasks/suites/` (its bytecode included),
+    and the bytecode folder of `gyre/tasks` (present once the node imported gyre.tasks, possibly
+    with a stale copy of the generator's; agents then compile those modules in memory): hidden from
+    agents, which could otherwise regenerate a shipped suite's hidden tests."""
+    return {str(gyre_dir / "tasks" / "suites"), str(gyre_dir / "tasks" / "__pycache__")}
 
 
 def command_paths(command: Sequence[str], path: str) -> tuple[str, ...]:
