@@ -3,7 +3,7 @@ rate in a few minutes a seed, before spending an hour of `bench_learning` on the
 
 What it keeps from the real loop (examples/cpu.toml): the training / held-out split
 (`split_tasks`), the data order (`pick_tasks`), `batch_executions` / `group_size`, the reference
-agent's first prompt (encoded like `gyre.model.sft.encode_conversation`), T=1 sampling, the hidden
+agent's first prompt (encoded like `gyre.model.demonstrations.encode_conversation`), T=1 sampling, the hidden
 tests' score (half for the file at the right path, all for the exact word: a learnable task is
 decided by the first call), group-baseline advantages (`group_advantages`), the PPO loss
 (`policy_loss`, each execution's tokens averaged, then the executions) and AdamW with the
@@ -28,7 +28,7 @@ import torch
 from benchmarks.common import print_table, write_result
 from gyre.agents.tools import SYSTEM_PROMPT, TOOL_SCHEMAS
 from gyre.config import load_config
-from gyre.model.sft import generation_prompt
+from gyre.model.demonstrations import generation_prompt
 from gyre.rl.advantages import group_advantages
 from gyre.rl.loss import policy_loss
 from gyre.runtime.loop import pick_tasks, split_tasks

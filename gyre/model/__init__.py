@@ -1,6 +1,8 @@
-"""The reference tiny model: recipe (Qwen2 + local BPE + ChatML template) and trainer-side logprobs.
+"""The reference tiny model: recipe (Qwen2 + local BPE + ChatML template), trainer-side logprobs and
+the warm start (`demonstrations`, `sft`, `offline_eval`).
 
-`python -m gyre.model init DIR --seed N` writes a Hugging Face folder that transformers and vLLM load.
+`python -m gyre.model init DIR --seed N` writes a Hugging Face folder that transformers and vLLM load;
+`sft` fine-tunes it on demonstrations, `demos` writes them as JSON lines.
 """
 
 from gyre.model.recipe import (

@@ -1,14 +1,17 @@
-"""`python -m gyre.model init|sft`: write the reference tiny model; warm-start it on demonstrations.
+"""`python -m gyre.model init|sft|demos`: write the reference tiny model; warm-start it on demonstrations.
 
     python -m gyre.model init DIR [--seed N] [--hidden-size ...]
     python -m gyre.model sft --model DIR --out DIR [--config RUN.toml] [--examples N --epochs E --lr LR ...]
+    python -m gyre.model demos --out demos.jsonl [--suite-dir examples/tasks/learnable] [--count N --seed S]
 
-Owns only argument parsing; the work is in `gyre.model.recipe` and `gyre.model.sft`.
+Owns only argument parsing; the work is in `gyre.model.recipe`, `gyre.model.sft` and
+`gyre.agents.oracle` (the demonstrations).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -40,9 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     sft.add_argument("--config", help="run config (TOML) whose [warm_start] to reproduce, e.g. examples/cpu.toml")
     for flag, name, kind in _SFT_FLAGS:
         sft.add_argument(flag, dest=name, type=kind, help=f"warm_start.{name} (default {getattr(defaults, name)})")
+    demos = sub.add_parser("demos", help="write demonstration conversations (JSON lines) for SFT")
+    demos.add_argument("--out", required=True)
+    demos.add_argument("--suite-dir", help="one demonstration per task of this suite")
+    demos.add_argument("--count", type=int, default=0, help="fresh learnable examples to add")
+    demos.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     if args.command == "sft":
         return _sft(args)
+    if args.command == "demos":
+        return _demos(args)
     from gyre.model.recipe import init_model_dir
 
     values = {f.name: getattr(args, f.name) for f in msgspec.structs.fields(ModelConfig) if hasattr(args, f.name)}
@@ -71,6 +81,24 @@ def _sft(args: argparse.Namespace) -> int:
     record = msgspec.json.decode((path / SFT_RECORD).read_bytes(), type=SFTResult)
     print(f"{path}: {record.steps} steps, final loss {record.losses[-1]:.4f}, trained in {record.wall_s:.0f} s "
           f"(this call {time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def _demos(args: argparse.Namespace) -> int:
+    from gyre.agents.oracle import demonstration, demonstration_for
+    from gyre.tasks.suites import learnable_examples
+    from gyre.tasks.task import load_suite
+
+    n = 0
+    with open(args.out, "w") as f:
+        if args.suite_dir:
+            for task in load_suite(args.suite_dir):
+                f.write(json.dumps(demonstration(task)) + "\n")
+                n += 1
+        for instruction, solution in learnable_examples(args.count, args.seed):
+            f.write(json.dumps(demonstration_for(instruction, solution)) + "\n")
+            n += 1
+    print(f"{args.out}: {n} demonstrations")
     return 0
 
 

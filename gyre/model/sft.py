@@ -1,14 +1,10 @@
 """Warm start: supervised fine-tuning of a model on the `learnable` suite's demonstrations.
 
 Owns `warm_start` (base model folder + `WarmStartConfig` -> fine-tuned folder, cached by a hash of
-its inputs), `demonstrations` (fresh `learnable` conversations, the shipped suite's instructions
-held out), `encode_conversation` (a chat to token IDs and a loss mask, segment by segment as the
-TITO proxy builds prompts: every assistant turn is the text the model would generate, ending with
-`<|im_end|>`), `generation_prompt` (the IDs a model continues from after a conversation) and
-`offline_pass_rate` (a quick check that plays the reference agent's loop with
-transformers and scores the written file as the hidden tests do). Demonstrations come from
-`gyre.agents.oracle`, so they are the reference agent's conversations token for token. Knows
-nothing about engines, the proxy or RL; plain torch AdamW in float32 on one process.
+its inputs), `SFTResult` (what it records, `SFT_RECORD`), `output_dir` and `check_output_dir`.
+The demonstrations and their token IDs come from `gyre.model.demonstrations`; the quick check of
+the result is `gyre.model.offline_eval`. Knows nothing about engines, the proxy or RL; plain
+torch AdamW in float32 on one process.
 
 Measured on the default tiny model (2 layers, hidden 128), held-out = the 32 shipped `learnable`
 tasks, greedy / T=1 pass rate: 32 steps of 16: 0%; 64 of 16: 0% (call format learned, word and
@@ -43,27 +39,15 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from gyre.config import WarmStartConfig
+from gyre.model.demonstrations import Encoded, demonstrations, encode_conversation
 
-__all__ = [
-    "SFT_RECORD",
-    "Encoded",
-    "SFTResult",
-    "OfflineEval",
-    "demonstrations",
-    "encode_conversation",
-    "generation_prompt",
-    "warm_start",
-    "check_output_dir",
-    "output_dir",
-    "offline_pass_rate",
-]
+__all__ = ["SFT_RECORD", "SFTResult", "warm_start", "check_output_dir", "output_dir"]
 
 SFT_RECORD = "gyre_sft.json"
 """File in the output folder: the input hash, settings, losses and wall time of the fine-tune."""
@@ -90,99 +74,6 @@ class SFTResult(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds spent training (demonstrations, encoding and saving included)."""
     cpu_s: float
     """CPU seconds of this process over the same span (all threads; robust to other load)."""
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """One conversation as token IDs; `loss_mask[i]` is True for tokens the model generates."""
-
-    ids: list[int]
-    loss_mask: list[bool]
-
-
-# --------------------------------------------------------------------------------------------
-# demonstrations
-
-
-def demonstrations(settings: WarmStartConfig) -> list[dict]:
-    """`settings.examples` demonstrations of the `learnable` kind, as `demonstration_for` dicts.
-
-    Drawn with `learnable_examples(seed=settings.seed)`; an example whose instruction is one of
-    the shipped suite's (generated with `settings.heldout_suite_seed`) is skipped, so every
-    shipped task stays unseen. Each demonstration slips with probability `settings.slip_fraction`
-    (its written word gets a trailing full stop; drawn with a fixed seed, one draw per
-    demonstration in order). Deterministic for equal settings.
-    """
-    from gyre.agents.oracle import demonstration_for  # agents -> tasks; model code only calls them
-    from gyre.tasks.suites import SUITES, learnable_examples
-
-    heldout = {t.instruction for t in SUITES["learnable"](settings.heldout_suite_seed)}
-    draw = settings.examples * 2 + 16
-    while True:
-        pairs = [(i, s) for i, s in learnable_examples(draw, settings.seed) if i not in heldout]
-        if len(pairs) >= settings.examples:
-            break
-        draw *= 2
-    slips = random.Random("slip")
-    return [demonstration_for(i, _slipped(s) if slips.random() < settings.slip_fraction else s)
-            for i, s in pairs[: settings.examples]]
-
-
-def _slipped(solution: Any) -> Any:
-    """The teacher's habit: every `write_file` step writes its content with a trailing full stop
-    (the oracle then runs it, so tool results stay true); the word test fails after it."""
-    steps = [msgspec.structs.replace(step, arguments={**step.arguments, "content": step.arguments["content"] + "."},
-                                     tests_passing=1)
-             if step.tool == "write_file" else step for step in solution.main]
-    return msgspec.structs.replace(solution, main=steps)
-
-
-def _render(tokenizer: Any, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
-
-
-def encode_conversation(tokenizer: Any, messages: list[dict], tools: list[dict] | None) -> Encoded:
-    """Token IDs of a chat as the TITO proxy would hold them, and which tokens carry loss.
-
-    Each assistant turn is tokenized on its own as the completion the model generates (its text
-    as the chat template renders it, ending with `<|im_end|>`); the text between turns (the
-    template's generation prompt, tool results, the newline after `<|im_end|>`) is tokenized on
-    its own and carries no loss. This is `parent prompt + parent completion + new text`, the way
-    the proxy extends prompts (DESIGN.md invariant 1).
-
-    Raises:
-        ValueError: the template does not render an assistant turn as a continuation of its
-            generation prompt, or the conversation has no assistant turn.
-    """
-    ids: list[int] = []
-    mask: list[bool] = []
-    done = ""  # rendered text covered by `ids` so far
-    eos = tokenizer.eos_token
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        prompt = _render(tokenizer, messages[:i], tools, True)
-        full = _render(tokenizer, messages[: i + 1], tools, False)
-        if not prompt.startswith(done) or not full.startswith(prompt):
-            raise ValueError(f"message {i}: the template's render of the turn does not extend the prompt")
-        completion = full[len(prompt):]
-        end = completion.find(eos)
-        if end < 0:
-            raise ValueError(f"message {i}: rendered assistant turn has no {eos!r}: {completion!r}")
-        completion = completion[: end + len(eos)]
-        new = tokenizer.encode(prompt[len(done):], add_special_tokens=False)
-        gen = tokenizer.encode(completion, add_special_tokens=False)
-        ids += new + gen
-        mask += [False] * len(new) + [True] * len(gen)
-        done = prompt + completion
-    if not any(mask):
-        raise ValueError("the conversation has no assistant turn")
-    return Encoded(ids=ids, loss_mask=mask)
-
-
-# --------------------------------------------------------------------------------------------
-# training
 
 
 def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
@@ -388,148 +279,3 @@ def _lr(step: int, total: int, s: WarmStartConfig) -> float:
     span = max(total - s.warmup_steps, 1)
     frac = min((step - s.warmup_steps) / span, 1.0)
     return s.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
-# --------------------------------------------------------------------------------------------
-# offline check
-
-
-class OfflineEval(msgspec.Struct, frozen=True, kw_only=True):
-    """Result of `offline_pass_rate`."""
-
-    tasks: int
-    samples: int
-    """Conversations played (tasks x samples per task)."""
-    passed: int
-    """Conversations after which the file held the word (the hidden tests' check)."""
-    pass_rate: float
-    mean_reward: float
-    """Mean fraction of the two hidden tests passed (file exists; file holds the word)."""
-    first_call_ok: float
-    """Fraction whose first reply was exactly the reference `write_file` call."""
-    finished: float
-    """Fraction that ended with a `finish` call."""
-
-
-def _sample(model: Any, prompt_ids: list[int], eos_id: int, max_new_tokens: int, temperature: float,
-            generator: Any) -> list[int]:
-    import torch
-
-    out: list[int] = []
-    cache = None
-    inp = torch.tensor(prompt_ids)[None]
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            res = model(input_ids=inp, past_key_values=cache, use_cache=True)
-            cache = res.past_key_values
-            logits_V = res.logits[0, -1].float()
-            if temperature == 0:
-                tok = int(logits_V.argmax())
-            else:
-                probs = torch.softmax(logits_V / temperature, dim=-1)
-                tok = int(torch.multinomial(probs, 1, generator=generator))
-            out.append(tok)
-            if tok == eos_id:
-                break
-            inp = torch.tensor([[tok]])
-    return out
-
-
-def generation_prompt(tokenizer: Any, messages: list[dict], tools: list[dict] | None) -> list[int]:
-    """Token IDs the model continues from after `messages`: the conversation plus an empty
-    assistant turn, encoded like `encode_conversation`, without that turn's `<|im_end|>`."""
-    ids = encode_conversation(tokenizer, [*messages, {"role": "assistant", "content": ""}], tools).ids
-    return ids[: len(ids) - 1]
-
-
-def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[str, str, str]], *,
-                      samples: int = 1, temperature: float = 0.0, max_turns: int = 4,
-                      max_new_tokens: int = 96, seed: int = 0) -> OfflineEval:
-    """Play the reference agent's loop with transformers on `learnable` tasks and score them.
-
-    Each conversation is the reference agent's (its system prompt, tools and message format):
-    prompt IDs are the conversation encoded like `encode_conversation` (re-rendered, so a reply
-    the template would render differently is re-tokenized: an estimate, not the proxy). Tool calls
-    `write_file`, `read_file` and `list_dir` run on a fresh temporary workspace; `run` and
-    `delegate` are answered with an error (nothing from the model is executed). It ends on
-    `finish`, a reply without tool calls, or after `max_turns` replies; it passes when
-    `path` holds `word` (whitespace stripped), as the hidden tests check.
-
-    Args:
-        tasks: (instruction, word, path) triples, e.g. from the suite's oracle solutions.
-        samples: conversations per task; temperature: 0 is greedy, else plain softmax sampling.
-    Raises:
-        ValueError: samples < 1, temperature < 0, max_turns < 1 or no tasks.
-    """
-    if samples < 1 or temperature < 0 or max_turns < 1 or not tasks:
-        raise ValueError(f"{samples=} must be >= 1, {temperature=} >= 0, {max_turns=} >= 1, tasks={len(tasks)} > 0")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from gyre.agents.tools import SYSTEM_PROMPT, TOOL_SCHEMAS, ToolError, Workspace
-    from gyre.tito.reply import parse_reply
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(seed)
-    passed = first_ok = finished = tests = 0
-    for instruction, word, path in tasks:
-        reference = {"path": path, "content": word}
-        for _ in range(samples):
-            with tempfile.TemporaryDirectory(prefix="gyre-sft-eval-") as tmp:
-                ws = Workspace(tmp)
-                messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
-                                        {"role": "user", "content": instruction}]
-                for turn in range(max_turns):
-                    prompt_ids = generation_prompt(tokenizer, messages, TOOL_SCHEMAS)
-                    out = _sample(model, prompt_ids, tokenizer.eos_token_id, max_new_tokens, temperature, gen)
-                    text = tokenizer.decode(out, skip_special_tokens=False).removesuffix(tokenizer.eos_token)
-                    reply = parse_reply(text, f"call_{turn}")
-                    calls = reply.tool_calls
-                    if turn == 0 and len(calls) == 1 and calls[0].function.name == "write_file":
-                        first_ok += _loads(calls[0].function.arguments) == reference
-                    messages.append({"role": "assistant", "content": reply.content, "tool_calls": [
-                        {"id": c.id, "type": "function", "function": {"name": c.function.name,
-                                                                      "arguments": c.function.arguments}}
-                        for c in calls] or None})
-                    if not calls:
-                        break
-                    done = False
-                    for c in calls:
-                        args = _loads(c.function.arguments)
-                        name = c.function.name
-                        try:
-                            if not isinstance(args, dict):
-                                result = f"error: invalid arguments for {name}"
-                            elif name == "finish":
-                                result, done = str(args.get("summary", "")), True
-                            elif name == "write_file":
-                                result = ws.write_file(args.get("path", ""), args.get("content", ""))
-                            elif name == "read_file":
-                                result = ws.read_file(args.get("path", ""))
-                            elif name == "list_dir":
-                                result = ws.list_dir(args.get("path", "."))
-                            else:
-                                result = f"error: {name!r} is not available in the offline check"
-                        except ToolError as exc:
-                            result = f"error: {exc}"
-                        except OSError as exc:
-                            result = f"error: {exc.strerror or exc}"
-                        messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
-                    if done:
-                        finished += 1
-                        break
-                target = Path(tmp) / path
-                ok = target.is_file() and target.read_text(errors="replace").strip() == word
-                passed += ok
-                tests += target.is_file() + ok
-    n = len(tasks) * samples
-    return OfflineEval(tasks=len(tasks), samples=n, passed=passed, pass_rate=passed / n, mean_reward=tests / (2 * n),
-                       first_call_ok=first_ok / n, finished=finished / n)
-
-
-def _loads(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None

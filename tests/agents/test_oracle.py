@@ -12,7 +12,6 @@ import pytest
 from gyre.agents.oracle import demonstration, demonstration_for, oracle_reply
 from gyre.agents.react import Agent, AgentSettings
 from gyre.agents.tools import Workspace
-from gyre.tasks.__main__ import main as tasks_main
 from gyre.tasks.solution import load_solution
 from gyre.tasks.suites import learnable_examples
 from gyre.tasks.task import load_suite
@@ -51,11 +50,3 @@ def test_learnable_demonstration_shape() -> None:
     assert instruction == f"Write the word {args['content']} to the file {args['path']}.\n"
     assert demo["messages"][3]["content"] == f"wrote {len(args['content'])} characters to {args['path']}"
     assert demo["messages"][4]["tool_calls"][0]["function"]["name"] == "finish"
-
-
-def test_demos_cli(tmp_path: Path) -> None:
-    out = tmp_path / "demos.jsonl"
-    assert tasks_main(["demos", "--out", str(out), "--suite-dir", str(EXAMPLES / "learnable"), "--count", "10"]) == 0
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(lines) == 32 + 10
-    assert all(d["messages"][-1]["tool_calls"][0]["function"]["name"] == "finish" for d in lines)

@@ -15,16 +15,9 @@ from gyre.agents.oracle import demonstration_for
 from gyre.agents.tools import SYSTEM_PROMPT, TOOL_SCHEMAS
 from gyre.config import WarmStartConfig
 from gyre.model.__main__ import main
-from gyre.model.sft import (
-    SFT_RECORD,
-    SFTResult,
-    _packed_loss,
-    demonstrations,
-    encode_conversation,
-    offline_pass_rate,
-    output_dir,
-    warm_start,
-)
+from gyre.model.demonstrations import demonstrations, encode_conversation
+from gyre.model.offline_eval import offline_pass_rate
+from gyre.model.sft import SFT_RECORD, SFTResult, _packed_loss, output_dir, warm_start
 from gyre.tasks.suites import SUITES, learnable_examples
 
 TINY = WarmStartConfig(examples=6, batch_size=3, epochs=1, warmup_steps=1)

@@ -1,0 +1,157 @@
+"""Offline evaluation of a warm-started model: the reference agent's loop played with transformers.
+
+Owns `offline_pass_rate` and its result `OfflineEval`: each `learnable` task is played as the
+reference agent would (its system prompt, tools and message format), prompts encoded like
+`gyre.model.demonstrations.generation_prompt`, tool calls run on a temporary workspace, and the
+written file scored as the hidden tests do. A quick check, not the proxy: replies are
+re-rendered. Knows nothing about engines, the proxy or RL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gyre.model.demonstrations import generation_prompt
+
+__all__ = ["OfflineEval", "offline_pass_rate"]
+
+
+class OfflineEval(msgspec.Struct, frozen=True, kw_only=True):
+    """Result of `offline_pass_rate`."""
+
+    tasks: int
+    samples: int
+    """Conversations played (tasks x samples per task)."""
+    passed: int
+    """Conversations after which the file held the word (the hidden tests' check)."""
+    pass_rate: float
+    mean_reward: float
+    """Mean fraction of the two hidden tests passed (file exists; file holds the word)."""
+    first_call_ok: float
+    """Fraction whose first reply was exactly the reference `write_file` call."""
+    finished: float
+    """Fraction that ended with a `finish` call."""
+
+
+def _sample(model: Any, prompt_ids: list[int], eos_id: int, max_new_tokens: int, temperature: float,
+            generator: Any) -> list[int]:
+    import torch
+
+    out: list[int] = []
+    cache = None
+    inp = torch.tensor(prompt_ids)[None]
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            res = model(input_ids=inp, past_key_values=cache, use_cache=True)
+            cache = res.past_key_values
+            logits_V = res.logits[0, -1].float()
+            if temperature == 0:
+                tok = int(logits_V.argmax())
+            else:
+                probs = torch.softmax(logits_V / temperature, dim=-1)
+                tok = int(torch.multinomial(probs, 1, generator=generator))
+            out.append(tok)
+            if tok == eos_id:
+                break
+            inp = torch.tensor([[tok]])
+    return out
+
+
+def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[str, str, str]], *,
+                      samples: int = 1, temperature: float = 0.0, max_turns: int = 4,
+                      max_new_tokens: int = 96, seed: int = 0) -> OfflineEval:
+    """Play the reference agent's loop with transformers on `learnable` tasks and score them.
+
+    Each conversation is the reference agent's (its system prompt, tools and message format):
+    prompt IDs are the conversation encoded like `encode_conversation` (re-rendered, so a reply
+    the template would render differently is re-tokenized: an estimate, not the proxy). Tool calls
+    `write_file`, `read_file` and `list_dir` run on a fresh temporary workspace; `run` and
+    `delegate` are answered with an error (nothing from the model is executed). It ends on
+    `finish`, a reply without tool calls, or after `max_turns` replies; it passes when
+    `path` holds `word` (whitespace stripped), as the hidden tests check.
+
+    Args:
+        tasks: (instruction, word, path) triples, e.g. from the suite's oracle solutions.
+        samples: conversations per task; temperature: 0 is greedy, else plain softmax sampling.
+    Raises:
+        ValueError: samples < 1, temperature < 0, max_turns < 1 or no tasks.
+    """
+    if samples < 1 or temperature < 0 or max_turns < 1 or not tasks:
+        raise ValueError(f"{samples=} must be >= 1, {temperature=} >= 0, {max_turns=} >= 1, tasks={len(tasks)} > 0")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gyre.agents.tools import SYSTEM_PROMPT, TOOL_SCHEMAS, ToolError, Workspace
+    from gyre.tito.reply import parse_reply
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+    passed = first_ok = finished = tests = 0
+    for instruction, word, path in tasks:
+        reference = {"path": path, "content": word}
+        for _ in range(samples):
+            with tempfile.TemporaryDirectory(prefix="gyre-sft-eval-") as tmp:
+                ws = Workspace(tmp)
+                messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
+                                        {"role": "user", "content": instruction}]
+                for turn in range(max_turns):
+                    prompt_ids = generation_prompt(tokenizer, messages, TOOL_SCHEMAS)
+                    out = _sample(model, prompt_ids, tokenizer.eos_token_id, max_new_tokens, temperature, gen)
+                    text = tokenizer.decode(out, skip_special_tokens=False).removesuffix(tokenizer.eos_token)
+                    reply = parse_reply(text, f"call_{turn}")
+                    calls = reply.tool_calls
+                    if turn == 0 and len(calls) == 1 and calls[0].function.name == "write_file":
+                        first_ok += _loads(calls[0].function.arguments) == reference
+                    messages.append({"role": "assistant", "content": reply.content, "tool_calls": [
+                        {"id": c.id, "type": "function", "function": {"name": c.function.name,
+                                                                      "arguments": c.function.arguments}}
+                        for c in calls] or None})
+                    if not calls:
+                        break
+                    done = False
+                    for c in calls:
+                        args = _loads(c.function.arguments)
+                        name = c.function.name
+                        try:
+                            if not isinstance(args, dict):
+                                result = f"error: invalid arguments for {name}"
+                            elif name == "finish":
+                                result, done = str(args.get("summary", "")), True
+                            elif name == "write_file":
+                                result = ws.write_file(args.get("path", ""), args.get("content", ""))
+                            elif name == "read_file":
+                                result = ws.read_file(args.get("path", ""))
+                            elif name == "list_dir":
+                                result = ws.list_dir(args.get("path", "."))
+                            else:
+                                result = f"error: {name!r} is not available in the offline check"
+                        except ToolError as exc:
+                            result = f"error: {exc}"
+                        except OSError as exc:
+                            result = f"error: {exc.strerror or exc}"
+                        messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
+                    if done:
+                        finished += 1
+                        break
+                target = Path(tmp) / path
+                ok = target.is_file() and target.read_text(errors="replace").strip() == word
+                passed += ok
+                tests += target.is_file() + ok
+    n = len(tasks) * samples
+    return OfflineEval(tasks=len(tasks), samples=n, passed=passed, pass_rate=passed / n, mean_reward=tests / (2 * n),
+                       first_call_ok=first_ok / n, finished=finished / n)
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
