@@ -1,6 +1,7 @@
 """The multi-cell node runtime: identical cells move between rollout and training by a policy.
 
-Owns `ElasticRuntime` (the driver) and `StepRecord`. The driver owns the mechanics the pure
+Owns `ElasticRuntime` (the driver), `StepRecord`, and the entry points `run_cells` and
+`run_elastic`. The driver owns the mechanics the pure
 scheduler policies (`gyre.runtime.scheduler`) leave out, exactly as the simulator does for the same
 policy objects: it places dispatched executions on rollout cells (pinned in the `Router`), moves
 them off a cell that leaves rollout (the router redirects their in-flight requests), forms each
@@ -8,18 +9,18 @@ step's batch from finished groups, hands a group's micro-batches to an idle trai
 the satellites' gradients on the core cell before its optimizer step, and publishes the new
 weights to the rollout cells. It calls `policy.decide` after every change until no action is left.
 
-Batches (DESIGN.md "step"): executions are dispatched in order, `group_size` per task. Streaming
-(`SchedulerConfig.streaming`): a step's batch is the first `batch_executions // group_size` groups
-to finish, each trained as soon as it finishes; a group finishing after its step's batch is full
-carries over to the next step. Not streaming: step s trains the groups dispatched for it, once all
-of them finished. Every execution's loss weight uses the batch size as denominator (DESIGN.md loss
-normalisation: per execution, then over the batch's executions).
+Batches (DESIGN.md "step"): executions are dispatched in order, `group_size` per task; which
+finished groups form each step's batch (streaming or not, `SchedulerConfig.streaming`) is
+`gyre.runtime.batch_formation`'s, each group trained as soon as it is admitted. Every execution's
+loss weight uses the batch size as denominator (DESIGN.md loss normalisation: per execution, then
+over the batch's executions). The published weights are one `WeightVersion`, bumped by the step.
 
-Cells (`Cell`): anything with the `CellClient` methods (generate..., `switch_role`, `train`,
-`load_trainer_weights`, `send_gradients`, `receive_gradients`, `step`) and, optionally, a process
-to watch. Cell 0 is the core. A cell whose process dies is dropped: its executions move to the
-survivors (beyond their capacity until they finish), groups its trainer held are trained again;
-losing the core stops the run with `CellDiedError`.
+Cells (`CellHandle`, tracked as `DrivenCell`s, `gyre.runtime.cell_handle`): anything with the
+`CellClient` methods (generate..., `switch_role`, `train`, `load_trainer_weights`,
+`send_gradients`, `receive_gradients`, `step`) and, optionally, a process to watch. Cell 0 is the
+core. A cell whose process dies is dropped: its executions move to the survivors (beyond their
+capacity until they finish), groups its trainer held are trained again; losing the core stops the
+run with `CellDiedError`.
 
 Every role change and activity interval goes to the run's timeline (`gyre.runtime.timeline`).
 Knows nothing about HTTP, vLLM or DeepSpeed internals.
@@ -31,7 +32,6 @@ import logging
 import math
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,17 +41,19 @@ import msgspec
 
 from gyre.config import RunConfig
 from gyre.errors import CellDiedError, GyreError
-from gyre.runtime.batch import TrainingBatch, build_training_batch
+from gyre.runtime.batch import build_training_batch
+from gyre.runtime.batch_formation import BatchFormation, Group
 from gyre.runtime.cell_client import open_cells
+from gyre.runtime.cell_handle import CellHandle, DrivenCell, died
 from gyre.runtime.checkpoint import check_run_dir
 from gyre.runtime.loop import pass_rate, pick_tasks, split_tasks
 from gyre.runtime.metrics import MetricsWriter, StepMetrics
-from gyre.runtime.rollout import Executed, Rollout, open_rollout
+from gyre.runtime.rollout import Rollout, open_rollout
 from gyre.runtime.router import Router
 from gyre.runtime.scheduler import (
+    CellRole,
     CellView,
     Dispatch,
-    Role,
     SchedulerPolicy,
     SchedulerState,
     StartStep,
@@ -60,9 +62,10 @@ from gyre.runtime.scheduler import (
     make_policy,
 )
 from gyre.runtime.timeline import TimelineWriter
+from gyre.runtime.weight_version import WeightVersion
 from gyre.tasks.task import Task
 
-__all__ = ["Cell", "CellDiedError", "ElasticRuntime", "StepRecord", "run_cells", "run_elastic"]
+__all__ = ["ElasticRuntime", "StepRecord", "run_cells", "run_elastic"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,16 +73,6 @@ _MAX_DECISIONS = 1000
 """Decisions at one instant before the driver calls the policy stuck (it keeps acting)."""
 _WATCH_S = 0.25
 """How often cell processes are checked for death."""
-
-
-class Cell(msgspec.Struct, kw_only=True):
-    """One cell as the driver is given it: a name, its client, and its process if it has one."""
-
-    name: str
-    client: Any
-    """A `CellClient` (or any object with its methods)."""
-    process: Any = None
-    """Something with `poll()` (a `subprocess.Popen`); None: never checked for death."""
 
 
 class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,37 +88,6 @@ class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
     executions: int
     switches: int
     """Role switches completed during the step."""
-
-
-class _CellState:
-    def __init__(self, index: int, cell: Cell) -> None:
-        self.index = index
-        self.name = cell.name
-        self.client = cell.client
-        self.process = cell.process
-        self.role: Role = "rollout"
-        self.target: Role | None = None
-        self.executions: set[str] = set()
-        self.busy = False
-        self.trainer_version = 0
-        self.engine_version = 0
-        self.has_grads = False
-        self.trained_groups: list[_Group] = []
-        """Groups of the current step whose gradients sit in this cell's trainer."""
-        self.lock = anyio.Lock()
-        """One trainer operation at a time (a cell's trainer is not reentrant)."""
-        self.alive = True
-        self.kind = "idle"
-        self.since = 0.0
-
-
-class _Group:
-    def __init__(self, index: int, task: Task, size: int) -> None:
-        self.index = index
-        self.task = task
-        self.members: list[Executed | None] = [None] * size
-        self.left = size
-        self.batch: TrainingBatch | None = None
 
 
 class ElasticRuntime:
@@ -145,7 +107,7 @@ class ElasticRuntime:
     """
 
     def __init__(
-        self, *, config: RunConfig, cells: Sequence[Cell], router: Router, rollout: Rollout,
+        self, *, config: RunConfig, cells: Sequence[CellHandle], router: Router, rollout: Rollout,
         policy: SchedulerPolicy, tasks: Sequence[Task], snapshot: str, version: int = 0,
         timeline: Any = None, metrics: Any = None, launch: str = "0",
         clock: Callable[[], float] = time.monotonic,
@@ -160,24 +122,20 @@ class ElasticRuntime:
         if not tasks:
             raise ValueError("tasks=() must not be empty")
         self.config = config
-        self.cells = [_CellState(i, c) for i, c in enumerate(cells)]
-        for c in self.cells:
-            c.trainer_version = c.engine_version = version
+        self.cells = [DrivenCell(i, c, version) for i, c in enumerate(cells)]
         self.router = router
         self.rollout = rollout
         self.policy = policy
         self.tasks = list(tasks)
-        self.snapshot = snapshot
-        self.version = version
+        self.weights = WeightVersion(version, snapshot)
+        """The published weights: the step bumps them, switches and trainers read them."""
         self.timeline = timeline
         self.metrics = metrics
         self.launch = launch
         self.clock = clock
         self.B = loop.batch_executions
         self.G = loop.group_size
-        self.groups_per_batch = self.B // self.G
         self.capacity = config.scheduler.capacity_per_cell
-        self.streaming = config.scheduler.streaming
         self.snapshot_root = Path(config.run_dir).resolve() / "snapshots"
         # counters the policy sees
         self.dispatched = 0
@@ -186,13 +144,8 @@ class ElasticRuntime:
         self.trained = 0
         self.running = 0
         self.step_running = False
-        # batches
-        self.groups: dict[int, _Group] = {}
-        self.queue: deque[_Group] = deque()
-        self.backlog: deque[_Group] = deque()
-        self.step_groups: list[_Group] = []
-        """Groups admitted to the current step's batch (streaming) or waiting for it."""
-        self.where: dict[str, _CellState] = {}
+        self.batches = BatchFormation(groups_per_batch=self.B // self.G, streaming=config.scheduler.streaming)
+        self.where: dict[str, DrivenCell] = {}
         self.switch_s: list[float] = []
         self.switches_done = 0
         self.records: list[StepRecord] = []
@@ -233,11 +186,11 @@ class ElasticRuntime:
     def _now(self) -> float:
         return self.clock() - self._t0
 
-    def _live(self) -> list[_CellState]:
+    def _live(self) -> list[DrivenCell]:
         return [c for c in self.cells if c.alive]
 
     @property
-    def core(self) -> _CellState:
+    def core(self) -> DrivenCell:
         return self.cells[0]
 
     def _state(self) -> SchedulerState:
@@ -253,7 +206,7 @@ class ElasticRuntime:
         return SchedulerState(
             cells=views, capacity_per_cell=capacity, batch_executions=self.B,
             dispatched=self.dispatched, finished=self.finished, weight_version=self.steps_done,
-            train_ready=self.G * len(self.queue), train_running=self.running, trained=self.trained,
+            train_ready=self.G * len(self.batches.queue), train_running=self.running, trained=self.trained,
             step_running=self.step_running,
         )
 
@@ -285,16 +238,12 @@ class ElasticRuntime:
 
     # -- timeline -------------------------------------------------------------------------------
 
-    def _activity(self, cell: _CellState, kind: str, now: float | None = None) -> None:
+    def _activity(self, cell: DrivenCell, kind: str, now: float | None = None) -> None:
         """Close the cell's current interval and open one of `kind`."""
         now = self._now() if now is None else now
-        if kind == cell.kind:
-            return
-        if self.timeline is not None and now > cell.since:
-            self.timeline.interval(cell.index, cell.since, now, cell.kind, step=self.steps_done + 1)
-        cell.kind, cell.since = kind, now
+        cell.begin_activity(kind, now, self.timeline, self.steps_done + 1)
 
-    def _rollout_activity(self, cell: _CellState) -> None:
+    def _rollout_activity(self, cell: DrivenCell) -> None:
         if cell.role == "rollout":
             self._activity(cell, "rollout" if cell.executions else "idle")
 
@@ -306,7 +255,7 @@ class ElasticRuntime:
                 self.capacity * sum(c.role == "rollout" for c in live),
             )
 
-    def _set_role(self, cell: _CellState, role: Role, target: Role | None = None) -> None:
+    def _set_role(self, cell: DrivenCell, role: CellRole, target: CellRole | None = None) -> None:
         cell.role, cell.target = role, target
         if self.timeline is not None:
             self.timeline.role(self._now(), cell.index, role)
@@ -314,13 +263,13 @@ class ElasticRuntime:
 
     # -- executions -----------------------------------------------------------------------------
 
-    def _place(self, avoid: _CellState | None = None) -> _CellState:
+    def _place(self, avoid: DrivenCell | None = None) -> DrivenCell:
         pool = [c for c in self._live() if c.role == "rollout" and c is not avoid]
         if not pool:
             raise RuntimeError(f"{self.policy.name}: no rollout cell to place an execution on")
         return min(pool, key=lambda c: (len(c.executions) >= self.capacity, len(c.executions), c.index))
 
-    def _pin(self, execution_id: str, cell: _CellState) -> None:
+    def _pin(self, execution_id: str, cell: DrivenCell) -> None:
         self.router.pin(execution_id, cell.name)
         cell.executions.add(execution_id)
         self.where[execution_id] = cell
@@ -330,17 +279,17 @@ class ElasticRuntime:
         for _ in range(n):
             k = self.dispatched
             g, j = divmod(k, self.G)
-            group = self.groups.get(g)
+            group = self.batches.groups.get(g)
             if group is None:
                 task = pick_tasks(self.tasks, g, 1, self.config.seed)[0]
-                group = self.groups[g] = _Group(g, task, self.G)
+                group = self.batches.groups[g] = Group(g, task, self.G)
             execution_id = f"x{k}-{self.launch}-t{g}-g{j}"
             self._pin(execution_id, self._place())
             self.dispatched += 1
             self._spawn(self._execute, group, j, execution_id)
         self._water()
 
-    async def _execute(self, group: _Group, member: int, execution_id: str) -> None:
+    async def _execute(self, group: Group, member: int, execution_id: str) -> None:
         executed = await self.rollout.run(group.task, execution_id)
         cell = self.where.pop(execution_id)
         cell.executions.discard(execution_id)
@@ -355,36 +304,9 @@ class ElasticRuntime:
             group.batch = await anyio.to_thread.run_sync(
                 lambda: build_training_batch([members], trajectory=self.config.trajectory, num_executions=self.B)
             )
-            self._group_complete(group)
+            if self.batches.complete(group, self.steps_done):
+                self._batch_in_s = self._now()
         self._notify()
-
-    def _group_complete(self, group: _Group) -> None:
-        if self.streaming:
-            if len(self.step_groups) < self.groups_per_batch:
-                self._admit(group)
-            else:
-                self.backlog.append(group)
-        else:
-            self.backlog.append(group)
-            self._admit_whole_batch()
-
-    def _admit(self, group: _Group) -> None:
-        self.step_groups.append(group)
-        self.queue.append(group)
-        if len(self.step_groups) == self.groups_per_batch:
-            self._batch_in_s = self._now()
-
-    def _admit_whole_batch(self) -> None:
-        """Not streaming: step s+1 trains groups s*gpb .. (s+1)*gpb - 1 once all finished."""
-        if self.step_groups:
-            return
-        first = self.steps_done * self.groups_per_batch
-        wanted = set(range(first, first + self.groups_per_batch))
-        ready = [g for g in self.backlog if g.index in wanted]
-        if len(ready) == len(wanted):
-            for g in ready:
-                self.backlog.remove(g)
-                self._admit(g)
 
     # -- training -------------------------------------------------------------------------------
 
@@ -392,21 +314,22 @@ class ElasticRuntime:
         if self.step_running:
             return
         for cell in self._live():
-            if not self.queue:
+            if not self.batches.queue:
                 return
             if cell.role != "train" or cell.busy:
                 continue
             cell.busy = True
             self.running += 1
-            self._spawn(self._train, cell, self.queue.popleft())
+            self._spawn(self._train, cell, self.batches.queue.popleft())
 
-    async def _train(self, cell: _CellState, group: _Group) -> None:
+    async def _train(self, cell: DrivenCell, group: Group) -> None:
         try:
             async with cell.lock:
-                if cell.trainer_version < self.version:
+                weights = self.weights
+                if weights.is_stale(cell.trainer_version):
                     self._activity(cell, "load")
-                    await cell.client.load_trainer_weights(self.snapshot, self.version)
-                    cell.trainer_version = self.version
+                    await cell.client.load_trainer_weights(weights.snapshot, weights.version)
+                    cell.trainer_version = weights.version
                 self._activity(cell, "train")
                 if group.batch is not None:
                     stats = await cell.client.train(group.batch.micro_batches, group.batch.advantages)
@@ -414,13 +337,13 @@ class ElasticRuntime:
                     cell.has_grads = True
                 cell.trained_groups.append(group)
         except GyreError as exc:
-            if cell.alive and not _died(cell):
+            if cell.alive and not died(cell):
                 raise
             logger.warning("cell %s died while training group %d: it is trained again (%s)", cell.name, group.index, exc)
-            self.queue.appendleft(group)
+            self.batches.queue.appendleft(group)
         else:
             self.trained += self.G
-            if len(self.step_groups) == self.groups_per_batch and self.trained >= self.B:
+            if self.batches.full and self.trained >= self.B:
                 self._trained_s = self._now()
         finally:
             self.running -= 1
@@ -429,7 +352,7 @@ class ElasticRuntime:
                 self._activity(cell, "idle")
             self._notify()
 
-    async def _send_gradients(self, satellite: _CellState) -> None:
+    async def _send_gradients(self, satellite: DrivenCell) -> None:
         """Move a satellite's accumulated gradient into the core's (both trainers locked)."""
         core = self.core
         async with satellite.lock, core.lock:
@@ -450,7 +373,7 @@ class ElasticRuntime:
                 try:
                     await self._send_gradients(cell)
                 except GyreError:
-                    if not _died(cell):
+                    if not died(cell):
                         raise
                     if cell.alive:
                         self._lose(cell)  # its groups go back to the queue: the step waits for them
@@ -464,13 +387,13 @@ class ElasticRuntime:
             core.has_grads = False
             core.trained_groups = []
         if result.applied:
-            self.version = result.version
-            self.snapshot = result.snapshot
-            core.trainer_version = self.version
-            await self.router.load_weights(self.snapshot, self.version)
+            weights = self.weights
+            weights.publish(result.version, result.snapshot)
+            core.trainer_version = weights.version
+            await self.router.load_weights(weights.snapshot, weights.version)
             for cell in self._live():
                 if cell.role == "rollout":
-                    cell.engine_version = self.version
+                    cell.engine_version = weights.version
         self._activity(core, "idle")
         self._finish_step(result, t_step)
         self.step_running = False
@@ -479,14 +402,15 @@ class ElasticRuntime:
 
     def _finish_step(self, result: Any, t_step: float) -> None:
         now = self._now()
-        executed = [m for g in self.step_groups for m in g.members if m is not None]
-        batches = [g.batch for g in self.step_groups if g.batch is not None]
+        step_groups = self.batches.step_groups
+        executed = [m for g in step_groups for m in g.members if m is not None]
+        batches = [g.batch for g in step_groups if g.batch is not None]
         stats = self.train_stats
         counted = sum(s.counted for s in stats)
         self.steps_done += 1
         step_s = now - (self._step_t0 - self._t0)
         record = StepRecord(
-            step=self.steps_done, version=self.version, end_s=now, step_s=step_s, groups=len(self.step_groups),
+            step=self.steps_done, version=self.weights.version, end_s=now, step_s=step_s, groups=len(step_groups),
             executions=len(executed), switches=self.switches_done - self._step_switches,
         )
         self.records.append(record)
@@ -501,16 +425,12 @@ class ElasticRuntime:
         self._step_switches = self.switches_done
         self.trained = 0
         self.train_stats = []
-        self.step_groups = []
-        if self.streaming:
-            while self.backlog and len(self.step_groups) < self.groups_per_batch:
-                self._admit(self.backlog.popleft())
-        else:
-            self._admit_whole_batch()
+        if self.batches.next_step(self.steps_done):
+            self._batch_in_s = self._now()
 
     # -- role switches --------------------------------------------------------------------------
 
-    def _begin_switch(self, cell: _CellState, role: Role) -> None:
+    def _begin_switch(self, cell: DrivenCell, role: CellRole) -> None:
         if cell.role == role or cell.role == "switching":
             raise RuntimeError(f"{self.policy.name}: switch of cell {cell.name} ({cell.role}) to {role}")
         if role == "train":
@@ -520,27 +440,29 @@ class ElasticRuntime:
         self._set_role(cell, "switching", role)
         self._spawn(self._switch, cell, role)
 
-    async def _switch(self, cell: _CellState, role: Role) -> None:
+    async def _switch(self, cell: DrivenCell, role: CellRole) -> None:
         t0 = self._now()
         self._activity(cell, "switch", t0)
         if role == "train":
             await self.router.set_role(cell.name, "train")  # redirects its in-flight requests
             async with cell.lock:
                 satellite = cell is not self.core
-                await cell.client.switch_role("train", self.snapshot if satellite else None, self.version)
+                weights = self.weights
+                await cell.client.switch_role("train", weights.snapshot if satellite else None, weights.version)
                 if satellite:
-                    cell.trainer_version = self.version
+                    cell.trainer_version = weights.version
         else:
             if cell is not self.core:
                 await self._send_gradients(cell)
+            weights = self.weights
             async with cell.lock:
-                version = self.version
-                await cell.client.switch_role("rollout", self.snapshot, version)
+                version = weights.version
+                await cell.client.switch_role("rollout", weights.snapshot, version)
                 cell.engine_version = version
             await self.router.set_role(cell.name, "rollout")
-            while cell.engine_version < self.version:  # a step was published meanwhile
-                version = self.version
-                await cell.client.load_weights(self.snapshot, version)
+            while weights.is_stale(cell.engine_version):  # a step was published meanwhile
+                version = weights.version
+                await cell.client.load_weights(weights.snapshot, version)
                 cell.engine_version = version
         self.switch_s.append(self._now() - t0)
         self.switches_done += 1
@@ -565,10 +487,10 @@ class ElasticRuntime:
         while True:
             await anyio.sleep(_WATCH_S)
             for cell in self._live():
-                if _died(cell):
+                if died(cell):
                     self._lose(cell)
 
-    def _lose(self, cell: _CellState) -> None:
+    def _lose(self, cell: DrivenCell) -> None:
         code = cell.process.poll()
         if cell is self.core:
             raise CellDiedError(f"core cell {cell.name} died (exit {code}): its weights and optimizer state are lost")
@@ -581,15 +503,11 @@ class ElasticRuntime:
         cell.executions.clear()
         for group in cell.trained_groups:  # its gradients died with it
             self.trained -= self.G
-            self.queue.appendleft(group)
+            self.batches.queue.appendleft(group)
         cell.trained_groups = []
         cell.has_grads = False
         self._water()
         self._notify()
-
-
-def _died(cell: _CellState) -> bool:
-    return cell.process is not None and cell.process.poll() is not None
 
 
 def _step_metrics(record, executed, batches, stats, counted, result, times) -> StepMetrics:
@@ -613,7 +531,7 @@ def _step_metrics(record, executed, batches, stats, counted, result, times) -> S
 
 
 async def run_cells(
-    config: RunConfig, cells: Sequence[Cell], *, tokenizer: Any, tasks: Sequence[Task], snapshot: str,
+    config: RunConfig, cells: Sequence[CellHandle], *, tokenizer: Any, tasks: Sequence[Task], snapshot: str,
     version: int = 0, policy: SchedulerPolicy | None = None, launch: str = "0",
 ) -> ElasticRuntime:
     """Run `config.loop.steps` steps on `cells` (open clients; `cells[0]` is the core): the TITO
@@ -658,7 +576,7 @@ async def run_elastic(
         config.cells.num_cells, model_dir, config.engine, log_dir=run_dir / "cells",
         trainer_config=config.trainer, rl_config=config.rl, host=config.cells.host,
     ) as clients:
-        cells = [Cell(name=f"cell-{i}", client=c, process=c.process) for i, c in enumerate(clients)]
+        cells = [CellHandle(name=f"cell-{i}", client=c, process=c.process) for i, c in enumerate(clients)]
         return await run_cells(
             config, cells, tokenizer=tokenizer, tasks=train, snapshot=str(model_dir), policy=policy,
             launch=launch or secrets.token_hex(3),

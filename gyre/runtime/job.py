@@ -110,8 +110,8 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
 
         runtime = anyio.run(partial(run_elastic, config, model_dir), backend="trio")
         summary = write_report(config.run_dir)
-        print(f"done: {runtime.steps_done} steps, weight version {runtime.version}; report: {summary}", flush=True)
-        return LoopState(step=runtime.steps_done, version=runtime.version, task_cursor=-(-runtime.dispatched // runtime.G))
+        print(f"done: {runtime.steps_done} steps, weight version {runtime.weights.version}; report: {summary}", flush=True)
+        return LoopState(step=runtime.steps_done, version=runtime.weights.version, task_cursor=-(-runtime.dispatched // runtime.G))
     with Progress(total_steps=config.loop.steps) as progress:
         state = anyio.run(partial(run_rl, config, model_dir, resume=resume, progress=progress), backend="trio")
         summary = write_report(config.run_dir)

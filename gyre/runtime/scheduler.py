@@ -21,7 +21,7 @@ from typing import Literal, Protocol, runtime_checkable
 import msgspec
 
 __all__ = [
-    "Role",
+    "CellRole",
     "CellView",
     "SchedulerState",
     "Dispatch",
@@ -37,7 +37,7 @@ __all__ = [
     "make_policy",
 ]
 
-Role = Literal["rollout", "train", "switching"]
+CellRole = Literal["rollout", "train", "switching"]
 """A cell's role (DESIGN.md terms); `switching` lasts from the switch order to its completion."""
 
 
@@ -46,7 +46,7 @@ class CellView(msgspec.Struct, frozen=True, kw_only=True):
 
     index: int
     """Position of the cell in `SchedulerState.cells` (0-based)."""
-    role: Role
+    role: CellRole
     is_core: bool = False
     """The training cell that holds the authoritative weights and optimizer state."""
     switching_to: Literal["rollout", "train"] | None = None
@@ -150,7 +150,7 @@ class SchedulerState(msgspec.Struct, frozen=True, kw_only=True):
     def core(self) -> CellView:
         return next(c for c in self.cells if c.is_core)
 
-    def with_role(self, role: Role) -> list[CellView]:
+    def with_role(self, role: CellRole) -> list[CellView]:
         return [c for c in self.cells if c.role == role]
 
     @property
@@ -219,7 +219,7 @@ class SchedulerPolicy(Protocol):
 
     name: str
 
-    def initial_roles(self, num_cells: int, core_cell: int) -> tuple[Role, ...]:
+    def initial_roles(self, num_cells: int, core_cell: int) -> tuple[CellRole, ...]:
         """Roles at the start of the run (no switch cost is paid for them)."""
         ...
 
@@ -272,7 +272,7 @@ class ColocatePolicy(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         _check_staleness(self.max_staleness_steps)
 
-    def initial_roles(self, num_cells: int, core_cell: int) -> tuple[Role, ...]:
+    def initial_roles(self, num_cells: int, core_cell: int) -> tuple[CellRole, ...]:
         return ("rollout",) * num_cells
 
     def decide(self, state: SchedulerState) -> tuple[Action, ...]:
@@ -318,7 +318,7 @@ class AsyncPolicy(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"num_train_cells={self.num_train_cells} must be > 0")
         _check_staleness(self.max_staleness_steps)
 
-    def initial_roles(self, num_cells: int, core_cell: int) -> tuple[Role, ...]:
+    def initial_roles(self, num_cells: int, core_cell: int) -> tuple[CellRole, ...]:
         if self.num_train_cells >= num_cells:
             raise ValueError(
                 f"num_train_cells={self.num_train_cells} must leave a rollout cell of {num_cells=}"
@@ -385,7 +385,7 @@ class ElasticPolicy(msgspec.Struct, frozen=True, kw_only=True):
             num_train_cells=self.fallback_train_cells, max_staleness_steps=self.max_staleness_steps
         )
 
-    def initial_roles(self, num_cells: int, core_cell: int) -> tuple[Role, ...]:
+    def initial_roles(self, num_cells: int, core_cell: int) -> tuple[CellRole, ...]:
         if self.pinned:
             return self._fallback().initial_roles(num_cells, core_cell)
         return ("rollout",) * num_cells

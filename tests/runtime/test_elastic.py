@@ -20,7 +20,8 @@ from gyre.agents.longtail import LongtailSettings, draw_plan, longtail_command, 
 from gyre.config import config_from_dict
 from gyre.engines.scripted import ScriptedEngine
 from gyre.model.recipe import build_tokenizer
-from gyre.runtime.elastic import Cell, run_cells
+from gyre.runtime.cell_handle import CellHandle
+from gyre.runtime.elastic import run_cells
 from gyre.runtime.metrics import StepMetrics, read_metrics
 from gyre.runtime.scheduler import ElasticPolicy, StartStep, SwitchToRollout, SwitchToTrain
 from gyre.runtime.timeline import read_timeline
@@ -57,7 +58,7 @@ def make_cells(tok, n: int = CELLS) -> list[FakeTrainingCell]:
 async def drive(cfg, fakes, *, processes=None):
     tok = build_tokenizer()
     tasks = load_suite(REPO / "examples/tasks/learnable")
-    cells = [Cell(name=f"cell-{i}", client=f, process=(processes or {}).get(i)) for i, f in enumerate(fakes)]
+    cells = [CellHandle(name=f"cell-{i}", client=f, process=(processes or {}).get(i)) for i, f in enumerate(fakes)]
     return await run_cells(cfg, cells, tokenizer=tok, tasks=tasks, snapshot="model", launch="L")
 
 
@@ -221,13 +222,13 @@ async def test_hundred_forced_switches_during_long_executions_lose_nothing(tmp_p
         "router": {"no_cell_timeout_s": 60},
     })
     chaos = ChaosPolicy(budget=100, steps=STORM_STEPS)
-    cells = [Cell(name=f"cell-{i}", client=f) for i, f in enumerate(fakes)]
+    cells = [CellHandle(name=f"cell-{i}", client=f) for i, f in enumerate(fakes)]
     runtime = await run_cells(cfg, cells, tokenizer=tok, tasks=load_suite(REPO / "examples/tasks/longtail"),
                               snapshot="model", policy=chaos, launch="L")
     assert chaos.forced == 100
     assert runtime.switches_done >= 100
     log = read_log(tmp_path / "run" / "calls.log")
-    ended = [m for g in runtime.groups.values() for m in g.members if m is not None]
+    ended = [m for g in runtime.batches.groups.values() for m in g.members if m is not None]
     assert len(ended) >= STORM_STEPS * B
     for ex in ended:
         eid = ex.outcome.execution_id

@@ -18,7 +18,8 @@ from transformers import AutoTokenizer
 
 from gyre.config import config_from_dict
 from gyre.runtime.cell_client import open_cells
-from gyre.runtime.elastic import Cell, run_cells
+from gyre.runtime.cell_handle import CellHandle
+from gyre.runtime.elastic import run_cells
 from gyre.runtime.loop import split_tasks
 from gyre.runtime.metrics import StepMetrics, read_metrics
 from gyre.runtime.timeline import read_timeline
@@ -49,7 +50,7 @@ def test_two_real_cells_colocate_two_steps(tmp_path: Path, tiny_model_dir: Path)
     async def main():
         async with open_cells(2, tiny_model_dir, config.engine, log_dir=run_dir / "cells",
                               trainer_config=config.trainer, rl_config=config.rl) as clients:
-            cells = [Cell(name=f"cell-{i}", client=c) for i, c in enumerate(clients)]
+            cells = [CellHandle(name=f"cell-{i}", client=c) for i, c in enumerate(clients)]
             runtime = await run_cells(config, cells, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir),
                                       tasks=train, snapshot=str(tiny_model_dir), launch="L")
             stats = [await c.cell_statistics() for c in clients]
@@ -62,7 +63,7 @@ def test_two_real_cells_colocate_two_steps(tmp_path: Path, tiny_model_dir: Path)
     assert all(m.pass_rate == 0.5 for m in metrics)  # the coin agent: odd slots solve their task
     assert all(m.policy_tokens > 0 and m.logprob_abs_diff_mean < 1e-4 for m in metrics)
     assert (run_dir / "snapshots" / "v2" / "model.safetensors").exists()
-    assert runtime.version == 2
+    assert runtime.weights.version == 2
     core, satellite = stats
     assert core.trainer_version == 2
     # a step's 2 groups go to whichever training cell is idle first (under load the core, switched

@@ -1,0 +1,94 @@
+"""Batch formation for the elastic driver: which finished groups make up each step's batch.
+
+Owns `Group` (the `group_size` executions of one task in one step, their `TrainingBatch` once
+all finished) and `BatchFormation` (every group by index, the groups of the current step's batch,
+those ready for training and not yet handed to a cell, and those finished for a later step).
+Streaming: a step's batch is the first `groups_per_batch` groups to finish; a group finishing
+after its step's batch is full carries over. Not streaming: step s trains groups
+s*groups_per_batch .. (s+1)*groups_per_batch - 1, once all of them finished.
+Knows nothing about cells, clocks or training; the driver (`gyre.runtime.elastic`) moves groups.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from gyre.runtime.batch import TrainingBatch
+from gyre.runtime.rollout import Executed
+from gyre.tasks.task import Task
+
+__all__ = ["BatchFormation", "Group"]
+
+
+class Group:
+    """The `size` executions of `task` dispatched as group `index` (in dispatch order)."""
+
+    def __init__(self, index: int, task: Task, size: int) -> None:
+        self.index = index
+        self.task = task
+        self.members: list[Executed | None] = [None] * size
+        self.left = size
+        """Members still running."""
+        self.batch: TrainingBatch | None = None
+        """The group's training batch, built once every member finished."""
+
+
+class BatchFormation:
+    """The groups of a run and how they form each step's batch (see the module docstring)."""
+
+    def __init__(self, *, groups_per_batch: int, streaming: bool) -> None:
+        self.groups_per_batch = groups_per_batch
+        self.streaming = streaming
+        self.groups: dict[int, Group] = {}
+        """Every group dispatched, by index."""
+        self.queue: deque[Group] = deque()
+        """Groups of the current step's batch ready for training and not handed to a cell."""
+        self.backlog: deque[Group] = deque()
+        """Finished groups waiting for a later step's batch."""
+        self.step_groups: list[Group] = []
+        """Groups admitted to the current step's batch (streaming) or waiting for it."""
+
+    @property
+    def full(self) -> bool:
+        """The current step's batch has all its groups."""
+        return len(self.step_groups) == self.groups_per_batch
+
+    def complete(self, group: Group, steps_done: int) -> bool:
+        """Take in `group`, all of whose members finished; True when this filled the batch."""
+        if self.streaming:
+            if len(self.step_groups) < self.groups_per_batch:
+                return self._admit(group)
+            self.backlog.append(group)
+            return False
+        self.backlog.append(group)
+        return self._admit_whole_batch(steps_done)
+
+    def next_step(self, steps_done: int) -> bool:
+        """Start the batch of the step after `steps_done` steps from the carried-over groups; True
+        when that batch is already full."""
+        self.step_groups = []
+        if not self.streaming:
+            return self._admit_whole_batch(steps_done)
+        filled = False
+        while self.backlog and len(self.step_groups) < self.groups_per_batch:
+            filled = self._admit(self.backlog.popleft()) or filled
+        return filled
+
+    def _admit(self, group: Group) -> bool:
+        self.step_groups.append(group)
+        self.queue.append(group)
+        return self.full
+
+    def _admit_whole_batch(self, steps_done: int) -> bool:
+        """Not streaming: step s+1 trains groups s*gpb .. (s+1)*gpb - 1 once all finished."""
+        if self.step_groups:
+            return False
+        first = steps_done * self.groups_per_batch
+        wanted = set(range(first, first + self.groups_per_batch))
+        ready = [g for g in self.backlog if g.index in wanted]
+        filled = False
+        if len(ready) == len(wanted):
+            for g in ready:
+                self.backlog.remove(g)
+                filled = self._admit(g) or filled
+        return filled

@@ -1,0 +1,75 @@
+"""The elastic driver's side of a cell: the handle it is given and what it tracks about each cell.
+
+Owns `CellHandle` (a cell as the driver is given it: a name, its client, its process if any),
+`DrivenCell` (the driver's bookkeeping for one cell: role, executions placed on it, busy flag,
+the weight versions its trainer and engine hold, gradients and groups in its trainer, whether it
+is alive, its current activity interval) and `died` (the process check the driver's watch uses).
+Knows nothing about HTTP, policies or batches beyond holding a cell's trained `Group`s; the cell
+itself (a worker process) is `gyre.runtime.cell`, its client `gyre.runtime.cell_client`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+
+from gyre.runtime.scheduler import CellRole
+
+if TYPE_CHECKING:
+    from gyre.runtime.batch_formation import Group
+
+__all__ = ["CellHandle", "DrivenCell", "died"]
+
+
+class CellHandle(msgspec.Struct, kw_only=True):
+    """One cell as the driver is given it: a name, its client, and its process if it has one."""
+
+    name: str
+    client: Any
+    """A `CellClient` (or any object with its methods)."""
+    process: Any = None
+    """Something with `poll()` (a `subprocess.Popen`); None: never checked for death."""
+
+
+class DrivenCell:
+    """What the driver tracks about the cell `handle`, the `index`-th it was given (0: the core)."""
+
+    def __init__(self, index: int, handle: CellHandle, version: int) -> None:
+        self.index = index
+        self.name = handle.name
+        self.client = handle.client
+        self.process = handle.process
+        self.role: CellRole = "rollout"
+        self.target: CellRole | None = None
+        self.executions: set[str] = set()
+        self.busy = False
+        self.trainer_version = version
+        """Weight version in this cell's trainer."""
+        self.engine_version = version
+        """Weight version in this cell's inference engine."""
+        self.has_grads = False
+        self.trained_groups: list[Group] = []
+        """Groups of the current step whose gradients sit in this cell's trainer."""
+        self.lock = anyio.Lock()
+        """One trainer operation at a time (a cell's trainer is not reentrant)."""
+        self.alive = True
+        self.kind = "idle"
+        """The activity of the open timeline interval."""
+        self.since = 0.0
+        """Run seconds when that interval opened."""
+
+    def begin_activity(self, kind: str, now: float, timeline: Any, step: int) -> None:
+        """Close the open interval at `now` (written to `timeline`, when it has length) and open one
+        of `kind`; nothing changes when the cell is already doing `kind`."""
+        if kind == self.kind:
+            return
+        if timeline is not None and now > self.since:
+            timeline.interval(self.index, self.since, now, self.kind, step=step)
+        self.kind, self.since = kind, now
+
+
+def died(cell: DrivenCell) -> bool:
+    """Whether the cell's process (if it has one) has exited."""
+    return cell.process is not None and cell.process.poll() is not None
