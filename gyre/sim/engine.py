@@ -28,6 +28,7 @@ import numpy as np
 
 from gyre.errors import SimulationStalled
 from gyre.runtime.scheduler import (
+    CellRole,
     CellView,
     Dispatch,
     SchedulerPolicy,
@@ -37,6 +38,7 @@ from gyre.runtime.scheduler import (
     SwitchToTrain,
 )
 from gyre.runtime.timeline import Interval, Timeline
+from gyre.runtime.weight_version import WeightVersion
 from gyre.sim.config import SimConfig
 
 __all__ = ["SimResult", "Workload", "simulate", "SimulationStalled"]
@@ -96,16 +98,18 @@ class Workload:
                 self.train_s.append(self._config.train_s(tok))
 
 
-class _Cell:
-    __slots__ = ("index", "role", "target", "execs", "busy", "weights", "since", "sync_until")
+class _SimCell:
+    """One simulated cell: its role, executions, busy flag and the weight version it holds."""
 
-    def __init__(self, index: int, role: str):
+    __slots__ = ("index", "role", "target", "execs", "busy", "held_version", "since", "sync_until")
+
+    def __init__(self, index: int, role: CellRole):
         self.index = index
         self.role = role
-        self.target: str | None = None
+        self.target: CellRole | None = None
         self.execs: set[int] = set()
         self.busy = False
-        self.weights = 0
+        self.held_version = 0
         self.since = 0.0
         self.sync_until = 0.0  # a rollout cell loading new weights serves nothing before this
 
@@ -149,7 +153,7 @@ class _Sim:
             raise ValueError(
                 f"{policy.name}: initial_roles gave {len(roles)} roles for num_cells={self.C}"
             )
-        self.cells = [_Cell(i, r) for i, r in enumerate(roles)]
+        self.cells = [_SimCell(i, r) for i, r in enumerate(roles)]
         self.views: list[CellView | None] = [None] * self.C
         self.t = 0.0
         self.heap: list[tuple[float, int, int, int, int]] = []
@@ -168,7 +172,8 @@ class _Sim:
         self.finished = 0
         self.group_done: list[int] = []
         # batches
-        self.version = 0
+        self.weights = WeightVersion()
+        """Published weight version (no folder: nothing is saved); the step bumps it."""
         self.trained = 0
         self.running = 0
         self.step_running = False
@@ -206,7 +211,7 @@ class _Sim:
         self.water.append(self.dispatched - self.finished)
         self.capacity.append(self._rollout_capacity())
 
-    def _set_role(self, cell: _Cell, role: str, target: str | None = None) -> None:
+    def _set_role(self, cell: _SimCell, role: CellRole, target: CellRole | None = None) -> None:
         if cell.role in ("rollout", "switching") and self.t > cell.since:
             self.intervals.append(
                 Interval(
@@ -237,7 +242,7 @@ class _Sim:
             batch_executions=self.B,
             dispatched=self.dispatched,
             finished=self.finished,
-            weight_version=self.version,
+            weight_version=self.weights.version,
             train_ready=len(self.queue),
             train_running=self.running,
             trained=self.trained,
@@ -245,7 +250,7 @@ class _Sim:
             suspended=len(self.suspended),
         )
 
-    def _least_loaded(self, exclude: frozenset[int] = frozenset()) -> _Cell | None:
+    def _least_loaded(self, exclude: frozenset[int] = frozenset()) -> _SimCell | None:
         """The rollout cell outside `exclude` with the fewest executions and a free slot."""
         best = None
         for c in self.cells:
@@ -283,7 +288,7 @@ class _Sim:
             self.ex_start.append(self.t)
             self.ex_end.append(end)
             self.ex_gen.append(0)
-            self.ex_version.append(self.version)
+            self.ex_version.append(self.weights.version)
             self.ex_paused_s.append(0.0)
             if e % self.G == 0:
                 self.group_done.append(0)
@@ -385,7 +390,7 @@ class _Sim:
         if self.dispatched_batches:
             b = g // self.gpb
             self.batch_complete[b] = self.batch_complete.get(b, 0) + 1
-            if b == self.version:
+            if b == self.weights.version:
                 self._maybe_enqueue_batch()
         elif self.step_groups < self.gpb:
             self._take(g)
@@ -406,7 +411,7 @@ class _Sim:
             self.held = []
 
     def _maybe_enqueue_batch(self) -> None:
-        b = self.version
+        b = self.weights.version
         if self.batch_complete.get(b, 0) == self.gpb and not self.step_members:
             for g in range(b * self.gpb, (b + 1) * self.gpb):
                 self._enqueue_group(g)
@@ -439,7 +444,7 @@ class _Sim:
         elif kind == _SWITCH:
             cell = self.cells[a]
             self._set_role(cell, cell.target or "rollout")
-            cell.weights = self.version
+            cell.held_version = self.weights.version
             self._trace()
         elif kind == _TRAIN:
             cell = self.cells[a]
@@ -449,18 +454,18 @@ class _Sim:
             self.trained += 1
             assert b not in self.trained_set, f"execution {b} trained twice"
             self.trained_set.add(b)
-            self.trained_execs.append((b, self.version))
+            self.trained_execs.append((b, self.weights.version))
         elif kind == _LOAD:
             cell = self.cells[a]
             cell.busy = False
-            cell.weights = self.version
+            cell.held_version = self.weights.version
             self.views[a] = None
         elif kind == _STEP:
             self.cells[0].busy = False
-            self.cells[0].weights = self.version + 1
+            self.cells[0].held_version = self.weights.version + 1
             self.views[0] = None
             self.step_running = False
-            self.version += 1
+            self.weights.publish(self.weights.version + 1)
             self.trained = 0
             self.step_end.append(self.t)
             for cell in self.cells:
@@ -482,7 +487,7 @@ class _Sim:
                 continue
             cell.busy = True
             self.views[cell.index] = None
-            if cell.weights < self.version:
+            if self.weights.is_stale(cell.held_version):
                 self.intervals.append(Interval(cell.index, self.t, self.t + self.sync_s, "load"))
                 self._push(self.t + self.sync_s, _LOAD, cell.index)
                 continue
