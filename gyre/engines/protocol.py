@@ -1,19 +1,25 @@
-"""The inference-engine protocol: token IDs in, sampled token IDs with behaviour logprobs out.
+"""The engine seams: the inference-engine protocol and the trainer protocol.
 
-Owns `SamplingParams`, `GenerateRequest`, `TokenDelta`, `Completion`, `EngineStatistics` and the
-`InferenceEngine` protocol that the vLLM backend, the cell client and the scripted fake all
-implement, plus the optional `KVTransferEngine` capability (`KVExport`): KV-cache migration. The engine knows nothing about chat messages, tools or executions: only token IDs.
-
-Behaviour logprobs are those of the distribution actually sampled from: after temperature, top-k
-and top-p (DESIGN.md invariant 2). Every token carries the weight version that sampled it.
+Inference: `SamplingParams`, `GenerateRequest`, `TokenDelta`, `Completion`, `EngineStatistics`,
+the `InferenceEngine` protocol (vLLM backend, cell client, scripted fake) and the optional
+`KVTransferEngine` capability (`KVExport`). An engine knows only token IDs, never chat messages,
+tools or executions; its behaviour logprobs are those of the distribution actually sampled from
+(DESIGN.md invariant 2), and every token carries the weight version that sampled it. Training:
+the `Trainer` protocol and its records (`AccumulateStatistics`, `StepStatistics`,
+`TrainStatistics`, `TrainerStatistics`); a trainer knows a micro-batch only as a `MicroBatch` and
+its loss only as the `Objective` its caller hands it, never trees, advantages or the policy loss.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any, Literal, Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import msgspec
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "FinishReason",
@@ -27,6 +33,14 @@ __all__ = [
     "KVTransferEngine",
     "choice_seed",
     "collect",
+    "MicroBatch",
+    "ObjectiveStatistics",
+    "Objective",
+    "AccumulateStatistics",
+    "StepStatistics",
+    "TrainStatistics",
+    "TrainerStatistics",
+    "Trainer",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -237,3 +251,202 @@ async def collect(engine: InferenceEngine, request: GenerateRequest) -> list[Com
         Completion(index=i, token_ids=ids[i], logprobs=lps[i], versions=vers[i], finish_reason=finish[i])
         for i in sorted(finish)
     ]
+
+
+class MicroBatch(Protocol):
+    """What a trainer knows of a micro-batch (a `gyre.trajectory.PackedBatch` is one); the
+    objective reads the rest."""
+
+    @property
+    def execution_ids(self) -> Sequence[str]:
+        """The executions whose tokens the micro-batch holds; each needs an entry in the
+        advantages of `Trainer.accumulate`."""
+        ...
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens forwarded (a packed tree's shared prefixes once)."""
+        ...
+
+
+class ObjectiveStatistics(Protocol):
+    """What a trainer reads of an objective's statistics (`gyre.rl.LossStatistics` is one)."""
+
+    @property
+    def tokens(self) -> int:
+        """Tokens that carried loss."""
+        ...
+
+    @property
+    def mean_ratio(self) -> float:
+        """Mean importance ratio pi_trainer / pi_behaviour over those tokens (NaN when none)."""
+        ...
+
+    @property
+    def mean_abs_logprob_diff(self) -> float:
+        """Mean |trainer logprob - behaviour logprob| over those tokens, nats (NaN when none)."""
+        ...
+
+
+class Objective(Protocol):
+    """The loss a trainer minimises, handed to it by its caller (`gyre.rl.PolicyObjective`)."""
+
+    def __call__(
+        self, model: torch.nn.Module, batch: Any, advantages: Mapping[str, float | None], *, version: int
+    ) -> tuple[torch.Tensor, ObjectiveStatistics]:
+        """Loss of one micro-batch `batch` (a `MicroBatch`) under `model`: a differentiable scalar
+        tensor whose gradients add up over a batch's micro-batches, and its statistics.
+        `advantages` maps each execution id to its advantage (None: no loss); `version` is the
+        trainer's weight version (the staleness reference). Raises `ValueError` on bad input."""
+        ...
+
+
+class AccumulateStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What one `accumulate` call did; sums, so that the node can combine several calls exactly."""
+
+    micro_batches: int
+    tokens: int
+    """Packed tokens forwarded (shared prefixes once)."""
+    policy_tokens: int
+    """Tokens that carried loss."""
+    loss: float
+    """Sum of the micro-batch losses (non-finite when one of them was)."""
+    logprob_abs_diff_sum: float
+    """Sum over counted loss tokens of |trainer logprob - behaviour logprob| (nats)."""
+    ratio_sum: float
+    """Sum over counted loss tokens of the importance ratio pi_trainer / pi_behaviour."""
+    counted: int
+    """Loss tokens in the two sums above (divide by it for means)."""
+    finite: bool
+    """False when a micro-batch loss was non-finite (the next `apply_step` will skip)."""
+
+
+class StepStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What one `apply_step` did."""
+
+    version: int
+    """Weight version after the call (bumped only when the step was applied)."""
+    applied: bool
+    """False when a non-finite loss or gradient skipped the step."""
+    grad_norm: float | None
+    """Global gradient norm before clipping (None when skipped, or where DeepSpeed reports none:
+    ZeRO stage 0)."""
+
+
+class TrainStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What one `train_batch` did."""
+
+    version: int
+    """Weight version after the call (bumped only when the step was applied)."""
+    applied: bool
+    """False when a non-finite loss or gradient skipped the step."""
+    micro_batches: int
+    tokens: int
+    """Packed tokens forwarded (shared prefixes once)."""
+    policy_tokens: int
+    """Tokens that carried loss."""
+    loss: float
+    """Sum of the micro-batch losses (the batch loss; non-finite when the step was skipped for it)."""
+    grad_norm: float | None
+    """Global gradient norm before clipping (None when skipped)."""
+    logprob_abs_diff_mean: float
+    """Mean |trainer logprob - behaviour logprob| over loss tokens (the off-policy mismatch)."""
+    mean_ratio: float
+    """Mean importance ratio pi_trainer / pi_behaviour over loss tokens (1 when on-policy)."""
+
+
+class TrainerStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of a trainer's state (STYLE.md rule 6)."""
+
+    version: int
+    """Weight version of the trainer's weights."""
+    has_gradients: bool
+    """Gradients are held that no step, send or `zero_grad` consumed yet."""
+    num_parameters: int
+    """P: parameters of the model (the length of a gradient vector)."""
+    steps_applied: int
+    """Optimizer steps applied since start."""
+    steps_skipped: int
+    """Steps skipped for a non-finite loss or gradient since start."""
+    micro_batches: int
+    """Micro-batches forwarded and backpropagated since start."""
+    tokens: int
+    """Tokens those micro-batches forwarded."""
+    gradient_vectors_added: int
+    """Flat gradients added with `add_gradient_vector` since start (a core's satellite traffic)."""
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """What the runtime asks of a trainer (the DeepSpeed trainer in a cell or in the one-cell loop).
+
+    Blocking: every method runs torch work; call it from a worker thread, never on an event loop.
+    A step is `accumulate` (or `add_gradient_vector`) then `apply_step`; `train_batch` is both.
+    """
+
+    version: int
+    """Weight version of the trainer's weights (bumped by every applied step)."""
+
+    @property
+    def has_gradients(self) -> bool:
+        """True between an `accumulate` / `add_gradient_vector` and the next `apply_step` / `zero_grad`."""
+        ...
+
+    @property
+    def num_parameters(self) -> int:
+        """P: the length of `gradient_vector()`."""
+        ...
+
+    @property
+    def grad_dtype(self) -> torch.dtype:
+        """dtype of `gradient_vector()`."""
+        ...
+
+    def train_batch(self, micro_batches: Sequence[MicroBatch], advantages: Mapping[str, float | None]) -> TrainStatistics:
+        """`accumulate` then `apply_step`: one optimizer step on one batch."""
+        ...
+
+    def accumulate(
+        self, micro_batches: Sequence[MicroBatch], advantages: Mapping[str, float | None]
+    ) -> AccumulateStatistics:
+        """Forward/backward every micro-batch under the trainer's objective, adding its gradient to
+        the accumulation; no step. `ValueError` for no micro-batches or a missing advantage."""
+        ...
+
+    def gradient_vector(self) -> torch.Tensor:
+        """The accumulated gradient, flat: [P] of `grad_dtype` (a satellite sends it)."""
+        ...
+
+    def add_gradient_vector(self, vec: torch.Tensor) -> None:
+        """Add a flat gradient [P] (another trainer's `gradient_vector`) into the accumulation."""
+        ...
+
+    def apply_step(self, *, finite: bool = True) -> StepStatistics:
+        """One optimizer step on what was accumulated (skipped when anything is non-finite), then
+        `zero_grad`."""
+        ...
+
+    def zero_grad(self) -> None:
+        """Drop the accumulated gradients."""
+        ...
+
+    def load_weights(self, snapshot_dir: str | Path, version: int) -> None:
+        """Load a weight snapshot (as `save_snapshot` writes) and tag it `version`; the optimizer
+        state is untouched."""
+        ...
+
+    def save_snapshot(self, root: str | Path) -> Path:
+        """Write the weights as a Hugging Face folder `root/v<version>` for the engines; returns it."""
+        ...
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Weights, optimizer state and version at `path`."""
+        ...
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore what `save_checkpoint` wrote; `FileNotFoundError` if there is none."""
+        ...
+
+    def statistics(self) -> TrainerStatistics:
+        """A snapshot of the trainer's counters."""
+        ...

@@ -1,15 +1,13 @@
-"""The DeepSpeed trainer: one optimizer step per batch of packed trajectory trees.
+"""The DeepSpeed trainer, and the guarded step: skip the update when any gradient is non-finite.
 
-Owns `DeepSpeedTrainer`, `TrainStatistics`, `AccumulateStatistics` and `StepStatistics`. The model is a Hugging Face causal LM under a
-DeepSpeed ZeRO engine (stage 0-2; gloo on CPU, NCCL on GPU) with a torch AdamW client optimizer
-(bit-identical to plain torch AdamW in fp32, shared/notes). DeepSpeed's gradient accumulation is
-unmanaged: a batch may have any number of micro-batches, each `backward()` adds its gradient (the
-loss weights already normalise per execution and per batch), and `step()` is the boundary. A
-non-finite loss or gradient skips the step on every rank and leaves weights and optimizer state
-unchanged. A step is split into `accumulate` (forward/backward, no step), `gradient_vector` /
-`add_gradient_vector` (a satellite's flat gradient leaves one trainer and is added into another's
-accumulation, exactly) and `apply_step`; `train_batch` is accumulate + apply_step. Weight snapshots are Hugging Face folders that vLLM's `reload_weights` reads.
-Blocking: call it from a worker thread, never on an event loop. Knows nothing about engines or HTTP.
+Owns `DeepSpeedTrainer` (the `gyre.engines.protocol.Trainer`: a Hugging Face causal LM under a
+DeepSpeed ZeRO 0-2 engine, gloo on CPU, NCCL on GPU, with a torch AdamW client optimizer,
+bit-identical to plain AdamW in fp32), `grads_finite` / `step_if_finite`, and DeepSpeed start-up
+(`init_process_group`, `prepare_extensions_dir`, `build_ops`). A step is `accumulate`
+(micro-batches forward/backward; DeepSpeed's accumulation unmanaged) or `add_gradient_vector` (a
+satellite's flat gradient, added exactly), then `apply_step`. Blocking: call it from a worker
+thread. Knows nothing about engines, HTTP, trees or the loss: a batch is a `MicroBatch`, its loss
+comes from the caller's `Objective`; weight snapshots are Hugging Face folders vLLM reloads.
 """
 
 from __future__ import annotations
@@ -20,74 +18,53 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-import msgspec
 import torch
 
-from gyre.config import RLConfig, TrainerConfig
-from gyre.rl import grads_finite, microbatch_loss
-from gyre.trajectory.pack import PackedBatch
+from gyre.config import TrainerConfig
+from gyre.engines.protocol import (
+    AccumulateStatistics,
+    MicroBatch,
+    Objective,
+    StepStatistics,
+    TrainerStatistics,
+    TrainStatistics,
+)
 
-__all__ = ["DeepSpeedTrainer", "TrainStatistics", "AccumulateStatistics", "StepStatistics", "init_process_group",
+__all__ = ["DeepSpeedTrainer", "grads_finite", "step_if_finite", "init_process_group",
            "prepare_extensions_dir", "build_ops"]
 
 logger = logging.getLogger(__name__)
 
 
-class TrainStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """What one `train_batch` did."""
-
-    version: int
-    """Weight version after the call (bumped only when the step was applied)."""
-    applied: bool
-    """False when a non-finite loss or gradient skipped the step."""
-    micro_batches: int
-    tokens: int
-    """Packed tokens forwarded (shared prefixes once)."""
-    policy_tokens: int
-    """Tokens that carried loss."""
-    loss: float
-    """Sum of the micro-batch losses (the batch loss; non-finite when the step was skipped for it)."""
-    grad_norm: float | None
-    """Global gradient norm before clipping (None when skipped)."""
-    logprob_abs_diff_mean: float
-    """Mean |trainer logprob - behaviour logprob| over loss tokens (the off-policy mismatch)."""
-    mean_ratio: float
-    """Mean importance ratio pi_trainer / pi_behaviour over loss tokens (1 when on-policy)."""
+def grads_finite(params: Iterable[torch.nn.Parameter]) -> bool:
+    """True when every existing `.grad` of `params` is finite, on this rank and (if
+    torch.distributed is initialised) on every rank of the default group (an all-reduce of one
+    int32 flag, so every rank agrees to step or to skip)."""
+    ok = True
+    for p in params:
+        if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+            ok = False
+            break
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        ok = bool(flag.item())
+    return ok
 
 
-class AccumulateStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """What one `accumulate` call did; sums, so that the node can combine several calls exactly."""
-
-    micro_batches: int
-    tokens: int
-    """Packed tokens forwarded (shared prefixes once)."""
-    policy_tokens: int
-    """Tokens that carried loss."""
-    loss: float
-    """Sum of the micro-batch losses (non-finite when one of them was)."""
-    logprob_abs_diff_sum: float
-    """Sum over counted loss tokens of |trainer logprob - behaviour logprob| (nats)."""
-    ratio_sum: float
-    """Sum over counted loss tokens of the importance ratio pi_trainer / pi_behaviour."""
-    counted: int
-    """Loss tokens in the two sums above (divide by it for means)."""
-    finite: bool
-    """False when a micro-batch loss was non-finite (the next `apply_step` will skip)."""
-
-
-class StepStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """What one `apply_step` did."""
-
-    version: int
-    """Weight version after the call (bumped only when the step was applied)."""
-    applied: bool
-    """False when a non-finite loss or gradient skipped the step."""
-    grad_norm: float | None
-    """Global gradient norm before clipping (None when skipped, or where DeepSpeed reports none:
-    ZeRO stage 0)."""
+def step_if_finite(optimizer: torch.optim.Optimizer) -> bool:
+    """The guarded step for a plain torch optimizer: `optimizer.step()` if every gradient of its
+    parameters is finite (`grads_finite`), then zero the gradients (set to None) either way.
+    Returns True when the step was applied, False when it was skipped."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    ok = grads_finite(params)
+    if ok:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return ok
 
 
 def _free_port() -> int:
@@ -154,16 +131,17 @@ def init_process_group() -> None:
 
 
 class DeepSpeedTrainer:
-    """A DeepSpeed ZeRO engine over a Hugging Face model, trained on packed trees.
+    """A DeepSpeed ZeRO engine over a Hugging Face model, trained with a caller's objective.
 
     Args:
         model_dir: Hugging Face folder to start from.
         config: optimiser and ZeRO settings.
-        rl: the policy-loss settings.
+        objective: the loss of one micro-batch (`gyre.rl.PolicyObjective` for the policy loss),
+            called as `objective(model, batch, advantages, version=self.version)`.
         version: weight version of the loaded weights.
     """
 
-    def __init__(self, model_dir: str | Path, config: TrainerConfig, rl: RLConfig, *, version: int = 0) -> None:
+    def __init__(self, model_dir: str | Path, config: TrainerConfig, objective: Objective, *, version: int = 0) -> None:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
@@ -197,19 +175,21 @@ class DeepSpeedTrainer:
                 )
             self.engine.enable_backward_allreduce = False
         self.config = config
-        self.rl = rl
+        self.objective = objective
         self.version = version
         self._grad_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self._has_gradients = False
         self._vector: torch.Tensor | None = None  # the last gradient_vector(), until the grads change
         self._finite = True  # every loss and added vector since the last step was finite
+        self._steps_applied = self._steps_skipped = self._vectors_added = 0
+        self._micro_batches = self._tokens = 0
 
     @property
     def model(self) -> torch.nn.Module:
         """The Hugging Face model (full parameters at ZeRO stages 0-2)."""
         return self.engine.module
 
-    def train_batch(self, micro_batches: Sequence[PackedBatch], advantages: Mapping[str, float | None]) -> TrainStatistics:
+    def train_batch(self, micro_batches: Sequence[MicroBatch], advantages: Mapping[str, float | None]) -> TrainStatistics:
         """Forward/backward every micro-batch of one batch, then one optimizer step
         (`accumulate` + `apply_step`).
 
@@ -232,12 +212,14 @@ class DeepSpeedTrainer:
         return self._has_gradients
 
     def accumulate(
-        self, micro_batches: Sequence[PackedBatch], advantages: Mapping[str, float | None]
+        self, micro_batches: Sequence[MicroBatch], advantages: Mapping[str, float | None]
     ) -> AccumulateStatistics:
-        """Forward/backward every micro-batch, adding its gradient to the accumulation; no step.
+        """Forward/backward every micro-batch under the objective, adding its gradient to the
+        accumulation; no step.
 
-        The loss weights of a packed batch already normalise per execution and per batch, so the
-        gradients of a batch's micro-batches simply add up, on one trainer or spread over several.
+        The objective's losses already normalise per execution and per batch (the policy loss's
+        weights do), so the gradients of a batch's micro-batches simply add up, on one trainer or
+        spread over several.
         Raises `ValueError` for no micro-batches or an execution without an advantage (checked
         for every micro-batch before any backward, so a refused call adds nothing).
         """
@@ -252,11 +234,7 @@ class DeepSpeedTrainer:
         abs_diff_sum, ratio_sum, counted = 0.0, 0.0, 0
         finite = True
         for batch in micro_batches:
-            loss, stats = microbatch_loss(
-                self.model, batch, advantages, trainer_version=self.version,
-                max_staleness=self.rl.max_staleness, clip_eps=self.rl.clip_eps, is_cap=self.rl.is_cap,
-                chunk_size=self.rl.logprob_chunk_size,  # each token at its call's own temperature (B05)
-            )
+            loss, stats = self.objective(self.model, batch, advantages, version=self.version)
             tokens += batch.num_tokens
             policy_tokens += stats.tokens
             if stats.tokens:
@@ -271,6 +249,8 @@ class DeepSpeedTrainer:
             self._vector = None
             total_loss += float(loss.detach())
         self._finite = self._finite and finite
+        self._micro_batches += len(micro_batches)
+        self._tokens += tokens
         return AccumulateStatistics(
             micro_batches=len(micro_batches), tokens=tokens, policy_tokens=policy_tokens, loss=total_loss,
             logprob_abs_diff_sum=abs_diff_sum, ratio_sum=ratio_sum, counted=counted, finite=finite,
@@ -340,6 +320,7 @@ class DeepSpeedTrainer:
         self._has_gradients = True
         self._vector = None
         self._finite = self._finite and bool(torch.isfinite(vec).all())
+        self._vectors_added += 1
 
     def apply_step(self, *, finite: bool = True) -> StepStatistics:
         """One optimizer step on what was accumulated, then `zero_grad()`.
@@ -355,10 +336,20 @@ class DeepSpeedTrainer:
             grad_norm = self.engine.get_global_grad_norm()
             grad_norm = None if grad_norm is None else float(grad_norm)
             self.version += 1
+            self._steps_applied += 1
         else:
+            self._steps_skipped += 1
             logger.warning("non-finite loss or gradient: optimizer step skipped at version %d", self.version)
         self.zero_grad()
         return StepStatistics(version=self.version, applied=finite, grad_norm=grad_norm)
+
+    def statistics(self) -> TrainerStatistics:
+        """A snapshot of the trainer's counters (`TrainerStatistics`)."""
+        return TrainerStatistics(
+            version=self.version, has_gradients=self._has_gradients, num_parameters=self.num_parameters,
+            steps_applied=self._steps_applied, steps_skipped=self._steps_skipped,
+            micro_batches=self._micro_batches, tokens=self._tokens, gradient_vectors_added=self._vectors_added,
+        )
 
     def zero_grad(self) -> None:
         """Drop the accumulated gradients (frees their memory: grads are set to None)."""

@@ -1,25 +1,29 @@
 """The per-micro-batch training objective: packed-tree logprobs -> masked PPO loss.
 
-Owns `microbatch_loss`, the one call a trainer makes per micro-batch before `backward()`.
-It gathers each loss token's advantage from its execution, keeps only tokens that are fresh
-enough (per-token staleness from weight versions) and have a finite advantage, and returns the
-weighted PPO loss. Summing `backward()` over a batch's micro-batches and then calling
-`gyre.rl.step.step_if_finite` is one optimizer step. Knows nothing about how batches are formed.
+Owns `microbatch_loss`, the loss of one packed micro-batch before `backward()`, and
+`PolicyObjective`, the same bound to an `RLConfig`: the `gyre.engines.Objective` a trainer is
+built with. It gathers each loss token's advantage from its execution, keeps only tokens that are
+fresh enough (per-token staleness from weight versions) and have a finite advantage, and returns
+the weighted PPO loss. Summing `backward()` over a batch's micro-batches and then one guarded
+step (`gyre.engines.trainer.step_if_finite`) is one optimizer step. Knows nothing about how
+batches are formed, optimizers or DeepSpeed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
+from gyre.config import RLConfig
 from gyre.kernels.selective_logprob import LogprobImpl
 from gyre.rl.loss import LossStatistics, policy_loss
 from gyre.rl.packed_forward import packed_logprobs
 from gyre.rl.staleness import stale_token_mask
 from gyre.trajectory.pack import PackedBatch
 
-__all__ = ["microbatch_loss"]
+__all__ = ["microbatch_loss", "PolicyObjective"]
 
 
 def microbatch_loss(
@@ -60,3 +64,23 @@ def microbatch_loss(
         clip_eps=clip_eps,
         is_cap=is_cap,
     )
+
+
+@dataclass(frozen=True)
+class PolicyObjective:
+    """The policy loss as a trainer's objective (`gyre.engines.Objective`): `microbatch_loss` with
+    the clip range, IS cap, staleness bound and logprob chunk of `rl`, each token scored at its
+    call's own sampling temperature (B05)."""
+
+    rl: RLConfig
+    """The policy-loss settings."""
+
+    def __call__(
+        self, model: torch.nn.Module, batch: PackedBatch, advantages: Mapping[str, float | None], *, version: int
+    ) -> tuple[torch.Tensor, LossStatistics]:
+        """`microbatch_loss(model, batch, advantages, trainer_version=version, ...)`: a scalar loss
+        tensor (the model's float dtype) and its `LossStatistics`; raises what it raises."""
+        return microbatch_loss(
+            model, batch, advantages, trainer_version=version, max_staleness=self.rl.max_staleness,
+            clip_eps=self.rl.clip_eps, is_cap=self.rl.is_cap, chunk_size=self.rl.logprob_chunk_size,
+        )

@@ -449,8 +449,9 @@ async def _start_engine(model: str, config: EngineConfig):
 
 async def _start_trainer(model: str, trainer: TrainerConfig, rl: RLConfig):
     from gyre.engines.trainer import DeepSpeedTrainer
+    from gyre.rl import PolicyObjective
 
-    return await asyncio.to_thread(DeepSpeedTrainer, model, trainer, rl)
+    return await asyncio.to_thread(DeepSpeedTrainer, model, trainer, PolicyObjective(rl))
 
 
 def _authorised(secret: str):

@@ -29,7 +29,14 @@ import httpx
 import msgspec
 
 from gyre.config import EngineConfig, RLConfig, TrainerConfig
-from gyre.engines.protocol import Completion, EngineStatistics, GenerateRequest, KVExport, TokenDelta
+from gyre.engines.protocol import (
+    AccumulateStatistics,
+    Completion,
+    EngineStatistics,
+    GenerateRequest,
+    KVExport,
+    TokenDelta,
+)
 from gyre.errors import (
     EngineError,
     EngineTimeoutError,
@@ -38,7 +45,6 @@ from gyre.errors import (
     WeightSyncError,
     error_from_code,
 )
-from gyre.engines.trainer import AccumulateStatistics
 from gyre.runtime.cell_wire import (
     AbortRequest,
     CellStatistics,

@@ -17,8 +17,14 @@ import struct
 import msgspec
 import numpy as np
 
-from gyre.engines.protocol import Completion, EngineStatistics, GenerateRequest, KVExport, TokenDelta
-from gyre.engines.trainer import AccumulateStatistics
+from gyre.engines.protocol import (
+    AccumulateStatistics,
+    Completion,
+    EngineStatistics,
+    GenerateRequest,
+    KVExport,
+    TokenDelta,
+)
 from gyre.trajectory.pack import PackedBatch
 
 __all__ = [

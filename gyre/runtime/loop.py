@@ -204,6 +204,7 @@ async def run_rl(config: RunConfig, model_dir: Path, *, resume: bool = False, pr
     from transformers import AutoTokenizer
 
     from gyre.engines.trainer import DeepSpeedTrainer
+    from gyre.rl import PolicyObjective
 
     run_dir = Path(config.run_dir).resolve()  # agents run in their workspaces: no relative paths
     split_tasks(config)  # a task folder that fails validation stops the run before anything starts
@@ -212,7 +213,8 @@ async def run_rl(config: RunConfig, model_dir: Path, *, resume: bool = False, pr
     run_dir.mkdir(parents=True, exist_ok=True)
     _truncate_torn_log(run_dir / config.proxy.log_name)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    trainer = await anyio.to_thread.run_sync(lambda: DeepSpeedTrainer(model_dir, config.trainer, config.rl))
+    objective = PolicyObjective(config.rl)
+    trainer = await anyio.to_thread.run_sync(lambda: DeepSpeedTrainer(model_dir, config.trainer, objective))
     if trainer_dir is not None:
         await anyio.to_thread.run_sync(trainer.load_checkpoint, trainer_dir)
     weights = model_dir

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from gyre.config import RLConfig, TrainerConfig
-from gyre.rl import microbatch_loss
+from gyre.engines import Trainer
+from gyre.rl import PolicyObjective, microbatch_loss
 from gyre.trajectory.pack import pack_batch
 from gyre.trajectory.select import select_trajectories
 from gyre.trajectory.tree import build_tree
@@ -35,7 +36,8 @@ def batch_of_two(version: int = 0):
 def trainer(tiny_model_dir):
     from gyre.engines.trainer import DeepSpeedTrainer
 
-    return DeepSpeedTrainer(tiny_model_dir, TrainerConfig(learning_rate=1e-3, grad_clip=0.0), RLConfig())
+    config = TrainerConfig(learning_rate=1e-3, grad_clip=0.0)
+    return DeepSpeedTrainer(tiny_model_dir, config, PolicyObjective(RLConfig()))
 
 
 def test_step_equals_plain_torch_adamw(trainer, tiny_model_dir) -> None:
@@ -53,8 +55,14 @@ def test_step_equals_plain_torch_adamw(trainer, tiny_model_dir) -> None:
         loss.backward()
     optimizer.step()
     before = trainer.version
+    assert isinstance(trainer, Trainer)
+    counted = trainer.statistics()
     stats = trainer.train_batch(micro_batches, advantages)
     assert stats.applied and stats.version == before + 1 and stats.micro_batches == 2
+    after = trainer.statistics()
+    assert after.version == stats.version and not after.has_gradients
+    assert after.steps_applied == counted.steps_applied + 1 and after.steps_skipped == counted.steps_skipped
+    assert after.micro_batches == counted.micro_batches + 2 and after.tokens == counted.tokens + stats.tokens
     assert stats.policy_tokens == 9  # 3 + 2 + 4 completion tokens, each once
     assert math.isfinite(stats.loss) and stats.grad_norm is not None
     worst = max((a - b).abs().max().item() for a, b in zip(trainer.model.parameters(), reference.parameters()))
@@ -66,8 +74,10 @@ def test_non_finite_micro_batch_leaves_weights_unchanged(trainer) -> None:
     poisoned = dict(advantages, e1=3e38)  # finite advantage, but ratio x advantage overflows float32: inf loss
     before = copy.deepcopy(trainer.model.state_dict())
     version = trainer.version
+    skipped = trainer.statistics().steps_skipped
     stats = trainer.train_batch(micro_batches, poisoned)
     assert not stats.applied and stats.version == version == trainer.version
+    assert trainer.statistics().steps_skipped == skipped + 1
     for name, tensor in trainer.model.state_dict().items():
         assert torch.equal(tensor, before[name]), name
     assert trainer.train_batch(micro_batches, advantages).applied  # and the next batch trains

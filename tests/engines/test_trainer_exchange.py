@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gyre.config import RLConfig, TrainerConfig
-from gyre.rl import microbatch_loss
+from gyre.rl import PolicyObjective, microbatch_loss
 from tests.runtime.test_cell_roles import batch_of_three
 
 pytestmark = pytest.mark.slow  # DeepSpeed init per stage: ~5-10 s each
@@ -38,7 +38,8 @@ def test_gradient_vectors_add_up_to_one_trainers_step(stage, tiny_model_dir) -> 
     rl = RLConfig()
     micro_batches, advantages = batch_of_three(0)
     reference, grads = torch_reference(tiny_model_dir, micro_batches, advantages, rl)
-    trainer = DeepSpeedTrainer(tiny_model_dir, TrainerConfig(learning_rate=1e-3, grad_clip=0.0, zero_stage=stage), rl)
+    trainer = DeepSpeedTrainer(tiny_model_dir, TrainerConfig(learning_rate=1e-3, grad_clip=0.0, zero_stage=stage),
+                               PolicyObjective(rl))
     assert not trainer.has_gradients
     assert torch.equal(trainer.gradient_vector(), torch.zeros(trainer.num_parameters))  # nothing accumulated
 
@@ -56,6 +57,7 @@ def test_gradient_vectors_add_up_to_one_trainers_step(stage, tiny_model_dir) -> 
     trainer.accumulate(micro_batches[:1], advantages)  # the "core"
     for vec in sent:
         trainer.add_gradient_vector(vec)
+    assert trainer.statistics().gradient_vectors_added == 2
     with pytest.raises(ValueError, match="expected a float vector of"):
         trainer.add_gradient_vector(torch.zeros(3))
     step = trainer.apply_step()
@@ -77,8 +79,8 @@ def test_load_weights_takes_a_snapshot_and_refuses_while_holding_gradients(tiny_
 
     rl = RLConfig()
     config = TrainerConfig(learning_rate=1e-3, grad_clip=0.0, zero_stage=0)
-    core = DeepSpeedTrainer(tiny_model_dir, config, rl)
-    satellite = DeepSpeedTrainer(tiny_model_dir, config, rl)
+    core = DeepSpeedTrainer(tiny_model_dir, config, PolicyObjective(rl))
+    satellite = DeepSpeedTrainer(tiny_model_dir, config, PolicyObjective(rl))
     micro_batches, advantages = batch_of_three(0)
     core.train_batch(micro_batches, advantages)
     snapshot = core.save_snapshot(tmp_path)

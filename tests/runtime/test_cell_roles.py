@@ -21,6 +21,7 @@ import torch
 from gyre.config import EngineConfig, RLConfig, TrainerConfig
 from gyre.engines import GenerateRequest, SamplingParams, collect
 from gyre.errors import EngineTimeoutError, EngineUnavailableError, InvalidRequestError
+from gyre.rl import PolicyObjective
 from gyre.runtime.cell_client import CellClient, open_cells, spawn_cell, wait_cell_ready
 from gyre.trajectory.pack import pack_batch
 from gyre.trajectory.select import select_trajectories
@@ -151,14 +152,14 @@ def run(fn, cells):
 def test_core_and_two_satellites_equal_one_trainer_fp32(fp32_cells, tiny_model_dir, tmp_path) -> None:
     from gyre.engines.trainer import DeepSpeedTrainer
 
-    reference = DeepSpeedTrainer(tiny_model_dir, FP32, RL)
+    reference = DeepSpeedTrainer(tiny_model_dir, FP32, PolicyObjective(RL))
     run(lambda cells: distributed_steps(cells, tmp_path, reference), clients(fp32_cells))
 
 
 def test_core_and_two_satellites_equal_one_trainer_fp64(tiny_model_dir, tmp_path) -> None:
     from gyre.engines.trainer import DeepSpeedTrainer
 
-    reference = DeepSpeedTrainer(tiny_model_dir, FP64, RL)
+    reference = DeepSpeedTrainer(tiny_model_dir, FP64, PolicyObjective(RL))
     assert reference.grad_dtype == torch.float64
 
     async def main():

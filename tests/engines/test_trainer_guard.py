@@ -1,10 +1,17 @@
-"""The step guard: a non-finite loss on one micro-batch leaves weights and optimizer unchanged."""
+"""The trainer seam without DeepSpeed: the step guard (a non-finite loss on one micro-batch leaves
+weights and optimizer unchanged), `DeepSpeedTrainer` against the `Trainer` protocol, and
+`PolicyObjective` as `microbatch_loss` with its config's settings."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
-from gyre.rl import microbatch_loss, step_if_finite
+from gyre.config import RLConfig
+from gyre.engines import Trainer
+from gyre.engines.trainer import DeepSpeedTrainer, step_if_finite
+from gyre.rl import PolicyObjective, microbatch_loss
 from gyre.trajectory import build_tree, pack_batch, select_trajectories
 from tests.rl.models import path_logprobs, tiny_qwen2
 from tests.trajectory.builders import make_call
@@ -44,3 +51,30 @@ def test_non_finite_micro_batch_skips_the_step_and_keeps_weights():
         loss.backward()
     assert step_if_finite(optimizer) is True
     assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_deepspeed_trainer_has_every_member_of_the_trainer_protocol():
+    """Checked on the class (a `DeepSpeedTrainer` needs DeepSpeed; the slow tests check
+    `isinstance` on a real one): every protocol method exists with the same parameters."""
+    members = [n for n in vars(Trainer) if not n.startswith("_")]
+    assert {"accumulate", "apply_step", "train_batch", "save_checkpoint", "statistics"} <= set(members)
+    for name in members:
+        ours, theirs = getattr(DeepSpeedTrainer, name), getattr(Trainer, name)
+        if isinstance(theirs, property):
+            assert isinstance(ours, property), name
+        elif callable(theirs):
+            assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters), name
+    assert "version" in Trainer.__annotations__
+
+
+def test_policy_objective_is_microbatch_loss_with_the_config():
+    model = tiny_qwen2(seed=3, vocab=16, dtype=torch.float64)
+    first, _ = _batches(model)
+    rl = RLConfig(clip_eps=0.1, is_cap=1.5, max_staleness=0, logprob_chunk_size=2)
+    advantages = {"e0": 0.7, "e1": -1.0}
+    loss, stats = PolicyObjective(rl)(model, first, advantages, version=1)
+    ref, ref_stats = microbatch_loss(model, first, advantages, trainer_version=1, max_staleness=0,
+                                     clip_eps=0.1, is_cap=1.5, chunk_size=2)
+    assert torch.equal(loss, ref) and stats == ref_stats and stats.tokens == 3
+    _, stale = PolicyObjective(rl)(model, first, advantages, version=2)  # tokens of version 1 are 1 old
+    assert stale.tokens == 0
