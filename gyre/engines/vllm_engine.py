@@ -10,11 +10,9 @@ Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node 
 - `load_weights` aborts in-flight requests with their tokens so far, reloads (`reload_weights`),
   resets the prefix cache (B12), bumps the version and continues each request from prompt +
   tokens so far, so every token carries the version that sampled it and callers see one stream;
-- with `kv_transfer.connector = "example"`, `export_kv` stores a sequence's KV in the shared folder
-  (`gyre.engines.kv_connector`) and any request whose prompt is exactly an exported sequence loads
-  it instead of prefilling; `release_kv` deletes an export, expired ones are swept. With `"nixl"`,
-  `export_kv` keeps the sequence's blocks for a remote decode (`gyre.engines.kv_nixl`) and a request
-  carrying the export as `kv_import` pulls them from this engine's memory.
+- KV migration (`export_kv`, `release_kv`, a request's `kv_import`) goes through the engine's
+  `KVTransport` (`gyre.engines.kv_transport`, one per `kv_transfer.connector`); the engine only
+  runs the export request the transport asks for (`run_export_request`).
 
 It knows nothing about chat messages, executions or HTTP.
 """
@@ -24,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from gyre.config import EngineConfig
+from gyre.engines.kv_transport import KVTransport, kv_transport
 from gyre.engines.protocol import (
     Completion,
     EngineStatistics,
@@ -46,7 +44,6 @@ from gyre.errors import (
     EngineTimeoutError,
     EngineUnavailableError,
     GyreError,
-    InvalidRequestError,
     WeightSyncError,
 )
 
@@ -61,33 +58,7 @@ def engine_args(model_path: str, config: EngineConfig) -> Any:
     """vLLM `AsyncEngineArgs` for a gyre rollout engine (token IDs in, processed logprobs out)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    kv: dict[str, Any] = {}
-    if config.kv_transfer.connector == "example":
-        from vllm.config import KVTransferConfig
-
-        kv = dict(
-            kv_transfer_config=KVTransferConfig(
-                kv_connector="GyreKVConnector",
-                kv_connector_module_path="gyre.engines.kv_connector",
-                kv_role="kv_both",
-                kv_connector_extra_config={"shared_storage_path": config.kv_transfer.shared_dir},
-                kv_load_failure_policy="recompute",  # an export released mid-load: prefill instead
-            ),
-            max_num_batched_tokens=max(config.max_model_len, 2048),  # a chunked store is corrupt
-        )
-    elif config.kv_transfer.connector == "nixl":
-        from vllm.config import KVTransferConfig
-        from vllm.platforms import current_platform
-
-        kv = dict(
-            kv_transfer_config=KVTransferConfig(
-                kv_connector="NixlConnector",
-                kv_connector_module_path="gyre.engines.kv_nixl",  # vLLM's, progress thread off
-                kv_role="kv_both",
-                kv_buffer_device="cpu" if current_platform.is_cpu() else "cuda",
-                kv_connector_extra_config={"kv_lease_duration": max(1, int(config.kv_transfer.lease_s))},
-            ),
-        )
+    kv = kv_transport(config).engine_args()
     return AsyncEngineArgs(
         model=model_path,
         dtype=config.dtype,
@@ -104,15 +75,6 @@ def engine_args(model_path: str, config: EngineConfig) -> Any:
         disable_log_stats=True,
         **kv,
     )
-
-
-def _free_port() -> int:
-    """A TCP port free on this host now (for NIXL's side channel)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class _Choice:
@@ -160,11 +122,15 @@ def _coalesce(first: TokenDelta | BaseException, queue: asyncio.Queue) -> list[T
 class VLLMEngine:
     """`InferenceEngine` over a running vLLM `AsyncLLM` (asyncio only).
 
-    Build with `await VLLMEngine.start(model_path, config)`; `shutdown()` when done.
+    Build with `await VLLMEngine.start(model_path, config)`; `shutdown()` when done. KV migration
+    goes through `kv` (default: the transport `config.kv_transfer` names).
     """
 
-    def __init__(self, llm: Any, *, vocab_size: int, max_model_len: int, config: EngineConfig) -> None:
+    def __init__(
+        self, llm: Any, *, vocab_size: int, max_model_len: int, config: EngineConfig, kv: KVTransport | None = None
+    ) -> None:
         self.llm = llm
+        self.kv = kv or kv_transport(config)
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.config = config
@@ -181,8 +147,7 @@ class VLLMEngine:
         self._broken: str | None = None  # set when a weight load failed half-way
         self._counts = dict(
             requests_total=0, requests_aborted=0, tokens_generated=0, weight_loads=0, prefix_cache_resets=0,
-            prompt_tokens_computed=0, kv_tokens_loaded=0, kv_exports=0, kv_tokens_exported=0, kv_released=0,
-            kv_expired=0,
+            prompt_tokens_computed=0, kv_tokens_loaded=0,
         )
 
     @classmethod
@@ -190,13 +155,8 @@ class VLLMEngine:
         """Start vLLM on `model_path` (a Hugging Face folder). Takes ~20 s on 2 CPU cores."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        if config.kv_transfer.connector == "nixl":  # each engine's NIXL side channel needs a port
-            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(_free_port())
-        if config.kv_transfer.connector == "example":
-            from gyre.engines.kv_connector import sweep
-
-            os.makedirs(config.kv_transfer.shared_dir, exist_ok=True)
-            sweep(config.kv_transfer.shared_dir, config.kv_transfer.lease_s)  # leftovers of a crashed run
+        kv = kv_transport(config)
+        kv.prepare()
         llm = AsyncLLM.from_engine_args(engine_args(model_path, config))
         model_config = llm.model_config
         return cls(
@@ -204,6 +164,7 @@ class VLLMEngine:
             vocab_size=model_config.get_vocab_size(),
             max_model_len=model_config.max_model_len,
             config=config,
+            kv=kv,
         )
 
     def shutdown(self) -> None:
@@ -303,7 +264,7 @@ class VLLMEngine:
         if seed is not None and attempt:
             seed = choice_seed(seed, attempt)
         importing = request.kv_import is not None and attempt == 0
-        pull = request.kv_import.transfer_params if importing else None
+        pull = self.kv.import_params(request.kv_import) if importing else None
         params = VSamplingParams(
             n=1,
             max_tokens=max_tokens - len(choice.ids),
@@ -317,7 +278,7 @@ class VLLMEngine:
             detokenize=False,
             skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA,
-            extra_args={"kv_transfer_params": dict(pull)} if pull else None,
+            extra_args={"kv_transfer_params": pull} if pull else None,
         )
         sub_id = f"{request.request_id}/{choice.index}/{attempt}"
         choice.sub_id = sub_id
@@ -388,144 +349,53 @@ class VLLMEngine:
     # -- KV migration -----------------------------------------------------------------------
 
     async def export_kv(self, token_ids: list[int]) -> KVExport:
-        """Export the KV of `token_ids` (a request's prompt + tokens so far) for another engine.
-
-        Runs `token_ids` as a 1-token request marked for storing (`example`: into the shared
-        folder; `nixl`: its blocks kept for `lease_s` for a remote pull); its prefix is normally
-        still in this engine's prefix cache (an abort keeps it), so this costs about one decode
-        step. `example`: exporting a sequence again refreshes its lease; expired exports are swept.
+        """Export the KV of `token_ids` (a request's prompt + tokens so far) for another engine,
+        through `self.kv` (see `KVTransport.export`); at most `request_timeout_s`.
         Raises `EngineUnavailableError` (no connector, paused, weights changed meanwhile),
         `InvalidRequestError` (shorter than one block + 1 token, or no room for one more token),
-        `EngineTimeoutError` (`request_timeout_s`), `EngineError` (nothing was stored).
+        `EngineTimeoutError` (`request_timeout_s`), `EngineError` (nothing was exported).
         """
-        from vllm import SamplingParams as VSamplingParams
-        from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
-        from gyre.engines import kv_connector as store
-
-        kv = self.config.kv_transfer
-        if kv.connector == "none":
-            raise EngineUnavailableError("export_kv needs engine.kv_transfer.connector = 'example' or 'nixl' (it is 'none')")
         ids = list(token_ids)
-        block = self.config.block_size
-        key, tokens = store.export_key(ids, block)
-        if tokens == 0:
-            raise InvalidRequestError(f"export_kv of {len(ids)} tokens: at least block_size + 1 = {block + 1} needed")
-        if len(ids) >= self.max_model_len:
-            raise InvalidRequestError(f"export_kv of {len(ids)} tokens: must be < max_model_len={self.max_model_len}")
+        self.kv.check_export(ids, max_model_len=self.max_model_len)
         self._check_serving("export_kv")
-        if kv.connector == "nixl":
-            return await self._export_nixl(ids)
-        t0 = time.monotonic()
-        folder = os.path.join(kv.shared_dir, key)
-        try:
-            async with asyncio.timeout(self.config.request_timeout_s):
-                await self._ready.wait()
-                version = self.weight_version
-                if os.path.exists(os.path.join(folder, store.COMPLETE)):
-                    os.utime(folder)
-                else:
-                    params = VSamplingParams(
-                        max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
-                        output_kind=RequestOutputKind.FINAL_ONLY,
-                        extra_args={"kv_transfer_params": {store.EXPORT_PARAM: True}},
-                    )
-                    rid = f"gyre-export-{uuid.uuid4().hex}"
-                    self._active_subs.add(rid)  # a weight load waits for it
-                    self._drained.clear()
-                    try:
-                        async for _ in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
-                            pass
-                    finally:
-                        self._active_subs.discard(rid)
-                        if not self._active_subs:
-                            self._drained.set()
-                    if self.weight_version != version:
-                        await asyncio.to_thread(store.release, kv.shared_dir, key)
-                        raise EngineUnavailableError(
-                            f"export_kv: weights changed from version {version} to {self.weight_version} meanwhile"
-                        )
-                    try:
-                        await asyncio.to_thread(store.mark_complete, kv.shared_dir, key, version)
-                    except FileNotFoundError as exc:
-                        raise EngineError(f"export_kv stored nothing: {exc}") from None
-        except TimeoutError:
-            raise EngineTimeoutError(
-                f"export_kv of {len(ids)} tokens exceeded request_timeout_s={self.config.request_timeout_s}"
-            ) from None
-        size = await asyncio.to_thread(store.export_bytes, kv.shared_dir, key)
-        self._counts["kv_exports"] += 1
-        self._counts["kv_tokens_exported"] += tokens
-        self._counts["kv_expired"] += await asyncio.to_thread(store.sweep, kv.shared_dir, kv.lease_s)
-        return KVExport(
-            key=key, tokens=tokens, sequence_tokens=len(ids), bytes=size, weight_version=version,
-            seconds=time.monotonic() - t0,
-        )
+        return await self.kv.export(self, ids)
 
-    async def _export_nixl(self, ids: list[int]) -> KVExport:
-        """NIXL: run `ids` as a 1-token request that keeps its blocks for a remote decode; the
-        handle vLLM returns tells the target where to pull them from (within `lease_s`)."""
+    async def release_kv(self, key: str) -> bool:
+        """Delete export `key` after its import (`KVTransport.release`); False if already gone or
+        nothing to delete. Raises `InvalidRequestError` (malformed key), `EngineUnavailableError`
+        (no connector)."""
+        return await self.kv.release(key)
+
+    async def wait_ready(self) -> None:
+        """Return once no weight load runs (`KVHost`)."""
+        await self._ready.wait()
+
+    async def run_export_request(
+        self, token_ids: list[int], kv_transfer_params: dict[str, Any]
+    ) -> tuple[str, dict[str, Any] | None]:
+        """Run `token_ids` as a greedy 1-token request carrying `kv_transfer_params` for the KV
+        transport, counted in flight so that a weight load waits for it (`KVHost`); returns
+        (its request ID, the last `kv_transfer_params` vLLM returned, None if none)."""
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        t0 = time.monotonic()
         params = VSamplingParams(
             max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-            extra_args={"kv_transfer_params": {"do_remote_decode": True}},
+            output_kind=RequestOutputKind.FINAL_ONLY, extra_args={"kv_transfer_params": kv_transfer_params},
         )
         rid = f"gyre-export-{uuid.uuid4().hex}"
         handle = None
+        self._active_subs.add(rid)  # a weight load waits for it
+        self._drained.clear()
         try:
-            async with asyncio.timeout(self.config.request_timeout_s):
-                await self._ready.wait()
-                version = self.weight_version
-                self._active_subs.add(rid)
-                self._drained.clear()
-                try:
-                    async for out in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
-                        handle = out.kv_transfer_params or handle
-                finally:
-                    self._active_subs.discard(rid)
-                    if not self._active_subs:
-                        self._drained.set()
-        except TimeoutError:
-            raise EngineTimeoutError(
-                f"export_kv of {len(ids)} tokens exceeded request_timeout_s={self.config.request_timeout_s}"
-            ) from None
-        if not handle or self.weight_version != version:
-            raise EngineError(f"export_kv: NixlConnector kept no blocks for {len(ids)} tokens (handle {handle!r})")
-        handle = dict(handle)
-        handle.pop("remote_prefill_cached_tokens", None)  # else the target reports this engine's cache hits as its own
-        tokens = len(ids) - 1  # the target computes the last token itself
-        self._counts["kv_exports"] += 1
-        self._counts["kv_tokens_exported"] += tokens
-        return KVExport(
-            key=str(handle.get("remote_request_id", rid)), tokens=tokens, sequence_tokens=len(ids), bytes=0,
-            weight_version=version, seconds=time.monotonic() - t0, transfer_params=handle,
-        )
-
-    async def release_kv(self, key: str) -> bool:
-        """Delete export `key` from the shared folder (after its import); False if already gone.
-        Sweeps expired exports. NIXL: nothing to do (the source frees the blocks once pulled, or
-        after the lease): returns False. Raises `InvalidRequestError` (malformed key),
-        `EngineUnavailableError` (no connector)."""
-        from gyre.engines import kv_connector as store
-
-        kv = self.config.kv_transfer
-        if kv.connector == "none":
-            raise EngineUnavailableError("release_kv needs engine.kv_transfer.connector = 'example' or 'nixl' (it is 'none')")
-        if kv.connector == "nixl":
-            return False
-        try:
-            released = await asyncio.to_thread(store.release, kv.shared_dir, key)
-        except ValueError as exc:
-            raise InvalidRequestError(str(exc)) from None
-        self._counts["kv_released"] += released
-        self._counts["kv_expired"] += await asyncio.to_thread(store.sweep, kv.shared_dir, kv.lease_s)
-        return released
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params, rid):
+                handle = out.kv_transfer_params or handle
+        finally:
+            self._active_subs.discard(rid)
+            if not self._active_subs:
+                self._drained.set()
+        return rid, handle
 
     # -- weights and scheduling -------------------------------------------------------------
 
@@ -585,4 +455,13 @@ class VLLMEngine:
             max_model_len=self.max_model_len,
             vocab_size=self.vocab_size,
             **self._counts,
+            **_kv_counts(self.kv),
         )
+
+
+def _kv_counts(kv: KVTransport) -> dict[str, int]:
+    """The transport's counters as `EngineStatistics` fields."""
+    t = kv.statistics()
+    return dict(
+        kv_exports=t.exports, kv_tokens_exported=t.tokens_exported, kv_released=t.released, kv_expired=t.expired,
+    )

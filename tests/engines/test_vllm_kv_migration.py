@@ -183,7 +183,7 @@ async def test_migrated_request_equals_uninterrupted_run(cells, shared_dir, cont
 
 @pytest.mark.slow
 async def test_ordinary_requests_store_nothing_and_exports_expire(cells, shared_dir) -> None:
-    from gyre.engines.kv_connector import sweep
+    from gyre.engines.kv_folder import sweep
 
     (_, cell_a), _ = cells
     prompt = tokens(600, seed=1)
@@ -255,7 +255,7 @@ async def test_repeated_switches_migrate_every_time(cells, shared_dir) -> None:
     # an abort that races the last switch can leave that switch's export to the lease sweep (seen
     # in a clone run: one entry); the sweep the node runs then removes it
     assert len(shared_entries(shared_dir)) <= 1
-    from gyre.engines.kv_connector import sweep
+    from gyre.engines.kv_folder import sweep
 
     lease_s = cell_a.config.kv_transfer.lease_s
     sweep(shared_dir, lease_s, now=time.time() + lease_s + 1)

@@ -1,0 +1,107 @@
+"""The shared KV folder: layout and rules of KV exports that vLLM engines hand each other.
+
+An export of a token sequence of length L is the KV of its first `(L - 1) // block * block` tokens,
+one safetensors file per layer under `<shared_dir>/<key>/` (vLLM's ExampleConnector format), where
+`key` is the MD5 of those token IDs as int64 (`export_key`); a `complete` marker written after the
+export request finished makes it loadable (`mark_complete`), so a half-written export is never
+read; `release` deletes one, `sweep` deletes those older than the lease. Used by the connector
+inside vLLM's processes (`gyre.engines.kv_connector`) and by the engine side
+(`gyre.engines.kv_transport.FolderTransport`).
+
+Knows nothing about vLLM, requests or engines: only token IDs, keys and files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "EXPORT_PARAM",
+    "COMPLETE",
+    "export_key",
+    "export_bytes",
+    "mark_complete",
+    "release",
+    "sweep",
+]
+
+EXPORT_PARAM = "gyre_export"
+"""`kv_transfer_params` flag of a request whose prompt the connector stores."""
+COMPLETE = "complete"
+"""Marker file of an export that may be loaded."""
+_KEY = re.compile(r"[0-9a-f]{32,64}")
+
+
+def export_key(token_ids: list[int], block_size: int) -> tuple[str, int]:
+    """(key, tokens stored) of the export of `token_ids`: the leading whole blocks that leave at
+    least one token for the loading engine to compute. tokens is 0 when the sequence is too short."""
+    n = (len(token_ids) - 1) // block_size * block_size
+    data = np.asarray(token_ids[:n], dtype=np.int64).tobytes()  # ExampleConnector hashes int64 tensors
+    try:
+        digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
+    except ValueError:  # FIPS builds: vLLM's safe_hash falls back the same way
+        digest = hashlib.sha256(data).hexdigest()
+    return digest, max(n, 0)
+
+
+def _folder(shared_dir: str | Path, key: str) -> Path:
+    if not _KEY.fullmatch(key):
+        raise ValueError(f"key={key!r} is not an export key (hex digest)")
+    return Path(shared_dir) / key
+
+
+def export_bytes(shared_dir: str | Path, key: str) -> int:
+    """Bytes stored under export `key` (0 if absent)."""
+    folder = _folder(shared_dir, key)
+    try:
+        return sum(f.stat().st_size for f in folder.iterdir())
+    except FileNotFoundError:
+        return 0
+
+
+def mark_complete(shared_dir: str | Path, key: str, weight_version: int) -> None:
+    """Make export `key` loadable (atomic rename); raises `FileNotFoundError` if nothing was stored."""
+    folder = _folder(shared_dir, key)
+    if not any(f.suffix == ".safetensors" for f in folder.iterdir()):
+        raise FileNotFoundError(f"export {key} holds no KV files in {folder}")
+    tmp = folder / f".{COMPLETE}.{os.getpid()}"
+    tmp.write_text(f"{weight_version}\n")
+    os.replace(tmp, folder / COMPLETE)
+
+
+def release(shared_dir: str | Path, key: str) -> bool:
+    """Delete export `key`; False if it was already gone. Raises `ValueError` for a malformed key."""
+    folder = _folder(shared_dir, key)
+    if not folder.exists():
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
+
+
+def sweep(shared_dir: str | Path, lease_s: float, now: float | None = None) -> int:
+    """Delete exports (complete or not) last touched more than `lease_s` seconds ago; returns how
+    many. Only folders named like export keys are touched."""
+    now = time.time() if now is None else now
+    removed = 0
+    try:
+        entries = list(os.scandir(shared_dir))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        if not (_KEY.fullmatch(entry.name) and entry.is_dir()):
+            continue
+        try:
+            if now - entry.stat().st_mtime <= lease_s:
+                continue
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed += 1
+    return removed

@@ -1,0 +1,304 @@
+"""The KV transport seam: how a vLLM engine hands a sequence's KV cache to another engine.
+
+Owns `KVTransport` (what `VLLMEngine` calls for KV migration), `KVHost` (what a transport needs of
+its engine), `KVTransportStatistics`, one transport per `kv_transfer.connector`: `NoKVTransport`
+(`none`), `FolderTransport` (`example`: vLLM's ExampleConnector on a shared folder) and
+`NixlTransport` (`nixl`: vLLM's NixlConnector, the target pulls the KV from the source's memory),
+and `kv_transport(config)`, the one place that reads `kv_transfer.connector`.
+
+Knows nothing about routing or when to migrate (`gyre.runtime.continuation` decides that); the
+vLLM side of each connector is `gyre.engines.kv_connector` / `gyre.engines.kv_nixl`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from gyre.config import EngineConfig
+from gyre.engines import kv_folder
+from gyre.engines.protocol import KVExport
+from gyre.errors import EngineError, EngineTimeoutError, EngineUnavailableError, InvalidRequestError
+
+__all__ = [
+    "KVHost",
+    "KVTransport",
+    "KVTransportStatistics",
+    "NoKVTransport",
+    "FolderTransport",
+    "NixlTransport",
+    "kv_transport",
+]
+
+
+class KVHost(Protocol):
+    """What a transport needs of the engine it exports from (`VLLMEngine`)."""
+
+    weight_version: int
+    """The version of the weights the engine serves now."""
+
+    async def wait_ready(self) -> None:
+        """Return once no weight load runs on the engine."""
+        ...
+
+    async def run_export_request(
+        self, token_ids: list[int], kv_transfer_params: dict[str, Any]
+    ) -> tuple[str, dict[str, Any] | None]:
+        """Run `token_ids` as a greedy 1-token request carrying `kv_transfer_params`, counted as in
+        flight (a weight load waits for it); returns (its request ID, the last `kv_transfer_params`
+        vLLM returned, None if none)."""
+        ...
+
+
+class KVTransportStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Counters of a transport (STYLE.md rule 6); `EngineStatistics.kv_*` carries them."""
+
+    exports: int
+    """Exports made."""
+    tokens_exported: int
+    """Tokens whose KV those exports hold."""
+    released: int
+    """Exports deleted by `release`."""
+    expired: int
+    """Exports deleted because their lease ran out."""
+
+
+class KVTransport(Protocol):
+    """One KV connector as seen by the engine that exports and loads through it.
+
+    Errors of `export` / `release`: `EngineUnavailableError` (no connector, weights changed during
+    the export), `InvalidRequestError` (sequence too short or too long, malformed key),
+    `EngineTimeoutError` (`request_timeout_s`), `EngineError` (nothing was exported).
+    """
+
+    def engine_args(self) -> dict[str, Any]:
+        """Keywords for vLLM's `AsyncEngineArgs`: the connector and what it requires."""
+        ...
+
+    def prepare(self) -> None:
+        """Ready this process and the store before the engine starts (`VLLMEngine.start`)."""
+        ...
+
+    def check_export(self, token_ids: list[int], *, max_model_len: int) -> None:
+        """Raise unless `token_ids` (prompt + tokens so far) can be exported: at least
+        block_size + 1 tokens and fewer than `max_model_len`."""
+        ...
+
+    async def export(self, host: KVHost, token_ids: list[int]) -> KVExport:
+        """Export the KV of `token_ids` (checked by `check_export`) from `host`, within
+        `request_timeout_s`."""
+        ...
+
+    def import_params(self, export: KVExport) -> dict[str, Any] | None:
+        """vLLM `kv_transfer_params` of a request that loads `export`; None when the connector
+        finds the export by the request's tokens."""
+        ...
+
+    async def release(self, key: str) -> bool:
+        """Delete export `key` once loaded; False if there was nothing to delete."""
+        ...
+
+    def statistics(self) -> KVTransportStatistics: ...
+
+
+class _Transport:
+    """Shared by the transports: the config, the counters and the sequence check."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._counts = dict(exports=0, tokens_exported=0, released=0, expired=0)
+
+    def check_export(self, token_ids: list[int], *, max_model_len: int) -> None:
+        block = self.config.block_size
+        _, tokens = kv_folder.export_key(token_ids, block)
+        if tokens == 0:
+            raise InvalidRequestError(f"export_kv of {len(token_ids)} tokens: at least block_size + 1 = {block + 1} needed")
+        if len(token_ids) >= max_model_len:
+            raise InvalidRequestError(f"export_kv of {len(token_ids)} tokens: must be < max_model_len={max_model_len}")
+
+    def _exported(self, tokens: int) -> None:
+        self._counts["exports"] += 1
+        self._counts["tokens_exported"] += tokens
+
+    def _timed_out(self, token_ids: list[int]) -> EngineTimeoutError:
+        return EngineTimeoutError(
+            f"export_kv of {len(token_ids)} tokens exceeded request_timeout_s={self.config.request_timeout_s}"
+        )
+
+    def statistics(self) -> KVTransportStatistics:
+        return KVTransportStatistics(**self._counts)
+
+
+_NO_CONNECTOR = "{op} needs engine.kv_transfer.connector = 'example' or 'nixl' (it is 'none')"
+
+
+class NoKVTransport(_Transport):
+    """`connector = "none"`: no KV leaves the engine; every export and release is refused."""
+
+    def engine_args(self) -> dict[str, Any]:
+        return {}
+
+    def prepare(self) -> None:
+        return None
+
+    def check_export(self, token_ids: list[int], *, max_model_len: int) -> None:
+        raise EngineUnavailableError(_NO_CONNECTOR.format(op="export_kv"))
+
+    async def export(self, host: KVHost, token_ids: list[int]) -> KVExport:
+        raise EngineUnavailableError(_NO_CONNECTOR.format(op="export_kv"))
+
+    def import_params(self, export: KVExport) -> dict[str, Any] | None:
+        return None
+
+    async def release(self, key: str) -> bool:
+        raise EngineUnavailableError(_NO_CONNECTOR.format(op="release_kv"))
+
+
+class FolderTransport(_Transport):
+    """`connector = "example"`: exports are files in `kv_transfer.shared_dir` (`gyre.engines.kv_folder`).
+
+    `export` runs the sequence as a 1-token request marked for storing; its prefix is normally still
+    in the engine's prefix cache (an abort keeps it), so this costs about one decode step. Exporting
+    a sequence again refreshes its lease. Any request whose prompt is exactly an exported sequence
+    loads it (no `kv_transfer_params`). `export` and `release` sweep expired exports.
+    """
+
+    def engine_args(self) -> dict[str, Any]:
+        from vllm.config import KVTransferConfig
+
+        return dict(
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="GyreKVConnector",
+                kv_connector_module_path="gyre.engines.kv_connector",
+                kv_role="kv_both",
+                kv_connector_extra_config={"shared_storage_path": self.config.kv_transfer.shared_dir},
+                kv_load_failure_policy="recompute",  # an export released mid-load: prefill instead
+            ),
+            max_num_batched_tokens=max(self.config.max_model_len, 2048),  # a chunked store is corrupt
+        )
+
+    def prepare(self) -> None:
+        kv = self.config.kv_transfer
+        os.makedirs(kv.shared_dir, exist_ok=True)
+        kv_folder.sweep(kv.shared_dir, kv.lease_s)  # leftovers of a crashed run
+
+    async def export(self, host: KVHost, token_ids: list[int]) -> KVExport:
+        kv = self.config.kv_transfer
+        key, tokens = kv_folder.export_key(token_ids, self.config.block_size)
+        t0 = time.monotonic()
+        folder = os.path.join(kv.shared_dir, key)
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s):
+                await host.wait_ready()
+                version = host.weight_version
+                if os.path.exists(os.path.join(folder, kv_folder.COMPLETE)):
+                    os.utime(folder)
+                else:
+                    await host.run_export_request(token_ids, {kv_folder.EXPORT_PARAM: True})
+                    if host.weight_version != version:
+                        await asyncio.to_thread(kv_folder.release, kv.shared_dir, key)
+                        raise EngineUnavailableError(
+                            f"export_kv: weights changed from version {version} to {host.weight_version} meanwhile"
+                        )
+                    try:
+                        await asyncio.to_thread(kv_folder.mark_complete, kv.shared_dir, key, version)
+                    except FileNotFoundError as exc:
+                        raise EngineError(f"export_kv stored nothing: {exc}") from None
+        except TimeoutError:
+            raise self._timed_out(token_ids) from None
+        size = await asyncio.to_thread(kv_folder.export_bytes, kv.shared_dir, key)
+        self._exported(tokens)
+        self._counts["expired"] += await asyncio.to_thread(kv_folder.sweep, kv.shared_dir, kv.lease_s)
+        return KVExport(
+            key=key, tokens=tokens, sequence_tokens=len(token_ids), bytes=size, weight_version=version,
+            seconds=time.monotonic() - t0,
+        )
+
+    def import_params(self, export: KVExport) -> dict[str, Any] | None:
+        return None
+
+    async def release(self, key: str) -> bool:
+        kv = self.config.kv_transfer
+        try:
+            released = await asyncio.to_thread(kv_folder.release, kv.shared_dir, key)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        self._counts["released"] += released
+        self._counts["expired"] += await asyncio.to_thread(kv_folder.sweep, kv.shared_dir, kv.lease_s)
+        return released
+
+
+class NixlTransport(_Transport):
+    """`connector = "nixl"`: the source keeps an export's blocks for `lease_s`; the target pulls them.
+
+    `export` runs the sequence as a 1-token request that keeps its blocks for a remote decode; the
+    handle vLLM returns (`KVExport.transfer_params`) tells the target where to pull from. `release`
+    has nothing to do (the source frees the blocks once pulled, or after the lease). Needs the
+    `nixl` package; each engine's side channel gets a free port in `prepare`.
+    """
+
+    def engine_args(self) -> dict[str, Any]:
+        from vllm.config import KVTransferConfig
+        from vllm.platforms import current_platform
+
+        return dict(
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="NixlConnector",
+                kv_connector_module_path="gyre.engines.kv_nixl",  # vLLM's, progress thread off
+                kv_role="kv_both",
+                kv_buffer_device="cpu" if current_platform.is_cpu() else "cuda",
+                kv_connector_extra_config={"kv_lease_duration": max(1, int(self.config.kv_transfer.lease_s))},
+            ),
+        )
+
+    def prepare(self) -> None:
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(_free_port())  # one per engine
+
+    async def export(self, host: KVHost, token_ids: list[int]) -> KVExport:
+        t0 = time.monotonic()
+        handle = None
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s):
+                await host.wait_ready()
+                version = host.weight_version
+                rid, handle = await host.run_export_request(token_ids, {"do_remote_decode": True})
+        except TimeoutError:
+            raise self._timed_out(token_ids) from None
+        if not handle or host.weight_version != version:
+            raise EngineError(f"export_kv: NixlConnector kept no blocks for {len(token_ids)} tokens (handle {handle!r})")
+        handle = dict(handle)
+        handle.pop("remote_prefill_cached_tokens", None)  # else the target reports this engine's cache hits as its own
+        tokens = len(token_ids) - 1  # the target computes the last token itself
+        self._exported(tokens)
+        return KVExport(
+            key=str(handle.get("remote_request_id", rid)), tokens=tokens, sequence_tokens=len(token_ids), bytes=0,
+            weight_version=version, seconds=time.monotonic() - t0, transfer_params=handle,
+        )
+
+    def import_params(self, export: KVExport) -> dict[str, Any] | None:
+        return dict(export.transfer_params) if export.transfer_params else None
+
+    async def release(self, key: str) -> bool:
+        return False
+
+
+def kv_transport(config: EngineConfig) -> KVTransport:
+    """The transport for `config.kv_transfer.connector` (`none`, `example` or `nixl`)."""
+    kinds: dict[str, Callable[[EngineConfig], KVTransport]] = {
+        "none": NoKVTransport, "example": FolderTransport, "nixl": NixlTransport,
+    }
+    return kinds[config.kv_transfer.connector](config)
+
+
+def _free_port() -> int:
+    """A TCP port free on this host now (for NIXL's side channel)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
