@@ -1,17 +1,13 @@
 """Fused selective logprob + entropy: the LM head evaluated only where a loss needs it (B24).
 
 Owns `selective_logprob_entropy` (impl="torch" | "triton") and its plain reference
-`selective_logprob_entropy_reference`. The caller gathers the hidden states of the N positions
-whose next token carries loss (for a packed tree: each policy token's *parent* position); the head
-`W` is applied to chunks of `chunk_size` rows, so the extra memory of forward and backward is
-O(chunk_size x V), never O(N x V) or O(T x V): the backward recomputes each chunk's logits from
-the saved hidden rows and per-row log-sum-exp. Knows nothing about trees, models or losses.
-
-`impl="torch"` reduces each chunk with torch ops; `impl="triton"` reduces it with the Triton
-kernel in `gyre.kernels.selective_logprob_triton` (on CPU only under TRITON_INTERPRET=1). Both share the
-chunked matmul and the torch backward.
-
-Shape suffix legend: `N` selected positions, `H` hidden size, `V` vocabulary, `C` rows of a chunk.
+`selective_logprob_entropy_reference`. The caller gathers the hidden rows of the N positions whose
+next token carries loss (in a packed tree: each policy token's *parent*); the head `W` is applied
+to chunks of `chunk_size` rows, so forward and backward need O(chunk_size x V) extra memory, never
+O(N x V): the backward recomputes each chunk's logits from the saved rows and per-row log-sum-exp.
+`impl="triton"` reduces a chunk with `gyre.kernels.selective_logprob_triton` (on CPU only under
+TRITON_INTERPRET=1), sharing the chunked matmul and backward. Knows nothing about trees, models or
+losses. Shape suffix legend: `N` selected positions, `H` hidden, `V` vocabulary, `C` chunk rows.
 """
 
 from __future__ import annotations

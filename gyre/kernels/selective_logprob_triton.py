@@ -5,10 +5,8 @@ blocks) max / sum-exp / sum p*x gives lse, the label's logprob and the entropy
 `lse - sum(p * x)`. One program per row. On CPU it runs only in Triton's interpreter, which
 must be switched on (TRITON_INTERPRET=1) before `triton` is first imported in the process (the
 library's own jitted helpers are decorated at import): slow, for parity tests on small shapes.
-Importing this module needs the `triton` package; `gyre.kernels.selective_logprob` imports it only for
-impl="triton". Knows nothing about models or losses.
-
-Shape suffix legend: `C` rows of the chunk, `V` vocabulary.
+Needs the `triton` package; `gyre.kernels.selective_logprob` imports it only for impl="triton".
+Knows nothing about models or losses. Shape suffix legend: `C` rows of the chunk, `V` vocabulary.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """The packed forward: the trainer's differentiable logprobs of a packed micro-batch.
 
 Owns `packed_logprobs`, what the objective trains on: one forward of a Hugging Face causal LM's
-decoder over the packed tree sequence (tree mask, tree position ids), then the fused selective
-logprob + entropy kernel (`gyre.kernels.selective_logprob`) at the loss positions only, each
-predicted from its parent's hidden state (not the previous packed position). Not the engine-side
-reference of `gyre.model.behaviour_logprobs` (one unpacked sequence, no gradient). Knows nothing
-about rewards or optimizers; knows the Hugging Face layout `model.model` (decoder returning
-`last_hidden_state`) and `model.lm_head` (no bias), as in Qwen2ForCausalLM.
-
+decoder over the packed tree (tree mask, tree position ids), then the fused selective logprob +
+entropy kernel (`gyre.kernels.selective_logprob`) at the loss positions only, each predicted from
+its parent's hidden state. Not the behaviour-logprob reference of `gyre.model.behaviour_logprobs`
+(one unpacked sequence, no gradient). Knows nothing about rewards or optimizers; knows the Hugging
+Face layout `model.model` (returns `last_hidden_state`) and `model.lm_head` (no bias), as Qwen2.
 Shape suffix legend: `T` packed tokens, `N` loss positions, `H` hidden size, `V` vocabulary.
 """
 
