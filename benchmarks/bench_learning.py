@@ -27,7 +27,7 @@ import msgspec
 
 from benchmarks.common import print_table, write_result
 from gyre.config import load_config
-from gyre.runtime.job import run
+from gyre.job import run
 from gyre.runtime.metrics import EvalMetrics, read_metrics
 
 

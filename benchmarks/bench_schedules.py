@@ -34,7 +34,7 @@ from benchmarks.common import print_table, write_result
 from gyre.agents.longtail import LongtailSettings, longtail_command
 from gyre.config import config_from_dict
 from gyre.runtime.elastic import run_elastic
-from gyre.runtime.job import ensure_model
+from gyre.job import ensure_model
 from gyre.runtime.timeline import read_timeline, utilisation
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,11 +13,11 @@ from gyre._lazy import lazy_exports as _lazy_exports
 
 if typing.TYPE_CHECKING:
     from gyre.config import RunConfig, load_config
-    from gyre.runtime.job import run
+    from gyre.job import run
 
 __all__ = ["RunConfig", "load_config", "run"]
 __version__ = "0.1.0"
 
 __getattr__, __dir__ = _lazy_exports(
-    __name__, {"RunConfig": "gyre.config", "load_config": "gyre.config", "run": "gyre.runtime.job"}
+    __name__, {"RunConfig": "gyre.config", "load_config": "gyre.config", "run": "gyre.job"}
 )

@@ -1,7 +1,7 @@
 """`python -m gyre.node --config FILE`: one node's entry point.
 
 Owns the command line only: load and validate the config (one clear line on error, before
-anything starts), then hand it to `gyre.runtime.job.run`. The CLI does not grow a flag per option:
+anything starts), then hand it to `gyre.job.run`. The CLI does not grow a flag per option:
 runs are TOML files under `examples/`.
 """
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         config = load_config(args.config)
-        from gyre.runtime.job import run
+        from gyre.job import run
 
         run(config, resume=args.resume)
     except (GyreError, FileNotFoundError) as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import gyre.runtime.job
+import gyre.job
 from gyre.node import main
 
 
@@ -22,7 +22,7 @@ def raising(exc: BaseException):
     BaseExceptionGroup("outer", [BaseExceptionGroup("inner", [KeyboardInterrupt()]), KeyboardInterrupt()]),
 ], ids=["bare", "group", "nested"])
 def test_interrupt_is_one_line_and_status_130(monkeypatch, capsys, exc) -> None:
-    monkeypatch.setattr(gyre.runtime.job, "run", raising(exc))
+    monkeypatch.setattr(gyre.job, "run", raising(exc))
     assert main(["--config", "examples/cpu.toml"]) == 130
     assert capsys.readouterr().err.strip().splitlines() == [
         "gyre: interrupted; `python -m gyre.node --config examples/cpu.toml --resume` continues from the last checkpoint"]
@@ -30,7 +30,7 @@ def test_interrupt_is_one_line_and_status_130(monkeypatch, capsys, exc) -> None:
 
 def test_a_real_failure_beside_an_interrupt_still_propagates(monkeypatch) -> None:
     group = BaseExceptionGroup("task group", [KeyboardInterrupt(), RuntimeError("engine crashed")])
-    monkeypatch.setattr(gyre.runtime.job, "run", raising(group))
+    monkeypatch.setattr(gyre.job, "run", raising(group))
     with pytest.raises(BaseExceptionGroup) as caught:
         main(["--config", "examples/cpu.toml"])
     assert caught.value is group

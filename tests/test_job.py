@@ -12,7 +12,7 @@ import pytest
 from gyre.config import config_from_dict
 from gyre.errors import ConfigError, RunDirError
 from gyre.runtime.checkpoint import LoopState, save_checkpoint
-from gyre.runtime.job import run
+from gyre.job import run
 from gyre.runtime.metrics import EvalMetrics, MetricsWriter, read_metrics
 
 

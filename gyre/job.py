@@ -1,12 +1,13 @@
 """The node's job: `run(config)` (re-exported as `gyre.run`).
 
 Owns start-up of one node's work: the preflight (`preflight`: every path, the run folder and the
-agent program checked before anything is built or started), make sure the model folder exists,
-start the cells, and run the job on one anyio event loop (trio). The job is the supervised warm start (`gyre.model.sft`,
-cached) and then the RL loop: with one cell the colocate loop (`gyre.runtime.loop.run_rl`: the
-trainer in the node, checkpoints and `--resume`), with `cells.num_cells > 1` the elastic runtime
-(`gyre.runtime.elastic.run_elastic`: every cell a vLLM engine and a DeepSpeed trainer, roles by
-`config.scheduler`). Knows nothing about how an engine samples or how a cell hosts it.
+agent program checked before anything is built or started), the model folder (`ensure_model`),
+the supervised warm start (`gyre.model.sft`, cached), then the RL loop on one anyio event loop
+(trio): with one cell the colocate loop (`gyre.runtime.loop.run_rl`: the trainer in the node,
+checkpoints and `--resume`), with `cells.num_cells > 1` the elastic runtime
+(`gyre.runtime.elastic.run_elastic`: roles by `config.scheduler`), and the report at the end.
+Top level, above the runtime, the model and the report it ties together. Knows nothing about how
+an engine samples or how a cell hosts it.
 """
 
 from __future__ import annotations
