@@ -1,10 +1,12 @@
 """OpenAI's format: requests in, responses and server-sent events out, for one model call.
 
-Owns request checks and their translation (`sampling_params`, `stop_strings`, `proxy_error`), the
-assistant message of a choice (`reply_message`), response bodies (`chat_completion`,
-`text_completion`, logprobs, usage, the `gyre` block) and the SSE streams (`chat_stream`,
-`completion_stream`). Every choice carries its `token_ids`; `return_token_ids: true` (vLLM's flag)
-adds `prompt_token_ids`. Knows nothing about routes, API keys or how the engine is driven.
+Owns the request checks and their translation (`decode_request`, `check_model`, `check_messages`,
+`completion_prompt`, `sampling_params`, `stop_strings`, `proxy_error`), the assistant message of a
+choice (`reply_message`), response bodies (`chat_completion`, `text_completion`: logprobs, usage,
+the `gyre` block) and the SSE streams (`chat_stream`, `completion_stream`, which have the
+`Recorder` record the call before their last chunk). Every choice carries its `token_ids`;
+`return_token_ids: true` (vLLM's flag) adds `prompt_token_ids`. Knows nothing about routes, API
+keys or how the engine is driven.
 """
 
 from __future__ import annotations
