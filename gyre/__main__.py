@@ -8,7 +8,7 @@ USAGE = """usage: python -m gyre.<command> ...
 
   python -m gyre.node --config FILE [--resume]   run one node's job (examples/*.toml)
   python -m gyre.report RUN_DIR                  plots and a summary of a run
-  python -m gyre.model init DIR | sft ...        build the tiny model; warm-start it
+  python -m gyre.model init DIR | sft | demos    build the tiny model; warm-start it
   python -m gyre.sim --config FILE               the discrete-event cluster simulator
 """
 
