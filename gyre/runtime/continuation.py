@@ -1,4 +1,4 @@
-"""Continuations: how a choice that left one cell goes on on another, and whether its KV moves.
+"""Continuations: how a choice that left one cell continues on another, and whether its KV moves.
 
 Owns the `Continuation` seam the router calls when an attempt ends unfinished (a switch, a dead or
 stalled cell) and the decision between migrating and recomputing: `ContinuationPlan` (the request
@@ -121,6 +121,7 @@ class MigrationStatistics(msgspec.Struct, frozen=True, kw_only=True):
     export_s_total: float
     """Seconds spent in exports (successful or not)."""
     export_s_max: float
+    """Longest export, seconds."""
     exports_failed: int
     """Exports that failed or timed out (their continuations recomputed)."""
     released: int
