@@ -3,13 +3,14 @@
 Owns `CellHandle` (a cell as the driver is given it: a name, its client, its process if any),
 `DrivenCell` (the driver's bookkeeping for one cell: role, executions placed on it, busy flag,
 the weight versions its trainer and engine hold, gradients and groups in its trainer, whether it
-is alive, its current activity interval) and `died` (the process check the driver's watch uses).
+is alive, its current activity interval), and the death watch (`died`, `wait_cell_deaths`).
 Knows nothing about HTTP, policies or batches beyond holding a cell's trained `Group`s; the cell
 itself (a worker process) is `gyre.runtime.cell`, its client `gyre.runtime.cell_client`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -20,7 +21,7 @@ from gyre.runtime.scheduler import CellRole
 if TYPE_CHECKING:
     from gyre.runtime.batch_formation import Group
 
-__all__ = ["CellHandle", "DrivenCell", "died"]
+__all__ = ["CellHandle", "DrivenCell", "died", "wait_cell_deaths"]
 
 
 class CellHandle(msgspec.Struct, kw_only=True):
@@ -73,3 +74,13 @@ class DrivenCell:
 def died(cell: DrivenCell) -> bool:
     """Whether the cell's process (if it has one) has exited."""
     return cell.process is not None and cell.process.poll() is not None
+
+
+async def wait_cell_deaths(cells: Callable[[], Sequence[DrivenCell]], period_s: float) -> list[DrivenCell]:
+    """Check the processes of `cells()` every `period_s` seconds until some have exited; returns
+    those cells (in `cells()` order). Cells without a process are never reported."""
+    while True:
+        await anyio.sleep(period_s)
+        dead = [cell for cell in cells() if died(cell)]
+        if dead:
+            return dead

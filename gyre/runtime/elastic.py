@@ -44,7 +44,7 @@ from gyre.errors import CellDiedError, GyreError
 from gyre.runtime.batch import build_training_batch
 from gyre.runtime.batch_formation import BatchFormation, Group
 from gyre.runtime.cell_client import open_cells
-from gyre.runtime.cell_handle import CellHandle, DrivenCell, died
+from gyre.runtime.cell_handle import CellHandle, DrivenCell, died, wait_cell_deaths
 from gyre.runtime.checkpoint import check_run_dir
 from gyre.runtime.loop import pass_rate, pick_tasks, split_tasks
 from gyre.runtime.metrics import MetricsWriter, StepMetrics
@@ -485,10 +485,8 @@ class ElasticRuntime:
 
     async def _watch(self) -> None:
         while True:
-            await anyio.sleep(_WATCH_S)
-            for cell in self._live():
-                if died(cell):
-                    self._lose(cell)
+            for cell in await wait_cell_deaths(self._live, _WATCH_S):
+                self._lose(cell)
 
     def _lose(self, cell: DrivenCell) -> None:
         code = cell.process.poll()
