@@ -33,7 +33,7 @@ import msgspec
 from benchmarks.common import print_table, write_result
 from gyre.agents.longtail import LongtailSettings, longtail_command
 from gyre.config import config_from_dict
-from gyre.runtime.elastic import run_elastic
+from gyre.runtime.elastic_job import run_elastic
 from gyre.job import ensure_model
 from gyre.runtime.timeline import read_timeline, utilisation
 

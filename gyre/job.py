@@ -5,7 +5,7 @@ agent program checked before anything is built or started), the model folder (`e
 the supervised warm start (`gyre.model.sft`, cached), then the RL loop on one anyio event loop
 (trio): with one cell the colocate loop (`gyre.runtime.loop.run_rl`: the trainer in the node,
 checkpoints and `--resume`), with `cells.num_cells > 1` the elastic runtime
-(`gyre.runtime.elastic.run_elastic`: roles by `config.scheduler`), and the report at the end.
+(`gyre.runtime.elastic_job.run_elastic`: roles by `config.scheduler`), and the report at the end.
 Top level, above the runtime, the model and the report it ties together. Knows nothing about how
 an engine samples or how a cell hosts it.
 """
@@ -107,7 +107,7 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     from gyre.runtime.progress import Progress
 
     if config.cells.num_cells > 1:
-        from gyre.runtime.elastic import run_elastic
+        from gyre.runtime.elastic_job import run_elastic
 
         runtime = anyio.run(partial(run_elastic, config, model_dir), backend="trio")
         summary = write_report(config.run_dir)

@@ -21,7 +21,7 @@ from gyre.config import config_from_dict
 from gyre.engines.scripted import ScriptedEngine
 from gyre.model.recipe import build_tokenizer
 from gyre.runtime.cell_handle import CellHandle
-from gyre.runtime.elastic import run_cells
+from gyre.runtime.elastic_job import run_cells
 from gyre.runtime.metrics import StepMetrics, read_metrics
 from gyre.runtime.scheduler import ElasticPolicy, StartStep, SwitchToRollout, SwitchToTrain
 from gyre.runtime.timeline import read_timeline

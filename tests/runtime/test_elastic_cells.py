@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 from gyre.config import config_from_dict
 from gyre.runtime.cell_client import open_cells
 from gyre.runtime.cell_handle import CellHandle
-from gyre.runtime.elastic import run_cells
+from gyre.runtime.elastic_job import run_cells
 from gyre.runtime.loop import split_tasks
 from gyre.runtime.metrics import StepMetrics, read_metrics
 from gyre.runtime.timeline import read_timeline
