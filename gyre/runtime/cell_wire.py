@@ -25,6 +25,7 @@ from gyre.engines.protocol import (
     KVExport,
     TokenDelta,
 )
+from gyre.runtime.scheduler import CellRole
 from gyre.trajectory.pack import PackedBatch
 
 __all__ = [
@@ -37,7 +38,6 @@ __all__ = [
     "WireError",
     "Frame",
     "Health",
-    "Role",
     "SwitchRequest",
     "SwitchResult",
     "TrainRequest",
@@ -108,12 +108,8 @@ class Health(msgspec.Struct, frozen=True):
 
     state: str
     error: str | None = None
-    role: str = "rollout"
+    role: CellRole = "rollout"
     trainer_version: int | None = None
-
-
-Role = str
-"""A cell's role: `rollout`, `train`, or `switching` (between the two; refuses work)."""
 
 
 class SwitchRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -175,8 +171,8 @@ class CheckpointRequest(msgspec.Struct, frozen=True, kw_only=True):
 class CellStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """`GET /cell_statistics`: the cell's role side (STYLE.md rule 6)."""
 
-    role: str
-    """`rollout`, `train` or `switching`."""
+    role: CellRole
+    """`rollout`, `train` or `switching` (between the two; refuses work)."""
     trainer_version: int | None
     """The trainer's weight version (None: no trainer)."""
     has_gradients: bool
