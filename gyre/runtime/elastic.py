@@ -1,13 +1,13 @@
 """The multi-cell node runtime: identical cells move between rollout and training by a policy.
 
 Owns `ElasticRuntime` (the driver) and `StepRecord`; `gyre.runtime.elastic_job` starts cells and
-runs it. The driver owns the mechanics the pure
-scheduler policies (`gyre.runtime.scheduler`) leave out, exactly as the simulator does for the same
-policy objects: it places dispatched executions on rollout cells (pinned in the `Router`), moves
-them off a cell that leaves rollout (the router redirects their in-flight requests), forms each
-step's batch from finished groups, hands a group's micro-batches to an idle training cell, gathers
-the satellites' gradients on the core cell before its optimizer step, and publishes the new
-weights to the rollout cells. It calls `policy.decide` after every change until no action is left.
+runs it. The driver owns the mechanics the pure scheduler policies (`gyre.runtime.scheduler`)
+leave out, exactly as the simulator does for the same policy objects: it places dispatched
+executions on rollout cells (pinned in the `Router`), moves them off a cell that leaves rollout
+(the router redirects their in-flight requests), forms each step's batch from finished groups,
+hands a group's micro-batches to an idle training cell, gathers the satellites' gradients on the
+core cell before its optimizer step, and publishes the new weights to the rollout cells. It
+calls `policy.decide` after every change until no action is left.
 
 Batches (DESIGN.md "step"): executions are dispatched in order, `group_size` per task; which
 finished groups form each step's batch (streaming or not, `SchedulerConfig.streaming`) is
