@@ -4,8 +4,9 @@ Owns `CellHandle` (a cell as the driver is given it: a name, its client, its pro
 `DrivenCell` (the driver's bookkeeping for one cell: role, executions placed on it, busy flag,
 the weight versions its trainer and engine hold, gradients and groups in its trainer, whether it
 is alive, its current activity interval), and the death watch (`died`, `wait_cell_deaths`).
-Knows nothing about HTTP, policies or batches beyond holding a cell's trained `Group`s; the cell
-itself (a worker process) is `gyre.runtime.cell`, its client `gyre.runtime.cell_client`.
+Knows nothing about HTTP, how policies decide, or batches beyond holding a cell's trained
+`Group`s; the cell itself (a worker process) is `gyre.runtime.cell`, its client
+`gyre.runtime.cell_client`.
 """
 
 from __future__ import annotations
