@@ -1,4 +1,4 @@
-"""`python -m gyre.agents.react`: the reference agent, a tool-calling loop on the official `openai` SDK.
+"""`python -m gyre.agents.react`: the reference agent, a tool-calling loop on the `openai` SDK.
 
 Owns `AgentSettings`, `Agent` and `main`. The agent reads its instruction from
 `$GYRE_INSTRUCTION_FILE` (or `--instruction`), works in the current folder with the tools of
@@ -6,8 +6,11 @@ Owns `AgentSettings`, `Agent` and `main`. The agent reads its instruction from
 would. `delegate` runs a sub-agent with its own message history through the same endpoint
 (header `X-Gyre-Role: sub_agent`); past `compact_chars` of history the agent asks for a summary
 (`X-Gyre-Role: main_summary` / `sub_agent_summary`) and restarts from it. Tool errors (path
-escapes included) go back to the model as tool results; nothing else is affected. Knows nothing
-about gyre's proxy, records or scores: it is an ordinary OpenAI client.
+escapes included) go back to the model as tool results. So do malformed tool calls (B30): bad JSON
+arguments, an unknown tool, a missing or non-string argument, or a reply the server could not parse
+as a tool call (its optional `gyre_tool_call_error` field); after `max_malformed_replies` such
+replies in a row the conversation ends with that reason. Knows nothing about gyre's proxy, records
+or scores: it is an ordinary OpenAI client.
 """
 
 from __future__ import annotations
@@ -31,11 +34,26 @@ from gyre.agents.tools import (
     Workspace,
 )
 
-__all__ = ["AgentSettings", "Agent", "COMPACT_PROMPT", "main"]
+__all__ = ["AgentSettings", "Agent", "COMPACT_PROMPT", "EXIT_MALFORMED", "main"]
 
 logger = logging.getLogger(__name__)
 
 COMPACT_PROMPT = "Summarise what you have done so far and what is left, in a few lines."
+EXIT_MALFORMED = 4
+"""Exit status of `main` when the main conversation ended on `max_malformed_replies`."""
+
+_ARGUMENTS = {
+    s["function"]["name"]: (
+        s["function"]["parameters"]["required"],
+        s["function"]["parameters"]["properties"],
+    )
+    for s in TOOL_SCHEMAS
+}
+"""Tool name -> (required argument names, argument schemas); every argument is a string."""
+
+
+class _MalformedCall(ValueError):
+    """A tool call that cannot be run as written: fed back to the model, counted (B30)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,10 +70,15 @@ class AgentSettings:
     """Compact the history when its JSON exceeds this many characters; 0 disables compaction."""
     command_timeout_s: float = 30.0
     """Limit of one `run` tool call, seconds."""
+    max_malformed_replies: int = 3
+    """Replies in a row with a malformed tool call that are fed back as tool errors (retries);
+    the next one ends the conversation with the reason (B30). A well-formed reply resets it."""
 
     def __post_init__(self) -> None:
         if self.max_turns <= 0:
             raise ValueError(f"max_turns={self.max_turns} must be > 0")
+        if self.max_malformed_replies < 0:
+            raise ValueError(f"max_malformed_replies={self.max_malformed_replies} must be >= 0")
         if self.compact_chars < 0:
             raise ValueError(f"compact_chars={self.compact_chars} must be >= 0")
 
@@ -63,11 +86,17 @@ class AgentSettings:
 class Agent:
     """One execution's agent: a main conversation that may delegate to sub-agents."""
 
-    def __init__(self, client: openai.OpenAI, workspace: Workspace, settings: AgentSettings) -> None:
+    def __init__(
+        self, client: openai.OpenAI, workspace: Workspace, settings: AgentSettings
+    ) -> None:
         self.client = client
         self.workspace = workspace
         self.settings = settings
         self.model_calls = 0
+        self.malformed_replies = 0
+        """Replies with a malformed tool call, all conversations (each fed back or ending one)."""
+        self.stop_reason: str | None = None
+        """Why the main conversation ended early (malformed replies), None otherwise."""
 
     def _create(self, messages: list[dict], role: str, tools: list[dict] | None):
         kwargs: dict = {}
@@ -79,11 +108,18 @@ class Agent:
             kwargs["tools"] = tools
         self.model_calls += 1
         return self.client.chat.completions.create(
-            model=self.settings.model, messages=messages, extra_headers={"X-Gyre-Role": role}, **kwargs
+            model=self.settings.model,
+            messages=messages,
+            extra_headers={"X-Gyre-Role": role},
+            **kwargs,
         )
 
-    def _compact(self, messages: list[dict], task: str, system: str, summary_role: str) -> list[dict]:
-        resp = self._create([*messages, {"role": "user", "content": COMPACT_PROMPT}], summary_role, None)
+    def _compact(
+        self, messages: list[dict], task: str, system: str, summary_role: str
+    ) -> list[dict]:
+        resp = self._create(
+            [*messages, {"role": "user", "content": COMPACT_PROMPT}], summary_role, None
+        )
         summary = resp.choices[0].message.content or ""
         logger.info("compacted %d messages (%s)", len(messages), summary_role)
         return [
@@ -91,28 +127,43 @@ class Agent:
             {"role": "user", "content": f"{task}\n\nProgress so far:\n{summary}"},
         ]
 
-    def _tool(self, name: str, arguments: str) -> tuple[str, bool, str | None]:
-        """Run one tool call: (result text, finished?, delegated task or None)."""
+    @staticmethod
+    def _arguments(name: str, arguments: str | None) -> dict:
+        """The arguments of a call to tool `name`, checked against its schema; `_MalformedCall`
+        for arguments that are not a JSON object, an unknown tool, a missing or non-string one."""
+        if name not in _ARGUMENTS:
+            raise _MalformedCall(f"unknown tool {name!r}; the tools are {', '.join(_ARGUMENTS)}")
         try:
             args = json.loads(arguments or "{}")
-            if not isinstance(args, dict):
-                raise ValueError("arguments must be a JSON object")
         except ValueError as exc:
-            return f"error: invalid arguments for {name}: {exc}", False, None
+            raise _MalformedCall(f"invalid arguments for {name}: {exc}") from None
+        if not isinstance(args, dict):
+            raise _MalformedCall(f"invalid arguments for {name}: arguments must be a JSON object")
+        required, properties = _ARGUMENTS[name]
+        missing = [k for k in required if k not in args]
+        if missing:
+            raise _MalformedCall(f"{name} is missing its argument {', '.join(map(repr, missing))}")
+        wrong = [k for k in properties if k in args and not isinstance(args[k], str)]
+        if wrong:
+            raise _MalformedCall(f"{name}: argument {', '.join(map(repr, wrong))} must be a string")
+        return args
+
+    def _tool(self, name: str, arguments: str | None) -> tuple[str, bool, str | None]:
+        """Run one tool call: (result text, finished?, delegated task or None). Raises
+        `_MalformedCall` for a call that cannot be run as written."""
+        args = self._arguments(name, arguments)
         try:
             if name == "finish":
                 return str(args.get("summary", "")), True, None
             if name == "delegate":
-                return "", False, str(args.get("task", ""))
+                return "", False, args["task"]
             if name == "read_file":
-                return self.workspace.read_file(args.get("path", "")), False, None
+                return self.workspace.read_file(args["path"]), False, None
             if name == "write_file":
-                return self.workspace.write_file(args.get("path", ""), args.get("content", "")), False, None
+                return self.workspace.write_file(args["path"], args["content"]), False, None
             if name == "list_dir":
                 return self.workspace.list_dir(args.get("path", ".")), False, None
-            if name == "run":
-                return self.workspace.run(args.get("command", "")), False, None
-            return f"error: unknown tool {name!r}", False, None
+            return self.workspace.run(args["command"]), False, None
         except ToolError as exc:
             return f"error: {exc}", False, None
         except OSError as exc:
@@ -124,9 +175,16 @@ class Agent:
         tools = SUB_AGENT_TOOL_SCHEMAS if sub_agent else TOOL_SCHEMAS
         role = "sub_agent" if sub_agent else "main"
         summary_role = "sub_agent_summary" if sub_agent else "main_summary"
-        messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": task}]
+        messages: list[dict] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": task},
+        ]
+        malformed_in_a_row = 0
         for _ in range(self.settings.max_turns):
-            if self.settings.compact_chars and len(json.dumps(messages)) > self.settings.compact_chars:
+            if (
+                self.settings.compact_chars
+                and len(json.dumps(messages)) > self.settings.compact_chars
+            ):
                 messages = self._compact(messages, task, system, summary_role)
             choice = self._create(messages, role, tools).choices[0]
             msg = choice.message
@@ -134,31 +192,73 @@ class Agent:
             calls = msg.tool_calls or []
             if calls:
                 assistant["tool_calls"] = [
-                    {"id": c.id, "type": "function",
-                     "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": c.function.arguments},
+                    }
                     for c in calls
                 ]
             messages.append(assistant)
-            if not calls:
+            errors: list[str] = []
+            unparsed = (msg.model_extra or {}).get("gyre_tool_call_error")
+            if not calls and isinstance(unparsed, str) and choice.finish_reason != "length":
+                errors.append(unparsed)
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": (
+                            f"error: your tool call could not be parsed ({unparsed}). "
+                            "Call the tool again with a JSON object of arguments."
+                        ),
+                    }
+                )
+            elif not calls:
                 if choice.finish_reason == "length":
-                    messages.append({"role": "user", "content": "Your reply was cut off. Use a tool."})
+                    messages.append(
+                        {"role": "user", "content": "Your reply was cut off. Use a tool."}
+                    )
                     continue
                 return msg.content or ""
             finished, summary = False, ""
             for c in calls:
-                result, done, delegated = self._tool(c.function.name, c.function.arguments)
+                try:
+                    result, done, delegated = self._tool(c.function.name, c.function.arguments)
+                except _MalformedCall as exc:
+                    errors.append(str(exc))
+                    result, done, delegated = f"error: {exc}", False, None
                 if delegated is not None:
-                    result = "error: sub-agents cannot delegate" if sub_agent else self.converse(delegated, sub_agent=True)
+                    result = (
+                        "error: sub-agents cannot delegate"
+                        if sub_agent
+                        else self.converse(delegated, sub_agent=True)
+                    )
                 if done:
                     finished, summary = True, result
                 messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
             if finished:
                 return summary
+            if not errors:
+                malformed_in_a_row = 0
+                continue
+            self.malformed_replies += 1
+            malformed_in_a_row += 1
+            if malformed_in_a_row > self.settings.max_malformed_replies:
+                reason = (
+                    f"stopped after {malformed_in_a_row} replies in a row with a malformed "
+                    f"tool call; the last: {errors[-1]}"
+                )
+                logger.warning("%s (%s)", reason, role)
+                if not sub_agent:
+                    self.stop_reason = reason
+                return reason
         return f"stopped after {self.settings.max_turns} turns"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gyre.agents.react", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m gyre.agents.react", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--instruction", help="the task (default: read $GYRE_INSTRUCTION_FILE)")
     parser.add_argument("--workspace", default=".", help="folder the tools are confined to")
     parser.add_argument("--model", default=os.environ.get("GYRE_MODEL", "gyre"))
@@ -167,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--compact-chars", type=int, default=0)
     parser.add_argument("--command-timeout-s", type=float, default=30.0)
+    parser.add_argument("--max-malformed-replies", type=int, default=3)
     parser.add_argument("--request-timeout-s", type=float, default=600.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -177,17 +278,26 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("give --instruction or set GYRE_INSTRUCTION_FILE")
         instruction = Path(path).read_text(encoding="utf-8")
     settings = AgentSettings(
-        model=args.model, max_turns=args.max_turns, max_tokens=args.max_tokens,
-        temperature=args.temperature, compact_chars=args.compact_chars,
+        model=args.model,
+        max_turns=args.max_turns,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        compact_chars=args.compact_chars,
         command_timeout_s=args.command_timeout_s,
+        max_malformed_replies=args.max_malformed_replies,
     )
     client = openai.OpenAI(timeout=args.request_timeout_s, max_retries=2)
-    agent = Agent(client, Workspace(args.workspace, command_timeout_s=args.command_timeout_s), settings)
+    agent = Agent(
+        client, Workspace(args.workspace, command_timeout_s=args.command_timeout_s), settings
+    )
     try:
         summary = agent.converse(instruction)
     except openai.APIError as exc:
         logger.error("model call failed after %d calls: %s", agent.model_calls, exc)
         return 3
+    if agent.stop_reason is not None:
+        logger.error("%s (%d model calls)", agent.stop_reason, agent.model_calls)
+        return EXIT_MALFORMED
     logger.info("done after %d model calls: %s", agent.model_calls, summary[:200])
     return 0
 

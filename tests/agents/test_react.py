@@ -1,14 +1,16 @@
-"""The reference agent against the scripted server: tools, delegation, compaction, tool errors."""
+"""The reference agent against the scripted server: tools, delegation, compaction, tool errors,
+malformed tool calls fed back with bounded retries (B30, also through the real proxy)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import anyio
 import openai
 import pytest
 
-from gyre.agents.react import COMPACT_PROMPT, Agent, AgentSettings, main
+from gyre.agents.react import COMPACT_PROMPT, EXIT_MALFORMED, Agent, AgentSettings, main
 from gyre.agents.tools import SUB_AGENT_PROMPT, SYSTEM_PROMPT, TOOL_SCHEMAS, Workspace
 from tests.agents.openai_server import tool_call_message
 
@@ -46,9 +48,18 @@ def test_delegate_runs_a_sub_agent_with_its_own_history(server, tmp_path: Path) 
         {"role": "user", "content": "write part.txt"},
     ]
     assert "delegate" not in [t["function"]["name"] for t in calls[1].tools]
-    assert [t["function"]["name"] for t in calls[0].tools] == [t["function"]["name"] for t in TOOL_SCHEMAS]
-    assert calls[3].messages[-1] == {"role": "tool", "tool_call_id": "m0", "content": "part written"}
-    assert calls[3].messages[:2] == [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "build it"}]
+    assert [t["function"]["name"] for t in calls[0].tools] == [
+        t["function"]["name"] for t in TOOL_SCHEMAS
+    ]
+    assert calls[3].messages[-1] == {
+        "role": "tool",
+        "tool_call_id": "m0",
+        "content": "part written",
+    }
+    assert calls[3].messages[:2] == [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": "build it"},
+    ]
     assert (agent.workspace.root / "part.txt").read_text() == "sub"
 
 
@@ -57,8 +68,17 @@ def test_path_escape_is_a_tool_error_for_the_model(server, tmp_path: Path) -> No
     script = [
         tool_call_message("read_file", {"path": "../secret.txt"}, "c0"),
         tool_call_message("write_file", {"path": "../../evil.txt", "content": "x"}, "c1"),
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c2", "type": "function", "function": {"name": "run", "arguments": "{not json"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "run", "arguments": "{not json"},
+                }
+            ],
+        },
         tool_call_message("fly", {}, "c3"),
         tool_call_message("finish", {"summary": "ok"}, "c4"),
     ]
@@ -69,7 +89,7 @@ def test_path_escape_is_a_tool_error_for_the_model(server, tmp_path: Path) -> No
     assert results[0] == "error: path '../secret.txt' is outside the workspace"
     assert results[1] == "error: path '../../evil.txt' is outside the workspace"
     assert results[2].startswith("error: invalid arguments for run:")
-    assert results[3] == "error: unknown tool 'fly'"
+    assert results[3].startswith("error: unknown tool 'fly'; the tools are read_file, write_file")
     assert not (tmp_path.parent / "evil.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["secret.txt", "ws"]
 
@@ -79,7 +99,11 @@ def test_compaction_summarises_and_restarts(server, tmp_path: Path) -> None:
         if call.role == "main_summary":
             return {"role": "assistant", "content": "wrote f0 and f1"}
         t = turn(call)
-        if t >= 3 or any("Progress so far" in (m.get("content") or "") for m in call.messages if m["role"] == "user"):
+        if t >= 3 or any(
+            "Progress so far" in (m.get("content") or "")
+            for m in call.messages
+            if m["role"] == "user"
+        ):
             return tool_call_message("finish", {"summary": "done"}, "fin")
         return tool_call_message("write_file", {"path": f"f{t}", "content": "x" * 200}, f"c{t}")
 
@@ -117,6 +141,120 @@ def test_main_reports_api_failure(server, tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("GYRE_INSTRUCTION_FILE", str(instruction))
     (tmp_path / "w").mkdir()
     assert main(["--workspace", str(tmp_path / "w"), "--request-timeout-s", "5"]) == 3
-    server.register("gyre-unknown-key", lambda call: tool_call_message("finish", {"summary": "s"}, "c"))
+    server.register(
+        "gyre-unknown-key", lambda call: tool_call_message("finish", {"summary": "s"}, "c")
+    )
     assert main(["--workspace", str(tmp_path / "w")]) == 0
-    assert json.loads(json.dumps(server.calls[-1].messages))[1] == {"role": "user", "content": "do it"}
+    assert json.loads(json.dumps(server.calls[-1].messages))[1] == {
+        "role": "user",
+        "content": "do it",
+    }
+
+
+def test_malformed_tool_calls_are_fed_back_then_end_the_conversation(
+    server, tmp_path: Path
+) -> None:
+    """Missing argument, bad JSON, unknown tool: each a tool error for the model; a well-formed
+    reply resets the count; past `max_malformed_replies` in a row the conversation ends."""
+    bad_json = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "b",
+                "type": "function",
+                "function": {"name": "write_file", "arguments": '{"path": "a"'},
+            }
+        ],
+    }
+    script = [
+        tool_call_message("write_file", {"path": "a.txt"}, "c0"),  # no content: not an empty file
+        tool_call_message("list_dir", {}, "c1"),  # well-formed: the count starts again
+        bad_json,
+        tool_call_message("fly", {}, "c3"),
+        tool_call_message("write_file", {"path": "a.txt", "content": 7}, "c4"),
+        tool_call_message("finish", {"summary": "never reached"}, "c5"),
+    ]
+    server.register(KEY, lambda call: script[turn(call)])
+    agent = make_agent(server, tmp_path, max_malformed_replies=2)
+    summary = agent.converse("try")
+    assert summary == (
+        "stopped after 3 replies in a row with a malformed tool call; "
+        "the last: write_file: argument 'content' must be a string"
+    )
+    assert agent.stop_reason == summary and agent.model_calls == 5 and agent.malformed_replies == 4
+    results = [m["content"] for m in server.calls_for(KEY)[-1].messages if m["role"] == "tool"]
+    assert results == [
+        "error: write_file is missing its argument 'content'",
+        "(empty)",
+        "error: invalid arguments for write_file: "
+        "Expecting ',' delimiter: line 1 column 13 (char 12)",
+        "error: unknown tool 'fly'; the tools are "
+        "read_file, write_file, list_dir, run, finish, delegate",
+    ]
+    assert not (agent.workspace.root / "a.txt").exists()
+
+
+def test_main_exits_with_the_malformed_status(
+    server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    server.register(KEY, lambda call: tool_call_message("fly", {}, f"c{turn(call)}"))
+    (tmp_path / "w").mkdir()
+    argv = [
+        "--instruction",
+        "x",
+        "--workspace",
+        str(tmp_path / "w"),
+        "--max-malformed-replies",
+        "1",
+    ]
+    assert main(argv) == EXIT_MALFORMED
+    assert len(server.calls_for(KEY)) == 2
+
+
+@pytest.mark.anyio
+async def test_b30_malformed_tool_call_is_fed_back_through_the_proxy(
+    tmp_path: Path, anyio_backend
+) -> None:
+    """FIELD_CASES B30: the first reply is a `write_file` call whose JSON lacks its closing brace;
+    the second a valid `write_file` and `finish`. Buggy: 1 call, the text taken as the answer."""
+    from gyre.config import ProxyConfig
+    from gyre.engines.scripted import ScriptedEngine, ScriptedReply
+    from gyre.model.recipe import build_tokenizer
+    from gyre.tito.proxy import TitoProxy
+
+    tok = build_tokenizer()
+
+    def call(name: str, arguments: dict) -> str:
+        return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+    write = call("write_file", {"path": "out.txt", "content": "hello"})
+    texts = [
+        write.replace("}}</tool_call>", "}</tool_call>"),
+        write + call("finish", {"summary": "wrote it"}),
+    ]
+    replies = [
+        ScriptedReply(token_ids=tok.encode(t, add_special_tokens=False) + [tok.eos_token_id])
+        for t in texts
+    ]
+    engine = ScriptedEngine(
+        replies, eos_token_id=tok.eos_token_id, vocab_size=len(tok), max_model_len=8192
+    )
+    proxy = TitoProxy(tokenizer=tok, engine_for=lambda _e: engine, config=ProxyConfig())
+    key = proxy.mint_key("b30")
+    (tmp_path / "ws").mkdir()
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.serve)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+        agent = Agent(client, Workspace(tmp_path / "ws"), AgentSettings())
+        summary = await anyio.to_thread.run_sync(agent.converse, "write hello to out.txt")
+        tg.cancel_scope.cancel()
+    calls = proxy.calls("b30")
+    assert len(calls) == 2 and summary == "wrote it" and agent.malformed_replies == 1
+    assert (tmp_path / "ws" / "out.txt").read_text() == "hello"
+    second_prompt = tok.decode(calls[1].prompt_ids)
+    assert "error: your tool call could not be parsed (malformed tool call: " in second_prompt
+    assert "Expecting" in second_prompt.split("could not be parsed", 1)[1]  # json's parse error
+    assert calls[1].divergence is None  # the malformed text was echoed back token for token
