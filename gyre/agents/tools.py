@@ -143,7 +143,7 @@ class Workspace:
             raise ToolError("command must be a non-empty string")
         proc = subprocess.Popen(
             ["/bin/sh", "-c", command], cwd=self.root, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0,  # no own autogroup
         )
         try:
             out, _ = proc.communicate(timeout=self.command_timeout_s)

@@ -10,7 +10,8 @@ once, with the cell's process group). The cell's role (`rollout` at start, or `t
 inside the process; nothing is rebuilt for a switch:
 
     GET  /health        Health (503 while starting, 500 if the engine failed to start)
-    POST /generate      GenerateRequest -> stream of length-prefixed Frames (deltas, or an error)
+    GET  /stream?id=ID  the client's delta stream: length-prefixed FrameBatches, one per engine step
+    POST /generate      StreamedGenerate -> {} once its first delta is on the stream (or the error)
     POST /abort         AbortRequest -> list[Completion] (tokens so far)
     POST /load_weights  LoadWeightsRequest -> {} once the new version serves
     POST /export_kv     ExportKVRequest -> KVExport (503 when the engine has no KV connector)
@@ -29,6 +30,16 @@ inside the process; nothing is rebuilt for a switch:
     POST /save_checkpoint, /load_checkpoint  CheckpointRequest -> {}
 
 Torch work runs in a worker thread, one call at a time, never on the event loop.
+
+Serving at engine speed (measured 2026-12-01, 2 cores; shared/notes/cell-serving.md): a cell in
+a session of its own is a scheduling autogroup of its own, and while vLLM's queue readers spin
+(`sched_yield`, 1 s after each message) the node's client got 3-4% of a CPU, so concurrent
+requests reached the engine one by one (gyre/direct time 4.7 at 8, 10.2 at 32). Cells therefore
+run in the node's session (`cell_process`), the client keeps no idle keep-alive connections (a
+burst retried on one), and all of a client's requests share one delta stream (`cell_stream`):
+one write per engine step instead of one HTTP chunk per request per step. Agents and verifiers
+keep their own sessions (no controlling terminal for untrusted code); only their CPU-bound work
+competes, group against group.
 
 Bodies are msgpack (`cell_wire`). Errors answer with a status and a `WireError` whose code names
 the `gyre.errors` class. Knows nothing about executions, chat or the node's scheduling.
@@ -50,7 +61,7 @@ import msgspec
 from aiohttp import web
 
 from gyre.config import EngineConfig, RLConfig, TrainerConfig
-from gyre.engines.protocol import GenerateRequest, KVTransferEngine
+from gyre.engines.protocol import KVTransferEngine
 from gyre.errors import (
     ContextLengthError,
     EngineTimeoutError,
@@ -66,7 +77,6 @@ from gyre.runtime.cell_wire import (
     CellStatistics,
     CheckpointRequest,
     ExportKVRequest,
-    Frame,
     Health,
     LoadWeightsRequest,
     ReceiveGradientsRequest,
@@ -74,6 +84,7 @@ from gyre.runtime.cell_wire import (
     SendGradientsRequest,
     StepRequest,
     StepResult,
+    StreamedGenerate,
     SwitchRequest,
     SwitchResult,
     TrainRequest,
@@ -81,8 +92,8 @@ from gyre.runtime.cell_wire import (
     cell_secret,
     decode,
     encode,
-    encode_frame,
 )
+from gyre.runtime.cell_stream import DeltaStreams
 
 __all__ = ["serve", "main", "status_of"]
 
@@ -122,6 +133,7 @@ class _Cell:
         self.stop = asyncio.Event()
         self.role = "rollout"
         self._inflight: set[str] = set()  # generate requests being streamed
+        self.streams = DeltaStreams()
         self._switch_lock = asyncio.Lock()
         self._torch_lock = asyncio.Lock()  # one trainer call at a time
         self._counts = dict(switches=0, requests_aborted_by_switch=0, micro_batches_trained=0, steps_applied=0)
@@ -173,41 +185,33 @@ class _Cell:
         status = {"starting": 503, "ready": 200, "failed": 500}[self.health.state]
         return web.Response(status=status, body=encode(self._health()), content_type=_MSGPACK)
 
-    async def generate(self, request: web.Request) -> web.StreamResponse:
+    async def stream(self, request: web.Request) -> web.StreamResponse:
         try:
-            req = await self._decode(request, GenerateRequest)
+            return await self.streams.serve(request, request.query.get("id", ""))
+        except GyreError as exc:
+            return _error(exc)
+
+    async def generate(self, request: web.Request) -> web.Response:
+        try:
+            sreq = await self._decode(request, StreamedGenerate)
+            req = sreq.request
             if self.role != "rollout":
                 raise EngineUnavailableError(f"cell is in role {self.role!r}; request {req.request_id!r} refused")
-            stream = self._engine().generate(req)
+            self.streams.check_open(sreq.stream)
+            engine = self._engine()
+            stream = engine.generate(req)
             self._inflight.add(req.request_id)
             try:
                 first = await anext(stream)  # validation errors surface here, before any byte is sent
+                self.streams.start(sreq.stream, sreq.tag, req.request_id, stream, first, engine.abort,
+                                   lambda: self._inflight.discard(req.request_id))
             except BaseException:
                 self._inflight.discard(req.request_id)
+                await stream.aclose()
                 raise
+            return _ok()
         except GyreError as exc:
             return _error(exc)
-        try:
-            return await self._stream(request, req, stream, first)
-        finally:
-            self._inflight.discard(req.request_id)
-
-    async def _stream(self, request: web.Request, req: GenerateRequest, stream, first) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": _MSGPACK})
-        await response.prepare(request)
-        try:
-            await response.write(encode_frame(Frame(delta=first)))
-            async for delta in stream:
-                await response.write(encode_frame(Frame(delta=delta)))
-        except GyreError as exc:
-            await response.write(encode_frame(Frame(error=WireError(code=exc.code, message=str(exc)))))
-        except (ConnectionResetError, asyncio.CancelledError):
-            await self._engine().abort(req.request_id)  # the client went away: free the engine
-            raise
-        finally:
-            await stream.aclose()
-        await response.write_eof()
-        return response
 
     async def abort(self, request: web.Request) -> web.Response:
         try:
@@ -280,6 +284,9 @@ class _Cell:
             group_rank=None if group is None else group.rank,
             gradients_sent=0 if group is None else group.sent,
             gradients_received=0 if group is None else group.received,
+            streams_open=self.streams.open,
+            stream_writes=self.streams.writes,
+            stream_frames=self.streams.frames,
             **self._counts,
         )
 
@@ -467,23 +474,11 @@ def _authorised(secret: str):
     return check
 
 
-async def serve(
-    model: str,
-    config: EngineConfig,
-    *,
-    host: str,
-    port: int,
-    port_file: Path,
-    trainer: TrainerConfig | None = None,
-    rl: RLConfig | None = None,
-    group: tuple[str, int, int] | None = None,
-) -> None:
-    """Serve one cell until shutdown; writes the bound port to `port_file` before starting the
-    engine, then the trainer (`trainer` given) and the gradient group (`group` = (store address,
-    rank, world size)); `/health` says ready once all three are up."""
-    cell = _Cell()
+def _app(cell: _Cell) -> web.Application:
+    """The cell API's routes over `cell` (bearer-token checked)."""
     app = web.Application(client_max_size=256 * 2**20, middlewares=[_authorised(cell_secret())])
     app.router.add_get("/health", cell.health_handler)
+    app.router.add_get("/stream", cell.stream)
     app.router.add_post("/generate", cell.generate)
     app.router.add_post("/abort", cell.abort)
     app.router.add_post("/load_weights", cell.load_weights)
@@ -502,6 +497,25 @@ async def serve(
     app.router.add_post("/step", cell.step)
     app.router.add_post("/save_checkpoint", cell.save_checkpoint)
     app.router.add_post("/load_checkpoint", cell.load_checkpoint)
+    return app
+
+
+async def serve(
+    model: str,
+    config: EngineConfig,
+    *,
+    host: str,
+    port: int,
+    port_file: Path,
+    trainer: TrainerConfig | None = None,
+    rl: RLConfig | None = None,
+    group: tuple[str, int, int] | None = None,
+) -> None:
+    """Serve one cell until shutdown; writes the bound port to `port_file` before starting the
+    engine, then the trainer (`trainer` given) and the gradient group (`group` = (store address,
+    rank, world size)); `/health` says ready once all three are up."""
+    cell = _Cell()
+    app = _app(cell)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -532,6 +546,7 @@ async def serve(
     finally:
         asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
         signal.signal(signal.SIGTERM, previous)
+        cell.streams.close_all()
         await runner.cleanup()
         if cell.engine is not None and hasattr(cell.engine, "shutdown"):
             cell.engine.shutdown()

@@ -1,8 +1,8 @@
 """The node's view of a cell: `CellClient` (the `InferenceEngine` protocol over HTTP) and start-up.
 
-Owns `CellClient`, `CellProcess`, `spawn_cell`, `wait_cell_ready`, `open_cell` and `open_cells`
-(n cells around a node-hosted gradient-group store). The client runs on anyio + httpx, so it works
-on the node's trio loop and on asyncio; code above it cannot tell a cell from the scripted engine.
+Owns `CellClient`, `open_cell`, `open_cells` (n cells around a node-hosted gradient-group store);
+re-exports `cell_process`'s `spawn_cell`, `wait_cell_ready`, `CellProcess`. On anyio + httpx: the
+node's trio loop and asyncio alike; code above it cannot tell a cell from the scripted engine.
 Besides the `InferenceEngine` protocol it drives the cell's role and trainer (`switch_role`,
 `train`, `send_gradients`, `receive_gradients`, `step`, ...). Every wait is bounded (DESIGN.md
 invariant 7): requests by `request_timeout_s`, weight loads by `weight_load_timeout_s`, training
@@ -12,14 +12,11 @@ Knows nothing about what the cell runs inside (vLLM, DeepSpeed).
 
 from __future__ import annotations
 
-import ctypes
-import os
-import signal
-import shutil
+import itertools
+import math
 import subprocess
-import sys
-import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -50,14 +47,16 @@ from gyre.runtime.cell_wire import (
     CellStatistics,
     CheckpointRequest,
     ExportKVRequest,
+    Frame,
+    FrameBatch,
     FrameReader,
-    Health,
     LoadWeightsRequest,
     ReceiveGradientsRequest,
     ReleaseKVRequest,
     SendGradientsRequest,
     StepRequest,
     StepResult,
+    StreamedGenerate,
     SwitchRequest,
     SwitchResult,
     TrainRequest,
@@ -66,6 +65,7 @@ from gyre.runtime.cell_wire import (
     decode,
     encode,
 )
+from gyre.runtime.cell_process import CellProcess, _cpu_binding, spawn_cell, wait_cell_ready
 from gyre.trajectory.pack import PackedBatch
 
 __all__ = ["CellClient", "CellProcess", "spawn_cell", "wait_cell_ready", "open_cell", "open_cells", "StepResult"]
@@ -77,8 +77,6 @@ _TRAIN_TIMEOUT_MARGIN_S = 10.0
 
 def _auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {cell_secret()}"}
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _raise_for(response: httpx.Response, body: bytes) -> None:
@@ -96,6 +94,11 @@ class CellClient:
 
     Use as `async with CellClient(url, config) as engine:`. `statistics()` returns the snapshot
     fetched by the last `refresh_statistics()` (HTTP cannot be called synchronously).
+
+    Requests share one delta stream (`GET /stream`, opened on the first `generate` and read by a
+    task of the client's own task group): each `generate` posts its request, then receives its
+    frames from the stream. A consumer that leaves early (cancelled, or closing the iterator)
+    aborts its request in the cell; a lost stream fails every request on it.
     """
 
     def __init__(
@@ -110,20 +113,40 @@ class CellClient:
         """The cell's process when this node started it (set by `open_cells`); None otherwise."""
         self._http: httpx.AsyncClient | None = None
         self._stats: EngineStatistics | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None  # holds the delta stream's reader
+        self._stream_id: str | None = None  # the open delta stream
+        self._stream_lock: anyio.Lock | None = None
+        self._channels: dict[int, anyio.abc.ObjectSendStream] = {}  # by request tag
+        self._tags = itertools.count()
 
     async def __aenter__(self) -> CellClient:
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=_auth_headers(),
             timeout=httpx.Timeout(self.config.request_timeout_s, connect=10.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            # no idle keep-alive connections: a burst of requests was assigned one idle
+            # connection and the losers retried (185 retries for 32 requests)
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
         )
-        await self.refresh_statistics()
+        self._stream_lock = anyio.Lock()
+        self._tasks = anyio.create_task_group()
+        await self._tasks.__aenter__()
+        try:
+            await self.refresh_statistics()
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._http is not None:
-            await self._http.aclose()
-            self._http = None
+    async def __aexit__(self, *exc_info) -> None:
+        tasks, self._tasks = self._tasks, None
+        try:
+            if tasks is not None:
+                tasks.cancel_scope.cancel()  # the stream reader
+                await tasks.__aexit__(*exc_info)
+        finally:
+            if self._http is not None:
+                await self._http.aclose()
+                self._http = None
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -142,38 +165,91 @@ class CellClient:
         _raise_for(response, response.content)
         return response.content
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
-        # No cancel scope spans a `yield` (a consumer may resume this generator from another
-        # task): each read is bounded by httpx's read timeout, the whole request by a deadline
-        # checked between reads.
-        pending = set(range(request.sampling.n))
-        deadline = time.monotonic() + self.config.request_timeout_s
+    async def _open_stream(self) -> str:
+        """The ID of the open delta stream; opens it (starts its reader) if there is none."""
+        if self._stream_id is None:
+            if self._tasks is None or self._stream_lock is None:
+                raise EngineUnavailableError("CellClient used outside `async with`")
+            async with self._stream_lock:
+                if self._stream_id is None:
+                    await self._tasks.start(self._read_stream)
+        assert self._stream_id is not None
+        return self._stream_id
+
+    async def _read_stream(self, *, task_status: anyio.abc.TaskStatus) -> None:
+        """Open `GET /stream` and hand each frame to its request's channel until the stream ends;
+        then fail the requests left on it. Errors opening it go to the caller of `start`."""
+        stream_id = uuid.uuid4().hex
+        lost: GyreError = EngineUnavailableError(f"cell {self.base_url} ended the delta stream")
+        started = False
         try:
-            async with self.http.stream("POST", "/generate", content=encode(request), headers=_HEADERS) as response:
+            async with self.http.stream(
+                "GET", "/stream", params={"id": stream_id}, timeout=httpx.Timeout(None, connect=10.0)
+            ) as response:
                 if response.status_code != 200:
                     _raise_for(response, await response.aread())
-                reader = FrameReader()
+                self._stream_id, started = stream_id, True
+                task_status.started()
+                reader = FrameReader(FrameBatch)
                 async for chunk in response.aiter_bytes():
-                    for frame in reader.feed(chunk):
-                        if frame.error is not None:
-                            raise error_from_code(frame.error.code, frame.error.message)
-                        delta = frame.delta
-                        if delta.finish_reason is not None:
-                            pending.discard(delta.index)
-                        yield delta
-                    if time.monotonic() > deadline and pending:
-                        raise httpx.ReadTimeout("request deadline passed")
-        except httpx.TimeoutException:
-            await self._abort_quietly(request.request_id)
-            raise EngineTimeoutError(
-                f"request {request.request_id!r} exceeded request_timeout_s={self.config.request_timeout_s}"
-            ) from None
+                    for batch in reader.feed(chunk):
+                        for frame in batch.frames:
+                            channel = self._channels.get(frame.tag)
+                            if channel is not None:  # None: its consumer left
+                                channel.send_nowait(frame)
         except httpx.TransportError as exc:
-            raise EngineUnavailableError(f"cell {self.base_url} lost request {request.request_id!r}: {exc!r}") from None
-        if pending:
-            raise EngineUnavailableError(
-                f"cell {self.base_url} ended request {request.request_id!r} without finishing choices {sorted(pending)}"
-            )
+            lost = EngineUnavailableError(f"cell {self.base_url} lost the delta stream: {exc!r}")
+            if not started:
+                raise lost from None
+        finally:
+            if self._stream_id == stream_id:
+                self._stream_id = None
+            for channel in list(self._channels.values()):
+                channel.send_nowait(lost)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        # No cancel scope spans a `yield` (a consumer may resume this generator from another
+        # task): each wait is bounded by the request's deadline.
+        stream_id = await self._open_stream()
+        tag = next(self._tags)
+        send, receive = anyio.create_memory_object_stream[Frame | GyreError](math.inf)
+        self._channels[tag] = send
+        pending = set(range(request.sampling.n))
+        deadline = time.monotonic() + self.config.request_timeout_s
+        ended = False  # nothing of the request is left in the cell: no abort needed
+        try:
+            try:
+                await self._post("/generate", StreamedGenerate(stream=stream_id, tag=tag, request=request),
+                                 self.config.request_timeout_s)
+            except GyreError:
+                ended = True  # refused (validation, pause, role) or unreachable
+                raise
+            while pending:
+                try:
+                    with anyio.fail_after(max(deadline - time.monotonic(), 0.0)):
+                        frame = await receive.receive()
+                except TimeoutError:
+                    ended = True
+                    await self._abort_quietly(request.request_id)
+                    raise EngineTimeoutError(
+                        f"request {request.request_id!r} exceeded request_timeout_s={self.config.request_timeout_s}"
+                    ) from None
+                if isinstance(frame, GyreError):  # the stream was lost
+                    ended = True
+                    raise EngineUnavailableError(f"{frame} (request {request.request_id!r})")
+                if frame.error is not None:
+                    ended = True
+                    raise error_from_code(frame.error.code, frame.error.message)
+                delta = frame.delta
+                if delta.finish_reason is not None:
+                    pending.discard(delta.index)
+                yield delta
+        finally:
+            del self._channels[tag]
+            send.close()
+            receive.close()
+            if pending and not ended:  # the consumer left early: free the engine
+                await self._abort_quietly(request.request_id)
 
     async def _abort_quietly(self, request_id: str) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -289,144 +365,6 @@ class CellClient:
     async def cell_statistics(self) -> CellStatistics:
         """The cell's role, trainer version and gradient traffic, fetched now."""
         return await self._get("/cell_statistics", CellStatistics)
-
-
-_PORT_DIR_PREFIX = "gyre-cell-"
-"""Prefix of the temporary folder `spawn_cell` makes for a cell's port file."""
-
-
-class CellProcess(msgspec.Struct, kw_only=True):
-    """A spawned cell worker: its process, where it writes its port, and its log file."""
-
-    process: subprocess.Popen
-    port_file: Path
-    log_path: Path
-    base_url: str | None = None
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """Ask the cell to exit (SIGTERM), then kill it after `timeout_s`; then kill whatever its
-        process group left behind (vLLM's engine-core and worker processes when the cell itself
-        was killed). Returns the cell's exit code."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # the group is already empty
-        self.remove_port_file()
-        return self.process.returncode
-
-    def remove_port_file(self) -> None:
-        """Delete the port file and its private folder (`spawn_cell` made it; nothing else is in it)."""
-        self.port_file.unlink(missing_ok=True)
-        if self.port_file.parent.name.startswith(_PORT_DIR_PREFIX):
-            shutil.rmtree(self.port_file.parent, ignore_errors=True)
-
-
-def spawn_cell(
-    model_dir: str | Path,
-    config: EngineConfig,
-    *,
-    log_path: str | Path,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    trainer_config: TrainerConfig | None = None,
-    rl_config: RLConfig | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    group_store: str | None = None,
-    env: dict[str, str] | None = None,
-) -> CellProcess:
-    """Start a cell worker process (returns at once; see `wait_cell_ready`). With `trainer_config`
-    the cell also holds a trainer on `model_dir`; with `rank`, `world_size` and `group_store`
-    ("HOST:PORT" of `host_group_store`) it joins the run-wide gradient group. `env` adds to the
-    environment it inherits."""
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    port_file = Path(tempfile.mkdtemp(prefix=_PORT_DIR_PREFIX)) / "port"
-    cmd = [
-        sys.executable, "-m", "gyre.runtime.cell",
-        "--model", str(model_dir),
-        "--engine-config", msgspec.json.encode(config).decode(),
-        "--host", host, "--port", str(port), "--port-file", str(port_file),
-    ]
-    if trainer_config is not None:
-        cmd += ["--trainer-config", msgspec.json.encode(trainer_config).decode()]
-    if rl_config is not None:
-        cmd += ["--rl-config", msgspec.json.encode(rl_config).decode()]
-    if group_store is not None:
-        cmd += ["--rank", str(rank), "--world-size", str(world_size), "--group-store", group_store]
-    cell_secret()  # in our environment before the cell inherits it
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-            env=None if env is None else {**os.environ, **env},
-            start_new_session=True,  # its own process group: `stop` can reap vLLM's children too
-        )
-    return CellProcess(process=process, port_file=port_file, log_path=log_path)
-
-
-def _cpu_binding(rank: int, n: int) -> dict[str, str] | None:
-    """Spread several cells' vLLM CPU workers over the cores, one core each, round robin: left to
-    itself every engine binds its worker to core 0 (shared/notes/vllm-kv-and-cells.md §2). None
-    for one cell, on a GPU, or when the user set `VLLM_CPU_OMP_THREADS_BIND`."""
-    import torch
-
-    if n < 2 or torch.cuda.is_available() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
-        return None
-    cores = sorted(os.sched_getaffinity(0))
-    return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[rank % len(cores)])}
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the node dies (Linux `PR_SET_PDEATHSIG`), so a killed node
-    leaves no cell (and, through the cell's shutdown, no engine process) behind."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def wait_cell_ready(cell: CellProcess, timeout_s: float, host: str = "127.0.0.1") -> str:
-    """Block until the cell's engine serves; return its base URL.
-
-    Raises `EngineUnavailableError` if the process exits or its engine fails to start (with the
-    tail of its log), `EngineTimeoutError` after `timeout_s`.
-    """
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=5.0, headers=_auth_headers()) as http:
-        while time.monotonic() < deadline:
-            if cell.process.poll() is not None:
-                raise EngineUnavailableError(
-                    f"cell exited with code {cell.process.returncode} during start-up; log tail:\n{_tail(cell.log_path)}"
-                )
-            if cell.base_url is None and cell.port_file.exists():
-                cell.base_url = f"http://{host}:{int(cell.port_file.read_text())}"
-                cell.remove_port_file()
-            if cell.base_url is not None:
-                try:
-                    response = http.get(f"{cell.base_url}/health")
-                    health = decode(response.content, Health)
-                    if health.state == "ready":
-                        return cell.base_url
-                    if health.state == "failed":
-                        cell.stop()
-                        raise EngineUnavailableError(f"cell engine failed to start: {health.error}")
-                except httpx.TransportError:
-                    pass  # not listening yet
-            time.sleep(0.2)
-    cell.stop()
-    raise EngineTimeoutError(f"cell not ready within startup_timeout_s={timeout_s}; log tail:\n{_tail(cell.log_path)}")
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 @asynccontextmanager

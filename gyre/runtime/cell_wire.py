@@ -1,11 +1,12 @@
 """Wire format of a cell's token-level API: msgspec msgpack bodies and length-prefixed stream frames.
 
-Owns the request/response Structs of the cell API and the frame codec used by `/generate`'s
-streamed body (4-byte big-endian length, then one msgpack `Frame`). numpy arrays (the fields of
-`PackedBatch`) cross as `[dtype.str, shape, raw bytes]` and decode to an equal array (same
-dtype, shape and bytes). Also owns the node's cell secret (`cell_secret`), the bearer token every
-request to a cell carries. Shared by the cell server
-(asyncio, aiohttp) and the client (anyio, httpx); knows nothing about either.
+Owns the request/response Structs of the cell API and the frame codec of `/stream`, the
+long-lived body that carries every request's deltas (4-byte big-endian length, then one msgpack
+`FrameBatch`: the `Frame`s of one engine step, each tagged with the client's tag). numpy arrays
+(the fields of `PackedBatch`) cross as `[dtype.str, shape, raw bytes]` and decode to an equal
+array (same dtype, shape and bytes). Also owns the node's cell secret (`cell_secret`), the bearer
+token every request to a cell carries. Shared by the cell server (asyncio, aiohttp) and the
+client (anyio, httpx); knows nothing about either.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ __all__ = [
     "ReleaseKVRequest",
     "WireError",
     "Frame",
+    "FrameBatch",
+    "StreamedGenerate",
     "Health",
     "SwitchRequest",
     "SwitchResult",
@@ -95,11 +98,27 @@ class WireError(msgspec.Struct, frozen=True):
     message: str
 
 
+class StreamedGenerate(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /generate`: run `request`, streaming its deltas on the client's open `/stream`
+    `stream`, each `Frame` tagged `tag` (unique per stream; request IDs may repeat)."""
+
+    stream: str
+    tag: int
+    request: GenerateRequest
+
+
 class Frame(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """One item of a streamed `/generate` body: a delta, or the error that ended the stream."""
+    """One item of the delta stream: a delta of request `tag`, or the error that ended it."""
 
     delta: TokenDelta | None = None
     error: WireError | None = None
+    tag: int = 0
+
+
+class FrameBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One write of `/stream`: the frames that became ready together (one engine step), in order."""
+
+    frames: list[Frame]
 
 
 class Health(msgspec.Struct, frozen=True):
@@ -189,6 +208,12 @@ class CellStatistics(msgspec.Struct, frozen=True, kw_only=True):
     gradients_received: int
     micro_batches_trained: int
     steps_applied: int
+    streams_open: int = 0
+    """Clients' delta streams (`/stream`) open now."""
+    stream_writes: int = 0
+    """`FrameBatch` writes on all delta streams since start."""
+    stream_frames: int = 0
+    """Frames in those writes (`stream_frames / stream_writes`: requests served per write)."""
 
 
 def _enc_hook(obj: object) -> object:
@@ -211,7 +236,7 @@ _encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 _decoders: dict[type, msgspec.msgpack.Decoder] = {
     t: msgspec.msgpack.Decoder(t, dec_hook=_dec_hook)
     for t in (
-        GenerateRequest, AbortRequest, LoadWeightsRequest, WireError, Frame, Health,
+        GenerateRequest, StreamedGenerate, FrameBatch, AbortRequest, LoadWeightsRequest, WireError, Frame, Health,
         EngineStatistics, list[Completion], ExportKVRequest, ReleaseKVRequest, KVExport, bool,
         SwitchRequest, SwitchResult, TrainRequest, SendGradientsRequest, ReceiveGradientsRequest,
         StepRequest, StepResult, CheckpointRequest, CellStatistics, AccumulateStatistics, PackedBatch,
@@ -229,26 +254,29 @@ def decode(data: bytes, type_: type):
     return _decoders[type_].decode(data)
 
 
-def encode_frame(frame: Frame) -> bytes:
+def encode_frame(frame: Frame | FrameBatch) -> bytes:
     body = _encoder.encode(frame)
     return _LEN.pack(len(body)) + body
 
 
 class FrameReader:
-    """Incremental parser of a frame stream: `feed(bytes)` returns the frames completed so far."""
+    """Incremental parser of a frame stream: `feed(bytes)` returns the frames (of `type_`, a
+    `Frame` or a `FrameBatch`) completed so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, type_: type = Frame) -> None:
         self._buf = bytearray()
+        self._decoder = _decoders[type_]
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes) -> list:
         self._buf += data
-        frames = []
-        while len(self._buf) >= 4:
-            (n,) = _LEN.unpack_from(self._buf)
-            if len(self._buf) < 4 + n:
+        frames, at, end = [], 0, len(self._buf)
+        while end - at >= 4:
+            (n,) = _LEN.unpack_from(self._buf, at)
+            if end - at < 4 + n:
                 break
-            frames.append(_decoders[Frame].decode(bytes(self._buf[4 : 4 + n])))
-            del self._buf[: 4 + n]
+            frames.append(self._decoder.decode(self._buf[at + 4 : at + 4 + n]))
+            at += 4 + n
+        del self._buf[:at]
         return frames
 
     @property

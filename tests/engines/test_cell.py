@@ -6,6 +6,8 @@ the scripted engine so the transport is tested in seconds.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import subprocess
 import sys
@@ -20,8 +22,9 @@ from gyre.config import EngineConfig
 from gyre.engines import GenerateRequest, InferenceEngine, SamplingParams, collect
 from gyre.errors import ContextLengthError, EngineUnavailableError, InvalidRequestError
 from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
-from gyre.runtime.cell_wire import CELL_SECRET_ENV, Frame, FrameReader, cell_secret, encode_frame
+from gyre.runtime.cell_wire import CELL_SECRET_ENV, Frame, FrameBatch, FrameReader, cell_secret, encode_frame
 from gyre.engines.protocol import TokenDelta
+from gyre.engines.scripted import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -47,13 +50,15 @@ def req(rid: str, prompt=(5, 6, 7), **sampling) -> GenerateRequest:
 
 
 def test_frame_reader_reassembles_split_frames() -> None:
-    frames = [Frame(delta=TokenDelta(index=i, token_ids=[i, 7], logprobs=[-0.5, -1.5], versions=[3, 3])) for i in range(3)]
-    data = b"".join(encode_frame(f) for f in frames)
-    reader = FrameReader()
+    frames = [Frame(delta=TokenDelta(index=i, token_ids=[i, 7], logprobs=[-0.5, -1.5], versions=[3, 3]), tag=i)
+              for i in range(3)]
+    batches = [FrameBatch(frames[:2]), FrameBatch(frames[2:])]
+    data = b"".join(encode_frame(b) for b in batches)
+    reader = FrameReader(FrameBatch)
     got = []
     for i in range(0, len(data), 5):
         got += reader.feed(data[i : i + 5])
-    assert got == frames and reader.pending == 0
+    assert got == batches and reader.pending == 0
 
 
 async def test_client_implements_protocol(engine) -> None:
@@ -256,3 +261,130 @@ async def test_requests_without_the_node_secret_are_refused(scripted_cell, engin
     done = subprocess.run([sys.executable, "-m", "gyre.runtime.cell", "--model", "m", "--port-file", "p"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and f"${CELL_SECRET_ENV} is not set" in done.stderr
+
+
+# -- the delta stream, on an in-process cell whose engine steps when the test says ---------------
+
+
+class SteppedEngine(ScriptedEngine):
+    """Each request emits one token per `advance()`, all running requests in the same loop turn
+    (as vLLM's output handler wakes them), then `length`; `abort` is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(max_model_len=64)
+        self.aborted: list[str] = []
+        self.waiting = 0
+        self._step = asyncio.Event()
+
+    def advance(self) -> None:
+        step, self._step = self._step, asyncio.Event()
+        step.set()
+
+    async def generate(self, request: GenerateRequest):
+        for i in range(request.sampling.max_tokens):
+            step = self._step
+            self.waiting += 1
+            try:
+                await step.wait()
+            finally:
+                self.waiting -= 1
+            if request.request_id in self.aborted:
+                yield TokenDelta(index=0, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
+                return
+            yield TokenDelta(index=0, token_ids=[5 + i], logprobs=[-1.0], versions=[0])
+        yield TokenDelta(index=0, token_ids=[], logprobs=[], versions=[], finish_reason="length")
+
+    async def abort(self, request_id: str) -> list:
+        self.aborted.append(request_id)
+        return []
+
+
+@pytest.fixture
+async def stepped_cell():
+    """(engine, cell, url): a cell's routes served in this process (asyncio) over `SteppedEngine`."""
+    from aiohttp import web
+
+    from gyre.runtime import cell as cell_module
+
+    cell = cell_module._Cell()
+    cell.engine, cell.health = SteppedEngine(), cell_module.Health(state="ready")
+    runner = web.AppRunner(cell_module._app(cell), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield cell.engine, cell, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        cell.streams.close_all()
+        await runner.cleanup()
+
+
+async def wait_for(condition) -> None:
+    with anyio.fail_after(10):
+        while not condition():
+            await anyio.sleep(0.005)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_one_write_per_engine_step_carries_every_request(stepped_cell) -> None:
+    """8 concurrent requests: each engine step goes out as one `FrameBatch` of 8 frames (the old
+    per-request HTTP streams cost 8 writes and 8 client wake-ups a step)."""
+    engine, cell, url = stepped_cell
+    got: dict[int, list] = {}
+    async with CellClient(url, CONFIG) as client, anyio.create_task_group() as tg:
+        for i in range(8):
+
+            async def one(i=i) -> None:
+                got[i] = await collect(client, req(f"s{i}", max_tokens=3))
+
+            tg.start_soon(one)
+        for step in range(3):
+            await wait_for(lambda: engine.waiting == 8)
+            writes = cell.streams.writes
+            engine.advance()
+            await wait_for(lambda: cell.streams.writes > writes)
+            await anyio.sleep(0.05)  # a second write for the same step would come now
+            assert cell.streams.writes == writes + 1, step
+    assert [c.token_ids for i in range(8) for c in got[i]] == [[5, 6, 7]] * 8
+    assert (cell.streams.writes, cell.streams.frames) == (3, 8 * 4)  # the finish rides with the last token
+    assert cell.cell_statistics().stream_frames == 32 and cell.cell_statistics().streams_open == 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_consumer_that_leaves_aborts_and_a_lost_stream_aborts_all(stepped_cell) -> None:
+    from contextlib import aclosing
+
+    from gyre.runtime.cell_wire import StreamedGenerate, encode
+
+    engine, cell, url = stepped_cell
+    async with CellClient(url, CONFIG) as client:
+        async def leave_after_one() -> None:
+            async with aclosing(client.generate(req("leaves", max_tokens=5))) as deltas:
+                async for _ in deltas:
+                    break
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(leave_after_one)
+            await wait_for(lambda: engine.waiting == 1)
+            engine.advance()
+        assert engine.aborted == ["leaves"]
+        [c] = await collect(client, req("leaves", max_tokens=0))  # same ID again: a new tag, a new request
+        assert c.finish_reason == "length"
+    engine.advance()  # the aborted request ends ("abort"); its write finds the client gone
+    await wait_for(lambda: engine.waiting == 0 and cell.streams.open == 0)
+    headers = {"Authorization": f"Bearer {cell_secret()}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers) as http:
+        async with http.stream("GET", "/stream", params={"id": "raw"}) as stream:
+            assert stream.status_code == 200
+            refused = await http.post("/stream", params={"id": "raw"})
+            assert refused.status_code == 405
+            async with anyio.create_task_group() as tg:
+                body = encode(StreamedGenerate(stream="raw", tag=1, request=req("orphan", max_tokens=5)))
+                tg.start_soon(functools.partial(http.post, "/generate", content=body))
+                await wait_for(lambda: engine.waiting == 1)
+                engine.advance()
+        await wait_for(lambda: engine.waiting == 1)
+        engine.advance()  # its next write finds the client gone
+        await wait_for(lambda: "orphan" in engine.aborted)
+        unknown = await http.post("/generate", content=encode(StreamedGenerate(stream="gone", tag=1, request=req("x"))))
+        assert unknown.status_code == 503 and b"no open delta stream" in unknown.content

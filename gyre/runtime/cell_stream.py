@@ -1,0 +1,146 @@
+"""The cell's end of the delta stream: one long-lived response per client carries all its requests.
+
+Owns `DeltaStreams`. A client opens `GET /stream?id=<id>` once and keeps it; each `POST /generate`
+(`StreamedGenerate`) is answered after validation (the error, before anything was streamed) or
+with `{}` once its first delta is queued, and from then on the request's deltas go out on that
+client's stream as `Frame`s tagged with the client's tag. Each write is one `FrameBatch`: every
+delta that became ready in the same engine step, for all the client's requests, so a step costs
+one frame, one syscall and one client wake-up, not one per request. A stream that breaks aborts
+its requests in the engine. Knows nothing about routes, roles or the engine behind `generate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from gyre.engines.protocol import TokenDelta
+from gyre.errors import EngineError, EngineUnavailableError, GyreError, InvalidRequestError
+from gyre.runtime.cell_wire import Frame, FrameBatch, WireError, encode_frame
+
+__all__ = ["DeltaStreams"]
+
+
+class _Stream:
+    """One client's stream: frames waiting for the next write, and the requests feeding it."""
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self.ready = asyncio.Event()
+        self.pumps: dict[int, asyncio.Task] = {}
+        self.closed = False
+
+    def put(self, frame: Frame) -> None:
+        if not self.closed:
+            self.frames.append(frame)
+            self.ready.set()
+
+
+class DeltaStreams:
+    """The open delta streams of one cell, by client stream ID."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, _Stream] = {}
+        self.writes = 0
+        """`FrameBatch` writes since start."""
+        self.frames = 0
+        """Frames in those writes."""
+        self.lost = 0
+        """Streams whose client went away (their requests were aborted)."""
+
+    @property
+    def open(self) -> int:
+        return len(self._streams)
+
+    async def serve(self, request: web.Request, stream_id: str) -> web.StreamResponse:
+        """Serve stream `stream_id` until the client goes away or `close_all`; then cancel its
+        requests (each aborts itself in the engine)."""
+        if not stream_id or stream_id in self._streams:
+            raise InvalidRequestError(f"stream id {stream_id!r} is empty or already open")
+        stream = self._streams[stream_id] = _Stream()
+        try:
+            response = web.StreamResponse(headers={"Content-Type": "application/msgpack"})
+            await response.prepare(request)
+            try:
+                await self._write_until_closed(stream, response)
+                await response.write_eof()
+            except ConnectionResetError:
+                self.lost += 1  # the client went away: `finally` aborts its requests
+            return response
+        finally:
+            del self._streams[stream_id]
+            stream.closed = True
+            pumps = list(stream.pumps.values())
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    async def _write_until_closed(self, stream: _Stream, response: web.StreamResponse) -> None:
+        while not stream.closed:
+            await stream.ready.wait()
+            # Requests woken by one engine step queue their deltas over several loop turns: write
+            # once they stop coming, so the step goes out as one batch.
+            queued = -1
+            while queued != len(stream.frames):
+                queued = len(stream.frames)
+                await asyncio.sleep(0)
+            stream.ready.clear()
+            batch, stream.frames = stream.frames, []
+            if batch:
+                await response.write(encode_frame(FrameBatch(batch)))
+                self.writes += 1
+                self.frames += len(batch)
+
+    def check_open(self, stream_id: str) -> None:
+        """Raise `EngineUnavailableError` unless stream `stream_id` is open."""
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.closed:
+            raise EngineUnavailableError(f"no open delta stream {stream_id!r} (open GET /stream first)")
+
+    def start(
+        self,
+        stream_id: str,
+        tag: int,
+        request_id: str,
+        deltas: AsyncIterator[TokenDelta],
+        first: TokenDelta,
+        abort: Callable[[str], Awaitable[object]],
+        done: Callable[[], None],
+    ) -> None:
+        """Stream `first` and the rest of `deltas` on `stream_id` as request `tag`. `abort(request_id)`
+        frees the engine when the stream goes away first; `done()` runs when the request has
+        ended either way. Raises `EngineUnavailableError` if the stream is not open."""
+        self.check_open(stream_id)
+        stream = self._streams[stream_id]
+        stream.pumps[tag] = asyncio.create_task(
+            _pump(stream, tag, request_id, deltas, first, abort, done), name=f"stream {stream_id} {request_id}"
+        )
+
+    def close_all(self) -> None:
+        """End every stream (cell shutdown); their requests are cancelled and aborted."""
+        for stream in self._streams.values():
+            stream.closed = True
+            stream.ready.set()
+
+
+async def _pump(stream: _Stream, tag: int, request_id: str, deltas, first, abort, done) -> None:
+    try:
+        stream.put(Frame(delta=first, tag=tag))
+        async for delta in deltas:
+            stream.put(Frame(delta=delta, tag=tag))
+    except GyreError as exc:
+        stream.put(Frame(error=WireError(code=exc.code, message=str(exc)), tag=tag))
+    except asyncio.CancelledError:
+        await abort(request_id)  # the client went away: free the engine
+        raise
+    except Exception as exc:  # a bug below the engine protocol: the client still gets an answer
+        err = EngineError(f"cell failed streaming request {request_id!r}: {exc!r}")
+        stream.put(Frame(error=WireError(code=err.code, message=str(err)), tag=tag))
+    finally:
+        try:
+            await deltas.aclose()
+        finally:
+            stream.pumps.pop(tag, None)
+            done()
