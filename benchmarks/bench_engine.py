@@ -1,13 +1,17 @@
 """Engine overhead: tokens/s through gyre's engine protocol (cell process + client) vs vLLM direct.
 
-Both run in the same process run, one after the other (an idle engine beside the measured one
-slows it down several times on 2 cores): vLLM's AsyncLLM called in-process
-(`generate` with token prompts, DELTA outputs, sampled-token logprobs: what gyre asks of it) and
-gyre's `CellClient` -> cell (aiohttp, msgpack frames) -> `VLLMEngine` -> its own AsyncLLM, on the
-same tiny model and sampling. Every request decodes exactly `max_tokens` tokens (no stop IDs).
+One engine at a time (an idle engine beside the measured one slows it down several times on 2
+cores): vLLM's AsyncLLM called in-process (`generate` with token prompts, DELTA outputs,
+sampled-token logprobs: what gyre asks of it); gyre's `CellClient` -> cell (one multiplexed delta
+stream) -> `VLLMEngine` -> its own AsyncLLM; then, at concurrency 32, an OpenAI `/v1/completions`
+client through gyre's `TitoProxy` + that cell, against vLLM's own OpenAI server
+(`vllm.entrypoints.openai.api_server`) on the same model. Every request decodes exactly
+`max_tokens` tokens (no stop IDs; `ignore_eos` for vLLM's server).
 
-Writes benchmarks/results/engine.json: tokens/s per concurrency (1, 8, 32) for both paths and
-`overhead_ratio_8`, `overhead_ratio_32` = gyre time / direct time (medians). Goal: <= 1.10.
+Writes benchmarks/results/engine.json: tokens/s per concurrency (1, 8, 32), `overhead_ratio_<n>` =
+gyre time / direct time (medians of `--repeats`; goal <= 1.10), `proxy_vs_vllm_server_ratio_32`
+(goal <= 1.15; None with `vllm_server_error` when that server cannot start), and the scheduling
+facts the cell path depends on: `sched_autogroup_enabled` and `cells_share_node_sched_group`.
 
 Run: .venv/bin/python -m benchmarks.bench_engine [--repeats 5] [--max-tokens 64]
 """
@@ -15,17 +19,25 @@ Run: .venv/bin/python -m benchmarks.bench_engine [--repeats 5] [--max-tokens 64]
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import anyio
+import httpx
 
 from benchmarks.common import print_table, summarize, write_result
 from gyre.config import EngineConfig, ModelConfig
 from gyre.engines import GenerateRequest, SamplingParams, collect
 
 CONCURRENCY = (1, 8, 32)
+SERVER_CONCURRENCY = 32
+"""Concurrency of the proxy-vs-vLLM-server comparison."""
 
 
 async def _direct(llm, prompts: list[list[int]], max_tokens: int, tag: str) -> int:
@@ -78,12 +90,153 @@ async def _measure(run, prompts, repeats: int, max_tokens: int, out: dict[int, l
             assert tokens == n * max_tokens, tokens
 
 
+def _autogroup(pid: int) -> str | None:
+    """The scheduling autogroup of `pid` ("/autogroup-123"), None where the kernel has none."""
+    try:
+        return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def sched_groups(cell_pid: int) -> dict[str, object]:
+    """Whether this process (the node) and the cell with its vLLM processes share an autogroup."""
+    try:
+        enabled: int | None = int(Path("/proc/sys/kernel/sched_autogroup_enabled").read_text())
+    except (OSError, ValueError):
+        enabled = None
+    node = _autogroup(os.getpid())
+    cells = sorted({g for g in map(_autogroup, [cell_pid, *_descendants(cell_pid)]) if g is not None})
+    return {
+        "sched_autogroup_enabled": enabled,
+        "node_autogroup": node,
+        "cell_autogroups": cells,
+        "cells_share_node_sched_group": node is not None and cells == [node],
+        "node_session_id": os.getsid(0),
+        "cell_session_id": os.getsid(cell_pid),
+    }
+
+
+async def _openai(http: httpx.AsyncClient, prompts, body: dict, keys: list[str] | None, max_tokens: int) -> int:
+    """`len(prompts)` concurrent `/v1/completions` calls; returns the completion tokens."""
+    total = 0
+
+    async def one(i: int, ids: list[int]) -> None:
+        nonlocal total
+        headers = {"Authorization": f"Bearer {keys[i]}"} if keys else {}
+        r = await http.post("/v1/completions", json={**body, "prompt": ids, "max_tokens": max_tokens}, headers=headers)
+        r.raise_for_status()
+        total += r.json()["usage"]["completion_tokens"]
+
+    async with anyio.create_task_group() as tg:
+        for i, ids in enumerate(prompts):
+            tg.start_soon(one, i, ids)
+    return total
+
+
+async def _time_openai(base_url: str, prompts, body, keys, repeats: int, max_tokens: int) -> list[float]:
+    out = []
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as http:
+        for r in range(repeats + 1):  # the first round warms up
+            t0 = time.perf_counter()
+            tokens = await _openai(http, prompts, body, keys, max_tokens)
+            if r:
+                out.append(time.perf_counter() - t0)
+            assert tokens == len(prompts) * max_tokens, tokens
+    return out
+
+
+async def _proxy_path(engine, model_dir: Path, prompts, repeats: int, max_tokens: int) -> list[float]:
+    """Seconds per batch of `/v1/completions` calls through gyre's TitoProxy in front of `engine`."""
+    from transformers import AutoTokenizer
+
+    from gyre.config import ProxyConfig
+    from gyre.tito.proxy import TitoProxy
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    proxy = TitoProxy(tokenizer=tokenizer, engine_for=lambda _: engine, config=ProxyConfig())
+    proxy.stop_token_ids = ()  # decode exactly max_tokens, like `ignore_eos` on vLLM's server
+    keys = [proxy.mint_key(f"bench-{i}") for i in range(len(prompts))]
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.serve)
+        body = {"model": proxy.config.model_name, "temperature": 1.0}
+        try:
+            return await _time_openai(f"http://127.0.0.1:{port}", prompts, body, keys, repeats, max_tokens)
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def _vllm_server_path(
+    model_dir: Path, config: EngineConfig, prompts, repeats: int, max_tokens: int, log_path: Path
+) -> tuple[list[float] | None, str | None]:
+    """Seconds per batch against vLLM's own OpenAI server, or (None, why it did not start)."""
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", config.dtype,
+        "--max-model-len", str(config.max_model_len), "--block-size", str(config.block_size),
+        "--logprobs-mode", "processed_logprobs", "--seed", "0", "--disable-log-stats",
+        "--disable-uvicorn-access-log",
+        *(["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes)] if config.kv_cache_memory_bytes else []),
+        *(["--enforce-eager"] if config.enforce_eager else []),
+        *([] if config.enable_prefix_caching else ["--no-enable-prefix-caching"]),
+    ]
+    with open(log_path, "ab") as log:  # like a cell: its own process group, in the node's session
+        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0)
+    try:
+        deadline = time.monotonic() + config.startup_timeout_s
+        async with httpx.AsyncClient(timeout=5) as http:
+            while True:
+                if server.poll() is not None:
+                    tail = log_path.read_text(errors="replace").splitlines()[-15:]
+                    return None, f"exited with code {server.returncode}: " + " | ".join(tail)
+                if time.monotonic() > deadline:
+                    return None, f"not ready within startup_timeout_s={config.startup_timeout_s}"
+                try:
+                    if (await http.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass  # not listening yet
+                await anyio.sleep(0.5)
+        body = {"model": str(model_dir), "temperature": 1.0, "ignore_eos": True}
+        return await _time_openai(f"http://127.0.0.1:{port}", prompts, body, None, repeats, max_tokens), None
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(server.pid, sig)
+                server.wait(30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+
+
 async def main_async(repeats: int, max_tokens: int) -> None:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from gyre.engines.vllm_engine import engine_args
     from gyre.model import init_model_dir
-    from gyre.runtime.cell_client import open_cell
+    from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
 
     root = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     model_config = ModelConfig(seed=0)
@@ -100,8 +253,19 @@ async def main_async(repeats: int, max_tokens: int) -> None:
         await _measure(lambda ps, tag: _direct(llm, ps, max_tokens, tag), prompts, repeats, max_tokens, direct_s, "d")
     finally:
         llm.shutdown()
-    async with open_cell(model_dir, config, log_path=root / "cell.log") as engine:
-        await _measure(lambda ps, tag: _gyre(engine, ps, max_tokens, tag), prompts, repeats, max_tokens, gyre_s, "g")
+    cell = spawn_cell(model_dir, config, log_path=root / "cell.log")
+    try:
+        url = await anyio.to_thread.run_sync(wait_cell_ready, cell, config.startup_timeout_s)
+        groups = sched_groups(cell.process.pid)
+        async with CellClient(url, config) as engine:
+            await _measure(lambda ps, tag: _gyre(engine, ps, max_tokens, tag), prompts, repeats, max_tokens, gyre_s, "g")
+            proxy_s = await _proxy_path(engine, model_dir, prompts[:SERVER_CONCURRENCY], repeats, max_tokens)
+            streamed = await engine.cell_statistics()
+    finally:
+        await anyio.to_thread.run_sync(cell.stop)
+    server_s, server_error = await _vllm_server_path(
+        model_dir, config, prompts[:SERVER_CONCURRENCY], repeats, max_tokens, root / "vllm-server.log"
+    )
     rows, numbers = [], {}
     for n in CONCURRENCY:
         d, g = summarize(direct_s[n]), summarize(gyre_s[n])
@@ -116,14 +280,28 @@ async def main_async(repeats: int, max_tokens: int) -> None:
             "gyre tok/s": n * max_tokens / g["median"],
             "gyre/direct time": g["median"] / d["median"],
         })
+    n = SERVER_CONCURRENCY
+    numbers[f"proxy_s_{n}"] = summarize(proxy_s)
+    numbers[f"vllm_server_s_{n}"] = None if server_s is None else summarize(server_s)
+    numbers[f"proxy_vs_vllm_server_ratio_{n}"] = (
+        None if server_s is None else summarize(proxy_s)["median"] / summarize(server_s)["median"]
+    )
+    numbers["vllm_server_error"] = server_error
+    # request deltas per write on the cell's delta stream (1.0: no batching), over the cell's run
+    numbers["stream_frames_per_write"] = streamed.stream_frames / max(streamed.stream_writes, 1)
+    numbers.update(groups)
     path = write_result(
         "engine",
         {"model": "gyre tiny qwen2 (seed 0)", "model_config": {"hidden_size": model_config.hidden_size,
          "num_hidden_layers": model_config.num_hidden_layers, "vocab_size": model_config.vocab_size},
-         "max_tokens": max_tokens, "repeats": repeats, "concurrency": list(CONCURRENCY), "dtype": config.dtype},
+         "max_tokens": max_tokens, "repeats": repeats, "concurrency": list(CONCURRENCY), "dtype": config.dtype,
+         "server_concurrency": SERVER_CONCURRENCY},
         numbers,
     )
     print_table("engine throughput: gyre protocol vs vLLM direct (medians)", rows)
+    ratio = numbers[f"proxy_vs_vllm_server_ratio_{n}"]
+    print(f"proxy+cell vs vLLM's OpenAI server at {n}: {ratio if ratio is not None else server_error}")
+    print({k: groups[k] for k in ("sched_autogroup_enabled", "cells_share_node_sched_group")})
     print(f"wrote {path}")
 
 
