@@ -2,12 +2,14 @@
 
 A command runs as a supervised process tree (`run_supervised`, through the standard-library-only
 `supervisor.py`): resource `Limits`, an outside deadline and a stop event, optionally another uid
-and a private mount (and network) namespace described by `Mounts`; nothing of the tree outlives
-the call. Knows nothing about tasks, agents, models or scores: `gyre.tasks` (verifiers) and
-`gyre.agents` (the harness) build on it.
+and a private mount (and network) namespace described by `Mounts`, or a sealed network namespace
+whose one way out is a `Relay`; nothing of the tree outlives the call. Knows nothing about tasks,
+agents, models or scores: `gyre.tasks` (verifiers) and `gyre.agents` (the harness) build on it.
 """
 
 from gyre.sandbox.mounts import Mounts, mount_namespace_problem
+from gyre.sandbox.network import Relay, network_namespace_problem
 from gyre.sandbox.supervised import Limits, ProcessResult, run_supervised, tail
 
-__all__ = ["Limits", "Mounts", "ProcessResult", "run_supervised", "mount_namespace_problem", "tail"]
+__all__ = ["Limits", "Mounts", "ProcessResult", "Relay", "run_supervised",
+           "mount_namespace_problem", "network_namespace_problem", "tail"]

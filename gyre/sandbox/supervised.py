@@ -28,6 +28,7 @@ import msgspec
 
 from gyre.sandbox import supervisor
 from gyre.sandbox.mounts import Mounts
+from gyre.sandbox.network import Relay
 
 __all__ = ["Limits", "ProcessResult", "run_supervised", "tail"]
 
@@ -118,16 +119,19 @@ async def run_supervised(
     stop: anyio.Event | None = None,
     user: tuple[int, int] | None = None,
     mounts: Mounts | None = None,
+    relay: Relay | None = None,
 ) -> ProcessResult:
     """Run `argv` supervised until it exits, `deadline_s` passes or `stop` is set; kill its tree.
 
     `user` = (uid, gid): the command runs as that user with no supplementary groups (needs root;
     the supervisor keeps our user, so the tree can still be signalled and killed); None: as we
     run. `mounts`: the command (and everything it starts) sees the filesystem `Mounts` describes
-    (check `mount_namespace_problem` first). On return (and on cancellation) no process of the
-    tree is alive. Raises `OSError` if the supervisor cannot be started, `ValueError` for a
-    negative uid or gid; a command that cannot be executed, or whose user or mounts cannot be
-    set, exits with status 127 and says why on its stderr.
+    (check `mount_namespace_problem` first). `relay`: the command runs in a network namespace of
+    its own that reaches only `relay.target` (check `network_namespace_problem`). On return (and
+    on cancellation) no process of the tree is alive. Raises `OSError` if the supervisor cannot be
+    started, `ValueError` for a negative uid or gid or a `relay` with `mounts.network` false; a
+    command that cannot be executed, or whose user, mounts or network cannot be set, exits with
+    status 127 and says why on its stderr.
     """
     if deadline_s <= 0:
         raise ValueError(f"deadline_s={deadline_s!r} must be > 0")
@@ -139,6 +143,10 @@ async def run_supervised(
         settings.update(uid=uid, gid=gid)
     if mounts is not None:
         settings["mounts"] = msgspec.to_builtins(mounts)
+    if relay is not None:
+        if mounts is not None and not mounts.network:
+            raise ValueError("relay: the command has no network (mounts.network is false)")
+        settings["relay"] = msgspec.to_builtins(relay)
     cmd = [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(settings), "--", *argv]
     started_s = time.time()
     t0 = time.monotonic()

@@ -22,6 +22,7 @@ import json
 import os
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
@@ -258,7 +259,8 @@ def enter_mount_namespace(mounts: dict) -> None:
                     _mount(libc, f"/proc/self/fd/{source}", target, None, _MS_BIND | _MS_REC)
                 hidden.append(path)
                 covers.append(path)
-            elif kind == "hide" and os.path.isfile(path):  # a file reads as empty (no nodev remount)
+            elif kind == "hide" and os.path.exists(path) and not os.path.isdir(path):
+                # a file reads as empty, a unix socket refuses connections (no nodev remount)
                 _mount(libc, "/dev/null", path, None, _MS_BIND)
             elif os.path.isdir(path):  # a path already covered by a shallower tmpfs is gone: skip
                 if kind == "hide":
@@ -306,10 +308,23 @@ def probe_mount_namespace() -> str | None:
     return reason or f"probe exited with status {os.waitstatus_to_exitcode(wstatus)}"
 
 
+def _load_relay():
+    """`relay.py` beside this file (a script run with -I has no package to import it from)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
+    spec = importlib.util.spec_from_file_location("gyre_relay", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv: list[str]) -> int:
     """Settings JSON: the `Limits` fields; optionally `uid` and `gid` to run the command as, and
     `mounts` (see `enter_mount_namespace`; `"network": false` adds an empty network namespace). `--probe-mounts` alone: exit 0 if a mount namespace
-    can be built, else print why and exit 1."""
+    can be built, else print why and exit 1. `relay` (`gyre.sandbox.network.Relay`): the child
+    enters a network namespace of its own first (`relay.py`'s `seal`) and this process relays its
+    loopback listeners to the target (`serve`)."""
     if argv == ["--probe-mounts"]:
         reason = probe_mount_namespace()
         if reason is not None:
@@ -352,10 +367,17 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGUSR1, on_parent_death)
     signal.signal(signal.SIGTERM, on_term)
     threading.Thread(target=watchdog, daemon=True).start()
+    relay, channel, child_channel = limits.get("relay"), None, None
+    if relay is not None:
+        relay_module = _load_relay()
+        channel, child_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     child = os.fork()
     if child == 0:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if relay is not None:
+                channel.close()
+                relay_module.seal(relay["listen"], child_channel)
             if limits.get("mounts") is not None:
                 enter_mount_namespace(limits["mounts"])
                 if limits["mounts"].get("network") is False:  # its own network namespace: not even lo is up
@@ -367,6 +389,9 @@ def main(argv: list[str]) -> int:
         except BaseException as exc:  # noqa: BLE001 - report any exec failure and exit
             os.write(2, f"gyre supervisor: cannot run {command[0]!r}: {exc}\n".encode())
         os._exit(127)
+    if relay is not None:
+        child_channel.close()
+        relay_module.serve(channel, relay["target"])
     status = None
     while True:
         try:
