@@ -352,10 +352,16 @@ class HarnessConfig(_Config):
     other workspaces and the suites' hidden tests are covered, and /tmp is private
     (`gyre.agents.harness`; needs CAP_SYS_ADMIN; otherwise a warning)."""
     require_isolation: bool = False
-    """Refuse to run (one `ConfigError` before anything starts) where `isolate_uid` and
-    `isolate_mounts` cannot both be had (not root, no CAP_SYS_ADMIN, a workspace root other users
-    cannot reach), instead of warning and running agents with the node's view of its files. Turn
-    it on wherever a policy that reads hidden tests would be rewarded for it."""
+    """Refuse to run (one `ConfigError` before anything starts) where `isolate_uid`,
+    `isolate_mounts` and `isolate_network` cannot all be had (not root, no CAP_SYS_ADMIN, a
+    workspace root other users cannot reach), instead of warning and running agents with the
+    node's view of its files and ports. Turn it on wherever a policy that reads hidden tests
+    would be rewarded for it."""
+    isolate_network: bool = True
+    """Each agent runs in a network namespace of its own where only the proxy answers, at the
+    address of its `OPENAI_BASE_URL` (relayed from the node's namespace): the node's cells, gloo
+    TCPStore, other ports and unix sockets, and the outside world, are out of reach
+    (`gyre.agents.isolation`; needs root with CAP_SYS_ADMIN; otherwise a warning)."""
     hidden_paths: tuple[str, ...] = ("/root",)
     """Absolute folders agents and verifiers never see (the interpreter's installation and the
     gyre package are bound back even when they live under one)."""
@@ -369,6 +375,8 @@ class HarnessConfig(_Config):
             raise ValueError(f"kill_grace_s={self.kill_grace_s} must be >= 0")
         if self.require_isolation and not (self.isolate_uid and self.isolate_mounts):
             raise ValueError("require_isolation needs isolate_uid and isolate_mounts to be true")
+        if self.require_isolation and not self.isolate_network:
+            raise ValueError("require_isolation needs isolate_network to be true")
         for key in ("hidden_paths", "visible_paths"):
             for path in getattr(self, key):
                 if not path.startswith("/"):

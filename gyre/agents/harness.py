@@ -8,8 +8,9 @@ instruction, stops it at the deadline or when its `ExecutionControl` (`gyre.agen
 so (turns, tokens, context), kills its whole tree, runs the verifier on what the workspace holds,
 and returns one `Outcome`. Never raises for an execution's failure: infrastructure problems
 become `termination="failed"` with a reason (DESIGN.md invariant 5). Agents run as their own uids
-in a default-deny namespace where the node allows it (`gyre.agents.isolation` says how). Knows
-nothing about HTTP, tokens or the proxy: whoever watches the model calls feeds `ExecutionControl`.
+in a default-deny mount namespace and a sealed network namespace whose one way out is the proxy,
+where the node allows it (`gyre.agents.isolation` says how). Knows nothing about HTTP, tokens or
+the proxy but its URL: whoever watches the model calls feeds `ExecutionControl`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from gyre.agents.isolation import (
     command_paths,
     hand_back,
     hand_over,
+    node_sockets,
+    sealed_endpoint,
     suite_hidden,
     tighten_hidden,
     under,
@@ -41,7 +44,7 @@ from gyre.agents.isolation import (
 )
 from gyre.config import HarnessConfig
 from gyre.errors import ConfigError, ExecutionError
-from gyre.sandbox import Limits, Mounts, run_supervised, tail
+from gyre.sandbox import Limits, Mounts, network_namespace_problem, run_supervised, tail
 from gyre.tasks.outcome import Outcome, Termination
 from gyre.tasks.scorer import VerifierError, score_workspace
 from gyre.tasks.task import Task
@@ -88,6 +91,8 @@ class HarnessStatistics(msgspec.Struct, frozen=True, kw_only=True):
     failed: int
     isolated: int = 0
     """Executions whose agent ran as its own uid (the rest ran as the node's user)."""
+    sealed: int = 0
+    """Executions whose agent ran in a network namespace of its own that reaches only the proxy."""
 
 
 class Harness:
@@ -119,6 +124,7 @@ class Harness:
         visible_paths: Sequence[str | os.PathLike[str]] = (),
         run_dir: str | os.PathLike[str] | None = None,
         require_isolation: bool = False,
+        isolate_network: bool = True,
     ) -> None:
         """`isolate_uid`: run each agent as its own uid from `agent_uid_base` on (`agent_uid_count`
         of them) when we are root (see the module docstring); otherwise a warning, once.
@@ -126,10 +132,13 @@ class Harness:
         namespace (module docstring) hiding the non-system top-level folders, `hidden_paths`,
         `run_dir` (call log, checkpoints, snapshots) and the workspace root but their own folder,
         and showing `visible_paths` read-only; a warning, once, where it cannot be built.
-        `require_isolation`: where either isolation cannot be had, raise `ConfigError` instead of
-        warning.
-        Raises `ValueError` for an empty command, a negative grace, an invalid uid range or a
-        relative hidden or visible path."""
+        `isolate_network`: run each agent in a network namespace of its own where only
+        `base_url`'s port answers, relayed to the proxy (module docstring of
+        `gyre.agents.isolation`); a warning, once, where it cannot be built (not root).
+        `require_isolation`: where any of the three isolations cannot be had, raise `ConfigError`
+        instead of warning.
+        Raises `ValueError` for an empty command, a negative grace, an invalid uid range, a
+        relative hidden or visible path or a `base_url` that is not http(s)."""
         if not agent_command:
             raise ValueError("agent_command must not be empty")
         if kill_grace_s < 0:
@@ -140,6 +149,8 @@ class Harness:
                 "base >= 1000, count >= 1 and base + count <= 2**31"
             )
         self.base_url = base_url
+        self.relay, self.agent_base_url = sealed_endpoint(base_url)
+        """How an agent's namespace reaches the proxy, and the `OPENAI_BASE_URL` it is given."""
         self.agent_command = tuple(agent_command)
         self.model = model
         root = Path(workspace_root) if workspace_root is not None else Path(tempfile.mkdtemp(prefix="gyre-ws-"))
@@ -162,13 +173,22 @@ class Harness:
         self._suite_hidden: set[str] = set()
         self._suites_seen: set[Path] = set()
         uid_problem = self._uid_problem(root) if isolate_uid else None
+        net_problem = network_namespace_problem() if isolate_network else None
+        if net_problem is not None:
+            net_problem = (f"isolate_network: no network namespace for agents ({net_problem}): "
+                           "they reach every port of the node")
         if require_isolation:
-            problem = uid_problem or mount_problem or (
-                None if isolate_uid and isolate_mounts else "isolate_uid and isolate_mounts must both be true")
+            problem = uid_problem or mount_problem or net_problem or (
+                None if isolate_uid and isolate_mounts else "isolate_uid and isolate_mounts must both be true"
+            ) or (None if isolate_network else "isolate_network must be true")
             if problem is not None:
                 raise ConfigError(f"tasks.harness.require_isolation: {problem}")
         if mount_problem is not None:
             warn_once("mounts", "%s", mount_problem)
+        if net_problem is not None:
+            warn_once("network", "%s", net_problem)
+        self.sealed = isolate_network and net_problem is None
+        """Agents run in a network namespace of their own whose one way out is `relay`."""
         if uid_problem is not None:
             warn_once(f"uid:{root}", "%s", uid_problem)
         self.isolated = isolate_uid and uid_problem is None
@@ -181,6 +201,7 @@ class Harness:
         self.keep_workspaces = keep_workspaces
         self.extra_env = dict(extra_env or {})
         self._running = self._finished = self._stopped = self._failed = self._isolated = 0
+        self._sealed = 0
         self._template_ok: dict[str, bool] = {}  # task root -> its verifier works on the template
         self._hidden_tightened: set[str] = set()  # task roots whose tests/ and solution/ are 0700
 
@@ -259,13 +280,14 @@ class Harness:
             visible_paths=config.visible_paths,
             run_dir=Path(run_dir).absolute(),
             require_isolation=config.require_isolation,
+            isolate_network=config.isolate_network,
         )
 
     def statistics(self) -> HarnessStatistics:
         """Counters since this harness was built."""
         return HarnessStatistics(
             running=self._running, finished=self._finished, stopped=self._stopped, failed=self._failed,
-            isolated=self._isolated,
+            isolated=self._isolated, sealed=self._sealed,
         )
 
     def execution_dir(self, execution_id: str) -> Path:
@@ -361,11 +383,13 @@ class Harness:
             )
         if user is not None:
             self._isolated += 1
+        if self.sealed:
+            self._sealed += 1
         workspace = exec_dir / "workspace"
         env.update(
             HOME=str(exec_dir / "home"),
             TMPDIR=str(exec_dir / "tmp"),
-            OPENAI_BASE_URL=self.base_url,
+            OPENAI_BASE_URL=self.agent_base_url if self.sealed else self.base_url,
             GYRE_MODEL=self.model,
             GYRE_EXECUTION_ID=execution_id,
             GYRE_WORKSPACE=str(workspace),
@@ -377,7 +401,8 @@ class Harness:
         handed_back = user is None
         agent_mounts = verifier_mounts = None
         if user is not None and self.mounts is not None:
-            hide = tuple(sorted({*self.mounts.hide, *self._suite_hidden}))
+            sockets = node_sockets() if self.sealed else set()
+            hide = tuple(sorted({*self.mounts.hide, *self._suite_hidden, *sockets}))
             expose = (*self.mounts.expose, *self._named(command, env.get("PATH", os.defpath)))
             agent_mounts = msgspec.structs.replace(self.mounts, hide=hide, expose=expose,
                                                    writable=(os.path.abspath(exec_dir),))
@@ -399,6 +424,7 @@ class Harness:
                     deadline_s=task.spec.agent.deadline_s, stdout=out, stderr=err,
                     kill_grace_s=self.kill_grace_s, stop=control.event,
                     user=None if user is None else (user.uid, user.uid), mounts=agent_mounts,
+                    relay=self.relay if self.sealed else None,
                 )
                 stdout_tail, stderr_tail = tail(out), tail(err)
             if not handed_back:  # the tree is gone: nothing runs as the agent's uid any more

@@ -1,12 +1,13 @@
-"""Isolation of agents from the node and from each other: own uids and a default-deny namespace.
+"""Isolation of agents from the node and from each other: own uids, default-deny namespaces.
 
 Owns the harness's isolation policy and its pieces: `AgentUser` (one agent uid held for an
-execution), `agent_namespace` (the mount namespace every agent starts from), `check_isolation`
-(the preflight of `require_isolation`), `closed_to_others` (whether a stranger's uid reaches a path,
-as a namespace shows the tree), `hand_over` / `hand_back` (an execution's files to the agent's uid
-and back) and `tighten_hidden`. The `Harness` (`gyre.agents.harness`) applies them per execution;
-the mechanics (uids, `Mounts`, namespaces) are `gyre.sandbox`'s. Knows nothing about processes'
-lifetimes, HTTP, tokens or the proxy.
+execution), `agent_namespace` (the mount namespace every agent starts from), `sealed_endpoint`
+(the one address an agent's network namespace reaches) and `node_sockets`, `check_isolation`
+(the preflight of `require_isolation`), `closed_to_others` (whether a stranger's uid reaches a
+path, as a namespace shows the tree), `hand_over` / `hand_back` (an execution's files to the
+agent's uid and back) and `tighten_hidden`. The `Harness` (`gyre.agents.harness`) applies them
+per execution; the mechanics (uids, `Mounts`, `Relay`, namespaces) are `gyre.sandbox`'s. Knows
+nothing about processes' lifetimes, HTTP or tokens; of the proxy only its URL.
 
 Isolation (`isolate_uid`, when the node runs as root): each agent runs as its own unprivileged
 uid (`agent_uid_base` + a slot held with a lock file while the execution runs, so no two running
@@ -24,15 +25,29 @@ names (its executable and absolute-path arguments); writable: its own execution 
 whose Python lives under a private /root still runs agents as their uid. After the agent's tree
 is gone its files are handed back to root, and the verifier runs on a copy as the same uid, in a
 namespace where the whole filesystem is read-only except that copy (and fresh /tmp, /var/tmp and
-/dev/shm that die with it), with no network at all. Without root, or when the workspace root or
-the agent's executable cannot be reached by other users (mode bits of every parent, as the
-namespace shows them), agents run as the node's user and a warning says why, once.
+/dev/shm that die with it), with no network at all.
+
+Network (`isolate_network`, root with CAP_SYS_ADMIN): each agent starts in a network namespace of
+its own where only loopback is up and one port listens: the proxy's, at the address of
+`OPENAI_BASE_URL` (unchanged for a loopback URL, so any HTTP client works as before). Its
+supervisor, still in the node's namespace, relays each connection to the proxy
+(`gyre.sandbox.Relay`). The node's cells, gloo TCPStore and every other port, its abstract unix
+sockets and the outside world are out of reach; its unix sockets bound at a path
+(`node_sockets`, as found when the agent starts) are covered by /dev/null in the agent's and its
+verifier's mount namespaces. An agent that runs as root (its executable unreachable by other users) could leave
+the namespace: the warning about it stands.
+
+Without root, or when the workspace root or the agent's executable cannot be reached by other
+users (mode bits of every parent, as the namespace shows them), agents run as the node's user and
+a warning says why, once; so do agents without a network namespace (they reach every port of the
+node). With `require_isolation` each of these is a `ConfigError` instead.
 """
 
 from __future__ import annotations
 
 import fcntl
 import grp
+import ipaddress
 import logging
 import os
 import pwd
@@ -40,19 +55,20 @@ import secrets
 import shutil
 import stat
 import sys
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
 from gyre.config import HarnessConfig
 from gyre.errors import ConfigError, ExecutionError
-from gyre.sandbox import Mounts, mount_namespace_problem
+from gyre.sandbox import Mounts, Relay, mount_namespace_problem, network_namespace_problem
 from gyre.tasks.task import Task
 
 __all__ = ["AgentUser", "AGENT_OWNED", "GYRE_DIR", "PRIVATE_DIRS", "SYSTEM_DIRS", "UID_LOCK_DIR", "agent_namespace",
            "check_isolation", "chown_tree", "closed_parents", "closed_to_others", "command_paths",
-           "covered_top_level", "generator_files", "hand_back", "hand_over", "suite_hidden", "tighten_hidden",
-           "under", "warn_once"]
+           "covered_top_level", "generator_files", "hand_back", "hand_over", "node_sockets",
+           "sealed_endpoint", "suite_hidden", "tighten_hidden", "under", "warn_once"]
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +200,46 @@ def check_isolation(config: HarnessConfig) -> None:
     problem = mount_namespace_problem()
     if problem is not None:
         raise ConfigError(f"tasks.harness.require_isolation: no private mount namespace for agents ({problem})")
+    problem = network_namespace_problem()
+    if problem is not None:
+        raise ConfigError("tasks.harness.require_isolation: no network namespace for agents "
+                          f"({problem}): they would reach every port of the node")
+
+
+def sealed_endpoint(base_url: str) -> tuple[Relay, str]:
+    """The `Relay` that seals an agent whose proxy is at `base_url`, and the URL the agent is given
+    as `OPENAI_BASE_URL`: `base_url` itself when its host is a loopback IP or `localhost` (the same
+    port is bound on that address, 127.0.0.1 for `localhost`, inside the agent's namespace), else
+    the same URL with host 127.0.0.1 there. The relay connects to the proxy's host and port from
+    the node's namespace (0.0.0.0 and :: as loopback). Raises `ValueError` for a URL that is not
+    http(s) with a host."""
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"base_url={base_url!r} must be an http(s) URL with a host")
+    host = parts.hostname
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    if host == "localhost" or (ip is not None and ip.is_loopback):
+        inside, url = ("127.0.0.1" if ip is None else host), base_url
+    else:
+        inside = "127.0.0.1"
+        url = urllib.parse.urlunsplit(parts._replace(netloc=f"{inside}:{port}"))
+    target = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return Relay(listen=((inside, port),), target=(target, port)), url
+
+
+def node_sockets() -> set[str]:
+    """Unix sockets bound at a path in the node's network namespace (`/proc/net/unix`) that
+    exist now: an agent's namespace covers each with /dev/null (its own network namespace already
+    keeps it from the abstract ones). Sockets under /tmp are out of sight anyway."""
+    with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()[1:]
+    paths = {fields[7] for line in lines if len(fields := line.split(maxsplit=7)) == 8}
+    return {p for p in paths if os.path.isabs(p) and os.path.normpath(p) == p and p != "/"
+            and os.path.exists(p) and not os.path.isdir(p)}
 
 
 def chown_tree(top: Path, uid: int, gid: int) -> None:
