@@ -141,8 +141,9 @@ class CellClient:
         tasks, self._tasks = self._tasks, None
         try:
             if tasks is not None:
-                tasks.cancel_scope.cancel()  # the stream reader
-                await tasks.__aexit__(*exc_info)
+                tasks.cancel_scope.cancel()  # the stream reader, which never raises
+                # not handed the body's exception: trio's nursery would wrap it in a group
+                await tasks.__aexit__(None, None, None)
         finally:
             if self._http is not None:
                 await self._http.aclose()
