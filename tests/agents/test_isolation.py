@@ -256,3 +256,35 @@ def test_require_isolation_refuses_instead_of_warning(open_dir, monkeypatch, cap
         isolation.check_isolation(required)
     with pytest.raises(ConfigError, match="require_isolation: isolate_uid: the node runs as uid 1000, not root"):
         Harness.from_config(required, base_url=url, run_dir=open_dir / "uid")
+
+
+def test_require_isolation_refuses_without_a_network_namespace(open_dir, monkeypatch, caplog):
+    """`isolate_network` missing is one ConfigError naming the key under `require_isolation`
+    (preflight and harness), a warning otherwise; agents then get the proxy's URL as it is."""
+    import gyre.agents.harness as harness_module
+    import gyre.agents.isolation as isolation
+    from gyre.config import HarnessConfig
+    from gyre.errors import ConfigError
+
+    url = "http://0.0.0.0:9/v1"
+    if mount_namespace_problem() is None:
+        sealed = Harness.from_config(HarnessConfig(require_isolation=True), base_url=url,
+                                     run_dir=open_dir / "sealed")
+        assert sealed.sealed and sealed.agent_base_url == "http://127.0.0.1:9/v1"
+        assert sealed.relay.target == ("127.0.0.1", 9)
+    for module in (isolation, harness_module):
+        monkeypatch.setattr(module, "mount_namespace_problem", lambda: None, raising=False)
+        monkeypatch.setattr(module, "network_namespace_problem", lambda: "no CAP_SYS_ADMIN")
+    with pytest.raises(ConfigError, match=r"require_isolation: no network namespace for agents "
+                                          r"\(no CAP_SYS_ADMIN\): they would reach every port"):
+        isolation.check_isolation(HarnessConfig(require_isolation=True))
+    with pytest.raises(ConfigError, match=r"require_isolation: isolate_network: no network "
+                                          r"namespace for agents \(no CAP_SYS_ADMIN\)"):
+        Harness.from_config(HarnessConfig(require_isolation=True), base_url=url,
+                            run_dir=open_dir / "net")
+    isolation._warned.discard("network")
+    with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
+        relaxed = Harness.from_config(HarnessConfig(), base_url=url, run_dir=open_dir / "relaxed")
+    assert not relaxed.sealed and "they reach every port of the node" in caplog.text
+    off = Harness(base_url=url, workspace_root=open_dir / "off", isolate_network=False)
+    assert not off.sealed and off.statistics().sealed == 0
