@@ -4,7 +4,8 @@ Owns `Recorder`: every choice of a call becomes one `ModelCall` (the exact promp
 ran on, the completion IDs, behaviour logprobs and weight versions it sampled, finish reason,
 parent and divergence), appended to the `CallLog` first and then to the execution's records, with
 the renderer `Node` that later calls extend. A call that did not complete is recorded with what was
-sampled (finish `abort`). Knows nothing about HTTP or OpenAI's response format.
+sampled (finish `abort`); a call that ends after its execution was closed is dropped, so no
+record follows the execution's end entry (B29). Knows nothing about HTTP or OpenAI's format.
 """
 
 from __future__ import annotations
@@ -42,12 +43,17 @@ class Recorder:
         """ModelCall records written (one per choice)."""
         self.completion_tokens = 0
         """Completion tokens recorded."""
+        self.records_dropped_closed = 0
+        """Records not written because their execution had been closed (its end entry written)."""
 
     async def record(self, call: Call, replies: list[ChatMessage | None]) -> list[ModelCall]:
         """Record every choice (log first, then memory): the response may complete after this."""
         if call.recorded:
             return []
         call.recorded = True
+        if call.execution.closed:
+            self.records_dropped_closed += len(call.choices)
+            return []
         ex, rendered = call.execution, call.rendered
         parent = rendered.parent
         base = None

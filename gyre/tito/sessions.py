@@ -33,6 +33,9 @@ class Execution:
     """Recorded calls without their prompt IDs (the node holds them compactly)."""
     truncated: bool = False
     """Any call cut off (`length`) or refused for the context limit (B14, B15)."""
+    closed: bool = False
+    """Set by `TitoProxy.close` once its calls in flight have recorded; a record that comes later
+    is dropped, never written after the execution's end entry (B29)."""
     context_refusals: int = 0
     next_call: int = 0
     length_calls: int = 0

@@ -1,0 +1,232 @@
+"""Calls in flight: a disconnect aborts the engine request in both modes, closing an execution
+records its calls before its end entry (FIELD_CASES B29), and a client's retry is one call."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import anyio
+import httpx
+import msgspec
+import pytest
+
+from gyre.engines.scripted import ScriptedEngine, ScriptedReply
+from gyre.tito.log import CallEntry, EndEntry, read_log
+from tests.tito.conftest import encode, make_proxy, serving
+
+pytestmark = pytest.mark.anyio
+
+CHAT = "/v1/chat/completions"
+
+
+def request_scope(path: str, key: str, headers: dict[str, str] | None = None) -> dict:
+    raw = [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": raw,
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 40000),
+    }
+
+
+async def asgi_post(
+    proxy,
+    path: str,
+    key: str,
+    body: dict,
+    *,
+    gone_after_s: float = math.inf,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
+    """POST `body` straight to the ASGI app; the client disconnects `gone_after_s` after sending
+    it (never: inf). Returns (status, body bytes as sent: SSE chunks joined)."""
+    sent_body = False
+    status, chunks = 0, []
+
+    async def receive():
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+        await anyio.sleep(gone_after_s)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        else:
+            chunks.append(message.get("body", b""))
+
+    await proxy.app(request_scope(path, key, headers), receive, send)
+    return status, b"".join(chunks)
+
+
+def frames(path: Path) -> list[CallEntry | EndEntry]:
+    """Every entry of a call log in the order written."""
+    data, out, pos = path.read_bytes(), [], 0
+    decoder = msgspec.msgpack.Decoder(CallEntry | EndEntry)
+    while pos < len(data):
+        length, _ = struct.unpack_from("<II", data, pos)
+        out.append(decoder.decode(data[pos + 8 : pos + 8 + length]))
+        pos += 8 + length
+    return out
+
+
+def slow_engine(tok, tokens: int = 200, delay_s: float = 0.02) -> tuple[ScriptedEngine, list[int]]:
+    """B29's engine: a `tokens`-token reply at `delay_s` a token."""
+    ids = (encode(tok, " word" * tokens))[:tokens]
+    assert len(ids) == tokens
+    reply = ScriptedReply(token_ids=ids)
+    return ScriptedEngine([reply], eos_token_id=tok.eos_token_id, token_delay_s=delay_s), ids
+
+
+def body(stream: bool) -> dict:
+    return {"model": "gyre", "messages": [{"role": "user", "content": "write"}], "stream": stream}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+async def test_b29_disconnect_aborts_the_engine_request_in_both_modes(
+    tok, anyio_backend, tmp_path: Path, stream: bool
+):
+    engine, ids = slow_engine(tok)
+    proxy = make_proxy(tok, engine, log_path=str(tmp_path / "calls.log"))
+    key = proxy.mint_key("b29")
+    with anyio.fail_after(30):
+        status, _ = await asgi_post(proxy, CHAT, key, body(stream), gone_after_s=0.3)
+        summary = await proxy.close("b29")
+    assert status == (200 if stream else 499)
+    stats = proxy.statistics()
+    assert (stats.disconnect_aborts, stats.close_aborts, stats.in_flight) == (1, 0, 0)
+    engine_stats = engine.statistics()  # the engine stopped: it did not sample the 200 tokens
+    assert engine_stats.running_requests == 0 and engine_stats.tokens_generated < len(ids)
+    entries = frames(tmp_path / "calls.log")
+    assert [type(e) for e in entries] == [CallEntry, EndEntry]  # recorded once, before the end
+    call = entries[0].call
+    assert call.finish_reason == "abort"
+    assert 0 < len(call.completion_ids) < len(ids)  # about 15 of 200 (timing: not asserted)
+    assert call.completion_ids == ids[: len(call.completion_ids)]
+    # A resumed run reads exactly the calls the step read: the summary counts the record.
+    assert summary.num_calls == 1 and read_log(tmp_path / "calls.log").for_execution("b29") == [
+        call
+    ]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+async def test_b29_closing_the_execution_records_its_calls_before_the_end_entry(
+    tok, anyio_backend, tmp_path: Path, stream: bool
+):
+    """The variant: the execution is closed right after its agent is killed (the connection is
+    still open: the proxy has not seen the disconnect yet)."""
+    engine, ids = slow_engine(tok)
+    proxy = make_proxy(tok, engine, log_path=str(tmp_path / "calls.log"))
+    key = proxy.mint_key("b29")
+    result = {}
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+
+            async def agent() -> None:
+                result["status"], result["body"] = await asgi_post(proxy, CHAT, key, body(stream))
+
+            tg.start_soon(agent)
+            while not engine.requests_seen:
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.2)
+            summary = await proxy.close("b29")
+    entries = frames(tmp_path / "calls.log")
+    assert [type(e) for e in entries] == [CallEntry, EndEntry]
+    assert entries[0].call.finish_reason == "abort" and len(entries[0].call.completion_ids) < 200
+    assert summary.num_calls == 1
+    stats = proxy.statistics()
+    assert (stats.close_aborts, stats.disconnect_aborts, stats.records_dropped_closed) == (1, 0, 0)
+    if not stream:
+        assert result["status"] == 409
+        assert json.loads(result["body"])["error"]["code"] == "execution_closed"
+
+
+async def test_identical_concurrent_requests_of_one_execution_are_one_call(tok, anyio_backend):
+    engine, ids = slow_engine(tok, tokens=20, delay_s=0.01)
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("retry")
+    results = []
+
+    async def client() -> None:
+        results.append(await asgi_post(proxy, CHAT, key, body(False)))
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client)
+            while not engine.requests_seen:
+                await anyio.sleep(0.005)
+            tg.start_soon(client)  # the client's retry, sent while the first is generating
+    assert len(results) == 2 and results[0] == results[1] and results[0][0] == 200
+    reply = json.loads(results[0][1])
+    assert reply["choices"][0]["token_ids"] == ids
+    calls = proxy.calls("retry")
+    assert len(calls) == 1 and calls[0].completion_ids == ids
+    assert len(engine.requests_seen) == 1
+    stats = proxy.statistics()
+    assert (stats.retries_joined, stats.calls_recorded, stats.requests_total) == (1, 1, 2)
+
+
+async def test_a_retry_with_the_same_idempotency_key_outlives_the_first_clients_timeout(
+    tok, anyio_backend
+):
+    """The first client gives up (disconnects); its retry, sent later with the same key, joins the
+    call still generating; a retry after the call finished gets the same response again."""
+    engine, ids = slow_engine(tok, tokens=30, delay_s=0.01)
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("idem")
+    idem = {"Idempotency-Key": "k-1"}
+    out = {}
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+
+            async def first() -> None:
+                out["first"] = await asgi_post(
+                    proxy, CHAT, key, body(False), gone_after_s=0.05, headers=idem
+                )
+
+            tg.start_soon(first)
+            while not engine.requests_seen:
+                await anyio.sleep(0.005)
+            await anyio.sleep(0.1)  # the first client is gone by now
+            out["retry"] = await asgi_post(proxy, CHAT, key, body(False), headers=idem)
+        out["again"] = await asgi_post(proxy, CHAT, key, body(False), headers=idem)
+        other = await asgi_post(proxy, CHAT, key, {**body(False), "seed": 1}, headers=idem)
+    assert out["retry"][0] == 200 and out["retry"] == out["again"]
+    assert json.loads(out["retry"][1])["choices"][0]["token_ids"] == ids
+    assert len(proxy.calls("idem")) == 1 and len(engine.requests_seen) == 1
+    assert other[0] == 422 and json.loads(other[1])["error"]["code"] == "idempotency_key_reused"
+    stats = proxy.statistics()
+    assert (stats.retries_joined, stats.disconnect_aborts) == (2, 0)
+
+
+async def test_b29_a_real_client_timeout_aborts_a_plain_request(tok, anyio_backend):
+    """The same through Hypercorn: httpx gives up after 0.3 s and closes the connection."""
+    engine, ids = slow_engine(tok)
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("b29")
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base, timeout=0.3) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post(
+                "/chat/completions", json=body(False), headers={"Authorization": f"Bearer {key}"}
+            )
+        with anyio.fail_after(10):
+            while not proxy.calls("b29"):
+                await anyio.sleep(0.02)
+    (call,) = proxy.calls("b29")
+    assert call.finish_reason == "abort" and len(call.completion_ids) < len(ids)
+    assert proxy.statistics().disconnect_aborts == 1
