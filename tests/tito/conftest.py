@@ -1,8 +1,11 @@
-"""Fixtures of the TITO proxy tests: the tiny model's tokenizer, a proxy served on a free port."""
+"""Fixtures of the TITO proxy tests: the tiny model's tokenizer, a proxy served on a free port,
+requests sent straight to the ASGI app (`asgi_post`: a client that may disconnect)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 from collections.abc import AsyncIterator
 
 import anyio
@@ -53,3 +56,57 @@ async def serving(proxy: TitoProxy) -> AsyncIterator[str]:
 
 def encode(tok, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
+
+
+def request_scope(path: str, key: str, headers: dict[str, str] | None = None) -> dict:
+    raw = [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": raw,
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 40000),
+    }
+
+
+async def asgi_post(
+    proxy,
+    path: str,
+    key: str,
+    body: dict | bytes,
+    *,
+    gone_after_s: float = math.inf,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
+    """POST `body` (JSON-encoded unless bytes) straight to the ASGI app; the client disconnects
+    `gone_after_s` after sending it (never: inf). Returns (status, response body: SSE chunks
+    joined)."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    sent_body = False
+    status, chunks = 0, []
+
+    async def receive():
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await anyio.sleep(gone_after_s)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        else:
+            chunks.append(message.get("body", b""))
+
+    await proxy.app(request_scope(path, key, headers), receive, send)
+    return status, b"".join(chunks)

@@ -4,7 +4,6 @@ records its calls before its end entry (FIELD_CASES B29), and a client's retry i
 from __future__ import annotations
 
 import json
-import math
 import struct
 from pathlib import Path
 
@@ -15,63 +14,11 @@ import pytest
 
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
 from gyre.tito.log import CallEntry, EndEntry, read_log
-from tests.tito.conftest import encode, make_proxy, serving
+from tests.tito.conftest import asgi_post, encode, make_proxy, serving
 
 pytestmark = pytest.mark.anyio
 
 CHAT = "/v1/chat/completions"
-
-
-def request_scope(path: str, key: str, headers: dict[str, str] | None = None) -> dict:
-    raw = [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")]
-    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": raw,
-        "server": ("127.0.0.1", 8000),
-        "client": ("127.0.0.1", 40000),
-    }
-
-
-async def asgi_post(
-    proxy,
-    path: str,
-    key: str,
-    body: dict,
-    *,
-    gone_after_s: float = math.inf,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, bytes]:
-    """POST `body` straight to the ASGI app; the client disconnects `gone_after_s` after sending
-    it (never: inf). Returns (status, body bytes as sent: SSE chunks joined)."""
-    sent_body = False
-    status, chunks = 0, []
-
-    async def receive():
-        nonlocal sent_body
-        if not sent_body:
-            sent_body = True
-            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
-        await anyio.sleep(gone_after_s)
-        return {"type": "http.disconnect"}
-
-    async def send(message):
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = message["status"]
-        else:
-            chunks.append(message.get("body", b""))
-
-    await proxy.app(request_scope(path, key, headers), receive, send)
-    return status, b"".join(chunks)
 
 
 def frames(path: Path) -> list[CallEntry | EndEntry]:
