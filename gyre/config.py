@@ -252,7 +252,7 @@ class TrainerConfig(_Config):
     """Weight snapshots kept on disk for the engines (older ones are deleted)."""
     train_timeout_s: float = 600.0
     """Longest a cell's training call may take (`/train`, `/step`, a gradient send or receive, a
-    checkpoint); the gradient exchange fails with a clear error after it (DESIGN.md invariant 7)."""
+    checkpoint); the gradient exchange fails with a clear error after it (docs/design.md invariant 7)."""
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2):

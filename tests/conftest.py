@@ -21,7 +21,7 @@ VLLM_MAX_MODEL_LEN = 2048
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
-    """Run each `pytest.mark.anyio` test once per backend (DESIGN.md: the node runs on both)."""
+    """Run each `pytest.mark.anyio` test once per backend (docs/design.md: the node runs on both)."""
     return request.param
 
 

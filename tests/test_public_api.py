@@ -1,4 +1,4 @@
-"""The public API is exactly what `__all__` says (STYLE.md rule 1)."""
+"""The public API is exactly what `__all__` says (docs/style.md rule 1)."""
 
 from __future__ import annotations
 

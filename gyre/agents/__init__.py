@@ -1,5 +1,5 @@
 """gyre.agents: the harness that runs agent processes (their control and isolation), the reference
-agent and its tools (see DESIGN.md).
+agent and its tools (see docs/design.md).
 
 The names load on first use (`gyre._lazy`): the agent process imports `gyre.agents.tools`, which
 must not import the harness."""

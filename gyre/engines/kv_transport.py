@@ -56,7 +56,7 @@ class KVHost(Protocol):
 
 
 class KVTransportStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """Counters of a transport (STYLE.md rule 6); `EngineStatistics.kv_*` carries them."""
+    """Counters of a transport (docs/style.md rule 6); `EngineStatistics.kv_*` carries them."""
 
     exports: int
     """Exports made."""

@@ -4,7 +4,7 @@ Inference: `SamplingParams`, `GenerateRequest`, `TokenDelta`, `Completion`, `Eng
 the `InferenceEngine` protocol (vLLM backend, cell client, scripted fake) and the optional
 `KVTransferEngine` capability (`KVExport`). An engine knows only token IDs, never chat messages,
 tools or executions; its behaviour logprobs are those of the distribution actually sampled from
-(DESIGN.md invariant 2), and every token carries the weight version that sampled it. Training:
+(docs/design.md invariant 2), and every token carries the weight version that sampled it. Training:
 the `Trainer` protocol and its records (`AccumulateStatistics`, `StepStatistics`,
 `TrainStatistics`, `TrainerStatistics`); a trainer knows a micro-batch only as a `MicroBatch` and
 its loss only as the `Objective` its caller hands it, never trees, advantages or the policy loss.
@@ -106,7 +106,7 @@ class Completion(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class EngineStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """A snapshot of an engine's state (STYLE.md rule 6)."""
+    """A snapshot of an engine's state (docs/style.md rule 6)."""
 
     weight_version: int
     """Version of the weights now loaded."""
@@ -356,7 +356,7 @@ class TrainStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TrainerStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """A snapshot of a trainer's state (STYLE.md rule 6)."""
+    """A snapshot of a trainer's state (docs/style.md rule 6)."""
 
     version: int
     """Weight version of the trainer's weights."""

@@ -1,4 +1,4 @@
-"""Kernels with a plain-torch reference and an `impl` switch (STYLE.md rule 8).
+"""Kernels with a plain-torch reference and an `impl` switch (docs/style.md rule 8).
 
 Tree attention (`tree_mask`, `tree_block_mask`, `model_attention_mask`, `tree_attention`) and the
 fused selective logprob + entropy (`selective_logprob_entropy`). The Triton kernel is imported on

@@ -1,7 +1,7 @@
 """Behaviour logprobs recomputed with transformers: the reference for what an engine sampled from.
 
 Owns `sampling_logprobs` (logits -> logprobs of the distribution an engine samples from: the
-temperature, top-k and top-p of vLLM, DESIGN.md invariant 2) and `completion_logprobs` (a model,
+temperature, top-k and top-p of vLLM, docs/design.md invariant 2) and `completion_logprobs` (a model,
 a prompt and a completion -> each completion token's behaviour logprob, one unpacked forward, no
 gradient). Tests use it as the independent reference for vLLM's logprobs. Not what the trainer
 trains on: that is `gyre.rl.packed_forward` (packed trees, differentiable, over the fused

@@ -74,7 +74,7 @@ def encode_conversation(tokenizer: Any, messages: list[dict], tools: list[dict] 
     as the chat template renders it, ending with `<|im_end|>`); the text between turns (the
     template's generation prompt, tool results, the newline after `<|im_end|>`) is tokenized on
     its own and carries no loss. This is `parent prompt + parent completion + new text`, the way
-    the proxy extends prompts (DESIGN.md invariant 1).
+    the proxy extends prompts (docs/design.md invariant 1).
 
     Raises:
         ValueError: the template does not render an assistant turn as a continuation of its

@@ -1,6 +1,6 @@
 """Staleness: which policy tokens are too old to train, judged per token from weight versions.
 
-Owns `stale_token_mask` (per-token freshness against the trainer's version, DESIGN.md invariant
+Owns `stale_token_mask` (per-token freshness against the trainer's version, docs/design.md invariant
 6) and `mixed_version_calls` (calls whose completion was sampled under more than one version, e.g.
 after an abort and resume across a weight sync, B11). With mixing allowed, each token keeps its
 own version and behaviour logprob and is judged alone; with mixing disallowed, the caller drops

@@ -1,4 +1,4 @@
-"""gyre.runtime (see DESIGN.md): cells, scheduler policies, the router and the RL drivers.
+"""gyre.runtime (see docs/design.md): cells, scheduler policies, the router and the RL drivers.
 
 It holds the cell worker process and its client, the scheduler policies, the `Router` in front
 of the rollout cells, the one-cell colocate loop (`loop`), the elastic driver over many cells

@@ -2,7 +2,7 @@
 
 Owns `TrainingBatch` and `build_training_batch`. Every execution of the step is accounted for
 once: failed ones (infrastructure), ones with no sampled token, and ones with greedy or truncated
-(top-k / top-p) calls, whose behaviour distribution the trainer does not reproduce (DESIGN.md
+(top-k / top-p) calls, whose behaviour distribution the trainer does not reproduce (docs/design.md
 invariant 2), get no advantage and stay out of the baselines and the loss; the others (finished or partially scored) are trained. Knows nothing about
 engines, processes or optimizers.
 """

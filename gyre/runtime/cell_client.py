@@ -4,7 +4,7 @@ Owns `CellClient`, `open_cell`, `open_cells` (n cells around a node-hosted gradi
 re-exports `cell_process`'s `spawn_cell`, `wait_cell_ready`, `CellProcess`. On anyio + httpx: the
 node's trio loop and asyncio alike; code above it cannot tell a cell from the scripted engine.
 Besides the `InferenceEngine` protocol it drives the cell's role and trainer (`switch_role`,
-`train`, `send_gradients`, `receive_gradients`, `step`, ...). Every wait is bounded (DESIGN.md
+`train`, `send_gradients`, `receive_gradients`, `step`, ...). Every wait is bounded (docs/design.md
 invariant 7): requests by `request_timeout_s`, weight loads by `weight_load_timeout_s`, training
 calls and switches by `TrainerConfig.train_timeout_s`, start-up by `startup_timeout_s`.
 Knows nothing about what the cell runs inside (vLLM, DeepSpeed).

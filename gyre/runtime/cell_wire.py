@@ -188,7 +188,7 @@ class CheckpointRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CellStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """`GET /cell_statistics`: the cell's role side (STYLE.md rule 6)."""
+    """`GET /cell_statistics`: the cell's role side (docs/style.md rule 6)."""
 
     role: CellRole
     """`rollout`, `train` or `switching` (between the two; refuses work)."""

@@ -110,7 +110,7 @@ class MigrationRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MigrationStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """Counters of a `MigrateContinuation` (STYLE.md rule 6)."""
+    """Counters of a `MigrateContinuation` (docs/style.md rule 6)."""
 
     migrated: int
     """Continuations whose target loads the exported KV."""

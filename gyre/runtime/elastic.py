@@ -9,10 +9,10 @@ hands a group's micro-batches to an idle training cell, gathers the satellites' 
 core cell before its optimizer step, and publishes the new weights to the rollout cells. It
 calls `policy.decide` after every change until no action is left.
 
-Batches (DESIGN.md "step"): executions are dispatched in order, `group_size` per task; which
+Batches (docs/design.md "step"): executions are dispatched in order, `group_size` per task; which
 finished groups form each step's batch (streaming or not, `SchedulerConfig.streaming`) is
 `gyre.runtime.batch_formation`'s, each group trained as soon as it is admitted. Every execution's
-loss weight uses the batch size as denominator (DESIGN.md loss normalisation: per execution, then
+loss weight uses the batch size as denominator (docs/design.md loss normalisation: per execution, then
 over the batch's executions). The published weights are one `WeightVersion`, bumped by the step.
 
 Cells (`CellHandle`, tracked as `DrivenCell`s, `gyre.runtime.cell_handle`): anything with the

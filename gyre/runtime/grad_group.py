@@ -3,7 +3,7 @@
 Owns `host_group_store` (the node side: a `torch.distributed.TCPStore` that every cell meets at)
 and `GradientGroup` (the cell side: a gloo process group over that store, formed once at start
 and kept for the run, separate from each cell's own DeepSpeed group). A satellite `send`s its
-flat gradient to the core, the core `recv`s it; both are bounded by a timeout (DESIGN.md
+flat gradient to the core, the core `recv`s it; both are bounded by a timeout (docs/design.md
 invariant 7). Knows nothing about trainers, roles or HTTP; blocking: call from a worker thread.
 """
 

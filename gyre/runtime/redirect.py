@@ -135,7 +135,7 @@ class RequestState:
 
 
 class RedirectStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """Counters of a `Redirector` (STYLE.md rule 6); `RouterStatistics` documents each field."""
+    """Counters of a `Redirector` (docs/style.md rule 6); `RouterStatistics` documents each field."""
 
     tokens_generated: int
     requests_routed: int

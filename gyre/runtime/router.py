@@ -6,7 +6,7 @@ An execution's requests stay on one rollout cell while that cell rolls out (pref
 new execution goes to the least-loaded cell. When a cell leaves rollout (`set_role`, `drain`), dies
 (`EngineUnavailableError`) or stalls, its in-flight attempts move to other cells: the driving of
 attempts is `gyre.runtime.redirect`, how a choice continues there (KV migrated or recomputed) is
-`gyre.runtime.continuation`. Every wait is bounded (`RouterConfig`, DESIGN.md invariant 7).
+`gyre.runtime.continuation`. Every wait is bounded (`RouterConfig`, docs/design.md invariant 7).
 
 Knows nothing about chat, HTTP, processes, or how a cell changes role inside: whoever switches a
 cell calls `set_role` first and switches the cell after it returns.
@@ -66,7 +66,7 @@ class CellRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RouterStatistics(EngineStatistics, frozen=True, kw_only=True):
-    """`EngineStatistics` of the router as one engine, plus what routing did (STYLE.md rule 6).
+    """`EngineStatistics` of the router as one engine, plus what routing did (docs/style.md rule 6).
 
     Engine fields: `weight_version` is the oldest version among rollout cells in service (0 with
     none); `running_requests`, `requests_total`, `requests_aborted` and `tokens_generated` count the

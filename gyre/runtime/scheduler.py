@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 CellRole = Literal["rollout", "train", "switching"]
-"""A cell's role (DESIGN.md terms); `switching` lasts from the switch order to its completion."""
+"""A cell's role (docs/design.md terms); `switching` lasts from the switch order to its completion."""
 
 
 class CellView(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,7 +79,7 @@ class CellView(msgspec.Struct, frozen=True, kw_only=True):
 class SchedulerState(msgspec.Struct, frozen=True, kw_only=True):
     """Frozen snapshot of everything a policy may look at.
 
-    Counters are in executions. The water level (DESIGN.md) is ``dispatched - finished``; the
+    Counters are in executions. The water level (docs/design.md) is ``dispatched - finished``; the
     rollout capacity is ``capacity_per_cell`` times the number of cells whose role is `rollout`.
     "The current step" is the step that will produce weight version ``weight_version + 1``.
     """

@@ -42,7 +42,7 @@ BUSY_KINDS = frozenset({"rollout", "train", "step"})
 """Kinds that count as useful work in `utilisation` (loads and switches are overhead)."""
 
 ROLES = ("rollout", "train", "switching")
-"""Roles a `RoleChange` may name (DESIGN.md: a cell's role)."""
+"""Roles a `RoleChange` may name (docs/design.md: a cell's role)."""
 
 
 class Interval(msgspec.Struct, frozen=True, array_like=True, gc=False):

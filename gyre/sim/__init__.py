@@ -1,4 +1,4 @@
-"""gyre.sim: discrete-event cluster simulator driving the real scheduler policies (DESIGN.md).
+"""gyre.sim: discrete-event cluster simulator driving the real scheduler policies (docs/design.md).
 
 `simulate(config, policy)` runs one policy on one scenario; `compare(config)` runs Colocate,
 Async (best fixed split) and Elastic on the same workload draws; `python -m gyre.sim --config

@@ -1,7 +1,7 @@
 """Outcome of one execution: how it ended and what the verifier scored.
 
 Owns `Termination`, `Score` (one verifier run) and `Outcome` (one execution, the unit that gets a
-reward). DESIGN.md invariant 5: every execution ends exactly once as `finished`, stopped at a
+reward). docs/design.md invariant 5: every execution ends exactly once as `finished`, stopped at a
 limit (`timeout`, `turn_limit`, `token_budget`, `context_exceeded`; partially scored on its
 workspace as it stood) or `failed` (infrastructure; carries a reason and stays out of training and
 group baselines). Advantages and baselines live in `gyre.rl`; this module knows nothing about

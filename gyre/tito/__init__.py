@@ -1,7 +1,7 @@
 """gyre.tito: the TITO proxy (OpenAI-compatible API in, exact token records out).
 
 `TitoProxy` serves agents and records every model call as a `ModelCall`; `read_log` rebuilds the
-call log after a run or a crash. See DESIGN.md (data path, invariant 1).
+call log after a run or a crash. See docs/design.md (data path, invariant 1).
 
 Modules: `proxy` (the ASGI app), `sessions` (keys, executions), `render` (chat to prompt IDs),
 `detok` (token bytes), `reply` (reply parsing), `generation` (driving the engine), `inflight`

@@ -67,7 +67,7 @@ def encode_frame(entry: CallEntry | EndEntry) -> bytes:
 
 
 class LogStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """A snapshot of a call log writer (STYLE.md rule 6)."""
+    """A snapshot of a call log writer (docs/style.md rule 6)."""
 
     frames_written: int
     """Frames appended (calls and execution summaries)."""

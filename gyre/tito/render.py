@@ -1,7 +1,7 @@
 """Incremental chat rendering: chat messages to exact prompt token IDs, reusing every known token.
 
 Owns `ChatRenderer`, `RenderState` (per execution: one `Node` per recorded choice), `Rendered`,
-`RenderStatistics` and `message_to_template`. The rule (DESIGN.md invariant 1): when a call's
+`RenderStatistics` and `message_to_template`. The rule (docs/design.md invariant 1): when a call's
 messages + returned reply prefix the new messages and the template re-renders that reply as the
 generated text, the prompt is `parent prompt + parent completion + tokens of the new text` (an
 anchor render, checked against a full one on the first call and every `check_every`-th; disagreeing
@@ -144,7 +144,7 @@ class Node:
 
 @dataclass(slots=True)
 class RenderStatistics:
-    """Counters of one renderer (STYLE.md rule 6); all are counts of calls."""
+    """Counters of one renderer (docs/style.md rule 6); all are counts of calls."""
 
     fast: int = 0
     """Prompts built from the parent's tokens plus the anchor-rendered new messages."""

@@ -2,7 +2,7 @@
 
 Owns `TrajectoryTree` (built with `build_tree` from an execution's `ModelCall` records) and its
 `TreeStatistics`. A node is one token; a shared prefix is stored once and a branch starts at the
-first token where two calls differ (DESIGN.md invariant 1). Nodes live in flat numpy arrays, never
+first token where two calls differ (docs/design.md invariant 1). Nodes live in flat numpy arrays, never
 one Python object per token. A later call's prompt that contains an earlier completion reuses those
 nodes, which keep their policy flag, behaviour logprob and weight version.
 
@@ -32,7 +32,7 @@ _ROLE_INDEX: dict[str, int] = {role: i for i, role in enumerate(ROLES)}
 
 
 class TreeStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """A snapshot of one tree's size (STYLE.md rule 6)."""
+    """A snapshot of one tree's size (docs/style.md rule 6)."""
 
     calls: int
     """Model-call records the tree was built from."""

@@ -1,4 +1,4 @@
-"""DESIGN.md invariant 4: a packed tree trains exactly like its trajectories run one by one.
+"""docs/design.md invariant 4: a packed tree trains exactly like its trajectories run one by one.
 
 Over random executions (hypothesis), packed into one micro-batch: the logprob of every loss token,
 the loss and every parameter gradient equal those of running each selected trajectory as its own

@@ -1,4 +1,4 @@
-"""The public API of gyre.tito is what its `__all__` says (STYLE.md rule 1)."""
+"""The public API of gyre.tito is what its `__all__` says (docs/style.md rule 1)."""
 
 from __future__ import annotations
 
