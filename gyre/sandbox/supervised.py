@@ -120,6 +120,7 @@ async def run_supervised(
     user: tuple[int, int] | None = None,
     mounts: Mounts | None = None,
     relay: Relay | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> ProcessResult:
     """Run `argv` supervised until it exits, `deadline_s` passes or `stop` is set; kill its tree.
 
@@ -131,7 +132,9 @@ async def run_supervised(
     on cancellation) no process of the tree is alive. Raises `OSError` if the supervisor cannot be
     started, `ValueError` for a negative uid or gid or a `relay` with `mounts.network` false; a
     command that cannot be executed, or whose user, mounts or network cannot be set, exits with
-    status 127 and says why on its stderr.
+    status 127 and says why on its stderr. `pass_fds`: descriptors handed over to the command
+    (inherited at the same numbers); closed here once it started, or failed to, so a pipe's
+    reader sees its end when the command's tree is gone.
     """
     if deadline_s <= 0:
         raise ValueError(f"deadline_s={deadline_s!r} must be > 0")
@@ -150,10 +153,14 @@ async def run_supervised(
     cmd = [sys.executable, "-I", "-S", _SUPERVISOR, json.dumps(settings), "--", *argv]
     started_s = time.time()
     t0 = time.monotonic()
-    proc = await anyio.open_process(
-        cmd, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-        start_new_session=True,
-    )
+    try:
+        proc = await anyio.open_process(
+            cmd, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+            start_new_session=True, pass_fds=tuple(pass_fds),
+        )
+    finally:
+        for fd in pass_fds:
+            os.close(fd)
     ended: Literal["exited", "deadline", "stopped"] = "deadline"
     try:
         async with anyio.create_task_group() as tg:

@@ -1,52 +1,50 @@
 """Scorers: run a task's hidden verifier on a copy of a workspace and return a `Score`.
 
-Owns `VerifierError`, `verify` and `check_verifier_python` (the run's preflight). The workspace
-is copied (with the hidden tests beside it, never inside it) into a private temporary folder, and
-the verifier runs there as a supervised subprocess under a time limit, so nothing the verifier or the agent's code does touches the
-workspace or the task. pytest verifiers are counted from a JUnit XML report, never from stdout:
-score = passed / total (NL2RepoBench), total = the declared `num_tests` or the reported count if
-larger; the verifier may run as an unprivileged uid in a mount namespace where only its copy is
-writable (`user`, `mounts`: the harness's isolation). `test.sh` verifiers write `reward.txt` (a float in [0, 1]) or `reward.json`
-(`{"passed": p, "total": t}` or `{"reward": r}`) into `$GYRE_REWARD_DIR`. Knows nothing about
-agents, termination reasons or advantages.
+Owns `verify`, `score_workspace`, `score_report` and `check_verifier_python`. The workspace and
+the hidden tests are copied into a private folder and the verifier runs there, supervised and
+sealed (docs/design.md, "The sealed verifier"): pytest runs in the judge (`gyre.tasks.sealed`, as
+`JUDGE_USER` when agents have uids), the workspace's code only in a Python host as the agent's
+uid, and each test's outcome reaches the scorer on a pipe it owns. score = passed / total (total:
+the declared `num_tests` or the reported count if larger). `test.sh` verifiers run as the judge
+and write `reward.txt` or `reward.json` into a folder only the judge may write. Knows nothing
+about agents, termination reasons or advantages.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
-
 import msgspec
 
-from gyre.sandbox import Limits, Mounts, run_supervised, tail
 from gyre.errors import ConfigError, VerifierError
+from gyre.sandbox import Limits, Mounts, pyhost, run_supervised, tail
+from gyre.tasks import sealed
 from gyre.tasks.outcome import Score
 from gyre.tasks.task import Task
 
-__all__ = ["VerifierError", "verify", "score_workspace", "score_junit", "check_verifier_python"]
+__all__ = ["JUDGE_USER", "VerifierError", "verify", "score_workspace", "score_report",
+           "check_verifier_python"]
 
 _PYTEST_INI = """[pytest]
 addopts = -p no:cacheprovider
 """
-# The workspace goes at the END of sys.path: a `json.py` or `pytest_timeout.py` the agent wrote
-# cannot shadow what the verifier itself imports; the package under test is still found.
-_CONFTEST = """import os
-import sys
 
-sys.path.append(os.environ["GYRE_WORKSPACE"])
-"""
+JUDGE_USER = (65534, 65534)
+"""uid and gid of the verifier's trusted side when agents have uids of their own: `nobody`, an
+existing user, which no agent uid ever is (agent uids are ones the node does not have)."""
 
 
 def check_verifier_python(tasks: Sequence[Task], python: str = sys.executable) -> None:
@@ -58,43 +56,16 @@ def check_verifier_python(tasks: Sequence[Task], python: str = sys.executable) -
     pytest_task = next((t for t in tasks if t.spec.verifier.kind == "pytest"), None)
     if pytest_task is None:
         return
-    probe = "import importlib.util as u; print(' '.join(m for m in ('pytest', 'pytest_timeout') if u.find_spec(m) is None))"
+    probe = ("import importlib.util as u; "
+             "print(' '.join(m for m in ('pytest', 'pytest_timeout') if u.find_spec(m) is None))")
     done = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
     missing = done.stdout.split() if done.returncode == 0 else ["(the interpreter did not run)"]
     if missing:
         raise ConfigError(
-            f"task {pytest_task.task_id} has a pytest verifier, but {python} cannot import {', '.join(missing)}: "
+            f"task {pytest_task.task_id} has a pytest verifier, but {python} cannot import "
+            f"{', '.join(missing)}: "
             "pip install pytest pytest-timeout into the run's environment"
         )
-
-
-def score_junit(report: str | os.PathLike[str], num_tests: int | None) -> Score:
-    """Count a pytest JUnit XML report: a testcase passed if it has no failure, error or skip.
-
-    Raises `VerifierError` if the report is missing, not XML, or holds no test case.
-    """
-    try:
-        root = ET.parse(report).getroot()
-    except FileNotFoundError:
-        raise VerifierError(f"pytest wrote no report at {report}") from None
-    except ET.ParseError as exc:
-        raise VerifierError(f"pytest report {report} is not valid XML: {exc}") from None
-    passed = 0
-    failed: list[str] = []
-    cases = list(root.iter("testcase"))
-    for case in cases:
-        name = f"{case.get('classname', '')}::{case.get('name', '')}".strip(":")
-        if any(child.tag in ("failure", "error", "skipped") for child in case):
-            failed.append(name)
-        else:
-            passed += 1
-    if not cases:
-        raise VerifierError(f"pytest report {report} holds no test case")
-    total = max(num_tests or 0, len(cases))
-    return Score(
-        passed=passed, total=total, score=passed / total, all_passed=passed == total,
-        failed_tests=tuple(failed),
-    )
 
 
 def _score_reward_dir(reward_dir: Path) -> Score:
@@ -106,7 +77,8 @@ def _score_reward_dir(reward_dir: Path) -> Score:
                 passed, total = int(data["passed"]), int(data["total"])
                 if total <= 0 or not 0 <= passed <= total:
                     raise ValueError(f"passed={passed}, total={total}")
-                return Score(passed=passed, total=total, score=passed / total, all_passed=passed == total)
+                return Score(passed=passed, total=total, score=passed / total,
+                             all_passed=passed == total)
             reward = float(data["reward"])
         elif txt.exists():
             reward = float(txt.read_text().strip())
@@ -119,6 +91,45 @@ def _score_reward_dir(reward_dir: Path) -> Score:
     return Score(passed=int(reward == 1.0), total=1, score=reward, all_passed=reward == 1.0)
 
 
+def score_report(lines: bytes, num_tests: int | None) -> Score:
+    """Count the sealed verifier's report (`gyre.tasks.sealed`, one JSON line per test phase): a
+    test passed if its call passed and no phase of it failed; a module that could not be collected
+    counts as one failed test. total = `num_tests` or the reported count if larger.
+
+    Raises `VerifierError` if the report is cut short (no closing record) or holds no test."""
+    seen: dict[str, None] = {}  # in report order
+    not_ok: set[str] = set()
+    called_ok: set[str] = set()
+    done = False
+    for line in lines.splitlines():
+        record = json.loads(line)
+        if "done" in record:
+            done = True
+            continue
+        seen[record["id"]] = None
+        if record["outcome"] != "passed":
+            not_ok.add(record["id"])
+        elif record["when"] == "call":
+            called_ok.add(record["id"])
+    if not done:
+        raise VerifierError("the verifier's report ends before its closing record")
+    if not seen:
+        raise VerifierError("the verifier's report holds no test case")
+    outcomes = {_dotted(name): name in called_ok and name not in not_ok for name in seen}
+    failed = tuple(name for name, ok in outcomes.items() if not ok)
+    passed = len(outcomes) - len(failed)
+    total = max(num_tests or 0, len(outcomes))
+    return Score(passed=passed, total=total, score=passed / total, all_passed=passed == total,
+                 failed_tests=failed)
+
+
+def _dotted(nodeid: str) -> str:
+    """`tests/test_a.py::TestX::test_b` as JUnit names it: `tests.test_a.TestX::test_b`."""
+    path, *inner = nodeid.split("::")
+    module = path.removesuffix(".py").replace("/", ".")
+    return "::".join([".".join([module, *inner[:-1]]), *inner[-1:]])
+
+
 def _special_files(folder: str, names: list[str]) -> set[str]:
     """FIFOs, sockets and devices in a workspace: not copied for the verifier (copying a FIFO
     blocks or fails, which would let an agent fail its own execution out of training)."""
@@ -126,29 +137,105 @@ def _special_files(folder: str, names: list[str]) -> set[str]:
             and not stat.S_ISREG(m) and not stat.S_ISLNK(m)}
 
 
-def _prepare(task: Task, workspace: Path, user: tuple[int, int] | None) -> Path:
-    """Copy workspace and hidden tests into a fresh private folder (blocking; run in a thread);
-    with `user`, everything but `pytest.ini` and `conftest.py` becomes that user's."""
+def _walk(top: Path):
+    yield str(top), True
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames:
+            yield os.path.join(dirpath, name), True
+        for name in filenames:
+            yield os.path.join(dirpath, name), False
+
+
+def _hand_out(top: Path, uid: int, gid: int, dir_mode: int, file_mode: int, *, keep: bool) -> None:
+    """chown `top` and all below it; folders get `dir_mode`, files `file_mode` (added to their own
+    owner bits when `keep`); symlinks are chowned, never followed."""
+    for path, is_dir in _walk(top):
+        os.lchown(path, uid, gid)
+        if os.path.islink(path):
+            continue
+        mode = dir_mode if is_dir else file_mode
+        if keep:
+            mode |= stat.S_IMODE(os.lstat(path).st_mode) & 0o700
+        os.chmod(path, mode)
+
+
+def _prepare(task: Task, workspace: Path, agent: tuple[int, int] | None,
+             judge: tuple[int, int] | None) -> Path:
+    """Copy workspace and hidden tests into a fresh private folder (blocking; run in a thread),
+    with the sealed verifier's scripts (`sealed/`, root's). With `agent` and `judge` (uids): the
+    workspace copy is the agent's, shared with the judge's group; the tests and `verifier/` (the
+    reward folder) are the judge's alone; `tmp/` (the host's HOME) is the agent's."""
     scratch = Path(tempfile.mkdtemp(prefix="gyre-verify-"))  # mode 0700
     try:
         shutil.copytree(workspace, scratch / "workspace", symlinks=True, ignore=_special_files)
         shutil.copytree(task.tests_dir, scratch / "tests", symlinks=True)
+        (scratch / "sealed").mkdir()
+        for module in (pyhost, sealed):
+            shutil.copyfile(module.__file__, scratch / "sealed" / Path(module.__file__).name)
         (scratch / "pytest.ini").write_text(_PYTEST_INI)
-        (scratch / "conftest.py").write_text(_CONFTEST)
         (scratch / "verifier").mkdir()
         (scratch / "tmp").mkdir()
-        if user is not None:
-            for top in ("workspace", "tests", "verifier", "tmp"):
-                os.lchown(scratch / top, *user)
-                for dirpath, dirnames, filenames in os.walk(scratch / top):
-                    for name in dirnames + filenames:
-                        os.lchown(os.path.join(dirpath, name), *user)
-            # readable, not writable: Python imports conftest.py from a folder it can list
-            os.chmod(scratch, 0o755)
+        if agent is not None and judge is not None:
+            _hand_out(scratch / "workspace", agent[0], judge[1], 0o2770, 0o060, keep=True)
+            _hand_out(scratch / "tmp", *agent, 0o700, 0o600, keep=False)
+            _hand_out(scratch / "tests", 0, judge[1], 0o750, 0o640, keep=False)
+            _hand_out(scratch / "verifier", *judge, 0o700, 0o600, keep=False)
+            _hand_out(scratch / "sealed", 0, 0, 0o755, 0o644, keep=False)
+            os.chmod(scratch, 0o755)  # pytest lists it (its rootdir): names only, no content
     except BaseException:  # nothing is left behind in /tmp
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     return scratch
+
+
+def _read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+async def _run_sealed_pytest(task: Task, scratch: Path, env: dict[str, str], out, *, limits: Limits,
+                             python: str, agent: tuple[int, int] | None,
+                             judge: tuple[int, int] | None, mounts: Mounts | None):
+    """The judge (pytest with `sealed.py`, as `judge`) and the Python host (as `agent`) side by
+    side, joined by a socket pair; the judge's report comes back on a pipe. Returns the judge's
+    `ProcessResult` and its report."""
+    spec = task.spec.verifier
+    judge_end, host_end = (s.detach() for s in socket.socketpair())
+    host_env = {**env, "HOME": str(scratch / "tmp"), "TMPDIR": str(scratch / "tmp")}
+    for name in ("GYRE_TESTS_DIR", "GYRE_REWARD_DIR"):
+        host_env.pop(name)
+    host_argv = [python, "-I", "-S", str(scratch / "sealed" / "pyhost.py"), str(host_end),
+                 str(scratch / "workspace")]
+    host_done = anyio.Event()
+    report: list[bytes] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(
+            run_supervised, host_argv, cwd=scratch / "workspace", env=host_env, limits=limits,
+            deadline_s=spec.timeout_s + 30, stdout=out, stderr=out, user=agent, mounts=mounts,
+            stop=host_done, pass_fds=[host_end]))
+        report_r, report_w = os.pipe()
+
+        async def read_report() -> None:
+            report.append(await anyio.to_thread.run_sync(_read_all, report_r))
+
+        tg.start_soon(read_report)
+        judge_env = {**env, "HOME": str(scratch / "verifier"), "TMPDIR": str(scratch / "verifier"),
+                     "GYRE_HOST_FD": str(judge_end), "GYRE_REPORT_FD": str(report_w),
+                     "GYRE_CALL_TIMEOUT_S": str(spec.test_timeout_s)}
+        argv = [
+            python, "-I", str(scratch / "sealed" / "sealed.py"), "-c", str(scratch / "pytest.ini"),
+            "--rootdir", str(scratch), "-q", "-p", "pytest_timeout",
+            "--continue-on-collection-errors",
+            "--timeout", str(spec.test_timeout_s), str(scratch / "tests"),
+        ]
+        try:
+            result = await run_supervised(
+                argv, cwd=scratch / "workspace", env=judge_env, limits=limits,
+                deadline_s=spec.timeout_s, stdout=out, stderr=out, user=judge, mounts=mounts,
+                pass_fds=[judge_end, report_w])
+        finally:
+            host_done.set()
+    return result, report[0]
 
 
 async def verify(
@@ -159,29 +246,33 @@ async def verify(
     python: str = sys.executable,
     user: tuple[int, int] | None = None,
     mounts: Mounts | None = None,
+    judge: tuple[int, int] = JUDGE_USER,
 ) -> Score:
     """Run `task`'s hidden verifier on a copy of `workspace`; the workspace is never modified.
 
-    `user` = (uid, gid): the verifier (and the agent code its tests import) runs as that user,
-    owning its copy (needs root). `mounts`: it runs in that mount namespace, with its copy added
-    to `mounts.writable` (so with `read_only` it writes nowhere else). The verifier gets `task.spec.verifier.timeout_s` seconds of wall clock; each pytest test
-    `test_timeout_s`. Raises `VerifierError` when it hangs past its limit, crashes (pytest usage
-    or internal error, no tests collected) or reports nothing usable; `FileNotFoundError` if the
-    workspace does not exist.
+    `user` = (uid, gid) of the agent (needs root): the workspace's code runs as that user, and
+    the tests, test.sh and the report as `judge`'s (never an agent's). `mounts`: both run in that
+    mount namespace, with the copy added to `mounts.writable` (so with `read_only` they write
+    nowhere else). The verifier gets `task.spec.verifier.timeout_s` seconds of wall clock; each
+    pytest test `test_timeout_s`, each call into the workspace's code as long. Raises
+    `VerifierError` when it hangs past its limit, crashes (pytest usage or internal error, no
+    tests collected) or reports nothing usable; `FileNotFoundError` if the workspace does not
+    exist.
     """
     workspace = Path(workspace)
     if not workspace.is_dir():
         raise FileNotFoundError(f"workspace {workspace} does not exist")
     spec = task.spec.verifier
-    scratch = await anyio.to_thread.run_sync(_prepare, task, workspace, user)
+    sealed_judge = judge if user is not None else None
+    scratch = await anyio.to_thread.run_sync(_prepare, task, workspace, user, sealed_judge)
     if mounts is not None:
         mounts = msgspec.structs.replace(mounts, writable=(*mounts.writable, str(scratch)))
     try:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LANG": "C.UTF-8",
-            "HOME": str(scratch / "tmp"),
-            "TMPDIR": str(scratch / "tmp"),
+            "HOME": str(scratch / "verifier"),
+            "TMPDIR": str(scratch / "verifier"),
             "GYRE_WORKSPACE": str(scratch / "workspace"),
             "GYRE_TESTS_DIR": str(scratch / "tests"),
             "GYRE_REWARD_DIR": str(scratch / "verifier"),
@@ -189,23 +280,20 @@ async def verify(
             # only the plugins the verifier needs: faster start, and no plugin of the node's env
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
         }
-        if spec.kind == "pytest":
-            argv = [
-                python, "-I", "-m", "pytest", "-c", str(scratch / "pytest.ini"),
-                "--rootdir", str(scratch), "--junitxml", str(scratch / "verifier" / "junit.xml"),
-                "-q", "-p", "pytest_timeout", "--continue-on-collection-errors", "--timeout", str(spec.test_timeout_s),
-                str(scratch / "tests"),
-            ]
-        else:
-            argv = ["bash", str(scratch / "tests" / "test.sh")]
         t0 = time.monotonic()
-        with open(scratch / "verifier" / "output.log", "wb") as out:
-            result = await run_supervised(
-                argv, cwd=scratch / "workspace", env=env, limits=limits,
-                deadline_s=spec.timeout_s, stdout=out, stderr=out, user=user, mounts=mounts,
-            )
+        # root's, opened here: the log is for error messages only, never read as a score
+        with open(scratch / "output.log", "wb") as out:
+            if spec.kind == "pytest":
+                result, report = await _run_sealed_pytest(
+                    task, scratch, env, out, limits=limits, python=python, agent=user,
+                    judge=sealed_judge, mounts=mounts)
+            else:
+                result = await run_supervised(
+                    ["bash", str(scratch / "tests" / "test.sh")], cwd=scratch / "workspace",
+                    env=env, limits=limits, deadline_s=spec.timeout_s, stdout=out, stderr=out,
+                    user=sealed_judge, mounts=mounts)
         verifier_s = time.monotonic() - t0
-        output = tail(scratch / "verifier" / "output.log", 2000)
+        output = tail(scratch / "output.log", 2000)
         if result.ended != "exited":
             raise VerifierError(
                 f"verifier of {task.task_id} hung: killed after timeout_s={spec.timeout_s}"
@@ -214,9 +302,10 @@ async def verify(
             # 0: all passed, 1: some failed; 2-5: interrupted, internal, usage, nothing collected.
             if result.exit_code not in (0, 1):
                 raise VerifierError(
-                    f"pytest verifier of {task.task_id} crashed (exit {result.exit_code}): {output[-800:]}"
+                    f"pytest verifier of {task.task_id} crashed (exit {result.exit_code}): "
+                    f"{output[-800:]}"
                 )
-            score = score_junit(scratch / "verifier" / "junit.xml", spec.num_tests)
+            score = score_report(report, spec.num_tests)
         else:
             try:
                 score = _score_reward_dir(scratch / "verifier")
@@ -240,10 +329,12 @@ async def score_workspace(
     user: tuple[int, int] | None = None,
     mounts: Mounts | None = None,
 ) -> Score:
-    """`verify` (`limits`, `user` and `mounts` passed on), blaming the workspace when the verifier breaks on it but not on the template.
+    """`verify` (`limits`, `user` and `mounts` passed on), blaming the workspace when the verifier
+    breaks on it but not on the template.
 
-    Agent code runs inside the verifier (the tests import it), so it can crash or hang it; that
-    must score 0, not drop the execution from training. When `verify` raises `VerifierError`,
+    Agent code the tests call runs in the Python host, so exiting or hanging fails only its own
+    tests; a workspace can still break the verifier through what the hidden tests do with its
+    files, and that must score 0, not drop the execution from training. When `verify` raises `VerifierError`,
     the verifier is run once on the task's pristine `environment/` (cached per task in
     `template_ok`): if it works there, the workspace is at fault and the score is 0 of
     `num_tests` (or 1); if it fails there too, the `VerifierError` is raised (infrastructure).

@@ -1,12 +1,13 @@
-"""Verifiers: score = passed / total from a JUnit report, test.sh rewards, hangs and crashes."""
+"""Verifiers: score = passed / total from the sealed report, test.sh rewards, hangs and crashes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from gyre.tasks.scorer import VerifierError, score_junit, score_workspace, verify
+from gyre.tasks.scorer import VerifierError, score_report, score_workspace, verify
 from gyre.tasks.task import load_task
 from tests.tasks.test_task import make_task
 
@@ -143,29 +144,28 @@ async def test_missing_workspace(tmp_path: Path) -> None:
         await verify(task, tmp_path / "nope")
 
 
-def test_score_junit_counts_failures_errors_and_skips(tmp_path: Path) -> None:
-    report = tmp_path / "r.xml"
-    report.write_text(
-        '<testsuites><testsuite name="pytest">'
-        '<testcase classname="t" name="a"/>'
-        '<testcase classname="t" name="b"><failure message="x"/></testcase>'
-        '<testcase classname="t" name="c"><error message="x"/></testcase>'
-        '<testcase classname="t" name="d"><skipped message="x"/></testcase>'
-        '<testcase classname="t" name="e"/>'
-        "</testsuite></testsuites>"
-    )
-    score = score_junit(report, num_tests=None)
-    assert (score.passed, score.total, score.score) == (2, 5, 0.4)
-    assert score.failed_tests == ("t::b", "t::c", "t::d")
-    assert score_junit(report, num_tests=8).total == 8
-    report.write_text("<testsuites><testsuite/></testsuites>")
+def test_score_report_counts_failures_errors_and_skips() -> None:
+    def line(nodeid: str, when: str, outcome: str) -> str:
+        return json.dumps({"id": f"tests/t.py::{nodeid}", "when": when, "outcome": outcome})
+
+    report = "\n".join([
+        line("a", "setup", "passed"), line("a", "call", "passed"), line("a", "teardown", "passed"),
+        line("b", "setup", "passed"), line("b", "call", "failed"), line("b", "teardown", "passed"),
+        line("c", "setup", "failed"),  # an error in a fixture
+        line("d", "setup", "skipped"),
+        line("e", "call", "passed"), line("e", "teardown", "failed"),  # an error in teardown
+        line("f", "call", "passed"),
+        json.dumps({"id": "tests/u.py", "when": "collect", "outcome": "failed"}),
+        json.dumps({"done": 1}),
+    ]).encode()
+    score = score_report(report, num_tests=None)
+    assert (score.passed, score.total, score.score) == (2, 7, 2 / 7)
+    assert score.failed_tests == ("tests.t::b", "tests.t::c", "tests.t::d", "tests.t::e", "tests.u")
+    assert score_report(report, num_tests=10).total == 10
+    with pytest.raises(VerifierError, match="before its closing record"):
+        score_report(report.rsplit(b"\n", 1)[0], None)
     with pytest.raises(VerifierError, match="no test case"):
-        score_junit(report, None)
-    report.write_text("<not xml")
-    with pytest.raises(VerifierError, match="not valid XML"):
-        score_junit(report, None)
-    with pytest.raises(VerifierError, match="no report"):
-        score_junit(tmp_path / "missing.xml", None)
+        score_report(b'{"done": 5}\n', None)
 
 
 @pytest.mark.anyio
@@ -182,9 +182,23 @@ async def test_workspace_shadowing_stdlib_does_not_break_the_verifier(tmp_path: 
 
 
 @pytest.mark.anyio
+async def test_workspace_code_that_exits_fails_its_tests_only(tmp_path: Path) -> None:
+    """The workspace's code runs in the Python host, not in pytest: exiting on import ends its
+    worker, so each test that imports it fails, and the verifier reports normally."""
+    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 3\n",
+                               tests={**MOD_TESTS, "test_ok.py": "def test_ok():\n    pass\n"}))
+    ws = workspace(tmp_path, {"mod.py": "import os\nos._exit(3)\n"})
+    score = await verify(task, ws)
+    assert (score.passed, score.total, score.score) == (1, 3, 1 / 3)
+    assert score.failed_tests == ("tests.test_mod::test_double", "tests.test_mod::test_half")
+
+
+@pytest.mark.anyio
 async def test_a_verifier_broken_by_the_workspace_scores_zero(tmp_path: Path) -> None:
-    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 2\n", tests=MOD_TESTS))
-    ws = workspace(tmp_path, {"mod.py": "import os\nos._exit(3)\n"})  # kills pytest on import
+    crash = "import os\nif os.path.exists('boom'):\n    os._exit(3)\n\n\ndef test_x():\n    pass\n"
+    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 2\n",
+                               tests={**MOD_TESTS, "conftest.py": crash}))
+    ws = workspace(tmp_path, {"boom": ""})  # the hidden tests' own conftest kills pytest on it
     with pytest.raises(VerifierError, match="crashed"):
         await verify(task, ws)
     cache: dict[str, bool] = {}

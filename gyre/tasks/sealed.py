@@ -1,0 +1,310 @@
+"""The sealed verifier's trusted side: a pytest run that never imports the workspace's code.
+
+Run as a script (`python -I sealed.py <pytest args>`, copied with `gyre/sandbox/pyhost.py` into
+the verifier's scratch; standard library and pytest only). It makes itself non-dumpable (no
+process of its uid may read its memory or descriptors), puts a finder at the end of
+`sys.meta_path` that answers imports of the workspace's top-level names with `_RemoteModule`s,
+and reports each test phase as a JSON line on the inherited pipe `GYRE_REPORT_FD`, which the
+scorer reads. The workspace's code runs in workers of the Python host (`GYRE_HOST_FD`, another
+process, usually another uid); only plain data comes back, so every assertion is evaluated here.
+Knows nothing about tasks, scores or gyre (`gyre.tasks.scorer` starts it).
+"""
+
+from __future__ import annotations
+
+import builtins
+import ctypes
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import socket
+import struct
+import sys
+import types
+
+_PR_SET_DUMPABLE = 4
+
+
+def _load_pyhost() -> types.ModuleType:
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyhost.py")
+    spec = importlib.util.spec_from_file_location("_gyre_pyhost", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class WorkspaceExit(Exception):
+    """The workspace's code raised SystemExit, KeyboardInterrupt or another non-Exception."""
+
+
+class _Host:
+    """The connection to the Python host: one worker at a time, replaced when it fails."""
+
+    def __init__(self, fd: int, timeout_s: float) -> None:
+        self.wire = _load_pyhost()
+        self.ctrl = socket.socket(fileno=fd)
+        self.timeout_s = timeout_s
+        self.worker: tuple[socket.socket, int] | None = None
+        self.generation = 0
+        self.exceptions: dict[tuple[str, str], type] = {}
+
+    def _spawn(self) -> tuple[socket.socket, int]:
+        self.wire.send_frame(self.ctrl, {"op": "spawn"})
+        data, fds, _flags, _addr = socket.recv_fds(self.ctrl, 4, 1)
+        if len(data) != 4 or len(fds) != 1:
+            raise RuntimeError("the Python host did not start a worker")
+        sock = socket.socket(fileno=fds[0])
+        sock.settimeout(self.timeout_s)
+        return sock, struct.unpack(">I", data)[0]
+
+    def discard(self) -> None:
+        if self.worker is not None:
+            sock, pid = self.worker
+            self.worker = None
+            self.generation += 1
+            sock.close()
+            try:
+                self.wire.send_frame(self.ctrl, {"op": "kill", "pid": pid})
+            except OSError:
+                pass
+
+    def request(self, op: str, target: _Remote | None = None, *, path: bool = False, **fields):
+        """Send one request to the worker; the reply decoded (references as `_Remote`s, path-based
+        ones when `path`), or the workspace's exception raised as a local class."""
+        message: dict = {"op": op, **fields}
+        if target is not None:
+            message["target"] = target._gyre_tagged()
+        message["args"] = [self.wire.encode(a, _tag) for a in fields.get("args", ())]
+        kwargs = fields.get("kwargs", {})
+        message["kwargs"] = {k: self.wire.encode(v, _tag) for k, v in kwargs.items()}
+        if self.worker is None:
+            self.worker = self._spawn()
+        generation = self.generation
+        try:
+            self.wire.send_frame(self.worker[0], message)
+            reply = self.wire.recv_frame(self.worker[0])
+        except TimeoutError:
+            self.discard()
+            raise TimeoutError(
+                f"the workspace's code did not answer within {self.timeout_s} s") from None
+        except EOFError:
+            self.discard()
+            raise WorkspaceExit(
+                "the workspace's process ended during the call (exit or crash)") from None
+        except BaseException:  # interrupted (pytest-timeout) or garbled: never reuse this worker
+            self.discard()
+            raise
+        if "raise" in reply:
+            raise self.exception(reply["raise"])
+
+        value = reply["ok"]
+        if path and isinstance(value, dict) and "obj" in value and "path" in message["target"]:
+            # an attribute of a module, reached by name: valid in any later worker too
+            return _Remote({"path": [*message["target"]["path"], fields["name"]]}, None)
+
+        def ref(tagged: dict) -> object:
+            if "exc" in tagged:
+                return self.exception_class(tagged["exc"])
+            if "mod" in tagged:
+                return _import_or_remote(tagged["mod"])
+            return _Remote({"obj": tagged["obj"]}, generation)
+
+        return self.wire.decode(value, ref)
+
+    def exception_class(self, chain: list[list[str]]) -> type:
+        module, name = chain[-1]
+        base = getattr(builtins, name, None) if module == "builtins" else None
+        if not (isinstance(base, type) and issubclass(base, Exception)):
+            base = WorkspaceExit
+        for module, qualname in reversed(chain[:-1]):
+            key = (module, qualname)
+            if key not in self.exceptions:
+                self.exceptions[key] = type(qualname.rsplit(".", 1)[-1], (base,),
+                                            {"__module__": module, "__qualname__": qualname})
+            base = self.exceptions[key]
+        return base
+
+    def exception(self, raised: dict) -> BaseException:
+        cls = self.exception_class(raised["chain"])
+        try:
+            return cls(*raised["args"])
+        except Exception:  # noqa: BLE001 - a class whose constructor wants other arguments
+            return cls(raised["str"])
+
+
+HOST: _Host | None = None
+
+
+def _host() -> _Host:
+    if HOST is None:
+        raise RuntimeError("the sealed verifier has no Python host")
+    return HOST
+
+
+def _tag(value: object) -> dict:
+    if isinstance(value, _Remote):
+        return value._gyre_tagged()
+    raise TypeError(
+        f"a {type(value).__name__} cannot be passed to the workspace's code (plain data only)")
+
+
+def _import_or_remote(name: str) -> object:
+    try:
+        return sys.modules[name] if name in sys.modules else __import__(name, fromlist=["_"])
+    except ImportError:
+        return _Remote({"path": [name]}, None)
+
+
+_PLAIN_DUNDERS = ("__name__", "__qualname__", "__doc__", "__module__", "__all__", "__version__")
+
+
+class _Remote:
+    """An object of the workspace's code, living in the worker: every use is a request.
+
+    Never equal to plain data (an object cannot claim to equal an expected value); two remote
+    objects compare in the worker."""
+
+    __slots__ = ("_gyre_target", "_gyre_generation")
+
+    def __init__(self, target: dict, generation: int | None) -> None:
+        object.__setattr__(self, "_gyre_target", target)
+        object.__setattr__(self, "_gyre_generation", generation)
+
+    def _gyre_tagged(self) -> dict:
+        if self._gyre_generation is not None and self._gyre_generation != _host().generation:
+            raise ReferenceError("an object of a workspace process that has ended")
+        return self._gyre_target
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name not in _PLAIN_DUNDERS:
+            raise AttributeError(name)
+        return _host().request("getattr", self, path=True, name=name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        _host().request("setattr", self, name=name, args=[value])
+
+    def __call__(self, *args, **kwargs):
+        return _host().request("call", self, args=args, kwargs=kwargs)
+
+    def __repr__(self) -> str:
+        try:
+            return str(_host().request("repr", self))
+        except Exception:  # noqa: BLE001 - repr must not fail (pytest's reports call it)
+            return f"<workspace object {self._gyre_target}>"
+
+    def __str__(self) -> str:
+        return str(_host().request("str", self))
+
+    def __eq__(self, other: object):
+        return _host().request("op_eq", self, args=[other]) if isinstance(other, _Remote) else False
+
+    def __ne__(self, other: object):
+        return _host().request("op_ne", self, args=[other]) if isinstance(other, _Remote) else True
+
+    def __hash__(self) -> int:
+        return int(_host().request("hash", self))
+
+    def __len__(self) -> int:
+        return int(_host().request("len", self))
+
+    def __bool__(self) -> bool:
+        return bool(_host().request("bool", self))
+
+    def __iter__(self):
+        return _host().request("iter", self)
+
+    def __next__(self):
+        return _host().request("next", self)
+
+
+def _operator(name: str):
+    def forward(self: _Remote, *args):
+        return _host().request(f"op_{name}", self, args=args)
+
+    forward.__name__ = f"__{name}__"
+    return forward
+
+
+for _name in ("lt", "le", "gt", "ge", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow",
+              "neg", "contains", "getitem", "setitem", "delitem"):
+    setattr(_Remote, f"__{_name}__", _operator(_name))
+
+
+class _RemoteModule(types.ModuleType):
+    """A module of the workspace: its attributes are fetched from the worker (data by value)."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name not in _PLAIN_DUNDERS:
+            raise AttributeError(name)
+        module = _Remote({"path": [self.__name__]}, None)
+        return _host().request("getattr", module, path=True, name=name)
+
+
+class _WorkspaceFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Last on `sys.meta_path`: a module the workspace defines (and nothing installed does)."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] not in self.names:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec):
+        _host().request("import", name=spec.name)  # raises ModuleNotFoundError as the worker does
+        module = _RemoteModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+def workspace_names(folder: str) -> set[str]:
+    """Top-level names `folder` could be imported by: folders, and modules' stems."""
+    names = set()
+    for entry in os.listdir(folder):
+        stem, _, suffix = entry.partition(".")
+        if stem.isidentifier() and (not suffix or suffix.endswith(("py", "pyc", "so", "pyd"))):
+            names.add(stem)
+    return names
+
+
+class _Reporter:
+    """Writes one JSON line per test phase to the scorer's pipe."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, record: dict) -> None:
+        data = (json.dumps(record) + "\n").encode()
+        while data:
+            data = data[os.write(self.fd, data):]
+
+    def pytest_collectreport(self, report) -> None:
+        if report.failed:
+            self.write({"id": report.nodeid, "when": "collect", "outcome": "failed"})
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.write({"id": report.nodeid, "when": report.when, "outcome": report.outcome})
+
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
+        self.write({"done": int(exitstatus)})
+
+
+def main(argv: list[str]) -> int:
+    global HOST
+    ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    HOST = _Host(int(os.environ["GYRE_HOST_FD"]), float(os.environ["GYRE_CALL_TIMEOUT_S"]))
+    sys.meta_path.append(_WorkspaceFinder(workspace_names(os.environ["GYRE_WORKSPACE"])))
+    import pytest
+
+    return int(pytest.main(argv, plugins=[_Reporter(int(os.environ["GYRE_REPORT_FD"]))]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
