@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 __all__ = [
     "ModelConfig", "KVTransferConfig", "EngineConfig", "CellConfig", "SchedulerConfig", "RouterConfig", "TrainerConfig", "LoopConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
-    "HarnessConfig", "TaskConfig", "WarmStartConfig", "RunConfig",
+    "HarnessConfig", "TaskConfig", "WarmStartConfig", "ObserveConfig", "RunConfig",
     "load_config", "load_toml", "config_from_dict",
 ]
 
@@ -479,6 +479,26 @@ class WarmStartConfig(_Config):
             raise ValueError(f"warmup_steps={self.warmup_steps} and weight_decay={self.weight_decay} must be >= 0")
 
 
+class ObserveConfig(_Config):
+    """The live run page (`gyre.report.live`): read-only, behind the run's secret."""
+
+    page: bool = False
+    """Serve the live run page from the node; off: no port is opened."""
+    host: str = "127.0.0.1"
+    """Address the page binds to (loopback by default: only this machine can reach it)."""
+    port: int = 0
+    """TCP port; 0 picks a free one (the node prints the page's one-time login URL)."""
+    poll_interval_s: float = 1.0
+    """How often an open page asks for new records, seconds."""
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ValueError(f"host={self.host!r} must not be empty")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port={self.port} must be in [0, 65535]")
+        _positive(poll_interval_s=self.poll_interval_s)
+
+
 class RunConfig(_Config):
     """One run of one node. Loaded from TOML with `load_config`; see `examples/`."""
 
@@ -497,6 +517,7 @@ class RunConfig(_Config):
     proxy: ProxyConfig = ProxyConfig()
     tasks: TaskConfig = TaskConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
+    observe: ObserveConfig = ObserveConfig()
 
     def __post_init__(self) -> None:
         if not self.run_dir:
