@@ -3,10 +3,10 @@
 Owns `InFlight` (every call being generated, by execution: closing an execution aborts them and
 waits for their records before its end entry; a non-streamed call is shared by a client's retry,
 matched by `Idempotency-Key` or else by an identical body of the same execution; the counters),
-`Flight` (one call in flight), `SSEResponse` (a streamed call as server-sent events) and
-`wait_disconnect`. A client that disconnects aborts its engine request in both modes, unless
-another client still waits for the same call (B29). Knows nothing about rendering, OpenAI's
-response format or the call log.
+`Flight` (one call in flight), `InFlightStatistics`, `SSEResponse` (a streamed call as
+server-sent events) and `wait_disconnect`. A client that disconnects aborts its engine request in
+both modes, unless another client still waits for the same call (B29). Knows nothing about
+rendering, OpenAI's response format or the call log.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
+import msgspec
 from starlette.responses import Response
 
 from gyre.errors import EngineError, ProxyError
@@ -26,6 +27,7 @@ from gyre.tito.generation import Call, engine_events
 __all__ = [
     "Flight",
     "InFlight",
+    "InFlightStatistics",
     "SSEResponse",
     "wait_disconnect",
     "REPLAYS_PER_EXECUTION",
@@ -44,6 +46,19 @@ async def wait_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]]) -> N
     """Return once the ASGI server reports `http.disconnect` (call after the body was read)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+class InFlightStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of `InFlight` (STYLE.md rule 6)."""
+
+    in_flight: int
+    """Calls being generated now (streamed or not)."""
+    retries_joined: int
+    """Requests answered by a call already in flight (or finished, with an Idempotency-Key)."""
+    disconnect_aborts: int
+    """Calls aborted because every client waiting for them disconnected (both modes)."""
+    close_aborts: int
+    """Calls aborted because their execution was closed while they were generating."""
 
 
 @dataclass(eq=False)
@@ -130,8 +145,8 @@ class InFlight:
         self._replays.pop(execution_id, None)
         return sum(not f.done.is_set() for f in flights)
 
-    def statistics(self) -> dict[str, int]:
-        return dict(
+    def statistics(self) -> InFlightStatistics:
+        return InFlightStatistics(
             in_flight=sum(len(s) for s in self._flights.values()),
             retries_joined=self.retries_joined,
             disconnect_aborts=self.disconnect_aborts,

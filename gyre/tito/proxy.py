@@ -210,7 +210,7 @@ class TitoProxy:
             calls_recorded=self.recorder.calls_recorded,
             completion_tokens=self.recorder.completion_tokens,
             records_dropped_closed=self.recorder.records_dropped_closed,
-            **self.inflight.statistics(),
+            **msgspec.structs.asdict(self.inflight.statistics()),
             **self._counts,
         )
 
@@ -361,6 +361,13 @@ class TitoProxy:
             produce, self._gone,
         )
 
+    @staticmethod
+    def _check_open(ex: Execution) -> None:
+        """409 for a call whose execution was closed while its request was being read or
+        rendered: it would be recorded after the execution's end entry."""
+        if ex.closed:
+            raise proxy_error(f"execution {ex.execution_id!r} was closed", 409, "execution_closed")
+
     def _gone(self, flight: Flight) -> Response:
         """The answer to a non-streamed call cut short (nobody may be left to read it)."""
         if flight.aborted == "close":
@@ -449,6 +456,7 @@ class TitoProxy:
             req, max_tokens, len(rendered.prompt_ids), ex, engine,
             config=self.config, stop_token_ids=self.stop_token_ids,
         )
+        self._check_open(ex)
         return Call.start(
             ex, engine, role, started, rendered, sampling, stop_strings(req.stop),
             parse_tools=bool(tools) and req.tool_choice != "none", template_kwargs=req.chat_template_kwargs,
@@ -500,6 +508,7 @@ class TitoProxy:
         sampling = sampling_params(
             req, req.max_tokens, len(ids), ex, engine, config=self.config, stop_token_ids=self.stop_token_ids
         )
+        self._check_open(ex)
         return Call.start(
             ex, engine, role, started, rendered, sampling, stop_strings(req.stop),
             parse_tools=False, chat=False, template_kwargs=None,
