@@ -22,7 +22,8 @@ T = TypeVar("T")
 
 __all__ = [
     "ModelConfig", "KVTransferConfig", "EngineConfig", "CellConfig", "SchedulerConfig", "RouterConfig", "TrainerConfig", "LoopConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
-    "HarnessConfig", "TaskConfig", "WarmStartConfig", "ObserveConfig", "RunConfig",
+    "HarnessConfig", "TaskConfig", "WarmStartConfig", "ObserveConfig", "ReportConfig",
+    "RunConfig",
     "load_config", "load_toml", "config_from_dict",
 ]
 
@@ -499,6 +500,30 @@ class ObserveConfig(_Config):
         _positive(poll_interval_s=self.poll_interval_s)
 
 
+class ReportConfig(_Config):
+    """Where a run's metrics go besides `metrics.jsonl` (`gyre.runtime.sinks`).
+
+    Every step and evaluation record, and the runtime's `statistics()` records at each step, are
+    streamed to each sink as they are written."""
+
+    sinks: tuple[Literal["tensorboard", "wandb"], ...] = ()
+    """`tensorboard`: an event file under `<run_dir>/tensorboard/` (the `tensorboard` package's
+    writer, through `torch.utils.tensorboard`); `wandb`: a Weights & Biases run under
+    `<run_dir>/wandb/` (needs the `wandb` package, `pip install gyre[wandb]`). A configured sink
+    whose package is missing stops the run before it starts."""
+    wandb_mode: Literal["auto", "online", "offline"] = "auto"
+    """`auto`: `$WANDB_MODE` when set, else online when `$WANDB_API_KEY` is set, else offline
+    (the run is written to disk; `wandb sync <run_dir>/wandb/wandb/offline-run-*` uploads it)."""
+    wandb_project: str = "gyre"
+    """W&B project the run belongs to."""
+
+    def __post_init__(self) -> None:
+        if len(set(self.sinks)) != len(self.sinks):
+            raise ValueError(f"sinks={list(self.sinks)} names a sink twice")
+        if not self.wandb_project:
+            raise ValueError(f"wandb_project={self.wandb_project!r} must not be empty")
+
+
 class RunConfig(_Config):
     """One run of one node. Loaded from TOML with `load_config`; see `examples/`."""
 
@@ -518,6 +543,7 @@ class RunConfig(_Config):
     tasks: TaskConfig = TaskConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
     observe: ObserveConfig = ObserveConfig()
+    report: ReportConfig = ReportConfig()
 
     def __post_init__(self) -> None:
         if not self.run_dir:
