@@ -177,3 +177,20 @@ async def test_b29_a_real_client_timeout_aborts_a_plain_request(tok, anyio_backe
     (call,) = proxy.calls("b29")
     assert call.finish_reason == "abort" and len(call.completion_ids) < len(ids)
     assert proxy.statistics().disconnect_aborts == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+async def test_a_client_gone_before_the_first_token_is_noticed_at_once(
+    tok, anyio_backend, stream: bool
+):
+    """Issue 18: a client that gave up before the first token was noticed only at the router's
+    attempt timeout. The first token here would come after 30 s; the client leaves at 0.1 s."""
+    engine, _ = slow_engine(tok, tokens=5, delay_s=30.0)
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("early")
+    with anyio.fail_after(10):
+        status, _ = await asgi_post(proxy, CHAT, key, body(stream), gone_after_s=0.1)
+    assert status == (499 if not stream else 0)  # streamed: nothing was sent yet
+    stats = proxy.statistics()
+    assert (stats.disconnect_aborts, stats.in_flight, stats.calls_recorded) == (1, 0, 0)
+    assert engine.statistics().running_requests == 0
