@@ -70,7 +70,8 @@ def check_agent_command(command: Sequence[str], path: str | None = None) -> None
     program = command[0]
     if "/" in program and not os.path.isabs(program):
         return
-    if shutil.which(program, path=os.environ.get("PATH", os.defpath) if path is None else path) is None:
+    path = os.environ.get("PATH", os.defpath) if path is None else path
+    if shutil.which(program, path=path) is None:
         where = "is not an executable file" if os.path.isabs(program) else "is not found on PATH"
         raise ConfigError(f"tasks.harness.agent_command[0]={program!r} {where}")
 
@@ -153,7 +154,8 @@ class Harness:
         """How an agent's namespace reaches the proxy, and the `OPENAI_BASE_URL` it is given."""
         self.agent_command = tuple(agent_command)
         self.model = model
-        root = Path(workspace_root) if workspace_root is not None else Path(tempfile.mkdtemp(prefix="gyre-ws-"))
+        root = (Path(workspace_root) if workspace_root is not None
+                else Path(tempfile.mkdtemp(prefix="gyre-ws-")))
         root.mkdir(parents=True, exist_ok=True)
         self.agent_uid_base, self.agent_uid_count = agent_uid_base, agent_uid_count
         for key, paths in (("hidden_paths", hidden_paths), ("visible_paths", visible_paths)):
@@ -178,9 +180,10 @@ class Harness:
             net_problem = (f"isolate_network: no network namespace for agents ({net_problem}): "
                            "they reach every port of the node")
         if require_isolation:
-            problem = uid_problem or mount_problem or net_problem or (
-                None if isolate_uid and isolate_mounts else "isolate_uid and isolate_mounts must both be true"
-            ) or (None if isolate_network else "isolate_network must be true")
+            switched_off = ("isolate_uid and isolate_mounts must both be true"
+                            if not (isolate_uid and isolate_mounts)
+                            else None if isolate_network else "isolate_network must be true")
+            problem = uid_problem or mount_problem or net_problem or switched_off
             if problem is not None:
                 raise ConfigError(f"tasks.harness.require_isolation: {problem}")
         if mount_problem is not None:
@@ -192,7 +195,7 @@ class Harness:
         if uid_problem is not None:
             warn_once(f"uid:{root}", "%s", uid_problem)
         self.isolated = isolate_uid and uid_problem is None
-        """Agents run as their own uids (`isolate_uid`, and we are root, and the root is reachable)."""
+        """Agents run as their own uids (`isolate_uid`, we are root, the root is reachable)."""
         os.chmod(root, 0o711 if self.isolated else 0o700)  # 0711: agents pass, nobody lists
         self.workspace_root = root
         self.limits = limits
@@ -227,18 +230,21 @@ class Harness:
             return (f"isolate_uid: the node runs as uid {os.geteuid()}, not root: agents run as "
                     "this user and can read other workspaces and hidden tests")
         probe = root / "execution"  # an execution folder, bound back in the agent's namespace
-        closed = closed_to_others(probe, executable=False, mounts=self._view(os.path.abspath(probe)))
+        view = self._view(os.path.abspath(probe))
+        closed = closed_to_others(probe, executable=False, mounts=view)
         if closed is not None:
-            return (f"isolate_uid: agents run as root: workspace_root {root} cannot be reached by other "
-                    f"users ({closed} has mode {stat.S_IMODE(os.stat(closed).st_mode):o}); choose one whose "
-                    "parents are world-searchable (o+x)")
+            mode = stat.S_IMODE(os.stat(closed).st_mode)
+            return (f"isolate_uid: agents run as root: workspace_root {root} cannot be reached by "
+                    f"other users ({closed} has mode {mode:o}); choose one whose parents are "
+                    "world-searchable (o+x)")
         return None
 
     def _named(self, command: Sequence[str], path: str) -> tuple[str, ...]:
         """`command_paths` but those under a folder hidden on purpose (`hidden_paths`, the run
         folder, the workspace root, the suites' tests and solutions): shown to the agent."""
         hidden = self._hidden | self._suite_hidden
-        return tuple(p for p in command_paths(command, path) if not any(under(p, h) for h in hidden))
+        return tuple(p for p in command_paths(command, path)
+                     if not any(under(p, h) for h in hidden))
 
     def _user_for(self, command: tuple[str, ...], path: str) -> bool:
         """Whether `command` can run as an agent uid: its executable is reachable by others."""
@@ -252,7 +258,8 @@ class Harness:
         closed = closed_to_others(Path(found), executable=True, mounts=mounts)
         if closed is not None:
             warn_once(f"exe:{found}", "isolate_uid: agents running %s run as root: other users "
-                       "cannot reach it (%s has mode %o)", found, closed, stat.S_IMODE(os.stat(closed).st_mode))
+                      "cannot reach it (%s has mode %o)", found, closed,
+                      stat.S_IMODE(os.stat(closed).st_mode))
             return False
         return True
 
@@ -286,8 +293,8 @@ class Harness:
     def statistics(self) -> HarnessStatistics:
         """Counters since this harness was built."""
         return HarnessStatistics(
-            running=self._running, finished=self._finished, stopped=self._stopped, failed=self._failed,
-            isolated=self._isolated, sealed=self._sealed,
+            running=self._running, finished=self._finished, stopped=self._stopped,
+            failed=self._failed, isolated=self._isolated, sealed=self._sealed,
         )
 
     def execution_dir(self, execution_id: str) -> Path:
@@ -330,7 +337,8 @@ class Harness:
         check_execution_id(execution_id)
         limits_spec = task.spec.agent
         if control is None:
-            control = ExecutionControl(max_turns=limits_spec.max_turns, token_budget=limits_spec.token_budget)
+            control = ExecutionControl(max_turns=limits_spec.max_turns,
+                                       token_budget=limits_spec.token_budget)
         api_key = api_key or mint_api_key(execution_id)
         command = tuple(agent_command or self.agent_command)
         self._running += 1
@@ -347,7 +355,8 @@ class Harness:
         return outcome
 
     async def _run(
-        self, task: Task, execution_id: str, control: ExecutionControl, api_key: str, command: tuple[str, ...]
+        self, task: Task, execution_id: str, control: ExecutionControl, api_key: str,
+        command: tuple[str, ...],
     ) -> Outcome:
         """Pick the agent's uid (held until the execution is scored), then `_run_as` it."""
         env = {k: os.environ[k] for k in _ENV_PASSTHROUGH if k in os.environ}
@@ -358,7 +367,8 @@ class Harness:
                 user = await anyio.to_thread.run_sync(
                     AgentUser.acquire, self.agent_uid_base, self.agent_uid_count)
             except (OSError, ExecutionError) as exc:
-                return Outcome(execution_id=execution_id, task_id=task.task_id, termination="failed",
+                return Outcome(execution_id=execution_id, task_id=task.task_id,
+                               termination="failed",
                                failure_reason=f"cannot pick an agent uid: {exc}")
         try:
             return await self._run_as(task, execution_id, control, command, env, user)
@@ -406,15 +416,18 @@ class Harness:
             expose = (*self.mounts.expose, *self._named(command, env.get("PATH", os.defpath)))
             agent_mounts = msgspec.structs.replace(self.mounts, hide=hide, expose=expose,
                                                    writable=(os.path.abspath(exec_dir),))
-            verifier_mounts = msgspec.structs.replace(self.mounts, hide=hide, read_only=True, network=False)
-        # the verifier runs as the agent's uid once the agent's tree is gone, if its Python is reachable
+            verifier_mounts = msgspec.structs.replace(self.mounts, hide=hide, read_only=True,
+                                                      network=False)
+        # the verifier runs as the agent's uid once the agent's tree is gone, if its Python is
+        # reachable
         verifier_user = None
         if user is not None and closed_to_others(Path(sys.executable), executable=True,
                                                   mounts=verifier_mounts) is None:
             verifier_user = (user.uid, user.uid)
         elif user is not None:
-            warn_once("verifier-root", "isolate_uid: verifiers run as root: other users cannot reach %s",
-                       sys.executable)
+            warn_once("verifier-root",
+                      "isolate_uid: verifiers run as root: other users cannot reach %s",
+                      sys.executable)
         try:
             # 0600: other agents pass through this folder (0711) but must not read the logs
             with open(exec_dir / "stdout.log", "wb+", opener=_private) as out, \
@@ -439,8 +452,10 @@ class Harness:
             )
             termination: Termination
             if result.ended == "exited":
-                # an agent that gave up on a refused over-long prompt was cut off, not finished (B15)
-                termination = "context_exceeded" if control.reason == "context_exceeded" else "finished"
+                # an agent that gave up on a refused over-long prompt was cut off, not finished
+                # (B15)
+                cut_off = control.reason == "context_exceeded"
+                termination = "context_exceeded" if cut_off else "finished"
             elif result.ended == "deadline":
                 termination = "timeout"
             else:
@@ -452,7 +467,8 @@ class Harness:
                        else f"agent stopped ({termination})")
                 return Outcome(
                     **common, **stats, termination="failed",
-                    failure_reason=f"{how} before its first model call: {stats['stderr_tail'][-500:]}",
+                    failure_reason=(f"{how} before its first model call: "
+                                    f"{stats['stderr_tail'][-500:]}"),
                 )
             if control.completion_tokens == 0:
                 return Outcome(
@@ -468,7 +484,8 @@ class Harness:
                 return Outcome(**common, **stats, termination="failed", failure_reason=str(exc))
             return Outcome(**common, **stats, termination=termination, score=score)
         except (OSError, ExecutionError) as exc:
-            return Outcome(**common, termination="failed", failure_reason=f"{type(exc).__name__}: {exc}")
+            return Outcome(**common, termination="failed",
+                           failure_reason=f"{type(exc).__name__}: {exc}")
         finally:
             with anyio.CancelScope(shield=True):
                 try:
@@ -476,4 +493,5 @@ class Harness:
                         await anyio.to_thread.run_sync(hand_back, exec_dir)
                 finally:
                     if not self.keep_workspaces:
-                        await anyio.to_thread.run_sync(lambda: shutil.rmtree(exec_dir, ignore_errors=True))
+                        await anyio.to_thread.run_sync(
+                            lambda: shutil.rmtree(exec_dir, ignore_errors=True))

@@ -34,8 +34,8 @@ supervisor, still in the node's namespace, relays each connection to the proxy
 (`gyre.sandbox.Relay`). The node's cells, gloo TCPStore and every other port, its abstract unix
 sockets and the outside world are out of reach; its unix sockets bound at a path
 (`node_sockets`, as found when the agent starts) are covered by /dev/null in the agent's and its
-verifier's mount namespaces. An agent that runs as root (its executable unreachable by other users) could leave
-the namespace: the warning about it stands.
+verifier's mount namespaces. An agent that runs as root (its executable unreachable by other
+users) could leave the namespace: the warning about it stands.
 
 Without root, or when the workspace root or the agent's executable cannot be reached by other
 users (mode bits of every parent, as the namespace shows them), agents run as the node's user and
@@ -65,10 +65,11 @@ from gyre.errors import ConfigError, ExecutionError
 from gyre.sandbox import Mounts, Relay, mount_namespace_problem, network_namespace_problem
 from gyre.tasks.task import Task
 
-__all__ = ["AgentUser", "AGENT_OWNED", "GYRE_DIR", "PRIVATE_DIRS", "SYSTEM_DIRS", "UID_LOCK_DIR", "agent_namespace",
-           "check_isolation", "chown_tree", "closed_parents", "closed_to_others", "command_paths",
-           "covered_top_level", "generator_files", "hand_back", "hand_over", "node_sockets",
-           "sealed_endpoint", "suite_hidden", "tighten_hidden", "under", "warn_once"]
+__all__ = ["AgentUser", "AGENT_OWNED", "GYRE_DIR", "PRIVATE_DIRS", "SYSTEM_DIRS", "UID_LOCK_DIR",
+           "agent_namespace", "check_isolation", "chown_tree", "closed_parents", "closed_to_others",
+           "command_paths", "covered_top_level", "generator_files", "hand_back", "hand_over",
+           "node_sockets", "sealed_endpoint", "suite_hidden", "tighten_hidden", "under",
+           "warn_once"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,23 +125,24 @@ def closed_to_others(path: Path, *, executable: bool, mounts: Mounts | None = No
         for folder in reversed(p.parents):
             if blocks(folder):
                 return folder
-    if executable and (os.stat(path).st_mode & (stat.S_IROTH | stat.S_IXOTH)) != stat.S_IROTH | stat.S_IXOTH:
+    read_run = stat.S_IROTH | stat.S_IXOTH
+    if executable and (os.stat(path).st_mode & read_run) != read_run:
         return path
     return None
 
 
 def suite_hidden(suite: Path) -> set[str]:
     """`tests/` and `solution/` of every task folder in `suite` (folders holding a task.toml)."""
-    return {os.path.abspath(task / name) for task in suite.iterdir() if (task / "task.toml").is_file()
-            for name in ("tests", "solution")}
+    return {os.path.abspath(task / name) for task in suite.iterdir()
+            if (task / "task.toml").is_file() for name in ("tests", "solution")}
 
 
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 """Covered by a fresh tmpfs for each agent and each verifier: no channel between executions, no
 look at another execution's verifier output, nothing left behind."""
 
-SYSTEM_DIRS = frozenset({"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin",
-                          "sys", "tmp", "usr", "var"})
+SYSTEM_DIRS = frozenset({"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run",
+                         "sbin", "sys", "tmp", "usr", "var"})
 """The top-level folders an agent's namespace shows (as its uid may read them); every other one
 is covered. The Filesystem Hierarchy Standard's system folders, without /boot, /home, /media,
 /mnt, /opt, /root and /srv."""
@@ -149,7 +151,8 @@ is covered. The Filesystem Hierarchy Standard's system folders, without /boot, /
 def covered_top_level() -> set[str]:
     """Top-level folders (not symlinks) outside `SYSTEM_DIRS`: /root, /home, /opt, /work, ..."""
     with os.scandir("/") as scan:
-        return {e.path for e in scan if e.is_dir(follow_symlinks=False) and e.name not in SYSTEM_DIRS}
+        return {e.path for e in scan
+                if e.is_dir(follow_symlinks=False) and e.name not in SYSTEM_DIRS}
 
 
 def generator_files(gyre_dir: Path) -> set[str]:
@@ -164,13 +167,16 @@ def command_paths(command: Sequence[str], path: str) -> tuple[str, ...]:
     """What an agent command names on this node: its executable (looked up on `path`) and every
     argument that is an absolute path to an existing file or folder, as given and resolved."""
     found = shutil.which(command[0], path=path)
-    named = ([os.path.abspath(found)] if found else []) + [a for a in command[1:] if os.path.isabs(a)]
-    paths = {q for p in named if os.path.exists(p) for q in (os.path.normpath(p), os.path.realpath(p))}
+    named = [os.path.abspath(found)] if found else []
+    named += [a for a in command[1:] if os.path.isabs(a)]
+    paths = {q for p in named if os.path.exists(p)
+             for q in (os.path.normpath(p), os.path.realpath(p))}
     return tuple(sorted(paths - {"/"}))
 
 
-def agent_namespace(hide: set[str], root: Path,
-                    visible_paths: Sequence[str | os.PathLike[str]]) -> tuple[Mounts | None, set[str], str | None]:
+def agent_namespace(
+    hide: set[str], root: Path, visible_paths: Sequence[str | os.PathLike[str]]
+) -> tuple[Mounts | None, set[str], str | None]:
     """The namespace every agent of a harness starts from: `(mounts, hidden, None)`, where `hidden`
     is `hide` (absolute paths hidden on purpose) with the suites' generator added; or
     `(None, set(), problem)` when no private mount namespace can be built here. `root` is the
@@ -195,11 +201,12 @@ def check_isolation(config: HarnessConfig) -> None:
     if not config.require_isolation:
         return
     if os.geteuid() != 0:
-        raise ConfigError(f"tasks.harness.require_isolation: the node runs as uid {os.geteuid()}, not root, "
-                          "so agents cannot run as their own uids")
+        raise ConfigError(f"tasks.harness.require_isolation: the node runs as uid {os.geteuid()}, "
+                          "not root, so agents cannot run as their own uids")
     problem = mount_namespace_problem()
     if problem is not None:
-        raise ConfigError(f"tasks.harness.require_isolation: no private mount namespace for agents ({problem})")
+        raise ConfigError("tasks.harness.require_isolation: no private mount namespace for agents "
+                          f"({problem})")
     problem = network_namespace_problem()
     if problem is not None:
         raise ConfigError("tasks.harness.require_isolation: no network namespace for agents "

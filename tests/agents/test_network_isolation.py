@@ -257,7 +257,9 @@ async def test_a_sealed_agent_reaches_the_proxy_and_nothing_else(run_dir: Path) 
 async def test_reference_agent_finishes_a_task_through_the_proxy_while_sealed(
     run_dir: Path,
 ) -> None:
-    """test_e2e_proxy's setup (scripted engine, oracle replies) with the agent sealed."""
+    """test_e2e_proxy's setup (scripted engine, oracle replies) with the agent sealed, under
+    `require_isolation`, while a unix socket of the node is covered in the agent's and the
+    verifier's namespaces."""
     pytest.importorskip("tokenizers")
     from gyre.model.recipe import build_tokenizer
     from gyre.tito.proxy import TitoProxy
@@ -280,16 +282,23 @@ async def test_reference_agent_finishes_a_task_through_the_proxy_while_sealed(
                          context_refusals=s.context_refusals)
 
     control = ExecutionControl(refresh=refresh)
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(proxy.serve)
-        config = HarnessConfig(agent_uid_base=UID_BASE, agent_uid_count=64, kill_grace_s=0.5,
-                               require_isolation=True)
-        harness = Harness.from_config(config, base_url=f"http://127.0.0.1:{port}/v1",
-                                      run_dir=run_dir)
-        harness.hide_suite(EXAMPLES / "terminal-mini")
-        tg.start_soon(feed_control, proxy, eid, control)
-        outcome = await harness.run(task, eid, control=control, api_key=key)
-        tg.cancel_scope.cancel()
+    planted = f"/run/gyre-net-{secrets.token_hex(4)}.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as node_socket:
+        node_socket.bind(planted)
+        node_socket.listen()
+        try:
+            async with anyio.create_task_group() as tg:
+                port = await tg.start(proxy.serve)
+                config = HarnessConfig(agent_uid_base=UID_BASE, agent_uid_count=64,
+                                       kill_grace_s=0.5, require_isolation=True)
+                harness = Harness.from_config(config, base_url=f"http://127.0.0.1:{port}/v1",
+                                              run_dir=run_dir)
+                harness.hide_suite(EXAMPLES / "terminal-mini")
+                tg.start_soon(feed_control, proxy, eid, control)
+                outcome = await harness.run(task, eid, control=control, api_key=key)
+                tg.cancel_scope.cancel()
+        finally:
+            os.unlink(planted)
     assert outcome.termination == "finished", outcome
     assert outcome.score.score == 1.0 and outcome.score.all_passed
     assert harness.statistics().sealed == 1 and harness.statistics().isolated == 1
