@@ -391,9 +391,14 @@ class TitoProxy:
             check_messages(req.messages)
             if req.stream:
                 call = await self._chat_call(ex, role, body, req)
-                return SSEResponse(call, lambda events: chat_stream(
-                    call, req, events, text=self.text, model=self.config.model_name, recorder=self.recorder
-                ), text=self.text, inflight=self.inflight, error=self._error)
+                model = self.config.model_name
+                return SSEResponse(
+                    call,
+                    lambda events: chat_stream(
+                        call, req, events, text=self.text, model=model, recorder=self.recorder
+                    ),
+                    text=self.text, inflight=self.inflight, error=self._error,
+                )
 
             async def produce(flight: Flight) -> Response:
                 try:
@@ -401,7 +406,9 @@ class TitoProxy:
                     await self._run_to_end(call)
                     replies = [reply_message(call, ch) for ch in call.choices]
                     await self.recorder.record(call, [r[1] for r in replies])
-                    out = chat_completion(call, req, replies, text=self.text, model=self.config.model_name)
+                    out = chat_completion(
+                        call, req, replies, text=self.text, model=self.config.model_name
+                    )
                     return Response(JSON_ENCODER.encode(out), media_type="application/json")
                 except (ProxyError, EngineError) as exc:
                     return self._error(exc)
@@ -434,11 +441,15 @@ class TitoProxy:
         new_bytes = (
             len(body)
             if parent is None or self.renderer.check_due(ex.render)
-            else sum(len(message_text(m.content) or "") for m in req.messages[len(parent.messages) :])
+            else sum(
+                len(message_text(m.content) or "") for m in req.messages[len(parent.messages) :]
+            )
         )
         try:
             rendered = (
-                render() if new_bytes <= _INLINE_RENDER_BYTES else await anyio.to_thread.run_sync(render)
+                render()
+                if new_bytes <= _INLINE_RENDER_BYTES
+                else await anyio.to_thread.run_sync(render)
             )
         except Exception as exc:  # jinja raises its own errors for messages a template rejects
             if isinstance(exc, ProxyError):
@@ -459,7 +470,8 @@ class TitoProxy:
         self._check_open(ex)
         return Call.start(
             ex, engine, role, started, rendered, sampling, stop_strings(req.stop),
-            parse_tools=bool(tools) and req.tool_choice != "none", template_kwargs=req.chat_template_kwargs,
+            parse_tools=bool(tools) and req.tool_choice != "none",
+            template_kwargs=req.chat_template_kwargs,
         )
 
     # -- completions --------------------------------------------------------------------------
@@ -475,9 +487,14 @@ class TitoProxy:
             prompt = completion_prompt(req.prompt)
             if req.stream:
                 call = await self._completion_call(ex, role, prompt, req)
-                return SSEResponse(call, lambda events: completion_stream(
-                    call, req, events, text=self.text, model=self.config.model_name, recorder=self.recorder
-                ), text=self.text, inflight=self.inflight, error=self._error)
+                model = self.config.model_name
+                return SSEResponse(
+                    call,
+                    lambda events: completion_stream(
+                        call, req, events, text=self.text, model=model, recorder=self.recorder
+                    ),
+                    text=self.text, inflight=self.inflight, error=self._error,
+                )
 
             async def produce(flight: Flight) -> Response:
                 try:
@@ -506,7 +523,8 @@ class TitoProxy:
             raise proxy_error("prompt must not be empty", 400, "invalid_value", param="prompt")
         rendered = self.renderer.link_tokens(ex.render, ids)
         sampling = sampling_params(
-            req, req.max_tokens, len(ids), ex, engine, config=self.config, stop_token_ids=self.stop_token_ids
+            req, req.max_tokens, len(ids), ex, engine,
+            config=self.config, stop_token_ids=self.stop_token_ids,
         )
         self._check_open(ex)
         return Call.start(
