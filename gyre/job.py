@@ -25,6 +25,7 @@ from gyre.errors import ConfigError
 from gyre.runtime.checkpoint import LoopState, check_run_dir
 from gyre.runtime.loop import evaluated, run_rl, split_tasks
 from gyre.runtime.rollout import with_interpreter
+from gyre.runtime.sinks import check_sinks
 from gyre.tasks.scorer import check_verifier_python
 
 __all__ = ["run", "preflight", "ensure_model"]
@@ -58,7 +59,7 @@ def ensure_model(config: RunConfig) -> Path:
 def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | None:
     """Every check that can fail without building or starting anything, in the order a user would
     fix them: task folders, verifier interpreter, agent program, isolation when required, run
-    folder, warm-start folder.
+    folder, warm-start folder, the packages of the metric sinks (`[report] sinks`).
     Returns the checkpoint a resumed run continues from (None: step 0). Raises `ConfigError` or
     `TaskError` naming the key or path."""
     train, heldout = split_tasks(config)
@@ -75,6 +76,7 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
             check_output_dir(output_dir(config.model.path, config.warm_start))
         except FileExistsError as exc:
             raise ConfigError(f"{key}: {exc}") from None
+    check_sinks(config.report)
     return found
 
 
@@ -109,15 +111,35 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     if config.cells.num_cells > 1:
         from gyre.runtime.elastic_job import run_elastic
 
-        runtime = anyio.run(partial(run_elastic, config, model_dir), backend="trio")
+        runtime = anyio.run(partial(_observed, config, model_dir, run_elastic), backend="trio")
         summary = write_report(config.run_dir)
         print(f"done: {runtime.steps_done} steps, weight version {runtime.weights.version}; report: {summary}", flush=True)
         return LoopState(step=runtime.steps_done, version=runtime.weights.version, task_cursor=-(-runtime.dispatched // runtime.G))
     with Progress(total_steps=config.loop.steps) as progress:
-        state = anyio.run(partial(run_rl, config, model_dir, resume=resume, progress=progress), backend="trio")
+        job = partial(run_rl, resume=resume, progress=progress)
+        state = anyio.run(partial(_observed, config, model_dir, job), backend="trio")
         summary = write_report(config.run_dir)
         progress.message(f"done: {state.step} steps, weight version {state.version}; report: {summary}")
     return state
+
+
+async def _observed(config: RunConfig, model_dir: Path, job):
+    """`await job(config, model_dir)`, with the live run page served beside it when
+    `[observe] page` is on (the elastic runtime's feed attached); off, no port is opened."""
+    if not config.observe.page:
+        return await job(config, model_dir)
+    from gyre.report.live import RuntimeFeed, open_page
+    from gyre.report.live.server import tokenizer_decode, view_for
+    from gyre.runtime.cell_wire import cell_secret
+
+    decode = await anyio.to_thread.run_sync(tokenizer_decode, model_dir)
+    feed = RuntimeFeed()
+    obs = config.observe
+    async with open_page(view_for(config, decode=decode), secret=cell_secret(), host=obs.host, port=obs.port,
+                         snapshot=feed.snapshot, poll_interval_s=obs.poll_interval_s):
+        if config.cells.num_cells > 1:
+            return await job(config, model_dir, on_runtime=feed.attach)
+        return await job(config, model_dir)
 
 
 def _finished(config: RunConfig, state: LoopState) -> bool:

@@ -10,7 +10,7 @@ inside (`gyre.runtime.cell`).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from gyre.runtime.metrics import MetricsWriter
 from gyre.runtime.rollout import open_rollout
 from gyre.runtime.router import Router
 from gyre.runtime.scheduler import SchedulerPolicy, make_policy
+from gyre.runtime.sinks import open_sinks
 from gyre.runtime.timeline import TimelineWriter
 from gyre.tasks.task import Task
 
@@ -33,11 +34,12 @@ __all__ = ["run_cells", "run_elastic"]
 async def run_cells(
     config: RunConfig, cells: Sequence[CellHandle], *, tokenizer: Any, tasks: Sequence[Task], snapshot: str,
     version: int = 0, policy: SchedulerPolicy | None = None, launch: str = "0",
+    on_runtime: Callable[[ElasticRuntime], None] | None = None,
 ) -> ElasticRuntime:
     """Run `config.loop.steps` steps on `cells` (open clients; `cells[0]` is the core): the TITO
     proxy over a `Router` of the cells, the harness, and an `ElasticRuntime` with `policy` (default:
-    `config.scheduler`'s). Metrics and the timeline go to `config.run_dir`. Returns the runtime
-    (its `records`, `switch_s`, ...)."""
+    `config.scheduler`'s). Metrics and the timeline go to `config.run_dir`; `on_runtime` sees the
+    runtime before it runs (the live run page's feed). Returns the runtime (its `records`, ...)."""
     run_dir = Path(config.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     sched = config.scheduler
@@ -50,18 +52,22 @@ async def run_cells(
             config, tokenizer=tokenizer, engine_for=router.engine_for,
             max_concurrent=sched.capacity_per_cell * len(cells),
         ) as rollout:
-            with TimelineWriter(run_dir) as timeline:
+            metrics = MetricsWriter(run_dir, open_sinks(config, run_dir))
+            with TimelineWriter(run_dir) as timeline, metrics:
                 runtime = ElasticRuntime(
                     config=config, cells=cells, router=router, rollout=rollout, policy=policy, tasks=tasks,
-                    snapshot=snapshot, version=version, timeline=timeline, metrics=MetricsWriter(run_dir),
+                    snapshot=snapshot, version=version, timeline=timeline, metrics=metrics,
                     launch=launch,
                 )
+                if on_runtime is not None:
+                    on_runtime(runtime)
                 await runtime.run(config.loop.steps)
     return runtime
 
 
 async def run_elastic(
-    config: RunConfig, model_dir: Path, *, policy: SchedulerPolicy | None = None, launch: str | None = None
+    config: RunConfig, model_dir: Path, *, policy: SchedulerPolicy | None = None, launch: str | None = None,
+    on_runtime: Callable[[ElasticRuntime], None] | None = None,
 ) -> ElasticRuntime:
     """The multi-cell job: start `config.cells.num_cells` cells (each a vLLM engine and a DeepSpeed
     trainer on `model_dir`, one run-wide gradient group), then `run_cells` on the training tasks.
@@ -79,5 +85,5 @@ async def run_elastic(
         cells = [CellHandle(name=f"cell-{i}", client=c, process=c.process) for i, c in enumerate(clients)]
         return await run_cells(
             config, cells, tokenizer=tokenizer, tasks=train, snapshot=str(model_dir), policy=policy,
-            launch=launch or secrets.token_hex(3),
+            launch=launch or secrets.token_hex(3), on_runtime=on_runtime,
         )
