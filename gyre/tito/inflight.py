@@ -195,7 +195,9 @@ class InFlight:
             return gone(flight)
         if idempotency_key is not None and flight.response.status_code == 200:
             replays = self._replays.setdefault(execution_id, OrderedDict())
-            replays[idempotency_key] = flight
+            replay = Flight(execution_id=execution_id, response=flight.response, body=body)
+            replay.done.set()  # kept without its call: the response is all a retry needs
+            replays[idempotency_key] = replay
             while len(replays) > REPLAYS_PER_EXECUTION:
                 replays.popitem(last=False)
         return flight.response

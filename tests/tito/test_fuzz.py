@@ -9,6 +9,7 @@ Derandomized, so the same 200 bodies run every time.
 from __future__ import annotations
 
 import json
+from urllib.parse import quote, unquote
 
 import anyio
 from hypothesis import HealthCheck, given, settings
@@ -235,3 +236,66 @@ def test_completions_request_schema_fuzz(tok):
     fields = ["model", "prompt", "logprobs", "echo", *sampling]
     good = {"model": "gyre", "prompt": "hi"}
     fuzz(tok, "/v1/completions", valid_completion, completion_bodies, fields, good)
+
+
+def test_headers_and_the_calls_listing_fuzz(tok):
+    """X-Gyre-Role, X-Gyre-Execution and Idempotency-Key of any text, and any execution ID in
+    the calls listing: answered or refused in OpenAI's shape, never a 5xx."""
+    proxy = make_proxy(tok, ScriptedEngine(eos_token_id=tok.eos_token_id))
+    key = proxy.mint_key("fuzz")
+    header_text = st.text(st.characters(codec="latin-1", exclude_characters="\r\n"), max_size=12)
+    headers = st.fixed_dictionaries(
+        {},
+        optional={
+            "X-Gyre-Role": header_text | st.sampled_from(["main", "sub_agent"]),
+            "X-Gyre-Execution": header_text | st.just("fuzz"),
+            "Idempotency-Key": header_text,
+        },
+    )
+    good = {"model": "gyre", "messages": [{"role": "user", "content": "hi"}]}
+
+    @FUZZ
+    @given(headers=headers, execution=header_text | st.just("fuzz"), chat=st.booleans())
+    def one(headers: dict, execution: str, chat: bool) -> None:
+        if chat:
+            status, payload = anyio.run(
+                lambda: asgi_post(proxy, "/v1/chat/completions", key, good, headers=headers)
+            )
+        else:
+            status, payload = anyio.run(list_calls, proxy, key, execution)
+        check_answer(status, payload)
+
+    one()
+    assert anyio.run(asgi_post, proxy, "/v1/chat/completions", key, good)[0] == 200
+
+
+async def list_calls(proxy, key: str, execution: str) -> tuple[int, bytes]:
+    path = "/gyre/v1/executions/" + quote(execution, safe="") + "/calls"
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": unquote(path),
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"authorization", f"Bearer {key}".encode())],
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 40000),
+    }
+    status, chunks = 0, []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        else:
+            chunks.append(message.get("body", b""))
+
+    await proxy.app(scope, receive, send)
+    return status, b"".join(chunks)
