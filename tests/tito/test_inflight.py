@@ -194,3 +194,41 @@ async def test_a_client_gone_before_the_first_token_is_noticed_at_once(
     stats = proxy.statistics()
     assert (stats.disconnect_aborts, stats.in_flight, stats.calls_recorded) == (1, 0, 0)
     assert engine.statistics().running_requests == 0
+
+
+async def test_a_joined_call_outlives_its_first_client_and_aborts_with_its_last(tok, anyio_backend):
+    """The first client leaves while its retry waits: the call goes on for the retry. When the
+    last waiting client leaves too, the engine request is aborted."""
+    engine, ids = slow_engine(tok, tokens=30, delay_s=0.01)
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("join")
+    out = {}
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+
+            async def first() -> None:
+                out["first"] = await asgi_post(proxy, CHAT, key, body(False), gone_after_s=0.1)
+
+            tg.start_soon(first)
+            while not engine.requests_seen:
+                await anyio.sleep(0.005)
+            out["retry"] = await asgi_post(proxy, CHAT, key, body(False))
+    # The first handler still produced the response (its client was not there to read it).
+    assert out["retry"][0] == 200 and out["first"] == out["retry"]
+    assert json.loads(out["retry"][1])["choices"][0]["token_ids"] == ids
+    (call,) = proxy.calls("join")
+    assert call.finish_reason == "stop" and call.completion_ids == ids
+    stats = proxy.statistics()
+    assert (stats.retries_joined, stats.disconnect_aborts) == (1, 0)
+
+    engine.push(ScriptedReply(token_ids=ids))
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            for gone_after_s in (0.05, 0.1):
+                tg.start_soon(
+                    lambda s=gone_after_s: asgi_post(proxy, CHAT, key, body(False), gone_after_s=s)
+                )
+    calls = proxy.calls("join")
+    assert len(calls) == 2 and calls[1].finish_reason == "abort"
+    stats = proxy.statistics()
+    assert (stats.retries_joined, stats.disconnect_aborts) == (2, 1)
