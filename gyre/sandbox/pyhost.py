@@ -162,6 +162,8 @@ class _Worker:
             return target(*args, **kwargs)
         if op == "next":
             return next(target)
+        if op == "isinstance":
+            return isinstance(args[0], target)
         if op in _BUILTIN_OPS:
             return _BUILTIN_OPS[op](target)
         if op.startswith("op_") and hasattr(operator, op[3:]):

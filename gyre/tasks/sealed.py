@@ -219,6 +219,9 @@ class _Remote:
     def __next__(self):
         return _host().request("next", self)
 
+    def __instancecheck__(self, instance: object) -> bool:  # isinstance(x, workspace_class)
+        return isinstance(instance, _Remote) and _host().request("isinstance", self, args=[instance])
+
 
 def _operator(name: str):
     def forward(self: _Remote, *args):
