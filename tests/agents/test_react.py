@@ -258,3 +258,60 @@ async def test_b30_malformed_tool_call_is_fed_back_through_the_proxy(
     assert "error: your tool call could not be parsed (malformed tool call: " in second_prompt
     assert "Expecting" in second_prompt.split("could not be parsed", 1)[1]  # json's parse error
     assert calls[1].divergence is None  # the malformed text was echoed back token for token
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # the node's loop; an agent process is slow
+async def test_b30_through_the_harness_finishes_with_its_normal_score(
+    tmp_path: Path, anyio_backend
+) -> None:
+    """B30 end to end: harness -> reference agent (own process) -> proxy -> scripted engine; the
+    malformed first call costs one model call and the verifier scores the task as usual."""
+    from gyre.agents.control import ExecutionControl
+    from gyre.agents.harness import Harness
+    from gyre.config import ProxyConfig
+    from gyre.engines.scripted import ScriptedEngine, ScriptedReply
+    from gyre.model.recipe import build_tokenizer
+    from gyre.tasks.task import load_task
+    from gyre.tito.proxy import TitoProxy
+    from tests.tasks.test_task import make_task
+
+    tests = {"test_out.py": "def test_content():\n    assert open('out.txt').read() == 'done'\n"}
+    toml = "[agent]\ndeadline_s = 60.0\n[verifier]\nnum_tests = 1\n"
+    task = load_task(make_task(tmp_path / "suite" / "out", toml=toml, tests=tests))
+    tok = build_tokenizer()
+
+    def call(name: str, arguments: dict) -> str:
+        return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+    write = call("write_file", {"path": "out.txt", "content": "done"})
+    texts = [write.replace("}}</tool_call>", "}</tool_call>"), write + call("finish", {})]
+    engine = ScriptedEngine(
+        [
+            ScriptedReply(token_ids=tok.encode(t, add_special_tokens=False) + [tok.eos_token_id])
+            for t in texts
+        ],
+        eos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        max_model_len=8192,
+    )
+    proxy = TitoProxy(tokenizer=tok, engine_for=lambda _e: engine, config=ProxyConfig())
+    key = proxy.mint_key("b30")
+
+    def refresh(c: ExecutionControl) -> None:  # what the main loop does: the proxy's totals
+        totals = proxy.summary("b30")
+        c.observe_totals(
+            model_calls=totals.num_calls,
+            completion_tokens=totals.completion_tokens,
+            context_refusals=totals.context_refusals,
+        )
+
+    control = ExecutionControl(refresh=refresh)
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.serve)
+        harness = Harness(base_url=f"http://127.0.0.1:{port}/v1", workspace_root=tmp_path / "x")
+        outcome = await harness.run(task, "b30", control=control, api_key=key)
+        tg.cancel_scope.cancel()
+    assert outcome.termination == "finished", outcome.stderr_tail
+    assert outcome.score.score == 1.0 and outcome.model_calls == 2
+    assert len(proxy.calls("b30")) == 2
