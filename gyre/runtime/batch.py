@@ -18,7 +18,7 @@ from gyre.rl import group_advantages, reward_of
 from gyre.runtime.rollout import Executed
 from gyre.trajectory.pack import PackedBatch, pack_batch
 from gyre.trajectory.select import select_trajectories
-from gyre.trajectory.tree import build_tree
+from gyre.trajectory.tree import TreeStatistics, build_tree
 
 __all__ = ["TrainingBatch", "build_training_batch"]
 
@@ -37,6 +37,8 @@ class TrainingBatch(msgspec.Struct, frozen=True, kw_only=True):
     packed_tokens: int
     linear_tokens: int
     """Tokens the selected trajectories would cost run one by one (shared prefixes repeated)."""
+    trees: dict[str, TreeStatistics] = {}
+    """Trained execution id -> the statistics of its whole trajectory tree (before Jmax)."""
 
 
 def _exclusion(ex: Executed) -> str | None:
@@ -76,8 +78,10 @@ def build_training_batch(
         return None
     items = []
     linear = 0
+    trees: dict[str, TreeStatistics] = {}
     for ex in trainable:
         tree = build_tree(ex.calls)
+        trees[ex.outcome.execution_id] = tree.statistics()
         selection = select_trajectories(tree, trajectory.jmax, role_limits=trajectory.role_limits)
         items.append((tree, selection))
         linear += sum(len(tree.path(int(leaf))) for leaf in selection.leaves)
@@ -93,4 +97,5 @@ def build_training_batch(
         policy_tokens=sum(sel.policy_tokens for _, sel in items),
         packed_tokens=sum(mb.num_tokens for mb in micro_batches),
         linear_tokens=linear,
+        trees=trees,
     )

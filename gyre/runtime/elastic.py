@@ -414,7 +414,7 @@ class ElasticRuntime:
                 "rollout_s": self._batch_in_s - (self._step_t0 - self._t0),
                 "train_s": t_step - self._batch_in_s,
                 "sync_s": now - t_step,
-            }))
+            }), self._statistics() if self.metrics.sinks else None)
         logger.info("step %d: version %d, %.1f s, %d executions", record.step, record.version, step_s, len(executed))
         self._step_t0 = self.clock()
         self._step_switches = self.switches_done
@@ -422,6 +422,13 @@ class ElasticRuntime:
         self.train_stats = []
         if self.batches.next_step(self.steps_done):
             self._batch_in_s = self._now()
+
+    def _statistics(self) -> dict[str, Any]:
+        """The `statistics()` records the metric sinks stream at each step (`sinks`)."""
+        return {
+            "router": self.router.statistics(), "proxy": self.rollout.proxy.statistics(),
+            "harness": self.rollout.harness.statistics(), "weights": self.weights.statistics(),
+        }
 
     # -- role switches --------------------------------------------------------------------------
 
@@ -515,6 +522,7 @@ def _step_metrics(record, executed, batches, stats, counted, result, times) -> S
         failed=sum(ex.outcome.failed for ex in executed),
         truncated=sum(ex.summary.truncated for ex in executed),
         model_calls=sum(len(ex.calls) for ex in executed),
+        branches=sum(t.branches for b in batches for t in b.trees.values()),
         policy_tokens=sum(b.policy_tokens for b in batches), packed_tokens=packed,
         dedup_ratio=linear / packed if packed else math.nan,
         logprob_abs_diff_mean=sum(s.logprob_abs_diff_sum for s in stats) / counted if counted else math.nan,

@@ -30,6 +30,7 @@ from gyre.runtime.cell_client import CellClient, open_cell
 from gyre.runtime.checkpoint import ExecutionLedger, LedgerEntry, LoopState, check_run_dir, save_checkpoint
 from gyre.runtime.metrics import EvalMetrics, MetricsWriter, StepMetrics, read_metrics
 from gyre.runtime.rollout import Executed, Rollout, open_rollout
+from gyre.runtime.sinks import open_sinks
 from gyre.tasks.task import Task, load_suite
 from gyre.tito.log import read_log
 
@@ -80,7 +81,7 @@ class _Run:
         self.engine = engine
         self.rollout = rollout
         self.launch = launch  # part of every execution id: a restarted run never reuses one
-        self.metrics = MetricsWriter(self.run_dir)
+        self.metrics = MetricsWriter(self.run_dir, open_sinks(config, self.run_dir))
         self.ledger = ExecutionLedger(self.run_dir)
         self.train_tasks, self.heldout = split_tasks(config)
 
@@ -137,6 +138,7 @@ class _Run:
         sync_s = time.perf_counter() - t2
 
         rate, mean_reward = pass_rate(executed)
+        statistics = await self._statistics() if self.metrics.sinks else None
         self.metrics.write(StepMetrics(
             step=step, version=self.trainer.version, executions=len(executed), pass_rate=rate,
             mean_reward=mean_reward,
@@ -145,6 +147,7 @@ class _Run:
             failed=sum(ex.outcome.failed for ex in executed),
             truncated=sum(ex.summary.truncated for ex in executed),
             model_calls=sum(len(ex.calls) for ex in executed),
+            branches=sum(t.branches for t in batch.trees.values()) if batch else 0,
             policy_tokens=batch.policy_tokens if batch else 0,
             packed_tokens=batch.packed_tokens if batch else 0,
             dedup_ratio=batch.linear_tokens / batch.packed_tokens if batch else math.nan,
@@ -152,8 +155,17 @@ class _Run:
             mean_ratio=stats.mean_ratio if stats else math.nan,
             applied=bool(stats and stats.applied),
             rollout_s=rollout_s, train_s=train_s, sync_s=sync_s, step_s=time.perf_counter() - t0,
-        ))
+        ), statistics)
         return new_state
+
+    async def _statistics(self) -> dict[str, object]:
+        """The `statistics()` records the metric sinks stream at each step (`sinks`)."""
+        return {
+            "engine": await self.engine.refresh_statistics(),
+            "proxy": self.rollout.proxy.statistics(),
+            "harness": self.rollout.harness.statistics(),
+            "trainer": self.trainer.statistics(),
+        }
 
     async def evaluate(self, step: int) -> EvalMetrics | None:
         """Run the held-out tasks (`eval_group_size` executions each) at the current weights."""
@@ -228,20 +240,32 @@ async def run_rl(config: RunConfig, model_dir: Path, *, resume: bool = False, pr
             max_concurrent=config.loop.max_concurrent_executions,
         ) as rollout:
             run = _Run(config, trainer, engine, rollout, launch=secrets.token_hex(3))
-            async def evaluate(step: int) -> None:
-                record = await run.evaluate(step)
-                if record is not None and progress is not None:
-                    progress.eval(record)
+            try:
+                state = await _run_steps(run, state, progress)
+            finally:
+                run.metrics.close()
+    return state
 
-            if state.step == 0 and not run.evaluated(0):
-                await evaluate(0)
-            while state.step < config.loop.steps:
-                state = await run.step(state)
-                if progress is not None:
-                    progress.step(read_metrics(run_dir)[-1])
-                every = config.loop.eval_every
-                if every and state.step % every == 0 and state.step < config.loop.steps:
-                    await evaluate(state.step)
-            if not run.evaluated(state.step):
-                await evaluate(state.step)
+
+async def _run_steps(run: _Run, state: LoopState, progress) -> LoopState:
+    """Evaluate (step 0), train to `loop.steps` steps with the configured evaluations, evaluate
+    the last step; returns the final `LoopState`."""
+    config, run_dir = run.config, run.run_dir
+
+    async def evaluate(step: int) -> None:
+        record = await run.evaluate(step)
+        if record is not None and progress is not None:
+            progress.eval(record)
+
+    if state.step == 0 and not run.evaluated(0):
+        await evaluate(0)
+    while state.step < config.loop.steps:
+        state = await run.step(state)
+        if progress is not None:
+            progress.step(read_metrics(run_dir)[-1])
+        every = config.loop.eval_every
+        if every and state.step % every == 0 and state.step < config.loop.steps:
+            await evaluate(state.step)
+    if not run.evaluated(state.step):
+        await evaluate(state.step)
     return state

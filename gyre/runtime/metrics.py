@@ -3,7 +3,8 @@
 Owns `StepMetrics`, `EvalMetrics`, `MetricsWriter` (append + fsync per record, so a killed run
 keeps every finished step), `read_metrics` and `append_line` (the JSONL append the execution
 ledger shares: a torn tail is cut before the next record). The report and the live display read
-these records; the loop writes them. Knows nothing about how the numbers were produced.
+these records; the loop writes them, and `MetricsWriter` streams each one to the run's metric
+sinks (`gyre.runtime.sinks`). Knows nothing about how the numbers were produced.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from gyre.errors import RunDirError
+from gyre.runtime.sinks import MetricSink, close_all, scalars
 
 __all__ = ["StepMetrics", "EvalMetrics", "MetricsWriter", "read_metrics", "append_line", "METRICS_FILE"]
 
@@ -47,6 +50,9 @@ class StepMetrics(msgspec.Struct, frozen=True, kw_only=True, tag="step"):
     truncated: int
     """Executions with at least one call cut off by max_tokens or the context (FIELD_CASES B14)."""
     model_calls: int
+    branches: int = -1
+    """Root-to-leaf trajectories (leaves) of the trajectory trees of the step's trained executions,
+    before Jmax selection; -1 in records written before it was recorded."""
     policy_tokens: int
     """Tokens that carried loss in the step."""
     packed_tokens: int
@@ -94,14 +100,32 @@ def _decode(line: bytes) -> Record:
 
 
 class MetricsWriter:
-    """Append-only JSONL writer; each record is flushed and fsynced before `write` returns."""
+    """Append-only JSONL writer; each record is flushed and fsynced before `write` returns, then
+    streamed to every sink in `sinks` (closed by `close` or the `with` block's end)."""
 
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], sinks: Sequence[MetricSink] = ()) -> None:
         self.path = Path(run_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.sinks = list(sinks)
 
-    def write(self, record: Record) -> None:
+    def write(self, record: Record, statistics: Mapping[str, Any] | None = None) -> None:
+        """Append `record`; the sinks also get `statistics` (name -> a `statistics()` record of
+        the runtime, flattened to `stats/<name>/<field>`) at the record's step."""
         append_line(self.path, _encoder.encode(record))
+        if self.sinks:
+            step, values = scalars(record, statistics)
+            for sink in self.sinks:
+                sink.write(step, values)
+
+    def close(self) -> None:
+        sinks, self.sinks = self.sinks, []
+        close_all(sinks)
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def append_line(path: Path, line: bytes) -> None:
