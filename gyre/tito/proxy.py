@@ -98,6 +98,9 @@ class ProxyStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Prompts that branch off their parent's prompt + completion."""
     in_flight: int
     """Calls being generated now (streamed or not)."""
+    client_retries: int
+    """Requests their client marks as a retry (`x-stainless-retry-count` > 0: the openai SDK and
+    other Stainless-generated SDKs send it; they send no `Idempotency-Key` by default)."""
     retries_joined: int
     """Requests answered by a call already in flight (an identical body of the same execution,
     or the same `Idempotency-Key`) or already finished (the same `Idempotency-Key`): one record."""
@@ -143,7 +146,7 @@ class TitoProxy:
         self.inflight = InFlight()
         eos = tokenizer.eos_token_id
         self.stop_token_ids: tuple[int, ...] = () if eos is None else (eos,)
-        self._counts = dict(requests_total=0, requests_refused=0)
+        self._counts = dict(requests_total=0, requests_refused=0, client_retries=0)
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -380,8 +383,13 @@ class TitoProxy:
 
     # -- chat completions ---------------------------------------------------------------------
 
-    async def _chat(self, request: Request) -> Response:
+    def _count_request(self, request: Request) -> None:
         self._counts["requests_total"] += 1
+        retry = request.headers.get("x-stainless-retry-count", "0")
+        self._counts["client_retries"] += retry.isdecimal() and int(retry) > 0
+
+    async def _chat(self, request: Request) -> Response:
+        self._count_request(request)
         try:
             ex = self._resolve(request)
             role = parse_role(request.headers.get("x-gyre-role"))
@@ -477,7 +485,7 @@ class TitoProxy:
     # -- completions --------------------------------------------------------------------------
 
     async def _completions(self, request: Request) -> Response:
-        self._counts["requests_total"] += 1
+        self._count_request(request)
         try:
             ex = self._resolve(request)
             role = parse_role(request.headers.get("x-gyre-role"))

@@ -150,7 +150,8 @@ async def test_a_retry_with_the_same_idempotency_key_outlives_the_first_clients_
             while not engine.requests_seen:
                 await anyio.sleep(0.005)
             await anyio.sleep(0.1)  # the first client is gone by now
-            out["retry"] = await asgi_post(proxy, CHAT, key, body(False), headers=idem)
+            retry = {**idem, "X-Stainless-Retry-Count": "1"}
+            out["retry"] = await asgi_post(proxy, CHAT, key, body(False), headers=retry)
         out["again"] = await asgi_post(proxy, CHAT, key, body(False), headers=idem)
         other = await asgi_post(proxy, CHAT, key, {**body(False), "seed": 1}, headers=idem)
     assert out["retry"][0] == 200 and out["retry"] == out["again"]
@@ -158,7 +159,7 @@ async def test_a_retry_with_the_same_idempotency_key_outlives_the_first_clients_
     assert len(proxy.calls("idem")) == 1 and len(engine.requests_seen) == 1
     assert other[0] == 422 and json.loads(other[1])["error"]["code"] == "idempotency_key_reused"
     stats = proxy.statistics()
-    assert (stats.retries_joined, stats.disconnect_aborts) == (2, 0)
+    assert (stats.retries_joined, stats.disconnect_aborts, stats.client_retries) == (2, 0, 1)
 
 
 async def test_b29_a_real_client_timeout_aborts_a_plain_request(tok, anyio_backend):
