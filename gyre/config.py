@@ -362,7 +362,8 @@ class HarnessConfig(_Config):
     """Each agent runs in a network namespace of its own where only the proxy answers, at the
     address of its `OPENAI_BASE_URL` (relayed from the node's namespace): the node's cells, gloo
     TCPStore, other ports and unix sockets, and the outside world, are out of reach
-    (`gyre.agents.isolation`; needs root with CAP_SYS_ADMIN; otherwise a warning)."""
+    (`gyre.agents.isolation`; needs root with CAP_SYS_ADMIN, or unprivileged user namespaces,
+    which keep the node's unix sockets at a path in reach; otherwise a warning)."""
     hidden_paths: tuple[str, ...] = ("/root",)
     """Absolute folders agents and verifiers never see (the interpreter's installation and the
     gyre package are bound back even when they live under one)."""

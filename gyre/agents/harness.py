@@ -135,7 +135,8 @@ class Harness:
         and showing `visible_paths` read-only; a warning, once, where it cannot be built.
         `isolate_network`: run each agent in a network namespace of its own where only
         `base_url`'s port answers, relayed to the proxy (module docstring of
-        `gyre.agents.isolation`); a warning, once, where it cannot be built (not root).
+        `gyre.agents.isolation`); a warning, once, where it cannot be built (neither root nor
+        unprivileged user namespaces).
         `require_isolation`: where any of the three isolations cannot be had, raise `ConfigError`
         instead of warning.
         Raises `ValueError` for an empty command, a negative grace, an invalid uid range, a

@@ -27,15 +27,19 @@ is gone its files are handed back to root, and the verifier runs on a copy as th
 namespace where the whole filesystem is read-only except that copy (and fresh /tmp, /var/tmp and
 /dev/shm that die with it), with no network at all.
 
-Network (`isolate_network`, root with CAP_SYS_ADMIN): each agent starts in a network namespace of
-its own where only loopback is up and one port listens: the proxy's, at the address of
-`OPENAI_BASE_URL` (unchanged for a loopback URL, so any HTTP client works as before). Its
-supervisor, still in the node's namespace, relays each connection to the proxy
+Network (`isolate_network`): each agent starts in a network namespace of its own where only
+loopback is up and one port listens: the proxy's, at the address of `OPENAI_BASE_URL` (unchanged
+for a loopback URL, so any HTTP client works as before). Its supervisor, still in the node's
+namespace, relays each connection to the proxy
 (`gyre.sandbox.Relay`). The node's cells, gloo TCPStore and every other port, its abstract unix
 sockets and the outside world are out of reach; its unix sockets bound at a path
 (`node_sockets`, as found when the agent starts) are covered by /dev/null in the agent's and its
 verifier's mount namespaces. An agent that runs as root (its executable unreachable by other
-users) could leave the namespace: the warning about it stands.
+users) could leave the namespace: the warning about it stands. Without root the network namespace
+is owned by a user namespace of the agent's own that maps only the node's user, to itself (no
+capability survives the agent's exec): the same reach over the network, but the node's unix
+sockets at a path stay as reachable as its files (no mount namespace), so `require_isolation`
+still refuses.
 
 Without root, or when the workspace root or the agent's executable cannot be reached by other
 users (mode bits of every parent, as the namespace shows them), agents run as the node's user and

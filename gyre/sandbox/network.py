@@ -10,7 +10,6 @@ harness's policy (`gyre.agents.isolation`). Knows nothing about HTTP, tasks or a
 from __future__ import annotations
 
 import ipaddress
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,8 +27,9 @@ class Relay(msgspec.Struct, frozen=True, kw_only=True):
     """A sealed network: the command runs in a network namespace of its own where only loopback
     is up and nothing listens but `listen`; a connection to one of them is relayed, by the
     supervisor in the node's namespace, to `target`. Every other address, of this node (its
-    loopback ports, its abstract unix sockets) or any other, is out of reach. Needs CAP_SYS_ADMIN
-    (`network_namespace_problem`)."""
+    loopback ports, its abstract unix sockets) or any other, is out of reach. Needs root with
+    CAP_SYS_ADMIN, or unprivileged user namespaces: the command then runs in one of its own that
+    maps only its user, to itself (`network_namespace_problem`)."""
 
     listen: tuple[tuple[str, int], ...]
     """(loopback IP, port) bound inside the command's namespace, e.g. (("127.0.0.1", 8000),)."""
@@ -52,18 +52,16 @@ _probe: list[str | None] = []
 
 
 def network_namespace_problem() -> str | None:
-    """None if commands can run with a `Relay` here (root with CAP_SYS_ADMIN), else why not.
-    Probed once per process in a throwaway child (`relay.py --probe`)."""
+    """None if commands can run with a `Relay` here (root with CAP_SYS_ADMIN, or another user
+    where unprivileged user namespaces are allowed), else why not. Probed once per process in a
+    throwaway child (`relay.py --probe`)."""
     if not _probe:
-        if os.geteuid() != 0:
-            _probe.append(f"the node runs as uid {os.geteuid()}, not root")
-        else:
-            done = subprocess.run(
-                [sys.executable, "-I", "-S", _RELAY, "--probe"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            why = done.stderr.strip() or f"status {done.returncode}"
-            _probe.append(None if done.returncode == 0 else why)
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", _RELAY, "--probe"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        why = done.stderr.strip() or f"status {done.returncode}"
+        _probe.append(None if done.returncode == 0 else why)
     return _probe[0]

@@ -1,7 +1,8 @@
 """A sealed network for a supervised command: its own network namespace, one way out.
 
-Owns `seal` (run in the command's child: a new network namespace with only loopback up and the
-listening sockets of `listen` bound in it, handed to the supervisor), `serve` (run in the
+Owns `seal` (run in the command's child: a new network namespace, inside a user namespace of its
+own unless we are root, with only loopback up and the listening sockets of `listen` bound in it,
+handed to the supervisor), `serve` (run in the
 supervisor, which stays in the node's namespace: accepts on those sockets and relays each
 connection, bytes both ways, to one `target` address of the node) and `probe` (whether this
 process may do so). Standard library only: `supervisor.py` loads it by path. Knows nothing about
@@ -21,7 +22,7 @@ import threading
 
 __all__ = ["bring_up_loopback", "probe", "seal", "serve"]
 
-_CLONE_NEWNET = 0x40000000
+_CLONE_NEWNET, _CLONE_NEWUSER = 0x40000000, 0x10000000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _IFREQ = "16sH22x"  # struct ifreq: name, then ifr_flags in the 24-byte union
 _CHUNK_BYTES = 1 << 16
@@ -52,15 +53,33 @@ def _listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def seal(listen: list[list], channel: socket.socket | None) -> None:
-    """Move the calling process into a new network namespace (CAP_SYS_ADMIN) with `lo` up, bind
-    a listening TCP socket at each `[host, port]` of `listen` (loopback addresses) and send them
-    over the unix `channel` to the supervisor (then closed here: only the supervisor accepts).
-    Raises `OSError` when a step fails; the caller must not run the command then."""
+def _unshare_network() -> None:
+    """A new network namespace for the calling process: as root directly (CAP_SYS_ADMIN); as
+    another user inside a new user namespace that maps that user to itself alone (its
+    capabilities there end at its next exec, since it is not uid 0 there)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(_CLONE_NEWNET) != 0:
+    uid, gid = os.geteuid(), os.getegid()
+    flags = _CLONE_NEWNET if uid == 0 else _CLONE_NEWUSER | _CLONE_NEWNET
+    if libc.unshare(flags) != 0:
         errno = ctypes.get_errno()
-        raise OSError(errno, f"unshare(CLONE_NEWNET): {os.strerror(errno)}")
+        what = "CLONE_NEWNET" if uid == 0 else "CLONE_NEWUSER | CLONE_NEWNET"
+        raise OSError(errno, f"unshare({what}): {os.strerror(errno)}")
+    if uid != 0:
+        for name, text in (
+            ("setgroups", "deny"),
+            ("uid_map", f"{uid} {uid} 1"),
+            ("gid_map", f"{gid} {gid} 1"),
+        ):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+
+
+def seal(listen: list[list], channel: socket.socket | None) -> None:
+    """Move the calling process into a new network namespace (`_unshare_network`) with `lo` up,
+    bind a listening TCP socket at each `[host, port]` of `listen` (loopback addresses) and send
+    them over the unix `channel` to the supervisor (then closed here: only the supervisor
+    accepts). Raises `OSError` when a step fails; the caller must not run the command then."""
+    _unshare_network()
     bring_up_loopback()
     listeners = [_listener(str(host), int(port)) for host, port in listen]
     try:

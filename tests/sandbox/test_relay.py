@@ -1,6 +1,7 @@
 """A supervised command behind a `Relay`: its one way out carries bytes both ways, nothing else
-of the node answers, and a target that is down closes the command's connection. Needs root with
-CAP_SYS_ADMIN (as here and in CI); skipped elsewhere."""
+of the node answers, and a target that is down closes the command's connection; without root, in
+a user namespace of its own, the same. Needs root with CAP_SYS_ADMIN or unprivileged user
+namespaces (both here and in CI); skipped elsewhere."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from gyre.sandbox import Limits, Mounts, Relay, network_namespace_problem, run_s
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(network_namespace_problem() is not None,
-                       reason=f"needs root with CAP_SYS_ADMIN: {network_namespace_problem()}"),
+                       reason=f"no network namespace: {network_namespace_problem()}"),
 ]
 
 # Sends 3 MiB through the relay, half-closes, reads the echo server's digest; tries the other port.
@@ -98,3 +99,64 @@ async def test_a_relay_needs_a_network() -> None:
     with pytest.raises(ValueError, match="relay: the command has no network"):
         await run_supervised(["true"], cwd="/", env={}, limits=Limits(), deadline_s=5,
                              stdout=-3, stderr=-3, mounts=Mounts(network=False), relay=relay)
+
+
+# Run as an unprivileged user: serves a target, runs CLIENT behind a Relay to it, prints
+# CLIENT's result with the command's uid and effective capabilities.
+AS_NOBODY = """
+import anyio, json, socket, sys, threading
+from gyre.sandbox import Limits, Relay, network_namespace_problem, run_supervised
+from tests.sandbox.test_relay import CLIENT, _digest_server
+other = int(sys.argv[1])
+assert network_namespace_problem() is None, network_namespace_problem()
+probe = CLIENT + "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0], os.getuid())"
+async def main():
+    with socket.create_server(("127.0.0.1", 0)) as target:
+        threading.Thread(target=_digest_server, args=(target,), daemon=True).start()
+        port = target.getsockname()[1]
+        relay = Relay(listen=(("127.0.0.1", port),), target=("127.0.0.1", port))
+        with open(sys.argv[2], "wb") as out:
+            result = await run_supervised(
+                [sys.executable, "-I", "-c", probe, str(port), str(other)], cwd="/", env={},
+                limits=Limits(), deadline_s=60, stdout=out, stderr=out, relay=relay)
+    print(result.exit_code)
+anyio.run(main)
+"""
+
+
+async def test_without_root_a_user_namespace_seals_the_same_way() -> None:
+    """The node as an unprivileged user (uid 65534 here): the command's network namespace is
+    owned by a user namespace of its own; it keeps its uid, holds no capability after exec, and
+    reaches its target alone (not a port the root test process listens on)."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    python = "/usr/bin/python3"  # the venv's may lie under a folder only root may enter
+    version = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"],
+                             capture_output=True, text=True).stdout.strip()
+    if os.geteuid() != 0 or version != str(sys.version_info[:2]):
+        pytest.skip(f"needs root to become another user and {python} at {sys.version_info[:2]}")
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    repo = str(Path(__file__).resolve().parents[2])
+    folder = Path(tempfile.mkdtemp(prefix="gyre-relay-", dir="/tmp"))  # its user writes here
+    try:
+        os.chmod(folder, 0o777)
+        out = folder / "out"
+        with socket.create_server(("127.0.0.1", 0)) as other:
+            done = subprocess.run(
+                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c",
+                 AS_NOBODY, str(other.getsockname()[1]), str(out)],
+                cwd="/", env={"PYTHONPATH": f"{repo}:{site}", "PATH": "/usr/bin:/bin"},
+                capture_output=True, text=True, timeout=120)
+        if "CLONE_NEWUSER" in done.stderr:
+            pytest.skip(f"no unprivileged user namespaces here: {done.stderr[-300:]}")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["0"], out.read_text()
+        lines = out.read_text().splitlines()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    seen = json.loads(lines[0])
+    assert seen["echo"] == seen["sent"] and seen["other"] == 111
+    assert lines[1].split() == ["0000000000000000", "65534"]
