@@ -23,9 +23,10 @@ the suites' generator and the `tests/` and `solution/` of every task of the conf
 interpreter's installation, the gyre package, `visible_paths`, and the files the agent command
 names (its executable and absolute-path arguments); writable: its own execution folder. So a venv
 whose Python lives under a private /root still runs agents as their uid. After the agent's tree
-is gone its files are handed back to root, and the verifier runs on a copy as the same uid, in a
-namespace where the whole filesystem is read-only except that copy (and fresh /tmp, /var/tmp and
-/dev/shm that die with it), with no network at all.
+is gone its files are handed back to root, and the verifier runs on a copy (its workspace code as
+the same uid, its tests as `gyre.tasks.scorer.JUDGE_USER`), in a namespace where the whole
+filesystem is read-only except that copy (and fresh /tmp, /var/tmp and /dev/shm that die with
+it), with no network at all.
 
 Network (`isolate_network`): each agent starts in a network namespace of its own where only
 loopback is up and one port listens: the proxy's, at the address of `OPENAI_BASE_URL` (unchanged

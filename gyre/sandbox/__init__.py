@@ -3,8 +3,10 @@
 A command runs as a supervised process tree (`run_supervised`, through the standard-library-only
 `supervisor.py`): resource `Limits`, an outside deadline and a stop event, optionally another uid
 and a private mount (and network) namespace described by `Mounts`, or a sealed network namespace
-whose one way out is a `Relay`; nothing of the tree outlives the call. Knows nothing about tasks,
-agents, models or scores: `gyre.tasks` (verifiers) and `gyre.agents` (the harness) build on it.
+whose one way out is a `Relay`; nothing of the tree outlives the call; descriptors may be handed
+over (`pass_fds`). `pyhost.py` is the Python host, the one process that imports untrusted code
+for a trusted caller (the sealed verifier). Knows nothing about tasks, agents, models or scores:
+`gyre.tasks` (verifiers) and `gyre.agents` (the harness) build on it.
 """
 
 from gyre.sandbox.mounts import Mounts, mount_namespace_problem
