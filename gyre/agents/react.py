@@ -169,6 +169,29 @@ class Agent:
         except OSError as exc:
             return f"error: {exc.strerror or exc}", False, None
 
+    def _run_calls(
+        self, calls: list, messages: list[dict], errors: list[str], *, sub_agent: bool
+    ) -> tuple[bool, str]:
+        """Run a reply's tool calls, appending each result to `messages` and each malformed
+        call's error to `errors`; (finished?, the `finish` summary)."""
+        finished, summary = False, ""
+        for c in calls:
+            try:
+                result, done, delegated = self._tool(c.function.name, c.function.arguments)
+            except _MalformedCall as exc:
+                errors.append(str(exc))
+                result, done, delegated = f"error: {exc}", False, None
+            if delegated is not None:
+                result = (
+                    "error: sub-agents cannot delegate"
+                    if sub_agent
+                    else self.converse(delegated, sub_agent=True)
+                )
+            if done:
+                finished, summary = True, result
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
+        return finished, summary
+
     def converse(self, task: str, *, sub_agent: bool = False) -> str:
         """Run one conversation (main, or a sub-agent's) to `finish` or `max_turns`; its summary."""
         system = SUB_AGENT_PROMPT if sub_agent else SYSTEM_PROMPT
@@ -220,22 +243,7 @@ class Agent:
                     )
                     continue
                 return msg.content or ""
-            finished, summary = False, ""
-            for c in calls:
-                try:
-                    result, done, delegated = self._tool(c.function.name, c.function.arguments)
-                except _MalformedCall as exc:
-                    errors.append(str(exc))
-                    result, done, delegated = f"error: {exc}", False, None
-                if delegated is not None:
-                    result = (
-                        "error: sub-agents cannot delegate"
-                        if sub_agent
-                        else self.converse(delegated, sub_agent=True)
-                    )
-                if done:
-                    finished, summary = True, result
-                messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
+            finished, summary = self._run_calls(calls, messages, errors, sub_agent=sub_agent)
             if finished:
                 return summary
             if not errors:
