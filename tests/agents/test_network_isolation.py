@@ -87,13 +87,15 @@ def _address(hex_ip: str) -> str:
 
 
 def node_addresses() -> set[str]:
-    """The node's own IPv4 addresses (LOCAL host routes of /proc/net/fib_trie)."""
+    """The node's own addresses: IPv4 (LOCAL host routes of /proc/net/fib_trie) and IPv6 but
+    link-local ones (/proc/net/if_inet6)."""
     lines = Path("/proc/net/fib_trie").read_text().splitlines()
-    return {
-        lines[i - 1].split()[-1]
-        for i, line in enumerate(lines)
-        if line.strip() == "/32 host LOCAL" and i > 0
-    }
+    v4 = {lines[i - 1].split()[-1] for i, line in enumerate(lines)
+          if line.strip() == "/32 host LOCAL" and i > 0}
+    inet6 = Path("/proc/net/if_inet6")
+    v6 = {socket.inet_ntop(socket.AF_INET6, bytes.fromhex(line.split()[0]))
+          for line in (inet6.read_text().splitlines() if inet6.exists() else ())}
+    return v4 | {a for a in v6 if not a.startswith("fe80")}
 
 
 def listening_tcp() -> set[tuple[str, int]]:
@@ -109,7 +111,7 @@ def listening_tcp() -> set[tuple[str, int]]:
             hex_ip, hex_port = fields[1].split(":")
             host, port = _address(hex_ip), int(hex_port, 16)
             if host == "0.0.0.0":
-                out |= {(h, port) for h in {"127.0.0.1", *ours}}
+                out |= {(h, port) for h in {"127.0.0.1", *ours} if ":" not in h}
             elif host == "::":
                 out |= {(h, port) for h in {"127.0.0.1", "::1", *ours}}
             else:
