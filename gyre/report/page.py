@@ -1,14 +1,16 @@
 """The run report's page: `write_report` fills `<run_dir>/report/` with `summary.md` and the plots.
 
-Owns `write_report`, the markdown of the page and `utilisation_table` (cell utilisation per RL
-step, when the run recorded a timeline), and the file names (`REPORT_DIR`, `PLOTS`,
-`TIMELINE_PLOT`). The numbers come from `gyre.report.summary`, the drawings from
-`gyre.report.plots` and `gyre.report.gantt`. Reads only `gyre.runtime.metrics` and
-`gyre.runtime.timeline` records; knows nothing about how they were produced.
+Owns `write_report`, the markdown of the page (summary, per-step table of branches, heals and
+suspensions, trajectory-tree statistics), `utilisation_table` (cell utilisation per RL step, when
+the run recorded a timeline), and the file names (`REPORT_DIR`, `PLOTS`, `TIMELINE_PLOT`,
+`TREES_CSV`). The numbers come from `gyre.report.summary` and `gyre.report.trees`, the drawings
+from `gyre.report.plots` and `gyre.report.gantt`. Reads only run-folder records (metrics,
+timeline, call log); knows nothing about how they were produced.
 """
 
 from __future__ import annotations
 
+import csv
 import math
 import os
 from pathlib import Path
@@ -16,7 +18,8 @@ from pathlib import Path
 from gyre.report.gantt import plot_timeline
 from gyre.report.plots import plot_mismatch, plot_pass_rate, plot_time_split
 from gyre.report.summary import RunSummary, split_records, summarize
-from gyre.runtime.metrics import read_metrics
+from gyre.report.trees import CALL_LOG, ExecutionTree, execution_trees, tree_totals
+from gyre.runtime.metrics import StepMetrics, read_metrics
 from gyre.runtime.timeline import (
     TIMELINE_FILE,
     Timeline,
@@ -25,7 +28,10 @@ from gyre.runtime.timeline import (
     utilisation_per_step,
 )
 
-__all__ = ["write_report", "utilisation_table", "REPORT_DIR", "PLOTS", "TIMELINE_PLOT"]
+__all__ = [
+    "write_report", "utilisation_table", "steps_table", "trees_section",
+    "REPORT_DIR", "PLOTS", "TIMELINE_PLOT", "TREES_CSV",
+]
 
 REPORT_DIR = "report"
 """Folder under the run directory that `write_report` fills."""
@@ -33,6 +39,19 @@ PLOTS = ("pass_rate.png", "time_split.png", "mismatch.png")
 """File names of the plots, in the order the summary shows them."""
 TIMELINE_PLOT = "timeline.png"
 """The cells' Gantt chart, drawn when the run has a `timeline.jsonl`."""
+TREES_CSV = "trees.csv"
+"""Every execution's trajectory-tree statistics, one row each, written when the run has a call
+log (the page lists the largest `TREES_SHOWN`)."""
+TREES_SHOWN = 20
+HEALS_NOTE = (
+    "History healing is not built yet (docs/design.md, \"Not built yet\"): no call is healed, so "
+    "every step has 0 heals."
+)
+SUSPENSIONS_NOTE = (
+    "The runtimes never suspend an execution yet: the one-cell loop rolls out before it trains, "
+    "and the elastic runtime moves a leaving cell's executions to the other rollout cells "
+    "(beyond their capacity if need be), so every step has 0 suspensions."
+)
 
 
 def _pct(x: float | None) -> str:
@@ -65,6 +84,8 @@ def _markdown(run_dir: Path, s: RunSummary) -> str:
         ("best step (batch pass rate)", f"{s.best_step} ({_pct(s.best_step_pass)})" if s.best_step is not None else "n/a"),
         ("training executions", f"{s.executions} (finished {s.finished}, partially scored {s.partial}, failed {s.failed})"),
         ("policy tokens trained", f"{s.policy_tokens:,}"),
+        ("trajectories (tree leaves) of trained executions",
+         "n/a" if s.branches is None else f"{s.branches:,}"),
         ("mean dedup ratio", "n/a" if math.isnan(s.mean_dedup_ratio) else f"{s.mean_dedup_ratio:.2f}x"),
         ("logprob mismatch (mean / worst step)", "n/a" if math.isnan(s.mean_logprob_abs_diff)
          else f"{s.mean_logprob_abs_diff:.2e} / {s.max_logprob_abs_diff:.2e} nats"),
@@ -121,11 +142,86 @@ def _timeline_section(run_dir: Path, out: Path) -> str:
     ])
 
 
-def write_report(run_dir: str | os.PathLike[str]) -> Path:
+def steps_table(steps: list[StepMetrics]) -> str:
+    """Markdown table, one row per step: executions, pass rate, model calls, branches (tree
+    leaves of the trained executions; n/a in records from before the count), heals and
+    suspensions (0: neither exists yet, `HEALS_NOTE`, `SUSPENSIONS_NOTE`)."""
+    lines = [
+        "| step | executions | pass rate | model calls | branches | heals | suspensions |",
+        "|" + " --- |" * 7,
+    ]
+    for s in steps:
+        branches = "n/a" if s.branches < 0 else str(s.branches)
+        lines.append(f"| {s.step} | {s.executions} | {_pct(s.pass_rate)} | {s.model_calls} | "
+                     f"{branches} | 0 | 0 |")
+    return "\n".join(lines)
+
+
+def _ratio(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.2f}x"
+
+
+def _reasons(divergences: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in divergences.items()) or "none"
+
+
+def trees_section(trees: list[ExecutionTree]) -> str:
+    """Markdown of the run's trajectory trees: totals over executions (dedup ratio = tokens in
+    calls / unique tokens, summed and per execution), then the `TREES_SHOWN` executions with the
+    most tokens in calls."""
+    t = tree_totals(trees)
+    rows = [
+        ("executions (training and evaluation)", f"{t.executions}"),
+        ("model calls", f"{t.calls:,}"),
+        ("tokens in calls / unique tokens", f"{t.tokens_in_calls:,} / {t.unique_tokens:,}"),
+        ("dedup ratio (summed)", _ratio(t.dedup_ratio)),
+        ("dedup ratio per execution (median / max)",
+         f"{_ratio(t.dedup_ratio_median)} / {_ratio(t.dedup_ratio_max)}"),
+        ("branches (tree leaves)", f"{t.branches:,}"),
+        ("branches per execution (median / max)",
+         "n/a" if not trees else f"{t.branches_median:g} / {t.branches_max}"),
+        ("branch points", f"{t.branch_points:,}"),
+        ("longest path (tokens)", f"{t.depth_max:,}"),
+        ("rewritten-history calls by reason", _reasons(t.divergences)),
+    ]
+    lines = ["## Trajectory trees", "", "| | |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    shown = sorted(trees, key=lambda x: (-x.tokens_in_calls, x.execution_id))[:TREES_SHOWN]
+    lines += [
+        "", f"Largest {len(shown)} of {len(trees)} executions by tokens in calls (all in "
+        f"[{TREES_CSV}]({TREES_CSV})):", "",
+        "| execution | calls | tokens in calls | unique tokens | dedup ratio | branches | "
+        "branch points | depth | rewritten history |",
+        "|" + " --- |" * 9,
+    ]
+    lines += [
+        f"| `{x.execution_id}` | {x.calls} | {x.tokens_in_calls:,} | {x.unique_tokens:,} | "
+        f"{_ratio(x.dedup_ratio)} | {x.branches} | {x.branch_points} | {x.depth:,} | "
+        f"{_reasons(x.divergences)} |"
+        for x in shown
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _write_trees_csv(trees: list[ExecutionTree], path: Path) -> None:
+    fields = ["execution_id", "calls", "tokens_in_calls", "unique_tokens", "dedup_ratio",
+              "policy_tokens", "branches", "branch_points", "depth", "divergences"]
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(fields)
+        for x in trees:
+            out.writerow([x.execution_id, x.calls, x.tokens_in_calls, x.unique_tokens,
+                          repr(x.dedup_ratio), x.policy_tokens, x.branches, x.branch_points,
+                          x.depth, _reasons(x.divergences)])
+
+
+def write_report(run_dir: str | os.PathLike[str], *, log_name: str = CALL_LOG) -> Path:
     """Write `<run_dir>/report/` (`summary.md` and the `PLOTS`) from `<run_dir>/metrics.jsonl`.
 
-    When `<run_dir>/timeline.jsonl` exists, also `TIMELINE_PLOT` and a utilisation table per
-    step (`utilisation_table`) on the page. Returns the path of `summary.md`. Raises
+    The page has a table per step (`steps_table`). When `<run_dir>/timeline.jsonl` exists, also
+    `TIMELINE_PLOT` and a utilisation table per step (`utilisation_table`); when the call log
+    `<run_dir>/<log_name>` exists, the trajectory-tree statistics (`trees_section`) and
+    `TREES_CSV`. Returns the path of `summary.md`. Raises
     `FileNotFoundError` when the run has no metrics file. A run with no step yet still gets a
     page (with n/a) and empty plots.
     """
@@ -138,6 +234,13 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
     plot_time_split(steps, out / PLOTS[1])
     plot_mismatch(steps, out / PLOTS[2])
     page = _markdown(run_dir, summarize(records))
+    page += "\n".join([
+        "## Steps", "", steps_table(steps), "", HEALS_NOTE, "", SUSPENSIONS_NOTE, "",
+    ])
+    if (run_dir / log_name).exists():
+        trees = execution_trees(run_dir, log_name)
+        _write_trees_csv(trees, out / TREES_CSV)
+        page += "\n" + trees_section(trees)
     if (run_dir / TIMELINE_FILE).exists():
         page += "\n" + _timeline_section(run_dir, out)
     summary = out / "summary.md"

@@ -1,9 +1,9 @@
 """The numbers of a run's one-page summary, computed from its metrics records.
 
-Owns `RunSummary` (steps, time split, executions, pass rates before / after / best, mismatch),
-`summarize` and `split_records` (steps and evaluations, a step recorded twice counted once with
-its last record). Reads only `gyre.runtime.metrics` records; knows nothing about plots or the
-page.
+Owns `RunSummary` (steps, time split, executions, pass rates before / after / best, mismatch,
+branches), `summarize` and `split_records` (steps and evaluations, a step recorded twice counted
+once with its last record). Reads only `gyre.runtime.metrics` records; knows nothing about plots
+or the page.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     """Steps whose optimizer update was not applied."""
     policy_tokens: int
     """Tokens that carried loss, over all steps."""
+    branches: int | None
+    """Trajectories (tree leaves) of the trained executions, over all steps; None when a step's
+    record predates the count (`StepMetrics.branches` = -1)."""
     mean_dedup_ratio: float
     """Mean over steps of the per-step dedup ratio; NaN with no steps."""
     mean_logprob_abs_diff: float
@@ -108,6 +111,7 @@ def summarize(records: list[StepMetrics | EvalMetrics]) -> RunSummary:
         failed=sum(s.failed for s in steps),
         skipped_steps=sum(not s.applied for s in steps),
         policy_tokens=sum(s.policy_tokens for s in steps),
+        branches=None if any(s.branches < 0 for s in steps) else sum(s.branches for s in steps),
         mean_dedup_ratio=_mean([s.dedup_ratio for s in steps]),
         mean_logprob_abs_diff=_mean([s.logprob_abs_diff_mean for s in steps]),
         max_logprob_abs_diff=max((s.logprob_abs_diff_mean for s in steps), default=math.nan),
