@@ -22,6 +22,10 @@ from gyre.runtime.cell_wire import Frame, FrameBatch, WireError, encode_frame
 
 __all__ = ["DeltaStreams"]
 
+_IDLE_CHECK_S = 5.0
+"""Seconds between checks that the client of an idle stream is still connected (a stream with
+requests finds out at its next write)."""
+
 
 class _Stream:
     """One client's stream: frames waiting for the next write, and the requests feeding it."""
@@ -64,7 +68,7 @@ class DeltaStreams:
             response = web.StreamResponse(headers={"Content-Type": "application/msgpack"})
             await response.prepare(request)
             try:
-                await self._write_until_closed(stream, response)
+                await self._write_until_closed(request, stream, response)
                 await response.write_eof()
             except ConnectionResetError:
                 self.lost += 1  # the client went away: `finally` aborts its requests
@@ -77,9 +81,16 @@ class DeltaStreams:
                 task.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
 
-    async def _write_until_closed(self, stream: _Stream, response: web.StreamResponse) -> None:
+    async def _write_until_closed(
+        self, request: web.Request, stream: _Stream, response: web.StreamResponse
+    ) -> None:
         while not stream.closed:
-            await stream.ready.wait()
+            try:
+                await asyncio.wait_for(stream.ready.wait(), _IDLE_CHECK_S)
+            except TimeoutError:
+                if request.transport is None or request.transport.is_closing():
+                    raise ConnectionResetError("the client closed its delta stream") from None
+                continue
             # Requests woken by one engine step queue their deltas over several loop turns: write
             # once they stop coming, so the step goes out as one batch.
             queued = -1

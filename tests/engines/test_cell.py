@@ -351,6 +351,19 @@ async def test_one_write_per_engine_step_carries_every_request(stepped_cell) -> 
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_closed_idle_stream_is_dropped(stepped_cell, monkeypatch) -> None:
+    from gyre.runtime import cell_stream
+
+    monkeypatch.setattr(cell_stream, "_IDLE_CHECK_S", 0.05)
+    engine, cell, url = stepped_cell
+    async with CellClient(url, CONFIG) as client:
+        await client._open_stream()
+        assert cell.streams.open == 1
+    await wait_for(lambda: cell.streams.open == 0)
+    assert cell.streams.lost == 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_consumer_that_leaves_aborts_and_a_lost_stream_aborts_all(stepped_cell) -> None:
     from contextlib import aclosing
 
