@@ -8,6 +8,7 @@ key; a configured sink whose package is missing stops the preflight.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import struct
@@ -20,6 +21,7 @@ import pytest
 from gyre.config import ReportConfig, config_from_dict, load_config
 from gyre.errors import ConfigError
 from gyre.model.recipe import build_tokenizer
+from gyre.report.page import TREES_CSV, write_report
 from gyre.runtime.metrics import METRICS_FILE, EvalMetrics, MetricsWriter, StepMetrics
 from gyre.runtime.sinks import TENSORBOARD_DIR, WANDB_DIR, TensorBoardSink, flatten, wandb_mode
 from tests.runtime.test_elastic import REPO, drive, make_cells
@@ -55,17 +57,19 @@ def read_tensorboard(log_dir: Path) -> dict[str, dict[int, float]]:
     }
 
 
-async def run_three_steps(tmp_path: Path, sinks: tuple[str, ...]) -> Path:
+async def run_three_steps(tmp_path: Path, sinks: tuple[str, ...]) -> tuple[Path, list]:
+    """(run folder, the execution ids each optimizer step trained, from the core cell double)."""
     cfg = elastic_config(tmp_path / "run", "async")
     cfg = msgspec.structs.replace(cfg, report=ReportConfig(sinks=sinks, wandb_mode="offline"))
-    await drive(cfg, make_cells(build_tokenizer()))
-    return tmp_path / "run"
+    fakes = make_cells(build_tokenizer())
+    await drive(cfg, fakes)
+    return tmp_path / "run", [sorted(grads) for grads in fakes[0].steps]
 
 
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_tensorboard_event_file_holds_the_step_metrics_of_metrics_jsonl(tmp_path) -> None:
-    run_dir = await run_three_steps(tmp_path, ("tensorboard",))
+    run_dir, trained = await run_three_steps(tmp_path, ("tensorboard",))
     steps = jsonl_steps(run_dir)
     assert [s["step"] for s in steps] == [1, 2, 3]
     events = list((run_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*"))
@@ -78,7 +82,13 @@ async def test_tensorboard_event_file_holds_the_step_metrics_of_metrics_jsonl(tm
             got = board[f"step/{field}"][record["step"]]
             want = as_float(record[field])  # `applied` true -> 1.0
             assert same(got, want), (record["step"], field, got, want)
-    assert all(board["step/branches"][s] >= 4 for s in (1, 2, 3))  # 4 executions, a tree each
+    # branches: the leaves of the trained executions' trees, as the static report counts them
+    write_report(run_dir)
+    with open(run_dir / "report" / TREES_CSV) as f:
+        tree_branches = {row["execution_id"]: int(row["branches"]) for row in csv.DictReader(f)}
+    for record, ids in zip(steps, trained, strict=True):
+        assert len(ids) == 4
+        assert record["branches"] == sum(tree_branches[i] for i in ids) >= 4, (record, ids)
     # the runtime's statistics records, at every step; counters never go down
     for tag in (
         "stats/router/requests_routed",
@@ -134,7 +144,7 @@ def _items(items) -> dict[str, float]:
 @pytest.mark.anyio
 async def test_wandb_offline_run_in_the_run_folder_holds_the_step_metrics(tmp_path: Path) -> None:
     pytest.importorskip("wandb", reason="wandb is not installed (pip install gyre[wandb])")
-    run_dir = await run_three_steps(tmp_path, ("wandb",))
+    run_dir, _ = await run_three_steps(tmp_path, ("wandb",))
     logs = list((run_dir / WANDB_DIR / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(logs) == 1, logs
     records = read_wandb_log(logs[0])
