@@ -140,7 +140,7 @@ class Harness:
         `require_isolation`: where any of the three isolations cannot be had, raise `ConfigError`
         instead of warning.
         Raises `ValueError` for an empty command, a negative grace, an invalid uid range, a
-        relative hidden or visible path or a `base_url` that is not http(s)."""
+        relative hidden or visible path or, when sealing, a `base_url` that is not http(s)."""
         if not agent_command:
             raise ValueError("agent_command must not be empty")
         if kill_grace_s < 0:
@@ -151,8 +151,6 @@ class Harness:
                 "base >= 1000, count >= 1 and base + count <= 2**31"
             )
         self.base_url = base_url
-        self.relay, self.agent_base_url = sealed_endpoint(base_url)
-        """How an agent's namespace reaches the proxy, and the `OPENAI_BASE_URL` it is given."""
         self.agent_command = tuple(agent_command)
         self.model = model
         root = (Path(workspace_root) if workspace_root is not None
@@ -193,6 +191,10 @@ class Harness:
             warn_once("network", "%s", net_problem)
         self.sealed = isolate_network and net_problem is None
         """Agents run in a network namespace of their own whose one way out is `relay`."""
+        self.relay, self.agent_base_url = (sealed_endpoint(base_url) if self.sealed
+                                           else (None, base_url))
+        """How an agent's namespace reaches the proxy (None: not sealed), and the
+        `OPENAI_BASE_URL` it is given."""
         if uid_problem is not None:
             warn_once(f"uid:{root}", "%s", uid_problem)
         self.isolated = isolate_uid and uid_problem is None
@@ -400,7 +402,7 @@ class Harness:
         env.update(
             HOME=str(exec_dir / "home"),
             TMPDIR=str(exec_dir / "tmp"),
-            OPENAI_BASE_URL=self.agent_base_url if self.sealed else self.base_url,
+            OPENAI_BASE_URL=self.agent_base_url,
             GYRE_MODEL=self.model,
             GYRE_EXECUTION_ID=execution_id,
             GYRE_WORKSPACE=str(workspace),
@@ -438,7 +440,7 @@ class Harness:
                     deadline_s=task.spec.agent.deadline_s, stdout=out, stderr=err,
                     kill_grace_s=self.kill_grace_s, stop=control.event,
                     user=None if user is None else (user.uid, user.uid), mounts=agent_mounts,
-                    relay=self.relay if self.sealed else None,
+                    relay=self.relay,
                 )
                 stdout_tail, stderr_tail = tail(out), tail(err)
             if not handed_back:  # the tree is gone: nothing runs as the agent's uid any more

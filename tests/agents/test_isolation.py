@@ -286,5 +286,6 @@ def test_require_isolation_refuses_without_a_network_namespace(open_dir, monkeyp
     with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
         relaxed = Harness.from_config(HarnessConfig(), base_url=url, run_dir=open_dir / "relaxed")
     assert not relaxed.sealed and "they reach every port of the node" in caplog.text
+    assert (relaxed.relay, relaxed.agent_base_url) == (None, url)  # the proxy's URL as it is
     off = Harness(base_url=url, workspace_root=open_dir / "off", isolate_network=False)
     assert not off.sealed and off.statistics().sealed == 0
