@@ -19,6 +19,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 __all__ = ["bring_up_loopback", "probe", "seal", "serve"]
 
@@ -137,7 +138,10 @@ def _relay(listeners: list[socket.socket], target: tuple[str, int]) -> None:
             if key.data is None:  # a listener: a new connection from inside
                 try:
                     inner, _addr = key.fileobj.accept()
-                except BlockingIOError:
+                except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                    continue
+                except OSError:  # out of descriptors or memory: the client waits in the backlog
+                    time.sleep(0.1)
                     continue
                 try:
                     outer = socket.create_connection(target, timeout=_CONNECT_TIMEOUT_S)

@@ -94,6 +94,37 @@ async def test_a_relayed_command_reaches_its_target_and_nothing_else(tmp_path: P
         assert (await run(DOWN, dead, down)).split() == ["closed"]
 
 
+# 32 connections at once through the relay, each 256 KiB out and its digest back.
+MANY = """
+import concurrent.futures, hashlib, os, socket, sys
+def one(i):
+    data = os.urandom(256 << 10)
+    with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        got = b""
+        while chunk := s.recv(1 << 16):
+            got += chunk
+    return got.decode() == hashlib.sha256(data).hexdigest()
+with concurrent.futures.ThreadPoolExecutor(32) as pool:
+    print(sum(pool.map(one, range(32))))
+"""
+
+
+async def test_concurrent_connections_through_one_relay(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as target:
+        for _ in range(4):
+            threading.Thread(target=_digest_server, args=(target,), daemon=True).start()
+        port = target.getsockname()[1]
+        relay = Relay(listen=(("127.0.0.1", port),), target=("127.0.0.1", port))
+        with open(tmp_path / "out", "wb") as out:
+            result = await run_supervised(
+                [sys.executable, "-I", "-c", MANY, str(port)], cwd="/", env={}, limits=Limits(),
+                deadline_s=120, stdout=out, stderr=out, relay=relay)
+    assert result.exit_code == 0, (tmp_path / "out").read_text()
+    assert (tmp_path / "out").read_text().split() == ["32"]
+
+
 async def test_a_relay_needs_a_network() -> None:
     relay = Relay(listen=(("127.0.0.1", 80),), target=("127.0.0.1", 80))
     with pytest.raises(ValueError, match="relay: the command has no network"):
@@ -109,7 +140,8 @@ from gyre.sandbox import Limits, Relay, network_namespace_problem, run_supervise
 from tests.sandbox.test_relay import CLIENT, _digest_server
 other = int(sys.argv[1])
 assert network_namespace_problem() is None, network_namespace_problem()
-probe = CLIENT + "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0], os.getuid())"
+status = "open('/proc/self/status').read().split('CapEff:')[1].split()[0]"
+probe = CLIENT + f"print({status}, os.getuid())"
 async def main():
     with socket.create_server(("127.0.0.1", 0)) as target:
         threading.Thread(target=_digest_server, args=(target,), daemon=True).start()
