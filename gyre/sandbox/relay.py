@@ -12,6 +12,7 @@ HTTP, agents or which address is worth reaching; `gyre.sandbox.network` describe
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import selectors
@@ -28,7 +29,6 @@ _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _IFREQ = "16sH22x"  # struct ifreq: name, then ifr_flags in the 24-byte union
 _CHUNK_BYTES = 1 << 16
 """Most bytes read from one side at once; a side's backlog above it pauses reading its peer."""
-_CONNECT_TIMEOUT_S = 10.0
 
 
 def bring_up_loopback() -> None:
@@ -102,16 +102,36 @@ class _Side:
         self.pending = bytearray()
         self.read_eof = False  # it sent its last byte
         self.write_shut = False  # we sent it EOF (its peer's EOF, once `pending` drained)
+        self.connecting = False  # a connection to the target not established yet
         self.peer: _Side = self
 
     def events(self) -> int:
+        if self.connecting:
+            return selectors.EVENT_WRITE
         read = not self.read_eof and len(self.peer.pending) < _CHUNK_BYTES
         write = selectors.EVENT_WRITE if self.pending else 0
         return (selectors.EVENT_READ if read else 0) | write
 
 
+def _connect(target: tuple[str, int], resolved: list) -> socket.socket:
+    """A non-blocking connection to `target` under way (its first address, resolved once and
+    kept in `resolved`). Raises `OSError` when it fails at once."""
+    if not resolved:
+        resolved += socket.getaddrinfo(*target, type=socket.SOCK_STREAM)
+    family, kind, proto, _name, address = resolved[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setblocking(False)
+    err = sock.connect_ex(address)
+    if err not in (0, errno.EINPROGRESS):
+        sock.close()
+        raise OSError(err, os.strerror(err))
+    return sock
+
+
 def _relay(listeners: list[socket.socket], target: tuple[str, int]) -> None:
-    """Accept on `listeners` forever; relay each connection to a fresh one to `target`."""
+    """Accept on `listeners` forever; relay each connection to a fresh one to `target` (its
+    connection is made without blocking the others)."""
+    resolved: list = []
     sel = selectors.DefaultSelector()
     for sock in listeners:
         sock.setblocking(False)
@@ -144,12 +164,12 @@ def _relay(listeners: list[socket.socket], target: tuple[str, int]) -> None:
                     time.sleep(0.1)
                     continue
                 try:
-                    outer = socket.create_connection(target, timeout=_CONNECT_TIMEOUT_S)
+                    outer = _connect(target, resolved)
                 except OSError:
                     inner.close()  # the target is down: the client sees its connection closed
                     continue
                 a, b = _Side(inner), _Side(outer)
-                a.peer, b.peer = b, a
+                a.peer, b.peer, b.connecting = b, a, True
                 update(a)
                 update(b)
                 continue
@@ -157,6 +177,11 @@ def _relay(listeners: list[socket.socket], target: tuple[str, int]) -> None:
             if side.sock.fileno() < 0:
                 continue  # closed earlier in this round
             try:
+                if side.connecting:
+                    err = side.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    if err:
+                        raise OSError(err, os.strerror(err))  # the target refused: both go
+                    side.connecting = False
                 if mask & selectors.EVENT_READ:
                     data = side.sock.recv(_CHUNK_BYTES)
                     if data:
@@ -164,6 +189,8 @@ def _relay(listeners: list[socket.socket], target: tuple[str, int]) -> None:
                     else:
                         side.read_eof = True
                 for s in (side, side.peer):
+                    if s.connecting:
+                        continue
                     if s.pending:
                         sent = s.sock.send(s.pending)
                         del s.pending[:sent]
