@@ -6,7 +6,8 @@ or stalled for `attempt_timeout_s`) keeps its tokens so far; the choice continue
 member from prompt + tokens so far, max_tokens reduced and a seed derived per attempt
 (`choice_seed`), through the `Continuation` seam (KV migrated or recomputed), so the caller sees one
 uninterrupted stream whose tokens carry the versions that sampled them (FIELD_CASES B11). Counts
-what it did (`RedirectStatistics`); every wait is bounded by `RouterConfig`.
+what it did and what it recovered from (`RedirectStatistics`: a member that fails to abort is
+logged once and marked down); every wait is bounded by `RouterConfig`.
 
 Knows nothing about which cells exist, their roles or session affinity: the router hands it
 `place` (the member for a choice's next attempt) and `mark_down`, and drains a member by `stop_leg`.
@@ -15,6 +16,7 @@ Knows nothing about which cells exist, their roles or session affinity: the rout
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import Generic, Literal, Protocol, TypeVar
@@ -44,6 +46,8 @@ __all__ = [
     "Signal",
     "StopReason",
 ]
+
+logger = logging.getLogger(__name__)
 
 StopReason = Literal["redirect", "timeout", "user"]
 """Why an attempt was stopped: its member left rollout (`redirect`), no token came for
@@ -144,6 +148,7 @@ class RedirectStatistics(msgspec.Struct, frozen=True, kw_only=True):
     tokens_recomputed: int
     requests_migrated: int
     tokens_migrated: int
+    aborts_failed: int
     redirect_latency_s_mean: float
     """Mean time from a choice leaving its member to its first token on the next one, seconds."""
     redirect_latency_s_max: float
@@ -163,7 +168,8 @@ class Redirector(Generic[M]):
         place: `place(state, choice, avoid)` is the member for the choice's next attempt (not
             `avoid` if another serves), None once the caller aborted the choice; it raises
             `EngineUnavailableError` when none comes in time.
-        mark_down: `mark_down(member, reason)` takes a member out of service.
+        mark_down: `mark_down(member, reason)` takes a member out of service (one whose attempt
+            failed as unreachable, or that failed to abort an attempt).
     """
 
     def __init__(
@@ -180,7 +186,7 @@ class Redirector(Generic[M]):
         self._mark_down = mark_down
         self._counts = dict(
             tokens_generated=0, requests_routed=0, requests_redirected=0, requests_retried=0,
-            tokens_recomputed=0, requests_migrated=0, tokens_migrated=0,
+            tokens_recomputed=0, requests_migrated=0, tokens_migrated=0, aborts_failed=0,
         )
         self._latency_total_s = 0.0
         self._latency_max_s = 0.0
@@ -387,13 +393,24 @@ class Redirector(Generic[M]):
 
     async def _abort_leg(self, leg: Leg) -> None:
         """`engine.abort` on the attempt's member, at most `abort_timeout_s`; keeps what it
-        returns. A member that cannot abort is no longer listened to."""
+        returns. A member that cannot abort (it raised `EngineError` or did not answer in time) is
+        no longer listened to (the tokens so far are what its stream brought), is marked down (the
+        attempt may still run there) and is counted in `aborts_failed`, with one warning."""
         leg.abort_sent = True
         try:
             with anyio.fail_after(self.config.abort_timeout_s):
                 leg.abort_result = await leg.member.engine.abort(leg.request_id)
-        except (EngineError, TimeoutError):  # unreachable or hung: its tokens so far are what was streamed
+        except (EngineError, TimeoutError) as exc:  # recovered: counted, the member marked down
             leg.scope.cancel()
+            why = str(exc) if isinstance(exc, EngineError) else (
+                f"no answer within abort_timeout_s={self.config.abort_timeout_s}"
+            )
+            self._counts["aborts_failed"] += 1
+            logger.warning(
+                "abort of attempt %r on cell %r failed (%s): the cell is marked down",
+                leg.request_id, leg.member.name, why,
+            )
+            self._mark_down(leg.member, f"abort of attempt {leg.request_id!r} failed: {why}")
 
 
 def _continues(choice: Choice, leg: Leg, stop_ids: set[int]) -> bool:

@@ -80,6 +80,12 @@ class RouterStatistics(EngineStatistics, frozen=True, kw_only=True):
     """Continuations because the cell left rollout or went down (dead, refused)."""
     requests_retried: int = 0
     """Continuations after an attempt failed on a cell that stays in service (stall, error)."""
+    requests_abandoned: int = 0
+    """Requests whose caller went away before they ended (cancelled, or closed its stream early):
+    their attempts were aborted on the cells at once."""
+    aborts_failed: int = 0
+    """Aborts of an attempt that a cell refused or did not answer in `abort_timeout_s`; each marked
+    the cell down (logged once)."""
     requests_replayed: int = 0
     """Requests answered from the completions of an earlier request with the same ID."""
     tokens_recomputed: int = 0
@@ -166,7 +172,9 @@ class Router:
         self._tg: TaskGroup | None = None
         self._paused = False
         self._weight_loads = 0
-        self._counts = dict(requests_total=0, requests_aborted=0, requests_replayed=0)
+        self._counts = dict(
+            requests_total=0, requests_aborted=0, requests_replayed=0, requests_abandoned=0
+        )
         self._redirect: Redirector[_Member] = Redirector(
             config, self.continuation, place=self._place, mark_down=self._mark_down
         )
@@ -302,7 +310,9 @@ class Router:
         proxy's `{execution}/{call}`), or the whole ID. Every token carries the version that sampled
         it; a choice's finish reason is that of its last attempt. A request ID seen before replays
         its recorded completions (idempotent retries); one aborted before it arrived ends at once
-        with 0 tokens. Iterate inside `contextlib.aclosing` (the proxy does).
+        with 0 tokens. Iterate inside `contextlib.aclosing` (the proxy does): a caller cancelled
+        or closing the stream before the end, before its first token included, has the request
+        aborted on its cells before the cancellation or `aclose` completes (`requests_abandoned`).
 
         Raises: `InvalidRequestError` (bad request; checked against the smallest cell limits),
         `EngineUnavailableError` (router closed or paused, request ID already running, no rollout
@@ -317,14 +327,17 @@ class Router:
         pending = {c.index for c in state.choices}
         assert self._tg is not None
         self._tg.start_soon(self._serve, state, name=f"router {request.request_id}")
+        left = True  # the caller went away (cancelled, or closed the stream) unless set below
         try:
             async with state.receive:
                 async for item in state.receive:
                     if isinstance(item, Exception):
+                        left = False
                         raise item
                     if item.finish_reason is not None:
                         pending.discard(item.index)
                     yield item
+            left = False
             if pending:
                 raise EngineUnavailableError(
                     f"request {request.request_id!r}: router closed before choices {sorted(pending)} finished"
@@ -332,6 +345,7 @@ class Router:
         finally:
             with anyio.CancelScope(shield=True):
                 if pending and not state.served.is_set():  # the caller stopped early, or failed
+                    self._counts["requests_abandoned"] += left
                     await self._abort_request(state)  # on the cells first, then stop listening
                 state.scope.cancel()
                 with anyio.move_on_after(2 * self.config.abort_timeout_s + 1):

@@ -190,6 +190,42 @@ class LoggingEngine:
         return self.inner.statistics()
 
 
+class AbortFailsEngine(LoggingEngine):
+    """A cell whose abort fails: it raises (`fail="raise"`, the cell cannot be reached for it) or
+    never answers (`fail="hang"`); its streams go on until the router stops listening."""
+
+    def __init__(
+        self, name: str, inner: ScriptedEngine, log: list[tuple[str, str, str]], fail: str
+    ) -> None:
+        super().__init__(name, inner, log)
+        self.fail = fail
+
+    async def abort(self, request_id: str) -> list[Completion]:
+        self.log.append((self.name, "abort", request_id))
+        if self.fail == "hang":
+            await anyio.sleep_forever()
+        raise EngineUnavailableError("abort refused: connection reset")
+
+
+class SilentEngine(LoggingEngine):
+    """A cell that accepts requests and never yields a token; an abort (logged) ends the stream
+    with 0 tokens, as a real engine's does."""
+
+    def __init__(self, name: str, inner: ScriptedEngine, log: list[tuple[str, str, str]]) -> None:
+        super().__init__(name, inner, log)
+        self.ended: dict[str, anyio.Event] = {}
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        self.log.append((self.name, "generate", request.request_id))
+        await self.ended.setdefault(request.request_id, anyio.Event()).wait()
+        yield TokenDelta(index=0, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
+
+    async def abort(self, request_id: str) -> list[Completion]:
+        self.log.append((self.name, "abort", request_id))
+        self.ended.setdefault(request_id, anyio.Event()).set()
+        return [Completion(index=0, token_ids=[], logprobs=[], versions=[], finish_reason="abort")]
+
+
 # -- tests -----------------------------------------------------------------------------------
 
 
@@ -385,6 +421,7 @@ async def test_a_cell_killed_mid_request_is_marked_down_and_its_requests_continu
     assert got.versions == [1] * 10 + [2] * 30
     assert stats.requests_redirected == 1 and stats.cells_down == 1
     assert "connection reset" in stats.cells[0].down
+    assert stats.aborts_failed == 1  # the dead cell could not abort the broken attempt either
     assert [r.request_id for r in b.requests_seen] == ["e/1@0.1", "f/1@0.0"]
     assert b.requests_seen[0].prompt_ids == [4, 5, 6, *want.token_ids[:10]]
 
@@ -420,6 +457,68 @@ async def test_a_timed_out_attempt_is_aborted_on_its_cell_before_the_retry() -> 
     assert log == [("a", "generate", "e/1@0.0"), ("a", "abort", "e/1@0.0"), ("b", "generate", "e/1@0.1")]
     assert stalled.inner.statistics().requests_aborted == 1
     assert (stats.requests_retried, stats.requests_redirected, stats.cells_down) == (1, 0, 0)
+    assert stats.aborts_failed == 0
+
+
+@pytest.mark.parametrize("fail", ["raise", "hang"])
+async def test_a_failed_abort_is_counted_logged_and_marks_the_cell_down(fail: str, caplog) -> None:
+    """Issue 18: a cell that cannot abort during a redirect is taken out of service, once, and the
+    request continues on another cell from the tokens it streamed, none lost or duplicated."""
+    log: list[tuple[str, str, str]] = []
+    a = AbortFailsEngine("a", scripted(1, 0.002), log, fail)
+    b = LoggingEngine("b", scripted(2, 0.002), log)
+    config = RouterConfig(abort_timeout_s=0.2)
+    caplog.set_level("WARNING", logger="gyre.runtime.redirect")
+    async with Router({"a": a, "b": b}, config=config) as router:
+        consumer = Consumer()
+        req = request("e/1", [6, 1], 400)  # 0.8 s on one cell: longer than the abort wait
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.run, router, req)
+            await consumer.wait_tokens(5)
+            assert await router.set_role("a", "train") == 1
+        stats = router.statistics()
+    want = (await reference(req))[0]
+    assert consumer.error is None and consumer.finish() == "length"
+    assert consumer.tokens() == want.token_ids  # nothing lost, nothing duplicated
+    k = consumer.versions().count(1)
+    assert 5 <= k < 400 and consumer.versions() == [1] * k + [2] * (400 - k)
+    assert log[:2] == [("a", "generate", "e/1@0.0"), ("a", "abort", "e/1@0.0")]
+    assert log[2:] == [("b", "generate", "e/1@0.1")]
+    assert (stats.aborts_failed, stats.requests_redirected, stats.requests_retried) == (1, 1, 0)
+    assert stats.cells_down == 1 and "abort of attempt 'e/1@0.0' failed" in stats.cells[0].down
+    assert stats.cells[1].down is None
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "'e/1@0.0'" in warnings[0].getMessage()
+
+
+async def test_a_caller_cancelled_before_the_first_token_aborts_the_request_at_once() -> None:
+    """Issue 18: the caller gives up while the cell has produced nothing yet: the abort reaches
+    the cell when the caller's cancellation completes, not after `attempt_timeout_s`."""
+    log: list[tuple[str, str, str]] = []
+    silent = SilentEngine("a", scripted(1), log)
+    config = RouterConfig(attempt_timeout_s=3600, abort_timeout_s=3600)
+    async with Router({"a": silent}, config=config) as router:
+        with anyio.CancelScope() as caller:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(collect, router, request("e/1", [1], 8))
+                await wait_until(lambda: len(log) == 1)
+                caller.cancel()
+        assert caller.cancelled_caught
+        assert log == [("a", "generate", "e/1@0.0"), ("a", "abort", "e/1@0.0")]
+        stats = router.statistics()
+    assert (stats.requests_abandoned, stats.requests_aborted, stats.running_requests) == (1, 1, 0)
+    assert (stats.aborts_failed, stats.requests_retried, stats.cells_down) == (0, 0, 0)
+
+
+async def test_a_caller_that_closes_its_stream_early_is_counted_as_abandoned() -> None:
+    a = scripted(1, 0.002)
+    async with Router({"a": a}) as router:
+        async with contextlib.aclosing(router.generate(request("e/1", [1], 500))) as stream:
+            async for _ in stream:
+                break
+        await collect(router, request("e/2", [1], 5))  # runs to its end: not abandoned
+        stats = router.statistics()
+    assert (stats.requests_abandoned, stats.requests_aborted, stats.requests_total) == (1, 1, 2)
 
 
 async def test_retries_are_bounded() -> None:
