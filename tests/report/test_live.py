@@ -26,13 +26,29 @@ from tests.report.test_report import step
 SECRET = "s3cret-" + "x" * 20
 
 
-def call(eid: str, cid: str, prompt: list[int], completion: list[int], *, parent: str | None = None,
-         divergence: Divergence | None = None, role: str = "main") -> ModelCall:
+def call(
+    eid: str,
+    cid: str,
+    prompt: list[int],
+    completion: list[int],
+    *,
+    parent: str | None = None,
+    divergence: Divergence | None = None,
+    role: str = "main",
+) -> ModelCall:
     n = len(completion)
     return ModelCall(
-        execution_id=eid, call_id=cid, role=role, prompt_ids=prompt, completion_ids=completion,
-        logprobs=[-0.5 - 0.1 * i for i in range(n)], versions=[1] * n, finish_reason="stop",
-        parent_call_id=parent, sampling=SamplingParams(temperature=1.0), divergence=divergence,
+        execution_id=eid,
+        call_id=cid,
+        role=role,
+        prompt_ids=prompt,
+        completion_ids=completion,
+        logprobs=[-0.5 - 0.1 * i for i in range(n)],
+        versions=[1] * n,
+        finish_reason="stop",
+        parent_call_id=parent,
+        sampling=SamplingParams(temperature=1.0),
+        divergence=divergence,
     )
 
 
@@ -43,17 +59,32 @@ async def write_log(path: Path) -> list[ModelCall]:
 
     c1 = call("e1", "c1", [1, 2, 3], [4, 5])
     c2 = call("e1", "c2", [1, 2, 3, 4, 5, 6], [7, 8, 9], parent="c1")
-    c3 = call("e1", "c3", [1, 10, 11], [12, 13],
-              divergence=Divergence(parent_call_id="c2", index=1, reason="compaction"), role="main_summary")
+    c3 = call(
+        "e1",
+        "c3",
+        [1, 10, 11],
+        [12, 13],
+        divergence=Divergence(parent_call_id="c2", index=1, reason="compaction"),
+        role="main_summary",
+    )
     d1 = call("e2", "c1", [1, 2], [3])
     log = CallLog(path)
     await log.append_call(c1)
     await log.append_call(c2, base=("c1", 5))
     await log.append_call(c3)
     await log.append_call(d1)
-    await log.append_end(ExecutionSummary(execution_id="e1", num_calls=3, truncated=False, length_calls=0,
-                                          context_refusals=0, divergences=1, prompt_tokens=12,
-                                          completion_tokens=7))
+    await log.append_end(
+        ExecutionSummary(
+            execution_id="e1",
+            num_calls=3,
+            truncated=False,
+            length_calls=0,
+            context_refusals=0,
+            divergences=1,
+            prompt_tokens=12,
+            completion_tokens=7,
+        )
+    )
     log.close()
     return [c1, c2, c3, d1]
 
@@ -63,11 +94,38 @@ def run_dir(tmp_path: Path) -> Path:
     anyio.run(write_log, tmp_path / "calls.log")
     MetricsWriter(tmp_path).write(step(1, pass_rate=0.5))
     ledger = ExecutionLedger(tmp_path)
-    ledger.append(LedgerEntry(step=1, task_id="t-a", slot=0, outcome=Outcome(
-        execution_id="e1", task_id="t-a", termination="timeout",
-        score=Score(passed=1, total=3, score=1 / 3, all_passed=False, failed_tests=("test_b", "test_c")))))
-    ledger.append(LedgerEntry(step=1, task_id="t-b", slot=0, outcome=Outcome(
-        execution_id="e3", task_id="t-b", termination="failed", failure_reason="agent crashed")))
+    ledger.append(
+        LedgerEntry(
+            step=1,
+            task_id="t-a",
+            slot=0,
+            outcome=Outcome(
+                execution_id="e1",
+                task_id="t-a",
+                termination="timeout",
+                score=Score(
+                    passed=1,
+                    total=3,
+                    score=1 / 3,
+                    all_passed=False,
+                    failed_tests=("test_b", "test_c"),
+                ),
+            ),
+        )
+    )
+    ledger.append(
+        LedgerEntry(
+            step=1,
+            task_id="t-b",
+            slot=0,
+            outcome=Outcome(
+                execution_id="e3",
+                task_id="t-b",
+                termination="failed",
+                failure_reason="agent crashed",
+            ),
+        )
+    )
     return tmp_path
 
 
@@ -110,7 +168,9 @@ def test_tree_loss_weights_are_the_packed_batch_values(run_dir: Path) -> None:
     np.testing.assert_array_equal(tv.weight_N[packed.node_T], packed.loss_weight_T)
     outline = tv.outline()
     comp = [s for s in outline["segments"] if s["divergence"]]
-    assert [(s["call_id"], s["divergence"]["reason"], s["parent_node"]) for s in comp] == [("c3", "compaction", 0)]
+    assert [(s["call_id"], s["divergence"]["reason"], s["parent_node"]) for s in comp] == [
+        ("c3", "compaction", 0)
+    ]
     assert len(outline["selected_leaves"]) == 1  # jmax = 1: main outranks main_summary
     assert outline["selected_leaves"][0]["role"] == "main"
     toks = tv.tokens(comp[0]["id"], 0, 10, None)["tokens"]
@@ -164,8 +224,14 @@ async def test_executions_states_filters_and_verifier(run_dir: Path) -> None:
         d = (await c.get("/api/executions?page=1&page_size=2", headers=bearer)).json()
         assert d["total"] == 3 and len(d["rows"]) == 1
         e1 = (await c.get("/api/executions/e1", headers=bearer)).json()
-        assert e1["verifier"] == {"passed": 1, "total": 3, "score": 1 / 3, "all_passed": False,
-                                  "failed_tests": ["test_b", "test_c"], "partial": True}
+        assert e1["verifier"] == {
+            "passed": 1,
+            "total": 3,
+            "score": 1 / 3,
+            "all_passed": False,
+            "failed_tests": ["test_b", "test_c"],
+            "partial": True,
+        }
         assert e1["row"]["roles"] == {"main": 2, "main_summary": 1}
         e3 = (await c.get("/api/executions/e3", headers=bearer)).json()
         assert e3["tree"] is None and e3["row"]["state"] == "failed"
