@@ -164,6 +164,9 @@ class _Worker:
             return next(target)
         if op == "isinstance":
             return isinstance(args[0], target)
+        if op in ("str", "repr"):  # an exact str, even if __str__ returned a subclass
+            return _BUILTIN_OPS[op](target).encode("utf-8", "surrogatepass").decode(
+                "utf-8", "surrogatepass")
         if op in _BUILTIN_OPS:
             return _BUILTIN_OPS[op](target)
         if op.startswith("op_") and hasattr(operator, op[3:]):

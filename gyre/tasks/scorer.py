@@ -13,9 +13,11 @@ about agents, termination reasons or advantages.
 from __future__ import annotations
 
 import functools
+import hmac
 import json
 import math
 import os
+import secrets
 import shutil
 import socket
 import stat
@@ -91,18 +93,22 @@ def _score_reward_dir(reward_dir: Path) -> Score:
     return Score(passed=int(reward == 1.0), total=1, score=reward, all_passed=reward == 1.0)
 
 
-def score_report(lines: bytes, num_tests: int | None) -> Score:
-    """Count the sealed verifier's report (`gyre.tasks.sealed`, one JSON line per test phase): a
-    test passed if its call passed and no phase of it failed; a module that could not be collected
-    counts as one failed test. total = `num_tests` or the reported count if larger.
+def score_report(lines: bytes, num_tests: int | None, key: bytes) -> Score:
+    """Count the sealed verifier's report (`gyre.tasks.sealed`, one JSON line per test phase,
+    signed with `key`; a line with a wrong signature is left out): a test passed if its call
+    passed and no phase of it failed; a module that could not be collected counts as one failed
+    test. total = `num_tests` or the reported count if larger.
 
     Raises `VerifierError` if the report is cut short (no closing record) or holds no test."""
     seen: dict[str, None] = {}  # in report order
     not_ok: set[str] = set()
     called_ok: set[str] = set()
     done = False
-    for line in lines.splitlines():
-        record = json.loads(line)
+    for line in lines.decode(errors="replace").splitlines():
+        body = line.rpartition(" ")[0]
+        if not hmac.compare_digest(sealed.sign(key, body), line):
+            continue  # not the judge's
+        record = json.loads(body)
         if "done" in record:
             done = True
             continue
@@ -198,7 +204,8 @@ async def _run_sealed_pytest(task: Task, scratch: Path, env: dict[str, str], out
                              judge: tuple[int, int] | None, mounts: Mounts | None):
     """The judge (pytest with `sealed.py`, as `judge`) and the Python host (as `agent`) side by
     side, joined by a socket pair; the judge's report comes back on a pipe. Returns the judge's
-    `ProcessResult` and its report."""
+    `ProcessResult`, its report and the report's key (given to the judge alone, on a pipe it
+    empties before any workspace code runs)."""
     spec = task.spec.verifier
     judge_end, host_end = (s.detach() for s in socket.socketpair())
     host_env = {**env, "HOME": str(scratch / "tmp"), "TMPDIR": str(scratch / "tmp")}
@@ -208,12 +215,16 @@ async def _run_sealed_pytest(task: Task, scratch: Path, env: dict[str, str], out
                  str(scratch / "workspace")]
     host_done = anyio.Event()
     report: list[bytes] = []
+    key = secrets.token_bytes(32)
     async with anyio.create_task_group() as tg:
         tg.start_soon(functools.partial(
             run_supervised, host_argv, cwd=scratch / "workspace", env=host_env, limits=limits,
             deadline_s=spec.timeout_s + 30, stdout=out, stderr=out, user=agent, mounts=mounts,
             stop=host_done, pass_fds=[host_end]))
         report_r, report_w = os.pipe()
+        key_r, key_w = os.pipe()
+        os.write(key_w, key)
+        os.close(key_w)
 
         async def read_report() -> None:
             report.append(await anyio.to_thread.run_sync(_read_all, report_r))
@@ -221,6 +232,7 @@ async def _run_sealed_pytest(task: Task, scratch: Path, env: dict[str, str], out
         tg.start_soon(read_report)
         judge_env = {**env, "HOME": str(scratch / "verifier"), "TMPDIR": str(scratch / "verifier"),
                      "GYRE_HOST_FD": str(judge_end), "GYRE_REPORT_FD": str(report_w),
+                     "GYRE_KEY_FD": str(key_r),
                      "GYRE_CALL_TIMEOUT_S": str(spec.test_timeout_s)}
         argv = [
             python, "-I", str(scratch / "sealed" / "sealed.py"), "-c", str(scratch / "pytest.ini"),
@@ -232,10 +244,10 @@ async def _run_sealed_pytest(task: Task, scratch: Path, env: dict[str, str], out
             result = await run_supervised(
                 argv, cwd=scratch / "workspace", env=judge_env, limits=limits,
                 deadline_s=spec.timeout_s, stdout=out, stderr=out, user=judge, mounts=mounts,
-                pass_fds=[judge_end, report_w])
+                pass_fds=[judge_end, report_w, key_r])
         finally:
             host_done.set()
-    return result, report[0]
+    return result, report[0], key
 
 
 async def verify(
@@ -284,7 +296,7 @@ async def verify(
         # root's, opened here: the log is for error messages only, never read as a score
         with open(scratch / "output.log", "wb") as out:
             if spec.kind == "pytest":
-                result, report = await _run_sealed_pytest(
+                result, report, key = await _run_sealed_pytest(
                     task, scratch, env, out, limits=limits, python=python, agent=user,
                     judge=sealed_judge, mounts=mounts)
             else:
@@ -305,7 +317,7 @@ async def verify(
                     f"pytest verifier of {task.task_id} crashed (exit {result.exit_code}): "
                     f"{output[-800:]}"
                 )
-            score = score_report(report, spec.num_tests)
+            score = score_report(report, spec.num_tests, key)
         else:
             try:
                 score = _score_reward_dir(scratch / "verifier")
@@ -334,9 +346,9 @@ async def score_workspace(
 
     Agent code the tests call runs in the Python host, so exiting or hanging fails only its own
     tests; a workspace can still break the verifier through what the hidden tests do with its
-    files, and that must score 0, not drop the execution from training. When `verify` raises `VerifierError`,
-    the verifier is run once on the task's pristine `environment/` (cached per task in
-    `template_ok`): if it works there, the workspace is at fault and the score is 0 of
+    files, and that must score 0, not drop the execution from training. When `verify` raises
+    `VerifierError`, the verifier is run once on the task's pristine `environment/` (cached per
+    task in `template_ok`): if it works there, the workspace is at fault and the score is 0 of
     `num_tests` (or 1); if it fails there too, the `VerifierError` is raised (infrastructure).
     """
     try:

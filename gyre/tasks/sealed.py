@@ -1,19 +1,20 @@
 """The sealed verifier's trusted side: a pytest run that never imports the workspace's code.
 
 Run as a script (`python -I sealed.py <pytest args>`, copied with `gyre/sandbox/pyhost.py` into
-the verifier's scratch; standard library and pytest only). It makes itself non-dumpable (no
-process of its uid may read its memory or descriptors), puts a finder at the end of
-`sys.meta_path` that answers imports of the workspace's top-level names with `_RemoteModule`s,
-and reports each test phase as a JSON line on the inherited pipe `GYRE_REPORT_FD`, which the
-scorer reads. The workspace's code runs in workers of the Python host (`GYRE_HOST_FD`, another
-process, usually another uid); only plain data comes back, so every assertion is evaluated here.
-Knows nothing about tasks, scores or gyre (`gyre.tasks.scorer` starts it).
+the verifier's scratch; standard library and pytest only). Non-dumpable (no process of its uid
+reads its memory or descriptors), it answers imports of the workspace's top-level names with
+`_RemoteModule`s (a finder last on `sys.meta_path`) and writes each test phase as a JSON line,
+signed with the key read from `GYRE_KEY_FD`, to the scorer's pipe `GYRE_REPORT_FD`. The
+workspace's code runs in workers of the Python host (`GYRE_HOST_FD`, another process, usually
+another uid); only plain data comes back, so every assertion is evaluated here. Knows nothing
+about tasks, scores or gyre (`gyre.tasks.scorer` starts it).
 """
 
 from __future__ import annotations
 
 import builtins
 import ctypes
+import hmac
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -164,8 +165,9 @@ _PLAIN_DUNDERS = ("__name__", "__qualname__", "__doc__", "__module__", "__all__"
 class _Remote:
     """An object of the workspace's code, living in the worker: every use is a request.
 
-    Never equal to plain data (an object cannot claim to equal an expected value); two remote
-    objects compare in the worker."""
+    Never equal to plain data, never ordered against it, and holds a value only if one of its
+    items equals it here (an object cannot claim to match an expected value); two remote objects
+    compare in the worker."""
 
     __slots__ = ("_gyre_target", "_gyre_generation")
 
@@ -220,7 +222,8 @@ class _Remote:
         return _host().request("next", self)
 
     def __instancecheck__(self, instance: object) -> bool:  # isinstance(x, workspace_class)
-        return isinstance(instance, _Remote) and _host().request("isinstance", self, args=[instance])
+        return isinstance(instance, _Remote) and bool(
+            _host().request("isinstance", self, args=[instance]))
 
 
 def _operator(name: str):
@@ -231,9 +234,30 @@ def _operator(name: str):
     return forward
 
 
-for _name in ("lt", "le", "gt", "ge", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow",
-              "neg", "contains", "getitem", "setitem", "delitem"):
+def _ordering(name: str):
+    def forward(self: _Remote, other: object):
+        if not isinstance(other, _Remote):  # an object cannot claim an order against a value
+            raise TypeError(f"a workspace object is not ordered against a {type(other).__name__}")
+        return _host().request(f"op_{name}", self, args=(other,))
+
+    forward.__name__ = f"__{name}__"
+    return forward
+
+
+def _contains(self: _Remote, item: object) -> bool:
+    """`item in obj`: asked of the worker for a workspace object; for plain data, the items are
+    fetched and compared here (a container cannot claim to hold every value)."""
+    if isinstance(item, _Remote):
+        return bool(_host().request("op_contains", self, args=(item,)))
+    return any(element == item for element in iter(self))
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "getitem",
+              "setitem", "delitem"):
     setattr(_Remote, f"__{_name}__", _operator(_name))
+for _name in ("lt", "le", "gt", "ge"):
+    setattr(_Remote, f"__{_name}__", _ordering(_name))
+_Remote.__contains__ = _contains
 
 
 class _RemoteModule(types.ModuleType):
@@ -277,14 +301,20 @@ def workspace_names(folder: str) -> set[str]:
     return names
 
 
-class _Reporter:
-    """Writes one JSON line per test phase to the scorer's pipe."""
+def sign(key: bytes, body: str) -> str:
+    """The report line of `body`: `body`, a space, and its HMAC-SHA256 under `key` (hex)."""
+    return f"{body} {hmac.new(key, body.encode(), 'sha256').hexdigest()}"
 
-    def __init__(self, fd: int) -> None:
+
+class _Reporter:
+    """Writes one signed JSON line per test phase to the scorer's pipe."""
+
+    def __init__(self, fd: int, key: bytes) -> None:
         self.fd = fd
+        self.key = key
 
     def write(self, record: dict) -> None:
-        data = (json.dumps(record) + "\n").encode()
+        data = (sign(self.key, json.dumps(record)) + "\n").encode()
         while data:
             data = data[os.write(self.fd, data):]
 
@@ -302,11 +332,16 @@ class _Reporter:
 def main(argv: list[str]) -> int:
     global HOST
     ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    # read before any worker exists: the pipe is empty from then on, the key only in this memory
+    key_fd = int(os.environ["GYRE_KEY_FD"])
+    key = os.read(key_fd, 64)
+    os.close(key_fd)
     HOST = _Host(int(os.environ["GYRE_HOST_FD"]), float(os.environ["GYRE_CALL_TIMEOUT_S"]))
     sys.meta_path.append(_WorkspaceFinder(workspace_names(os.environ["GYRE_WORKSPACE"])))
     import pytest
 
-    return int(pytest.main(argv, plugins=[_Reporter(int(os.environ["GYRE_REPORT_FD"]))]))
+    reporter = _Reporter(int(os.environ["GYRE_REPORT_FD"]), key)
+    return int(pytest.main(argv, plugins=[reporter]))
 
 
 if __name__ == "__main__":

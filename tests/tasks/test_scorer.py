@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gyre.tasks.scorer import VerifierError, score_report, score_workspace, verify
+from gyre.tasks.sealed import sign
 from gyre.tasks.task import load_task
 from tests.tasks.test_task import make_task
 
@@ -145,8 +146,11 @@ async def test_missing_workspace(tmp_path: Path) -> None:
 
 
 def test_score_report_counts_failures_errors_and_skips() -> None:
-    def line(nodeid: str, when: str, outcome: str) -> str:
-        return json.dumps({"id": f"tests/t.py::{nodeid}", "when": when, "outcome": outcome})
+    key = b"k" * 32
+
+    def line(nodeid: str, when: str, outcome: str, sign_with: bytes = key) -> str:
+        body = json.dumps({"id": f"tests/t.py::{nodeid}", "when": when, "outcome": outcome})
+        return sign(sign_with, body)
 
     report = "\n".join([
         line("a", "setup", "passed"), line("a", "call", "passed"), line("a", "teardown", "passed"),
@@ -155,17 +159,24 @@ def test_score_report_counts_failures_errors_and_skips() -> None:
         line("d", "setup", "skipped"),
         line("e", "call", "passed"), line("e", "teardown", "failed"),  # an error in teardown
         line("f", "call", "passed"),
-        json.dumps({"id": "tests/u.py", "when": "collect", "outcome": "failed"}),
-        json.dumps({"done": 1}),
+        sign(key, json.dumps({"id": "tests/u.py", "when": "collect", "outcome": "failed"})),
+        # forged: another key, no signature, a signature of another line; all left out
+        line("b", "call", "passed", b"x" * 32), line("g", "call", "passed", b"x" * 32),
+        json.dumps({"id": "tests/t.py::h", "when": "call", "outcome": "passed"}),
+        line("e", "call", "passed").rpartition(" ")[0].replace('"e"', '"i"') + " "
+        + line("e", "call", "passed").rpartition(" ")[2],
+        sign(key, json.dumps({"done": 1})),
     ]).encode()
-    score = score_report(report, num_tests=None)
+    score = score_report(report, None, key)
     assert (score.passed, score.total, score.score) == (2, 7, 2 / 7)
     assert score.failed_tests == ("tests.t::b", "tests.t::c", "tests.t::d", "tests.t::e", "tests.u")
-    assert score_report(report, num_tests=10).total == 10
+    assert score_report(report, 10, key).total == 10
     with pytest.raises(VerifierError, match="before its closing record"):
-        score_report(report.rsplit(b"\n", 1)[0], None)
+        score_report(report.rsplit(b"\n", 1)[0], None, key)
+    with pytest.raises(VerifierError, match="before its closing record"):
+        score_report(report, None, b"x" * 32)  # nothing is the judge's
     with pytest.raises(VerifierError, match="no test case"):
-        score_report(b'{"done": 5}\n', None)
+        score_report(sign(key, '{"done": 5}').encode(), None, key)
 
 
 @pytest.mark.anyio

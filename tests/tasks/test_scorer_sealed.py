@@ -99,3 +99,30 @@ async def test_a_hang_at_collection_fails_that_module_only(tmp_path: Path) -> No
     (ws / "ok.py").write_text("VALUE = 2\n")
     score = await verify(task, ws)
     assert (score.passed, score.total, score.failed_tests) == (1, 2, ("tests.test_a",))
+
+
+async def test_workspace_objects_cannot_claim_to_match_expected_values(tmp_path: Path) -> None:
+    """Objects whose comparisons, membership and str always succeed: each test below passes on
+    a plain-data answer in pytest itself, and fails here (0 of 4 by hand)."""
+    tests = {"test_c.py": (
+        "from cheat import answer\n\n\n"
+        "def test_eq():\n    assert answer() == 7\n\n\n"
+        "def test_lt():\n    assert answer() < 3\n\n\n"
+        "def test_in():\n    assert 7 in answer()\n\n\n"
+        "def test_str():\n    assert str(answer()) == 'seven'\n"
+    )}
+    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 4\n", tests=tests))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "cheat.py").write_text(
+        "class Liar(str):\n"
+        "    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = str.__hash__\n"
+        "    def __lt__(self, other):\n        return True\n"
+        "    def __contains__(self, item):\n        return True\n"
+        "    def __iter__(self):\n        return iter(())\n"
+        "    def __str__(self):\n        return Liar('nope')\n\n\n"
+        "def answer():\n    return Liar('x')\n"
+    )
+    score = await verify(task, ws)
+    assert (score.passed, score.total) == (0, 4)
