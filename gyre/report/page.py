@@ -29,8 +29,14 @@ from gyre.runtime.timeline import (
 )
 
 __all__ = [
-    "write_report", "utilisation_table", "steps_table", "trees_section",
-    "REPORT_DIR", "PLOTS", "TIMELINE_PLOT", "TREES_CSV",
+    "write_report",
+    "utilisation_table",
+    "steps_table",
+    "trees_section",
+    "REPORT_DIR",
+    "PLOTS",
+    "TIMELINE_PLOT",
+    "TREES_CSV",
 ]
 
 REPORT_DIR = "report"
@@ -44,7 +50,7 @@ TREES_CSV = "trees.csv"
 log (the page lists the largest `TREES_SHOWN`)."""
 TREES_SHOWN = 20
 HEALS_NOTE = (
-    "History healing is not built yet (docs/design.md, \"Not built yet\"): no call is healed, so "
+    'History healing is not built yet (docs/design.md, "Not built yet"): no call is healed, so '
     "every step has 0 heals."
 )
 SUSPENSIONS_NOTE = (
@@ -75,26 +81,64 @@ def _markdown(run_dir: Path, s: RunSummary) -> str:
     split = s.eval_split or "none"
     rows = [
         ("steps", f"{s.steps}" + (f" ({s.first_step}-{s.last_step})" if s.steps else "")),
-        ("time in steps + evaluations", f"{_duration(s.wall_s)} (rollout {share(s.rollout_s)}, train {share(s.train_s)}, "
-                      f"sync {share(s.sync_s)}, evaluation {share(s.eval_s)})"),
-        (f"pass rate before ({split})", _pct(s.pass_before) + (f" at step {s.pass_before_step}" if s.pass_before_step is not None else "")),
-        (f"pass rate after ({split})", _pct(s.pass_after) + (f" at step {s.pass_after_step}" if s.pass_after_step is not None else "")),
+        (
+            "time in steps + evaluations",
+            f"{_duration(s.wall_s)} (rollout {share(s.rollout_s)}, train {share(s.train_s)}, "
+            f"sync {share(s.sync_s)}, evaluation {share(s.eval_s)})",
+        ),
+        (
+            f"pass rate before ({split})",
+            _pct(s.pass_before)
+            + (f" at step {s.pass_before_step}" if s.pass_before_step is not None else ""),
+        ),
+        (
+            f"pass rate after ({split})",
+            _pct(s.pass_after)
+            + (f" at step {s.pass_after_step}" if s.pass_after_step is not None else ""),
+        ),
         ("change", change),
-        (f"best evaluation ({split})", _pct(s.best_eval_pass) + (f" at step {s.best_eval_step}" if s.best_eval_step is not None else "")),
-        ("best step (batch pass rate)", f"{s.best_step} ({_pct(s.best_step_pass)})" if s.best_step is not None else "n/a"),
-        ("training executions", f"{s.executions} (finished {s.finished}, partially scored {s.partial}, failed {s.failed})"),
+        (
+            f"best evaluation ({split})",
+            _pct(s.best_eval_pass)
+            + (f" at step {s.best_eval_step}" if s.best_eval_step is not None else ""),
+        ),
+        (
+            "best step (batch pass rate)",
+            f"{s.best_step} ({_pct(s.best_step_pass)})" if s.best_step is not None else "n/a",
+        ),
+        (
+            "training executions",
+            f"{s.executions} (finished {s.finished}, partially scored {s.partial}, "
+            f"failed {s.failed})",
+        ),
         ("policy tokens trained", f"{s.policy_tokens:,}"),
-        ("trajectories (tree leaves) of trained executions",
-         "n/a" if s.branches is None else f"{s.branches:,}"),
-        ("mean dedup ratio", "n/a" if math.isnan(s.mean_dedup_ratio) else f"{s.mean_dedup_ratio:.2f}x"),
-        ("logprob mismatch (mean / worst step)", "n/a" if math.isnan(s.mean_logprob_abs_diff)
-         else f"{s.mean_logprob_abs_diff:.2e} / {s.max_logprob_abs_diff:.2e} nats"),
+        (
+            "trajectories (tree leaves) of trained executions",
+            "n/a" if s.branches is None else f"{s.branches:,}",
+        ),
+        (
+            "mean dedup ratio",
+            "n/a" if math.isnan(s.mean_dedup_ratio) else f"{s.mean_dedup_ratio:.2f}x",
+        ),
+        (
+            "logprob mismatch (mean / worst step)",
+            "n/a"
+            if math.isnan(s.mean_logprob_abs_diff)
+            else f"{s.mean_logprob_abs_diff:.2e} / {s.max_logprob_abs_diff:.2e} nats",
+        ),
         ("skipped optimizer steps", f"{s.skipped_steps}"),
     ]
     lines = [f"# Run report: `{run_dir}`", "", "| | |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in rows]
-    lines += ["", "![pass rate and mean reward per step](pass_rate.png)", "",
-              "![time split per step](time_split.png)", "", "![off-policy mismatch per step](mismatch.png)", ""]
+    lines += [
+        "",
+        "![pass rate and mean reward per step](pass_rate.png)",
+        "",
+        "![time split per step](time_split.png)",
+        "",
+        "![off-policy mismatch per step](mismatch.png)",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -110,13 +154,19 @@ def utilisation_table(timeline: Timeline, num_cells: int) -> str:
     (one decimal) and the cell-seconds of rollout, train, step, load, switch and idle.
     """
     kinds = ("rollout", "train", "step", "load", "switch", "idle")
-    head = "| step | window (s) | busy | slot fill | " + " | ".join(f"{k} (cell-s)" for k in kinds) + " |"
+    head = (
+        "| step | window (s) | busy | slot fill | "
+        + " | ".join(f"{k} (cell-s)" for k in kinds)
+        + " |"
+    )
     lines = [head, "|" + " --- |" * (4 + len(kinds))]
 
     def row(label: str, u) -> str:
         cells = " | ".join(f"{u.cell_s_by_kind.get(k, 0.0):.1f}" for k in kinds)
-        return (f"| {label} | {u.start_s:.1f}-{u.end_s:.1f} | {_fraction(u.busy)} | {_fraction(u.slot_fill)} | "
-                f"{cells} |")
+        return (
+            f"| {label} | {u.start_s:.1f}-{u.end_s:.1f} | {_fraction(u.busy)} | "
+            f"{_fraction(u.slot_fill)} | {cells} |"
+        )
 
     for s in utilisation_per_step(timeline, num_cells):
         lines.append(row(str(s.step), s.utilisation))
@@ -130,16 +180,33 @@ def _timeline_section(run_dir: Path, out: Path) -> str:
     timeline = read_timeline(run_dir)
     num_cells = max(timeline.num_cells, 1)
     end = max((iv.end_s for iv in timeline.intervals), default=0.0)
-    unit_s, label = (1.0, "seconds") if end <= 600 else ((60.0, "minutes") if end <= 3 * 3600 else (3600.0, "hours"))
-    plot_timeline(timeline, num_cells, out / TIMELINE_PLOT, title=f"{num_cells} cells",
-                  time_unit_s=unit_s, time_label=f"{label} since the run started")
-    return "\n".join([
-        "## Cells", "",
-        "Utilisation by slots: a cell is busy while it holds work (a rollout cell hosting an execution, a "
-        "training cell computing, the optimizer step); slot fill = executions running / rollout slots.", "",
-        utilisation_table(timeline, num_cells), "",
-        f"![cell timeline]({TIMELINE_PLOT})", "",
-    ])
+    unit_s, label = (
+        (1.0, "seconds")
+        if end <= 600
+        else ((60.0, "minutes") if end <= 3 * 3600 else (3600.0, "hours"))
+    )
+    plot_timeline(
+        timeline,
+        num_cells,
+        out / TIMELINE_PLOT,
+        title=f"{num_cells} cells",
+        time_unit_s=unit_s,
+        time_label=f"{label} since the run started",
+    )
+    return "\n".join(
+        [
+            "## Cells",
+            "",
+            "Utilisation by slots: a cell is busy while it holds work (a rollout cell hosting an "
+            "execution, a training cell computing, the optimizer step); slot fill = executions "
+            "running / rollout slots.",
+            "",
+            utilisation_table(timeline, num_cells),
+            "",
+            f"![cell timeline]({TIMELINE_PLOT})",
+            "",
+        ]
+    )
 
 
 def steps_table(steps: list[StepMetrics]) -> str:
@@ -152,8 +219,10 @@ def steps_table(steps: list[StepMetrics]) -> str:
     ]
     for s in steps:
         branches = "n/a" if s.branches < 0 else str(s.branches)
-        lines.append(f"| {s.step} | {s.executions} | {_pct(s.pass_rate)} | {s.model_calls} | "
-                     f"{branches} | 0 | 0 |")
+        lines.append(
+            f"| {s.step} | {s.executions} | {_pct(s.pass_rate)} | {s.model_calls} | "
+            f"{branches} | 0 | 0 |"
+        )
     return "\n".join(lines)
 
 
@@ -175,11 +244,15 @@ def trees_section(trees: list[ExecutionTree]) -> str:
         ("model calls", f"{t.calls:,}"),
         ("tokens in calls / unique tokens", f"{t.tokens_in_calls:,} / {t.unique_tokens:,}"),
         ("dedup ratio (summed)", _ratio(t.dedup_ratio)),
-        ("dedup ratio per execution (median / max)",
-         f"{_ratio(t.dedup_ratio_median)} / {_ratio(t.dedup_ratio_max)}"),
+        (
+            "dedup ratio per execution (median / max)",
+            f"{_ratio(t.dedup_ratio_median)} / {_ratio(t.dedup_ratio_max)}",
+        ),
         ("branches (tree leaves)", f"{t.branches:,}"),
-        ("branches per execution (median / max)",
-         "n/a" if not trees else f"{t.branches_median:g} / {t.branches_max}"),
+        (
+            "branches per execution (median / max)",
+            "n/a" if not trees else f"{t.branches_median:g} / {t.branches_max}",
+        ),
         ("branch points", f"{t.branch_points:,}"),
         ("longest path (tokens)", f"{t.depth_max:,}"),
         ("rewritten-history calls by reason", _reasons(t.divergences)),
@@ -188,8 +261,10 @@ def trees_section(trees: list[ExecutionTree]) -> str:
     lines += [f"| {k} | {v} |" for k, v in rows]
     shown = sorted(trees, key=lambda x: (-x.tokens_in_calls, x.execution_id))[:TREES_SHOWN]
     lines += [
-        "", f"Largest {len(shown)} of {len(trees)} executions by tokens in calls (all in "
-        f"[{TREES_CSV}]({TREES_CSV})):", "",
+        "",
+        f"Largest {len(shown)} of {len(trees)} executions by tokens in calls (all in "
+        f"[{TREES_CSV}]({TREES_CSV})):",
+        "",
         "| execution | calls | tokens in calls | unique tokens | dedup ratio | branches | "
         "branch points | depth | rewritten history |",
         "|" + " --- |" * 9,
@@ -204,15 +279,36 @@ def trees_section(trees: list[ExecutionTree]) -> str:
 
 
 def _write_trees_csv(trees: list[ExecutionTree], path: Path) -> None:
-    fields = ["execution_id", "calls", "tokens_in_calls", "unique_tokens", "dedup_ratio",
-              "policy_tokens", "branches", "branch_points", "depth", "divergences"]
+    fields = [
+        "execution_id",
+        "calls",
+        "tokens_in_calls",
+        "unique_tokens",
+        "dedup_ratio",
+        "policy_tokens",
+        "branches",
+        "branch_points",
+        "depth",
+        "divergences",
+    ]
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(fields)
         for x in trees:
-            out.writerow([x.execution_id, x.calls, x.tokens_in_calls, x.unique_tokens,
-                          repr(x.dedup_ratio), x.policy_tokens, x.branches, x.branch_points,
-                          x.depth, _reasons(x.divergences)])
+            out.writerow(
+                [
+                    x.execution_id,
+                    x.calls,
+                    x.tokens_in_calls,
+                    x.unique_tokens,
+                    repr(x.dedup_ratio),
+                    x.policy_tokens,
+                    x.branches,
+                    x.branch_points,
+                    x.depth,
+                    _reasons(x.divergences),
+                ]
+            )
 
 
 def write_report(run_dir: str | os.PathLike[str], *, log_name: str = CALL_LOG) -> Path:
@@ -234,9 +330,18 @@ def write_report(run_dir: str | os.PathLike[str], *, log_name: str = CALL_LOG) -
     plot_time_split(steps, out / PLOTS[1])
     plot_mismatch(steps, out / PLOTS[2])
     page = _markdown(run_dir, summarize(records))
-    page += "\n".join([
-        "## Steps", "", steps_table(steps), "", HEALS_NOTE, "", SUSPENSIONS_NOTE, "",
-    ])
+    page += "\n".join(
+        [
+            "## Steps",
+            "",
+            steps_table(steps),
+            "",
+            HEALS_NOTE,
+            "",
+            SUSPENSIONS_NOTE,
+            "",
+        ]
+    )
     if (run_dir / log_name).exists():
         trees = execution_trees(run_dir, log_name)
         _write_trees_csv(trees, out / TREES_CSV)

@@ -1,4 +1,4 @@
-"""The run report's per-step plots, drawn with matplotlib's object API (no pyplot state, no display).
+"""The run report's per-step plots, drawn with matplotlib's object API (no pyplot state).
 
 Owns `plot_pass_rate` (pass rate and mean reward per step, held-out evaluations overlaid),
 `plot_time_split` (rollout / train / sync time per step) and `plot_mismatch` (off-policy logprob
@@ -30,16 +30,35 @@ def plot_pass_rate(steps: list[StepMetrics], evals: list[EvalMetrics], path: Pat
     ax = fig.add_subplot()
     x = [s.step for s in steps]
     ax.plot(x, [s.pass_rate for s in steps], "o-", color="tab:blue", label="pass rate (batch)")
-    ax.plot(x, [s.mean_reward for s in steps], "s--", color="tab:orange", label="mean reward (batch)")
-    styles = {"heldout": ("D", "tab:red", "held-out pass rate"), "train": ("^", "tab:green", "train-split eval pass rate")}
+    ax.plot(
+        x, [s.mean_reward for s in steps], "s--", color="tab:orange", label="mean reward (batch)"
+    )
+    styles = {
+        "heldout": ("D", "tab:red", "held-out pass rate"),
+        "train": ("^", "tab:green", "train-split eval pass rate"),
+    }
     for split, (marker, color, label) in styles.items():
         es = [e for e in evals if e.split == split]
         if es:
-            ax.plot([e.step for e in es], [e.pass_rate for e in es], marker=marker, linestyle=":",
-                    color=color, markersize=8, label=label)
+            ax.plot(
+                [e.step for e in es],
+                [e.pass_rate for e in es],
+                marker=marker,
+                linestyle=":",
+                color=color,
+                markersize=8,
+                label=label,
+            )
             for e in es:
-                ax.annotate(f"{100 * e.pass_rate:.0f}%", (e.step, e.pass_rate), textcoords="offset points",
-                            xytext=(0, 8), ha="center", fontsize=8, color=color)
+                ax.annotate(
+                    f"{100 * e.pass_rate:.0f}%",
+                    (e.step, e.pass_rate),
+                    textcoords="offset points",
+                    xytext=(0, 8),
+                    ha="center",
+                    fontsize=8,
+                    color=color,
+                )
     ax.set_xlabel("RL step")
     ax.set_ylabel("fraction")
     ax.set_ylim(-0.05, 1.1)
@@ -59,7 +78,11 @@ def plot_time_split(steps: list[StepMetrics], path: Path) -> None:
         ("rollout", [s.rollout_s for s in steps], "tab:blue"),
         ("train", [s.train_s for s in steps], "tab:orange"),
         ("sync", [s.sync_s for s in steps], "tab:green"),
-        ("other", [max(s.step_s - s.rollout_s - s.train_s - s.sync_s, 0.0) for s in steps], "tab:gray"),
+        (
+            "other",
+            [max(s.step_s - s.rollout_s - s.train_s - s.sync_s, 0.0) for s in steps],
+            "tab:gray",
+        ),
     ]
     for label, values, color in parts:
         if label == "other" and not any(values):
@@ -89,7 +112,9 @@ def plot_mismatch(steps: list[StepMetrics], path: Path) -> None:
     ax.set_title("Off-policy mismatch per step")
     ax.grid(alpha=0.3, which="both")
     ratio_ax = ax.twinx()
-    ratio_ax.plot(x, [s.mean_ratio for s in steps], "x--", color="tab:gray", label="mean importance ratio")
+    ratio_ax.plot(
+        x, [s.mean_ratio for s in steps], "x--", color="tab:gray", label="mean importance ratio"
+    )
     ratio_ax.set_ylabel("mean importance ratio")
     ratio_ax.ticklabel_format(axis="y", useOffset=False)
     fig.legend(loc="outside lower center", ncols=2, fontsize=8)

@@ -60,7 +60,8 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     """Pass rate of the latest evaluation of `eval_split`; None unless there are two or more."""
     pass_after_step: int | None
     best_eval_pass: float | None
-    """Highest evaluation pass rate of `eval_split` and the step it was measured at (earliest on ties)."""
+    """Highest evaluation pass rate of `eval_split` and the step it was measured at (earliest on
+    ties)."""
     best_eval_step: int | None
     best_step: int | None
     """Step with the highest batch pass rate (earliest on ties)."""
