@@ -9,11 +9,14 @@ parent's call ID plus the new tokens only, so the log grows with new tokens, not
 Durability: each frame is written to the OS (one `write` on an O_APPEND descriptor) before the
 proxy finishes the response, so a killed process loses no completed call; `fsync` runs when an
 execution closes and on a timer (`run_flusher`), against machine crashes. The reader rebuilds
-every record, and detects and skips a torn last frame. Knows nothing about HTTP or rendering.
+every record, and detects and skips a torn last frame. A write that fails (a full disk, a
+file-size limit) cuts its partial frame and raises `ProxyError` (503), so the log stays whole.
+Knows nothing about HTTP or rendering.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import zlib
@@ -23,7 +26,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from gyre.errors import LogCorruptError
+from gyre.errors import LogCorruptError, ProxyError
 from gyre.tito.records import ExecutionSummary, ModelCall
 
 __all__ = [
@@ -98,10 +101,21 @@ class CallLog:
         async with self._lock:
             if self._fd is None:
                 raise RuntimeError(f"call log {str(self.path)!r} is closed")
-            if len(frame) <= _INLINE_WRITE_BYTES:
-                os.write(self._fd, frame)  # a small append to the page cache: microseconds
-            else:
-                await anyio.to_thread.run_sync(os.write, self._fd, frame)
+            size = os.fstat(self._fd).st_size  # O_APPEND: the frame starts here
+            try:
+                if len(frame) <= _INLINE_WRITE_BYTES:
+                    n = os.write(self._fd, frame)  # a small append to the page cache: µs
+                else:
+                    n = await anyio.to_thread.run_sync(os.write, self._fd, frame)
+                if n != len(frame):  # a full disk or a file-size limit takes part of the frame
+                    raise OSError(errno.ENOSPC, f"short write ({n} of {len(frame)} bytes)")
+            except OSError as exc:
+                # Cut the partial frame, or every frame after it would sit behind a corrupt one.
+                os.ftruncate(self._fd, size)
+                raise ProxyError(
+                    f"call log {str(self.path)!r} cannot be written ({exc.strerror or exc}): "
+                    "the call was not recorded", status=503, error_code="call_log_unwritable",
+                ) from exc
             self._dirty = True
             self.frames_written += 1
             self.bytes_written += len(frame)

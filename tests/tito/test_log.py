@@ -170,3 +170,53 @@ async def test_branches_off_one_call_keep_every_prompt_exact(tok, tmp_path, anyi
         n = len(parent.prompt_ids) + len(parent.completion_ids)
         assert child.prompt_ids[:n] == parent.prompt_ids + parent.completion_ids
     assert read_log(tmp_path / "calls.log").calls == calls
+
+
+_FULL_DISK_CHILD = """
+import json, resource, signal, sys
+import anyio
+from gyre.errors import ProxyError
+from gyre.tito.log import CallLog
+from gyre.tito.records import ModelCall
+
+def call(i):
+    return ModelCall(execution_id="ex", call_id=f"c{i}", role="main", prompt_ids=[5] * 40,
+                     completion_ids=[7, 8], logprobs=[-0.5, -0.5], versions=[0, 0],
+                     finish_reason="stop")
+
+async def main():
+    log = CallLog(sys.argv[1])
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over the limit: write fails, no signal
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, hard))  # the disk fills at 1000 bytes
+    written, errors = 0, []
+    for i in range(40):
+        try:
+            await log.append_call(call(i))
+            written += 1
+        except ProxyError as exc:
+            errors.append((exc.http_status, str(exc)))
+            break
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # space is back
+    await log.append_call(call(99))
+    log.close()
+    print(json.dumps({"written": written + 1, "errors": errors}))
+
+anyio.run(main)
+"""
+
+
+def test_a_write_that_fails_on_a_full_disk_leaves_the_log_whole(tmp_path):
+    """Disk full under the call log (benchmarks/bench_faults.py): the failing write is cut back,
+    a clear 503 is raised, and the frames written after space comes back are readable."""
+    path = tmp_path / "calls.log"
+    child = subprocess.run([sys.executable, "-c", _FULL_DISK_CHILD, str(path)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr[-2000:]
+    result = json.loads(child.stdout)
+    assert len(result["errors"]) == 1
+    status, message = result["errors"][0]
+    assert status == 503 and "cannot be written" in message and str(path) in message
+    got = read_log(path)  # before the fix: LogCorruptError behind the partial frame
+    assert got.torn_bytes == 0
+    assert [c.call_id for c in got.calls][-1] == "c99" and len(got.calls) == result["written"]
