@@ -12,6 +12,7 @@ from gyre.tasks.sealed import sign
 from gyre.tasks.task import load_task
 from tests.tasks.test_task import make_task
 
+HALF_WRONG = "def double(x):\n    return 2 * x\n\ndef half(x):\n    return x\n"
 MOD_TESTS = {
     "test_mod.py": (
         "def test_double():\n    from mod import double\n    assert double(2) == 4\n\n\n"
@@ -34,17 +35,18 @@ def workspace(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(root)): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.mark.anyio
 async def test_partial_and_full_score(tmp_path: Path) -> None:
     task = load_task(make_task(tmp_path / "t", tests=MOD_TESTS))
-    ws = workspace(tmp_path, {"mod.py": "def double(x):\n    return 2 * x\n\ndef half(x):\n    return x\n"})
+    ws = workspace(tmp_path, {"mod.py": HALF_WRONG})
     score = await verify(task, ws)
     assert (score.passed, score.total, score.score, score.all_passed) == (1, 2, 0.5, False)
     assert score.failed_tests == ("tests.test_mod::test_half",)
-    (ws / "mod.py").write_text("def double(x):\n    return 2 * x\n\ndef half(x):\n    return x // 2\n")
+    (ws / "mod.py").write_text(HALF_WRONG.replace("return x\n", "return x // 2\n"))
     score = await verify(task, ws)
     assert (score.passed, score.total, score.score, score.all_passed) == (2, 2, 1.0, True)
 
@@ -53,7 +55,8 @@ async def test_partial_and_full_score(tmp_path: Path) -> None:
 async def test_uncollectable_file_counts_against_declared_total(tmp_path: Path) -> None:
     tests = {
         "test_ok.py": "def test_ok():\n    assert 1 + 1 == 2\n",
-        "test_missing.py": "import missing_mod\n\n\ndef test_a():\n    pass\n\n\ndef test_b():\n    pass\n",
+        "test_missing.py": "import missing_mod\n\n\ndef test_a():\n    pass\n\n\n"
+                           "def test_b():\n    pass\n",
     }
     toml = "[verifier]\nnum_tests = 3\n"
     task = load_task(make_task(tmp_path / "t", toml=toml, tests=tests))
@@ -64,10 +67,12 @@ async def test_uncollectable_file_counts_against_declared_total(tmp_path: Path) 
 
 @pytest.mark.anyio
 async def test_hanging_test_fails_alone(tmp_path: Path) -> None:
-    tests = {"test_h.py": "def test_hang():\n    from mod import spin\n    spin()\n\n\ndef test_ok():\n    pass\n"}
+    tests = {"test_h.py": "def test_hang():\n    from mod import spin\n    spin()\n\n\n"
+                          "def test_ok():\n    pass\n"}
     toml = "[verifier]\nnum_tests = 2\ntest_timeout_s = 1.0\n"
     task = load_task(make_task(tmp_path / "t", toml=toml, tests=tests))
-    score = await verify(task, workspace(tmp_path, {"mod.py": "def spin():\n    while True:\n        pass\n"}))
+    spin = "def spin():\n    while True:\n        pass\n"
+    score = await verify(task, workspace(tmp_path, {"mod.py": spin}))
     assert (score.passed, score.total) == (1, 2)
 
 
@@ -96,7 +101,8 @@ async def test_crashing_pytest_verifier_is_an_error(tmp_path: Path) -> None:
     ],
 )
 async def test_script_verifier_rewards(tmp_path: Path, script: str, expected) -> None:
-    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nkind = 'script'\n", tests={"test.sh": script}))
+    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nkind = 'script'\n",
+                               tests={"test.sh": script}))
     score = await verify(task, workspace(tmp_path, {}))
     assert (score.passed, score.total, score.score) == expected
 
@@ -108,11 +114,13 @@ async def test_script_verifier_rewards(tmp_path: Path, script: str, expected) ->
         ("exit 0\n", "wrote neither reward.txt nor reward.json"),
         ('echo 1.5 > "$GYRE_REWARD_DIR/reward.txt"\n', "reward=1.5, outside [0, 1]"),
         ('echo nan > "$GYRE_REWARD_DIR/reward.txt"\n', "outside [0, 1]"),
-        ('echo \'{"passed": 5, "total": 4}\' > "$GYRE_REWARD_DIR/reward.json"\n', "unusable reward"),
+        ('echo \'{"passed": 5, "total": 4}\' > "$GYRE_REWARD_DIR/reward.json"\n',
+         "unusable reward"),
     ],
 )
 async def test_script_verifier_bad_reward(tmp_path: Path, script: str, fragment: str) -> None:
-    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nkind = 'script'\n", tests={"test.sh": script}))
+    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nkind = 'script'\n",
+                               tests={"test.sh": script}))
     with pytest.raises(VerifierError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
         await verify(task, workspace(tmp_path, {}))
 
@@ -120,14 +128,16 @@ async def test_script_verifier_bad_reward(tmp_path: Path, script: str, fragment:
 @pytest.mark.anyio
 async def test_verifier_works_on_a_copy_and_ignores_workspace_hooks(tmp_path: Path) -> None:
     tests = {"test_w.py": (
-        "import os\n\n\ndef test_vandal():\n    os.remove('mod.py')\n    open('new.txt', 'w').write('x')\n\n\n"
+        "import os\n\n\ndef test_vandal():\n    os.remove('mod.py')\n"
+        "    open('new.txt', 'w').write('x')\n\n\n"
         "def test_fails():\n    assert False\n"
     )}
     task = load_task(make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 2\n", tests=tests))
     ws = workspace(tmp_path, {
         "mod.py": "x = 1\n",
         # an agent trying to pass every test: neither file may be picked up by the verifier
-        "conftest.py": "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+        "conftest.py": "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
+                       "def pytest_runtest_makereport(item, call):\n"
                        "    out = yield\n    out.get_result().outcome = 'passed'\n",
         "pytest.ini": "[pytest]\naddopts = -p no:junitxml\n",
     })
@@ -238,7 +248,7 @@ async def test_a_fifo_in_the_workspace_is_left_out_of_the_copy(tmp_path: Path) -
     import tempfile
 
     task = load_task(make_task(tmp_path / "t", tests=MOD_TESTS))
-    ws = workspace(tmp_path, {"mod.py": "def double(x):\n    return 2 * x\n\ndef half(x):\n    return x\n"})
+    ws = workspace(tmp_path, {"mod.py": HALF_WRONG})
     os.mkfifo(ws / "pipe")
     with socket.socket(socket.AF_UNIX) as sock:
         sock.bind(str(ws / "sock"))
@@ -260,10 +270,12 @@ def test_a_verifier_python_without_pytest_is_refused_before_the_run(tmp_path: Pa
     venv.create(bare, with_pip=False)  # the same Python, none of this environment's packages
     bare_python = str(bare / "bin" / "python")
     pytest_task = load_task(make_task(tmp_path / "suite" / "t1"))
-    script_task = load_task(make_task(tmp_path / "suite" / "t2", toml='[verifier]\nkind = "script"\n',
+    script_task = load_task(make_task(tmp_path / "suite" / "t2",
+                                      toml='[verifier]\nkind = "script"\n',
                                       tests={"test.sh": "echo 1 > $GYRE_REWARD_DIR/reward.txt\n"}))
     check_verifier_python([script_task, pytest_task])  # this environment has both
     check_verifier_python([script_task], bare_python)  # a script verifier needs neither
-    with pytest.raises(ConfigError, match=r"task .*t1 has a pytest verifier, but .*bare/bin/python cannot "
+    with pytest.raises(ConfigError, match=r"task .*t1 has a pytest verifier, but "
+                                          r".*bare/bin/python cannot "
                                           r"import pytest, pytest_timeout"):
         check_verifier_python([script_task, pytest_task], bare_python)
