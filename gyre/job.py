@@ -112,13 +112,13 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
         from gyre.runtime.elastic_job import run_elastic
 
         runtime = anyio.run(partial(_observed, config, model_dir, run_elastic), backend="trio")
-        summary = write_report(config.run_dir)
+        summary = write_report(config.run_dir, log_name=config.proxy.log_name)
         print(f"done: {runtime.steps_done} steps, weight version {runtime.weights.version}; report: {summary}", flush=True)
         return LoopState(step=runtime.steps_done, version=runtime.weights.version, task_cursor=-(-runtime.dispatched // runtime.G))
     with Progress(total_steps=config.loop.steps) as progress:
         job = partial(run_rl, resume=resume, progress=progress)
         state = anyio.run(partial(_observed, config, model_dir, job), backend="trio")
-        summary = write_report(config.run_dir)
+        summary = write_report(config.run_dir, log_name=config.proxy.log_name)
         progress.message(f"done: {state.step} steps, weight version {state.version}; report: {summary}")
     return state
 
