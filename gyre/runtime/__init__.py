@@ -6,8 +6,8 @@ of the rollout cells, the one-cell colocate loop (`loop`), the elastic driver ov
 records (timeline, metrics and their sinks, checkpoints, progress). Training runs in DeepSpeed
 trainers (`gyre.engines`): in the node for the one-cell loop, in the training cells for the
 elastic driver, which hands them each group as soon as it finishes when
-`SchedulerConfig.streaming`; there is no trainer of its own here. It exports the scheduler-policy seam, which the node
-runtime and the cluster simulator (`gyre.sim`) both drive, and the `Router`.
+`SchedulerConfig.streaming`; there is no trainer of its own here. It exports the scheduler-policy
+seam, which the node runtime and the cluster simulator (`gyre.sim`) both drive, and the `Router`.
 """
 
 from gyre.runtime.router import Router
