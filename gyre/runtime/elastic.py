@@ -46,7 +46,7 @@ from gyre.runtime.cell_handle import CellHandle, DrivenCell, died, wait_cell_dea
 from gyre.runtime.loop import pass_rate, pick_tasks
 from gyre.runtime.metrics import StepMetrics
 from gyre.runtime.rollout import Rollout
-from gyre.runtime.router import Router
+from gyre.runtime.router import Router, RouterStatistics
 from gyre.runtime.scheduler import (
     CellRole,
     CellView,
@@ -152,6 +152,7 @@ class ElasticRuntime:
         self._batch_in_s = math.nan
         self._trained_s = math.nan
         self._step_switches = 0
+        self._step_recovered = _recovered(router.statistics())  # counters at the step start
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -410,11 +411,14 @@ class ElasticRuntime:
         )
         self.records.append(record)
         if self.metrics is not None:
+            recovered = _recovered(self.router.statistics())
             self.metrics.write(_step_metrics(record, executed, batches, stats, counted, result, {
                 "rollout_s": self._batch_in_s - (self._step_t0 - self._t0),
                 "train_s": t_step - self._batch_in_s,
                 "sync_s": now - t_step,
+                **{k: v - self._step_recovered[k] for k, v in recovered.items()},
             }), self._statistics() if self.metrics.sinks else None)
+            self._step_recovered = recovered
         logger.info("step %d: version %d, %.1f s, %d executions", record.step, record.version, step_s, len(executed))
         self._step_t0 = self.clock()
         self._step_switches = self.switches_done
@@ -508,6 +512,16 @@ class ElasticRuntime:
         cell.has_grads = False
         self._water()
         self._notify()
+
+
+def _recovered(router: RouterStatistics) -> dict[str, int]:
+    """The router's counters of recovered failures that `StepMetrics` records per step."""
+    return {
+        "requests_redirected": router.requests_redirected,
+        "requests_retried": router.requests_retried,
+        "requests_abandoned": router.requests_abandoned,
+        "aborts_failed": router.aborts_failed,
+    }
 
 
 def _step_metrics(record, executed, batches, stats, counted, result, times) -> StepMetrics:

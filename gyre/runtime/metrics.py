@@ -53,6 +53,16 @@ class StepMetrics(msgspec.Struct, frozen=True, kw_only=True, tag="step"):
     branches: int = -1
     """Root-to-leaf trajectories (leaves) of the trajectory trees of the step's trained executions,
     before Jmax selection; -1 in records written before it was recorded."""
+    requests_redirected: int = -1
+    """Failures the router recovered from during the step, from its `RouterStatistics`: attempts
+    moved to another cell because theirs left rollout or went down. -1 when not recorded (records
+    written before it was, and the one-cell loop, which has no router)."""
+    requests_retried: int = -1
+    """Attempts retried after a stall or an error on a cell that stays in service; -1 as above."""
+    requests_abandoned: int = -1
+    """Model calls whose caller went away before their end (aborted on the cells); -1 as above."""
+    aborts_failed: int = -1
+    """Aborts a cell refused or did not answer (the cell was marked down); -1 as above."""
     policy_tokens: int
     """Tokens that carried loss in the step."""
     packed_tokens: int
