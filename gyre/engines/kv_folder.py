@@ -1,12 +1,14 @@
 """The shared KV folder: layout and rules of KV exports that vLLM engines hand each other.
 
-An export of a token sequence of length L is the KV of its first `(L - 1) // block * block` tokens,
-one safetensors file per layer under `<shared_dir>/<key>/` (vLLM's ExampleConnector format), where
-`key` is the MD5 of those token IDs as int64 (`export_key`); a `complete` marker written after the
-export request finished makes it loadable (`mark_complete`), so a half-written export is never
-read; `release` deletes one, `sweep` deletes those older than the lease. Used by the connector
-inside vLLM's processes (`gyre.engines.kv_connector`) and by the engine side
-(`gyre.engines.kv_transport.FolderTransport`).
+An export of a token sequence of length L, computed with weight version v, is the KV of its first
+`(L - 1) // block * block` tokens, one safetensors file per layer under `<shared_dir>/<key>/`
+(vLLM's ExampleConnector format), where `key` is the MD5 of those token IDs as int64 followed by
+the version's salt (`export_key`, `version_salt`): the same tokens under other weights have
+another key, so a cached export is never found for a request of another version. A `complete`
+marker holding v, written after the export request finished, makes it loadable
+(`mark_complete`, `complete_version`), so a half-written export is never read; `release` deletes
+one, `sweep` deletes those older than the lease. Used by the connector inside vLLM's processes
+(`gyre.engines.kv_connector`) and by the engine side (`gyre.engines.kv_transport.FolderTransport`).
 
 Knows nothing about vLLM, requests or engines: only token IDs, keys and files.
 """
@@ -24,8 +26,13 @@ import numpy as np
 
 __all__ = [
     "EXPORT_PARAM",
+    "IMPORT_PARAM",
+    "VERSION_PARAM",
     "COMPLETE",
+    "version_salt",
+    "stored_tokens",
     "export_key",
+    "complete_version",
     "export_bytes",
     "mark_complete",
     "release",
@@ -34,21 +41,40 @@ __all__ = [
 
 EXPORT_PARAM = "gyre_export"
 """`kv_transfer_params` flag of a request whose prompt the connector stores."""
+IMPORT_PARAM = "gyre_import"
+"""`kv_transfer_params` flag of a request whose prompt the connector loads, if exported; a
+request without it never loads KV from the folder."""
+VERSION_PARAM = "gyre_weight_version"
+"""`kv_transfer_params` entry beside either flag: the weight version of the export's key."""
 COMPLETE = "complete"
 """Marker file of an export that may be loaded."""
 _KEY = re.compile(r"[0-9a-f]{32,64}")
 
 
-def export_key(token_ids: list[int], block_size: int) -> tuple[str, int]:
-    """(key, tokens stored) of the export of `token_ids`: the leading whole blocks that leave at
-    least one token for the loading engine to compute. tokens is 0 when the sequence is too short."""
-    n = (len(token_ids) - 1) // block_size * block_size
+def version_salt(weight_version: int) -> str:
+    """What the connector hands ExampleConnector as the request's only `mm_hashes` entry, which it
+    appends to the token bytes it hashes into the folder name: the export's weight version."""
+    return f"gyre-weights-v{weight_version}"
+
+
+def stored_tokens(length: int, block_size: int) -> int:
+    """Tokens an export of a `length`-token sequence stores: the leading whole blocks that leave
+    at least one token for the loading engine to compute (0 when the sequence is too short)."""
+    return max((length - 1) // block_size * block_size, 0)
+
+
+def export_key(token_ids: list[int], block_size: int, weight_version: int) -> tuple[str, int]:
+    """(key, tokens stored) of the export of `token_ids` computed with `weight_version`: the hash
+    ExampleConnector names its folder with, of the stored tokens (`stored_tokens`) as int64 and
+    the version's salt (`version_salt`)."""
+    n = stored_tokens(len(token_ids), block_size)
     data = np.asarray(token_ids[:n], dtype=np.int64).tobytes()  # ExampleConnector hashes int64 tensors
+    data += version_salt(weight_version).encode()  # as ExampleConnector appends "-".join(mm_hashes)
     try:
         digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
     except ValueError:  # FIPS builds: vLLM's safe_hash falls back the same way
         digest = hashlib.sha256(data).hexdigest()
-    return digest, max(n, 0)
+    return digest, n
 
 
 def _folder(shared_dir: str | Path, key: str) -> Path:
@@ -74,6 +100,19 @@ def mark_complete(shared_dir: str | Path, key: str, weight_version: int) -> None
     tmp = folder / f".{COMPLETE}.{os.getpid()}"
     tmp.write_text(f"{weight_version}\n")
     os.replace(tmp, folder / COMPLETE)
+
+
+def complete_version(shared_dir: str | Path, key: str) -> int | None:
+    """The weight version export `key`'s `complete` marker records; None while it is not loadable
+    (absent, half-written, or a marker without a version)."""
+    try:
+        text = (_folder(shared_dir, key) / COMPLETE).read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 def release(shared_dir: str | Path, key: str) -> bool:

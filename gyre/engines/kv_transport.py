@@ -4,7 +4,9 @@ Owns `KVTransport` (what `VLLMEngine` calls for KV migration), `KVHost` (what a 
 its engine), `KVTransportStatistics`, one transport per `kv_transfer.connector`: `NoKVTransport`
 (`none`), `FolderTransport` (`example`: vLLM's ExampleConnector on a shared folder) and
 `NixlTransport` (`nixl`: vLLM's NixlConnector, the target pulls the KV from the source's memory),
-and `kv_transport(config)`, the one place that reads `kv_transfer.connector`.
+and `kv_transport(config)`, the one place that reads `kv_transfer.connector`. Every export carries
+the weight version that computed it; `import_params` refuses (and counts) one of another version
+than the importing engine's, which then prefills instead.
 
 Knows nothing about routing or when to migrate (`gyre.runtime.continuation` decides that); the
 vLLM side of each connector is `gyre.engines.kv_connector` / `gyre.engines.kv_nixl`.
@@ -66,6 +68,11 @@ class KVTransportStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Exports deleted by `release`."""
     expired: int
     """Exports deleted because their lease ran out."""
+    imports: int = 0
+    """Requests handed to vLLM to load an export (`import_params` answered)."""
+    imports_refused: int = 0
+    """Imports refused because the export was computed with other weights than the importing
+    engine serves: the request prefilled instead (recompute)."""
 
 
 class KVTransport(Protocol):
@@ -94,9 +101,10 @@ class KVTransport(Protocol):
         `request_timeout_s`."""
         ...
 
-    def import_params(self, export: KVExport) -> dict[str, Any] | None:
-        """vLLM `kv_transfer_params` of a request that loads `export`; None when the connector
-        finds the export by the request's tokens."""
+    def import_params(self, export: KVExport, *, weight_version: int) -> dict[str, Any] | None:
+        """vLLM `kv_transfer_params` of a request that loads `export` on an engine serving
+        `weight_version`; None when it must prefill instead: the export was computed with another
+        version (counted in `imports_refused`, never loaded), or the connector moves no KV."""
         ...
 
     async def release(self, key: str) -> bool:
@@ -111,12 +119,13 @@ class _Transport:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._counts = dict(exports=0, tokens_exported=0, released=0, expired=0)
+        self._counts = dict(
+            exports=0, tokens_exported=0, released=0, expired=0, imports=0, imports_refused=0
+        )
 
     def check_export(self, token_ids: list[int], *, max_model_len: int) -> None:
         block = self.config.block_size
-        _, tokens = kv_folder.export_key(token_ids, block)
-        if tokens == 0:
+        if kv_folder.stored_tokens(len(token_ids), block) == 0:
             raise InvalidRequestError(f"export_kv of {len(token_ids)} tokens: at least block_size + 1 = {block + 1} needed")
         if len(token_ids) >= max_model_len:
             raise InvalidRequestError(f"export_kv of {len(token_ids)} tokens: must be < max_model_len={max_model_len}")
@@ -129,6 +138,18 @@ class _Transport:
         return EngineTimeoutError(
             f"export_kv of {len(token_ids)} tokens exceeded request_timeout_s={self.config.request_timeout_s}"
         )
+
+    def import_params(self, export: KVExport, *, weight_version: int) -> dict[str, Any] | None:
+        if export.weight_version != weight_version:  # stale KV: recomputed, never loaded
+            self._counts["imports_refused"] += 1
+            return None
+        params = self._import_params(export)
+        self._counts["imports"] += params is not None
+        return params
+
+    def _import_params(self, export: KVExport) -> dict[str, Any] | None:
+        """The connector's `kv_transfer_params` for loading `export` (its version checked)."""
+        return None
 
     def statistics(self) -> KVTransportStatistics:
         return KVTransportStatistics(**self._counts)
@@ -152,9 +173,6 @@ class NoKVTransport(_Transport):
     async def export(self, host: KVHost, token_ids: list[int]) -> KVExport:
         raise EngineUnavailableError(_NO_CONNECTOR.format(op="export_kv"))
 
-    def import_params(self, export: KVExport) -> dict[str, Any] | None:
-        return None
-
     async def release(self, key: str) -> bool:
         raise EngineUnavailableError(_NO_CONNECTOR.format(op="release_kv"))
 
@@ -162,10 +180,12 @@ class NoKVTransport(_Transport):
 class FolderTransport(_Transport):
     """`connector = "example"`: exports are files in `kv_transfer.shared_dir` (`gyre.engines.kv_folder`).
 
-    `export` runs the sequence as a 1-token request marked for storing; its prefix is normally still
-    in the engine's prefix cache (an abort keeps it), so this costs about one decode step. Exporting
-    a sequence again refreshes its lease. Any request whose prompt is exactly an exported sequence
-    loads it (no `kv_transfer_params`). `export` and `release` sweep expired exports.
+    `export` runs the sequence as a 1-token request marked for storing with the engine's weight
+    version, which is part of the export's key; its prefix is normally still in the engine's prefix
+    cache (an abort keeps it), so this costs about one decode step. Exporting a sequence again at
+    the same version refreshes its lease; at another version it is another export. A request loads
+    an export only when marked for it (`import_params`: same version), and its prompt is exactly
+    the exported sequence. `export` and `release` sweep expired exports.
     """
 
     def engine_args(self) -> dict[str, Any]:
@@ -189,17 +209,18 @@ class FolderTransport(_Transport):
 
     async def export(self, host: KVHost, token_ids: list[int]) -> KVExport:
         kv = self.config.kv_transfer
-        key, tokens = kv_folder.export_key(token_ids, self.config.block_size)
         t0 = time.monotonic()
-        folder = os.path.join(kv.shared_dir, key)
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
                 await host.wait_ready()
                 version = host.weight_version
-                if os.path.exists(os.path.join(folder, kv_folder.COMPLETE)):
+                key, tokens = kv_folder.export_key(token_ids, self.config.block_size, version)
+                folder = os.path.join(kv.shared_dir, key)
+                if kv_folder.complete_version(kv.shared_dir, key) == version:
                     os.utime(folder)
                 else:
-                    await host.run_export_request(token_ids, {kv_folder.EXPORT_PARAM: True})
+                    marks = {kv_folder.EXPORT_PARAM: True, kv_folder.VERSION_PARAM: version}
+                    await host.run_export_request(token_ids, marks)
                     if host.weight_version != version:
                         await asyncio.to_thread(kv_folder.release, kv.shared_dir, key)
                         raise EngineUnavailableError(
@@ -219,8 +240,8 @@ class FolderTransport(_Transport):
             seconds=time.monotonic() - t0,
         )
 
-    def import_params(self, export: KVExport) -> dict[str, Any] | None:
-        return None
+    def _import_params(self, export: KVExport) -> dict[str, Any] | None:
+        return {kv_folder.IMPORT_PARAM: True, kv_folder.VERSION_PARAM: export.weight_version}
 
     async def release(self, key: str) -> bool:
         kv = self.config.kv_transfer
@@ -280,7 +301,7 @@ class NixlTransport(_Transport):
             weight_version=version, seconds=time.monotonic() - t0, transfer_params=handle,
         )
 
-    def import_params(self, export: KVExport) -> dict[str, Any] | None:
+    def _import_params(self, export: KVExport) -> dict[str, Any] | None:
         return dict(export.transfer_params) if export.transfer_params else None
 
     async def release(self, key: str) -> bool:

@@ -75,8 +75,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     sampling: SamplingParams = SamplingParams()
     kv_import: KVExport | None = None
     """KV migration: load this export instead of prefilling; `prompt_ids` must be its exact
-    sequence. Engines without KV transfer (and the shared-folder connector, which finds exports by
-    their tokens) ignore it; a failed load is recomputed."""
+    sequence. Loaded only by an engine serving the weight version that computed it (another one
+    prefills, counted in `kv_imports_refused`); engines without KV transfer ignore it; a failed load
+    is recomputed."""
 
 
 class TokenDelta(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=False):
@@ -141,6 +142,11 @@ class EngineStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Exports deleted by `release_kv` (after their import)."""
     kv_expired: int = 0
     """Exports deleted because their lease ran out (`KVTransferConfig.lease_s`)."""
+    kv_imports: int = 0
+    """Requests that asked the KV connector to load an export (`GenerateRequest.kv_import`)."""
+    kv_imports_refused: int = 0
+    """Imports not loaded because the export was computed with other weights than the engine
+    serves: the request prefilled instead (stale KV is never loaded)."""
 
 
 @runtime_checkable

@@ -12,7 +12,8 @@ Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node 
   tokens so far, so every token carries the version that sampled it and callers see one stream;
 - KV migration (`export_kv`, `release_kv`, a request's `kv_import`) goes through the engine's
   `KVTransport` (`gyre.engines.kv_transport`, one per `kv_transfer.connector`); the engine only
-  runs the export request the transport asks for (`run_export_request`).
+  runs the export request the transport asks for (`run_export_request`), and loads an import only
+  if it was computed with the weights it serves now (else it prefills: `kv_imports_refused`).
 
 It knows nothing about chat messages, executions or HTTP.
 """
@@ -263,8 +264,10 @@ class VLLMEngine:
         seed = choice_seed(s.seed, choice.index)
         if seed is not None and attempt:
             seed = choice_seed(seed, attempt)
-        importing = request.kv_import is not None and attempt == 0
-        pull = self.kv.import_params(request.kv_import) if importing else None
+        pull = None
+        if request.kv_import is not None and attempt == 0:  # never after a weight load
+            pull = self.kv.import_params(request.kv_import, weight_version=self.weight_version)
+        importing = pull is not None
         params = VSamplingParams(
             n=1,
             max_tokens=max_tokens - len(choice.ids),
@@ -464,4 +467,5 @@ def _kv_counts(kv: KVTransport) -> dict[str, int]:
     t = kv.statistics()
     return dict(
         kv_exports=t.exports, kv_tokens_exported=t.tokens_exported, kv_released=t.released, kv_expired=t.expired,
+        kv_imports=t.imports, kv_imports_refused=t.imports_refused,
     )

@@ -4,7 +4,8 @@ Owns the `Continuation` seam the router calls when an attempt ends unfinished (a
 stalled cell) and the decision between migrating and recomputing: `ContinuationPlan` (the request
 the target runs and the prefill it redoes), `RecomputeContinuation` (prefill prompt + tokens so
 far) and `MigrateContinuation` (the source exports the KV, the target loads it, recompute when that
-fails), with its `MigrationRecord` / `MigrationStatistics`.
+fails or the export was computed with other weights than the target serves), with its
+`MigrationRecord` / `MigrationStatistics`.
 
 Knows nothing about cells, roles or routing (the router picks source and target), nor how an
 engine moves KV (`KVTransferEngine.export_kv` / `release_kv`; vLLM's side is `gyre.engines.kv_transport`).
@@ -124,6 +125,9 @@ class MigrationStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Longest export, seconds."""
     exports_failed: int
     """Exports that failed or timed out (their continuations recomputed)."""
+    exports_stale: int
+    """Exports computed with other weights than the target served (their continuations
+    recomputed, the exports released): stale KV is never handed to a target."""
     released: int
     """Exports deleted after their continuation ended."""
     release_failed: int
@@ -137,7 +141,9 @@ class MigrateContinuation:
 
     Falls back to recompute, automatically and still exact under greedy, when the source cannot
     export (no `KVTransferEngine`, no connector, dead, paused), the export fails or exceeds
-    `export_timeout_s`, the target is no `KVTransferEngine`, or the weights differ. An export whose
+    `export_timeout_s`, the target is no `KVTransferEngine`, or the export was computed with other
+    weights than the target serves now (`exports_stale`; should the target's weights change after
+    this check, the target engine itself refuses the import and prefills). An export whose
     continuation never ran is deleted by the store's lease (`KVTransferConfig.lease_s`).
 
     Args:
@@ -156,7 +162,10 @@ class MigrateContinuation:
         self.export_timeout_s = export_timeout_s
         self.release_timeout_s = release_timeout_s
         self._records: deque[MigrationRecord] = deque(maxlen=keep_records)
-        self._counts = dict(migrated=0, recomputed=0, tokens_moved=0, exports_failed=0, released=0, release_failed=0)
+        self._counts = dict(
+            migrated=0, recomputed=0, tokens_moved=0, exports_failed=0, exports_stale=0, released=0,
+            release_failed=0,
+        )
         self._export_s_total = 0.0
         self._export_s_max = 0.0
 
@@ -197,6 +206,7 @@ class MigrateContinuation:
             elif carried.sequence_tokens != n:
                 reason = f"export holds {carried.sequence_tokens} tokens, the continuation {n}"
             elif carried.weight_version != target.statistics().weight_version:
+                self._counts["exports_stale"] += 1
                 reason = (
                     f"export computed with weight version {carried.weight_version}, "
                     f"target at {target.statistics().weight_version}"

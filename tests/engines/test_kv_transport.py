@@ -1,8 +1,9 @@
 """The KV transport seam without vLLM: each transport driven by a scripted `KVHost`.
 
 The host stands in for `VLLMEngine`: its export request writes what vLLM's connector would (a
-layer file in the export's folder) or returns the handle NixlConnector would. The real engines
-are covered by `test_vllm_kv_migration.py` (slow).
+layer file in the export's folder) or returns the handle NixlConnector would. Every export carries
+the weight version that computed it, and is loaded only into a request of that version (issue 18).
+The real engines are covered by `test_vllm_kv_migration.py` (slow).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class ScriptedHost:
     async def run_export_request(self, token_ids: list[int], kv_transfer_params: dict[str, Any]):
         self.requests.append((list(token_ids), dict(kv_transfer_params)))
         if self.shared_dir is not None:
-            key, _ = kv_folder.export_key(token_ids, BLOCK)
+            version = kv_transfer_params[kv_folder.VERSION_PARAM]
+            key, _ = kv_folder.export_key(token_ids, BLOCK, version)
             (self.shared_dir / key).mkdir(parents=True, exist_ok=True)
             (self.shared_dir / key / "layer0.safetensors").write_bytes(b"x" * 100)
         if self.bump_version:
@@ -83,10 +85,12 @@ def test_folder_export_marks_complete_refreshes_and_releases(tmp_path: Path) -> 
     export = asyncio.run(kv.export(host, ids))
     # bytes: the 100-byte layer file + the 2-byte `complete` marker ("3\n")
     assert (export.tokens, export.sequence_tokens, export.bytes, export.weight_version) == (32, 37, 102, 3)
-    assert export.key == kv_folder.export_key(ids, BLOCK)[0] and export.transfer_params is None
-    assert host.requests == [(ids, {kv_folder.EXPORT_PARAM: True})]
+    assert export.key == kv_folder.export_key(ids, BLOCK, 3)[0] and export.transfer_params is None
+    assert host.requests == [(ids, {kv_folder.EXPORT_PARAM: True, kv_folder.VERSION_PARAM: 3})]
     assert (tmp_path / export.key / kv_folder.COMPLETE).read_text() == "3\n"
-    assert kv.import_params(export) is None  # found by its tokens
+    assert kv_folder.complete_version(tmp_path, export.key) == 3
+    marks = {kv_folder.IMPORT_PARAM: True, kv_folder.VERSION_PARAM: 3}
+    assert kv.import_params(export, weight_version=3) == marks
 
     again = asyncio.run(kv.export(host, ids))  # complete already: no second request
     assert len(host.requests) == 1 and again.key == export.key
@@ -107,7 +111,7 @@ def test_folder_export_across_a_weight_load_is_refused_and_deleted(tmp_path: Pat
     ids = list(range(40))
     with pytest.raises(EngineUnavailableError, match="weights changed from version 3 to 4"):
         asyncio.run(kv.export(host, ids))
-    assert not (tmp_path / kv_folder.export_key(ids, BLOCK)[0]).exists()
+    assert not (tmp_path / kv_folder.export_key(ids, BLOCK, 3)[0]).exists()
     assert kv.statistics().exports == 0
 
 
@@ -115,7 +119,7 @@ def test_folder_export_that_stored_nothing_fails(tmp_path: Path) -> None:
     kv = FolderTransport(config("example", tmp_path))
     host = ScriptedHost(None)  # the request ran but the connector wrote no file
     ids = list(range(40))
-    os.makedirs(tmp_path / kv_folder.export_key(ids, BLOCK)[0])
+    os.makedirs(tmp_path / kv_folder.export_key(ids, BLOCK, 3)[0])
     with pytest.raises(EngineError, match="stored nothing"):
         asyncio.run(kv.export(host, ids))
 
@@ -128,7 +132,8 @@ def test_nixl_export_hands_over_the_pull_handle() -> None:
     assert (export.key, export.tokens, export.sequence_tokens, export.bytes) == ("r-7", 39, 40, 0)
     assert export.transfer_params == {"remote_request_id": "r-7", "remote_block_ids": [[1, 2]]}
     assert host.requests[0][1] == {"do_remote_decode": True}
-    assert kv.import_params(export) == export.transfer_params
+    assert export.weight_version == 3
+    assert kv.import_params(export, weight_version=3) == export.transfer_params
     assert asyncio.run(kv.release(export.key)) is False
     assert (kv.statistics().exports, kv.statistics().tokens_exported) == (1, 39)
 
@@ -137,3 +142,98 @@ def test_nixl_export_without_a_handle_fails() -> None:
     kv = NixlTransport(config("nixl"))
     with pytest.raises(EngineError, match="kept no blocks for 40 tokens"):
         asyncio.run(kv.export(ScriptedHost(handle=None), list(range(40))))
+
+
+# -- weight versions (issue 18) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("connector", ["example", "nixl"])
+def test_an_export_of_version_3_is_refused_at_version_4_and_imported_at_3(
+    connector: str, tmp_path: Path
+) -> None:
+    handle = {"remote_request_id": "r-1", "remote_block_ids": [[4]]}
+    kv = kv_transport(config(connector, tmp_path))
+    host = ScriptedHost(tmp_path if connector == "example" else None, handle=handle)
+    export = asyncio.run(kv.export(host, list(range(40))))
+    assert export.weight_version == 3
+
+    host.weight_version = 4  # the importing engine loaded new weights: stale KV, prefilled instead
+    assert kv.import_params(export, weight_version=host.weight_version) is None
+    stats = kv.statistics()
+    assert (stats.imports, stats.imports_refused) == (0, 1)
+
+    same = kv.import_params(export, weight_version=3)  # the weights that computed it: loaded
+    want = (
+        {kv_folder.IMPORT_PARAM: True, kv_folder.VERSION_PARAM: 3}
+        if connector == "example"
+        else handle
+    )
+    assert same == want
+    stats = kv.statistics()
+    assert (stats.imports, stats.imports_refused) == (1, 1)
+
+
+def test_a_cached_export_is_not_reused_under_other_weights(tmp_path: Path) -> None:
+    """The same tokens exported again after a weight load are computed again, under another
+    key: the version 3 export is never handed out as one of version 4."""
+    kv = FolderTransport(config("example", tmp_path))
+    host = ScriptedHost(tmp_path)
+    ids = list(range(10, 50))
+    old = asyncio.run(kv.export(host, ids))
+    host.weight_version = 4
+    new = asyncio.run(kv.export(host, ids))
+    assert (old.weight_version, new.weight_version) == (3, 4) and old.key != new.key
+    assert new.key == kv_folder.export_key(ids, BLOCK, 4)[0]
+    assert [params[kv_folder.VERSION_PARAM] for _, params in host.requests] == [3, 4]
+    assert kv_folder.complete_version(tmp_path, old.key) == 3
+    assert kv_folder.complete_version(tmp_path, new.key) == 4
+
+
+def test_export_keys_hash_the_tokens_with_the_version_as_example_connector_does() -> None:
+    """`export_key` names the folder ExampleConnector writes for the stored tokens with the
+    version's salt as the request's `mm_hashes` (int64 token bytes, then the salt)."""
+    import hashlib
+
+    import numpy as np
+
+    ids = list(range(7, 47))  # 40 tokens: 32 stored
+    key, n = kv_folder.export_key(ids, BLOCK, 5)
+    data = np.asarray(ids[:32], dtype=np.int64).tobytes() + b"gyre-weights-v5"
+    assert (key, n) == (hashlib.md5(data).hexdigest(), 32)
+    assert kv_folder.version_salt(5) == "gyre-weights-v5"
+    assert kv_folder.export_key(ids, BLOCK, 6)[0] != key
+
+
+class _Request:
+    """What `GyreKVConnector`'s scheduler side reads of a vLLM request."""
+
+    def __init__(self, rid: str, prompt: list[int], params: dict[str, Any] | None) -> None:
+        self.request_id = rid
+        self.prompt_token_ids = prompt
+        self.kv_transfer_params = params
+
+
+def test_the_connector_loads_only_marked_requests_of_the_exports_version(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    from gyre.engines.kv_connector import GyreKVConnector
+
+    connector = GyreKVConnector.__new__(GyreKVConnector)  # the scheduler side, without vLLM
+    connector._block_size, connector._storage_path = BLOCK, str(tmp_path)
+    connector._store_versions = {}
+    prompt = list(range(40))
+    key, _ = kv_folder.export_key(prompt, BLOCK, 3)
+    (tmp_path / key).mkdir()
+    (tmp_path / key / "layer0.safetensors").write_bytes(b"x")
+    kv_folder.mark_complete(tmp_path, key, 3)
+
+    def matched(params: dict[str, Any] | None) -> int | None:
+        return connector.get_num_new_matched_tokens(_Request("r", prompt, params), 0)[0]
+
+    def marks(version: int) -> dict[str, Any]:
+        return {kv_folder.IMPORT_PARAM: True, kv_folder.VERSION_PARAM: version}
+
+    assert matched(marks(3)) == 32  # the version that computed it
+    assert matched(marks(4)) == 0  # stale for a request of version 4: prefilled
+    assert matched(None) == 0  # an ordinary request never loads
+    store = {kv_folder.EXPORT_PARAM: True, kv_folder.VERSION_PARAM: 4}
+    assert matched(store) == 0 and connector._store_versions == {"r": 4}

@@ -22,6 +22,7 @@ from gyre.engines.protocol import (
     Completion,
     GenerateRequest,
     InferenceEngine,
+    KVExport,
     SamplingParams,
     TokenDelta,
     choice_seed,
@@ -30,7 +31,7 @@ from gyre.engines.protocol import (
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
 from gyre.errors import EngineUnavailableError, InvalidRequestError
 from gyre.runtime import Router
-from gyre.runtime.continuation import RecomputeContinuation
+from gyre.runtime.continuation import MigrateContinuation, RecomputeContinuation
 from gyre.runtime.router import RouterStatistics
 
 pytestmark = pytest.mark.anyio
@@ -697,6 +698,40 @@ def test_router_config_is_validated() -> None:
 async def test_recompute_continuation_counts_the_prefill() -> None:
     plan = await RecomputeContinuation().prepare(request("e/1@0.1", [1, 2, 3, 4], 8), source=None, target=scripted(1))
     assert plan.tokens_recomputed == 4 and plan.request.prompt_ids == [1, 2, 3, 4]
+
+
+class KVTarget(ScriptedEngine):
+    """A target that can load KV (`KVTransferEngine`); records the exports it is asked to delete."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(rule=prefix_rule, vocab_size=VOCAB, weight_version=version)
+        self.released: list[str] = []
+
+    async def export_kv(self, token_ids: list[int]) -> KVExport:
+        raise EngineUnavailableError("scripted: a target only loads")
+
+    async def release_kv(self, key: str) -> bool:
+        self.released.append(key)
+        return True
+
+
+async def test_migrate_continuation_never_hands_a_target_kv_of_other_weights() -> None:
+    """Issue 18: an export computed at version 3 is recomputed (and released) on a target at
+    version 4, counted; on a target at version 3 it is loaded."""
+    export = KVExport(
+        key="ab" * 16, tokens=32, sequence_tokens=40, bytes=0, weight_version=3, seconds=0.0
+    )
+    cont = request("e/1@0.1", list(range(40)), 8)
+    migrate = MigrateContinuation()
+    newer = KVTarget(4)
+    stale = await migrate.prepare(cont, source=None, target=newer, carried=export)
+    assert (stale.request.kv_import, stale.tokens_loaded, stale.tokens_recomputed) == (None, 0, 40)
+    assert newer.released == [export.key]
+    same = await migrate.prepare(cont, source=None, target=KVTarget(3), carried=export)
+    assert (same.request.kv_import, same.tokens_loaded, same.tokens_recomputed) == (export, 32, 8)
+    stats = migrate.statistics()
+    assert (stats.migrated, stats.recomputed, stats.exports_stale) == (1, 1, 1)
+    assert "weight version 3, target at 4" in stats.records[0].reason
 
 
 async def test_the_proxy_records_one_call_across_a_redirect() -> None:
