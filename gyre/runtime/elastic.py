@@ -428,10 +428,19 @@ class ElasticRuntime:
             self._batch_in_s = self._now()
 
     def _statistics(self) -> dict[str, Any]:
-        """The `statistics()` records the metric sinks stream at each step (`sinks`)."""
+        """The `statistics()` records the metric sinks stream at each step (`sinks`), and the
+        driver's own counters under `runtime` (water level, cells by role, switches)."""
+        live = self._live()
+        runtime = {
+            "dispatched": self.dispatched, "finished": self.finished,
+            "water_level": self.dispatched - self.finished, "live_cells": len(live),
+            "rollout_cells": sum(c.role == "rollout" for c in live),
+            "train_cells": sum(c.role == "train" for c in live), "switches": self.switches_done,
+        }
         return {
             "router": self.router.statistics(), "proxy": self.rollout.proxy.statistics(),
             "harness": self.rollout.harness.statistics(), "weights": self.weights.statistics(),
+            "runtime": runtime,
         }
 
     # -- role switches --------------------------------------------------------------------------

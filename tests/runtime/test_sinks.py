@@ -100,6 +100,18 @@ async def test_tensorboard_event_file_holds_the_step_metrics_of_metrics_jsonl(tm
         values = [board[tag][s] for s in (1, 2, 3)]
         assert values == sorted(values), (tag, values)
     assert [board["stats/weights/version"][s] for s in (1, 2, 3)] == [1.0, 2.0, 3.0]
+    # the driver's own counters: `async` keeps 1 training and 2 rollout cells, never switching
+    for tag, value in (
+        ("live_cells", 3.0),
+        ("train_cells", 1.0),
+        ("rollout_cells", 2.0),
+        ("switches", 0.0),
+    ):
+        assert board[f"stats/runtime/{tag}"] == {1: value, 2: value, 3: value}, tag
+    for s in (1, 2, 3):
+        level = board["stats/runtime/water_level"][s]
+        assert level == board["stats/runtime/dispatched"][s] - board["stats/runtime/finished"][s]
+        assert board["stats/runtime/finished"][s] >= 4 * s  # every trained execution finished
     calls = sum(s["model_calls"] for s in steps)
     assert board["stats/proxy/calls_recorded"][3] >= calls  # later executions may have started
 
