@@ -237,8 +237,9 @@ class Router:
 
         The cell stops receiving requests (a `rollout` cell becomes `switching`); the executions
         pinned to it are unpinned. Each attempt is aborted on the cell (`engine.abort`, at most
-        `abort_timeout_s`), its stream read to its end (tokens so far kept, at most `abort_timeout_s`
-        more, then abandoned) and its choice continued on another rollout cell, or waits for one.
+        `abort_timeout_s`; a cell that fails to abort is marked down, `aborts_failed`), its stream
+        read to its end (tokens so far kept, at most `abort_timeout_s` more, then abandoned) and its
+        choice continued on another rollout cell, or waits for one.
         Raises `ValueError` (unknown cell), `EngineTimeoutError` if attempts are still registered
         on the cell after that (an internal fault).
         """
