@@ -276,3 +276,26 @@ async def test_page_off_opens_no_port_and_on_opens_one(tmp_path: Path) -> None:
     assert await _observed(on, tmp_path, job) == "done"
     assert len(seen[-1] - before) == 1
     assert _listening_ports() == before
+
+
+def test_cells_read_the_timeline_as_it_grows(tmp_path: Path) -> None:
+    from gyre.runtime.timeline import TimelineWriter, read_timeline
+    from tests.runtime.test_timeline import write_two_steps
+
+    write_two_steps(tmp_path)
+    view = RunView(tmp_path)
+    d = view.cells({}, None)
+    tl = read_timeline(tmp_path)
+    assert d["intervals"] == [
+        [iv.cell, iv.start_s, iv.end_s, iv.kind, iv.step] for iv in tl.intervals
+    ]
+    assert d["water"] == [list(x) for x in zip(tl.water_t_s, tl.water_level, tl.rollout_capacity)]
+    assert d["roles"] == [[r.t_s, r.cell, r.role] for r in tl.roles]
+    assert d["num_cells"] == 2 and d["live"] is None
+    with TimelineWriter(tmp_path) as w:
+        w.role(15.0, 1, "train")
+        w.interval(1, 14.0, 15.0, "switch", 3)
+    again = view.cells(d["cursor"], {"cells": [{}, {}, {}], "outcomes": [], "where": {}})
+    assert again["intervals"] == [[1, 14.0, 15.0, "switch", 3]]
+    assert again["roles"] == [[15.0, 1, "train"]] and again["water"] == []
+    assert again["num_cells"] == 3 and "outcomes" not in again["live"]

@@ -69,6 +69,7 @@ class RuntimeFeed:
                 "busy": bool(c.busy),
                 "alive": bool(c.alive),
                 "kind": c.kind,
+                "since_s": c.since,
                 "engine_version": c.engine_version,
                 "trainer_version": c.trainer_version,
             }

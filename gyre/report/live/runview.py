@@ -23,7 +23,7 @@ from gyre.report.live.calls import CallIndex
 from gyre.report.live.tree_view import Decode, TreeView
 from gyre.runtime.checkpoint import LEDGER_FILE, LedgerEntry
 from gyre.runtime.metrics import METRICS_FILE, EvalMetrics, StepMetrics, read_metrics
-from gyre.runtime.timeline import TIMELINE_FILE, Timeline, read_timeline
+from gyre.runtime.timeline import TIMELINE_FILE
 from gyre.tasks.outcome import STOP_REASONS, Outcome
 
 __all__ = ["RunView", "STATES", "state_of"]
@@ -33,6 +33,7 @@ STATES = ("running", "suspended", "finished", "partial", "failed", "closed")
 _TREES = 8
 """Trees kept built (each up to the size of one execution's tokens)."""
 _LEDGER = msgspec.json.Decoder(LedgerEntry)
+_JSON = msgspec.json.Decoder()
 
 
 def state_of(outcome: Outcome | None, closed: bool, suspended: bool) -> str:
@@ -81,7 +82,7 @@ class RunView:
         self.task_of: dict[str, str] = {}
         self._ledger_offset = 0
         self._metrics: tuple[tuple[int, int], list] = ((-1, -1), [])
-        self._timeline: tuple[tuple[int, int], Timeline | None] = ((-1, -1), None)
+        self._timeline = _TimelineTail(self.run_dir / TIMELINE_FILE)
         self._trees: OrderedDict[str, tuple[int, TreeView]] = OrderedDict()
 
     # -- files --------------------------------------------------------------------------------
@@ -98,12 +99,6 @@ class RunView:
         if stamp != self._metrics[0]:
             self._metrics = (stamp, read_metrics(self.run_dir) if stamp[0] >= 0 else [])
         return self._metrics[1]
-
-    def _read_timeline(self) -> Timeline | None:
-        stamp = self._stamp(TIMELINE_FILE)
-        if stamp != self._timeline[0]:
-            self._timeline = (stamp, read_timeline(self.run_dir) if stamp[0] >= 0 else None)
-        return self._timeline[1]
 
     def _read_ledger(self) -> None:
         path = self.run_dir / LEDGER_FILE
@@ -151,34 +146,32 @@ class RunView:
         """Timeline records after `cursor` (`intervals`, `roles`, `water`: counts already sent)
         and the live snapshot's cells, water level and routing counters."""
         with self.lock:
-            tl = self._read_timeline()
-        out: dict[str, Any] = {"live": None}
-        if tl is not None:
+            tl = self._timeline
+            tl.refresh()
             i, r, w = (max(0, int(cursor.get(k, 0))) for k in ("intervals", "roles", "water"))
-            out.update(
-                intervals=[
-                    [iv.cell, iv.start_s, iv.end_s, iv.kind, iv.step] for iv in tl.intervals[i:]
-                ],
-                roles=[[rc.t_s, rc.cell, rc.role] for rc in tl.roles[r:]],
-                water=[
-                    list(x)
-                    for x in zip(tl.water_t_s[w:], tl.water_level[w:], tl.rollout_capacity[w:])
-                ],
-                cursor={
+            out: dict[str, Any] = {
+                "live": None,
+                "intervals": tl.intervals[i:],
+                "roles": tl.roles[r:],
+                "water": tl.water[w:],
+                "cursor": {
                     "intervals": len(tl.intervals),
                     "roles": len(tl.roles),
-                    "water": len(tl.water_t_s),
+                    "water": len(tl.water),
                 },
-                num_cells=tl.num_cells,
-            )
-        else:
-            out.update(intervals=[], roles=[], water=[], cursor=dict(cursor), num_cells=0)
+                "num_cells": tl.num_cells,
+            }
         if live is not None:
             out["live"] = {
                 k: v for k, v in live.items() if k not in ("outcomes", "suspended", "where")
             }
             out["num_cells"] = max(out["num_cells"], len(live.get("cells", ())))
         return out
+
+    def _state(self, eid: str, suspended: object) -> str:
+        ex = self.calls.executions.get(eid)
+        closed = ex is not None and ex.summary is not None
+        return state_of(self.outcomes.get(eid), closed, eid in suspended)
 
     def _row(self, eid: str, live: dict | None) -> dict:
         ex = self.calls.executions.get(eid)
@@ -221,22 +214,26 @@ class RunView:
         (a substring of the execution or task id), newest first, with counts per state."""
         with self.lock:
             self._refresh(live)
-            ids = self._ids()
-            rows = [self._row(e, live) for e in reversed(ids)]
-        counts = {s: 0 for s in STATES}
-        for row in rows:
-            counts[row["state"]] += 1
-        if state:
-            rows = [r for r in rows if r["state"] == state]
-        if query:
-            rows = [r for r in rows if query in r["execution_id"] or query in (r["task_id"] or "")]
-        lo = page * page_size
+            ids = self._ids()[::-1]
+            suspended = (live or {}).get("suspended", ())
+            states = [self._state(e, suspended) for e in ids]
+            counts = dict.fromkeys(STATES, 0)
+            for st in states:
+                counts[st] += 1
+            keep = [
+                e
+                for e, st in zip(ids, states)
+                if (not state or st == state)
+                and (not query or query in e or query in (self.task_of.get(e) or ""))
+            ]
+            lo = page * page_size
+            rows = [self._row(e, live) for e in keep[lo : lo + page_size]]
         return {
-            "total": len(rows),
+            "total": len(keep),
             "page": page,
             "page_size": page_size,
             "counts": counts,
-            "rows": rows[lo : lo + page_size],
+            "rows": rows,
         }
 
     def _denominator(self, eid: str) -> int:
@@ -296,3 +293,48 @@ class RunView:
     def tokens(self, eid: str, segment: int, offset: int, limit: int) -> dict:
         """A window of one segment's tokens; raises `KeyError` / `IndexError` when unknown."""
         return self.tree(eid).tokens(segment, offset, limit, self.decode)
+
+
+class _TimelineTail:
+    """`timeline.jsonl` read as it grows (the records of `gyre.runtime.timeline`, as JSON rows):
+    only the complete lines appended since the last `refresh` are parsed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.intervals: list[list] = []
+        """[cell, start_s, end_s, kind, step] per interval, in file order."""
+        self.roles: list[list] = []
+        """[t_s, cell, role] per role change."""
+        self.water: list[list] = []
+        """[t_s, level, rollout_capacity] per water record."""
+        self.num_cells = 0
+
+    def refresh(self) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size < self.offset:  # a new run in the folder: start over
+            self.__init__(self.path)
+        if size == self.offset:
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(size - self.offset)
+        whole = data[: data.rfind(b"\n") + 1]
+        for line in whole.splitlines():
+            if not line.strip():
+                continue
+            rec = _JSON.decode(line)
+            kind = rec.get("type")
+            if kind == "interval":
+                row = [rec["cell"], rec["start_s"], rec["end_s"], rec["kind"], rec.get("step")]
+                self.intervals.append(row)
+                self.num_cells = max(self.num_cells, rec["cell"] + 1)
+            elif kind == "role":
+                self.roles.append([rec["t_s"], rec["cell"], rec["role"]])
+                self.num_cells = max(self.num_cells, rec["cell"] + 1)
+            elif kind == "water":
+                self.water.append([rec["t_s"], rec["level"], rec["rollout_capacity"]])
+        self.offset += len(whole)

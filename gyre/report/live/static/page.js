@@ -60,23 +60,31 @@ async function refreshCells() {
   const list = $("#role-changes");
   list.replaceChildren(...state.roles.slice(-200).map(([t, cell, role]) =>
     el("li", { class: "role-change" }, `${num(t, 1)} s: cell-${cell} -> ${role}`)));
-  drawGantt(n);
+  drawGantt(n, live);
   drawWater();
 }
 
-function drawGantt(n) {
+function drawGantt(n, live) {
   const canvas = $("#gantt");
   const ctx = canvas.getContext("2d");
   const rows = Math.max(n, 1), rowH = 24, left = 60;
   canvas.height = rows * rowH + 20;
   ctx.clearRect(0, 0, canvas.width, canvas.height);
-  const end = Math.max(1, ...state.intervals.map((iv) => iv[2]), ...state.roles.map((r) => r[0]));
+  const open = live ? live.cells.filter((c) => c.alive).map((c) => [c.index, c.since_s, c.kind]) : [];
+  const end = Math.max(1, ...state.intervals.map((iv) => iv[2]), ...state.roles.map((r) => r[0]),
+    ...state.water.map((w) => w[0]), ...open.map((o) => o[1]));
   const x = (t) => left + (canvas.width - left - 10) * (t / end);
   ctx.font = "11px sans-serif";
   for (let i = 0; i < rows; i++) { ctx.fillStyle = "#333"; ctx.fillText(`cell-${i}`, 4, i * rowH + 16); }
   for (const [cell, a, b, kind] of state.intervals) {
     ctx.fillStyle = KIND_COLOURS[kind] ?? "#777";
     ctx.fillRect(x(a), cell * rowH + 4, Math.max(1, x(b) - x(a)), rowH - 8);
+  }
+  for (const [cell, since, kind] of open) { // the activity each cell is in now, still open
+    ctx.fillStyle = KIND_COLOURS[kind] ?? "#777";
+    ctx.globalAlpha = 0.5;
+    ctx.fillRect(x(since), cell * rowH + 4, Math.max(1, x(end) - x(since)), rowH - 8);
+    ctx.globalAlpha = 1;
   }
   ctx.fillStyle = "#000";
   for (const [t, cell] of state.roles) ctx.fillRect(x(t), cell * rowH + 2, 1.5, rowH - 4);
