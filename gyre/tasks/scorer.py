@@ -269,12 +269,14 @@ async def verify(
     pytest test `test_timeout_s`, each call into the workspace's code as long. Raises
     `VerifierError` when it hangs past its limit, crashes (pytest usage or internal error, no
     tests collected) or reports nothing usable; `FileNotFoundError` if the workspace does not
-    exist.
+    exist; `ValueError` if `user` shares the judge's uid or gid.
     """
     workspace = Path(workspace)
     if not workspace.is_dir():
         raise FileNotFoundError(f"workspace {workspace} does not exist")
     spec = task.spec.verifier
+    if user is not None and (user[0] == judge[0] or user[1] == judge[1]):
+        raise ValueError(f"user={user!r} is the judge's ({judge=}): the tests' uid must be its own")
     sealed_judge = judge if user is not None else None
     scratch = await anyio.to_thread.run_sync(_prepare, task, workspace, user, sealed_judge)
     if mounts is not None:

@@ -126,3 +126,12 @@ async def test_workspace_objects_cannot_claim_to_match_expected_values(tmp_path:
     )
     score = await verify(task, ws)
     assert (score.passed, score.total) == (0, 4)
+
+
+async def test_the_agent_cannot_be_the_judge(tmp_path: Path) -> None:
+    task = load_task(make_task(tmp_path / "t"))
+    (tmp_path / "ws").mkdir()
+    with pytest.raises(ValueError, match=r"user=\(65534, 65534\) is the judge's"):
+        await verify(task, tmp_path / "ws", user=(65534, 65534))
+    with pytest.raises(ValueError, match=r"user=\(300000, 7\) is the judge's"):
+        await verify(task, tmp_path / "ws", user=(300_000, 7), judge=(301_000, 7))
