@@ -299,3 +299,14 @@ def test_cells_read_the_timeline_as_it_grows(tmp_path: Path) -> None:
     assert again["intervals"] == [[1, 14.0, 15.0, "switch", 3]]
     assert again["roles"] == [[15.0, 1, "train"]] and again["water"] == []
     assert again["num_cells"] == 3 and "outcomes" not in again["live"]
+
+
+def test_observe_config_is_validated() -> None:
+    from gyre.errors import ConfigError
+
+    assert config_from_dict({}).observe.page is False  # off by default: no port
+    on = config_from_dict({"observe": {"page": True, "port": 8765}}).observe
+    assert (on.host, on.port, on.poll_interval_s) == ("127.0.0.1", 8765, 1.0)
+    for bad in ({"port": 70000}, {"port": -1}, {"host": ""}, {"poll_interval_s": 0}, {"pages": True}):
+        with pytest.raises(ConfigError):
+            config_from_dict({"observe": bad})
