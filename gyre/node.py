@@ -38,12 +38,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gyre: error: {exc}", file=sys.stderr)
         return 2
     except BaseException as exc:
+        errors = _gyre_errors(exc)
+        if errors:  # e.g. a cell that died, raised out of the driver's task groups
+            print(f"gyre: error: {'; '.join(str(e) for e in errors)}", file=sys.stderr)
+            return 2
         if not _interrupted(exc):
             raise
         print(f"gyre: interrupted; `python -m gyre.node --config {args.config} --resume` continues from the "
               "last checkpoint", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports it
     return 0
+
+
+def _gyre_errors(exc: BaseException) -> list[GyreError]:
+    """The `GyreError`s of an exception group that holds nothing else (trio and anyio raise
+    errors out of task groups wrapped in groups); [] when it holds anything else."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return []
+    match, rest = exc.split(GyreError)
+    if match is None or rest is not None:
+        return []
+    out, todo = [], [match]
+    while todo:
+        e = todo.pop()
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(reversed(e.exceptions))
+        else:
+            out.append(e)
+    return out
 
 
 def _interrupted(exc: BaseException) -> bool:

@@ -1,6 +1,7 @@
 """`python -m gyre.node`: Ctrl-C anywhere in the job (a bare KeyboardInterrupt, or one that trio and
 anyio raise out of task groups wrapped in exception groups) is one line and exit status 130; any
-other exception, even next to it in a group, still propagates."""
+other exception, even next to it in a group, still propagates. A `GyreError` raised out of task
+groups (a cell that died) is one `gyre: error:` line and exit status 2, like one raised bare."""
 
 from __future__ import annotations
 
@@ -43,3 +44,25 @@ def test_python_m_gyre_names_the_commands() -> None:
     done = subprocess.run([sys.executable, "-m", "gyre"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert [line.split()[2] for line in done.stderr.splitlines()[2:]] == ["gyre.node", "gyre.report", "gyre.model", "gyre.sim"]
+
+
+def test_a_gyre_error_out_of_task_groups_is_one_line_and_status_2(monkeypatch, capsys) -> None:
+    """A cell killed mid-run (benchmarks/bench_faults.py): its EngineUnavailableError reaches
+    main wrapped in trio's exception groups, and is still one `gyre: error:` line."""
+    from gyre.errors import EngineUnavailableError
+
+    error = EngineUnavailableError("cell http://127.0.0.1:1 /load_weights: ConnectError")
+    group = BaseExceptionGroup("outer", [BaseExceptionGroup("nursery", [error])])
+    monkeypatch.setattr(gyre.job, "run", raising(group))
+    assert main(["--config", "examples/cpu.toml"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"gyre: error: {error}"]
+
+
+def test_a_group_with_a_gyre_error_and_a_bug_still_propagates(monkeypatch) -> None:
+    from gyre.errors import EngineUnavailableError
+
+    group = BaseExceptionGroup("task group", [EngineUnavailableError("gone"), RuntimeError("bug")])
+    monkeypatch.setattr(gyre.job, "run", raising(group))
+    with pytest.raises(BaseExceptionGroup) as caught:
+        main(["--config", "examples/cpu.toml"])
+    assert caught.value is group
