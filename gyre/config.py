@@ -342,7 +342,7 @@ class HarnessConfig(_Config):
     """Keep each execution's folder after scoring (debugging)."""
     isolate_uid: bool = True
     """When the node runs as root: each agent runs as its own unprivileged uid and cannot read
-    other workspaces or hidden tests (`gyre.agents.harness`); otherwise a warning."""
+    other workspaces or hidden tests (`gyre.agents.isolation`); otherwise a warning."""
     agent_uid_base: int = 200_000
     """First uid (and gid) of agents under `isolate_uid`; must be >= 1000 and no real user's."""
     agent_uid_count: int = 4096
@@ -351,7 +351,7 @@ class HarnessConfig(_Config):
     """With `isolate_uid`: each agent and verifier starts in a private mount namespace where every
     top-level folder but the system's (/usr, /etc, /var, ...), `hidden_paths`, the run folder,
     other workspaces and the suites' hidden tests are covered, and /tmp is private
-    (`gyre.agents.harness`; needs CAP_SYS_ADMIN; otherwise a warning)."""
+    (`gyre.agents.isolation`; needs CAP_SYS_ADMIN; otherwise a warning)."""
     require_isolation: bool = False
     """Refuse to run (one `ConfigError` before anything starts) where `isolate_uid`,
     `isolate_mounts` and `isolate_network` cannot all be had (not root, no CAP_SYS_ADMIN, a
