@@ -18,7 +18,7 @@ from pathlib import Path
 
 import msgspec
 
-from gyre.errors import ConfigError
+from gyre.errors import ConfigError, RunDirError
 from gyre.runtime.metrics import METRICS_FILE, append_line
 from gyre.tasks.outcome import Outcome
 
@@ -65,12 +65,20 @@ def save_checkpoint(run_dir: Path, state: LoopState, save_trainer: Callable[[Pat
 
 
 def latest_checkpoint(run_dir: Path) -> tuple[LoopState, Path] | None:
-    """The newest complete checkpoint (state, trainer folder), or None if the run has none."""
+    """The newest complete checkpoint (state, trainer folder), or None if the run has none.
+    Raises `RunDirError` naming the file when the checkpoint's state cannot be read."""
     pointer = run_dir / "checkpoints" / "latest"
     if not pointer.exists():
         return None
-    folder = run_dir / "checkpoints" / pointer.read_text().strip()
-    state = msgspec.json.decode((folder / "state.json").read_bytes(), type=LoopState)
+    folder = run_dir / "checkpoints" / pointer.read_text(errors="replace").strip()
+    try:
+        state = msgspec.json.decode((folder / "state.json").read_bytes(), type=LoopState)
+    except (OSError, msgspec.DecodeError) as exc:
+        raise RunDirError(
+            f"checkpoint {str(folder / 'state.json')!r} cannot be read ({exc}): remove "
+            f"{str(folder)!r} and {str(pointer)!r} to resume from the start (executions already "
+            "in executions.jsonl are reused)"
+        ) from None
     return state, folder / "trainer"
 
 
