@@ -135,3 +135,30 @@ async def test_the_agent_cannot_be_the_judge(tmp_path: Path) -> None:
         await verify(task, tmp_path / "ws", user=(65534, 65534))
     with pytest.raises(ValueError, match=r"user=\(300000, 7\) is the judge's"):
         await verify(task, tmp_path / "ws", user=(300_000, 7), judge=(301_000, 7))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suite", ["learnable", "longtail", "multiagent-mini", "nl2repo-mini",
+                                   "terminal-mini"])
+async def test_oracle_workspaces_of_shipped_suites_score_full(tmp_path: Path, suite: str) -> None:
+    """Every shipped suite's tests run as they did in-process: the oracle's final workspace of
+    each of 4 tasks per suite scores all its tests through the judge and the Python host."""
+    import random
+    import shutil
+
+    from gyre.agents.tools import Workspace
+    from gyre.tasks.solution import load_solution
+    from gyre.tasks.task import load_suite
+
+    examples = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+    tasks = load_suite(examples / suite)
+    for i, task in enumerate(random.Random(suite).sample(tasks, min(4, len(tasks)))):
+        solution = load_solution(task)
+        ws = tmp_path / f"ws{i}"
+        shutil.copytree(task.environment_dir, ws)
+        tools = Workspace(ws)
+        for step in [*solution.main, *(s for steps in solution.sub_agents.values() for s in steps)]:
+            if step.tool in ("write_file", "run"):
+                getattr(tools, step.tool)(**step.arguments)
+        score = await verify(task, ws)
+        assert score.all_passed, (task.task_id, score)
