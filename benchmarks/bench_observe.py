@@ -3,17 +3,22 @@
 The same short elastic run (3 cell doubles: scripted engines and ledger trainers from
 `tests/runtime/fake_cells.py`, real agents through the TITO proxy, router and harness on this
 node) runs with the page off and with the page on and 3 clients polling it, alternately, `--pairs`
-times. Each client is a separate process that does what an open page does every poll interval
-(1 s): the cells (with its cursor), the steps, the first page of executions and one execution's
-tree (the newest with calls). The page's file reads and tree building compete with the node's event
-loop, proxy and agents for this machine's CPUs; the clients do not run in the node's process.
+times (ABBA order, so drift in the machine's load cancels). Each client is a separate process
+that does what an open page does every poll interval (1 s): one request for the view on screen,
+moving through the views (cells with its cursor, steps, executions, the newest execution's tree
+and its first call's tokens). The page's file reads and tree building compete with the node's
+event loop, proxy and agents for this machine's CPUs; the clients, standing in for browsers that
+normally run on the viewer's machine, run at nice 19 outside the node's process.
 `step_overhead_ratio` = mean step seconds with the page watched / mean step seconds without it
-(`StepMetrics.step_s` of every step). Writes benchmarks/results/observe.json.
+(`StepMetrics.step_s` of every step); `node_cpu_s_per_step_*` is the node process's CPU (all its
+threads) per step. A 10,000-execution call log is then indexed and served (`10000_*` seconds).
+Writes benchmarks/results/observe.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import statistics
@@ -43,33 +48,42 @@ def _on_term(*_: object) -> None:
     _stop = True
 
 
-def client(base: str, secret: str, seconds: float) -> None:
-    """One watcher: poll like an open page for `seconds`; prints requests and mean latency."""
+def client(base: str, secret: str, seconds: float, first_view: int) -> None:
+    """One watcher, as an open page polls: one request per poll interval, for the view on screen
+    (the page polls only that one). It moves to the next view every poll, starting at
+    `first_view`: cells (with its cursor), steps, executions, the newest execution's tree (and
+    the tokens of its first call, as a click would). Prints polls and their mean latency."""
     import httpx
 
     headers = {"Authorization": f"Bearer {secret}"}
     cursor = {"intervals": 0, "roles": 0, "water": 0}
+    newest = None
     latencies = []
     end = time.monotonic() + seconds
+    tick = first_view
     with httpx.Client(base_url=base, headers=headers, timeout=30) as c:
         while time.monotonic() < end and not _stop:
             t0 = time.monotonic()
-            cells = c.get("/api/cells", params=cursor).json()
-            cursor = cells["cursor"]
-            c.get("/api/steps").raise_for_status()
-            rows = c.get("/api/executions", params={"page_size": 50}).json()["rows"]
-            newest = next((r["execution_id"] for r in rows if r["calls"]), None)
-            if newest is not None:
-                c.get(f"/api/executions/{newest}").raise_for_status()
-                c.get(
-                    f"/api/executions/{newest}/segments/0", params={"limit": 1024}
-                ).raise_for_status()
+            view = tick % 4
+            tick += 1
+            try:
+                if view == 0:
+                    cursor = c.get("/api/cells", params=cursor).json()["cursor"]
+                elif view == 1:
+                    c.get("/api/steps").raise_for_status()
+                elif view == 2 or newest is None:
+                    rows = c.get("/api/executions", params={"page_size": 50}).json()["rows"]
+                    newest = next((r["execution_id"] for r in rows if r["calls"]), newest)
+                else:
+                    c.get(f"/api/executions/{newest}").raise_for_status()
+                    path = f"/api/executions/{newest}/segments/0"
+                    c.get(path, params={"limit": 1024}).raise_for_status()
+            except httpx.TransportError:
+                break  # the page stopped
             if not latencies:
                 print("ready", flush=True)
             latencies.append(time.monotonic() - t0)
             time.sleep(max(0.0, POLL_S - (time.monotonic() - t0)))
-            if _stop:
-                break
     print(f"{len(latencies)} {statistics.mean(latencies) if latencies else 0.0:.6f}", flush=True)
 
 
@@ -115,6 +129,7 @@ async def one_run(run_dir: Path, steps: int, watched: bool) -> dict:
     cells = [CellHandle(name=f"cell-{i}", client=f) for i, f in enumerate(fakes)]
     tasks = load_suite(SUITE)
     watchers: list[subprocess.Popen] = []
+    outs: list[tuple[str, str]] = []
     t0, cpu0 = time.monotonic(), time.process_time()
     if not watched:
         await run_cells(cfg, cells, tokenizer=tok, tasks=tasks, snapshot="model", launch="L")
@@ -132,12 +147,14 @@ async def one_run(run_dir: Path, steps: int, watched: bool) -> dict:
                         page.base_url,
                         "--seconds",
                         "3600",
+                        "--first-view",
+                        str(k),
                     ],
                     cwd=REPO,
                     stdout=subprocess.PIPE,
                     text=True,
                 )
-                for _ in range(CLIENTS)
+                for k in range(CLIENTS)
             ]
             for w in watchers:  # every client polls before the run starts
                 assert await anyio.to_thread.run_sync(w.stdout.readline) == "ready\n"
@@ -152,14 +169,17 @@ async def one_run(run_dir: Path, steps: int, watched: bool) -> dict:
                     on_runtime=feed.attach,
                 )
             finally:
+                wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
                 for w in watchers:
                     w.terminate()
-    wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+                # the page keeps serving until every client has finished its last poll
+                outs = [await anyio.to_thread.run_sync(w.communicate) for w in watchers]
     polls = []
-    for w in watchers:
-        out, _ = w.communicate(timeout=60)
-        n, mean_s = out.split()
+    for out, _ in outs:
+        n, mean_s = out.split()[-2:]
         polls.append({"polls": int(n), "poll_s_mean": float(mean_s)})
+    if not watched:
+        wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
     steps_s = [r.step_s for r in read_metrics(run_dir) if isinstance(r, StepMetrics)]
     return {
         "watched": watched,
@@ -253,10 +273,12 @@ def main() -> None:
     parser.add_argument("--executions", type=int, default=10_000, help="executions of the big log")
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=60, help=argparse.SUPPRESS)
+    parser.add_argument("--first-view", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
         signal.signal(signal.SIGTERM, _on_term)
-        client(args.client, SECRET, args.seconds)
+        os.nice(19)  # a viewer's browser runs elsewhere: on this box the watchers yield the CPU
+        client(args.client, SECRET, args.seconds, args.first_view)
         return
     run_dir = REPO / "runs" / "bench-observe"
     runs = []

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import msgspec
 import numpy as np
 import pytest
 
@@ -54,7 +55,7 @@ def call(
 
 async def write_log(path: Path) -> list[ModelCall]:
     """e1: call c1, c2 extending it (stored as a delta), c3 a compaction branching at token 1;
-    e2: one call; e1 is closed."""
+    e2: one call; e4: one greedy call (not trained); e5: one call; e1 is closed."""
     from gyre.tito.records import ExecutionSummary
 
     c1 = call("e1", "c1", [1, 2, 3], [4, 5])
@@ -73,6 +74,9 @@ async def write_log(path: Path) -> list[ModelCall]:
     await log.append_call(c2, base=("c1", 5))
     await log.append_call(c3)
     await log.append_call(d1)
+    greedy = call("e4", "c1", [1, 2], [3, 4])
+    await log.append_call(msgspec.structs.replace(greedy, sampling=SamplingParams(temperature=0.0)))
+    await log.append_call(call("e5", "c1", [1, 2], [5, 6]))
     await log.append_end(
         ExecutionSummary(
             execution_id="e1",
@@ -94,6 +98,10 @@ def run_dir(tmp_path: Path) -> Path:
     anyio.run(write_log, tmp_path / "calls.log")
     MetricsWriter(tmp_path).write(step(1, pass_rate=0.5))
     ledger = ExecutionLedger(tmp_path)
+    for eid in ("e4", "e5"):
+        done = Score(passed=1, total=1, score=1.0, all_passed=True)
+        outcome = Outcome(execution_id=eid, task_id="t-c", termination="finished", score=done)
+        ledger.append(LedgerEntry(step=1, task_id="t-c", slot=0, outcome=outcome))
     ledger.append(
         LedgerEntry(
             step=1,
@@ -162,7 +170,7 @@ def test_tree_loss_weights_are_the_packed_batch_values(run_dir: Path) -> None:
     calls = read_log(run_dir / "calls.log").for_execution("e1")
     tree = build_tree(calls)
     sel = select_trajectories(tree, 1)
-    denominator = 8 - 0  # the step's executions - failed (metrics of step 1)
+    denominator = 2  # step 1 trains e1 and e5 (e3 failed, e4 greedy; e2 is in no step yet)
     packed = pack_tree(tree, sel, num_executions=denominator)
     assert tv.num_executions == denominator
     np.testing.assert_array_equal(tv.weight_N[packed.node_T], packed.loss_weight_T)
@@ -215,14 +223,22 @@ async def test_executions_states_filters_and_verifier(run_dir: Path) -> None:
     async with c:
         d = (await c.get("/api/executions", headers=bearer)).json()
         states = {r["execution_id"]: r["state"] for r in d["rows"]}
-        assert states == {"e1": "partial", "e2": "running", "e3": "failed"}
+        assert states == {
+            "e1": "partial",
+            "e2": "running",
+            "e3": "failed",
+            "e4": "finished",
+            "e5": "finished",
+        }
         assert d["counts"]["partial"] == d["counts"]["running"] == d["counts"]["failed"] == 1
+        assert d["counts"]["finished"] == 2
         d = (await c.get("/api/executions?state=failed", headers=bearer)).json()
         assert [(r["execution_id"], r["reason"]) for r in d["rows"]] == [("e3", "agent crashed")]
         d = (await c.get("/api/executions?q=t-a", headers=bearer)).json()
         assert [r["execution_id"] for r in d["rows"]] == ["e1"]
         d = (await c.get("/api/executions?page=1&page_size=2", headers=bearer)).json()
-        assert d["total"] == 3 and len(d["rows"]) == 1
+        # newest first: the log's order (e1, e2, e4, e5), then e3 (in the ledger only), reversed
+        assert d["total"] == 5 and [r["execution_id"] for r in d["rows"]] == ["e4", "e2"]
         e1 = (await c.get("/api/executions/e1", headers=bearer)).json()
         assert e1["verifier"] == {
             "passed": 1,
@@ -307,6 +323,12 @@ def test_observe_config_is_validated() -> None:
     assert config_from_dict({}).observe.page is False  # off by default: no port
     on = config_from_dict({"observe": {"page": True, "port": 8765}}).observe
     assert (on.host, on.port, on.poll_interval_s) == ("127.0.0.1", 8765, 1.0)
-    for bad in ({"port": 70000}, {"port": -1}, {"host": ""}, {"poll_interval_s": 0}, {"pages": True}):
+    for bad in (
+        {"port": 70000},
+        {"port": -1},
+        {"host": ""},
+        {"poll_interval_s": 0},
+        {"pages": True},
+    ):
         with pytest.raises(ConfigError):
             config_from_dict({"observe": bad})

@@ -86,7 +86,7 @@ def page_app(
     snapshot: Callable[[], dict | None] = lambda: None,
     poll_interval_s: float = 1.0,
     live: bool = False,
-) -> Starlette:
+) -> Any:
     """The page's ASGI app over `view`; `snapshot` gives the live runtime's state (on the loop)."""
     limiter = anyio.CapacityLimiter(2)
 

@@ -44,6 +44,8 @@ class ExecutionCalls:
     """Calls per role (`main`, `main_summary`, `sub_agent`, `sub_agent_summary`)."""
     divergences: dict[str, int] = field(default_factory=dict)
     """Calls per divergence reason (`compaction`, `message_edited`, ...)."""
+    untrainable_sampling: bool = False
+    """A call sampled greedily or truncated (top-p < 1, top-k > 0): the step trains none of it."""
     first_s: float = 0.0
     last_s: float = 0.0
     summary: ExecutionSummary | None = None
@@ -132,6 +134,9 @@ class CallIndex:
         ex.prompt_tokens += prompt
         ex.completion_tokens += len(call.completion_ids)
         ex.roles[call.role] = ex.roles.get(call.role, 0) + 1
+        sp = call.sampling
+        if sp.temperature == 0 or sp.top_p < 1 or sp.top_k > 0:
+            ex.untrainable_sampling = True
         if call.divergence is not None:
             reason = call.divergence.reason
             ex.divergences[reason] = ex.divergences.get(reason, 0) + 1

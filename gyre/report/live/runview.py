@@ -236,16 +236,24 @@ class RunView:
             "rows": rows,
         }
 
+    def _trained(self, eid: str) -> bool:
+        """Whether the one-cell loop trains `eid` (`gyre.runtime.batch`'s exclusions: failed, no
+        sampled token, greedy or truncated sampling)."""
+        ex = self.calls.executions.get(eid)
+        outcome = self.outcomes.get(eid)
+        if ex is None or outcome is None or outcome.failed:
+            return False
+        return ex.completion_tokens > 0 and not ex.untrainable_sampling
+
     def _denominator(self, eid: str) -> int:
+        """The loss denominator of `eid`'s step: the elastic runtime's batch size, or (the
+        one-cell loop) the executions of its step that train."""
         if self.batch_executions is not None:
             return self.batch_executions
         step = self.step_of.get(eid)
         if step is None:
             return 1
-        for r in self._read_metrics():
-            if isinstance(r, StepMetrics) and r.step == step:
-                return max(1, r.executions - r.failed)
-        return sum(1 for e, s in self.step_of.items() if s == step and not self.outcomes[e].failed)
+        return max(1, sum(1 for e, s in self.step_of.items() if s == step and self._trained(e)))
 
     def tree(self, eid: str, live: dict | None = None) -> TreeView:
         """The execution's `TreeView` (cached until it makes another call). Raises `KeyError`
@@ -271,7 +279,10 @@ class RunView:
     def execution(self, eid: str, live: dict | None = None) -> dict:
         """The execution's row, its outcome's verifier result and its tree's outline.
         Raises `KeyError` for an unknown execution."""
-        view = self.tree(eid, live) if eid in self.calls.executions else None
+        with self.lock:
+            self._refresh(live)
+            known = eid in self.calls.executions
+        view = self.tree(eid, live) if known else None
         with self.lock:
             if view is None and eid not in self.outcomes:
                 raise KeyError(eid)
