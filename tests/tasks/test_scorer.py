@@ -240,7 +240,8 @@ async def test_a_verifier_broken_everywhere_is_an_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_fifo_in_the_workspace_is_left_out_of_the_copy(tmp_path: Path) -> None:
+async def test_a_fifo_in_the_workspace_is_left_out_of_the_copy(tmp_path: Path,
+                                                               monkeypatch) -> None:
     """An agent cannot fail its own execution (out of training) by leaving a FIFO or a socket to
     break the verifier's copy: they are skipped and the work is scored."""
     import os
@@ -250,12 +251,14 @@ async def test_a_fifo_in_the_workspace_is_left_out_of_the_copy(tmp_path: Path) -
     task = load_task(make_task(tmp_path / "t", tests=MOD_TESTS))
     ws = workspace(tmp_path, {"mod.py": HALF_WRONG})
     os.mkfifo(ws / "pipe")
+    # a /tmp of this test's own: other runs on the node make and remove scratch folders meanwhile
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     with socket.socket(socket.AF_UNIX) as sock:
         sock.bind(str(ws / "sock"))
-        before = set(Path(tempfile.gettempdir()).glob("gyre-verify-*"))
         score = await verify(task, ws)
     assert (score.passed, score.total) == (1, 2)
-    assert set(Path(tempfile.gettempdir()).glob("gyre-verify-*")) <= before  # its scratch is gone
+    assert os.listdir(tmp_path / "tmp") == []  # its scratch is gone
 
 
 def test_a_verifier_python_without_pytest_is_refused_before_the_run(tmp_path: Path) -> None:
