@@ -1,0 +1,572 @@
+"""Fault sweep: inject each fault a long run meets into a small real run; check nothing is lost.
+
+Node faults run `python -m gyre.node` for real (harness, agents as their own processes, TITO proxy,
+call log, ledger, DeepSpeed ZeRO trainer on the tiny model, checkpoints) with the cell process
+hosting the scripted engine (`engine.backend = "scripted"`: the faults are above the engine, and a
+vLLM start-up per scenario does not fit a shared 2-core machine). Multi-cell faults run the elastic
+runtime on two such cells (each a DeepSpeed trainer, one gloo group). Proxy faults (disk full
+under the call log, a stream dropped mid-way) run the proxy over Hypercorn in this process.
+
+Per fault: what was done, what happened (exit code, the error line), and the audit of the run
+folder: `executions_lost` (a group slot never filled, or a finished execution not reused after a
+resume), `calls_duplicated` (call-log records beyond the replies agents received, per trained
+execution, from the agents' own stdout), `steps_lost` (steps asked for and not in
+`metrics.jsonl`; `steps_repeated`: written twice), `executions_spoiled` (failed, or their agent
+exited non-zero on the fault). Where gyre cannot meet a goal today the JSON says so.
+
+Run: `.venv/bin/python -m benchmarks.bench_faults [--only NAME ...]`
+-> benchmarks/results/faults.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import print_table, write_result  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+ROOT = Path(os.environ.get("GYRE_FAULTS_ROOT", "/tmp/gyre-faults"))
+PY = sys.executable
+AGENT = REPO / "benchmarks" / "fault_agent.py"
+AGENT_CALLS = 3
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+def children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            out.setdefault(ppid, []).append(int(p.name))
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    tree, out, todo = children(), [], [pid]
+    while todo:
+        for c in tree.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def cells_of(node_pid: int) -> list[int]:
+    """The cell processes of a node, by gradient-group rank (`--rank`; 0 is the core cell)."""
+    def rank(pid: int) -> int:
+        argv = cmdline(pid).split()
+        return int(argv[argv.index("--rank") + 1]) if "--rank" in argv else 0
+
+    pids = [p for p in descendants(node_pid) if "-m gyre.runtime.cell" in cmdline(p)]
+    return sorted(pids, key=rank)
+
+
+def agents_of(node_pid: int) -> list[int]:
+    return [p for p in descendants(node_pid) if str(AGENT) in cmdline(p)]
+
+
+def wait_for(cond, timeout_s: float, proc: subprocess.Popen | None = None, poll_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            return None
+        time.sleep(poll_s)
+    return None
+
+
+# -- runs -----------------------------------------------------------------------------------------
+
+def model_dir() -> Path:
+    path = ROOT / "model-tiny"
+    if not (path / "config.json").exists():
+        subprocess.run([PY, "-m", "gyre.model", "init", str(path), "--seed", "0"], cwd=REPO,
+                       check=True, capture_output=True)
+    return path
+
+
+def node_config(run_dir: Path, steps: int, *, cells: int = 1, **engine) -> dict:
+    config = {
+        "run_dir": str(run_dir), "seed": 5,
+        "model": {"path": str(model_dir()), "init_if_missing": False},
+        "engine": {"backend": "scripted", "max_model_len": 1024, **engine},
+        "loop": {"steps": steps, "batch_executions": 4, "group_size": 2, "heldout_tasks": 0,
+                 "max_concurrent_executions": 4},
+        "tasks": {"suites": [str(REPO / "examples/tasks/learnable")],
+                  "harness": {"agent_command": ["python", str(AGENT)],
+                              "keep_workspaces": True,
+                              "workspace_root": str(run_dir.parent / (run_dir.name + "-ws"))}},
+        "trainer": {"learning_rate": 1e-3},
+        "warm_start": {"enabled": False},
+    }
+    if cells > 1:
+        config["cells"] = {"num_cells": cells}
+        config["scheduler"] = {"policy": "colocate", "capacity_per_cell": 2}
+    return config
+
+
+class Node:
+    """One `python -m gyre.node` process (its own session, so kill -9 can take its group)."""
+
+    def __init__(self, name: str, config: dict) -> None:
+        self.dir = ROOT / name
+        subprocess.run(["rm", "-rf", str(self.dir)], check=True)
+        self.dir.mkdir(parents=True)
+        self.run_dir = self.dir / "run"
+        self.config = config
+        self.toml = self.dir / "run.toml"
+        self.toml.write_bytes(msgspec.toml.encode(config))
+        self.launches = 0
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, resume: bool = False) -> subprocess.Popen:
+        self.launches += 1
+        cmd = [PY, "-m", "gyre.node", "--config", str(self.toml)] + (["--resume"] if resume else [])
+        log = open(self.dir / f"node-{self.launches}.log", "wb")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self.proc
+
+    def wait(self, timeout_s: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            return None
+
+    def log_tail(self, n: int = 3) -> str:
+        text = (self.dir / f"node-{self.launches}.log").read_text(errors="replace")
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if "error" in ln.lower()]
+        return " | ".join((errors or lines)[-n:])[:600]
+
+    def ledger(self, step: int):
+        from gyre.runtime.checkpoint import ExecutionLedger
+
+        return ExecutionLedger(self.run_dir).entries(step)
+
+
+def audit(node: Node, steps: int, *, before: set[str] = frozenset()) -> dict:
+    """The run folder against what agents received: see the module docstring."""
+    from gyre.runtime.metrics import StepMetrics, read_metrics
+    from gyre.tito.log import read_log
+
+    cfg = node.config["loop"]
+    try:
+        records = [r for r in read_metrics(node.run_dir) if isinstance(r, StepMetrics)]
+    except FileNotFoundError:
+        records = []
+    counts = Counter(r.step for r in records)
+    executions = {r.step: r.executions for r in records}  # the elastic runtime keeps no ledger
+    steps_lost = sum(1 for s in range(1, steps + 1) if s not in counts)
+    steps_twice = sum(c - 1 for c in counts.values())
+    lost, failed, slots_twice, entries_all = 0, [], 0, []
+    for s in range(1, steps + 1):
+        entries = node.ledger(s)
+        entries_all += entries
+        slots = Counter((e.task_id, e.slot) for e in entries)
+        slots_twice += sum(c - 1 for c in slots.values())
+        if s in counts:
+            lost += max(0, cfg["batch_executions"] - (len(slots) or executions[s]))
+        failed += [f"{e.outcome.execution_id}: {e.outcome.failure_reason}" for e in entries
+                   if e.outcome.failed]
+    final_ids = {e.outcome.execution_id for e in entries_all}
+    not_reused = sorted(before - final_ids)
+    log_path = node.run_dir / "calls.log"
+    log = read_log(log_path) if log_path.exists() else None
+    duplicated, unmatched, checked = 0, [], 0
+    ws = Path(node.config["tasks"]["harness"]["workspace_root"])
+    for e in entries_all:
+        if e.outcome.failed or log is None:
+            continue
+        records = log.for_execution(e.outcome.execution_id)
+        out = ws / e.outcome.execution_id / "stdout.log"
+        received = [ln for ln in out.read_text().splitlines() if ln.startswith('{"received"')] \
+            if out.exists() else None
+        prompts = Counter(tuple(c.prompt_ids) for c in records)
+        same_prompt = sum(c - 1 for c in prompts.values())
+        if received is None:
+            unmatched.append(e.outcome.execution_id)
+            duplicated += same_prompt
+            continue
+        checked += 1
+        duplicated += max(len(records) - len(received), same_prompt)
+    return {
+        "steps_done": sorted(counts),
+        "steps_lost": steps_lost,
+        "steps_repeated": steps_twice,
+        "executions_lost": lost + len(not_reused),
+        "calls_duplicated": duplicated,
+        "executions_failed": failed,
+        "slots_filled_twice": slots_twice,
+        "finished_before_fault_not_reused": not_reused,
+        "executions_checked_against_agents": checked,
+        "executions_without_agent_stdout": unmatched,
+        "log_torn_bytes": None if log is None else log.torn_bytes,
+        "log_unresolved": None if log is None else log.unresolved,
+    }
+
+
+def finished_ids(node: Node, steps: int) -> set[str]:
+    return {e.outcome.execution_id for s in range(1, steps + 1) for e in node.ledger(s)}
+
+
+# -- node faults ----------------------------------------------------------------------------------
+
+def fault_agent_tree_kill9() -> dict:
+    """kill -9 of one agent's whole process tree mid-execution, after its first reply (1 step)."""
+    node = Node("agent-kill9", node_config(ROOT / "agent-kill9" / "run", steps=1))
+    proc = node.start()
+    victim = wait_for(lambda: _agent_with_a_reply(node, proc.pid), 300, proc)
+    if victim:
+        for pid in [victim, *descendants(victim)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    rc = node.wait(300)
+    return {"fault": "kill -9 of an agent's process tree", "layer": "node (scripted cell)",
+            "injected": bool(victim), "exit_code": rc, "resumed": False,
+            "what_happened": node.log_tail(), **audit(node, 1)}
+
+
+def _kill_cell_mid_step(name: str, sig: int, *, cont_after_s: float | None, **engine) -> tuple:
+    node = Node(name, node_config(ROOT / name / "run", steps=1, **engine))
+    proc = node.start()
+    # mid-step: once the first agent has received a reply
+    ok = wait_for(lambda: any(_received(node)), 300, proc)
+    cells = cells_of(proc.pid)
+    injected = bool(ok and cells)
+    t0 = time.monotonic()
+    if injected:
+        os.kill(cells[0], sig)
+        if cont_after_s is not None:
+            time.sleep(cont_after_s)
+            os.kill(cells[0], signal.SIGCONT)
+    rc = node.wait(400)
+    return node, injected, rc, time.monotonic() - t0
+
+
+def _agent_with_a_reply(node: Node, node_pid: int) -> int | None:
+    """An agent process whose execution has received a reply and is still running."""
+    for out in _received(node):
+        tag = f"GYRE_EXECUTION_ID={out.parent.name}".encode()
+        for pid in agents_of(node_pid):
+            try:
+                if tag in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+def _received(node: Node) -> list[Path]:
+    ws = Path(node.config["tasks"]["harness"]["workspace_root"])
+    return [p for p in ws.glob("*/stdout.log") if p.stat().st_size > 0] if ws.exists() else []
+
+
+def fault_rollout_cell_kill9() -> dict:
+    """kill -9 of the (one) rollout cell mid-step, then --resume."""
+    node, injected, rc, _ = _kill_cell_mid_step("cell-kill9", signal.SIGKILL, cont_after_s=None)
+    first = node.log_tail()
+    before = finished_ids(node, 1)
+    rc2 = None
+    if rc != 0:
+        node.start(resume=True)
+        rc2 = node.wait(400)
+    return {"fault": "kill -9 of the rollout cell", "layer": "node (scripted cell)",
+            "injected": injected, "exit_code": rc, "what_happened": first,
+            "resumed": rc2 is not None, "resume_exit_code": rc2,
+            "resume_log": node.log_tail() if rc2 is not None else None,
+            **audit(node, 1, before=before)}
+
+
+def fault_cell_sigstop() -> dict:
+    """SIGSTOP of the cell mid-step (a hang) with request_timeout_s = 15: the bounded wait must
+    fire; SIGCONT after 45 s so the run can go on."""
+    node, injected, rc, waited = _kill_cell_mid_step(
+        "cell-sigstop", signal.SIGSTOP, cont_after_s=45.0, request_timeout_s=15.0)
+    first = node.log_tail()
+    rc2 = None
+    if rc != 0:
+        node.start(resume=True)
+        rc2 = node.wait(400)
+    return {"fault": "SIGSTOP of the cell (hang), SIGCONT after 45 s",
+            "layer": "node (scripted cell), engine.request_timeout_s = 15",
+            "injected": injected, "exit_code": rc, "what_happened": first,
+            "resumed": rc2 is not None, "resume_exit_code": rc2,
+            "resume_log": node.log_tail() if rc2 is not None else None, **audit(node, 1)}
+
+
+def _kill_node_mid_step_2(name: str) -> tuple[Node, bool]:
+    node = Node(name, node_config(ROOT / name / "run", steps=2))
+    proc = node.start()
+    ok = wait_for(lambda: node.ledger(2), 400, proc)
+    if ok:
+        os.killpg(proc.pid, signal.SIGKILL)  # the node, its cell and every agent
+    node.wait(60)
+    return node, bool(ok)
+
+
+def fault_node_kill9() -> dict:
+    """kill -9 of the node's whole process group mid-step 2, then --resume."""
+    node, injected = _kill_node_mid_step_2("node-kill9")
+    before = finished_ids(node, 2)
+    node.start(resume=True)
+    rc = node.wait(400)
+    return {"fault": "kill -9 of the node (process group), then --resume",
+            "layer": "node (scripted cell)", "injected": injected, "resumed": True,
+            "resume_exit_code": rc, "what_happened": node.log_tail(),
+            **audit(node, 2, before=before)}
+
+
+def fault_corrupt_checkpoint() -> dict:
+    """The node killed mid-step 2, its newest checkpoint's state and trainer files corrupted,
+    then --resume (expected: a clear error); then the corrupt checkpoint removed and --resume."""
+    node, injected = _kill_node_mid_step_2("corrupt-ckpt")
+    before = finished_ids(node, 2)
+    latest = node.run_dir / "checkpoints" / "step-1"
+    corrupted = []
+    for path in [latest / "state.json", *sorted((latest / "trainer").rglob("*.pt"))[:1]]:
+        data = bytearray(path.read_bytes())
+        data[: min(64, len(data))] = b"\xff" * min(64, len(data))
+        path.write_bytes(bytes(data))
+        corrupted.append(str(path.relative_to(node.run_dir)))
+    node.start(resume=True)
+    rc = node.wait(400)
+    first = node.log_tail()
+    # the operator's way out: drop the corrupt checkpoint (no older one exists at step 1)
+    subprocess.run(["rm", "-rf", str(latest), str(node.run_dir / "checkpoints" / "latest")])
+    node.start(resume=True)
+    rc2 = node.wait(400)
+    return {"fault": "corrupt checkpoint (state.json and a trainer file), then --resume",
+            "layer": "node (scripted cell)", "injected": injected, "corrupted": corrupted,
+            "exit_code": rc, "what_happened": first, "resumed": True,
+            "resume_exit_code": rc2, "resume_log": node.log_tail(),
+            **audit(node, 2, before=before)}
+
+
+def fault_corrupt_trainer_checkpoint() -> dict:
+    """As `fault_corrupt_checkpoint`, but only the trainer's model-state file is corrupted (its
+    state.json reads fine), then --resume; then the checkpoint removed and --resume."""
+    node, injected = _kill_node_mid_step_2("corrupt-trainer")
+    before = finished_ids(node, 2)
+    latest = node.run_dir / "checkpoints" / "step-1"
+    files = sorted((latest / "trainer").rglob("*model_states.pt"))
+    for path in files[:1]:
+        data = bytearray(path.read_bytes())
+        mid = len(data) // 2
+        data[mid: mid + 4096] = b"\xff" * len(data[mid: mid + 4096])
+        path.write_bytes(bytes(data))
+    node.start(resume=True)
+    rc = node.wait(400)
+    first = node.log_tail()
+    subprocess.run(["rm", "-rf", str(latest), str(node.run_dir / "checkpoints" / "latest")])
+    node.start(resume=True)
+    rc2 = node.wait(400)
+    return {"fault": "corrupt trainer checkpoint file (model states), then --resume",
+            "layer": "node (scripted cell)", "injected": injected and bool(files),
+            "corrupted": [str(p.relative_to(node.run_dir)) for p in files[:1]],
+            "exit_code": rc, "what_happened": first, "resumed": True,
+            "resume_exit_code": rc2, "resume_log": node.log_tail(),
+            **audit(node, 2, before=before)}
+
+
+def _elastic_kill(name: str, index: int) -> dict:
+    node = Node(name, node_config(ROOT / name / "run", steps=3, cells=2))
+    proc = node.start()
+    log = node.run_dir / "calls.log"
+    # mid step 1: once a few model calls are in the call log (the elastic runtime keeps no
+    # ledger, and a step takes ~15 s once the cells are up)
+    ok = wait_for(lambda: log.exists() and log.stat().st_size > 2000, 600, proc, poll_s=0.05)
+    cells = cells_of(proc.pid)
+    injected = bool(ok and len(cells) == 2)
+    if injected:
+        # the core cell is rank 0 of the gradient group, cell 0; a satellite is cell 1
+        os.kill(cells[index], signal.SIGKILL)
+    rc = node.wait(400)
+    first = node.log_tail()
+    node.start(resume=True)
+    rc2 = node.wait(120)
+    return {"injected": injected, "exit_code": rc, "what_happened": first,
+            "resumed": rc2 == 0, "resume_exit_code": rc2, "resume_log": node.log_tail(),
+            **audit(node, 3)}
+
+
+def fault_satellite_kill9() -> dict:
+    """kill -9 of the satellite training cell (cell 1) of a 2-cell elastic run mid-step 1."""
+    return {"fault": "kill -9 of a satellite training cell",
+            "layer": "elastic runtime, 2 scripted cells with DeepSpeed trainers (gloo)",
+            **_elastic_kill("satellite-kill9", 1)}
+
+
+def fault_core_kill9() -> dict:
+    """kill -9 of the core cell (cell 0, rank 0) of a 2-cell elastic run mid-step 1."""
+    return {"fault": "kill -9 of the core cell",
+            "layer": "elastic runtime, 2 scripted cells with DeepSpeed trainers (gloo)",
+            **_elastic_kill("core-kill9", 0)}
+
+
+# -- proxy faults ---------------------------------------------------------------------------------
+
+def fault_disk_full() -> dict:
+    from benchmarks import faults_proxy
+
+    return faults_proxy.disk_full(ROOT / "disk-full")
+
+
+def fault_stream_drop() -> dict:
+    from benchmarks import faults_proxy
+
+    return faults_proxy.stream_drop(ROOT / "stream-drop")
+
+
+FAULTS = {
+    "agent_tree_kill9": fault_agent_tree_kill9,
+    "rollout_cell_kill9": fault_rollout_cell_kill9,
+    "cell_sigstop": fault_cell_sigstop,
+    "node_kill9": fault_node_kill9,
+    "corrupt_checkpoint": fault_corrupt_checkpoint,
+    "corrupt_trainer_checkpoint": fault_corrupt_trainer_checkpoint,
+    "satellite_kill9": fault_satellite_kill9,
+    "core_kill9": fault_core_kill9,
+    "disk_full_call_log": fault_disk_full,
+    "stream_drop": fault_stream_drop,
+}
+
+
+NOTES = {
+    # what each outcome means for the goals, written after reading the run folders
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="*", choices=sorted(FAULTS), help="run these faults only and "
+                   "merge them into an existing faults.json")
+    p.add_argument("--name", default="faults")
+    p.add_argument("--summarize", action="store_true", help="rewrite the totals and assessments "
+                   "of an existing faults.json without running anything")
+    args = p.parse_args()
+    if args.summarize:
+        path = REPO / "benchmarks" / "results" / f"{args.name}.json"
+        write(args.name, json.loads(path.read_text())["numbers"]["faults"])
+        return
+    ROOT.mkdir(parents=True, exist_ok=True)
+    names = args.only or list(FAULTS)
+    path = REPO / "benchmarks" / "results" / f"{args.name}.json"
+    results = {}
+    if args.only and path.exists():
+        results = json.loads(path.read_text())["numbers"]["faults"]
+    for name in names:
+        t0 = time.monotonic()
+        print(f"fault {name} ...", flush=True)
+        try:
+            result = FAULTS[name]()
+        except Exception as exc:  # noqa: BLE001 - a scenario that breaks is recorded, not hidden
+            result = {"fault": name, "injected": False,
+                      "what_happened": f"the scenario itself failed: {type(exc).__name__}: {exc}"}
+        result["wall_s"] = round(time.monotonic() - t0, 1)
+        results[name] = result
+        print(json.dumps(result, indent=1)[:1500], flush=True)
+    write(args.name, results)
+
+
+DIRS = {"agent_tree_kill9": "agent-kill9", "rollout_cell_kill9": "cell-kill9",
+        "cell_sigstop": "cell-sigstop", "node_kill9": "node-kill9",
+        "corrupt_checkpoint": "corrupt-ckpt", "corrupt_trainer_checkpoint": "corrupt-trainer",
+        "satellite_kill9": "satellite-kill9",
+        "core_kill9": "core-kill9"}
+
+
+def hurt(run_dir: Path) -> list[str]:
+    """Executions in the ledger that failed, or whose agent exited non-zero (e.g. on a 503/504
+    from the proxy while its cell was dead or stopped): scored or not, the fault spoiled them."""
+    ledger = run_dir / "executions.jsonl"
+    out = []
+    for line in ledger.read_text().splitlines() if ledger.exists() else ():
+        try:
+            o = json.loads(line)["outcome"]
+        except (ValueError, KeyError):
+            continue
+        if o["termination"] == "failed" or o.get("exit_code") not in (0, None):
+            out.append(f"{o['execution_id']}: {o['termination']}, exit {o.get('exit_code')}, "
+                       f"{o.get('model_calls')} calls")
+    return out
+
+
+def step_counts(folder: Path) -> dict:
+    """Steps asked for and missing from `metrics.jsonl` (`steps_lost`), and steps written there
+    more than once (`steps_repeated`: trained again after a resume from an older state)."""
+    from gyre.runtime.metrics import StepMetrics, read_metrics
+
+    steps = msgspec.toml.decode((folder / "run.toml").read_bytes())["loop"]["steps"]
+    try:
+        done = Counter(r.step for r in read_metrics(folder / "run") if isinstance(r, StepMetrics))
+    except FileNotFoundError:
+        done = Counter()
+    return {"steps_lost": sum(1 for s in range(1, steps + 1) if s not in done),
+            "steps_repeated": sum(c - 1 for c in done.values())}
+
+
+def write(name: str, results: dict) -> None:
+    for fault, note in NOTES.items():
+        if fault in results:
+            results[fault]["assessment"] = note
+    for fault, folder in DIRS.items():
+        if fault in results and (ROOT / folder / "run").exists():
+            results[fault]["executions_spoiled"] = hurt(ROOT / folder / "run")
+            results[fault].update(step_counts(ROOT / folder))
+    numbers = {
+        "faults_tried": sum(1 for r in results.values() if r.get("injected")),
+        "executions_spoiled_by_faults": sum(len(r.get("executions_spoiled", ()))
+                                            for r in results.values()),
+        "executions_lost": sum(r.get("executions_lost", 0) for r in results.values()),
+        "calls_duplicated": sum(r.get("calls_duplicated", 0) for r in results.values()),
+        "steps_lost": sum(r.get("steps_lost", 0) for r in results.values()),
+        "steps_repeated": sum(r.get("steps_repeated", 0) for r in results.values()),
+        "faults": results,
+    }
+    config = {
+        "node_runs": "python -m gyre.node, engine.backend = scripted (cell process), DeepSpeed "
+                     "ZeRO trainer on the tiny model, batch 4 (2 tasks x 2), heldout 0",
+        "agent": "benchmarks/fault_agent.py (3 chained calls, 1 s apart)",
+        "goals": ["faults_tried >= 8", "executions_lost == 0", "calls_duplicated == 0",
+                  "steps_lost == 0"],
+    }
+    out = write_result(name, config, numbers)
+    print_table("fault sweep", [
+        {"fault": k, "injected": r.get("injected"), "lost": r.get("executions_lost"),
+         "dup": r.get("calls_duplicated"), "steps_lost": r.get("steps_lost"),
+         "wall_s": r.get("wall_s")} for k, r in results.items()
+    ])
+    print(f"-> {out}")
+
+
+if __name__ == "__main__":
+    main()
