@@ -134,7 +134,8 @@ class WandbSink:
 
     Offline (`wandb_mode`), the run stays on disk (`wandb/offline-run-*/run-*.wandb`) until
     `wandb sync` uploads it; `log` hands values to wandb's own service process and does not wait
-    for it. The run's name is the run folder's; its config is the `RunConfig`."""
+    for it; `close` waits until the service wrote everything. The run's name is the run folder's;
+    its config is the `RunConfig`."""
 
     def __init__(
         self,
@@ -167,7 +168,12 @@ class WandbSink:
         self._run.log(dict(values), step=step)
 
     def close(self) -> None:
+        """Finish the run, then stop wandb's service process: `finish` returns before the service
+        has written the run's last records to disk, `teardown` waits for it."""
+        import wandb
+
         self._run.finish()
+        wandb.teardown()
 
 
 def check_sinks(report: ReportConfig) -> None:
