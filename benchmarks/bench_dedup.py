@@ -38,9 +38,15 @@ CONFIG = {
     "paths_for_jmax": 10,
     "chain_calls": 4,
     "completion_fraction": 0.5,
-    "model": {"vocab_size": 1024, "hidden_size": 128, "intermediate_size": 384,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "dtype": "float32"},
+    "model": {
+        "vocab_size": 1024,
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "dtype": "float32",
+    },
     "repeats": 7,
     "torch_threads": 1,
     "seed": 0,
@@ -56,11 +62,19 @@ def synthetic_calls(paths: int, cfg: dict = CONFIG) -> list[ModelCall]:
 
     def call(call_id, prompt, completion, parent):
         n = len(completion)
-        calls.append(ModelCall(
-            execution_id="bench", call_id=call_id, role="main", prompt_ids=prompt,
-            completion_ids=completion, logprobs=(-rng.random(n) * 5).tolist(), versions=[1] * n,
-            finish_reason="stop", parent_call_id=parent,
-        ))
+        calls.append(
+            ModelCall(
+                execution_id="bench",
+                call_id=call_id,
+                role="main",
+                prompt_ids=prompt,
+                completion_ids=completion,
+                logprobs=(-rng.random(n) * 5).tolist(),
+                versions=[1] * n,
+                finish_reason="stop",
+                parent_call_id=parent,
+            )
+        )
 
     step = shared // cfg["chain_calls"]
     context = rng.integers(0, vocab, step // 2).tolist()
@@ -105,8 +119,12 @@ def linear_rows(tree, selection):
         blp.append(tree.logprob_N[path])
     ids, policy, blp = np.stack(ids), np.stack(policy), np.stack(blp)
     weight = np.where(policy, 1.0 / policy.sum(), 0.0)  # plain token mean over all rows
-    return (torch.as_tensor(ids).long(), torch.as_tensor(policy), torch.as_tensor(weight),
-            torch.as_tensor(np.nan_to_num(blp)))
+    return (
+        torch.as_tensor(ids).long(),
+        torch.as_tensor(policy),
+        torch.as_tensor(weight),
+        torch.as_tensor(np.nan_to_num(blp)),
+    )
 
 
 def linear_step(model, rows) -> None:
@@ -116,11 +134,17 @@ def linear_step(model, rows) -> None:
     target = policy.clone()
     target[:, 0] = False
     rows_idx, cols = torch.nonzero(target, as_tuple=True)
-    lp, _ = selective_logprob_entropy(hidden[rows_idx, cols - 1], model.lm_head.weight,
-                                      ids[rows_idx, cols])
+    lp, _ = selective_logprob_entropy(
+        hidden[rows_idx, cols - 1], model.lm_head.weight, ids[rows_idx, cols]
+    )
     n = lp.shape[0]
-    loss, _ = policy_loss(lp, blp[rows_idx, cols].float(), torch.ones(n),
-                          weight[rows_idx, cols].float(), torch.ones(n, dtype=torch.bool))
+    loss, _ = policy_loss(
+        lp,
+        blp[rows_idx, cols].float(),
+        torch.ones(n),
+        weight[rows_idx, cols].float(),
+        torch.ones(n, dtype=torch.bool),
+    )
     loss.backward()
 
 
@@ -161,8 +185,9 @@ def main() -> None:
         item = (jtree, select_trajectories(jtree, jmax))
         (jbatches[label],) = pack_batch([item], token_budget=1 << 20)
         jtokens[label] = jbatches[label].num_tokens
-    jtimes = interleaved({k: (lambda b=b: tree_step(model, b)) for k, b in jbatches.items()},
-                         repeats)
+    jtimes = interleaved(
+        {k: (lambda b=b: tree_step(model, b)) for k, b in jbatches.items()}, repeats
+    )
 
     med = {k: min(v) for k, v in jtimes.items()}  # min: least disturbed by other load
     k, p = CONFIG["paths"], CONFIG["shared_fraction"]
@@ -186,19 +211,31 @@ def main() -> None:
         "load_average_1m": os.getloadavg()[0],
     }
     write_result("dedup", CONFIG, numbers)
-    print_table("packed tree vs linearised trajectories vs per-call rows (k = 5, p = 0.9)", [
-        {"layout": "packed tree", "tokens": batch.num_tokens, "fwd+bwd_s": min(tree_times)},
-        {"layout": "linear rows", "tokens": linear_tokens, "fwd+bwd_s": min(linear_times)},
-        {"layout": "per-call rows", "tokens": per_call_tokens, "fwd+bwd_s": "-"},
-    ])
-    print_table("Jmax (k = 10 tree)", [
-        {"jmax": j, "tokens": jtokens[j], "fwd+bwd_s": med[j],
-         "fraction_of_all": med[j] / med["all"]}
-        for j in ("1", "5", "all")
-    ])
-    print(f"token_ratio_vs_linear={numbers['token_ratio_vs_linear']:.3f} "
-          f"time_ratio_vs_linear={numbers['time_ratio_vs_linear']:.3f} "
-          f"token_ratio_vs_per_call={numbers['token_ratio_vs_per_call']:.3f}")
+    print_table(
+        "packed tree vs linearised trajectories vs per-call rows (k = 5, p = 0.9)",
+        [
+            {"layout": "packed tree", "tokens": batch.num_tokens, "fwd+bwd_s": min(tree_times)},
+            {"layout": "linear rows", "tokens": linear_tokens, "fwd+bwd_s": min(linear_times)},
+            {"layout": "per-call rows", "tokens": per_call_tokens, "fwd+bwd_s": "-"},
+        ],
+    )
+    print_table(
+        "Jmax (k = 10 tree)",
+        [
+            {
+                "jmax": j,
+                "tokens": jtokens[j],
+                "fwd+bwd_s": med[j],
+                "fraction_of_all": med[j] / med["all"],
+            }
+            for j in ("1", "5", "all")
+        ],
+    )
+    print(
+        f"token_ratio_vs_linear={numbers['token_ratio_vs_linear']:.3f} "
+        f"time_ratio_vs_linear={numbers['time_ratio_vs_linear']:.3f} "
+        f"token_ratio_vs_per_call={numbers['token_ratio_vs_per_call']:.3f}"
+    )
 
 
 if __name__ == "__main__":

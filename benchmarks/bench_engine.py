@@ -46,8 +46,13 @@ async def _direct(llm, prompts: list[list[int]], max_tokens: int, tag: str) -> i
     from vllm.sampling_params import RequestOutputKind
 
     params = VSamplingParams(
-        max_tokens=max_tokens, temperature=1.0, seed=0, ignore_eos=True, logprobs=0,
-        detokenize=False, output_kind=RequestOutputKind.DELTA,
+        max_tokens=max_tokens,
+        temperature=1.0,
+        seed=0,
+        ignore_eos=True,
+        logprobs=0,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
     )
     total = 0
 
@@ -69,7 +74,9 @@ async def _gyre(engine, prompts: list[list[int]], max_tokens: int, tag: str) -> 
     async def one(i: int, ids: list[int]) -> None:
         nonlocal total
         sampling = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=0)
-        [c] = await collect(engine, GenerateRequest(request_id=f"{tag}-{i}", prompt_ids=ids, sampling=sampling))
+        [c] = await collect(
+            engine, GenerateRequest(request_id=f"{tag}-{i}", prompt_ids=ids, sampling=sampling)
+        )
         total += len(c.token_ids)
 
     async with anyio.create_task_group() as tg:
@@ -78,7 +85,9 @@ async def _gyre(engine, prompts: list[list[int]], max_tokens: int, tag: str) -> 
     return total
 
 
-async def _measure(run, prompts, repeats: int, max_tokens: int, out: dict[int, list[float]], tag: str) -> None:
+async def _measure(
+    run, prompts, repeats: int, max_tokens: int, out: dict[int, list[float]], tag: str
+) -> None:
     """Warm `run` at every concurrency, then time `repeats` batches at each into `out[n]` (seconds)."""
     for n in CONCURRENCY:
         await run(prompts[:n], f"warm-{tag}{n}")
@@ -121,7 +130,9 @@ def sched_groups(cell_pid: int) -> dict[str, object]:
     except (OSError, ValueError):
         enabled = None
     node = _autogroup(os.getpid())
-    cells = sorted({g for g in map(_autogroup, [cell_pid, *_descendants(cell_pid)]) if g is not None})
+    cells = sorted(
+        {g for g in map(_autogroup, [cell_pid, *_descendants(cell_pid)]) if g is not None}
+    )
     return {
         "sched_autogroup_enabled": enabled,
         "node_autogroup": node,
@@ -132,14 +143,20 @@ def sched_groups(cell_pid: int) -> dict[str, object]:
     }
 
 
-async def _openai(http: httpx.AsyncClient, prompts, body: dict, keys: list[str] | None, max_tokens: int) -> int:
+async def _openai(
+    http: httpx.AsyncClient, prompts, body: dict, keys: list[str] | None, max_tokens: int
+) -> int:
     """`len(prompts)` concurrent `/v1/completions` calls; returns the completion tokens."""
     total = 0
 
     async def one(i: int, ids: list[int]) -> None:
         nonlocal total
         headers = {"Authorization": f"Bearer {keys[i]}"} if keys else {}
-        r = await http.post("/v1/completions", json={**body, "prompt": ids, "max_tokens": max_tokens}, headers=headers)
+        r = await http.post(
+            "/v1/completions",
+            json={**body, "prompt": ids, "max_tokens": max_tokens},
+            headers=headers,
+        )
         r.raise_for_status()
         total += r.json()["usage"]["completion_tokens"]
 
@@ -149,7 +166,9 @@ async def _openai(http: httpx.AsyncClient, prompts, body: dict, keys: list[str] 
     return total
 
 
-async def _time_openai(base_url: str, prompts, body, keys, repeats: int, max_tokens: int) -> list[float]:
+async def _time_openai(
+    base_url: str, prompts, body, keys, repeats: int, max_tokens: int
+) -> list[float]:
     out = []
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as http:
@@ -162,7 +181,9 @@ async def _time_openai(base_url: str, prompts, body, keys, repeats: int, max_tok
     return out
 
 
-async def _proxy_path(engine, model_dir: Path, prompts, repeats: int, max_tokens: int) -> list[float]:
+async def _proxy_path(
+    engine, model_dir: Path, prompts, repeats: int, max_tokens: int
+) -> list[float]:
     """Seconds per batch of `/v1/completions` calls through gyre's TitoProxy in front of `engine`."""
     from transformers import AutoTokenizer
 
@@ -177,7 +198,9 @@ async def _proxy_path(engine, model_dir: Path, prompts, repeats: int, max_tokens
         port = await tg.start(proxy.serve)
         body = {"model": proxy.config.model_name, "temperature": 1.0}
         try:
-            return await _time_openai(f"http://127.0.0.1:{port}", prompts, body, keys, repeats, max_tokens)
+            return await _time_openai(
+                f"http://127.0.0.1:{port}", prompts, body, keys, repeats, max_tokens
+            )
         finally:
             tg.cancel_scope.cancel()
 
@@ -194,17 +217,39 @@ async def _vllm_server_path(
     """Seconds per batch against vLLM's own OpenAI server, or (None, why it did not start)."""
     port = _free_port()
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", config.dtype,
-        "--max-model-len", str(config.max_model_len), "--block-size", str(config.block_size),
-        "--logprobs-mode", "processed_logprobs", "--seed", "0", "--disable-log-stats",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        config.dtype,
+        "--max-model-len",
+        str(config.max_model_len),
+        "--block-size",
+        str(config.block_size),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--seed",
+        "0",
+        "--disable-log-stats",
         "--disable-uvicorn-access-log",
-        *(["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes)] if config.kv_cache_memory_bytes else []),
+        *(
+            ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes)]
+            if config.kv_cache_memory_bytes
+            else []
+        ),
         *(["--enforce-eager"] if config.enforce_eager else []),
         *([] if config.enable_prefix_caching else ["--no-enable-prefix-caching"]),
     ]
     with open(log_path, "ab") as log:  # like a cell: its own process group, in the node's session
-        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0)
+        server = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0
+        )
     try:
         deadline = time.monotonic() + config.startup_timeout_s
         async with httpx.AsyncClient(timeout=5) as http:
@@ -221,7 +266,9 @@ async def _vllm_server_path(
                     pass  # not listening yet
                 await anyio.sleep(0.5)
         body = {"model": str(model_dir), "temperature": 1.0, "ignore_eos": True}
-        return await _time_openai(f"http://127.0.0.1:{port}", prompts, body, None, repeats, max_tokens), None
+        return await _time_openai(
+            f"http://127.0.0.1:{port}", prompts, body, None, repeats, max_tokens
+        ), None
     finally:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -242,7 +289,9 @@ async def main_async(repeats: int, max_tokens: int) -> None:
     model_config = ModelConfig(seed=0)
     model_dir = init_model_dir(root / "model", model_config)
     config = EngineConfig(max_model_len=1024)
-    prompts = [[5 + (7 * i + j) % 500 for j in range(32 + 8 * (i % 4))] for i in range(max(CONCURRENCY))]
+    prompts = [
+        [5 + (7 * i + j) % 500 for j in range(32 + 8 * (i % 4))] for i in range(max(CONCURRENCY))
+    ]
     direct_s: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
     gyre_s: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
     # One engine at a time: an idle vLLM engine beside the measured one took 2-7x off the measured
@@ -250,7 +299,14 @@ async def main_async(repeats: int, max_tokens: int) -> None:
     # alive, 344 tok/s alone), which no alternation cancels.
     llm = AsyncLLM.from_engine_args(engine_args(str(model_dir), config))
     try:
-        await _measure(lambda ps, tag: _direct(llm, ps, max_tokens, tag), prompts, repeats, max_tokens, direct_s, "d")
+        await _measure(
+            lambda ps, tag: _direct(llm, ps, max_tokens, tag),
+            prompts,
+            repeats,
+            max_tokens,
+            direct_s,
+            "d",
+        )
     finally:
         llm.shutdown()
     cell = spawn_cell(model_dir, config, log_path=root / "cell.log")
@@ -258,13 +314,27 @@ async def main_async(repeats: int, max_tokens: int) -> None:
         url = await anyio.to_thread.run_sync(wait_cell_ready, cell, config.startup_timeout_s)
         groups = sched_groups(cell.process.pid)
         async with CellClient(url, config) as engine:
-            await _measure(lambda ps, tag: _gyre(engine, ps, max_tokens, tag), prompts, repeats, max_tokens, gyre_s, "g")
-            proxy_s = await _proxy_path(engine, model_dir, prompts[:SERVER_CONCURRENCY], repeats, max_tokens)
+            await _measure(
+                lambda ps, tag: _gyre(engine, ps, max_tokens, tag),
+                prompts,
+                repeats,
+                max_tokens,
+                gyre_s,
+                "g",
+            )
+            proxy_s = await _proxy_path(
+                engine, model_dir, prompts[:SERVER_CONCURRENCY], repeats, max_tokens
+            )
             streamed = await engine.cell_statistics()
     finally:
         await anyio.to_thread.run_sync(cell.stop)
     server_s, server_error = await _vllm_server_path(
-        model_dir, config, prompts[:SERVER_CONCURRENCY], repeats, max_tokens, root / "vllm-server.log"
+        model_dir,
+        config,
+        prompts[:SERVER_CONCURRENCY],
+        repeats,
+        max_tokens,
+        root / "vllm-server.log",
     )
     rows, numbers = [], {}
     for n in CONCURRENCY:
@@ -274,12 +344,14 @@ async def main_async(repeats: int, max_tokens: int) -> None:
         numbers[f"direct_tokens_per_s_{n}"] = n * max_tokens / d["median"]
         numbers[f"gyre_tokens_per_s_{n}"] = n * max_tokens / g["median"]
         numbers[f"overhead_ratio_{n}"] = g["median"] / d["median"]
-        rows.append({
-            "concurrency": n,
-            "direct tok/s": n * max_tokens / d["median"],
-            "gyre tok/s": n * max_tokens / g["median"],
-            "gyre/direct time": g["median"] / d["median"],
-        })
+        rows.append(
+            {
+                "concurrency": n,
+                "direct tok/s": n * max_tokens / d["median"],
+                "gyre tok/s": n * max_tokens / g["median"],
+                "gyre/direct time": g["median"] / d["median"],
+            }
+        )
     n = SERVER_CONCURRENCY
     numbers[f"proxy_s_{n}"] = summarize(proxy_s)
     numbers[f"vllm_server_s_{n}"] = None if server_s is None else summarize(server_s)
@@ -292,15 +364,26 @@ async def main_async(repeats: int, max_tokens: int) -> None:
     numbers.update(groups)
     path = write_result(
         "engine",
-        {"model": "gyre tiny qwen2 (seed 0)", "model_config": {"hidden_size": model_config.hidden_size,
-         "num_hidden_layers": model_config.num_hidden_layers, "vocab_size": model_config.vocab_size},
-         "max_tokens": max_tokens, "repeats": repeats, "concurrency": list(CONCURRENCY), "dtype": config.dtype,
-         "server_concurrency": SERVER_CONCURRENCY},
+        {
+            "model": "gyre tiny qwen2 (seed 0)",
+            "model_config": {
+                "hidden_size": model_config.hidden_size,
+                "num_hidden_layers": model_config.num_hidden_layers,
+                "vocab_size": model_config.vocab_size,
+            },
+            "max_tokens": max_tokens,
+            "repeats": repeats,
+            "concurrency": list(CONCURRENCY),
+            "dtype": config.dtype,
+            "server_concurrency": SERVER_CONCURRENCY,
+        },
         numbers,
     )
     print_table("engine throughput: gyre protocol vs vLLM direct (medians)", rows)
     ratio = numbers[f"proxy_vs_vllm_server_ratio_{n}"]
-    print(f"proxy+cell vs vLLM's OpenAI server at {n}: {ratio if ratio is not None else server_error}")
+    print(
+        f"proxy+cell vs vLLM's OpenAI server at {n}: {ratio if ratio is not None else server_error}"
+    )
     print({k: groups[k] for k in ("sched_autogroup_enabled", "cells_share_node_sched_group")})
     print(f"wrote {path}")
 

@@ -42,7 +42,8 @@ def _numbers(per_seed: list[dict], base) -> dict:
         "gain_points": gains,
         "gain_points_mean": statistics.fmean(gains),
         # seeds are independent runs: the mean's standard error from the per-seed binomial ones
-        "gain_se_points_mean": math.sqrt(sum(r["gain_se_points"] ** 2 for r in per_seed)) / len(per_seed),
+        "gain_se_points_mean": math.sqrt(sum(r["gain_se_points"] ** 2 for r in per_seed))
+        / len(per_seed),
         "every_seed_positive": all(g > 0 for g in gains),
         # the held-out pass rate where `make run` (the config's loop.steps) stops, minus before
         "make_run_gain_points": [100.0 * (r["make_run_after"] - r["before"]) for r in per_seed],
@@ -53,10 +54,15 @@ def _numbers(per_seed: list[dict], base) -> dict:
 
 
 def _write(args, base, per_seed: list[dict]) -> Path:
-    config = {"config": args.config, "seeds": args.seeds, "seeds_done": [r["seed"] for r in per_seed],
-              "loop": msgspec.to_builtins(base.loop), "trainer": msgspec.to_builtins(base.trainer),
-              "warm_start": msgspec.to_builtins(base.warm_start),
-              "agent_command": list(base.tasks.harness.agent_command)}
+    config = {
+        "config": args.config,
+        "seeds": args.seeds,
+        "seeds_done": [r["seed"] for r in per_seed],
+        "loop": msgspec.to_builtins(base.loop),
+        "trainer": msgspec.to_builtins(base.trainer),
+        "warm_start": msgspec.to_builtins(base.warm_start),
+        "agent_command": list(base.tasks.harness.agent_command),
+    }
     return write_result("learning", config, _numbers(per_seed, base))
 
 
@@ -64,14 +70,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="examples/cpu.toml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=16, help="RL steps N (0: the config's loop.steps)")
+    parser.add_argument(
+        "--steps", type=int, default=16, help="RL steps N (0: the config's loop.steps)"
+    )
     args = parser.parse_args()
     base = load_config(args.config)
     make_run_steps = base.loop.steps
-    if make_run_steps < args.steps:  # also evaluate where `make run` stops: its result on every seed
-        base = msgspec.structs.replace(base, loop=msgspec.structs.replace(base.loop, eval_every=make_run_steps))
+    if (
+        make_run_steps < args.steps
+    ):  # also evaluate where `make run` stops: its result on every seed
+        base = msgspec.structs.replace(
+            base, loop=msgspec.structs.replace(base.loop, eval_every=make_run_steps)
+        )
     if args.steps:
-        base = msgspec.structs.replace(base, loop=msgspec.structs.replace(base.loop, steps=args.steps))
+        base = msgspec.structs.replace(
+            base, loop=msgspec.structs.replace(base.loop, steps=args.steps)
+        )
     rows, per_seed = [], []
     for seed in args.seeds:
         run_dir = Path("runs") / f"bench-learning-seed{seed}"
@@ -84,17 +98,35 @@ def main() -> None:
         before, after = evals[0], evals[-1]
         at_make_run = next((e for e in evals if e.step == make_run_steps), after)
         gain = 100.0 * (after.pass_rate - before.pass_rate)
-        se_before, se_after = binomial_se(before.pass_rate, before.executions), binomial_se(after.pass_rate, after.executions)
-        per_seed.append({"seed": seed, "before": before.pass_rate, "after": after.pass_rate, "gain_points": gain,
-                         "gain_se_points": 100.0 * math.hypot(se_before, se_after),
-                         "before_se": se_before, "after_se": se_after, "steps": after.step,
-                         "eval_executions": after.executions, "wall_s": wall_s,
-                         "make_run_steps": at_make_run.step, "make_run_after": at_make_run.pass_rate})
+        se_before, se_after = (
+            binomial_se(before.pass_rate, before.executions),
+            binomial_se(after.pass_rate, after.executions),
+        )
+        per_seed.append(
+            {
+                "seed": seed,
+                "before": before.pass_rate,
+                "after": after.pass_rate,
+                "gain_points": gain,
+                "gain_se_points": 100.0 * math.hypot(se_before, se_after),
+                "before_se": se_before,
+                "after_se": se_after,
+                "steps": after.step,
+                "eval_executions": after.executions,
+                "wall_s": wall_s,
+                "make_run_steps": at_make_run.step,
+                "make_run_after": at_make_run.pass_rate,
+            }
+        )
         rows.append(per_seed[-1])
-        path = _write(args, base, per_seed)  # after every seed: a bench stopped early keeps the seeds it finished
+        path = _write(
+            args, base, per_seed
+        )  # after every seed: a bench stopped early keeps the seeds it finished
     numbers = _numbers(per_seed, base)
     print_table("held-out pass rate before / after RL", rows)
-    print(f"mean gain {numbers['gain_points_mean']:.1f} +- {numbers['gain_se_points_mean']:.1f} points; wrote {path}")
+    print(
+        f"mean gain {numbers['gain_points_mean']:.1f} +- {numbers['gain_se_points_mean']:.1f} points; wrote {path}"
+    )
 
 
 if __name__ == "__main__":

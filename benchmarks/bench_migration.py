@@ -37,8 +37,12 @@ from gyre.engines import GenerateRequest, SamplingParams, collect
 
 GENERATED = 64
 MODEL = ModelConfig(
-    hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
-    num_key_value_heads=2, max_position_embeddings=32768,
+    hidden_size=512,
+    intermediate_size=1536,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
 )
 
 
@@ -50,7 +54,10 @@ async def _ttft(engine, rid: str, seq: list[int], export=None) -> tuple[float, i
     """Seconds to the first token of a greedy 1-token request on `seq` (loading `export` if
     given); (seconds, token, logprob)."""
     request = GenerateRequest(
-        request_id=rid, prompt_ids=seq, sampling=SamplingParams(max_tokens=1, temperature=0.0), kv_import=export,
+        request_id=rid,
+        prompt_ids=seq,
+        sampling=SamplingParams(max_tokens=1, temperature=0.0),
+        kv_import=export,
     )
     first = None
     t0 = time.perf_counter()
@@ -78,7 +85,9 @@ async def run(sizes: list[int], repeats: int, connector: str = "example") -> Non
     model_dir = init_model_dir(work / "model", MODEL)
     max_len = max(sizes) + GENERATED + 64
     config = EngineConfig(
-        max_model_len=max_len, kv_cache_memory_bytes=512 * 2**20, request_timeout_s=1800.0,
+        max_model_len=max_len,
+        kv_cache_memory_bytes=512 * 2**20,
+        request_timeout_s=1800.0,
         kv_transfer=KVTransferConfig(connector=connector, shared_dir=str(shared), lease_s=60.0),
     )
     a = b = None
@@ -86,13 +95,25 @@ async def run(sizes: list[int], repeats: int, connector: str = "example") -> Non
     try:
         a = await _start(model_dir, config, 0)
         b = await _start(model_dir, config, 1)
-        await collect(b, GenerateRequest(request_id="warm", prompt_ids=list(range(10, 300)), sampling=SamplingParams(max_tokens=4, temperature=0.0)))
+        await collect(
+            b,
+            GenerateRequest(
+                request_id="warm",
+                prompt_ids=list(range(10, 300)),
+                sampling=SamplingParams(max_tokens=4, temperature=0.0),
+            ),
+        )
         rng = random.Random(0)
         for size in sizes:
             prompt = [rng.randrange(10, 1000) for _ in range(size)]
-            [gen] = await collect(a, GenerateRequest(
-                request_id=f"gen-{size}", prompt_ids=prompt, sampling=SamplingParams(max_tokens=GENERATED, temperature=0.0),
-            ))
+            [gen] = await collect(
+                a,
+                GenerateRequest(
+                    request_id=f"gen-{size}",
+                    prompt_ids=prompt,
+                    sampling=SamplingParams(max_tokens=GENERATED, temperature=0.0),
+                ),
+            )
             seq = prompt + gen.token_ids
             loaded_before = b.statistics().kv_tokens_loaded
             migrated, recomputed, exports, switch = [], [], [], []
@@ -104,14 +125,18 @@ async def run(sizes: list[int], repeats: int, connector: str = "example") -> Non
                 await b.llm.reset_prefix_cache()
                 t_r, tok_r, lp_r = await _ttft(b, f"rec-{size}-{r}", seq)
                 if tok_m != tok_r or abs(lp_m - lp_r) > 1e-4:
-                    raise RuntimeError(f"L={size}: migrated ({tok_m}, {lp_m}) != recomputed ({tok_r}, {lp_r})")
+                    raise RuntimeError(
+                        f"L={size}: migrated ({tok_m}, {lp_m}) != recomputed ({tok_r}, {lp_r})"
+                    )
                 migrated.append(t_m)
                 recomputed.append(t_r)
                 exports.append(export.seconds)
                 switch.append(export.seconds + t_m)
             loaded = b.statistics().kv_tokens_loaded - loaded_before
             if loaded < repeats * (len(seq) - config.block_size):
-                raise RuntimeError(f"L={size}: B loaded {loaded} tokens over {repeats} migrations of {len(seq)}")
+                raise RuntimeError(
+                    f"L={size}: B loaded {loaded} tokens over {repeats} migrations of {len(seq)}"
+                )
             lab = _label(size)
             sm, sr = summarize(migrated), summarize(recomputed)
             numbers[f"ttft_migrated_s_{lab}"] = sm
@@ -120,11 +145,16 @@ async def run(sizes: list[int], repeats: int, connector: str = "example") -> Non
             numbers[f"ttft_ratio_{lab}"] = sm["median"] / sr["median"]
             numbers[f"switch_ratio_{lab}"] = summarize(switch)["median"] / sr["median"]
             numbers[f"export_bytes_{lab}"] = export.bytes
-            rows.append({
-                "context": len(seq), "ttft migrated s": sm["median"], "ttft recomputed s": sr["median"],
-                "ratio": numbers[f"ttft_ratio_{lab}"], "export s": numbers[f"migrate_s_{lab}"],
-                "export MB": export.bytes / 2**20,
-            })
+            rows.append(
+                {
+                    "context": len(seq),
+                    "ttft migrated s": sm["median"],
+                    "ttft recomputed s": sr["median"],
+                    "ratio": numbers[f"ttft_ratio_{lab}"],
+                    "export s": numbers[f"migrate_s_{lab}"],
+                    "export MB": export.bytes / 2**20,
+                }
+            )
         leftover = sorted(os.listdir(shared)) if shared.exists() else []
         if leftover:
             raise RuntimeError(f"shared folder not empty at the end: {leftover}")
@@ -135,14 +165,29 @@ async def run(sizes: list[int], repeats: int, connector: str = "example") -> Non
         shutil.rmtree(shared, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     config_out = {
-        "model": {k: getattr(MODEL, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                                  "num_attention_heads", "num_key_value_heads")},
-        "sizes": sizes, "generated": GENERATED, "repeats": repeats, "dtype": config.dtype,
+        "model": {
+            k: getattr(MODEL, k)
+            for k in (
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+            )
+        },
+        "sizes": sizes,
+        "generated": GENERATED,
+        "repeats": repeats,
+        "dtype": config.dtype,
         "block_size": config.block_size,
-        "connector": "example (GyreKVConnector, /dev/shm)" if connector == "example" else "nixl (UCX, progress thread off)",
+        "connector": "example (GyreKVConnector, /dev/shm)"
+        if connector == "example"
+        else "nixl (UCX, progress thread off)",
         "binding": "A core 0, B core 1",
     }
-    write_result("migration" if connector == "example" else f"migration_{connector}", config_out, numbers)
+    write_result(
+        "migration" if connector == "example" else f"migration_{connector}", config_out, numbers
+    )
     print_table("KV migration: TTFT on the receiving engine (medians)", rows)
 
 

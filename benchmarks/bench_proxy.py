@@ -72,7 +72,10 @@ async def main() -> None:
         max_model_len=2_000_000,
     )
     proxy = TitoProxy(
-        tokenizer=tok, engine_for=lambda _: engine, config=ProxyConfig(), log_path="/tmp/gyre_bench_proxy.log"
+        tokenizer=tok,
+        engine_for=lambda _: engine,
+        config=ProxyConfig(),
+        log_path="/tmp/gyre_bench_proxy.log",
     )
     numbers: dict[str, object] = {}
     rows = []
@@ -108,7 +111,9 @@ async def main() -> None:
                         }
                         for _ in range(2):
                             r = await http.post(
-                                "/chat/completions", content=convs[name].body(), headers=headers[name]
+                                "/chat/completions",
+                                content=convs[name].body(),
+                                headers=headers[name],
                             )
                             r.raise_for_status()
                             convs[name].extend(r.json())
@@ -117,7 +122,9 @@ async def main() -> None:
                         conv = convs[name]
                         body = conv.body()
                         t0 = time.perf_counter()
-                        r = await http.post("/chat/completions", content=body, headers=headers[name])
+                        r = await http.post(
+                            "/chat/completions", content=body, headers=headers[name]
+                        )
                         raw = r.content
                         total[name].append(time.perf_counter() - t0)
                         r.raise_for_status()
@@ -131,7 +138,9 @@ async def main() -> None:
                     )
                     engine.requests_seen.clear()  # the fake engine's test log would pin every prompt
                     fast = proxy.statistics().rendered_fast - fast_before
-                    assert fast == CALLS_PER_ROUND[name], f"{name}: {fast} calls took the incremental path"
+                    assert fast == CALLS_PER_ROUND[name], (
+                        f"{name}: {fast} calls took the incremental path"
+                    )
                     t0 = time.perf_counter()
                     await collect(engine, req)
                     engine_s[name].append(time.perf_counter() - t0)

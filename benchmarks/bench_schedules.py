@@ -33,16 +33,23 @@ import msgspec
 from benchmarks.common import print_table, write_result
 from gyre.agents.longtail import LongtailSettings, longtail_command
 from gyre.config import config_from_dict
-from gyre.runtime.elastic_job import run_elastic
 from gyre.job import ensure_model
+from gyre.runtime.elastic_job import run_elastic
 from gyre.runtime.timeline import read_timeline, utilisation
 
 REPO = Path(__file__).resolve().parents[1]
 CAPACITY = 2
 """Executions per rollout cell: 8 slots on 4 cells stay below the staleness bound's 2 batches
 (12), so rollout capacity, not admission, limits every policy."""
-WORKLOAD = LongtailSettings(turns_median=4.0, turns_sigma=0.8, max_turns=24, tool_median_s=5.0, tool_sigma=0.5,
-                            tool_max_s=30.0, max_tokens=16)
+WORKLOAD = LongtailSettings(
+    turns_median=4.0,
+    turns_sigma=0.8,
+    max_turns=24,
+    tool_median_s=5.0,
+    tool_sigma=0.5,
+    tool_max_s=30.0,
+    max_tokens=16,
+)
 """Tool-bound: an execution costs about 3 CPU-seconds here (agent and verifier start-up, its model
 calls; measured 2026-11-29 with 1.5 s tools: 463 CPU-s for 144 executions), so with 1.5 s tools 8
 busy slots asked for ~2.7 of the 2 cores and every policy was CPU-bound. 5 s tools bring a full
@@ -59,21 +66,30 @@ def _cpu_seconds() -> float:
 
 
 def bench_config(policy: str, run_dir: Path, model: Path, steps: int) -> object:
-    return config_from_dict({
-        "run_dir": str(run_dir),
-        "seed": 0,
-        "model": {"path": str(model)},
-        "engine": {"max_model_len": 2048, "kv_cache_memory_bytes": 64 * 2**20},
-        "cells": {"num_cells": 4},
-        "scheduler": {"policy": policy, "capacity_per_cell": CAPACITY, "async_train_cells": 1, "max_staleness_steps": 1,
-                      "streaming": policy == "elastic"},
-        "loop": {"steps": steps, "batch_executions": 6, "group_size": 3},
-        "trajectory": {"micro_batch_tokens": 4096},
-        "trainer": {"zero_stage": 1, "learning_rate": 1e-5},
-        "tasks": {"suites": [str(REPO / "examples/tasks/longtail")],
-                  "harness": {"agent_command": list(longtail_command(WORKLOAD))}},
-        "warm_start": {"enabled": False},
-    })
+    return config_from_dict(
+        {
+            "run_dir": str(run_dir),
+            "seed": 0,
+            "model": {"path": str(model)},
+            "engine": {"max_model_len": 2048, "kv_cache_memory_bytes": 64 * 2**20},
+            "cells": {"num_cells": 4},
+            "scheduler": {
+                "policy": policy,
+                "capacity_per_cell": CAPACITY,
+                "async_train_cells": 1,
+                "max_staleness_steps": 1,
+                "streaming": policy == "elastic",
+            },
+            "loop": {"steps": steps, "batch_executions": 6, "group_size": 3},
+            "trajectory": {"micro_batch_tokens": 4096},
+            "trainer": {"zero_stage": 1, "learning_rate": 1e-5},
+            "tasks": {
+                "suites": [str(REPO / "examples/tasks/longtail")],
+                "harness": {"agent_command": list(longtail_command(WORKLOAD))},
+            },
+            "warm_start": {"enabled": False},
+        }
+    )
 
 
 async def _measure(config) -> dict:
@@ -111,7 +127,9 @@ def main() -> None:
     for policy in args.policies:
         run_dir = REPO / "runs" / f"bench-schedules-{policy}"
         shutil.rmtree(run_dir, ignore_errors=True)
-        results[policy] = anyio.run(_measure, bench_config(policy, run_dir, model, args.steps), backend="trio")
+        results[policy] = anyio.run(
+            _measure, bench_config(policy, run_dir, model, args.steps), backend="trio"
+        )
         print(policy, {k: v for k, v in results[policy].items() if k != "switch_s"}, flush=True)
     numbers = {f"step_s_{p}": r["step_s_median"] for p, r in results.items()}
     numbers |= {f"step_s_mean_{p}": r["step_s_mean"] for p, r in results.items()}
@@ -125,14 +143,33 @@ def main() -> None:
         if others:
             numbers["elastic_speedup_vs_best_other"] = min(others) / numbers["step_s_elastic"]
             means = [numbers[f"step_s_mean_{p}"] for p in ("colocate", "async") if p in results]
-            numbers["elastic_speedup_vs_best_other_mean"] = min(means) / numbers["step_s_mean_elastic"]
+            numbers["elastic_speedup_vs_best_other_mean"] = (
+                min(means) / numbers["step_s_mean_elastic"]
+            )
     numbers["per_policy"] = results
-    params = {"workload": msgspec.to_builtins(msgspec.json.decode(msgspec.json.encode(WORKLOAD.__dict__))),
-              "steps": args.steps, "cells": 4, "capacity_per_cell": CAPACITY, "batch_executions": 6, "group_size": 3}
+    params = {
+        "workload": msgspec.to_builtins(
+            msgspec.json.decode(msgspec.json.encode(WORKLOAD.__dict__))
+        ),
+        "steps": args.steps,
+        "cells": 4,
+        "capacity_per_cell": CAPACITY,
+        "batch_executions": 6,
+        "group_size": 3,
+    }
     path = write_result("schedules", params, numbers)
-    print_table("schedules (median step seconds after step 1)",
-                [{"policy": p, "step_s": r["step_s_median"], "switches": r["switches"],
-                  "cpu_utilisation": r["cpu_utilisation"]} for p, r in results.items()])
+    print_table(
+        "schedules (median step seconds after step 1)",
+        [
+            {
+                "policy": p,
+                "step_s": r["step_s_median"],
+                "switches": r["switches"],
+                "cpu_utilisation": r["cpu_utilisation"],
+            }
+            for p, r in results.items()
+        ],
+    )
     print(f"wrote {path}")
 
 

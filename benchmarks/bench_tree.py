@@ -59,11 +59,19 @@ def synthetic_execution(cfg: dict = CONFIG) -> list[ModelCall]:
 
     def record(call_id, role, prompt, completion, parent):
         n = len(completion)
-        calls.append(ModelCall(
-            execution_id="bench", call_id=call_id, role=role, prompt_ids=prompt,
-            completion_ids=completion, logprobs=(-rng.random(n)).tolist(), versions=[1] * n,
-            finish_reason="stop", parent_call_id=parent,
-        ))
+        calls.append(
+            ModelCall(
+                execution_id="bench",
+                call_id=call_id,
+                role=role,
+                prompt_ids=prompt,
+                completion_ids=completion,
+                logprobs=(-rng.random(n)).tolist(),
+                versions=[1] * n,
+                finish_reason="stop",
+                parent_call_id=parent,
+            )
+        )
 
     head = tokens(cfg["system_tokens"]) + tokens(cfg["task_tokens"])
     epochs = cfg["compactions"] + 1
@@ -135,12 +143,19 @@ def main() -> None:
         "goals": {"build_s": "<= 2", "peak_bytes_over_token_bytes": "<= 4"},
     }
     write_result("tree", CONFIG, numbers)
-    print_table("trajectory tree build (one synthetic execution)", [{
-        "calls": stats.calls, "unique_tokens": stats.unique_tokens,
-        "tokens_in_calls": stats.tokens_in_calls, "branches": stats.branches,
-        "build_s": numbers["build_s"],
-        "peak/token_bytes": numbers["peak_bytes_over_token_bytes"],
-    }])
+    print_table(
+        "trajectory tree build (one synthetic execution)",
+        [
+            {
+                "calls": stats.calls,
+                "unique_tokens": stats.unique_tokens,
+                "tokens_in_calls": stats.tokens_in_calls,
+                "branches": stats.branches,
+                "build_s": numbers["build_s"],
+                "peak/token_bytes": numbers["peak_bytes_over_token_bytes"],
+            }
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ import msgspec
 from benchmarks.bench_schedules import CAPACITY, WORKLOAD
 from benchmarks.common import print_table, write_result
 from gyre.agents.longtail import draw_plan, plan_seed
-from gyre.sim import SimConfig, Workload, build_policy, simulate
 from gyre.runtime.metrics import StepMetrics, read_metrics
 from gyre.runtime.timeline import read_timeline
+from gyre.sim import SimConfig, Workload, build_policy, simulate
 from gyre.tito.log import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +48,9 @@ def execution_seconds(run_dir: Path) -> list[float]:
         calls = log.for_execution(eid)
         if calls:
             plan = draw_plan(plan_seed(eid), WORKLOAD)
-            out.append(max(c.finished_s for c in calls) - min(c.started_s for c in calls) + plan.tool_s[-1])
+            out.append(
+                max(c.finished_s for c in calls) - min(c.started_s for c in calls) + plan.tool_s[-1]
+            )
     return out
 
 
@@ -77,25 +79,55 @@ def build_config(durations: list[float], costs: dict[str, float], steps: int) ->
     logs = [math.log(d) for d in durations]
     tokens = 1000.0  # every execution "costs" the same tokens: the train time is per execution
     params = 1e6
-    return msgspec.convert({
-        "name": "cpu-calibrated",
-        "out_dir": "runs/sim/cpu-calibrated",
-        "cluster": {"num_cells": 4, "cell_peak_flops_per_s": 6 * params * tokens / costs["train_s_per_execution"],
-                    "train_mfu": 1.0, "kv_cache_bytes_per_cell": CAPACITY * tokens},
-        "model": {"active_params": params, "total_params": params, "bytes_per_param": 1.0, "num_layers": 1,
-                  "attention_width": 1, "kv_bytes_per_token": 1.0},
-        "workload": {"num_steps": steps, "batch_executions": 6, "group_size": 3,
-                     "median_duration_s": math.exp(statistics.fmean(logs)), "sigma": statistics.pstdev(logs),
-                     "timeout_s": max(durations), "decode_fraction": 0.0, "decode_tokens_per_s": 0.0,
-                     "tool_tokens_per_s": 0.0, "prompt_tokens": int(tokens), "max_context_tokens": int(tokens),
-                     "seed": 0},
-        "costs": {"switch_to_train_s": costs["switch_to_train_s"], "switch_to_rollout_s": costs["switch_to_rollout_s"],
-                  "weight_sync_bytes_per_s": params / max(costs["weight_sync_s"], 1e-6),
-                  "kv_migration_bytes_per_s": 1e12, "optimizer_step_s": costs["optimizer_step_s"]},
-        # bench_schedules measured the node runtime, whose unstreamed batch is the step's own groups
-        "policies": {"async_num_train_cells": 1, "async_max_staleness_steps": 1, "elastic_max_staleness_steps": 1,
-                     "unstreamed_batch": "dispatched"},
-    }, SimConfig)
+    return msgspec.convert(
+        {
+            "name": "cpu-calibrated",
+            "out_dir": "runs/sim/cpu-calibrated",
+            "cluster": {
+                "num_cells": 4,
+                "cell_peak_flops_per_s": 6 * params * tokens / costs["train_s_per_execution"],
+                "train_mfu": 1.0,
+                "kv_cache_bytes_per_cell": CAPACITY * tokens,
+            },
+            "model": {
+                "active_params": params,
+                "total_params": params,
+                "bytes_per_param": 1.0,
+                "num_layers": 1,
+                "attention_width": 1,
+                "kv_bytes_per_token": 1.0,
+            },
+            "workload": {
+                "num_steps": steps,
+                "batch_executions": 6,
+                "group_size": 3,
+                "median_duration_s": math.exp(statistics.fmean(logs)),
+                "sigma": statistics.pstdev(logs),
+                "timeout_s": max(durations),
+                "decode_fraction": 0.0,
+                "decode_tokens_per_s": 0.0,
+                "tool_tokens_per_s": 0.0,
+                "prompt_tokens": int(tokens),
+                "max_context_tokens": int(tokens),
+                "seed": 0,
+            },
+            "costs": {
+                "switch_to_train_s": costs["switch_to_train_s"],
+                "switch_to_rollout_s": costs["switch_to_rollout_s"],
+                "weight_sync_bytes_per_s": params / max(costs["weight_sync_s"], 1e-6),
+                "kv_migration_bytes_per_s": 1e12,
+                "optimizer_step_s": costs["optimizer_step_s"],
+            },
+            # bench_schedules measured the node runtime, whose unstreamed batch is the step's own groups
+            "policies": {
+                "async_num_train_cells": 1,
+                "async_max_staleness_steps": 1,
+                "elastic_max_staleness_steps": 1,
+                "unstreamed_batch": "dispatched",
+            },
+        },
+        SimConfig,
+    )
 
 
 def write_toml(config: SimConfig, path: Path, note: str) -> None:
@@ -117,24 +149,45 @@ def main() -> None:
     costs = measured_costs(runs["elastic"])
     steps = 48  # simulate many steps: the ratio of mean step times, not one draw's
     config = build_config(durations, costs, steps)
-    write_toml(config, OUT, "Calibrated on this 2-core machine by benchmarks/calibrate_sim.py from the\n"
-               "bench_schedules runs (4 cells, tiny model, long-tail tool-bound executions).")
+    write_toml(
+        config,
+        OUT,
+        "Calibrated on this 2-core machine by benchmarks/calibrate_sim.py from the\n"
+        "bench_schedules runs (4 cells, tiny model, long-tail tool-bound executions).",
+    )
     workload = Workload(config)
-    sim = {p: simulate(config, build_policy(config, p, 1), workload).makespan_s / steps for p in POLICIES}
+    sim = {
+        p: simulate(config, build_policy(config, p, 1), workload).makespan_s / steps
+        for p in POLICIES
+    }
     key = "step_s_mean_{}" if "step_s_mean_elastic" in measured else "step_s_{}"
     real = {p: measured[key.format(p)] for p in POLICIES}
-    ratios = {p: (sim[p] / sim["elastic"], real[p] / real["elastic"]) for p in ("colocate", "async")}
+    ratios = {
+        p: (sim[p] / sim["elastic"], real[p] / real["elastic"]) for p in ("colocate", "async")
+    }
     error = max(abs(s - m) / m for s, m in ratios.values())
     numbers = {
         "calibration_error": error,
-        "sim_step_s": sim, "measured_step_s": real,
+        "sim_step_s": sim,
+        "measured_step_s": real,
         "ratio_sim_vs_measured": {p: {"sim": s, "measured": m} for p, (s, m) in ratios.items()},
-        "fitted": {"median_duration_s": config.workload.median_duration_s, "sigma": config.workload.sigma,
-                   "timeout_s": config.workload.timeout_s, "executions": len(durations), **costs},
+        "fitted": {
+            "median_duration_s": config.workload.median_duration_s,
+            "sigma": config.workload.sigma,
+            "timeout_s": config.workload.timeout_s,
+            "executions": len(durations),
+            **costs,
+        },
     }
-    path = write_result("calibration", {"config": str(OUT.relative_to(ROOT)), "measured_from": key.format("*")}, numbers)
-    print_table("simulated vs measured step-time ratios (policy / elastic)",
-                [{"policy": p, "sim": s, "measured": m} for p, (s, m) in ratios.items()])
+    path = write_result(
+        "calibration",
+        {"config": str(OUT.relative_to(ROOT)), "measured_from": key.format("*")},
+        numbers,
+    )
+    print_table(
+        "simulated vs measured step-time ratios (policy / elastic)",
+        [{"policy": p, "sim": s, "measured": m} for p, (s, m) in ratios.items()],
+    )
     print(f"calibration_error {error:.3f}; wrote {OUT} and {path}")
 
 

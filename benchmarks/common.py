@@ -50,7 +50,10 @@ def _commit() -> str:
     try:
         return subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=True, cwd=RESULTS_DIR.parent,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=RESULTS_DIR.parent,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -31,8 +31,10 @@ def main() -> int:
         )
         tokens = reply.usage.completion_tokens if reply.usage else -1
         print(json.dumps({"received": i, "id": reply.id, "tokens": tokens}), flush=True)
-        messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
-                     {"role": "user", "content": "go on"}]
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content or ""},
+            {"role": "user", "content": "go on"},
+        ]
         time.sleep(PAUSE_S)
     if int(os.environ["GYRE_EXECUTION_ID"].rsplit("-g", 1)[1]) % 2:  # odd group slots solve it
         Path(path).write_text(word)

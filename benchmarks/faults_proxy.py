@@ -24,13 +24,18 @@ from gyre.tito.proxy import TitoProxy
 
 def _proxy(log_path: Path, *, token_delay_s: float = 0.0, reply_tokens: int = 6):
     tok = build_tokenizer()
-    reply = tok.encode(" the file is read and the test will pass now" * 4,
-                       add_special_tokens=False)[:reply_tokens] + [tok.eos_token_id]
-    engine = ScriptedEngine(rule=lambda req, i, v: ScriptedReply(token_ids=reply),
-                            eos_token_id=tok.eos_token_id, max_model_len=65_536,
-                            token_delay_s=token_delay_s)
-    proxy = TitoProxy(tokenizer=tok, engine_for=lambda _: engine, config=ProxyConfig(),
-                      log_path=str(log_path))
+    reply = tok.encode(
+        " the file is read and the test will pass now" * 4, add_special_tokens=False
+    )[:reply_tokens] + [tok.eos_token_id]
+    engine = ScriptedEngine(
+        rule=lambda req, i, v: ScriptedReply(token_ids=reply),
+        eos_token_id=tok.eos_token_id,
+        max_model_len=65_536,
+        token_delay_s=token_delay_s,
+    )
+    proxy = TitoProxy(
+        tokenizer=tok, engine_for=lambda _: engine, config=ProxyConfig(), log_path=str(log_path)
+    )
     return proxy, engine
 
 
@@ -40,11 +45,17 @@ def _log_audit(log_path: Path, eid: str) -> dict:
     except Exception as exc:  # noqa: BLE001 - an unreadable log is the finding
         return {"log_readable": False, "log_error": f"{type(exc).__name__}: {exc}"[:300]}
     records = log.for_execution(eid)
-    return {"log_readable": True, "records": len(records), "torn_bytes": log.torn_bytes,
-            "unresolved": log.unresolved, "closed_in_log": eid in log.summaries,
-            "finish_reasons": dict(Counter(r.finish_reason for r in records)),
-            "same_prompt_records": sum(c - 1 for c in Counter(
-                tuple(r.prompt_ids) for r in records).values())}
+    return {
+        "log_readable": True,
+        "records": len(records),
+        "torn_bytes": log.torn_bytes,
+        "unresolved": log.unresolved,
+        "closed_in_log": eid in log.summaries,
+        "finish_reasons": dict(Counter(r.finish_reason for r in records)),
+        "same_prompt_records": sum(
+            c - 1 for c in Counter(tuple(r.prompt_ids) for r in records).values()
+        ),
+    }
 
 
 def disk_full(root: Path) -> dict:
@@ -55,11 +66,17 @@ def disk_full(root: Path) -> dict:
     subprocess.run(["rm", "-rf", str(root)], check=True)
     mnt = root / "mnt"
     mnt.mkdir(parents=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
     if mounted.returncode != 0:
-        return {"fault": "disk full under the call log", "injected": False,
-                "what_happened": f"cannot mount a tmpfs: {mounted.stderr.strip()[:200]}"}
+        return {
+            "fault": "disk full under the call log",
+            "injected": False,
+            "what_happened": f"cannot mount a tmpfs: {mounted.stderr.strip()[:200]}",
+        }
     try:
         return anyio.run(_disk_full, mnt, backend="trio")
     finally:
@@ -86,16 +103,22 @@ async def _disk_full(mnt: Path) -> dict:
 
     async def call(http) -> bool:
         nonlocal received
-        r = await http.post("/chat/completions", json={"model": "gyre", "max_tokens": 16,
-                                                       "messages": messages},
-                            headers={"Authorization": f"Bearer {key}"})
+        r = await http.post(
+            "/chat/completions",
+            json={"model": "gyre", "max_tokens": 16, "messages": messages},
+            headers={"Authorization": f"Bearer {key}"},
+        )
         statuses.append(r.status_code)
         if r.status_code != 200:
             errors.append(f"HTTP {r.status_code}: {r.text[:200]}")
             return False
         received += 1
-        messages.extend([{"role": "assistant", "content": r.json()["choices"][0]["message"]
-                          ["content"]}, {"role": "user", "content": "go on with the next line"}])
+        messages.extend(
+            [
+                {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                {"role": "user", "content": "go on with the next line"},
+            ]
+        )
         return True
 
     close_error = None
@@ -137,10 +160,12 @@ async def _disk_full(mnt: Path) -> dict:
         "executions_lost": 0 if audit["log_readable"] and lost == 0 else 1,
         "calls_duplicated": extra,
         "steps_lost": 0,
-        "what_happened": (f"{failed_at} calls recorded, then the log write failed: "
-                          f"{errors[0] if errors else 'no error'}; after freeing space the retry "
-                          f"{'succeeded' if retried_ok else 'failed'}; log readable: "
-                          f"{audit['log_readable']}"),
+        "what_happened": (
+            f"{failed_at} calls recorded, then the log write failed: "
+            f"{errors[0] if errors else 'no error'}; after freeing space the retry "
+            f"{'succeeded' if retried_ok else 'failed'}; log readable: "
+            f"{audit['log_readable']}"
+        ),
     }
 
 
@@ -166,11 +191,16 @@ async def _stream_drop(root: Path) -> dict:
                 headers = {"Authorization": f"Bearer {key}"}
                 if idem:
                     headers["Idempotency-Key"] = idem
-                body = {"model": "gyre", "max_tokens": 64, "stream": True,
-                        "messages": [{"role": "user", "content": "Write the word pearl."}]}
+                body = {
+                    "model": "gyre",
+                    "max_tokens": 64,
+                    "stream": True,
+                    "messages": [{"role": "user", "content": "Write the word pearl."}],
+                }
                 chunks = 0
-                async with http.stream("POST", "/chat/completions", json=body,
-                                       headers=headers) as r:
+                async with http.stream(
+                    "POST", "/chat/completions", json=body, headers=headers
+                ) as r:
                     async for line in r.aiter_lines():
                         if line.startswith("data:") and '"content"' in line:
                             chunks += 1
@@ -179,16 +209,19 @@ async def _stream_drop(root: Path) -> dict:
                 await anyio.sleep(1.0)
                 aborted_before = engine.statistics().requests_aborted
                 full = ""
-                async with http.stream("POST", "/chat/completions", json=body,
-                                       headers=headers) as r:
+                async with http.stream(
+                    "POST", "/chat/completions", json=body, headers=headers
+                ) as r:
                     async for line in r.aiter_lines():
                         if line.startswith("data:") and "[DONE]" not in line:
                             full += line
                 await proxy.close(eid)
-                variants[variant] = {"chunks_before_drop": chunks,
-                                     "engine_aborts_after_drop": aborted_before,
-                                     "retry_complete": '"finish_reason":"stop"' in full
-                                     or '"finish_reason": "stop"' in full}
+                variants[variant] = {
+                    "chunks_before_drop": chunks,
+                    "engine_aborts_after_drop": aborted_before,
+                    "retry_complete": '"finish_reason":"stop"' in full
+                    or '"finish_reason": "stop"' in full,
+                }
         tg.cancel_scope.cancel()
     proxy.log.close()
     for variant in variants:
@@ -210,5 +243,6 @@ async def _stream_drop(root: Path) -> dict:
         "what_happened": "; ".join(
             f"{k}: {v.get('records')} records ({v.get('finish_reasons')}), engine aborted "
             f"{v['engine_aborts_after_drop']} so far, retry complete {v['retry_complete']}"
-            for k, v in variants.items()),
+            for k, v in variants.items()
+        ),
     }

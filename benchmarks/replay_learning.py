@@ -39,7 +39,10 @@ _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 def first_prompt(tokenizer, instruction: str) -> list[int]:
     """The reference agent's first prompt, as `offline_pass_rate` builds it."""
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
+    messages = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": instruction},
+    ]
     return generation_prompt(tokenizer, messages, TOOL_SCHEMAS)
 
 
@@ -62,7 +65,9 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="warm-started model folder")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--learning-rate", type=float, default=None, help="default: the config's trainer")
+    parser.add_argument(
+        "--learning-rate", type=float, default=None, help="default: the config's trainer"
+    )
     parser.add_argument("--eval-samples", type=int, default=32)
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -74,7 +79,11 @@ def main() -> None:
 
     def unpack(task):
         [step] = load_solution(task).main
-        return first_prompt(tokenizer, task.instruction), step.arguments["content"], step.arguments["path"]
+        return (
+            first_prompt(tokenizer, task.instruction),
+            step.arguments["content"],
+            step.arguments["path"],
+        )
 
     prompts = {t.task_id: unpack(t) for t in train + heldout}
     torch.set_num_threads(1)
@@ -88,11 +97,19 @@ def main() -> None:
         def sample(task_id: str, n: int) -> list[tuple[list[int], float]]:
             prompt, word, path = prompts[task_id]
             ids = torch.tensor([prompt] * n)
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                                 top_k=0, top_p=1.0, max_new_tokens=48, eos_token_id=tokenizer.eos_token_id,
-                                 pad_token_id=tokenizer.pad_token_id)
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=48,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
             rows_ = []
-            for row in out[:, len(prompt):].tolist():
+            for row in out[:, len(prompt) :].tolist():
                 if tokenizer.eos_token_id in row:
                     row = row[: row.index(tokenizer.eos_token_id) + 1]
                 rows_.append((row, score(tokenizer.decode(row), word, path)))
@@ -105,19 +122,29 @@ def main() -> None:
 
         def logprobs(task_id: str, completion: list[int]) -> torch.Tensor:
             prompt = prompts[task_id][0]
-            logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float()
+            logits = (
+                model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+            )
             return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
         before = evaluate()
         t = config.trainer
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(t.adam_beta1, t.adam_beta2),
-                                weight_decay=t.weight_decay)
+        opt = torch.optim.AdamW(
+            model.parameters(),
+            lr=lr,
+            betas=(t.adam_beta1, t.adam_beta2),
+            weight_decay=t.weight_decay,
+        )
         tasks_per_step = config.loop.batch_executions // config.loop.group_size
         for step in range(args.steps):
             batch = []  # (task id, completion, advantage)
-            for task in pick_tasks(train, step * tasks_per_step, tasks_per_step, config.seed + seed):
+            for task in pick_tasks(
+                train, step * tasks_per_step, tasks_per_step, config.seed + seed
+            ):
                 group = sample(task.task_id, config.loop.group_size)
-                adv = group_advantages([str(i) for i in range(len(group))], [r for _, r in group]).advantages
+                adv = group_advantages(
+                    [str(i) for i in range(len(group))], [r for _, r in group]
+                ).advantages
                 batch += [(task.task_id, c, a) for (c, _), a in zip(group, adv)]
             model.eval()
             with torch.no_grad():
@@ -127,20 +154,40 @@ def main() -> None:
             for (tid, c, a), old in zip(batch, behaviour):
                 lp = logprobs(tid, c)
                 weight = torch.full_like(lp, 1.0 / (len(c) * len(batch)))
-                loss, _ = policy_loss(lp, old, torch.full_like(lp, a), weight, torch.ones_like(lp, dtype=torch.bool),
-                                      clip_eps=config.rl.clip_eps, is_cap=config.rl.is_cap)
+                loss, _ = policy_loss(
+                    lp,
+                    old,
+                    torch.full_like(lp, a),
+                    weight,
+                    torch.ones_like(lp, dtype=torch.bool),
+                    clip_eps=config.rl.clip_eps,
+                    is_cap=config.rl.is_cap,
+                )
                 loss.backward()
             if t.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
             opt.step()
         after = evaluate()
-        rows.append({"seed": seed, "before": before, "after": after, "gain_points": 100 * (after - before),
-                     "wall_s": time.perf_counter() - t0})
+        rows.append(
+            {
+                "seed": seed,
+                "before": before,
+                "after": after,
+                "gain_points": 100 * (after - before),
+                "wall_s": time.perf_counter() - t0,
+            }
+        )
         print(rows[-1], flush=True)
     gains = [r["gain_points"] for r in rows]
     numbers = {"gain_points": gains, "gain_points_mean": statistics.fmean(gains), "per_seed": rows}
-    cfg = {"config": args.config, "model": args.model, "steps": args.steps, "seeds": args.seeds,
-           "learning_rate": lr, "eval_samples": args.eval_samples}
+    cfg = {
+        "config": args.config,
+        "model": args.model,
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "learning_rate": lr,
+        "eval_samples": args.eval_samples,
+    }
     path = write_result("replay_learning", cfg, numbers)
     print_table("offline replay: held-out pass rate before / after", rows)
     print(f"mean gain {numbers['gain_points_mean']:.1f} points; wrote {path}")

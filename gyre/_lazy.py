@@ -14,7 +14,9 @@ from typing import Any
 __all__ = ["lazy_exports"]
 
 
-def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, exports: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The module `__getattr__` and `__dir__` of `package` for `exports` (public name -> module).
 
     The first access of a name imports its module and caches the value in the package's namespace,

@@ -21,10 +21,26 @@ from gyre.errors import ConfigError
 T = TypeVar("T")
 
 __all__ = [
-    "ModelConfig", "KVTransferConfig", "EngineConfig", "CellConfig", "SchedulerConfig", "RouterConfig", "TrainerConfig", "LoopConfig", "TrajectoryConfig", "RLConfig", "ProxyConfig",
-    "HarnessConfig", "TaskConfig", "WarmStartConfig", "ObserveConfig", "ReportConfig",
+    "ModelConfig",
+    "KVTransferConfig",
+    "EngineConfig",
+    "CellConfig",
+    "SchedulerConfig",
+    "RouterConfig",
+    "TrainerConfig",
+    "LoopConfig",
+    "TrajectoryConfig",
+    "RLConfig",
+    "ProxyConfig",
+    "HarnessConfig",
+    "TaskConfig",
+    "WarmStartConfig",
+    "ObserveConfig",
+    "ReportConfig",
     "RunConfig",
-    "load_config", "load_toml", "config_from_dict",
+    "load_config",
+    "load_toml",
+    "config_from_dict",
 ]
 
 
@@ -73,7 +89,9 @@ class ModelConfig(_Config):
             )
         head_dim = self.hidden_size // self.num_attention_heads
         if head_dim < 32:  # vLLM's CPU attention rejects head_dim 16 (shared/notes, vLLM CPU)
-            raise ValueError(f"head_dim={head_dim} (hidden_size / num_attention_heads) must be >= 32")
+            raise ValueError(
+                f"head_dim={head_dim} (hidden_size / num_attention_heads) must be >= 32"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_key_value_heads={self.num_key_value_heads} must divide "
@@ -101,7 +119,9 @@ class KVTransferConfig(_Config):
     def __post_init__(self) -> None:
         _positive(lease_s=self.lease_s)
         if self.connector != "none" and not self.shared_dir:
-            raise ValueError(f"shared_dir={self.shared_dir!r} must be set for connector={self.connector!r}")
+            raise ValueError(
+                f"shared_dir={self.shared_dir!r} must be set for connector={self.connector!r}"
+            )
 
 
 class EngineConfig(_Config):
@@ -179,7 +199,9 @@ class SchedulerConfig(_Config):
     of them are in."""
 
     def __post_init__(self) -> None:
-        _positive(capacity_per_cell=self.capacity_per_cell, async_train_cells=self.async_train_cells)
+        _positive(
+            capacity_per_cell=self.capacity_per_cell, async_train_cells=self.async_train_cells
+        )
         if self.max_staleness_steps < 0:
             raise ValueError(f"max_staleness_steps={self.max_staleness_steps} must be >= 0")
 
@@ -231,7 +253,9 @@ class TrajectoryConfig(_Config):
         roles = ("main", "main_summary", "sub_agent", "sub_agent_summary")
         for role, limit in self.role_limits.items():
             if role not in roles or limit < 0:
-                raise ValueError(f"role_limits[{role!r}]={limit} needs a role in {roles} and a limit >= 0")
+                raise ValueError(
+                    f"role_limits[{role!r}]={limit} needs a role in {roles} and a limit >= 0"
+                )
 
 
 class TrainerConfig(_Config):
@@ -258,10 +282,15 @@ class TrainerConfig(_Config):
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2):
             raise ValueError(f"zero_stage={self.zero_stage} must be 0, 1 or 2")
-        _positive(learning_rate=self.learning_rate, keep_snapshots=self.keep_snapshots,
-                  train_timeout_s=self.train_timeout_s)
+        _positive(
+            learning_rate=self.learning_rate,
+            keep_snapshots=self.keep_snapshots,
+            train_timeout_s=self.train_timeout_s,
+        )
         if self.grad_clip < 0 or self.weight_decay < 0:
-            raise ValueError(f"grad_clip={self.grad_clip} and weight_decay={self.weight_decay} must be >= 0")
+            raise ValueError(
+                f"grad_clip={self.grad_clip} and weight_decay={self.weight_decay} must be >= 0"
+            )
         for name, beta in (("adam_beta1", self.adam_beta1), ("adam_beta2", self.adam_beta2)):
             if not 0 <= beta < 1:
                 raise ValueError(f"{name}={beta} must be in [0, 1)")
@@ -314,7 +343,11 @@ class ProxyConfig(_Config):
     """Call log file name under `<run_dir>/`."""
 
     def __post_init__(self) -> None:
-        _positive(max_body_bytes=self.max_body_bytes, max_n=self.max_n, flush_interval_s=self.flush_interval_s)
+        _positive(
+            max_body_bytes=self.max_body_bytes,
+            max_n=self.max_n,
+            flush_interval_s=self.flush_interval_s,
+        )
         if not 0 <= self.port < 65536:
             raise ValueError(f"port={self.port} must be in [0, 65535]")
         if self.render_check_every < 0:
@@ -428,8 +461,11 @@ class LoopConfig(_Config):
 
     def __post_init__(self) -> None:
         _positive(
-            steps=self.steps, batch_executions=self.batch_executions, group_size=self.group_size,
-            eval_group_size=self.eval_group_size, max_concurrent_executions=self.max_concurrent_executions,
+            steps=self.steps,
+            batch_executions=self.batch_executions,
+            group_size=self.group_size,
+            eval_group_size=self.eval_group_size,
+            max_concurrent_executions=self.max_concurrent_executions,
             keep_checkpoints=self.keep_checkpoints,
         )
         if self.batch_executions % self.group_size:
@@ -437,7 +473,9 @@ class LoopConfig(_Config):
                 f"batch_executions={self.batch_executions} must be a multiple of group_size={self.group_size}"
             )
         if self.heldout_tasks < 0 or self.eval_every < 0:
-            raise ValueError(f"heldout_tasks={self.heldout_tasks} and eval_every={self.eval_every} must be >= 0")
+            raise ValueError(
+                f"heldout_tasks={self.heldout_tasks} and eval_every={self.eval_every} must be >= 0"
+            )
 
 
 class WarmStartConfig(_Config):
@@ -473,12 +511,18 @@ class WarmStartConfig(_Config):
     does not fix (`examples/cpu.toml`). Drawn per demonstration with a fixed seed. In [0, 1)."""
 
     def __post_init__(self) -> None:
-        _positive(examples=self.examples, epochs=self.epochs, batch_size=self.batch_size,
-                  learning_rate=self.learning_rate)
+        _positive(
+            examples=self.examples,
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            learning_rate=self.learning_rate,
+        )
         if not 0 <= self.slip_fraction < 1:
             raise ValueError(f"slip_fraction={self.slip_fraction} must be in [0, 1)")
         if self.warmup_steps < 0 or self.weight_decay < 0:
-            raise ValueError(f"warmup_steps={self.warmup_steps} and weight_decay={self.weight_decay} must be >= 0")
+            raise ValueError(
+                f"warmup_steps={self.warmup_steps} and weight_decay={self.weight_decay} must be >= 0"
+            )
 
 
 class ObserveConfig(_Config):

@@ -46,10 +46,14 @@ def ensure_model(config: RunConfig) -> Path:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"model.path={str(path)!r} is a file, not a Hugging Face model folder")
     if path.exists() and any(path.iterdir()):
-        raise ConfigError(f"model.path={str(path)!r} is a folder with files but no config.json: "
-                          "not a Hugging Face model folder, and the tiny model is only built into an empty one")
+        raise ConfigError(
+            f"model.path={str(path)!r} is a folder with files but no config.json: "
+            "not a Hugging Face model folder, and the tiny model is only built into an empty one"
+        )
     if not config.model.init_if_missing:
-        raise FileNotFoundError(f"model.path={str(path)!r} has no config.json and model.init_if_missing is false")
+        raise FileNotFoundError(
+            f"model.path={str(path)!r} has no config.json and model.init_if_missing is false"
+        )
     from gyre.model import init_model_dir
 
     logger.info("building the reference tiny model at %s (seed %d)", path, config.model.seed)
@@ -66,12 +70,20 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
     check_verifier_python([*train, *heldout])
     check_agent_command(with_interpreter(config.tasks.harness).agent_command)
     check_isolation(config.tasks.harness)
-    found = check_run_dir(Path(config.run_dir).resolve(), resume=resume, resumable=config.cells.num_cells == 1,
-                          records=(config.proxy.log_name,))
+    found = check_run_dir(
+        Path(config.run_dir).resolve(),
+        resume=resume,
+        resumable=config.cells.num_cells == 1,
+        records=(config.proxy.log_name,),
+    )
     if config.warm_start.enabled:
         from gyre.model.sft import check_output_dir, output_dir
 
-        key = "warm_start.path" if config.warm_start.path else "warm_start.path (default: model.path + '-sft')"
+        key = (
+            "warm_start.path"
+            if config.warm_start.path
+            else "warm_start.path (default: model.path + '-sft')"
+        )
         try:
             check_output_dir(output_dir(config.model.path, config.warm_start))
         except FileExistsError as exc:
@@ -92,19 +104,29 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     """
     found = preflight(config, resume=resume)
     if found is not None and _finished(config, found[0]):
-        print(f"nothing to do: {config.run_dir} already ran its {found[0].step} steps and final evaluation "
-              f"(loop.steps={config.loop.steps}; raise it to train further)", flush=True)
+        print(
+            f"nothing to do: {config.run_dir} already ran its {found[0].step} steps and final evaluation "
+            f"(loop.steps={config.loop.steps}; raise it to train further)",
+            flush=True,
+        )
         return found[0]
     if found is not None:
-        print(f"resuming {config.run_dir} after step {found[0].step} of {config.loop.steps} "
-              f"(weight version {found[0].version})", flush=True)
+        print(
+            f"resuming {config.run_dir} after step {found[0].step} of {config.loop.steps} "
+            f"(weight version {found[0].version})",
+            flush=True,
+        )
     model_dir = ensure_model(config)
     if config.warm_start.enabled:
         from gyre.model.sft import output_dir, warm_start
 
         out = output_dir(config.model.path, config.warm_start)
-        print(f"warm start: fine-tuning {model_dir} on demonstrations -> {out} (cached)", flush=True)
-        model_dir = warm_start(model_dir, out, config.warm_start, log=lambda line: print(f"  {line}", flush=True))
+        print(
+            f"warm start: fine-tuning {model_dir} on demonstrations -> {out} (cached)", flush=True
+        )
+        model_dir = warm_start(
+            model_dir, out, config.warm_start, log=lambda line: print(f"  {line}", flush=True)
+        )
     from gyre.report import write_report
     from gyre.runtime.progress import Progress
 
@@ -113,13 +135,22 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
 
         runtime = anyio.run(partial(_observed, config, model_dir, run_elastic), backend="trio")
         summary = write_report(config.run_dir, log_name=config.proxy.log_name)
-        print(f"done: {runtime.steps_done} steps, weight version {runtime.weights.version}; report: {summary}", flush=True)
-        return LoopState(step=runtime.steps_done, version=runtime.weights.version, task_cursor=-(-runtime.dispatched // runtime.G))
+        print(
+            f"done: {runtime.steps_done} steps, weight version {runtime.weights.version}; report: {summary}",
+            flush=True,
+        )
+        return LoopState(
+            step=runtime.steps_done,
+            version=runtime.weights.version,
+            task_cursor=-(-runtime.dispatched // runtime.G),
+        )
     with Progress(total_steps=config.loop.steps) as progress:
         job = partial(run_rl, resume=resume, progress=progress)
         state = anyio.run(partial(_observed, config, model_dir, job), backend="trio")
         summary = write_report(config.run_dir, log_name=config.proxy.log_name)
-        progress.message(f"done: {state.step} steps, weight version {state.version}; report: {summary}")
+        progress.message(
+            f"done: {state.step} steps, weight version {state.version}; report: {summary}"
+        )
     return state
 
 
@@ -135,8 +166,14 @@ async def _observed(config: RunConfig, model_dir: Path, job):
     decode = await anyio.to_thread.run_sync(tokenizer_decode, model_dir)
     feed = RuntimeFeed()
     obs = config.observe
-    async with open_page(view_for(config, decode=decode), secret=cell_secret(), host=obs.host, port=obs.port,
-                         snapshot=feed.snapshot, poll_interval_s=obs.poll_interval_s):
+    async with open_page(
+        view_for(config, decode=decode),
+        secret=cell_secret(),
+        host=obs.host,
+        port=obs.port,
+        snapshot=feed.snapshot,
+        poll_interval_s=obs.poll_interval_s,
+    ):
         if config.cells.num_cells > 1:
             return await job(config, model_dir, on_runtime=feed.attach)
         return await job(config, model_dir)

@@ -22,7 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: `python -m gyre.node --config FILE`. Returns the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m gyre.node", description="Run one gyre node.")
     parser.add_argument("--config", required=True, help="run config (TOML), see examples/")
-    parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from its last checkpoint (or start one if run_dir holds no run)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in run_dir from its last checkpoint (or start one if run_dir holds no run)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # httpx logs every request at INFO: thousands of lines a run, burying the per-step table; and
@@ -44,8 +48,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if not _interrupted(exc):
             raise
-        print(f"gyre: interrupted; `python -m gyre.node --config {args.config} --resume` continues from the "
-              "last checkpoint", file=sys.stderr)
+        print(
+            f"gyre: interrupted; `python -m gyre.node --config {args.config} --resume` continues from the "
+            "last checkpoint",
+            file=sys.stderr,
+        )
         return 130  # 128 + SIGINT, as a shell reports it
     return 0
 

@@ -61,7 +61,9 @@ def start_vllm_cell(model_dir: Path, log_path: Path, **overrides):
     require_vllm()
     from gyre.runtime.cell_client import spawn_cell, wait_cell_ready
 
-    config = EngineConfig(**{"max_model_len": VLLM_MAX_MODEL_LEN, "request_timeout_s": 300.0, **overrides})
+    config = EngineConfig(
+        **{"max_model_len": VLLM_MAX_MODEL_LEN, "request_timeout_s": 300.0, **overrides}
+    )
     process = spawn_cell(model_dir, config, log_path=log_path)
     url = wait_cell_ready(process, config.startup_timeout_s)
     return process, VLLMCell(url, config, model_dir, log_path)

@@ -28,7 +28,10 @@ def test_elastic_example_shares_make_runs_warm_start() -> None:
     """Same model and warm-start settings: the cached runs/model-tiny-sft serves both (other
     settings would retrain it and replace make run's cache)."""
     cpu, elastic = load_config("examples/cpu.toml"), load_config("examples/elastic-cpu.toml")
-    assert elastic.warm_start.enabled and (elastic.model, elastic.warm_start) == (cpu.model, cpu.warm_start)
+    assert elastic.warm_start.enabled and (elastic.model, elastic.warm_start) == (
+        cpu.model,
+        cpu.warm_start,
+    )
 
 
 def test_defaults_and_frozen() -> None:
@@ -44,8 +47,14 @@ def test_defaults_and_frozen() -> None:
         ("[engin]\nx = 1\n", "unknown field `engin`"),
         ("[engine]\nmax_tokenz = 3\n", "unknown field `max_tokenz` - at `$.engine`"),
         ("[engine]\nmax_model_len = -4\n", "max_model_len=-4 must be > 0 - at `$.engine`"),
-        ("[warm_start]\nslip_fraction = 1.5\n", "slip_fraction=1.5 must be in [0, 1) - at `$.warm_start`"),
-        ('[engine]\nmax_model_len = "big"\n', "Expected `int`, got `str` - at `$.engine.max_model_len`"),
+        (
+            "[warm_start]\nslip_fraction = 1.5\n",
+            "slip_fraction=1.5 must be in [0, 1) - at `$.warm_start`",
+        ),
+        (
+            '[engine]\nmax_model_len = "big"\n',
+            "Expected `int`, got `str` - at `$.engine.max_model_len`",
+        ),
         ('[engine]\nbackend = "tgi"\n', "Invalid enum value 'tgi' - at `$.engine.backend`"),
         ("[model]\nhidden_size = 64\n", "head_dim=16"),
         ("[cells]\nnum_cells = 0\n", "num_cells=0 must be > 0"),
@@ -82,10 +91,15 @@ def test_model_config_validates_at_construction() -> None:
 def test_node_cli_bad_config_exits_2_with_one_line(tmp_path) -> None:
     path = write(tmp_path, "[engine]\nmax_model_len = 0\n")
     result = subprocess.run(
-        [sys.executable, "-m", "gyre.node", "--config", str(path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "gyre.node", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"gyre: error: {path}: max_model_len=0 must be > 0 - at `$.engine`"]
+    assert result.stderr.strip().splitlines() == [
+        f"gyre: error: {path}: max_model_len=0 must be > 0 - at `$.engine`"
+    ]
 
 
 def test_node_cli_bad_task_folder_is_one_clear_error_before_start(tmp_path) -> None:
@@ -93,10 +107,16 @@ def test_node_cli_bad_task_folder_is_one_clear_error_before_start(tmp_path) -> N
     bad.mkdir(parents=True)
     (bad / "task.toml").write_text("version = 1\n[agent]\ndeadline_s = -5\n")
     model = tmp_path / "model"
-    path = write(tmp_path, f'run_dir = "{tmp_path / "run"}"\n[model]\npath = "{model}"\n'
-                           f'[tasks]\nsuites = ["{tmp_path / "suite"}"]\n')
+    path = write(
+        tmp_path,
+        f'run_dir = "{tmp_path / "run"}"\n[model]\npath = "{model}"\n'
+        f'[tasks]\nsuites = ["{tmp_path / "suite"}"]\n',
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "gyre.node", "--config", str(path)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "gyre.node", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()[-1:]

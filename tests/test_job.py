@@ -11,14 +11,18 @@ import pytest
 
 from gyre.config import config_from_dict
 from gyre.errors import ConfigError, RunDirError
-from gyre.runtime.checkpoint import LoopState, save_checkpoint
 from gyre.job import run
+from gyre.runtime.checkpoint import LoopState, save_checkpoint
 from gyre.runtime.metrics import EvalMetrics, MetricsWriter, read_metrics
 
 
 def make_config(tmp_path: Path, **sections):
-    raw = {"run_dir": str(tmp_path / "run"), "model": {"path": str(tmp_path / "model")},
-           "loop": {"steps": 2, "heldout_tasks": 8}, **sections}
+    raw = {
+        "run_dir": str(tmp_path / "run"),
+        "model": {"path": str(tmp_path / "model")},
+        "loop": {"steps": 2, "heldout_tasks": 8},
+        **sections,
+    }
     return config_from_dict(raw)
 
 
@@ -46,26 +50,45 @@ def test_warm_start_path_that_holds_someone_elses_files(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")
     config = make_config(tmp_path, warm_start={"enabled": True, "path": str(tmp_path / "mine")})
-    with pytest.raises(ConfigError, match=r"warm_start.path: '.*mine' exists, is not empty and holds no gyre_sft.json"):
+    with pytest.raises(
+        ConfigError,
+        match=r"warm_start.path: '.*mine' exists, is not empty and holds no gyre_sft.json",
+    ):
         run(config)
     assert nothing_built(tmp_path)
 
 
 def test_default_warm_start_path_that_is_a_file(tmp_path):
     (tmp_path / "model-sft").write_text("x")
-    with pytest.raises(ConfigError, match=r"warm_start.path \(default: model.path \+ '-sft'\): .* is not a folder"):
+    with pytest.raises(
+        ConfigError, match=r"warm_start.path \(default: model.path \+ '-sft'\): .* is not a folder"
+    ):
         run(make_config(tmp_path, warm_start={"enabled": True}))
     assert not (tmp_path / "model").exists()
 
 
 def test_run_dir_that_holds_a_run_or_is_a_file(tmp_path):
     MetricsWriter(tmp_path / "run").write(
-        EvalMetrics(step=0, version=0, split="heldout", executions=4, pass_rate=0.5, mean_reward=0.5, eval_s=1.0))
-    with pytest.raises(ConfigError, match="already holds a run: pass --resume to continue it, remove it"):
+        EvalMetrics(
+            step=0,
+            version=0,
+            split="heldout",
+            executions=4,
+            pass_rate=0.5,
+            mean_reward=0.5,
+            eval_s=1.0,
+        )
+    )
+    with pytest.raises(
+        ConfigError, match="already holds a run: pass --resume to continue it, remove it"
+    ):
         run(make_config(tmp_path))
     for resume in (False, True):
-        with pytest.raises(ConfigError, match=r"already holds a run and multi-cell runs \(cells.num_cells > 1\) "
-                                              "cannot resume yet: remove it"):
+        with pytest.raises(
+            ConfigError,
+            match=r"already holds a run and multi-cell runs \(cells.num_cells > 1\) "
+            "cannot resume yet: remove it",
+        ):
             run(make_config(tmp_path, cells={"num_cells": 2}), resume=resume)
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="run_dir='.*file' is not a folder"):
@@ -73,10 +96,16 @@ def test_run_dir_that_holds_a_run_or_is_a_file(tmp_path):
     assert nothing_built(tmp_path)
 
 
-@pytest.mark.parametrize(("program", "message"), [
-    ("no-such-agent-xyz", r"agent_command\[0\]='no-such-agent-xyz' is not found on PATH"),
-    ("/nonexistent/agent", r"agent_command\[0\]='/nonexistent/agent' is not an executable file"),
-])
+@pytest.mark.parametrize(
+    ("program", "message"),
+    [
+        ("no-such-agent-xyz", r"agent_command\[0\]='no-such-agent-xyz' is not found on PATH"),
+        (
+            "/nonexistent/agent",
+            r"agent_command\[0\]='/nonexistent/agent' is not an executable file",
+        ),
+    ],
+)
 def test_agent_program_that_cannot_start(tmp_path, program, message):
     with pytest.raises(ConfigError, match=message):
         run(make_config(tmp_path, tasks={"harness": {"agent_command": [program, "--flag"]}}))
@@ -87,7 +116,13 @@ def test_agent_programs_that_can_start_pass(tmp_path):
     """`python` is the node's interpreter; a relative path is the workspace's business."""
     from gyre.agents.harness import check_agent_command
 
-    for command in ([], ["python", "-m", "x"], [sys.executable], ["./agent.sh"], ["sh", "-c", "true"]):
+    for command in (
+        [],
+        ["python", "-m", "x"],
+        [sys.executable],
+        ["./agent.sh"],
+        ["sh", "-c", "true"],
+    ):
         check_agent_command(command)
     with pytest.raises(ConfigError):
         check_agent_command(["sh"], path=str(tmp_path))  # nothing on this PATH
@@ -98,7 +133,16 @@ def test_resuming_a_finished_run_starts_nothing(tmp_path, capsys):
     done = LoopState(step=2, version=2, task_cursor=48)
     save_checkpoint(run_dir, done, lambda folder: folder.mkdir(), keep=1)
     MetricsWriter(run_dir).write(
-        EvalMetrics(step=2, version=2, split="heldout", executions=4, pass_rate=0.75, mean_reward=0.8, eval_s=1.0))
+        EvalMetrics(
+            step=2,
+            version=2,
+            split="heldout",
+            executions=4,
+            pass_rate=0.75,
+            mean_reward=0.8,
+            eval_s=1.0,
+        )
+    )
     assert run(make_config(tmp_path), resume=True) == done
     assert "nothing to do" in capsys.readouterr().out
     assert nothing_built(tmp_path)
@@ -109,17 +153,37 @@ def test_resuming_a_finished_run_starts_nothing(tmp_path, capsys):
 
 def test_a_corrupt_metrics_line_names_file_and_line(tmp_path):
     writer = MetricsWriter(tmp_path)
-    writer.write(EvalMetrics(step=0, version=0, split="heldout", executions=4, pass_rate=0.5, mean_reward=0.5,
-                             eval_s=1.0))
+    writer.write(
+        EvalMetrics(
+            step=0,
+            version=0,
+            split="heldout",
+            executions=4,
+            pass_rate=0.5,
+            mean_reward=0.5,
+            eval_s=1.0,
+        )
+    )
     with open(writer.path, "ab") as f:
         f.write(b'{"type": "eval", "step": "two"}\n')
-    writer.write(EvalMetrics(step=1, version=1, split="heldout", executions=4, pass_rate=1.0, mean_reward=1.0,
-                             eval_s=1.0))
+    writer.write(
+        EvalMetrics(
+            step=1,
+            version=1,
+            split="heldout",
+            executions=4,
+            pass_rate=1.0,
+            mean_reward=1.0,
+            eval_s=1.0,
+        )
+    )
     with pytest.raises(RunDirError, match=r"metrics.jsonl:2: not a metrics record"):
         read_metrics(tmp_path)
     with open(writer.path, "ab") as f:
         f.write(b'{"type": "ev')  # a torn last line is a kill mid-write, not corruption
-    writer.path.write_bytes(writer.path.read_bytes().replace(b'{"type": "eval", "step": "two"}\n', b""))
+    writer.path.write_bytes(
+        writer.path.read_bytes().replace(b'{"type": "eval", "step": "two"}\n', b"")
+    )
     assert [r.step for r in read_metrics(tmp_path)] == [0, 1]
 
 
@@ -127,7 +191,9 @@ def test_required_isolation_that_this_node_cannot_give(tmp_path, monkeypatch):
     import os
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(ConfigError, match="tasks.harness.require_isolation: the node runs as uid 1000, not root"):
+    with pytest.raises(
+        ConfigError, match="tasks.harness.require_isolation: the node runs as uid 1000, not root"
+    ):
         run(make_config(tmp_path, tasks={"harness": {"require_isolation": True}}))
     assert nothing_built(tmp_path)
 

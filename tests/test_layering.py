@@ -109,11 +109,16 @@ def test_the_walk_sees_function_level_and_relative_imports(tmp_path: Path) -> No
     on a hand-written file, not on gyre's tree)."""
     root = tmp_path / "gyre"
     (root / "kernels").mkdir(parents=True)
-    (root / "kernels" / "__init__.py").write_text("from . import probe\nfrom ..runtime import job\n")
+    (root / "kernels" / "__init__.py").write_text(
+        "from . import probe\nfrom ..runtime import job\n"
+    )
     (root / "kernels" / "probe.py").write_text(
         "def f():\n    from gyre.runtime import job\n\nimport os\nfrom gyre.errors import GyreError\n"
     )
-    assert gyre_imports(root / "kernels" / "probe.py", root) == [(2, "gyre.runtime"), (5, "gyre.errors")]
+    assert gyre_imports(root / "kernels" / "probe.py", root) == [
+        (2, "gyre.runtime"),
+        (5, "gyre.errors"),
+    ]
     assert violations(root) == [
         "gyre/kernels/__init__.py:2: gyre.kernels imports gyre.runtime",
         "gyre/kernels/probe.py:2: gyre.kernels.probe imports gyre.runtime",

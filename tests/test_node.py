@@ -14,19 +14,27 @@ from gyre.node import main
 def raising(exc: BaseException):
     def run(config, *, resume: bool = False):
         raise exc
+
     return run
 
 
-@pytest.mark.parametrize("exc", [
-    KeyboardInterrupt(),
-    BaseExceptionGroup("task group", [KeyboardInterrupt()]),
-    BaseExceptionGroup("outer", [BaseExceptionGroup("inner", [KeyboardInterrupt()]), KeyboardInterrupt()]),
-], ids=["bare", "group", "nested"])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        KeyboardInterrupt(),
+        BaseExceptionGroup("task group", [KeyboardInterrupt()]),
+        BaseExceptionGroup(
+            "outer", [BaseExceptionGroup("inner", [KeyboardInterrupt()]), KeyboardInterrupt()]
+        ),
+    ],
+    ids=["bare", "group", "nested"],
+)
 def test_interrupt_is_one_line_and_status_130(monkeypatch, capsys, exc) -> None:
     monkeypatch.setattr(gyre.job, "run", raising(exc))
     assert main(["--config", "examples/cpu.toml"]) == 130
     assert capsys.readouterr().err.strip().splitlines() == [
-        "gyre: interrupted; `python -m gyre.node --config examples/cpu.toml --resume` continues from the last checkpoint"]
+        "gyre: interrupted; `python -m gyre.node --config examples/cpu.toml --resume` continues from the last checkpoint"
+    ]
 
 
 def test_a_real_failure_beside_an_interrupt_still_propagates(monkeypatch) -> None:
@@ -41,9 +49,16 @@ def test_python_m_gyre_names_the_commands() -> None:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "gyre"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "gyre"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
-    assert [line.split()[2] for line in done.stderr.splitlines()[2:]] == ["gyre.node", "gyre.report", "gyre.model", "gyre.sim"]
+    assert [line.split()[2] for line in done.stderr.splitlines()[2:]] == [
+        "gyre.node",
+        "gyre.report",
+        "gyre.model",
+        "gyre.sim",
+    ]
 
 
 def test_a_gyre_error_out_of_task_groups_is_one_line_and_status_2(monkeypatch, capsys) -> None:

@@ -17,9 +17,20 @@ PACKAGES = ["gyre"] + sorted(
 
 def test_every_package_is_covered() -> None:
     """The discovery above is not vacuous: it finds the packages of docs/design.md's layers."""
-    for name in ["gyre.engines", "gyre.tito", "gyre.trajectory", "gyre.rl", "gyre.sandbox",
-                 "gyre.tasks", "gyre.agents", "gyre.model", "gyre.runtime", "gyre.report",
-                 "gyre.sim", "gyre.kernels"]:
+    for name in [
+        "gyre.engines",
+        "gyre.tito",
+        "gyre.trajectory",
+        "gyre.rl",
+        "gyre.sandbox",
+        "gyre.tasks",
+        "gyre.agents",
+        "gyre.model",
+        "gyre.runtime",
+        "gyre.report",
+        "gyre.sim",
+        "gyre.kernels",
+    ]:
         assert name in PACKAGES
 
 
@@ -32,7 +43,11 @@ def test_top_level_api() -> None:
 def test_all_is_exactly_the_public_api(name: str) -> None:
     """Every public name (lazy ones included: `dir()` lists them) is in `__all__` and resolves."""
     module = importlib.import_module(name)
-    public = {n for n in dir(module) if not n.startswith("_") and not isinstance(getattr(module, n), type(module))}
+    public = {
+        n
+        for n in dir(module)
+        if not n.startswith("_") and not isinstance(getattr(module, n), type(module))
+    }
     public.discard("annotations")  # `from __future__ import annotations`
     assert set(module.__all__) == public
     assert all(getattr(module, n) is not None for n in module.__all__)
@@ -47,7 +62,9 @@ def test_agent_process_imports_neither_the_runtime_nor_torch() -> None:
         "import sys, gyre.agents.react; "
         "print(' '.join(m for m in ('torch', 'gyre.runtime', 'gyre.agents.harness', 'gyre.tito') if m in sys.modules))"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
     assert done.stdout.split() == []
 
 

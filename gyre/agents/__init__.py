@@ -17,14 +17,26 @@ if typing.TYPE_CHECKING:
     from gyre.agents.tools import ToolError, Workspace
 
 __all__ = [
-    "Harness", "HarnessStatistics", "ExecutionControl", "mint_api_key", "REACT_AGENT",
-    "Workspace", "ToolError",
-    "oracle_reply", "demonstration", "demonstration_for",
+    "Harness",
+    "HarnessStatistics",
+    "ExecutionControl",
+    "mint_api_key",
+    "REACT_AGENT",
+    "Workspace",
+    "ToolError",
+    "oracle_reply",
+    "demonstration",
+    "demonstration_for",
 ]
 
-__getattr__, __dir__ = _lazy_exports(__name__, {
-    **dict.fromkeys(["Harness", "HarnessStatistics", "REACT_AGENT"], "gyre.agents.harness"),
-    **dict.fromkeys(["ExecutionControl", "mint_api_key"], "gyre.agents.control"),
-    **dict.fromkeys(["Workspace", "ToolError"], "gyre.agents.tools"),
-    **dict.fromkeys(["oracle_reply", "demonstration", "demonstration_for"], "gyre.agents.oracle"),
-})
+__getattr__, __dir__ = _lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(["Harness", "HarnessStatistics", "REACT_AGENT"], "gyre.agents.harness"),
+        **dict.fromkeys(["ExecutionControl", "mint_api_key"], "gyre.agents.control"),
+        **dict.fromkeys(["Workspace", "ToolError"], "gyre.agents.tools"),
+        **dict.fromkeys(
+            ["oracle_reply", "demonstration", "demonstration_for"], "gyre.agents.oracle"
+        ),
+    },
+)

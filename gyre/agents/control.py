@@ -88,7 +88,9 @@ class ExecutionControl:
         elif self.max_turns is not None and self.model_calls >= self.max_turns:
             self.stop("turn_limit")
 
-    def observe_totals(self, *, model_calls: int, completion_tokens: int, context_refusals: int = 0) -> None:
+    def observe_totals(
+        self, *, model_calls: int, completion_tokens: int, context_refusals: int = 0
+    ) -> None:
         """Set the counters from running totals (e.g. the proxy's `ExecutionSummary`, polled);
         stops at a limit like `note_model_call`. Totals never go down."""
         if model_calls < self.model_calls or completion_tokens < self.completion_tokens:

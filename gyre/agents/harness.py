@@ -110,10 +110,12 @@ class Harness:
         agent_command: Sequence[str] = REACT_AGENT,
         model: str = "gyre",
         workspace_root: str | os.PathLike[str] | None = None,
-        limits: Limits = Limits(cpu_time_s=3600, memory_bytes=4 * 2**30, max_processes=256,
-                                file_size_bytes=256 * 2**20),
-        verifier_limits: Limits = Limits(memory_bytes=4 * 2**30, max_processes=256,
-                                         file_size_bytes=256 * 2**20),
+        limits: Limits = Limits(
+            cpu_time_s=3600, memory_bytes=4 * 2**30, max_processes=256, file_size_bytes=256 * 2**20
+        ),
+        verifier_limits: Limits = Limits(
+            memory_bytes=4 * 2**30, max_processes=256, file_size_bytes=256 * 2**20
+        ),
         kill_grace_s: float = 1.0,
         keep_workspaces: bool = False,
         extra_env: dict[str, str] | None = None,
@@ -153,8 +155,11 @@ class Harness:
         self.base_url = base_url
         self.agent_command = tuple(agent_command)
         self.model = model
-        root = (Path(workspace_root) if workspace_root is not None
-                else Path(tempfile.mkdtemp(prefix="gyre-ws-")))
+        root = (
+            Path(workspace_root)
+            if workspace_root is not None
+            else Path(tempfile.mkdtemp(prefix="gyre-ws-"))
+        )
         root.mkdir(parents=True, exist_ok=True)
         self.agent_uid_base, self.agent_uid_count = agent_uid_base, agent_uid_count
         for key, paths in (("hidden_paths", hidden_paths), ("visible_paths", visible_paths)):
@@ -176,12 +181,18 @@ class Harness:
         uid_problem = self._uid_problem(root) if isolate_uid else None
         net_problem = network_namespace_problem() if isolate_network else None
         if net_problem is not None:
-            net_problem = (f"isolate_network: no network namespace for agents ({net_problem}): "
-                           "they reach every port of the node")
+            net_problem = (
+                f"isolate_network: no network namespace for agents ({net_problem}): "
+                "they reach every port of the node"
+            )
         if require_isolation:
-            switched_off = ("isolate_uid and isolate_mounts must both be true"
-                            if not (isolate_uid and isolate_mounts)
-                            else None if isolate_network else "isolate_network must be true")
+            switched_off = (
+                "isolate_uid and isolate_mounts must both be true"
+                if not (isolate_uid and isolate_mounts)
+                else None
+                if isolate_network
+                else "isolate_network must be true"
+            )
             problem = uid_problem or mount_problem or net_problem or switched_off
             if problem is not None:
                 raise ConfigError(f"tasks.harness.require_isolation: {problem}")
@@ -191,8 +202,9 @@ class Harness:
             warn_once("network", "%s", net_problem)
         self.sealed = isolate_network and net_problem is None
         """Agents run in a network namespace of their own whose one way out is `relay`."""
-        self.relay, self.agent_base_url = (sealed_endpoint(base_url) if self.sealed
-                                           else (None, base_url))
+        self.relay, self.agent_base_url = (
+            sealed_endpoint(base_url) if self.sealed else (None, base_url)
+        )
         """How an agent's namespace reaches the proxy (None: not sealed), and the
         `OPENAI_BASE_URL` it is given."""
         if uid_problem is not None:
@@ -230,24 +242,29 @@ class Harness:
     def _uid_problem(self, root: Path) -> str | None:
         """Why agents cannot run as their own uids here (None: they can)."""
         if os.geteuid() != 0:
-            return (f"isolate_uid: the node runs as uid {os.geteuid()}, not root: agents run as "
-                    "this user and can read other workspaces and hidden tests")
+            return (
+                f"isolate_uid: the node runs as uid {os.geteuid()}, not root: agents run as "
+                "this user and can read other workspaces and hidden tests"
+            )
         probe = root / "execution"  # an execution folder, bound back in the agent's namespace
         view = self._view(os.path.abspath(probe))
         closed = closed_to_others(probe, executable=False, mounts=view)
         if closed is not None:
             mode = stat.S_IMODE(os.stat(closed).st_mode)
-            return (f"isolate_uid: agents run as root: workspace_root {root} cannot be reached by "
-                    f"other users ({closed} has mode {mode:o}); choose one whose parents are "
-                    "world-searchable (o+x)")
+            return (
+                f"isolate_uid: agents run as root: workspace_root {root} cannot be reached by "
+                f"other users ({closed} has mode {mode:o}); choose one whose parents are "
+                "world-searchable (o+x)"
+            )
         return None
 
     def _named(self, command: Sequence[str], path: str) -> tuple[str, ...]:
         """`command_paths` but those under a folder hidden on purpose (`hidden_paths`, the run
         folder, the workspace root, the suites' tests and solutions): shown to the agent."""
         hidden = self._hidden | self._suite_hidden
-        return tuple(p for p in command_paths(command, path)
-                     if not any(under(p, h) for h in hidden))
+        return tuple(
+            p for p in command_paths(command, path) if not any(under(p, h) for h in hidden)
+        )
 
     def _user_for(self, command: tuple[str, ...], path: str) -> bool:
         """Whether `command` can run as an agent uid: its executable is reachable by others."""
@@ -257,22 +274,37 @@ class Harness:
         if found is None:
             return True  # it fails to start either way (status 127), as the agent's user
         mounts = self.mounts and msgspec.structs.replace(
-            self.mounts, expose=(*self.mounts.expose, *self._named(command, path)))
+            self.mounts, expose=(*self.mounts.expose, *self._named(command, path))
+        )
         closed = closed_to_others(Path(found), executable=True, mounts=mounts)
         if closed is not None:
-            warn_once(f"exe:{found}", "isolate_uid: agents running %s run as root: other users "
-                      "cannot reach it (%s has mode %o)", found, closed,
-                      stat.S_IMODE(os.stat(closed).st_mode))
+            warn_once(
+                f"exe:{found}",
+                "isolate_uid: agents running %s run as root: other users "
+                "cannot reach it (%s has mode %o)",
+                found,
+                closed,
+                stat.S_IMODE(os.stat(closed).st_mode),
+            )
             return False
         return True
 
     @classmethod
-    def from_config(cls, config: HarnessConfig, *, base_url: str, model: str = "gyre",
-                    run_dir: str | os.PathLike[str] = ".") -> Harness:
+    def from_config(
+        cls,
+        config: HarnessConfig,
+        *,
+        base_url: str,
+        model: str = "gyre",
+        run_dir: str | os.PathLike[str] = ".",
+    ) -> Harness:
         """A harness as `config` describes it (`RunConfig.tasks.harness`); workspaces default to
         `<run_dir>/executions`."""
-        common = dict(memory_bytes=config.memory_bytes, file_size_bytes=config.file_size_bytes,
-                      max_processes=config.max_processes)
+        common = dict(
+            memory_bytes=config.memory_bytes,
+            file_size_bytes=config.file_size_bytes,
+            max_processes=config.max_processes,
+        )
         return cls(
             base_url=base_url,
             agent_command=config.agent_command or REACT_AGENT,
@@ -296,8 +328,12 @@ class Harness:
     def statistics(self) -> HarnessStatistics:
         """Counters since this harness was built."""
         return HarnessStatistics(
-            running=self._running, finished=self._finished, stopped=self._stopped,
-            failed=self._failed, isolated=self._isolated, sealed=self._sealed,
+            running=self._running,
+            finished=self._finished,
+            stopped=self._stopped,
+            failed=self._failed,
+            isolated=self._isolated,
+            sealed=self._sealed,
         )
 
     def execution_dir(self, execution_id: str) -> Path:
@@ -340,8 +376,9 @@ class Harness:
         check_execution_id(execution_id)
         limits_spec = task.spec.agent
         if control is None:
-            control = ExecutionControl(max_turns=limits_spec.max_turns,
-                                       token_budget=limits_spec.token_budget)
+            control = ExecutionControl(
+                max_turns=limits_spec.max_turns, token_budget=limits_spec.token_budget
+            )
         api_key = api_key or mint_api_key(execution_id)
         command = tuple(agent_command or self.agent_command)
         self._running += 1
@@ -358,7 +395,11 @@ class Harness:
         return outcome
 
     async def _run(
-        self, task: Task, execution_id: str, control: ExecutionControl, api_key: str,
+        self,
+        task: Task,
+        execution_id: str,
+        control: ExecutionControl,
+        api_key: str,
         command: tuple[str, ...],
     ) -> Outcome:
         """Pick the agent's uid (held until the execution is scored), then `_run_as` it."""
@@ -368,11 +409,15 @@ class Harness:
         if self._user_for(command, env.get("PATH", os.defpath)):
             try:
                 user = await anyio.to_thread.run_sync(
-                    AgentUser.acquire, self.agent_uid_base, self.agent_uid_count)
+                    AgentUser.acquire, self.agent_uid_base, self.agent_uid_count
+                )
             except (OSError, ExecutionError) as exc:
-                return Outcome(execution_id=execution_id, task_id=task.task_id,
-                               termination="failed",
-                               failure_reason=f"cannot pick an agent uid: {exc}")
+                return Outcome(
+                    execution_id=execution_id,
+                    task_id=task.task_id,
+                    termination="failed",
+                    failure_reason=f"cannot pick an agent uid: {exc}",
+                )
         try:
             return await self._run_as(task, execution_id, control, command, env, user)
         finally:
@@ -380,8 +425,13 @@ class Harness:
                 user.release()
 
     async def _run_as(
-        self, task: Task, execution_id: str, control: ExecutionControl, command: tuple[str, ...],
-        env: dict[str, str], user: AgentUser | None,
+        self,
+        task: Task,
+        execution_id: str,
+        control: ExecutionControl,
+        command: tuple[str, ...],
+        env: dict[str, str],
+        user: AgentUser | None,
     ) -> Outcome:
         try:
             exec_dir = await anyio.to_thread.run_sync(self._prepare, task, execution_id, user)
@@ -391,7 +441,9 @@ class Harness:
             if user is not None and self.execution_dir(execution_id).is_dir():
                 await anyio.to_thread.run_sync(hand_back, self.execution_dir(execution_id))
             return Outcome(
-                execution_id=execution_id, task_id=task.task_id, termination="failed",
+                execution_id=execution_id,
+                task_id=task.task_id,
+                termination="failed",
                 failure_reason=f"cannot prepare the workspace: {exc}",
             )
         if user is not None:
@@ -417,29 +469,45 @@ class Harness:
             sockets = node_sockets() if self.sealed else set()
             hide = tuple(sorted({*self.mounts.hide, *self._suite_hidden, *sockets}))
             expose = (*self.mounts.expose, *self._named(command, env.get("PATH", os.defpath)))
-            agent_mounts = msgspec.structs.replace(self.mounts, hide=hide, expose=expose,
-                                                   writable=(os.path.abspath(exec_dir),))
-            verifier_mounts = msgspec.structs.replace(self.mounts, hide=hide, read_only=True,
-                                                      network=False)
+            agent_mounts = msgspec.structs.replace(
+                self.mounts, hide=hide, expose=expose, writable=(os.path.abspath(exec_dir),)
+            )
+            verifier_mounts = msgspec.structs.replace(
+                self.mounts, hide=hide, read_only=True, network=False
+            )
         # the verifier runs as the agent's uid once the agent's tree is gone, if its Python is
         # reachable
         verifier_user = None
-        if user is not None and closed_to_others(Path(sys.executable), executable=True,
-                                                  mounts=verifier_mounts) is None:
+        if (
+            user is not None
+            and closed_to_others(Path(sys.executable), executable=True, mounts=verifier_mounts)
+            is None
+        ):
             verifier_user = (user.uid, user.uid)
         elif user is not None:
-            warn_once("verifier-root",
-                      "isolate_uid: verifiers run as root: other users cannot reach %s",
-                      sys.executable)
+            warn_once(
+                "verifier-root",
+                "isolate_uid: verifiers run as root: other users cannot reach %s",
+                sys.executable,
+            )
         try:
             # 0600: other agents pass through this folder (0711) but must not read the logs
-            with open(exec_dir / "stdout.log", "wb+", opener=_private) as out, \
-                    open(exec_dir / "stderr.log", "wb+", opener=_private) as err:
+            with (
+                open(exec_dir / "stdout.log", "wb+", opener=_private) as out,
+                open(exec_dir / "stderr.log", "wb+", opener=_private) as err,
+            ):
                 result = await run_supervised(
-                    command, cwd=workspace, env=env, limits=self.limits,
-                    deadline_s=task.spec.agent.deadline_s, stdout=out, stderr=err,
-                    kill_grace_s=self.kill_grace_s, stop=control.event,
-                    user=None if user is None else (user.uid, user.uid), mounts=agent_mounts,
+                    command,
+                    cwd=workspace,
+                    env=env,
+                    limits=self.limits,
+                    deadline_s=task.spec.agent.deadline_s,
+                    stdout=out,
+                    stderr=err,
+                    kill_grace_s=self.kill_grace_s,
+                    stop=control.event,
+                    user=None if user is None else (user.uid, user.uid),
+                    mounts=agent_mounts,
                     relay=self.relay,
                 )
                 stdout_tail, stderr_tail = tail(out), tail(err)
@@ -449,9 +517,13 @@ class Harness:
             reason_before = control.reason
             control.refresh()
             stats = dict(
-                exit_code=result.exit_code, model_calls=control.model_calls,
-                completion_tokens=control.completion_tokens, started_s=result.started_s,
-                agent_s=result.wall_s, stdout_tail=stdout_tail, stderr_tail=stderr_tail,
+                exit_code=result.exit_code,
+                model_calls=control.model_calls,
+                completion_tokens=control.completion_tokens,
+                started_s=result.started_s,
+                agent_s=result.wall_s,
+                stdout_tail=stdout_tail,
+                stderr_tail=stderr_tail,
             )
             termination: Termination
             if result.ended == "exited":
@@ -466,29 +538,43 @@ class Harness:
                 termination = reason_before
             # Nothing to train on: out of the loss and the group baseline (FIELD_CASES B20).
             if control.model_calls == 0:
-                how = (f"agent exited (status {result.exit_code})" if termination == "finished"
-                       else f"agent stopped ({termination})")
+                how = (
+                    f"agent exited (status {result.exit_code})"
+                    if termination == "finished"
+                    else f"agent stopped ({termination})"
+                )
                 return Outcome(
-                    **common, **stats, termination="failed",
-                    failure_reason=(f"{how} before its first model call: "
-                                    f"{stats['stderr_tail'][-500:]}"),
+                    **common,
+                    **stats,
+                    termination="failed",
+                    failure_reason=(
+                        f"{how} before its first model call: {stats['stderr_tail'][-500:]}"
+                    ),
                 )
             if control.completion_tokens == 0:
                 return Outcome(
-                    **common, **stats, termination="failed",
+                    **common,
+                    **stats,
+                    termination="failed",
                     failure_reason=f"no policy tokens: all {control.model_calls} model calls ended "
                     "before their first token (aborted)",
                 )
             try:
-                score = await score_workspace(task, workspace, limits=self.verifier_limits,
-                                              template_ok=self._template_ok, user=verifier_user,
-                                              mounts=verifier_mounts if verifier_user else None)
+                score = await score_workspace(
+                    task,
+                    workspace,
+                    limits=self.verifier_limits,
+                    template_ok=self._template_ok,
+                    user=verifier_user,
+                    mounts=verifier_mounts if verifier_user else None,
+                )
             except VerifierError as exc:
                 return Outcome(**common, **stats, termination="failed", failure_reason=str(exc))
             return Outcome(**common, **stats, termination=termination, score=score)
         except (OSError, ExecutionError) as exc:
-            return Outcome(**common, termination="failed",
-                           failure_reason=f"{type(exc).__name__}: {exc}")
+            return Outcome(
+                **common, termination="failed", failure_reason=f"{type(exc).__name__}: {exc}"
+            )
         finally:
             with anyio.CancelScope(shield=True):
                 try:
@@ -497,4 +583,5 @@ class Harness:
                 finally:
                     if not self.keep_workspaces:
                         await anyio.to_thread.run_sync(
-                            lambda: shutil.rmtree(exec_dir, ignore_errors=True))
+                            lambda: shutil.rmtree(exec_dir, ignore_errors=True)
+                        )

@@ -70,11 +70,30 @@ from gyre.errors import ConfigError, ExecutionError
 from gyre.sandbox import Mounts, Relay, mount_namespace_problem, network_namespace_problem
 from gyre.tasks.task import Task
 
-__all__ = ["AgentUser", "AGENT_OWNED", "GYRE_DIR", "PRIVATE_DIRS", "SYSTEM_DIRS", "UID_LOCK_DIR",
-           "agent_namespace", "check_isolation", "chown_tree", "closed_parents", "closed_to_others",
-           "command_paths", "covered_top_level", "generator_files", "hand_back", "hand_over",
-           "node_sockets", "sealed_endpoint", "suite_hidden", "tighten_hidden", "under",
-           "warn_once"]
+__all__ = [
+    "AgentUser",
+    "AGENT_OWNED",
+    "GYRE_DIR",
+    "PRIVATE_DIRS",
+    "SYSTEM_DIRS",
+    "UID_LOCK_DIR",
+    "agent_namespace",
+    "check_isolation",
+    "chown_tree",
+    "closed_parents",
+    "closed_to_others",
+    "command_paths",
+    "covered_top_level",
+    "generator_files",
+    "hand_back",
+    "hand_over",
+    "node_sockets",
+    "sealed_endpoint",
+    "suite_hidden",
+    "tighten_hidden",
+    "under",
+    "warn_once",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +121,12 @@ def closed_parents(paths: Iterable[str]) -> set[str]:
     the 0700 folder of a `mktemp -d` checkout: an agent's namespace lets it pass through them
     (`Mounts.traverse`), so it reaches the venv, the gyre package, its execution and whatever else
     below them other users may read, as in a checkout whose parents are o+x. Mode bits only."""
-    return {str(folder) for path in paths for folder in Path(path).parents
-            if folder != Path("/") and not os.stat(folder).st_mode & stat.S_IXOTH}
+    return {
+        str(folder)
+        for path in paths
+        for folder in Path(path).parents
+        if folder != Path("/") and not os.stat(folder).st_mode & stat.S_IXOTH
+    }
 
 
 def closed_to_others(path: Path, *, executable: bool, mounts: Mounts | None = None) -> Path | None:
@@ -138,16 +161,36 @@ def closed_to_others(path: Path, *, executable: bool, mounts: Mounts | None = No
 
 def suite_hidden(suite: Path) -> set[str]:
     """`tests/` and `solution/` of every task folder in `suite` (folders holding a task.toml)."""
-    return {os.path.abspath(task / name) for task in suite.iterdir()
-            if (task / "task.toml").is_file() for name in ("tests", "solution")}
+    return {
+        os.path.abspath(task / name)
+        for task in suite.iterdir()
+        if (task / "task.toml").is_file()
+        for name in ("tests", "solution")
+    }
 
 
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 """Covered by a fresh tmpfs for each agent and each verifier: no channel between executions, no
 look at another execution's verifier output, nothing left behind."""
 
-SYSTEM_DIRS = frozenset({"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run",
-                         "sbin", "sys", "tmp", "usr", "var"})
+SYSTEM_DIRS = frozenset(
+    {
+        "bin",
+        "dev",
+        "etc",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "proc",
+        "run",
+        "sbin",
+        "sys",
+        "tmp",
+        "usr",
+        "var",
+    }
+)
 """The top-level folders an agent's namespace shows (as its uid may read them); every other one
 is covered. The Filesystem Hierarchy Standard's system folders, without /boot, /home, /media,
 /mnt, /opt, /root and /srv."""
@@ -156,8 +199,9 @@ is covered. The Filesystem Hierarchy Standard's system folders, without /boot, /
 def covered_top_level() -> set[str]:
     """Top-level folders (not symlinks) outside `SYSTEM_DIRS`: /root, /home, /opt, /work, ..."""
     with os.scandir("/") as scan:
-        return {e.path for e in scan
-                if e.is_dir(follow_symlinks=False) and e.name not in SYSTEM_DIRS}
+        return {
+            e.path for e in scan if e.is_dir(follow_symlinks=False) and e.name not in SYSTEM_DIRS
+        }
 
 
 def generator_files(gyre_dir: Path) -> set[str]:
@@ -174,8 +218,9 @@ def command_paths(command: Sequence[str], path: str) -> tuple[str, ...]:
     found = shutil.which(command[0], path=path)
     named = [os.path.abspath(found)] if found else []
     named += [a for a in command[1:] if os.path.isabs(a)]
-    paths = {q for p in named if os.path.exists(p)
-             for q in (os.path.normpath(p), os.path.realpath(p))}
+    paths = {
+        q for p in named if os.path.exists(p) for q in (os.path.normpath(p), os.path.realpath(p))
+    }
     return tuple(sorted(paths - {"/"}))
 
 
@@ -188,14 +233,24 @@ def agent_namespace(
     workspace root (its closed parents are passed through, as are those of what is exposed)."""
     problem = mount_namespace_problem()
     if problem is not None:
-        return None, set(), (f"isolate_mounts: no private mount namespace for agents ({problem}): "
-                             "an agent sees the node's files as its uid may")
+        return (
+            None,
+            set(),
+            (
+                f"isolate_mounts: no private mount namespace for agents ({problem}): "
+                "an agent sees the node's files as its uid may"
+            ),
+        )
     hide |= generator_files(GYRE_DIR)
     expose = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, GYRE_DIR, *visible_paths)}
     expose |= {os.path.realpath(p) for p in expose}
     traverse = closed_parents(expose | {os.path.abspath(root), os.path.realpath(root)}) - hide
-    mounts = Mounts(hide=tuple(sorted(hide | covered_top_level())), private=PRIVATE_DIRS,
-                    traverse=tuple(sorted(traverse)), expose=tuple(sorted(expose)))
+    mounts = Mounts(
+        hide=tuple(sorted(hide | covered_top_level())),
+        private=PRIVATE_DIRS,
+        traverse=tuple(sorted(traverse)),
+        expose=tuple(sorted(expose)),
+    )
     return mounts, hide, None
 
 
@@ -206,16 +261,21 @@ def check_isolation(config: HarnessConfig) -> None:
     if not config.require_isolation:
         return
     if os.geteuid() != 0:
-        raise ConfigError(f"tasks.harness.require_isolation: the node runs as uid {os.geteuid()}, "
-                          "not root, so agents cannot run as their own uids")
+        raise ConfigError(
+            f"tasks.harness.require_isolation: the node runs as uid {os.geteuid()}, "
+            "not root, so agents cannot run as their own uids"
+        )
     problem = mount_namespace_problem()
     if problem is not None:
-        raise ConfigError("tasks.harness.require_isolation: no private mount namespace for agents "
-                          f"({problem})")
+        raise ConfigError(
+            f"tasks.harness.require_isolation: no private mount namespace for agents ({problem})"
+        )
     problem = network_namespace_problem()
     if problem is not None:
-        raise ConfigError("tasks.harness.require_isolation: no network namespace for agents "
-                          f"({problem}): they would reach every port of the node")
+        raise ConfigError(
+            "tasks.harness.require_isolation: no network namespace for agents "
+            f"({problem}): they would reach every port of the node"
+        )
 
 
 def sealed_endpoint(base_url: str) -> tuple[Relay, str]:
@@ -250,8 +310,15 @@ def node_sockets() -> set[str]:
     with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
         lines = f.read().splitlines()[1:]
     paths = {fields[7] for line in lines if len(fields := line.split(maxsplit=7)) == 8}
-    return {p for p in paths if os.path.isabs(p) and os.path.normpath(p) == p and p != "/"
-            and os.path.exists(p) and not os.path.isdir(p)}
+    return {
+        p
+        for p in paths
+        if os.path.isabs(p)
+        and os.path.normpath(p) == p
+        and p != "/"
+        and os.path.exists(p)
+        and not os.path.isdir(p)
+    }
 
 
 def chown_tree(top: Path, uid: int, gid: int) -> None:

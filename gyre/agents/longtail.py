@@ -115,7 +115,9 @@ def draw_plan(seed: int, settings: LongtailSettings) -> Plan:
     if settings.tool_median_s == 0:
         return Plan(turns, (0.0,) * turns)
     mu = math.log(settings.tool_median_s)
-    tool_s = tuple(min(settings.tool_max_s, rng.lognormvariate(mu, settings.tool_sigma)) for _ in range(turns))
+    tool_s = tuple(
+        min(settings.tool_max_s, rng.lognormvariate(mu, settings.tool_sigma)) for _ in range(turns)
+    )
     return Plan(turns, tool_s)
 
 
@@ -140,18 +142,31 @@ def run_plan(
     tool result: a `tool` message per tool call the reply made, else a `user` message. Raises
     `openai.APIError` when a model call fails (the result file then holds the turns done).
     """
-    messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
+    messages: list[dict] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": instruction},
+    ]
     _write_result(workspace, plan, 0)
     for k in range(plan.turns):
-        msg = client.chat.completions.create(
-            model=settings.model, messages=messages, max_tokens=settings.max_tokens,
-            temperature=settings.temperature,
-        ).choices[0].message
+        msg = (
+            client.chat.completions.create(
+                model=settings.model,
+                messages=messages,
+                max_tokens=settings.max_tokens,
+                temperature=settings.temperature,
+            )
+            .choices[0]
+            .message
+        )
         assistant: dict = {"role": "assistant", "content": msg.content}
         calls = msg.tool_calls or []
         if calls:
             assistant["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
                 for c in calls
             ]
         messages.append(assistant)
@@ -168,19 +183,42 @@ def run_plan(
 def longtail_command(settings: LongtailSettings) -> tuple[str, ...]:
     """The harness `agent_command` that runs this agent with `settings`."""
     s = settings
-    return (*LONGTAIL_AGENT, "--turns-median", repr(s.turns_median), "--turns-sigma", repr(s.turns_sigma),
-            "--max-turns", str(s.max_turns), "--tool-median-s", repr(s.tool_median_s),
-            "--tool-sigma", repr(s.tool_sigma), "--tool-max-s", repr(s.tool_max_s),
-            "--max-tokens", str(s.max_tokens), "--temperature", repr(s.temperature), "--model", s.model)
+    return (
+        *LONGTAIL_AGENT,
+        "--turns-median",
+        repr(s.turns_median),
+        "--turns-sigma",
+        repr(s.turns_sigma),
+        "--max-turns",
+        str(s.max_turns),
+        "--tool-median-s",
+        repr(s.tool_median_s),
+        "--tool-sigma",
+        repr(s.tool_sigma),
+        "--tool-max-s",
+        repr(s.tool_max_s),
+        "--max-tokens",
+        str(s.max_tokens),
+        "--temperature",
+        repr(s.temperature),
+        "--model",
+        s.model,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     d = LongtailSettings()
-    parser = argparse.ArgumentParser(prog="python -m gyre.agents.longtail", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m gyre.agents.longtail", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--instruction", help="the task (default: read $GYRE_INSTRUCTION_FILE)")
     parser.add_argument("--workspace", default=".", help="folder that receives result.json")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed of the draw (default: hash of $GYRE_EXECUTION_ID, else of $OPENAI_API_KEY)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the draw (default: hash of $GYRE_EXECUTION_ID, else of $OPENAI_API_KEY)",
+    )
     parser.add_argument("--turns-median", type=float, default=d.turns_median)
     parser.add_argument("--turns-sigma", type=float, default=d.turns_sigma)
     parser.add_argument("--max-turns", type=int, default=d.max_turns)
@@ -195,9 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         settings = LongtailSettings(
-            turns_median=args.turns_median, turns_sigma=args.turns_sigma, max_turns=args.max_turns,
-            tool_median_s=args.tool_median_s, tool_sigma=args.tool_sigma, tool_max_s=args.tool_max_s,
-            max_tokens=args.max_tokens, temperature=args.temperature, model=args.model,
+            turns_median=args.turns_median,
+            turns_sigma=args.turns_sigma,
+            max_turns=args.max_turns,
+            tool_median_s=args.tool_median_s,
+            tool_sigma=args.tool_sigma,
+            tool_max_s=args.tool_max_s,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            model=args.model,
         )
     except ValueError as exc:
         parser.error(str(exc))

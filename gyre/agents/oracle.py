@@ -34,15 +34,19 @@ def _call(step_tool: str, arguments: dict, call_id: str) -> dict:
     return {
         "role": "assistant",
         "content": None,
-        "tool_calls": [{
-            "id": call_id, "type": "function",
-            "function": {"name": step_tool, "arguments": json.dumps(arguments)},
-        }],
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": step_tool, "arguments": json.dumps(arguments)},
+            }
+        ],
     }
 
 
-def oracle_reply(solution: Solution, role: str | None, messages: list[dict],
-                 *, stop_after: int | None = None) -> dict | None:
+def oracle_reply(
+    solution: Solution, role: str | None, messages: list[dict], *, stop_after: int | None = None
+) -> dict | None:
     """The oracle's next assistant message, or None where a half-oracle stops answering.
 
     The conversation is the main one unless `role` is `sub_agent` (then the sub-agent's steps are
@@ -65,20 +69,35 @@ def oracle_reply(solution: Solution, role: str | None, messages: list[dict],
     return {"role": "assistant", "content": FINISH_SUMMARY}
 
 
-def _run_steps(ws: Workspace, solution: Solution, steps: list[Step], task_text: str,
-               sub_agent: bool, subs: list[dict]) -> list[dict]:
+def _run_steps(
+    ws: Workspace,
+    solution: Solution,
+    steps: list[Step],
+    task_text: str,
+    sub_agent: bool,
+    subs: list[dict],
+) -> list[dict]:
     """Play `steps` on `ws`; return the conversation as the react agent builds it.
 
     Sub-agent conversations are appended to `subs` in the order they ran."""
     system = SUB_AGENT_PROMPT if sub_agent else SYSTEM_PROMPT
-    messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": task_text}]
+    messages: list[dict] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": task_text},
+    ]
     prefix = "sub" if sub_agent else "main"
     for turn, step in enumerate(steps):
         msg = _call(step.tool, step.arguments, f"call_{prefix}_{turn}")
         messages.append(msg)
         if step.tool == "delegate":
-            sub = _run_steps(ws, solution, solution.sub_agents[step.arguments["task"]],
-                             step.arguments["task"], True, subs)
+            sub = _run_steps(
+                ws,
+                solution,
+                solution.sub_agents[step.arguments["task"]],
+                step.arguments["task"],
+                True,
+                subs,
+            )
             subs.append({"messages": sub, "tools": SUB_AGENT_TOOL_SCHEMAS})
             result = FINISH_SUMMARY
         else:
@@ -86,13 +105,16 @@ def _run_steps(ws: Workspace, solution: Solution, steps: list[Step], task_text: 
                 result = getattr(ws, step.tool)(**step.arguments)
             except ToolError as exc:
                 result = f"error: {exc}"
-        messages.append({"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": result})
+        messages.append(
+            {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": result}
+        )
     messages.append(_call("finish", {"summary": FINISH_SUMMARY}, f"call_{prefix}_{len(steps)}"))
     return messages
 
 
-def demonstration_for(instruction: str, solution: Solution, environment: Path | None = None,
-                      task_id: str = "") -> dict:
+def demonstration_for(
+    instruction: str, solution: Solution, environment: Path | None = None, task_id: str = ""
+) -> dict:
     """One SFT example: `{"task_id", "messages": [...], "tools": [...], "sub_agents": [...]}`.
 
     `messages` is the main conversation exactly as `gyre.agents.react` would build it, ending with
@@ -115,4 +137,6 @@ def demonstration(task: Task) -> dict:
     """`demonstration_for` a task folder with its reference solution.
 
     Raises `TaskError` if the task has no valid `solution/oracle.json`."""
-    return demonstration_for(task.instruction, load_solution(task), task.environment_dir, task.task_id)
+    return demonstration_for(
+        task.instruction, load_solution(task), task.environment_dir, task.task_id
+    )

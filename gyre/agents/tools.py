@@ -74,8 +74,13 @@ class Workspace:
     `max_read_chars` truncates file reads and command output; `command_timeout_s` bounds `run`.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, command_timeout_s: float = 30.0,
-                 max_read_chars: int = 8000) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        command_timeout_s: float = 30.0,
+        max_read_chars: int = 8000,
+    ) -> None:
         self.root = Path(root).resolve(strict=True)
         self.command_timeout_s = command_timeout_s
         self.max_read_chars = max_read_chars
@@ -104,7 +109,10 @@ class Workspace:
         except IsADirectoryError:
             raise ToolError(f"{path} is a folder") from None
         if len(text) > self.max_read_chars:
-            return text[: self.max_read_chars] + f"\n[... {len(text) - self.max_read_chars} more characters]"
+            return (
+                text[: self.max_read_chars]
+                + f"\n[... {len(text) - self.max_read_chars} more characters]"
+            )
         return text
 
     def write_file(self, path: str, content: str) -> str:
@@ -142,8 +150,12 @@ class Workspace:
         if not isinstance(command, str) or not command.strip():
             raise ToolError("command must be a non-empty string")
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", command], cwd=self.root, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0,  # no own autogroup
+            ["/bin/sh", "-c", command],
+            cwd=self.root,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            process_group=0,  # no own autogroup
         )
         try:
             out, _ = proc.communicate(timeout=self.command_timeout_s)
@@ -151,7 +163,9 @@ class Workspace:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
             text = out.decode("utf-8", errors="replace")[-self.max_read_chars :]
-            raise ToolError(f"command timed out after {self.command_timeout_s} s; output so far:\n{text}") from None
+            raise ToolError(
+                f"command timed out after {self.command_timeout_s} s; output so far:\n{text}"
+            ) from None
         text = out.decode("utf-8", errors="replace")
         if len(text) > self.max_read_chars:
             text = text[-self.max_read_chars :]

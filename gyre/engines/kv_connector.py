@@ -87,8 +87,11 @@ class GyreKVConnector(ExampleConnector):
             request = self._requests_need_load[req_id]
             total = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens[req_id]
             meta.add_request(
-                request.all_token_ids[:total], cached.new_block_ids[i][0], self._block_size,
-                is_store=False, mm_hashes=_salt(request),
+                request.all_token_ids[:total],
+                cached.new_block_ids[i][0],
+                self._block_size,
+                is_store=False,
+                mm_hashes=_salt(request),
             )
         self._requests_need_load.clear()
         return meta
@@ -107,14 +110,18 @@ class GyreKVConnector(ExampleConnector):
         except FileNotFoundError as exc:
             logger.warning("KV export gone while loading (%s): its blocks are recomputed", exc)
             for r in loads:
-                self._failed_blocks.update(int(b) for b in (r.slot_mapping // self._block_size).unique().tolist())
+                self._failed_blocks.update(
+                    int(b) for b in (r.slot_mapping // self._block_size).unique().tolist()
+                )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks whose export vanished during `start_load_kv` since the last call."""
         failed, self._failed_blocks = self._failed_blocks, set()
         return failed
 
-    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(
+        self, request: Any, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
         self._store_versions.pop(request.request_id, None)  # aborted before it was scheduled
         return False, None
 

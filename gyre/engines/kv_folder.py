@@ -68,7 +68,9 @@ def export_key(token_ids: list[int], block_size: int, weight_version: int) -> tu
     ExampleConnector names its folder with, of the stored tokens (`stored_tokens`) as int64 and
     the version's salt (`version_salt`)."""
     n = stored_tokens(len(token_ids), block_size)
-    data = np.asarray(token_ids[:n], dtype=np.int64).tobytes()  # ExampleConnector hashes int64 tensors
+    data = np.asarray(
+        token_ids[:n], dtype=np.int64
+    ).tobytes()  # ExampleConnector hashes int64 tensors
     data += version_salt(weight_version).encode()  # as ExampleConnector appends "-".join(mm_hashes)
     try:
         digest = hashlib.md5(data, usedforsecurity=False).hexdigest()

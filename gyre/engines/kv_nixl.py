@@ -19,5 +19,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConn
 
 __all__ = ["NixlConnector"]
 
-if base_worker.nixl_agent_config is not None and not isinstance(base_worker.nixl_agent_config, functools.partial):
-    base_worker.nixl_agent_config = functools.partial(base_worker.nixl_agent_config, enable_prog_thread=False)
+if base_worker.nixl_agent_config is not None and not isinstance(
+    base_worker.nixl_agent_config, functools.partial
+):
+    base_worker.nixl_agent_config = functools.partial(
+        base_worker.nixl_agent_config, enable_prog_thread=False
+    )

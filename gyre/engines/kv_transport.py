@@ -126,9 +126,13 @@ class _Transport:
     def check_export(self, token_ids: list[int], *, max_model_len: int) -> None:
         block = self.config.block_size
         if kv_folder.stored_tokens(len(token_ids), block) == 0:
-            raise InvalidRequestError(f"export_kv of {len(token_ids)} tokens: at least block_size + 1 = {block + 1} needed")
+            raise InvalidRequestError(
+                f"export_kv of {len(token_ids)} tokens: at least block_size + 1 = {block + 1} needed"
+            )
         if len(token_ids) >= max_model_len:
-            raise InvalidRequestError(f"export_kv of {len(token_ids)} tokens: must be < max_model_len={max_model_len}")
+            raise InvalidRequestError(
+                f"export_kv of {len(token_ids)} tokens: must be < max_model_len={max_model_len}"
+            )
 
     def _exported(self, tokens: int) -> None:
         self._counts["exports"] += 1
@@ -196,10 +200,14 @@ class FolderTransport(_Transport):
                 kv_connector="GyreKVConnector",
                 kv_connector_module_path="gyre.engines.kv_connector",
                 kv_role="kv_both",
-                kv_connector_extra_config={"shared_storage_path": self.config.kv_transfer.shared_dir},
+                kv_connector_extra_config={
+                    "shared_storage_path": self.config.kv_transfer.shared_dir
+                },
                 kv_load_failure_policy="recompute",  # an export released mid-load: prefill instead
             ),
-            max_num_batched_tokens=max(self.config.max_model_len, 2048),  # a chunked store is corrupt
+            max_num_batched_tokens=max(
+                self.config.max_model_len, 2048
+            ),  # a chunked store is corrupt
         )
 
     def prepare(self) -> None:
@@ -227,16 +235,24 @@ class FolderTransport(_Transport):
                             f"export_kv: weights changed from version {version} to {host.weight_version} meanwhile"
                         )
                     try:
-                        await asyncio.to_thread(kv_folder.mark_complete, kv.shared_dir, key, version)
+                        await asyncio.to_thread(
+                            kv_folder.mark_complete, kv.shared_dir, key, version
+                        )
                     except FileNotFoundError as exc:
                         raise EngineError(f"export_kv stored nothing: {exc}") from None
         except TimeoutError:
             raise self._timed_out(token_ids) from None
         size = await asyncio.to_thread(kv_folder.export_bytes, kv.shared_dir, key)
         self._exported(tokens)
-        self._counts["expired"] += await asyncio.to_thread(kv_folder.sweep, kv.shared_dir, kv.lease_s)
+        self._counts["expired"] += await asyncio.to_thread(
+            kv_folder.sweep, kv.shared_dir, kv.lease_s
+        )
         return KVExport(
-            key=key, tokens=tokens, sequence_tokens=len(token_ids), bytes=size, weight_version=version,
+            key=key,
+            tokens=tokens,
+            sequence_tokens=len(token_ids),
+            bytes=size,
+            weight_version=version,
             seconds=time.monotonic() - t0,
         )
 
@@ -250,7 +266,9 @@ class FolderTransport(_Transport):
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
         self._counts["released"] += released
-        self._counts["expired"] += await asyncio.to_thread(kv_folder.sweep, kv.shared_dir, kv.lease_s)
+        self._counts["expired"] += await asyncio.to_thread(
+            kv_folder.sweep, kv.shared_dir, kv.lease_s
+        )
         return released
 
 
@@ -273,7 +291,9 @@ class NixlTransport(_Transport):
                 kv_connector_module_path="gyre.engines.kv_nixl",  # vLLM's, progress thread off
                 kv_role="kv_both",
                 kv_buffer_device="cpu" if current_platform.is_cpu() else "cuda",
-                kv_connector_extra_config={"kv_lease_duration": max(1, int(self.config.kv_transfer.lease_s))},
+                kv_connector_extra_config={
+                    "kv_lease_duration": max(1, int(self.config.kv_transfer.lease_s))
+                },
             ),
         )
 
@@ -291,14 +311,23 @@ class NixlTransport(_Transport):
         except TimeoutError:
             raise self._timed_out(token_ids) from None
         if not handle or host.weight_version != version:
-            raise EngineError(f"export_kv: NixlConnector kept no blocks for {len(token_ids)} tokens (handle {handle!r})")
+            raise EngineError(
+                f"export_kv: NixlConnector kept no blocks for {len(token_ids)} tokens (handle {handle!r})"
+            )
         handle = dict(handle)
-        handle.pop("remote_prefill_cached_tokens", None)  # else the target reports this engine's cache hits as its own
+        handle.pop(
+            "remote_prefill_cached_tokens", None
+        )  # else the target reports this engine's cache hits as its own
         tokens = len(token_ids) - 1  # the target computes the last token itself
         self._exported(tokens)
         return KVExport(
-            key=str(handle.get("remote_request_id", rid)), tokens=tokens, sequence_tokens=len(token_ids), bytes=0,
-            weight_version=version, seconds=time.monotonic() - t0, transfer_params=handle,
+            key=str(handle.get("remote_request_id", rid)),
+            tokens=tokens,
+            sequence_tokens=len(token_ids),
+            bytes=0,
+            weight_version=version,
+            seconds=time.monotonic() - t0,
+            transfer_params=handle,
         )
 
     def _import_params(self, export: KVExport) -> dict[str, Any] | None:
@@ -311,7 +340,9 @@ class NixlTransport(_Transport):
 def kv_transport(config: EngineConfig) -> KVTransport:
     """The transport for `config.kv_transfer.connector` (`none`, `example` or `nixl`)."""
     kinds: dict[str, Callable[[EngineConfig], KVTransport]] = {
-        "none": NoKVTransport, "example": FolderTransport, "nixl": NixlTransport,
+        "none": NoKVTransport,
+        "example": FolderTransport,
+        "nixl": NixlTransport,
     }
     return kinds[config.kv_transfer.connector](config)
 

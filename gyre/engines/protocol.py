@@ -254,7 +254,9 @@ async def collect(engine: InferenceEngine, request: GenerateRequest) -> list[Com
         if delta.finish_reason is not None:
             finish[delta.index] = delta.finish_reason
     return [
-        Completion(index=i, token_ids=ids[i], logprobs=lps[i], versions=vers[i], finish_reason=finish[i])
+        Completion(
+            index=i, token_ids=ids[i], logprobs=lps[i], versions=vers[i], finish_reason=finish[i]
+        )
         for i in sorted(finish)
     ]
 
@@ -298,7 +300,12 @@ class Objective(Protocol):
     """The loss a trainer minimises, handed to it by its caller (`gyre.rl.PolicyObjective`)."""
 
     def __call__(
-        self, model: torch.nn.Module, batch: Any, advantages: Mapping[str, float | None], *, version: int
+        self,
+        model: torch.nn.Module,
+        batch: Any,
+        advantages: Mapping[str, float | None],
+        *,
+        version: int,
     ) -> tuple[torch.Tensor, ObjectiveStatistics]:
         """Loss of one micro-batch `batch` (a `MicroBatch`) under `model`: a differentiable scalar
         tensor whose gradients add up over a batch's micro-batches, and its statistics.
@@ -408,7 +415,9 @@ class Trainer(Protocol):
         """dtype of `gradient_vector()`."""
         ...
 
-    def train_batch(self, micro_batches: Sequence[MicroBatch], advantages: Mapping[str, float | None]) -> TrainStatistics:
+    def train_batch(
+        self, micro_batches: Sequence[MicroBatch], advantages: Mapping[str, float | None]
+    ) -> TrainStatistics:
         """`accumulate` then `apply_step`: one optimizer step on one batch."""
         ...
 

@@ -95,7 +95,9 @@ class ScriptedEngine:
         self._running: dict[str, _Running] = {}
         self._tombstones: dict[str, bool] = {}  # aborted before they arrived
         self._paused = False
-        self._counts = dict(requests_total=0, requests_aborted=0, tokens_generated=0, weight_loads=0)
+        self._counts = dict(
+            requests_total=0, requests_aborted=0, tokens_generated=0, weight_loads=0
+        )
 
     def push(self, *replies: ScriptedReply) -> None:
         """Queue more scripted replies."""
@@ -111,13 +113,19 @@ class ScriptedEngine:
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
         if self._paused:
-            raise EngineUnavailableError(f"engine is paused; request {request.request_id!r} refused")
-        max_tokens = validate_request(request, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+            raise EngineUnavailableError(
+                f"engine is paused; request {request.request_id!r} refused"
+            )
+        max_tokens = validate_request(
+            request, vocab_size=self.vocab_size, max_model_len=self.max_model_len
+        )
         n = request.sampling.n
         if self._tombstones.pop(request.request_id, False):
             for index in range(n):  # aborted before it arrived: 0 tokens (FIELD_CASES B20)
                 self._counts["requests_aborted"] += 1
-                yield TokenDelta(index=index, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
+                yield TokenDelta(
+                    index=index, token_ids=[], logprobs=[], versions=[], finish_reason="abort"
+                )
             return
         state = _Running(n)
         self._running[request.request_id] = state
@@ -141,7 +149,9 @@ class ScriptedEngine:
                     state.lps[index].append(lp)
                     state.vers[index].append(self.weight_version)
                     self._counts["tokens_generated"] += 1
-                    yield TokenDelta(index=index, token_ids=[tok], logprobs=[lp], versions=[self.weight_version])
+                    yield TokenDelta(
+                        index=index, token_ids=[tok], logprobs=[lp], versions=[self.weight_version]
+                    )
                     if tok in stop_ids:
                         finish = "stop"
                         break
@@ -152,7 +162,9 @@ class ScriptedEngine:
                 elif finish is None:
                     finish = "length" if len(state.ids[index]) >= max_tokens else "stop"
                 state.finished[index] = finish
-                yield TokenDelta(index=index, token_ids=[], logprobs=[], versions=[], finish_reason=finish)
+                yield TokenDelta(
+                    index=index, token_ids=[], logprobs=[], versions=[], finish_reason=finish
+                )
         finally:
             self._running.pop(request.request_id, None)
 

@@ -33,8 +33,14 @@ from gyre.engines.protocol import (
     TrainStatistics,
 )
 
-__all__ = ["DeepSpeedTrainer", "grads_finite", "step_if_finite", "init_process_group",
-           "prepare_extensions_dir", "build_ops"]
+__all__ = [
+    "DeepSpeedTrainer",
+    "grads_finite",
+    "step_if_finite",
+    "init_process_group",
+    "prepare_extensions_dir",
+    "build_ops",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +96,9 @@ def prepare_extensions_dir() -> Path:
     `_JIT_OPS` older than `STALE_BUILD_LOCK_S`, with a warning: torch's FileBaton waits forever on
     a lock whose builder was killed (one killed trainer start would hang every later one).
     """
-    root = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions")))
+    root = Path(
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    )
     for op in _JIT_OPS:
         lock = root / op / "lock"
         try:
@@ -141,16 +149,29 @@ class DeepSpeedTrainer:
         version: weight version of the loaded weights.
     """
 
-    def __init__(self, model_dir: str | Path, config: TrainerConfig, objective: Objective, *, version: int = 0) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        config: TrainerConfig,
+        objective: Objective,
+        *,
+        version: int = 0,
+    ) -> None:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
         init_process_group()
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[config.dtype]
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[
+            config.dtype
+        ]
         load_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=load_dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=load_dtype, attn_implementation="sdpa"
+        )
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
+            model.parameters(),
+            lr=config.learning_rate,
+            betas=(config.adam_beta1, config.adam_beta2),
             weight_decay=config.weight_decay,
         )
         ds_config = {
@@ -163,7 +184,9 @@ class DeepSpeedTrainer:
             "bf16": {"enabled": dtype == torch.bfloat16},
             "steps_per_print": 2**31 - 1,
         }
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=ds_config
+        )
         if dtype == torch.float64:
             # DeepSpeed has no float64 path: its all-reduce asserts on fp64 grads (ZeRO 0) and
             # its ZeRO 1-2 partitions give wrong updates. On one rank that all-reduce is a no-op,
@@ -179,7 +202,9 @@ class DeepSpeedTrainer:
         self.version = version
         self._grad_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self._has_gradients = False
-        self._vector: torch.Tensor | None = None  # the last gradient_vector(), until the grads change
+        self._vector: torch.Tensor | None = (
+            None  # the last gradient_vector(), until the grads change
+        )
         self._finite = True  # every loss and added vector since the last step was finite
         self._steps_applied = self._steps_skipped = self._vectors_added = 0
         self._micro_batches = self._tokens = 0
@@ -189,7 +214,9 @@ class DeepSpeedTrainer:
         """The Hugging Face model (full parameters at ZeRO stages 0-2)."""
         return self.engine.module
 
-    def train_batch(self, micro_batches: Sequence[MicroBatch], advantages: Mapping[str, float | None]) -> TrainStatistics:
+    def train_batch(
+        self, micro_batches: Sequence[MicroBatch], advantages: Mapping[str, float | None]
+    ) -> TrainStatistics:
         """Forward/backward every micro-batch of one batch, then one optimizer step
         (`accumulate` + `apply_step`).
 
@@ -199,9 +226,16 @@ class DeepSpeedTrainer:
         acc = self.accumulate(micro_batches, advantages)
         step = self.apply_step(finite=acc.finite)
         return TrainStatistics(
-            version=step.version, applied=step.applied, micro_batches=acc.micro_batches, tokens=acc.tokens,
-            policy_tokens=acc.policy_tokens, loss=acc.loss, grad_norm=step.grad_norm,
-            logprob_abs_diff_mean=acc.logprob_abs_diff_sum / acc.counted if acc.counted else float("nan"),
+            version=step.version,
+            applied=step.applied,
+            micro_batches=acc.micro_batches,
+            tokens=acc.tokens,
+            policy_tokens=acc.policy_tokens,
+            loss=acc.loss,
+            grad_norm=step.grad_norm,
+            logprob_abs_diff_mean=acc.logprob_abs_diff_sum / acc.counted
+            if acc.counted
+            else float("nan"),
             mean_ratio=acc.ratio_sum / acc.counted if acc.counted else float("nan"),
         )
 
@@ -252,8 +286,14 @@ class DeepSpeedTrainer:
         self._micro_batches += len(micro_batches)
         self._tokens += tokens
         return AccumulateStatistics(
-            micro_batches=len(micro_batches), tokens=tokens, policy_tokens=policy_tokens, loss=total_loss,
-            logprob_abs_diff_sum=abs_diff_sum, ratio_sum=ratio_sum, counted=counted, finite=finite,
+            micro_batches=len(micro_batches),
+            tokens=tokens,
+            policy_tokens=policy_tokens,
+            loss=total_loss,
+            logprob_abs_diff_sum=abs_diff_sum,
+            ratio_sum=ratio_sum,
+            counted=counted,
+            finite=finite,
         )
 
     def gradient_vector(self) -> torch.Tensor:
@@ -280,7 +320,9 @@ class DeepSpeedTrainer:
                 grad = safe_get_full_grad(p)
             else:
                 grad = None  # stage 0/1 after zero_grad: no backward since, the gradient is 0
-            parts.append(torch.zeros(p.numel(), dtype=self._grad_dtype) if grad is None else grad.reshape(-1))
+            parts.append(
+                torch.zeros(p.numel(), dtype=self._grad_dtype) if grad is None else grad.reshape(-1)
+            )
         self._vector = torch.cat(parts).to(self._grad_dtype)
         return self._vector
 
@@ -339,16 +381,23 @@ class DeepSpeedTrainer:
             self._steps_applied += 1
         else:
             self._steps_skipped += 1
-            logger.warning("non-finite loss or gradient: optimizer step skipped at version %d", self.version)
+            logger.warning(
+                "non-finite loss or gradient: optimizer step skipped at version %d", self.version
+            )
         self.zero_grad()
         return StepStatistics(version=self.version, applied=finite, grad_norm=grad_norm)
 
     def statistics(self) -> TrainerStatistics:
         """A snapshot of the trainer's counters (`TrainerStatistics`)."""
         return TrainerStatistics(
-            version=self.version, has_gradients=self._has_gradients, num_parameters=self.num_parameters,
-            steps_applied=self._steps_applied, steps_skipped=self._steps_skipped,
-            micro_batches=self._micro_batches, tokens=self._tokens, gradient_vectors_added=self._vectors_added,
+            version=self.version,
+            has_gradients=self._has_gradients,
+            num_parameters=self.num_parameters,
+            steps_applied=self._steps_applied,
+            steps_skipped=self._steps_skipped,
+            micro_batches=self._micro_batches,
+            tokens=self._tokens,
+            gradient_vectors_added=self._vectors_added,
         )
 
     def zero_grad(self) -> None:
@@ -382,14 +431,18 @@ class DeepSpeedTrainer:
         missing = [n for n in params if n not in state and not (tied and n == "lm_head.weight")]
         unknown = [n for n in state if n not in params]
         if missing or unknown:
-            raise ValueError(f"snapshot {str(snapshot_dir)!r} does not match the model: missing {missing}, unknown {unknown}")
+            raise ValueError(
+                f"snapshot {str(snapshot_dir)!r} does not match the model: missing {missing}, unknown {unknown}"
+            )
         with torch.no_grad():
             for name, p in params.items():
                 if name not in state:
                     continue
                 t = state[name]
                 if t.shape != p.shape:
-                    raise ValueError(f"snapshot tensor {name!r} has shape {tuple(t.shape)}, the model {tuple(p.shape)}")
+                    raise ValueError(
+                        f"snapshot tensor {name!r} has shape {tuple(t.shape)}, the model {tuple(p.shape)}"
+                    )
                 p.copy_(t.to(p.dtype))
         self.version = version
 
@@ -403,7 +456,9 @@ class DeepSpeedTrainer:
         self.model.save_pretrained(tmp, safe_serialization=True)
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
-        snapshots = sorted((p for p in root.glob("v*") if p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))
+        snapshots = sorted(
+            (p for p in root.glob("v*") if p.name[1:].isdigit()), key=lambda p: int(p.name[1:])
+        )
         for old in snapshots[: -self.config.keep_snapshots]:
             shutil.rmtree(old, ignore_errors=True)
         return path

@@ -35,7 +35,11 @@ def validate_request(request: GenerateRequest, *, vocab_size: int, max_model_len
         in_range = 0 <= min(prompt) and max(prompt) < vocab_size  # C speed on 700K-token prompts
     except TypeError:
         in_range = False
-    bad = None if in_range else next((t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+    bad = (
+        None
+        if in_range
+        else next((t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+    )
     if bad is not None:
         raise InvalidRequestError(
             f"request {request.request_id!r}: prompt token ID {bad!r} outside [0, {vocab_size})"
@@ -46,18 +50,26 @@ def validate_request(request: GenerateRequest, *, vocab_size: int, max_model_len
             f"max_model_len={max_model_len}"
         )
     if s.max_tokens < 1:
-        raise InvalidRequestError(f"request {request.request_id!r}: max_tokens={s.max_tokens} must be >= 1")
+        raise InvalidRequestError(
+            f"request {request.request_id!r}: max_tokens={s.max_tokens} must be >= 1"
+        )
     if s.n < 1:
         raise InvalidRequestError(f"request {request.request_id!r}: n={s.n} must be >= 1")
     if not (math.isfinite(s.temperature) and s.temperature >= 0):
-        raise InvalidRequestError(f"request {request.request_id!r}: temperature={s.temperature} must be >= 0")
+        raise InvalidRequestError(
+            f"request {request.request_id!r}: temperature={s.temperature} must be >= 0"
+        )
     if not (0 < s.top_p <= 1):
-        raise InvalidRequestError(f"request {request.request_id!r}: top_p={s.top_p} must be in (0, 1]")
+        raise InvalidRequestError(
+            f"request {request.request_id!r}: top_p={s.top_p} must be in (0, 1]"
+        )
     if s.top_k < 0:
         raise InvalidRequestError(f"request {request.request_id!r}: top_k={s.top_k} must be >= 0")
     bad = next((t for t in s.stop_token_ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise InvalidRequestError(f"request {request.request_id!r}: stop token ID {bad} outside [0, {vocab_size})")
+        raise InvalidRequestError(
+            f"request {request.request_id!r}: stop token ID {bad} outside [0, {vocab_size})"
+        )
     return min(s.max_tokens, max_model_len - len(prompt))
 
 

@@ -128,7 +128,13 @@ class VLLMEngine:
     """
 
     def __init__(
-        self, llm: Any, *, vocab_size: int, max_model_len: int, config: EngineConfig, kv: KVTransport | None = None
+        self,
+        llm: Any,
+        *,
+        vocab_size: int,
+        max_model_len: int,
+        config: EngineConfig,
+        kv: KVTransport | None = None,
     ) -> None:
         self.llm = llm
         self.kv = kv or kv_transport(config)
@@ -147,8 +153,13 @@ class VLLMEngine:
         self._paused = False
         self._broken: str | None = None  # set when a weight load failed half-way
         self._counts = dict(
-            requests_total=0, requests_aborted=0, tokens_generated=0, weight_loads=0, prefix_cache_resets=0,
-            prompt_tokens_computed=0, kv_tokens_loaded=0,
+            requests_total=0,
+            requests_aborted=0,
+            tokens_generated=0,
+            weight_loads=0,
+            prefix_cache_resets=0,
+            prompt_tokens_computed=0,
+            kv_tokens_loaded=0,
         )
 
     @classmethod
@@ -180,20 +191,31 @@ class VLLMEngine:
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
         self._check_serving(request.request_id)
-        max_tokens = validate_request(request, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+        max_tokens = validate_request(
+            request, vocab_size=self.vocab_size, max_model_len=self.max_model_len
+        )
         if request.request_id in self._requests:
             raise EngineUnavailableError(f"request {request.request_id!r} is already running")
         choices = [_Choice(i) for i in range(request.sampling.n)]
         if self._tombstones.pop(request.request_id, False):
             for choice in choices:  # aborted before it arrived: 0 tokens (FIELD_CASES B20)
                 self._counts["requests_aborted"] += 1
-                yield TokenDelta(index=choice.index, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
+                yield TokenDelta(
+                    index=choice.index,
+                    token_ids=[],
+                    logprobs=[],
+                    versions=[],
+                    finish_reason="abort",
+                )
             return
         self._requests[request.request_id] = choices
         self._counts["requests_total"] += 1
         queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
         tasks = [
-            asyncio.create_task(self._run_choice(request, choice, max_tokens, queue), name=f"{request.request_id}/{choice.index}")
+            asyncio.create_task(
+                self._run_choice(request, choice, max_tokens, queue),
+                name=f"{request.request_id}/{choice.index}",
+            )
             for choice in choices
         ]
         deadline = time.monotonic() + self.config.request_timeout_s
@@ -240,8 +262,12 @@ class VLLMEngine:
                 self._counts["requests_aborted"] += 1
             queue.put_nowait(
                 TokenDelta(
-                    index=choice.index, token_ids=[], logprobs=[], versions=[],
-                    finish_reason=finish, cached_tokens=cached,
+                    index=choice.index,
+                    token_ids=[],
+                    logprobs=[],
+                    versions=[],
+                    finish_reason=finish,
+                    cached_tokens=cached,
                 )
             )
         except BaseException as exc:  # handed to the consumer, who re-raises it
@@ -254,7 +280,12 @@ class VLLMEngine:
             choice.done.set()
 
     async def _attempt(
-        self, request: GenerateRequest, choice: _Choice, max_tokens: int, attempt: int, queue: asyncio.Queue
+        self,
+        request: GenerateRequest,
+        choice: _Choice,
+        max_tokens: int,
+        attempt: int,
+        queue: asyncio.Queue,
     ) -> tuple[FinishReason, int | None]:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
@@ -295,7 +326,9 @@ class VLLMEngine:
             async for out in self.llm.generate(prompt, params, sub_id):
                 if not counted and out.num_cached_tokens is not None:
                     counted = True
-                    self._counts["prompt_tokens_computed"] += len(prompt["prompt_token_ids"]) - out.num_cached_tokens
+                    self._counts["prompt_tokens_computed"] += (
+                        len(prompt["prompt_token_ids"]) - out.num_cached_tokens
+                    )
                     if importing:  # vLLM reports no split between connector and local cache hits
                         self._counts["kv_tokens_loaded"] += out.num_cached_tokens
                 if choice.user_aborted:  # tokens after an abort are not handed out: abort()
@@ -310,7 +343,9 @@ class VLLMEngine:
                     choice.lps += lps
                     choice.vers += vers
                     self._counts["tokens_generated"] += len(ids)
-                    queue.put_nowait(TokenDelta(index=choice.index, token_ids=ids, logprobs=lps, versions=vers))
+                    queue.put_nowait(
+                        TokenDelta(index=choice.index, token_ids=ids, logprobs=lps, versions=vers)
+                    )
                 if attempt == 0 and out.num_cached_tokens is not None:
                     cached = out.num_cached_tokens
                 if out.finished:
@@ -343,7 +378,10 @@ class VLLMEngine:
         )
         return [
             Completion(
-                index=c.index, token_ids=list(c.ids), logprobs=list(c.lps), versions=list(c.vers),
+                index=c.index,
+                token_ids=list(c.ids),
+                logprobs=list(c.lps),
+                versions=list(c.vers),
                 finish_reason=c.finish or "abort",
             )
             for c in choices
@@ -384,15 +422,21 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         params = VSamplingParams(
-            max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY, extra_args={"kv_transfer_params": kv_transfer_params},
+            max_tokens=1,
+            temperature=0.0,
+            ignore_eos=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            extra_args={"kv_transfer_params": kv_transfer_params},
         )
         rid = f"gyre-export-{uuid.uuid4().hex}"
         handle = None
         self._active_subs.add(rid)  # a weight load waits for it
         self._drained.clear()
         try:
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params, rid):
+            async for out in self.llm.generate(
+                TokensPrompt(prompt_token_ids=list(token_ids)), params, rid
+            ):
                 handle = out.kv_transfer_params or handle
         finally:
             self._active_subs.discard(rid)
@@ -410,9 +454,13 @@ class VLLMEngine:
                     await self.llm.pause_generation(mode="abort", clear_cache=True)
                     await self._drained.wait()
                     try:
-                        await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": snapshot})
+                        await self.llm.collective_rpc(
+                            "reload_weights", kwargs={"weights_path": snapshot}
+                        )
                     except Exception as exc:
-                        self._broken = f"weight load of version {version} from {snapshot!r} failed: {exc}"
+                        self._broken = (
+                            f"weight load of version {version} from {snapshot!r} failed: {exc}"
+                        )
                         raise WeightSyncError(self._broken) from exc
                     if not await self.llm.reset_prefix_cache():
                         self._broken = "prefix cache could not be reset after a weight load"
@@ -466,6 +514,10 @@ def _kv_counts(kv: KVTransport) -> dict[str, int]:
     """The transport's counters as `EngineStatistics` fields."""
     t = kv.statistics()
     return dict(
-        kv_exports=t.exports, kv_tokens_exported=t.tokens_exported, kv_released=t.released, kv_expired=t.expired,
-        kv_imports=t.imports, kv_imports_refused=t.imports_refused,
+        kv_exports=t.exports,
+        kv_tokens_exported=t.tokens_exported,
+        kv_released=t.released,
+        kv_expired=t.expired,
+        kv_imports=t.imports,
+        kv_imports_refused=t.imports_refused,
     )

@@ -5,7 +5,10 @@ fused selective logprob + entropy (`selective_logprob_entropy`). The Triton kern
 first use only, so importing this package never needs a GPU driver.
 """
 
-from gyre.kernels.selective_logprob import selective_logprob_entropy, selective_logprob_entropy_reference
+from gyre.kernels.selective_logprob import (
+    selective_logprob_entropy,
+    selective_logprob_entropy_reference,
+)
 from gyre.kernels.tree_attention import (
     model_attention_mask,
     tree_attention,

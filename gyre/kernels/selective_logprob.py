@@ -92,13 +92,21 @@ class _SelectiveLogprob(torch.autograd.Function):
         return (
             None if g_hidden_NH is None else g_hidden_NH.to(hidden_NH.dtype),
             None if g_weight_VH is None else g_weight_VH.to(weight_VH.dtype),
-            None, None, None, None,
+            None,
+            None,
+            None,
+            None,
         )
 
 
 def selective_logprob_entropy(
-    hidden_NH: torch.Tensor, weight_VH: torch.Tensor, labels_N: torch.Tensor, *,
-    temperature: float | torch.Tensor = 1.0, chunk_size: int = 1024, impl: LogprobImpl = "torch",
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    labels_N: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 1.0,
+    chunk_size: int = 1024,
+    impl: LogprobImpl = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob of `labels_N` and entropy (nats) of softmax(hidden_NH @ weight_VH.T / temperature).
 
@@ -138,7 +146,10 @@ def selective_logprob_entropy(
 
 
 def selective_logprob_entropy_reference(
-    hidden_NH: torch.Tensor, weight_VH: torch.Tensor, labels_N: torch.Tensor, *,
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    labels_N: torch.Tensor,
+    *,
     temperature: float | torch.Tensor = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unchunked plain-torch reference (materialises [N, V]); same contract as the fused version."""

@@ -19,8 +19,9 @@ __all__ = ["triton_logprob_entropy"]
 
 
 @triton.jit
-def _logprob_entropy_kernel(x_ptr, labels_ptr, lp_ptr, ent_ptr, lse_ptr, V, stride_row,
-                            BLOCK: tl.constexpr):
+def _logprob_entropy_kernel(
+    x_ptr, labels_ptr, lp_ptr, ent_ptr, lse_ptr, V, stride_row, BLOCK: tl.constexpr
+):
     row = tl.program_id(0)
     base = x_ptr + row * stride_row
     # fp32 scalars typed up front: loop-carried values must keep one type when compiled

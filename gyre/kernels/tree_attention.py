@@ -26,7 +26,11 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "tree_mask", "tree_block_mask", "model_attention_mask", "tree_attention", "AttentionImpl",
+    "tree_mask",
+    "tree_block_mask",
+    "model_attention_mask",
+    "tree_attention",
+    "AttentionImpl",
 ]
 
 AttentionImpl = Literal["sdpa", "flex", "reference"]
@@ -90,8 +94,12 @@ def model_attention_mask(dfs_out_T: torch.Tensor, attn_implementation: str):
 
 
 def tree_attention(
-    q_BHTD: torch.Tensor, k_BHTD: torch.Tensor, v_BHTD: torch.Tensor, dfs_out_T: torch.Tensor,
-    *, impl: AttentionImpl = "sdpa",
+    q_BHTD: torch.Tensor,
+    k_BHTD: torch.Tensor,
+    v_BHTD: torch.Tensor,
+    dfs_out_T: torch.Tensor,
+    *,
+    impl: AttentionImpl = "sdpa",
 ) -> torch.Tensor:
     """Scaled dot-product attention under the tree rule; returns out_BHTD (dtype of q).
 

@@ -19,14 +19,22 @@ import msgspec
 
 from gyre.config import ModelConfig, WarmStartConfig, load_config
 
-_SFT_FLAGS = (("--examples", "examples", int), ("--epochs", "epochs", int), ("--lr", "learning_rate", float),
-              ("--seed", "seed", int), ("--slip-fraction", "slip_fraction", float))
+_SFT_FLAGS = (
+    ("--examples", "examples", int),
+    ("--epochs", "epochs", int),
+    ("--lr", "learning_rate", float),
+    ("--seed", "seed", int),
+    ("--slip-fraction", "slip_fraction", float),
+)
 """`gyre.model sft` flags: (flag, `WarmStartConfig` field, type)."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gyre.model", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m gyre.model",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     init = sub.add_parser("init", help="write the tiny model, tokenizer and chat template to DIR")
     init.add_argument("dir")
@@ -35,14 +43,24 @@ def main(argv: list[str] | None = None) -> int:
             continue
         init.add_argument(f"--{field.name.replace('_', '-')}", type=int, default=field.default)
     defaults = WarmStartConfig()
-    sft = sub.add_parser("sft", help="fine-tune a model folder on learnable demonstrations (cached)",
-                         description="Settings come from --config's [warm_start] (else WarmStartConfig's "
-                                     "defaults, shown below); a flag overrides either.")
+    sft = sub.add_parser(
+        "sft",
+        help="fine-tune a model folder on learnable demonstrations (cached)",
+        description="Settings come from --config's [warm_start] (else WarmStartConfig's "
+        "defaults, shown below); a flag overrides either.",
+    )
     sft.add_argument("--model", required=True, help="base Hugging Face model folder")
     sft.add_argument("--out", required=True, help="output model folder")
-    sft.add_argument("--config", help="run config (TOML) whose [warm_start] to reproduce, e.g. examples/cpu.toml")
+    sft.add_argument(
+        "--config", help="run config (TOML) whose [warm_start] to reproduce, e.g. examples/cpu.toml"
+    )
     for flag, name, kind in _SFT_FLAGS:
-        sft.add_argument(flag, dest=name, type=kind, help=f"warm_start.{name} (default {getattr(defaults, name)})")
+        sft.add_argument(
+            flag,
+            dest=name,
+            type=kind,
+            help=f"warm_start.{name} (default {getattr(defaults, name)})",
+        )
     demos = sub.add_parser("demos", help="write demonstration conversations (JSON lines) for SFT")
     demos.add_argument("--out", required=True)
     demos.add_argument("--suite-dir", help="one demonstration per task of this suite")
@@ -55,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         return _demos(args)
     from gyre.model.recipe import init_model_dir
 
-    values = {f.name: getattr(args, f.name) for f in msgspec.structs.fields(ModelConfig) if hasattr(args, f.name)}
+    values = {
+        f.name: getattr(args, f.name)
+        for f in msgspec.structs.fields(ModelConfig)
+        if hasattr(args, f.name)
+    }
     try:
         config = ModelConfig(path=args.dir, **values)
         path = init_model_dir(args.dir, config)
@@ -72,15 +94,21 @@ def _sft(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         base = load_config(args.config).warm_start if args.config else WarmStartConfig()
-        given = {name: getattr(args, name) for _flag, name, _kind in _SFT_FLAGS if getattr(args, name) is not None}
+        given = {
+            name: getattr(args, name)
+            for _flag, name, _kind in _SFT_FLAGS
+            if getattr(args, name) is not None
+        }
         settings = WarmStartConfig(**{**msgspec.structs.asdict(base), **given})
         path = warm_start(args.model, args.out, settings, log=lambda line: print(line, flush=True))
     except (ValueError, FileNotFoundError, FileExistsError) as exc:  # ConfigError is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
     record = msgspec.json.decode((path / SFT_RECORD).read_bytes(), type=SFTResult)
-    print(f"{path}: {record.steps} steps, final loss {record.losses[-1]:.4f}, trained in {record.wall_s:.0f} s "
-          f"(this call {time.perf_counter() - t0:.1f} s)")
+    print(
+        f"{path}: {record.steps} steps, final loss {record.losses[-1]:.4f}, trained in {record.wall_s:.0f} s "
+        f"(this call {time.perf_counter() - t0:.1f} s)"
+    )
     return 0
 
 

@@ -49,22 +49,34 @@ def demonstrations(settings: WarmStartConfig) -> list[dict]:
             break
         draw *= 2
     slips = random.Random("slip")
-    return [demonstration_for(i, _slipped(s) if slips.random() < settings.slip_fraction else s)
-            for i, s in pairs[: settings.examples]]
+    return [
+        demonstration_for(i, _slipped(s) if slips.random() < settings.slip_fraction else s)
+        for i, s in pairs[: settings.examples]
+    ]
 
 
 def _slipped(solution: Any) -> Any:
     """The teacher's habit: every `write_file` step writes its content with a trailing full stop
     (the oracle then runs it, so tool results stay true); the word test fails after it."""
-    steps = [msgspec.structs.replace(step, arguments={**step.arguments, "content": step.arguments["content"] + "."},
-                                     tests_passing=1)
-             if step.tool == "write_file" else step for step in solution.main]
+    steps = [
+        msgspec.structs.replace(
+            step,
+            arguments={**step.arguments, "content": step.arguments["content"] + "."},
+            tests_passing=1,
+        )
+        if step.tool == "write_file"
+        else step
+        for step in solution.main
+    ]
     return msgspec.structs.replace(solution, main=steps)
 
 
-def _render(tokenizer: Any, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
+def _render(
+    tokenizer: Any, messages: list[dict], tools: list[dict] | None, generation_prompt: bool
+) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+    )
 
 
 def encode_conversation(tokenizer: Any, messages: list[dict], tools: list[dict] | None) -> Encoded:
@@ -90,13 +102,15 @@ def encode_conversation(tokenizer: Any, messages: list[dict], tools: list[dict] 
         prompt = _render(tokenizer, messages[:i], tools, True)
         full = _render(tokenizer, messages[: i + 1], tools, False)
         if not prompt.startswith(done) or not full.startswith(prompt):
-            raise ValueError(f"message {i}: the template's render of the turn does not extend the prompt")
-        completion = full[len(prompt):]
+            raise ValueError(
+                f"message {i}: the template's render of the turn does not extend the prompt"
+            )
+        completion = full[len(prompt) :]
         end = completion.find(eos)
         if end < 0:
             raise ValueError(f"message {i}: rendered assistant turn has no {eos!r}: {completion!r}")
         completion = completion[: end + len(eos)]
-        new = tokenizer.encode(prompt[len(done):], add_special_tokens=False)
+        new = tokenizer.encode(prompt[len(done) :], add_special_tokens=False)
         gen = tokenizer.encode(completion, add_special_tokens=False)
         ids += new + gen
         mask += [False] * len(new) + [True] * len(gen)
@@ -109,5 +123,7 @@ def encode_conversation(tokenizer: Any, messages: list[dict], tools: list[dict] 
 def generation_prompt(tokenizer: Any, messages: list[dict], tools: list[dict] | None) -> list[int]:
     """Token IDs the model continues from after `messages`: the conversation plus an empty
     assistant turn, encoded like `encode_conversation`, without that turn's `<|im_end|>`."""
-    ids = encode_conversation(tokenizer, [*messages, {"role": "assistant", "content": ""}], tools).ids
+    ids = encode_conversation(
+        tokenizer, [*messages, {"role": "assistant", "content": ""}], tools
+    ).ids
     return ids[: len(ids) - 1]

@@ -40,8 +40,14 @@ class OfflineEval(msgspec.Struct, frozen=True, kw_only=True):
     """Fraction that ended with a `finish` call."""
 
 
-def _sample(model: Any, prompt_ids: list[int], eos_id: int, max_new_tokens: int, temperature: float,
-            generator: Any) -> list[int]:
+def _sample(
+    model: Any,
+    prompt_ids: list[int],
+    eos_id: int,
+    max_new_tokens: int,
+    temperature: float,
+    generator: Any,
+) -> list[int]:
     import torch
 
     out: list[int] = []
@@ -64,9 +70,16 @@ def _sample(model: Any, prompt_ids: list[int], eos_id: int, max_new_tokens: int,
     return out
 
 
-def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[str, str, str]], *,
-                      samples: int = 1, temperature: float = 0.0, max_turns: int = 4,
-                      max_new_tokens: int = 96, seed: int = 0) -> OfflineEval:
+def offline_pass_rate(
+    model_dir: str | os.PathLike[str],
+    tasks: Sequence[tuple[str, str, str]],
+    *,
+    samples: int = 1,
+    temperature: float = 0.0,
+    max_turns: int = 4,
+    max_new_tokens: int = 96,
+    seed: int = 0,
+) -> OfflineEval:
     """Play the reference agent's loop with transformers on `learnable` tasks and score them.
 
     Each conversation is the reference agent's (its system prompt, tools and message format):
@@ -84,7 +97,9 @@ def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[s
         ValueError: samples < 1, temperature < 0, max_turns < 1 or no tasks.
     """
     if samples < 1 or temperature < 0 or max_turns < 1 or not tasks:
-        raise ValueError(f"{samples=} must be >= 1, {temperature=} >= 0, {max_turns=} >= 1, tasks={len(tasks)} > 0")
+        raise ValueError(
+            f"{samples=} must be >= 1, {temperature=} >= 0, {max_turns=} >= 1, tasks={len(tasks)} > 0"
+        )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -100,20 +115,40 @@ def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[s
         for _ in range(samples):
             with tempfile.TemporaryDirectory(prefix="gyre-sft-eval-") as tmp:
                 ws = Workspace(tmp)
-                messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
-                                        {"role": "user", "content": instruction}]
+                messages: list[dict] = [
+                    {"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": instruction},
+                ]
                 for turn in range(max_turns):
                     prompt_ids = generation_prompt(tokenizer, messages, TOOL_SCHEMAS)
-                    out = _sample(model, prompt_ids, tokenizer.eos_token_id, max_new_tokens, temperature, gen)
-                    text = tokenizer.decode(out, skip_special_tokens=False).removesuffix(tokenizer.eos_token)
+                    out = _sample(
+                        model, prompt_ids, tokenizer.eos_token_id, max_new_tokens, temperature, gen
+                    )
+                    text = tokenizer.decode(out, skip_special_tokens=False).removesuffix(
+                        tokenizer.eos_token
+                    )
                     reply = parse_reply(text, f"call_{turn}")
                     calls = reply.tool_calls
                     if turn == 0 and len(calls) == 1 and calls[0].function.name == "write_file":
                         first_ok += _loads(calls[0].function.arguments) == reference
-                    messages.append({"role": "assistant", "content": reply.content, "tool_calls": [
-                        {"id": c.id, "type": "function", "function": {"name": c.function.name,
-                                                                      "arguments": c.function.arguments}}
-                        for c in calls] or None})
+                    messages.append(
+                        {
+                            "role": "assistant",
+                            "content": reply.content,
+                            "tool_calls": [
+                                {
+                                    "id": c.id,
+                                    "type": "function",
+                                    "function": {
+                                        "name": c.function.name,
+                                        "arguments": c.function.arguments,
+                                    },
+                                }
+                                for c in calls
+                            ]
+                            or None,
+                        }
+                    )
                     if not calls:
                         break
                     done = False
@@ -126,7 +161,9 @@ def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[s
                             elif name == "finish":
                                 result, done = str(args.get("summary", "")), True
                             elif name == "write_file":
-                                result = ws.write_file(args.get("path", ""), args.get("content", ""))
+                                result = ws.write_file(
+                                    args.get("path", ""), args.get("content", "")
+                                )
                             elif name == "read_file":
                                 result = ws.read_file(args.get("path", ""))
                             elif name == "list_dir":
@@ -146,8 +183,15 @@ def offline_pass_rate(model_dir: str | os.PathLike[str], tasks: Sequence[tuple[s
                 passed += ok
                 tests += target.is_file() + ok
     n = len(tasks) * samples
-    return OfflineEval(tasks=len(tasks), samples=n, passed=passed, pass_rate=passed / n, mean_reward=tests / (2 * n),
-                       first_call_ok=first_ok / n, finished=finished / n)
+    return OfflineEval(
+        tasks=len(tasks),
+        samples=n,
+        passed=passed,
+        pass_rate=passed / n,
+        mean_reward=tests / (2 * n),
+        first_call_ok=first_ok / n,
+        finished=finished / n,
+    )
 
 
 def _loads(text: str) -> Any:

@@ -28,7 +28,14 @@ PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"
 SPECIAL_TOKENS = (PAD_TOKEN, "<|im_start|>", EOS_TOKEN)
 """Control tokens: never produced by the BPE, skipped by `decode(skip_special_tokens=True)`."""
-TAG_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+TAG_TOKENS = (
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+)
 """Structural tags: one ID each, but kept in decoded text (the proxy parses them)."""
 
 _WORDS = (
@@ -40,14 +47,14 @@ _WORDS = (
     "python pytest package module function argument spec implement build repository agent task"
 ).split()
 _SNIPPETS = (
-    'def add(a, b):\n    return a + b\n',
+    "def add(a, b):\n    return a + b\n",
     'import json\n\nwith open("config.json") as f:\n    data = json.load(f)\n',
-    'class Stack:\n    def __init__(self):\n        self.items = []\n',
+    "class Stack:\n    def __init__(self):\n        self.items = []\n",
     "for i in range(10):\n    print(i)\n",
     "$ ls -la src/\n$ cat README.md | grep -n TODO\n$ python -m pytest -q\n",
     '{"name": "write_file", "arguments": {"path": "out.txt", "content": "hello"}}',
     '{"name": "run", "arguments": {"command": "echo 42 > answer.txt"}}',
-    "[section]\nkey = \"value\"\nnumber = 3\n",
+    '[section]\nkey = "value"\nnumber = 3\n',
 )
 
 
@@ -61,7 +68,9 @@ def _corpus(seed: int, num_lines: int = 3000) -> list[str]:
     lines = list(_SNIPPETS) * 20
     for _ in range(num_lines):
         n = rng.randint(3, 14)
-        lines.append(" ".join(rng.choice(_WORDS) for _ in range(n)) + rng.choice((".", "\n", ":", "?")))
+        lines.append(
+            " ".join(rng.choice(_WORDS) for _ in range(n)) + rng.choice((".", "\n", ":", "?"))
+        )
         lines.append(f"{rng.choice(_WORDS)}_{rng.randint(0, 999)}.py {rng.randint(0, 99999)}")
     rng.shuffle(lines)
     return lines
@@ -141,5 +150,7 @@ def init_model_dir(path: str | Path, config: ModelConfig = ModelConfig()) -> Pat
     model.config.pad_token_id = tok.pad_token_id
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
-    (path / "gyre_model.json").write_text(json.dumps({"recipe": "gyre-tiny-qwen2", "seed": config.seed}) + "\n")
+    (path / "gyre_model.json").write_text(
+        json.dumps({"recipe": "gyre-tiny-qwen2", "seed": config.seed}) + "\n"
+    )
     return path

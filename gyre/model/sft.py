@@ -120,8 +120,12 @@ def _packed_loss(model: Any, batch: list[Encoded], prefix_len: int):
     for start, end in spans:
         dfs_out_T += [end] * (end - start)
     mask = tree_mask(torch.tensor(dfs_out_T))[None, None]
-    hidden_TH = model.model(input_ids=torch.tensor(ids)[None], attention_mask=mask,
-                            position_ids=torch.tensor(pos)[None], use_cache=False).last_hidden_state[0]
+    hidden_TH = model.model(
+        input_ids=torch.tensor(ids)[None],
+        attention_mask=mask,
+        position_ids=torch.tensor(pos)[None],
+        use_cache=False,
+    ).last_hidden_state[0]
     logits_NV = model.lm_head(hidden_TH[torch.tensor(parents)])
     return F.cross_entropy(logits_NV, torch.tensor(labels)), total
 
@@ -160,8 +164,13 @@ def check_output_dir(out_dir: str | os.PathLike[str]) -> None:
         raise FileExistsError(f"{str(out_dir)!r} exists, is not empty and holds no {SFT_RECORD}")
 
 
-def warm_start(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-               settings: WarmStartConfig = WarmStartConfig(), *, log=None) -> Path:
+def warm_start(
+    model_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    settings: WarmStartConfig = WarmStartConfig(),
+    *,
+    log=None,
+) -> Path:
     """Fine-tune the model at `model_dir` on demonstrations; the result is a model folder `out_dir`.
 
     Steps: `ceil(examples / batch_size) * epochs`, each one AdamW update (float32, linear warm-up
@@ -209,8 +218,12 @@ def warm_start(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
             if path.is_file() and path.name not in _WEIGHT_FILES and path.name != SFT_RECORD:
                 shutil.copy2(path, tmp / path.name)
         model.save_pretrained(tmp, safe_serialization=True)
-        result = msgspec.structs.replace(result, wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0)
-        (tmp / SFT_RECORD).write_bytes(msgspec.json.format(msgspec.json.encode(result), indent=1) + b"\n")
+        result = msgspec.structs.replace(
+            result, wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0
+        )
+        (tmp / SFT_RECORD).write_bytes(
+            msgspec.json.format(msgspec.json.encode(result), indent=1) + b"\n"
+        )
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
@@ -218,8 +231,10 @@ def warm_start(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
         if tmp.exists():
             shutil.rmtree(tmp)
     if log is not None:
-        log(f"warm start: wrote {out_dir} ({result.steps} steps, final loss {result.losses[-1]:.4f}, "
-            f"{result.wall_s:.0f} s)")
+        log(
+            f"warm start: wrote {out_dir} ({result.steps} steps, final loss {result.losses[-1]:.4f}, "
+            f"{result.wall_s:.0f} s)"
+        )
     return out_dir
 
 
@@ -232,10 +247,16 @@ def _train(model_dir: Path, settings: WarmStartConfig, demos: list[dict], input_
     encoded = [encode_conversation(tokenizer, d["messages"], d["tools"]) for d in demos]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation="sdpa"
+        )
         model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate,
-                                weight_decay=settings.weight_decay, betas=(0.9, 0.95))
+        opt = torch.optim.AdamW(
+            model.parameters(),
+            lr=settings.learning_rate,
+            weight_decay=settings.weight_decay,
+            betas=(0.9, 0.95),
+        )
         per_epoch = math.ceil(len(encoded) / settings.batch_size)
         total_steps = per_epoch * settings.epochs
         rng = random.Random(f"{settings.seed}:sft-order")
@@ -246,8 +267,14 @@ def _train(model_dir: Path, settings: WarmStartConfig, demos: list[dict], input_
             order = list(range(len(encoded)))
             rng.shuffle(order)
             for b in range(per_epoch):
-                batch = [encoded[i] for i in order[b * settings.batch_size:(b + 1) * settings.batch_size]]
-                prefix = min(_common_prefix([e.ids for e in batch]), *(e.loss_mask.index(True) for e in batch))
+                batch = [
+                    encoded[i]
+                    for i in order[b * settings.batch_size : (b + 1) * settings.batch_size]
+                ]
+                prefix = min(
+                    _common_prefix([e.ids for e in batch]),
+                    *(e.loss_mask.index(True) for e in batch),
+                )
                 lr = _lr(step, total_steps, settings)
                 for group in opt.param_groups:
                     group["lr"] = lr
@@ -259,18 +286,29 @@ def _train(model_dir: Path, settings: WarmStartConfig, demos: list[dict], input_
                 losses.append(loss.item())
                 tokens += packed
                 step += 1
-                if log is not None and (step % max(total_steps // 10, 1) == 0 or step == total_steps):
+                if log is not None and (
+                    step % max(total_steps // 10, 1) == 0 or step == total_steps
+                ):
                     log(f"sft step {step}/{total_steps} loss {losses[-1]:.4f} lr {lr:.2e}")
         model.eval()
     return model, SFTResult(
-        input_hash=input_hash, settings=settings, base_model=str(model_dir), demonstrations=len(demos),
-        steps=step, losses=losses, tokens_per_step=tokens / max(step, 1), wall_s=0.0, cpu_s=0.0,
+        input_hash=input_hash,
+        settings=settings,
+        base_model=str(model_dir),
+        demonstrations=len(demos),
+        steps=step,
+        losses=losses,
+        tokens_per_step=tokens / max(step, 1),
+        wall_s=0.0,
+        cpu_s=0.0,
     )
 
 
 def output_dir(model_path: str | os.PathLike[str], settings: WarmStartConfig) -> Path:
     """Where a run's warm-started model goes: `settings.path`, or `<model_path>-sft` when empty."""
-    return Path(settings.path) if settings.path else Path(f"{os.fspath(model_path).rstrip('/')}-sft")
+    return (
+        Path(settings.path) if settings.path else Path(f"{os.fspath(model_path).rstrip('/')}-sft")
+    )
 
 
 def _lr(step: int, total: int, s: WarmStartConfig) -> float:

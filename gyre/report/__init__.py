@@ -20,10 +20,22 @@ if typing.TYPE_CHECKING:
     from gyre.report.summary import RunSummary, summarize
 
 __all__ = [
-    "RunSummary", "summarize", "write_report", "utilisation_table", "REPORT_DIR", "PLOTS", "TIMELINE_PLOT",
+    "RunSummary",
+    "summarize",
+    "write_report",
+    "utilisation_table",
+    "REPORT_DIR",
+    "PLOTS",
+    "TIMELINE_PLOT",
 ]
 
-__getattr__, __dir__ = _lazy_exports(__name__, {
-    **dict.fromkeys(["RunSummary", "summarize"], "gyre.report.summary"),
-    **dict.fromkeys(["write_report", "utilisation_table", "REPORT_DIR", "PLOTS", "TIMELINE_PLOT"], "gyre.report.page"),
-})
+__getattr__, __dir__ = _lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(["RunSummary", "summarize"], "gyre.report.summary"),
+        **dict.fromkeys(
+            ["write_report", "utilisation_table", "REPORT_DIR", "PLOTS", "TIMELINE_PLOT"],
+            "gyre.report.page",
+        ),
+    },
+)

@@ -26,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.run_dir}: no metrics ({exc.strerror or exc})", file=sys.stderr)
         return 2
     except NotADirectoryError:
-        print(f"error: {args.run_dir}: not a run directory (give the folder that holds metrics.jsonl)", file=sys.stderr)
+        print(
+            f"error: {args.run_dir}: not a run directory (give the folder that holds metrics.jsonl)",
+            file=sys.stderr,
+        )
         return 2
     except RunDirError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -49,8 +52,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "metrics.jsonl").exists() and not (run_dir / "calls.log").exists():
-        print(f"error: {run_dir}: not a run directory (no metrics.jsonl or calls.log)",
-              file=sys.stderr)
+        print(
+            f"error: {run_dir}: not a run directory (no metrics.jsonl or calls.log)",
+            file=sys.stderr,
+        )
         return 2
     secret = os.environ.setdefault("GYRE_CELL_SECRET", secrets.token_hex(32))
     if args.config:

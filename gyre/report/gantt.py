@@ -65,7 +65,9 @@ def plot_timeline(
         by_kind.setdefault((iv.cell, iv.kind), []).append(
             (iv.start_s / time_unit_s, (iv.end_s - iv.start_s) / time_unit_s)
         )
-    layer = {kind: i for i, kind in enumerate(("idle", "rollout", "switch", "train", "load", "step"))}
+    layer = {
+        kind: i for i, kind in enumerate(("idle", "rollout", "switch", "train", "load", "step"))
+    }
     for (cell, kind), spans in sorted(by_kind.items(), key=lambda item: layer[item[0][1]]):
         # loads and steps overlay the rollout or training span they interrupt
         ax.broken_barh(spans, (cell - 0.4, 0.8), facecolors=COLOURS[kind], linewidth=0)

@@ -27,9 +27,17 @@ __all__ = ["microbatch_loss", "PolicyObjective"]
 
 
 def microbatch_loss(
-    model: torch.nn.Module, batch: PackedBatch, advantages: Mapping[str, float | None], *,
-    trainer_version: int, max_staleness: int, clip_eps: float = 0.2, is_cap: float = 2.0,
-    temperature: float | None = None, chunk_size: int = 1024, impl: LogprobImpl = "torch",
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    advantages: Mapping[str, float | None],
+    *,
+    trainer_version: int,
+    max_staleness: int,
+    clip_eps: float = 0.2,
+    is_cap: float = 2.0,
+    temperature: float | None = None,
+    chunk_size: int = 1024,
+    impl: LogprobImpl = "torch",
 ) -> tuple[torch.Tensor, LossStatistics]:
     """Loss of one packed micro-batch (scalar tensor) and its statistics.
 
@@ -43,12 +51,19 @@ def microbatch_loss(
     if missing:
         raise ValueError(f"no advantage for executions {missing}")
     positions = batch.loss_positions()
-    logprob_N, _ = packed_logprobs(model, batch, positions_N=positions, temperature=temperature,
-                                   chunk_size=chunk_size, impl=impl)
+    logprob_N, _ = packed_logprobs(
+        model,
+        batch,
+        positions_N=positions,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        impl=impl,
+    )
     device, dtype = logprob_N.device, logprob_N.dtype
     adv_E = torch.tensor(
         [float("nan") if advantages[e] is None else advantages[e] for e in batch.execution_ids],
-        dtype=dtype, device=device,
+        dtype=dtype,
+        device=device,
     )
     execution_N = torch.as_tensor(batch.execution_T[positions], device=device).long()
     advantage_N = adv_E[execution_N]
@@ -76,11 +91,22 @@ class PolicyObjective:
     """The policy-loss settings."""
 
     def __call__(
-        self, model: torch.nn.Module, batch: PackedBatch, advantages: Mapping[str, float | None], *, version: int
+        self,
+        model: torch.nn.Module,
+        batch: PackedBatch,
+        advantages: Mapping[str, float | None],
+        *,
+        version: int,
     ) -> tuple[torch.Tensor, LossStatistics]:
         """`microbatch_loss(model, batch, advantages, trainer_version=version, ...)`: a scalar loss
         tensor (the model's float dtype) and its `LossStatistics`; raises what it raises."""
         return microbatch_loss(
-            model, batch, advantages, trainer_version=version, max_staleness=self.rl.max_staleness,
-            clip_eps=self.rl.clip_eps, is_cap=self.rl.is_cap, chunk_size=self.rl.logprob_chunk_size,
+            model,
+            batch,
+            advantages,
+            trainer_version=version,
+            max_staleness=self.rl.max_staleness,
+            clip_eps=self.rl.clip_eps,
+            is_cap=self.rl.is_cap,
+            chunk_size=self.rl.logprob_chunk_size,
         )

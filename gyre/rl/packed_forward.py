@@ -22,8 +22,13 @@ __all__ = ["packed_logprobs"]
 
 
 def packed_logprobs(
-    model: torch.nn.Module, batch: PackedBatch, *, positions_N: np.ndarray | None = None,
-    temperature: float | None = None, chunk_size: int = 1024, impl: LogprobImpl = "torch",
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    *,
+    positions_N: np.ndarray | None = None,
+    temperature: float | None = None,
+    chunk_size: int = 1024,
+    impl: LogprobImpl = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprob_N, entropy_N) of the tokens at packed indices `positions_N` (int [N]; default: the
     loss positions), in nats, float32 (float64 for a float64 model), differentiable w.r.t. the
@@ -50,8 +55,9 @@ def packed_logprobs(
     mask = model_attention_mask(dfs_out_T, attn)
     input_ids = torch.as_tensor(batch.input_ids_T, device=device)[None]
     position_ids = torch.as_tensor(batch.position_ids_T, device=device)[None]
-    hidden_TH = model.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                            use_cache=False).last_hidden_state[0]
+    hidden_TH = model.model(
+        input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state[0]
     hidden_NH = hidden_TH[torch.as_tensor(parents, device=device)]
     labels_N = torch.as_tensor(batch.input_ids_T[positions], device=device)
     if temperature is None:
@@ -66,5 +72,11 @@ def packed_logprobs(
         temp = torch.as_tensor(temps, device=device)
     else:
         temp = temperature
-    return selective_logprob_entropy(hidden_NH, model.lm_head.weight, labels_N,
-                                     temperature=temp, chunk_size=chunk_size, impl=impl)
+    return selective_logprob_entropy(
+        hidden_NH,
+        model.lm_head.weight,
+        labels_N,
+        temperature=temp,
+        chunk_size=chunk_size,
+        impl=impl,
+    )

@@ -54,7 +54,10 @@ def _exclusion(ex: Executed) -> str | None:
 
 
 def build_training_batch(
-    groups: Sequence[Sequence[Executed]], *, trajectory: TrajectoryConfig, num_executions: int | None = None
+    groups: Sequence[Sequence[Executed]],
+    *,
+    trajectory: TrajectoryConfig,
+    num_executions: int | None = None,
 ) -> TrainingBatch | None:
     """One batch from the step's groups (one group per task). None if nothing is trainable.
 
@@ -73,7 +76,9 @@ def build_training_batch(
             else:
                 trainable.append(ex)
             rewards.append(None if reason is not None else reward_of(ex.outcome))
-        advantages.update(group_advantages([ex.outcome.execution_id for ex in group], rewards).as_dict())
+        advantages.update(
+            group_advantages([ex.outcome.execution_id for ex in group], rewards).as_dict()
+        )
     if not trainable:
         return None
     items = []
@@ -86,7 +91,8 @@ def build_training_batch(
         items.append((tree, selection))
         linear += sum(len(tree.path(int(leaf))) for leaf in selection.leaves)
     micro_batches = pack_batch(
-        items, token_budget=trajectory.micro_batch_tokens,
+        items,
+        token_budget=trajectory.micro_batch_tokens,
         num_executions=len(items) if num_executions is None else num_executions,
     )
     return TrainingBatch(

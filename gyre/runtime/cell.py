@@ -65,13 +65,13 @@ from gyre.config import EngineConfig, RLConfig, TrainerConfig
 from gyre.engines.protocol import KVTransferEngine
 from gyre.errors import (
     ContextLengthError,
+    EngineError,
     EngineTimeoutError,
     EngineUnavailableError,
-    EngineError,
     GyreError,
     InvalidRequestError,
-    WeightSyncError,
 )
+from gyre.runtime.cell_stream import DeltaStreams
 from gyre.runtime.cell_wire import (
     CELL_SECRET_ENV,
     AbortRequest,
@@ -94,7 +94,6 @@ from gyre.runtime.cell_wire import (
     decode,
     encode,
 )
-from gyre.runtime.cell_stream import DeltaStreams
 
 __all__ = ["serve", "main", "status_of"]
 
@@ -115,7 +114,9 @@ def status_of(exc: GyreError) -> int:
 
 def _error(exc: GyreError) -> web.Response:
     return web.Response(
-        status=status_of(exc), body=encode(WireError(code=exc.code, message=str(exc))), content_type=_MSGPACK
+        status=status_of(exc),
+        body=encode(WireError(code=exc.code, message=str(exc))),
+        content_type=_MSGPACK,
     )
 
 
@@ -137,12 +138,19 @@ class _Cell:
         self.streams = DeltaStreams()
         self._switch_lock = asyncio.Lock()
         self._torch_lock = asyncio.Lock()  # one trainer call at a time
-        self._counts = dict(switches=0, requests_aborted_by_switch=0, micro_batches_trained=0, steps_applied=0)
+        self._counts = dict(
+            switches=0, requests_aborted_by_switch=0, micro_batches_trained=0, steps_applied=0
+        )
         self._last_switch_s: float | None = None
 
     def _health(self) -> Health:
         version = None if self.trainer is None else self.trainer.version
-        return Health(state=self.health.state, error=self.health.error, role=self.role, trainer_version=version)
+        return Health(
+            state=self.health.state,
+            error=self.health.error,
+            role=self.role,
+            trainer_version=version,
+        )
 
     def _need_trainer(self):
         if self.trainer is None:
@@ -151,7 +159,9 @@ class _Cell:
 
     def _need_role(self, role: str, what: str) -> None:
         if self.role != role:
-            raise InvalidRequestError(f"{what} needs role {role!r}; the cell is in role {self.role!r}")
+            raise InvalidRequestError(
+                f"{what} needs role {role!r}; the cell is in role {self.role!r}"
+            )
 
     def _need_group(self):
         if self.group is None:
@@ -173,7 +183,9 @@ class _Cell:
 
     def _engine(self):
         if self.engine is None:
-            raise EngineUnavailableError(f"cell engine is {self.health.state}: {self.health.error or ''}")
+            raise EngineUnavailableError(
+                f"cell engine is {self.health.state}: {self.health.error or ''}"
+            )
         return self.engine
 
     async def _decode(self, request: web.Request, type_: type):
@@ -197,15 +209,26 @@ class _Cell:
             sreq = await self._decode(request, StreamedGenerate)
             req = sreq.request
             if self.role != "rollout":
-                raise EngineUnavailableError(f"cell is in role {self.role!r}; request {req.request_id!r} refused")
+                raise EngineUnavailableError(
+                    f"cell is in role {self.role!r}; request {req.request_id!r} refused"
+                )
             self.streams.check_open(sreq.stream)
             engine = self._engine()
             stream = engine.generate(req)
             self._inflight.add(req.request_id)
             try:
-                first = await anext(stream)  # validation errors surface here, before any byte is sent
-                self.streams.start(sreq.stream, sreq.tag, req.request_id, stream, first, engine.abort,
-                                   lambda: self._inflight.discard(req.request_id))
+                first = await anext(
+                    stream
+                )  # validation errors surface here, before any byte is sent
+                self.streams.start(
+                    sreq.stream,
+                    sreq.tag,
+                    req.request_id,
+                    stream,
+                    first,
+                    engine.abort,
+                    lambda: self._inflight.discard(req.request_id),
+                )
             except BaseException:
                 self._inflight.discard(req.request_id)
                 await stream.aclose()
@@ -232,7 +255,9 @@ class _Cell:
     def _kv_engine(self) -> KVTransferEngine:
         engine = self._engine()
         if not isinstance(engine, KVTransferEngine):
-            raise EngineUnavailableError(f"this cell's engine ({type(engine).__name__}) cannot export KV")
+            raise EngineUnavailableError(
+                f"this cell's engine ({type(engine).__name__}) cannot export KV"
+            )
         return engine
 
     async def export_kv(self, request: web.Request) -> web.Response:
@@ -245,7 +270,9 @@ class _Cell:
     async def release_kv(self, request: web.Request) -> web.Response:
         try:
             req = await self._decode(request, ReleaseKVRequest)
-            return web.Response(body=encode(await self._kv_engine().release_kv(req.key)), content_type=_MSGPACK)
+            return web.Response(
+                body=encode(await self._kv_engine().release_kv(req.key)), content_type=_MSGPACK
+            )
         except GyreError as exc:
             return _error(exc)
 
@@ -298,7 +325,9 @@ class _Cell:
         try:
             req = await self._decode(request, SwitchRequest)
             if req.role not in ("rollout", "train"):
-                raise InvalidRequestError(f"role {req.role!r} is unknown: expected 'rollout' or 'train'")
+                raise InvalidRequestError(
+                    f"role {req.role!r} is unknown: expected 'rollout' or 'train'"
+                )
             engine = self._engine()
             async with self._switch_lock:
                 if req.role == self.role:
@@ -318,7 +347,9 @@ class _Cell:
         trainer = self._need_trainer()
         self.role = "switching"  # new generate requests are refused from here on
         try:
-            for request_id in list(self._inflight):  # the router drained first; stragglers end as `abort`
+            for request_id in list(
+                self._inflight
+            ):  # the router drained first; stragglers end as `abort`
                 if await engine.abort(request_id):
                     self._counts["requests_aborted_by_switch"] += 1
             await engine.pause()
@@ -391,7 +422,9 @@ class _Cell:
             def receive() -> None:
                 import torch
 
-                vec = group.recv(torch.empty(trainer.num_parameters, dtype=trainer.grad_dtype), req.src)
+                vec = group.recv(
+                    torch.empty(trainer.num_parameters, dtype=trainer.grad_dtype), req.src
+                )
                 trainer.add_gradient_vector(vec)
 
             await self._torch(_exchange, receive, f"receive of gradients from rank {req.src}")
@@ -408,7 +441,12 @@ class _Cell:
             def step() -> StepResult:
                 stats = trainer.apply_step()
                 snapshot = str(trainer.save_snapshot(req.snapshot_root)) if stats.applied else None
-                return StepResult(version=stats.version, applied=stats.applied, grad_norm=stats.grad_norm, snapshot=snapshot)
+                return StepResult(
+                    version=stats.version,
+                    applied=stats.applied,
+                    grad_norm=stats.grad_norm,
+                    snapshot=snapshot,
+                )
 
             result = await self._torch(step)
             self._counts["steps_applied"] += result.applied
@@ -440,7 +478,9 @@ def _exchange(fn, what: str):
         return fn()
     except RuntimeError as exc:
         text = str(exc)
-        if "timed out" in text.lower() or "timeout" in text.lower():  # gloo: "Timed out waiting 20000ms ..."
+        if (
+            "timed out" in text.lower() or "timeout" in text.lower()
+        ):  # gloo: "Timed out waiting 20000ms ..."
             raise EngineTimeoutError(f"{what} timed out: {text[:300]}") from None
         raise EngineError(f"{what} failed: {text[:300]}") from None
 
@@ -469,7 +509,9 @@ def _authorised(secret: str):
     @web.middleware
     async def check(request: web.Request, handler):
         if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
-            return web.Response(status=401, text=f"cell API: missing or wrong bearer token (${CELL_SECRET_ENV})")
+            return web.Response(
+                status=401, text=f"cell API: missing or wrong bearer token (${CELL_SECRET_ENV})"
+            )
         return await handler(request)
 
     return check
@@ -536,13 +578,17 @@ async def serve(
 
                 address, rank, world_size = group
                 timeout_s = (trainer or TrainerConfig()).train_timeout_s
-                cell.group = await asyncio.to_thread(GradientGroup, address, rank, world_size, timeout_s=timeout_s)
+                cell.group = await asyncio.to_thread(
+                    GradientGroup, address, rank, world_size, timeout_s=timeout_s
+                )
             cell.health = Health(state="ready")
             logger.info("cell ready on %s:%d (backend %s)", host, bound, config.backend)
         except Exception as exc:  # reported through /health; the node decides what to do
             logger.exception("engine failed to start")
             cell.health = Health(state="failed", error=f"{type(exc).__name__}: {exc}")
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, cell.stop.set)  # from now on: a clean stop
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGTERM, cell.stop.set
+        )  # from now on: a clean stop
         await cell.stop.wait()
     finally:
         asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
@@ -570,24 +616,52 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--port-file", required=True, type=Path)
-    parser.add_argument("--trainer-config", default=None, help="TrainerConfig as JSON (no trainer without it)")
+    parser.add_argument(
+        "--trainer-config", default=None, help="TrainerConfig as JSON (no trainer without it)"
+    )
     parser.add_argument("--rl-config", default=None, help="RLConfig as JSON")
-    parser.add_argument("--rank", type=int, default=None, help="rank in the run-wide gradient group")
-    parser.add_argument("--world-size", type=int, default=None, help="size of the run-wide gradient group")
-    parser.add_argument("--group-store", default=None, help="HOST:PORT of the node's gradient-group TCPStore")
+    parser.add_argument(
+        "--rank", type=int, default=None, help="rank in the run-wide gradient group"
+    )
+    parser.add_argument(
+        "--world-size", type=int, default=None, help="size of the run-wide gradient group"
+    )
+    parser.add_argument(
+        "--group-store", default=None, help="HOST:PORT of the node's gradient-group TCPStore"
+    )
     args = parser.parse_args(argv)
     if not os.environ.get(CELL_SECRET_ENV):
-        parser.error(f"${CELL_SECRET_ENV} is not set: clients authenticate with it (gyre sets it for the cells it starts)")
+        parser.error(
+            f"${CELL_SECRET_ENV} is not set: clients authenticate with it (gyre sets it for the cells it starts)"
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = msgspec.json.decode(args.engine_config.encode(), type=EngineConfig)
-    trainer = None if args.trainer_config is None else msgspec.json.decode(args.trainer_config.encode(), type=TrainerConfig)
-    rl = None if args.rl_config is None else msgspec.json.decode(args.rl_config.encode(), type=RLConfig)
+    trainer = (
+        None
+        if args.trainer_config is None
+        else msgspec.json.decode(args.trainer_config.encode(), type=TrainerConfig)
+    )
+    rl = (
+        None
+        if args.rl_config is None
+        else msgspec.json.decode(args.rl_config.encode(), type=RLConfig)
+    )
     group_args = (args.rank, args.world_size, args.group_store)
     if any(a is not None for a in group_args) and any(a is None for a in group_args):
         parser.error("--rank, --world-size and --group-store go together")
     group = None if args.group_store is None else (args.group_store, args.rank, args.world_size)
-    asyncio.run(serve(args.model, config, host=args.host, port=args.port, port_file=args.port_file,
-                      trainer=trainer, rl=rl, group=group))
+    asyncio.run(
+        serve(
+            args.model,
+            config,
+            host=args.host,
+            port=args.port,
+            port_file=args.port_file,
+            trainer=trainer,
+            rl=rl,
+            group=group,
+        )
+    )
     return 0
 
 

@@ -42,6 +42,7 @@ from gyre.errors import (
     WeightSyncError,
     error_from_code,
 )
+from gyre.runtime.cell_process import CellProcess, _cpu_binding, spawn_cell, wait_cell_ready
 from gyre.runtime.cell_wire import (
     AbortRequest,
     CellStatistics,
@@ -65,10 +66,17 @@ from gyre.runtime.cell_wire import (
     decode,
     encode,
 )
-from gyre.runtime.cell_process import CellProcess, _cpu_binding, spawn_cell, wait_cell_ready
 from gyre.trajectory.pack import PackedBatch
 
-__all__ = ["CellClient", "CellProcess", "spawn_cell", "wait_cell_ready", "open_cell", "open_cells", "StepResult"]
+__all__ = [
+    "CellClient",
+    "CellProcess",
+    "spawn_cell",
+    "wait_cell_ready",
+    "open_cell",
+    "open_cells",
+    "StepResult",
+]
 
 _HEADERS = {"Content-Type": "application/msgpack"}
 _TRAIN_TIMEOUT_MARGIN_S = 10.0
@@ -102,7 +110,10 @@ class CellClient:
     """
 
     def __init__(
-        self, base_url: str, config: EngineConfig = EngineConfig(), trainer_config: TrainerConfig | None = None
+        self,
+        base_url: str,
+        config: EngineConfig = EngineConfig(),
+        trainer_config: TrainerConfig | None = None,
     ) -> None:
         self.base_url = base_url
         self.config = config
@@ -121,7 +132,8 @@ class CellClient:
 
     async def __aenter__(self) -> CellClient:
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=_auth_headers(),
+            base_url=self.base_url,
+            headers=_auth_headers(),
             timeout=httpx.Timeout(self.config.request_timeout_s, connect=10.0),
             # no idle keep-alive connections: a burst of requests was assigned one idle
             # connection and the losers retried (185 retries for 32 requests)
@@ -158,9 +170,13 @@ class CellClient:
     async def _post(self, path: str, body: object, timeout_s: float) -> bytes:
         try:
             with anyio.fail_after(timeout_s):
-                response = await self.http.post(path, content=encode(body), headers=_HEADERS, timeout=timeout_s)
+                response = await self.http.post(
+                    path, content=encode(body), headers=_HEADERS, timeout=timeout_s
+                )
         except TimeoutError:
-            raise EngineTimeoutError(f"cell {self.base_url} {path}: no answer within {timeout_s} s") from None
+            raise EngineTimeoutError(
+                f"cell {self.base_url} {path}: no answer within {timeout_s} s"
+            ) from None
         except httpx.TransportError as exc:
             raise EngineUnavailableError(f"cell {self.base_url} {path}: {exc!r}") from None
         _raise_for(response, response.content)
@@ -185,7 +201,10 @@ class CellClient:
         started = False
         try:
             async with self.http.stream(
-                "GET", "/stream", params={"id": stream_id}, timeout=httpx.Timeout(None, connect=10.0)
+                "GET",
+                "/stream",
+                params={"id": stream_id},
+                timeout=httpx.Timeout(None, connect=10.0),
             ) as response:
                 if response.status_code != 200:
                     _raise_for(response, await response.aread())
@@ -220,8 +239,11 @@ class CellClient:
         ended = False  # nothing of the request is left in the cell: no abort needed
         try:
             try:
-                await self._post("/generate", StreamedGenerate(stream=stream_id, tag=tag, request=request),
-                                 self.config.request_timeout_s)
+                await self._post(
+                    "/generate",
+                    StreamedGenerate(stream=stream_id, tag=tag, request=request),
+                    self.config.request_timeout_s,
+                )
             except GyreError:
                 ended = True  # refused (validation, pause, role) or unreachable
                 raise
@@ -265,7 +287,11 @@ class CellClient:
 
     async def load_weights(self, snapshot: str, version: int) -> None:
         try:
-            await self._post("/load_weights", LoadWeightsRequest(snapshot, version), self.config.weight_load_timeout_s)
+            await self._post(
+                "/load_weights",
+                LoadWeightsRequest(snapshot, version),
+                self.config.weight_load_timeout_s,
+            )
         except EngineTimeoutError as exc:
             raise WeightSyncError(f"weight load of version {version}: {exc}") from None
         await self.refresh_statistics()
@@ -274,7 +300,9 @@ class CellClient:
         """Have the cell store the KV of `token_ids` (see `KVTransferEngine`); bounded by
         `request_timeout_s`. Raises `EngineUnavailableError` (no connector, unreachable),
         `InvalidRequestError`, `EngineTimeoutError`."""
-        body = await self._post("/export_kv", ExportKVRequest(list(token_ids)), self.config.request_timeout_s)
+        body = await self._post(
+            "/export_kv", ExportKVRequest(list(token_ids)), self.config.request_timeout_s
+        )
         return decode(body, KVExport)
 
     async def release_kv(self, key: str) -> bool:
@@ -293,7 +321,9 @@ class CellClient:
             with anyio.fail_after(timeout_s):
                 response = await self.http.get(path)
         except TimeoutError:
-            raise EngineTimeoutError(f"cell {self.base_url} {path}: no answer within {timeout_s} s") from None
+            raise EngineTimeoutError(
+                f"cell {self.base_url} {path}: no answer within {timeout_s} s"
+            ) from None
         except httpx.TransportError as exc:
             raise EngineUnavailableError(f"cell {self.base_url} {path}: {exc!r}") from None
         _raise_for(response, response.content)
@@ -324,7 +354,11 @@ class CellClient:
         "rollout": refused (`InvalidRequestError`) while the trainer holds unsent gradients;
         `snapshot` loaded into the engine when `version` differs from its own. Raises
         `InvalidRequestError` for an unknown role or a cell without a trainer."""
-        body = await self._post("/switch", SwitchRequest(role=role, snapshot=snapshot, version=version), self._train_timeout_s)
+        body = await self._post(
+            "/switch",
+            SwitchRequest(role=role, snapshot=snapshot, version=version),
+            self._train_timeout_s,
+        )
         return decode(body, SwitchResult).seconds
 
     async def train(
@@ -334,12 +368,16 @@ class CellClient:
         Raises `InvalidRequestError` in another role, for no micro-batches or an execution
         without an advantage (nothing is accumulated then)."""
         request = TrainRequest(micro_batches=list(micro_batches), advantages=dict(advantages))
-        return decode(await self._post("/train", request, self._train_timeout_s), AccumulateStatistics)
+        return decode(
+            await self._post("/train", request, self._train_timeout_s), AccumulateStatistics
+        )
 
     async def load_trainer_weights(self, snapshot: str, version: int) -> None:
         """Load a weight snapshot into the cell's trainer (a satellite syncing to the core).
         Raises `InvalidRequestError` for a bad snapshot or while gradients are held."""
-        await self._post("/load_trainer_weights", LoadWeightsRequest(snapshot, version), self._train_timeout_s)
+        await self._post(
+            "/load_trainer_weights", LoadWeightsRequest(snapshot, version), self._train_timeout_s
+        )
 
     async def send_gradients(self, dst: int) -> None:
         """Satellite: send the accumulated flat gradient to rank `dst` (the core, which must call
@@ -348,20 +386,31 @@ class CellClient:
 
     async def receive_gradients(self, src: int) -> None:
         """Core: receive rank `src`'s flat gradient and add it to the accumulation."""
-        await self._post("/receive_gradients", ReceiveGradientsRequest(src=src), self._train_timeout_s)
+        await self._post(
+            "/receive_gradients", ReceiveGradientsRequest(src=src), self._train_timeout_s
+        )
 
     async def step(self, snapshot_root: str) -> StepResult:
         """Core: one optimizer step on everything accumulated and received; when applied, the new
         weights are saved under `snapshot_root/v<version>` (`StepResult.snapshot`)."""
-        return decode(await self._post("/step", StepRequest(snapshot_root=str(snapshot_root)), self._train_timeout_s), StepResult)
+        return decode(
+            await self._post(
+                "/step", StepRequest(snapshot_root=str(snapshot_root)), self._train_timeout_s
+            ),
+            StepResult,
+        )
 
     async def save_checkpoint(self, path: str) -> None:
         """Core: write a DeepSpeed checkpoint (weights, optimizer state, version) at `path`."""
-        await self._post("/save_checkpoint", CheckpointRequest(path=str(path)), self._train_timeout_s)
+        await self._post(
+            "/save_checkpoint", CheckpointRequest(path=str(path)), self._train_timeout_s
+        )
 
     async def load_checkpoint(self, path: str) -> None:
         """Core: restore a DeepSpeed checkpoint; `InvalidRequestError` when there is none."""
-        await self._post("/load_checkpoint", CheckpointRequest(path=str(path)), self._train_timeout_s)
+        await self._post(
+            "/load_checkpoint", CheckpointRequest(path=str(path)), self._train_timeout_s
+        )
 
     async def cell_statistics(self) -> CellStatistics:
         """The cell's role, trainer version and gradient traffic, fetched now."""
@@ -383,8 +432,15 @@ async def open_cell(
 ) -> AsyncIterator[CellClient]:
     """Spawn a cell, wait until it serves, yield its client; stop the process on exit."""
     cell = spawn_cell(
-        model_dir, config, log_path=log_path, host=host, trainer_config=trainer_config, rl_config=rl_config,
-        rank=rank, world_size=world_size, group_store=group_store,
+        model_dir,
+        config,
+        log_path=log_path,
+        host=host,
+        trainer_config=trainer_config,
+        rl_config=rl_config,
+        rank=rank,
+        world_size=world_size,
+        group_store=group_store,
     )
     try:
         url = await anyio.to_thread.run_sync(wait_cell_ready, cell, config.startup_timeout_s, host)
@@ -417,13 +473,21 @@ async def open_cells(
     if trainer_config is not None:
         from gyre.runtime.grad_group import host_group_store
 
-        store = host_group_store(host, timeout_s=max(config.startup_timeout_s, trainer_config.train_timeout_s))
+        store = host_group_store(
+            host, timeout_s=max(config.startup_timeout_s, trainer_config.train_timeout_s)
+        )
     address = None if store is None else f"{host}:{store.port}"
     processes = [
         spawn_cell(
-            model_dir, config, log_path=Path(log_dir) / f"cell-{rank}.log", host=host,
-            trainer_config=trainer_config, rl_config=rl_config,
-            rank=None if store is None else rank, world_size=None if store is None else n, group_store=address,
+            model_dir,
+            config,
+            log_path=Path(log_dir) / f"cell-{rank}.log",
+            host=host,
+            trainer_config=trainer_config,
+            rl_config=rl_config,
+            rank=None if store is None else rank,
+            world_size=None if store is None else n,
+            group_store=address,
             env=_cpu_binding(rank, n),
         )
         for rank in range(n)
@@ -435,7 +499,11 @@ async def open_cells(
             # abandoned on cancel: the first cell that fails must not wait out the others' start-up
             # timeouts (ranks blocked on a missing peer never become ready); `finally` stops them
             urls[rank] = await anyio.to_thread.run_sync(
-                wait_cell_ready, processes[rank], config.startup_timeout_s, host, abandon_on_cancel=True
+                wait_cell_ready,
+                processes[rank],
+                config.startup_timeout_s,
+                host,
+                abandon_on_cancel=True,
             )
 
         try:
@@ -444,7 +512,9 @@ async def open_cells(
                     tg.start_soon(wait, rank)
         except BaseExceptionGroup as group:
             if all(isinstance(e, EngineError) for e in group.exceptions):
-                raise group.exceptions[0] from None  # the first failure, as `wait_cell_ready` raises it
+                raise group.exceptions[
+                    0
+                ] from None  # the first failure, as `wait_cell_ready` raises it
             raise
         async with AsyncExitStack() as stack:
             clients = []

@@ -77,7 +77,9 @@ def died(cell: DrivenCell) -> bool:
     return cell.process is not None and cell.process.poll() is not None
 
 
-async def wait_cell_deaths(cells: Callable[[], Sequence[DrivenCell]], period_s: float) -> list[DrivenCell]:
+async def wait_cell_deaths(
+    cells: Callable[[], Sequence[DrivenCell]], period_s: float
+) -> list[DrivenCell]:
     """Check the processes of `cells()` every `period_s` seconds until some have exited; returns
     those cells (in `cells()` order). Cells without a process are never reported."""
     while True:

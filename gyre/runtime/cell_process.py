@@ -94,10 +94,19 @@ def spawn_cell(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     port_file = Path(tempfile.mkdtemp(prefix=_PORT_DIR_PREFIX)) / "port"
     cmd = [
-        sys.executable, "-m", "gyre.runtime.cell",
-        "--model", str(model_dir),
-        "--engine-config", msgspec.json.encode(config).decode(),
-        "--host", host, "--port", str(port), "--port-file", str(port_file),
+        sys.executable,
+        "-m",
+        "gyre.runtime.cell",
+        "--model",
+        str(model_dir),
+        "--engine-config",
+        msgspec.json.encode(config).decode(),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--port-file",
+        str(port_file),
     ]
     if trainer_config is not None:
         cmd += ["--trainer-config", msgspec.json.encode(trainer_config).decode()]
@@ -108,7 +117,11 @@ def spawn_cell(
     cell_secret()  # in our environment before the cell inherits it
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
             env=None if env is None else {**os.environ, **env},
             # its own process group (`stop` can reap vLLM's children too) but the node's session:
             # a new session is a new autogroup, whose spinning vLLM processes starved the node's
@@ -166,7 +179,9 @@ def wait_cell_ready(cell: CellProcess, timeout_s: float, host: str = "127.0.0.1"
                     pass  # not listening yet
             time.sleep(0.2)
     cell.stop()
-    raise EngineTimeoutError(f"cell not ready within startup_timeout_s={timeout_s}; log tail:\n{_tail(cell.log_path)}")
+    raise EngineTimeoutError(
+        f"cell not ready within startup_timeout_s={timeout_s}; log tail:\n{_tail(cell.log_path)}"
+    )
 
 
 def _tail(path: Path, lines: int = 20) -> str:

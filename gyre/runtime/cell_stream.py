@@ -108,7 +108,9 @@ class DeltaStreams:
         """Raise `EngineUnavailableError` unless stream `stream_id` is open."""
         stream = self._streams.get(stream_id)
         if stream is None or stream.closed:
-            raise EngineUnavailableError(f"no open delta stream {stream_id!r} (open GET /stream first)")
+            raise EngineUnavailableError(
+                f"no open delta stream {stream_id!r} (open GET /stream first)"
+            )
 
     def start(
         self,
@@ -126,7 +128,8 @@ class DeltaStreams:
         self.check_open(stream_id)
         stream = self._streams[stream_id]
         stream.pumps[tag] = asyncio.create_task(
-            _pump(stream, tag, request_id, deltas, first, abort, done), name=f"stream {stream_id} {request_id}"
+            _pump(stream, tag, request_id, deltas, first, abort, done),
+            name=f"stream {stream_id} {request_id}",
         )
 
     def close_all(self) -> None:

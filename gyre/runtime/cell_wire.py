@@ -70,7 +70,6 @@ def cell_secret() -> str:
     return os.environ.setdefault(CELL_SECRET_ENV, secrets.token_hex(32))
 
 
-
 class AbortRequest(msgspec.Struct, frozen=True):
     request_id: str
 
@@ -236,10 +235,31 @@ _encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 _decoders: dict[type, msgspec.msgpack.Decoder] = {
     t: msgspec.msgpack.Decoder(t, dec_hook=_dec_hook)
     for t in (
-        GenerateRequest, StreamedGenerate, FrameBatch, AbortRequest, LoadWeightsRequest, WireError, Frame, Health,
-        EngineStatistics, list[Completion], ExportKVRequest, ReleaseKVRequest, KVExport, bool,
-        SwitchRequest, SwitchResult, TrainRequest, SendGradientsRequest, ReceiveGradientsRequest,
-        StepRequest, StepResult, CheckpointRequest, CellStatistics, AccumulateStatistics, PackedBatch,
+        GenerateRequest,
+        StreamedGenerate,
+        FrameBatch,
+        AbortRequest,
+        LoadWeightsRequest,
+        WireError,
+        Frame,
+        Health,
+        EngineStatistics,
+        list[Completion],
+        ExportKVRequest,
+        ReleaseKVRequest,
+        KVExport,
+        bool,
+        SwitchRequest,
+        SwitchResult,
+        TrainRequest,
+        SendGradientsRequest,
+        ReceiveGradientsRequest,
+        StepRequest,
+        StepResult,
+        CheckpointRequest,
+        CellStatistics,
+        AccumulateStatistics,
+        PackedBatch,
     )
 }
 _LEN = struct.Struct(">I")

@@ -22,8 +22,15 @@ from gyre.errors import ConfigError, RunDirError
 from gyre.runtime.metrics import METRICS_FILE, append_line
 from gyre.tasks.outcome import Outcome
 
-__all__ = ["LoopState", "save_checkpoint", "latest_checkpoint", "check_run_dir", "LedgerEntry", "ExecutionLedger",
-           "LEDGER_FILE"]
+__all__ = [
+    "LoopState",
+    "save_checkpoint",
+    "latest_checkpoint",
+    "check_run_dir",
+    "LedgerEntry",
+    "ExecutionLedger",
+    "LEDGER_FILE",
+]
 
 LEDGER_FILE = "executions.jsonl"
 
@@ -48,7 +55,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(run_dir: Path, state: LoopState, save_trainer: Callable[[Path], None], *, keep: int) -> Path:
+def save_checkpoint(
+    run_dir: Path, state: LoopState, save_trainer: Callable[[Path], None], *, keep: int
+) -> Path:
     """Write `checkpoints/step-<k>/` (trainer state via `save_trainer`, then `state.json`), then
     point `checkpoints/latest` at it; delete all but the newest `keep`. Returns the folder."""
     root = run_dir / "checkpoints"
@@ -58,7 +67,9 @@ def save_checkpoint(run_dir: Path, state: LoopState, save_trainer: Callable[[Pat
     save_trainer(folder / "trainer")
     _write_atomic(folder / "state.json", msgspec.json.encode(state))
     _write_atomic(root / "latest", folder.name.encode())
-    steps = sorted((p for p in root.glob("step-*") if p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
+    steps = sorted(
+        (p for p in root.glob("step-*") if p.name[5:].isdigit()), key=lambda p: int(p.name[5:])
+    )
     for old in steps[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return folder
@@ -96,14 +107,20 @@ def check_run_dir(
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run_dir={str(run_dir)!r} is not a folder")
     found = latest_checkpoint(run_dir)
-    if found is None and not any((run_dir / name).exists() for name in (METRICS_FILE, LEDGER_FILE, *records)):
+    if found is None and not any(
+        (run_dir / name).exists() for name in (METRICS_FILE, LEDGER_FILE, *records)
+    ):
         return None
     if not resumable:
-        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a run and multi-cell runs "
-                          "(cells.num_cells > 1) cannot resume yet: remove it or choose another run_dir")
+        raise ConfigError(
+            f"run_dir={str(run_dir)!r} already holds a run and multi-cell runs "
+            "(cells.num_cells > 1) cannot resume yet: remove it or choose another run_dir"
+        )
     if not resume:
-        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a run: pass --resume to continue it, "
-                          "remove it or choose another run_dir")
+        raise ConfigError(
+            f"run_dir={str(run_dir)!r} already holds a run: pass --resume to continue it, "
+            "remove it or choose another run_dir"
+        )
     return found
 
 

@@ -154,7 +154,13 @@ class MigrateContinuation:
     Raises `ValueError` for a non-positive timeout or a negative `keep_records`.
     """
 
-    def __init__(self, *, export_timeout_s: float = 20.0, release_timeout_s: float = 5.0, keep_records: int = 256) -> None:
+    def __init__(
+        self,
+        *,
+        export_timeout_s: float = 20.0,
+        release_timeout_s: float = 5.0,
+        keep_records: int = 256,
+    ) -> None:
         if export_timeout_s <= 0 or release_timeout_s <= 0:
             raise ValueError(f"{export_timeout_s=} and {release_timeout_s=} must be > 0")
         if keep_records < 0:
@@ -163,7 +169,12 @@ class MigrateContinuation:
         self.release_timeout_s = release_timeout_s
         self._records: deque[MigrationRecord] = deque(maxlen=keep_records)
         self._counts = dict(
-            migrated=0, recomputed=0, tokens_moved=0, exports_failed=0, exports_stale=0, released=0,
+            migrated=0,
+            recomputed=0,
+            tokens_moved=0,
+            exports_failed=0,
+            exports_stale=0,
+            released=0,
             release_failed=0,
         )
         self._export_s_total = 0.0
@@ -212,19 +223,32 @@ class MigrateContinuation:
                     f"target at {target.statistics().weight_version}"
                 )
             else:
-                self._record(MigrationRecord(
-                    request_id=request.request_id, outcome="migrated", sequence_tokens=n,
-                    tokens_moved=carried.tokens, export_s=export_s,
-                ))
+                self._record(
+                    MigrationRecord(
+                        request_id=request.request_id,
+                        outcome="migrated",
+                        sequence_tokens=n,
+                        tokens_moved=carried.tokens,
+                        export_s=export_s,
+                    )
+                )
                 return ContinuationPlan(
                     request=msgspec.structs.replace(request, kv_import=carried),
-                    tokens_recomputed=n - carried.tokens, tokens_loaded=carried.tokens, export=carried,
+                    tokens_recomputed=n - carried.tokens,
+                    tokens_loaded=carried.tokens,
+                    export=carried,
                 )
             await self._delete(carried, target)
-        self._record(MigrationRecord(
-            request_id=request.request_id, outcome="recomputed", sequence_tokens=n, tokens_moved=0,
-            export_s=export_s, reason=reason,
-        ))
+        self._record(
+            MigrationRecord(
+                request_id=request.request_id,
+                outcome="recomputed",
+                sequence_tokens=n,
+                tokens_moved=0,
+                export_s=export_s,
+                reason=reason,
+            )
+        )
         return ContinuationPlan(request=request, tokens_recomputed=n)
 
     async def release(self, plan: ContinuationPlan, *, target: InferenceEngine) -> None:
@@ -252,6 +276,8 @@ class MigrateContinuation:
     def statistics(self) -> MigrationStatistics:
         """A snapshot of the counters and the most recent records."""
         return MigrationStatistics(
-            export_s_total=self._export_s_total, export_s_max=self._export_s_max, records=tuple(self._records),
+            export_s_total=self._export_s_total,
+            export_s_max=self._export_s_max,
+            records=tuple(self._records),
             **self._counts,
         )

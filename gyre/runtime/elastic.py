@@ -102,9 +102,19 @@ class ElasticRuntime:
     """
 
     def __init__(
-        self, *, config: RunConfig, cells: Sequence[CellHandle], router: Router, rollout: Rollout,
-        policy: SchedulerPolicy, tasks: Sequence[Task], snapshot: str, version: int = 0,
-        timeline: Any = None, metrics: Any = None, launch: str = "0",
+        self,
+        *,
+        config: RunConfig,
+        cells: Sequence[CellHandle],
+        router: Router,
+        rollout: Rollout,
+        policy: SchedulerPolicy,
+        tasks: Sequence[Task],
+        snapshot: str,
+        version: int = 0,
+        timeline: Any = None,
+        metrics: Any = None,
+        launch: str = "0",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         loop = config.loop
@@ -139,7 +149,9 @@ class ElasticRuntime:
         self.trained = 0
         self.running = 0
         self.step_running = False
-        self.batches = BatchFormation(groups_per_batch=self.B // self.G, streaming=config.scheduler.streaming)
+        self.batches = BatchFormation(
+            groups_per_batch=self.B // self.G, streaming=config.scheduler.streaming
+        )
         self.where: dict[str, DrivenCell] = {}
         self.switch_s: list[float] = []
         self.switches_done = 0
@@ -191,18 +203,30 @@ class ElasticRuntime:
 
     def _state(self) -> SchedulerState:
         live = self._live()
-        capacity = max([self.capacity, *(len(c.executions) for c in live)])  # survivors of a lost cell
+        capacity = max(
+            [self.capacity, *(len(c.executions) for c in live)]
+        )  # survivors of a lost cell
         views = tuple(
             CellView(
-                index=i, role=c.role, is_core=c is self.core, switching_to=c.target,
-                executions=len(c.executions), busy=c.busy and c.role == "train",
+                index=i,
+                role=c.role,
+                is_core=c is self.core,
+                switching_to=c.target,
+                executions=len(c.executions),
+                busy=c.busy and c.role == "train",
             )
             for i, c in enumerate(live)
         )
         return SchedulerState(
-            cells=views, capacity_per_cell=capacity, batch_executions=self.B,
-            dispatched=self.dispatched, finished=self.finished, weight_version=self.steps_done,
-            train_ready=self.G * len(self.batches.queue), train_running=self.running, trained=self.trained,
+            cells=views,
+            capacity_per_cell=capacity,
+            batch_executions=self.B,
+            dispatched=self.dispatched,
+            finished=self.finished,
+            weight_version=self.steps_done,
+            train_ready=self.G * len(self.batches.queue),
+            train_running=self.running,
+            trained=self.trained,
             step_running=self.step_running,
         )
 
@@ -247,7 +271,8 @@ class ElasticRuntime:
         if self.timeline is not None:
             live = self._live()
             self.timeline.water(
-                self._now(), self.dispatched - self.finished,
+                self._now(),
+                self.dispatched - self.finished,
                 self.capacity * sum(c.role == "rollout" for c in live),
             )
 
@@ -263,7 +288,9 @@ class ElasticRuntime:
         pool = [c for c in self._live() if c.role == "rollout" and c is not avoid]
         if not pool:
             raise RuntimeError(f"{self.policy.name}: no rollout cell to place an execution on")
-        return min(pool, key=lambda c: (len(c.executions) >= self.capacity, len(c.executions), c.index))
+        return min(
+            pool, key=lambda c: (len(c.executions) >= self.capacity, len(c.executions), c.index)
+        )
 
     def _pin(self, execution_id: str, cell: DrivenCell) -> None:
         self.router.pin(execution_id, cell.name)
@@ -298,7 +325,9 @@ class ElasticRuntime:
         if group.left == 0:
             members = [m for m in group.members if m is not None]
             group.batch = await anyio.to_thread.run_sync(
-                lambda: build_training_batch([members], trajectory=self.config.trajectory, num_executions=self.B)
+                lambda: build_training_batch(
+                    [members], trajectory=self.config.trajectory, num_executions=self.B
+                )
             )
             if self.batches.complete(group, self.steps_done):
                 self._batch_in_s = self._now()
@@ -328,14 +357,21 @@ class ElasticRuntime:
                     cell.trainer_version = weights.version
                 self._activity(cell, "train")
                 if group.batch is not None:
-                    stats = await cell.client.train(group.batch.micro_batches, group.batch.advantages)
+                    stats = await cell.client.train(
+                        group.batch.micro_batches, group.batch.advantages
+                    )
                     self.train_stats.append(stats)
                     cell.has_grads = True
                 cell.trained_groups.append(group)
         except GyreError as exc:
             if cell.alive and not died(cell):
                 raise
-            logger.warning("cell %s died while training group %d: it is trained again (%s)", cell.name, group.index, exc)
+            logger.warning(
+                "cell %s died while training group %d: it is trained again (%s)",
+                cell.name,
+                group.index,
+                exc,
+            )
             self.batches.queue.appendleft(group)
         else:
             self.trained += self.G
@@ -406,20 +442,42 @@ class ElasticRuntime:
         self.steps_done += 1
         step_s = now - (self._step_t0 - self._t0)
         record = StepRecord(
-            step=self.steps_done, version=self.weights.version, end_s=now, step_s=step_s, groups=len(step_groups),
-            executions=len(executed), switches=self.switches_done - self._step_switches,
+            step=self.steps_done,
+            version=self.weights.version,
+            end_s=now,
+            step_s=step_s,
+            groups=len(step_groups),
+            executions=len(executed),
+            switches=self.switches_done - self._step_switches,
         )
         self.records.append(record)
         if self.metrics is not None:
             recovered = _recovered(self.router.statistics())
-            self.metrics.write(_step_metrics(record, executed, batches, stats, counted, result, {
-                "rollout_s": self._batch_in_s - (self._step_t0 - self._t0),
-                "train_s": t_step - self._batch_in_s,
-                "sync_s": now - t_step,
-                **{k: v - self._step_recovered[k] for k, v in recovered.items()},
-            }), self._statistics() if self.metrics.sinks else None)
+            self.metrics.write(
+                _step_metrics(
+                    record,
+                    executed,
+                    batches,
+                    stats,
+                    counted,
+                    result,
+                    {
+                        "rollout_s": self._batch_in_s - (self._step_t0 - self._t0),
+                        "train_s": t_step - self._batch_in_s,
+                        "sync_s": now - t_step,
+                        **{k: v - self._step_recovered[k] for k, v in recovered.items()},
+                    },
+                ),
+                self._statistics() if self.metrics.sinks else None,
+            )
             self._step_recovered = recovered
-        logger.info("step %d: version %d, %.1f s, %d executions", record.step, record.version, step_s, len(executed))
+        logger.info(
+            "step %d: version %d, %.1f s, %d executions",
+            record.step,
+            record.version,
+            step_s,
+            len(executed),
+        )
         self._step_t0 = self.clock()
         self._step_switches = self.switches_done
         self.trained = 0
@@ -432,14 +490,19 @@ class ElasticRuntime:
         driver's own counters under `runtime` (water level, cells by role, switches)."""
         live = self._live()
         runtime = {
-            "dispatched": self.dispatched, "finished": self.finished,
-            "water_level": self.dispatched - self.finished, "live_cells": len(live),
+            "dispatched": self.dispatched,
+            "finished": self.finished,
+            "water_level": self.dispatched - self.finished,
+            "live_cells": len(live),
             "rollout_cells": sum(c.role == "rollout" for c in live),
-            "train_cells": sum(c.role == "train" for c in live), "switches": self.switches_done,
+            "train_cells": sum(c.role == "train" for c in live),
+            "switches": self.switches_done,
         }
         return {
-            "router": self.router.statistics(), "proxy": self.rollout.proxy.statistics(),
-            "harness": self.rollout.harness.statistics(), "weights": self.weights.statistics(),
+            "router": self.router.statistics(),
+            "proxy": self.rollout.proxy.statistics(),
+            "harness": self.rollout.harness.statistics(),
+            "weights": self.weights.statistics(),
             "runtime": runtime,
         }
 
@@ -447,7 +510,9 @@ class ElasticRuntime:
 
     def _begin_switch(self, cell: DrivenCell, role: CellRole) -> None:
         if cell.role == role or cell.role == "switching":
-            raise RuntimeError(f"{self.policy.name}: switch of cell {cell.name} ({cell.role}) to {role}")
+            raise RuntimeError(
+                f"{self.policy.name}: switch of cell {cell.name} ({cell.role}) to {role}"
+            )
         if role == "train":
             for execution_id in sorted(cell.executions):
                 self._pin(execution_id, self._place(avoid=cell))
@@ -463,7 +528,9 @@ class ElasticRuntime:
             async with cell.lock:
                 satellite = cell is not self.core
                 weights = self.weights
-                await cell.client.switch_role("train", weights.snapshot if satellite else None, weights.version)
+                await cell.client.switch_role(
+                    "train", weights.snapshot if satellite else None, weights.version
+                )
                 if satellite:
                     cell.trainer_version = weights.version
         else:
@@ -506,8 +573,14 @@ class ElasticRuntime:
     def _lose(self, cell: DrivenCell) -> None:
         code = cell.process.poll()
         if cell is self.core:
-            raise CellDiedError(f"core cell {cell.name} died (exit {code}): its weights and optimizer state are lost")
-        logger.warning("cell %s died (exit %s): dropped; its executions move to the other cells", cell.name, code)
+            raise CellDiedError(
+                f"core cell {cell.name} died (exit {code}): its weights and optimizer state are lost"
+            )
+        logger.warning(
+            "cell %s died (exit %s): dropped; its executions move to the other cells",
+            cell.name,
+            code,
+        )
         cell.alive = False
         self.router.mark_down(cell.name, f"process exited with {code}")
         self._activity(cell, "idle")
@@ -538,17 +611,25 @@ def _step_metrics(record, executed, batches, stats, counted, result, times) -> S
     linear = sum(b.linear_tokens for b in batches)
     packed = sum(b.packed_tokens for b in batches)
     return StepMetrics(
-        step=record.step, version=record.version, executions=len(executed),
-        pass_rate=rate, mean_reward=reward,
+        step=record.step,
+        version=record.version,
+        executions=len(executed),
+        pass_rate=rate,
+        mean_reward=reward,
         finished=sum(ex.outcome.termination == "finished" for ex in executed),
         partial=sum(ex.outcome.stopped for ex in executed),
         failed=sum(ex.outcome.failed for ex in executed),
         truncated=sum(ex.summary.truncated for ex in executed),
         model_calls=sum(len(ex.calls) for ex in executed),
         branches=sum(t.branches for b in batches for t in b.trees.values()),
-        policy_tokens=sum(b.policy_tokens for b in batches), packed_tokens=packed,
+        policy_tokens=sum(b.policy_tokens for b in batches),
+        packed_tokens=packed,
         dedup_ratio=linear / packed if packed else math.nan,
-        logprob_abs_diff_mean=sum(s.logprob_abs_diff_sum for s in stats) / counted if counted else math.nan,
+        logprob_abs_diff_mean=sum(s.logprob_abs_diff_sum for s in stats) / counted
+        if counted
+        else math.nan,
         mean_ratio=sum(s.ratio_sum for s in stats) / counted if counted else math.nan,
-        applied=bool(result.applied), step_s=record.step_s, **times,
+        applied=bool(result.applied),
+        step_s=record.step_s,
+        **times,
     )

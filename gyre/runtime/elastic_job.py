@@ -32,8 +32,15 @@ __all__ = ["run_cells", "run_elastic"]
 
 
 async def run_cells(
-    config: RunConfig, cells: Sequence[CellHandle], *, tokenizer: Any, tasks: Sequence[Task], snapshot: str,
-    version: int = 0, policy: SchedulerPolicy | None = None, launch: str = "0",
+    config: RunConfig,
+    cells: Sequence[CellHandle],
+    *,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    snapshot: str,
+    version: int = 0,
+    policy: SchedulerPolicy | None = None,
+    launch: str = "0",
     on_runtime: Callable[[ElasticRuntime], None] | None = None,
 ) -> ElasticRuntime:
     """Run `config.loop.steps` steps on `cells` (open clients; `cells[0]` is the core): the TITO
@@ -45,18 +52,30 @@ async def run_cells(
     sched = config.scheduler
     if policy is None:
         policy = make_policy(
-            sched.policy, max_staleness_steps=sched.max_staleness_steps, async_train_cells=sched.async_train_cells
+            sched.policy,
+            max_staleness_steps=sched.max_staleness_steps,
+            async_train_cells=sched.async_train_cells,
         )
     async with Router({c.name: c.client for c in cells}, config=config.router) as router:
         async with open_rollout(
-            config, tokenizer=tokenizer, engine_for=router.engine_for,
+            config,
+            tokenizer=tokenizer,
+            engine_for=router.engine_for,
             max_concurrent=sched.capacity_per_cell * len(cells),
         ) as rollout:
             metrics = MetricsWriter(run_dir, open_sinks(config, run_dir))
             with TimelineWriter(run_dir) as timeline, metrics:
                 runtime = ElasticRuntime(
-                    config=config, cells=cells, router=router, rollout=rollout, policy=policy, tasks=tasks,
-                    snapshot=snapshot, version=version, timeline=timeline, metrics=metrics,
+                    config=config,
+                    cells=cells,
+                    router=router,
+                    rollout=rollout,
+                    policy=policy,
+                    tasks=tasks,
+                    snapshot=snapshot,
+                    version=version,
+                    timeline=timeline,
+                    metrics=metrics,
                     launch=launch,
                 )
                 if on_runtime is not None:
@@ -66,7 +85,11 @@ async def run_cells(
 
 
 async def run_elastic(
-    config: RunConfig, model_dir: Path, *, policy: SchedulerPolicy | None = None, launch: str | None = None,
+    config: RunConfig,
+    model_dir: Path,
+    *,
+    policy: SchedulerPolicy | None = None,
+    launch: str | None = None,
     on_runtime: Callable[[ElasticRuntime], None] | None = None,
 ) -> ElasticRuntime:
     """The multi-cell job: start `config.cells.num_cells` cells (each a vLLM engine and a DeepSpeed
@@ -79,11 +102,24 @@ async def run_elastic(
     check_run_dir(run_dir, resume=False, resumable=False, records=(config.proxy.log_name,))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     async with open_cells(
-        config.cells.num_cells, model_dir, config.engine, log_dir=run_dir / "cells",
-        trainer_config=config.trainer, rl_config=config.rl, host=config.cells.host,
+        config.cells.num_cells,
+        model_dir,
+        config.engine,
+        log_dir=run_dir / "cells",
+        trainer_config=config.trainer,
+        rl_config=config.rl,
+        host=config.cells.host,
     ) as clients:
-        cells = [CellHandle(name=f"cell-{i}", client=c, process=c.process) for i, c in enumerate(clients)]
+        cells = [
+            CellHandle(name=f"cell-{i}", client=c, process=c.process) for i, c in enumerate(clients)
+        ]
         return await run_cells(
-            config, cells, tokenizer=tokenizer, tasks=train, snapshot=str(model_dir), policy=policy,
-            launch=launch or secrets.token_hex(3), on_runtime=on_runtime,
+            config,
+            cells,
+            tokenizer=tokenizer,
+            tasks=train,
+            snapshot=str(model_dir),
+            policy=policy,
+            launch=launch or secrets.token_hex(3),
+            on_runtime=on_runtime,
         )

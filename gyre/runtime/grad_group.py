@@ -26,7 +26,11 @@ def host_group_store(host: str = "127.0.0.1", timeout_s: float = 300.0) -> dist.
 
     Keep the returned object alive for the whole run: the store lives in this process."""
     return dist.TCPStore(
-        host, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
+        host,
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
     )
 
 
@@ -42,7 +46,9 @@ class GradientGroup:
     when the other ranks do not join within `timeout_s`.
     """
 
-    def __init__(self, address: str, rank: int, world_size: int, *, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, address: str, rank: int, world_size: int, *, timeout_s: float = 300.0
+    ) -> None:
         host, sep, port = address.rpartition(":")
         if not sep or not port.isdigit():
             raise ValueError(f"group store address {address!r} must be HOST:PORT")
@@ -53,7 +59,9 @@ class GradientGroup:
         self.timeout_s = timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-        self._group = dist.ProcessGroupGloo(dist.PrefixStore(_PREFIX, store), rank, world_size, timeout)
+        self._group = dist.ProcessGroupGloo(
+            dist.PrefixStore(_PREFIX, store), rank, world_size, timeout
+        )
         self.sent = 0
         """Gradient vectors sent so far."""
         self.received = 0
@@ -61,7 +69,9 @@ class GradientGroup:
 
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self.world_size or peer == self.rank:
-            raise ValueError(f"peer rank {peer} must be another rank in [0, {self.world_size}) (this is {self.rank})")
+            raise ValueError(
+                f"peer rank {peer} must be another rank in [0, {self.world_size}) (this is {self.rank})"
+            )
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         """Send a contiguous CPU tensor to rank `dst`; returns once delivered. Raises `ValueError`

@@ -27,7 +27,13 @@ from gyre.config import RunConfig
 from gyre.errors import ConfigError
 from gyre.runtime.batch import build_training_batch
 from gyre.runtime.cell_client import CellClient, open_cell
-from gyre.runtime.checkpoint import ExecutionLedger, LedgerEntry, LoopState, check_run_dir, save_checkpoint
+from gyre.runtime.checkpoint import (
+    ExecutionLedger,
+    LedgerEntry,
+    LoopState,
+    check_run_dir,
+    save_checkpoint,
+)
 from gyre.runtime.metrics import EvalMetrics, MetricsWriter, StepMetrics, read_metrics
 from gyre.runtime.rollout import Executed, Rollout, open_rollout
 from gyre.runtime.sinks import open_sinks
@@ -43,13 +49,17 @@ def split_tasks(config: RunConfig) -> tuple[list[Task], list[Task]]:
     """(training tasks, held-out tasks): every task of the configured suites, by task id;
     `heldout_tasks` of them, drawn by a fixed seed (the same split for every run seed), are held
     out. Raises `ConfigError` when no training task is left."""
-    tasks = sorted((t for suite in config.tasks.suites for t in load_suite(suite)), key=lambda t: t.task_id)
+    tasks = sorted(
+        (t for suite in config.tasks.suites for t in load_suite(suite)), key=lambda t: t.task_id
+    )
     k = config.loop.heldout_tasks
     held = set(random.Random("gyre-heldout").sample(range(len(tasks)), min(k, len(tasks))))
     train = [t for i, t in enumerate(tasks) if i not in held]
     heldout = [t for i, t in enumerate(tasks) if i in held]
     if not train:
-        raise ConfigError(f"loop.heldout_tasks={k} leaves no training task among {len(tasks)} in {config.tasks.suites}")
+        raise ConfigError(
+            f"loop.heldout_tasks={k} leaves no training task among {len(tasks)} in {config.tasks.suites}"
+        )
     return train, heldout
 
 
@@ -68,13 +78,17 @@ def pass_rate(executed: Sequence[Executed]) -> tuple[float, float]:
     scored = [ex.outcome.score for ex in executed if not ex.outcome.failed]
     if not scored:
         return math.nan, math.nan
-    return sum(s.all_passed for s in scored) / len(scored), sum(s.score for s in scored) / len(scored)
+    return sum(s.all_passed for s in scored) / len(scored), sum(s.score for s in scored) / len(
+        scored
+    )
 
 
 class _Run:
     """The state one `run_rl` call threads through its steps."""
 
-    def __init__(self, config: RunConfig, trainer, engine: CellClient, rollout: Rollout, launch: str) -> None:
+    def __init__(
+        self, config: RunConfig, trainer, engine: CellClient, rollout: Rollout, launch: str
+    ) -> None:
         self.config = config
         self.run_dir = Path(config.run_dir).resolve()
         self.trainer = trainer
@@ -96,7 +110,9 @@ class _Run:
             summary = log.summaries.get(e.outcome.execution_id)
             if summary is not None:  # closed in the proxy: every call of it is in the log
                 out[(e.task_id, e.slot)] = Executed(
-                    outcome=e.outcome, calls=log.for_execution(e.outcome.execution_id), summary=summary
+                    outcome=e.outcome,
+                    calls=log.for_execution(e.outcome.execution_id),
+                    summary=summary,
                 )
         return out
 
@@ -107,13 +123,20 @@ class _Run:
         tasks = pick_tasks(self.train_tasks, state.task_cursor, n_tasks, self.config.seed)
         t0 = time.perf_counter()
         done = self._recovered(step)
-        slots = [(i, task, j) for i, task in enumerate(tasks) for j in range(cfg.group_size) if (task.task_id, j) not in done]
+        slots = [
+            (i, task, j)
+            for i, task in enumerate(tasks)
+            for j in range(cfg.group_size)
+            if (task.task_id, j) not in done
+        ]
         jobs = [(task, f"s{step}-{self.launch}-t{i}-g{j}") for i, task, j in slots]
 
         def persist(k: int, ex: Executed) -> None:
             i, task, j = slots[k]
             done[(task.task_id, j)] = ex
-            self.ledger.append(LedgerEntry(step=step, task_id=task.task_id, slot=j, outcome=ex.outcome))
+            self.ledger.append(
+                LedgerEntry(step=step, task_id=task.task_id, slot=j, outcome=ex.outcome)
+            )
 
         await self.rollout.run_many(jobs, on_done=persist)
         groups = [[done[(task.task_id, j)] for j in range(cfg.group_size)] for task in tasks]
@@ -124,38 +147,55 @@ class _Run:
         batch = build_training_batch(groups, trajectory=self.config.trajectory)
         stats = None
         if batch is not None:
-            stats = await anyio.to_thread.run_sync(self.trainer.train_batch, batch.micro_batches, batch.advantages)
+            stats = await anyio.to_thread.run_sync(
+                self.trainer.train_batch, batch.micro_batches, batch.advantages
+            )
         train_s = time.perf_counter() - t1
 
         t2 = time.perf_counter()
         if stats is not None and stats.applied:
-            snapshot = await anyio.to_thread.run_sync(self.trainer.save_snapshot, self.run_dir / "snapshots")
+            snapshot = await anyio.to_thread.run_sync(
+                self.trainer.save_snapshot, self.run_dir / "snapshots"
+            )
             await self.engine.load_weights(str(snapshot), self.trainer.version)
-        new_state = LoopState(step=step, version=self.trainer.version, task_cursor=state.task_cursor + n_tasks)
+        new_state = LoopState(
+            step=step, version=self.trainer.version, task_cursor=state.task_cursor + n_tasks
+        )
         await anyio.to_thread.run_sync(
-            lambda: save_checkpoint(self.run_dir, new_state, self.trainer.save_checkpoint, keep=cfg.keep_checkpoints)
+            lambda: save_checkpoint(
+                self.run_dir, new_state, self.trainer.save_checkpoint, keep=cfg.keep_checkpoints
+            )
         )
         sync_s = time.perf_counter() - t2
 
         rate, mean_reward = pass_rate(executed)
         statistics = await self._statistics() if self.metrics.sinks else None
-        self.metrics.write(StepMetrics(
-            step=step, version=self.trainer.version, executions=len(executed), pass_rate=rate,
-            mean_reward=mean_reward,
-            finished=sum(ex.outcome.termination == "finished" for ex in executed),
-            partial=sum(ex.outcome.stopped for ex in executed),
-            failed=sum(ex.outcome.failed for ex in executed),
-            truncated=sum(ex.summary.truncated for ex in executed),
-            model_calls=sum(len(ex.calls) for ex in executed),
-            branches=sum(t.branches for t in batch.trees.values()) if batch else 0,
-            policy_tokens=batch.policy_tokens if batch else 0,
-            packed_tokens=batch.packed_tokens if batch else 0,
-            dedup_ratio=batch.linear_tokens / batch.packed_tokens if batch else math.nan,
-            logprob_abs_diff_mean=stats.logprob_abs_diff_mean if stats else math.nan,
-            mean_ratio=stats.mean_ratio if stats else math.nan,
-            applied=bool(stats and stats.applied),
-            rollout_s=rollout_s, train_s=train_s, sync_s=sync_s, step_s=time.perf_counter() - t0,
-        ), statistics)
+        self.metrics.write(
+            StepMetrics(
+                step=step,
+                version=self.trainer.version,
+                executions=len(executed),
+                pass_rate=rate,
+                mean_reward=mean_reward,
+                finished=sum(ex.outcome.termination == "finished" for ex in executed),
+                partial=sum(ex.outcome.stopped for ex in executed),
+                failed=sum(ex.outcome.failed for ex in executed),
+                truncated=sum(ex.summary.truncated for ex in executed),
+                model_calls=sum(len(ex.calls) for ex in executed),
+                branches=sum(t.branches for t in batch.trees.values()) if batch else 0,
+                policy_tokens=batch.policy_tokens if batch else 0,
+                packed_tokens=batch.packed_tokens if batch else 0,
+                dedup_ratio=batch.linear_tokens / batch.packed_tokens if batch else math.nan,
+                logprob_abs_diff_mean=stats.logprob_abs_diff_mean if stats else math.nan,
+                mean_ratio=stats.mean_ratio if stats else math.nan,
+                applied=bool(stats and stats.applied),
+                rollout_s=rollout_s,
+                train_s=train_s,
+                sync_s=sync_s,
+                step_s=time.perf_counter() - t0,
+            ),
+            statistics,
+        )
         return new_state
 
     async def _statistics(self) -> dict[str, object]:
@@ -174,13 +214,19 @@ class _Run:
         t0 = time.perf_counter()
         jobs = [
             (task, f"eval{step}-{self.launch}-t{i}-g{j}")
-            for i, task in enumerate(self.heldout) for j in range(self.config.loop.eval_group_size)
+            for i, task in enumerate(self.heldout)
+            for j in range(self.config.loop.eval_group_size)
         ]
         executed = await self.rollout.run_many(jobs)
         rate, mean_reward = pass_rate(executed)
         record = EvalMetrics(
-            step=step, version=self.trainer.version, split="heldout", executions=len(executed),
-            pass_rate=rate, mean_reward=mean_reward, eval_s=time.perf_counter() - t0,
+            step=step,
+            version=self.trainer.version,
+            split="heldout",
+            executions=len(executed),
+            pass_rate=rate,
+            mean_reward=mean_reward,
+            eval_s=time.perf_counter() - t0,
         )
         self.metrics.write(record)
         return record
@@ -207,7 +253,9 @@ def _truncate_torn_log(path: Path) -> None:
             os.truncate(path, path.stat().st_size - torn)
 
 
-async def run_rl(config: RunConfig, model_dir: Path, *, resume: bool = False, progress=None) -> LoopState:
+async def run_rl(
+    config: RunConfig, model_dir: Path, *, resume: bool = False, progress=None
+) -> LoopState:
     """Run the RL loop to `config.loop.steps` steps; returns the final `LoopState`.
 
     `resume=True` continues from the newest checkpoint of `config.run_dir` (a fresh start if it
@@ -226,17 +274,23 @@ async def run_rl(config: RunConfig, model_dir: Path, *, resume: bool = False, pr
     _truncate_torn_log(run_dir / config.proxy.log_name)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     objective = PolicyObjective(config.rl)
-    trainer = await anyio.to_thread.run_sync(lambda: DeepSpeedTrainer(model_dir, config.trainer, objective))
+    trainer = await anyio.to_thread.run_sync(
+        lambda: DeepSpeedTrainer(model_dir, config.trainer, objective)
+    )
     if trainer_dir is not None:
         await anyio.to_thread.run_sync(trainer.load_checkpoint, trainer_dir)
     weights = model_dir
     if trainer.version:
         weights = await anyio.to_thread.run_sync(trainer.save_snapshot, run_dir / "snapshots")
-    async with open_cell(weights, config.engine, log_path=run_dir / "cells" / "cell-0.log") as engine:
+    async with open_cell(
+        weights, config.engine, log_path=run_dir / "cells" / "cell-0.log"
+    ) as engine:
         if trainer.version:
             await engine.load_weights(str(weights), trainer.version)  # tag the resumed version
         async with open_rollout(
-            config, tokenizer=tokenizer, engine_for=lambda _execution: engine,
+            config,
+            tokenizer=tokenizer,
+            engine_for=lambda _execution: engine,
             max_concurrent=config.loop.max_concurrent_executions,
         ) as rollout:
             run = _Run(config, trainer, engine, rollout, launch=secrets.token_hex(3))

@@ -21,7 +21,14 @@ import msgspec
 from gyre.errors import RunDirError
 from gyre.runtime.sinks import MetricSink, close_all, scalars
 
-__all__ = ["StepMetrics", "EvalMetrics", "MetricsWriter", "read_metrics", "append_line", "METRICS_FILE"]
+__all__ = [
+    "StepMetrics",
+    "EvalMetrics",
+    "MetricsWriter",
+    "read_metrics",
+    "append_line",
+    "METRICS_FILE",
+]
 
 logger = logging.getLogger(__name__)
 

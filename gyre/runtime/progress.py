@@ -56,8 +56,14 @@ class Progress:
         ValueError: total_steps < 0 or rows < 1.
     """
 
-    def __init__(self, *, total_steps: int | None = None, stream: TextIO | None = None,
-                 live: bool | None = None, rows: int = 15) -> None:
+    def __init__(
+        self,
+        *,
+        total_steps: int | None = None,
+        stream: TextIO | None = None,
+        live: bool | None = None,
+        rows: int = 15,
+    ) -> None:
         if (total_steps is not None and total_steps < 0) or rows < 1:
             raise ValueError(f"{total_steps=} must be >= 0 and {rows=} >= 1")
         from rich.console import Console
@@ -65,7 +71,11 @@ class Progress:
         self.total_steps = total_steps
         self.stream = stream if stream is not None else sys.stdout
         self.console = Console(file=self.stream, highlight=False)
-        self.live_mode = (self.console.is_terminal and not self.console.is_dumb_terminal) if live is None else live
+        self.live_mode = (
+            (self.console.is_terminal and not self.console.is_dumb_terminal)
+            if live is None
+            else live
+        )
         self.rows = rows
         self._steps: list[StepMetrics] = []
         self._evals: list[EvalMetrics] = []
@@ -122,7 +132,9 @@ class Progress:
         from rich.live import Live
 
         if self._live is None:
-            self._live = Live(self._table(), console=self.console, refresh_per_second=4, transient=False)
+            self._live = Live(
+                self._table(), console=self.console, refresh_per_second=4, transient=False
+            )
             self._live.start()
         else:
             self._live.update(self._table(), refresh=True)
@@ -134,18 +146,42 @@ class Progress:
         title = "gyre RL"
         if heldout:
             first, last = heldout[0], heldout[-1]
-            title += (f"  |  held-out pass {100 * first.pass_rate:.1f}% (step {first.step})"
-                      f" -> {100 * last.pass_rate:.1f}% (step {last.step})")
+            title += (
+                f"  |  held-out pass {100 * first.pass_rate:.1f}% (step {first.step})"
+                f" -> {100 * last.pass_rate:.1f}% (step {last.step})"
+            )
         table = Table(title=title, title_justify="left")
-        for name in ("step", "pass", "reward", "exec", "partial", "failed", "tokens", "dedup",
-                     "|dlogp|", "rollout s", "train s", "sync s", "step s"):
+        for name in (
+            "step",
+            "pass",
+            "reward",
+            "exec",
+            "partial",
+            "failed",
+            "tokens",
+            "dedup",
+            "|dlogp|",
+            "rollout s",
+            "train s",
+            "sync s",
+            "step s",
+        ):
             table.add_column(name, justify="right")
         of = f"/{self.total_steps}" if self.total_steps else ""
         for r in self._steps:
             table.add_row(
-                f"{r.step}{of}" + ("" if r.applied else " skip"), _num(r.pass_rate, ".3f"),
-                _num(r.mean_reward, ".3f"), str(r.executions), str(r.partial), str(r.failed),
-                str(r.policy_tokens), _num(r.dedup_ratio, ".2f"), _num(r.logprob_abs_diff_mean, ".1e"),
-                f"{r.rollout_s:.1f}", f"{r.train_s:.1f}", f"{r.sync_s:.1f}", f"{r.step_s:.1f}",
+                f"{r.step}{of}" + ("" if r.applied else " skip"),
+                _num(r.pass_rate, ".3f"),
+                _num(r.mean_reward, ".3f"),
+                str(r.executions),
+                str(r.partial),
+                str(r.failed),
+                str(r.policy_tokens),
+                _num(r.dedup_ratio, ".2f"),
+                _num(r.logprob_abs_diff_mean, ".1e"),
+                f"{r.rollout_s:.1f}",
+                f"{r.train_s:.1f}",
+                f"{r.sync_s:.1f}",
+                f"{r.step_s:.1f}",
             )
         return table

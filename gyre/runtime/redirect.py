@@ -120,7 +120,10 @@ class Choice:
 
     def completion(self) -> Completion:
         return Completion(
-            index=self.index, token_ids=list(self.ids), logprobs=list(self.lps), versions=list(self.vers),
+            index=self.index,
+            token_ids=list(self.ids),
+            logprobs=list(self.lps),
+            versions=list(self.vers),
             finish_reason=self.finish or "abort",
         )
 
@@ -135,7 +138,9 @@ class RequestState:
         self.choices = [Choice(i, max_tokens) for i in range(request.sampling.n)]
         self.scope = anyio.CancelScope()
         self.served = anyio.Event()
-        self.send, self.receive = anyio.create_memory_object_stream[TokenDelta | Exception](math.inf)
+        self.send, self.receive = anyio.create_memory_object_stream[TokenDelta | Exception](
+            math.inf
+        )
 
 
 class RedirectStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -185,8 +190,14 @@ class Redirector(Generic[M]):
         self._place = place
         self._mark_down = mark_down
         self._counts = dict(
-            tokens_generated=0, requests_routed=0, requests_redirected=0, requests_retried=0,
-            tokens_recomputed=0, requests_migrated=0, tokens_migrated=0, aborts_failed=0,
+            tokens_generated=0,
+            requests_routed=0,
+            requests_redirected=0,
+            requests_retried=0,
+            tokens_recomputed=0,
+            requests_migrated=0,
+            tokens_migrated=0,
+            aborts_failed=0,
         )
         self._latency_total_s = 0.0
         self._latency_max_s = 0.0
@@ -221,7 +232,11 @@ class Redirector(Generic[M]):
             _send(
                 state,
                 TokenDelta(
-                    index=choice.index, token_ids=[], logprobs=[], versions=[], finish_reason=finish,
+                    index=choice.index,
+                    token_ids=[],
+                    logprobs=[],
+                    versions=[],
+                    finish_reason=finish,
                     cached_tokens=choice.cached,
                 ),
             )
@@ -264,7 +279,9 @@ class Redirector(Generic[M]):
             try:
                 try:
                     if attempt:
-                        plan = await self.continuation.prepare(sub, source=source, target=member.engine, carried=carried)
+                        plan = await self.continuation.prepare(
+                            sub, source=source, target=member.engine, carried=carried
+                        )
                         carried = None
                         sub = plan.request
                         self._counts["tokens_recomputed"] += plan.tokens_recomputed
@@ -276,7 +293,9 @@ class Redirector(Generic[M]):
                     leg.error = exc
                 leg.ended.set()
                 if _continues(choice, leg, stop_ids):  # still registered here: a drain waits for it
-                    so_far = msgspec.structs.replace(sub, prompt_ids=[*request.prompt_ids, *choice.ids], kv_import=None)
+                    so_far = msgspec.structs.replace(
+                        sub, prompt_ids=[*request.prompt_ids, *choice.ids], kv_import=None
+                    )
                     carried = await self.continuation.leave(so_far, source=member.engine)
             finally:
                 leg.ended.set()
@@ -298,7 +317,9 @@ class Redirector(Generic[M]):
                 if isinstance(leg.error, EngineUnavailableError) and leg.stop_reason != "redirect":
                     self._mark_down(member, f"attempt {leg.request_id!r} failed: {leg.error}")
                 self._counts["requests_redirected"] += 1
-                choice.moved_s = leg.stopped_s if leg.stopped_s is not None else anyio.current_time()
+                choice.moved_s = (
+                    leg.stopped_s if leg.stopped_s is not None else anyio.current_time()
+                )
                 continue
             failures += 1
             self._counts["requests_retried"] += 1
@@ -316,7 +337,9 @@ class Redirector(Generic[M]):
 
     # -- attempts -------------------------------------------------------------------------------
 
-    async def _run_leg(self, state: RequestState, choice: Choice, leg: Leg, sub: GenerateRequest, *, first: bool) -> None:
+    async def _run_leg(
+        self, state: RequestState, choice: Choice, leg: Leg, sub: GenerateRequest, *, first: bool
+    ) -> None:
         """Stream one attempt into the choice; on return the attempt has ended on its member (or
         the member could not be reached within `abort_timeout_s`)."""
         engine = leg.member.engine
@@ -330,7 +353,14 @@ class Redirector(Generic[M]):
                     try:
                         async with contextlib.aclosing(engine.generate(sub)) as stream:
                             async for delta in stream:
-                                self._take(state, choice, leg, delta.token_ids, delta.logprobs, delta.versions)
+                                self._take(
+                                    state,
+                                    choice,
+                                    leg,
+                                    delta.token_ids,
+                                    delta.logprobs,
+                                    delta.versions,
+                                )
                                 if delta.finish_reason is not None:
                                     leg.finish = delta.finish_reason
                                     if first:
@@ -347,12 +377,20 @@ class Redirector(Generic[M]):
         if leg.finish is None and leg.abort_result:
             done = leg.abort_result[0]  # what the member sampled that its stream did not bring
             tail = slice(leg.streamed, None)
-            self._take(state, choice, leg, done.token_ids[tail], done.logprobs[tail], done.versions[tail])
+            self._take(
+                state, choice, leg, done.token_ids[tail], done.logprobs[tail], done.versions[tail]
+            )
             if done.finish_reason != "abort":
                 leg.finish = done.finish_reason
 
     def _take(
-        self, state: RequestState, choice: Choice, leg: Leg, ids: list[int], lps: list[float], vers: list[int]
+        self,
+        state: RequestState,
+        choice: Choice,
+        leg: Leg,
+        ids: list[int],
+        lps: list[float],
+        vers: list[int],
     ) -> None:
         if not ids:
             return
@@ -369,7 +407,12 @@ class Redirector(Generic[M]):
         leg.streamed += len(ids)
         leg.last_token_s = now
         self._counts["tokens_generated"] += len(ids)
-        _send(state, TokenDelta(index=choice.index, token_ids=list(ids), logprobs=list(lps), versions=list(vers)))
+        _send(
+            state,
+            TokenDelta(
+                index=choice.index, token_ids=list(ids), logprobs=list(lps), versions=list(vers)
+            ),
+        )
 
     async def _watch(self, leg: Leg) -> None:
         """Stop the attempt if no token arrives for `attempt_timeout_s` (it is retried elsewhere)."""
@@ -402,20 +445,28 @@ class Redirector(Generic[M]):
                 leg.abort_result = await leg.member.engine.abort(leg.request_id)
         except (EngineError, TimeoutError) as exc:  # recovered: counted, the member marked down
             leg.scope.cancel()
-            why = str(exc) if isinstance(exc, EngineError) else (
-                f"no answer within abort_timeout_s={self.config.abort_timeout_s}"
+            why = (
+                str(exc)
+                if isinstance(exc, EngineError)
+                else (f"no answer within abort_timeout_s={self.config.abort_timeout_s}")
             )
             self._counts["aborts_failed"] += 1
             logger.warning(
                 "abort of attempt %r on cell %r failed (%s): the cell is marked down",
-                leg.request_id, leg.member.name, why,
+                leg.request_id,
+                leg.member.name,
+                why,
             )
             self._mark_down(leg.member, f"abort of attempt {leg.request_id!r} failed: {why}")
 
 
 def _continues(choice: Choice, leg: Leg, stop_ids: set[int]) -> bool:
     """Whether a choice goes on to another attempt after `leg` ended (see `Redirector._drive`)."""
-    if leg.finish in ("stop", "length") or choice.user_aborted or isinstance(leg.error, InvalidRequestError):
+    if (
+        leg.finish in ("stop", "length")
+        or choice.user_aborted
+        or isinstance(leg.error, InvalidRequestError)
+    ):
         return False
     if choice.ids and choice.ids[-1] in stop_ids:
         return False

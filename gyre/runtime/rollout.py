@@ -58,11 +58,15 @@ class Rollout:
             def refresh(control: ExecutionControl) -> None:
                 s = self.proxy.summary(execution_id)
                 control.observe_totals(
-                    model_calls=s.num_calls, completion_tokens=s.completion_tokens, context_refusals=s.context_refusals
+                    model_calls=s.num_calls,
+                    completion_tokens=s.completion_tokens,
+                    context_refusals=s.context_refusals,
                 )
 
             limits = task.spec.agent
-            control = ExecutionControl(max_turns=limits.max_turns, token_budget=limits.token_budget, refresh=refresh)
+            control = ExecutionControl(
+                max_turns=limits.max_turns, token_budget=limits.token_budget, refresh=refresh
+            )
             try:
                 async with anyio.create_task_group() as tg:
 
@@ -72,7 +76,9 @@ class Rollout:
                             await anyio.sleep(_POLL_S)
 
                     tg.start_soon(watch)
-                    outcome = await self.harness.run(task, execution_id, control=control, api_key=key)
+                    outcome = await self.harness.run(
+                        task, execution_id, control=control, api_key=key
+                    )
                     tg.cancel_scope.cancel()
                 calls = self.proxy.calls(execution_id)
             finally:
@@ -81,7 +87,9 @@ class Rollout:
         return Executed(outcome=outcome, calls=calls, summary=summary)
 
     async def run_many(
-        self, jobs: Sequence[tuple[Task, str]], on_done: Callable[[int, Executed], None] | None = None
+        self,
+        jobs: Sequence[tuple[Task, str]],
+        on_done: Callable[[int, Executed], None] | None = None,
     ) -> list[Executed]:
         """Run `(task, execution_id)` jobs concurrently (up to the limiter); results in job order.
         `on_done(job_index, executed)` runs as each one finishes (e.g. to persist it at once)."""
@@ -89,7 +97,9 @@ class Rollout:
         async with anyio.create_task_group() as tg:
             for i, (task, execution_id) in enumerate(jobs):
 
-                async def one(i: int = i, task: Task = task, execution_id: str = execution_id) -> None:
+                async def one(
+                    i: int = i, task: Task = task, execution_id: str = execution_id
+                ) -> None:
                     results[i] = await self.run(task, execution_id)
                     if on_done is not None:
                         on_done(i, results[i])
@@ -108,19 +118,28 @@ def with_interpreter(harness: HarnessConfig) -> HarnessConfig:
 
 @asynccontextmanager
 async def open_rollout(
-    config: RunConfig, *, tokenizer: Any, engine_for: Callable[[str], InferenceEngine], max_concurrent: int
+    config: RunConfig,
+    *,
+    tokenizer: Any,
+    engine_for: Callable[[str], InferenceEngine],
+    max_concurrent: int,
 ) -> AsyncIterator[Rollout]:
     """The run's TITO proxy served on a task of its own (call log at `<run_dir>/<proxy.log_name>`),
     the harness pointed at it, and a `Rollout` over both; the proxy stops on exit."""
     run_dir = Path(config.run_dir).resolve()  # agents run in their workspaces: no relative paths
     proxy = TitoProxy(
-        tokenizer=tokenizer, engine_for=engine_for, config=config.proxy, log_path=str(run_dir / config.proxy.log_name)
+        tokenizer=tokenizer,
+        engine_for=engine_for,
+        config=config.proxy,
+        log_path=str(run_dir / config.proxy.log_name),
     )
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.serve)
         harness = Harness.from_config(
-            with_interpreter(config.tasks.harness), base_url=f"http://{config.proxy.host}:{port}/v1",
-            model=config.proxy.model_name, run_dir=run_dir,
+            with_interpreter(config.tasks.harness),
+            base_url=f"http://{config.proxy.host}:{port}/v1",
+            model=config.proxy.model_name,
+            run_dir=run_dir,
         )
         for suite in config.tasks.suites:  # no agent reads another suite's hidden tests either
             harness.hide_suite(Path(suite).resolve())

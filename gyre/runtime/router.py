@@ -116,7 +116,14 @@ class _Member:
     """One cell as a member of the router: its engine, role, health, pinned executions and the
     attempts in flight on it (a `gyre.runtime.redirect.Member`)."""
 
-    def __init__(self, name: str, engine: InferenceEngine, role: CellRole, order: int, stats: EngineStatistics) -> None:
+    def __init__(
+        self,
+        name: str,
+        engine: InferenceEngine,
+        role: CellRole,
+        order: int,
+        stats: EngineStatistics,
+    ) -> None:
         self.name = name
         self.engine = engine
         self.role: CellRole = role
@@ -166,7 +173,9 @@ class Router:
         self._cells: dict[str, _Member] = {}
         self._pins: dict[str, _Member] = {}  # execution -> the member it is pinned to
         self._requests: dict[str, RequestState] = {}
-        self._finished: dict[str, bytes] = {}  # request ID -> its completions (msgpack: ~15 B/token)
+        self._finished: dict[
+            str, bytes
+        ] = {}  # request ID -> its completions (msgpack: ~15 B/token)
         self._tombstones: dict[str, bool] = {}
         self._cells_changed = Signal()
         self._tg: TaskGroup | None = None
@@ -304,7 +313,9 @@ class Router:
 
     # -- the InferenceEngine protocol -----------------------------------------------------------
 
-    async def generate(self, request: GenerateRequest, *, execution_id: str | None = None) -> AsyncIterator[TokenDelta]:
+    async def generate(
+        self, request: GenerateRequest, *, execution_id: str | None = None
+    ) -> AsyncIterator[TokenDelta]:
         """Stream the choices of `request` from the rollout cells as one uninterrupted stream.
 
         `execution_id` is the affinity key; without it, the request ID up to its last `/` (the
@@ -418,7 +429,11 @@ class Router:
         """A snapshot of the router's counters and of every cell (see `RouterStatistics`)."""
         cells = tuple(
             CellRecord(
-                name=c.name, role=c.role, down=c.down, running=len(c.legs), executions=c.executions,
+                name=c.name,
+                role=c.role,
+                down=c.down,
+                running=len(c.legs),
+                executions=c.executions,
                 weight_version=c.weight_version,
             )
             for c in self._cells.values()
@@ -444,11 +459,15 @@ class Router:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def _accept(self, request: GenerateRequest, execution_id: str | None) -> RequestState | list[TokenDelta]:
+    def _accept(
+        self, request: GenerateRequest, execution_id: str | None
+    ) -> RequestState | list[TokenDelta]:
         """Admit a request (no checkpoint): its state, or the deltas to answer it with at once."""
         rid = request.request_id
         if self._tg is None:
-            raise EngineUnavailableError(f"request {rid!r} refused: the router is not open (`async with router:`)")
+            raise EngineUnavailableError(
+                f"request {rid!r} refused: the router is not open (`async with router:`)"
+            )
         if rid in self._requests:
             raise EngineUnavailableError(f"request {rid!r} is already running")
         done = self._finished.get(rid)
@@ -456,7 +475,10 @@ class Router:
             self._counts["requests_replayed"] += 1
             return [
                 TokenDelta(
-                    index=c.index, token_ids=c.token_ids, logprobs=c.logprobs, versions=c.versions,
+                    index=c.index,
+                    token_ids=c.token_ids,
+                    logprobs=c.logprobs,
+                    versions=c.versions,
                     finish_reason=c.finish_reason,
                 )
                 for c in _COMPLETIONS_DECODER.decode(done)
@@ -470,7 +492,9 @@ class Router:
             vocab_size=min(c.vocab_size for c in self._cells.values()),
             max_model_len=min(c.max_model_len for c in self._cells.values()),
         )
-        if self._tombstones.pop(rid, False):  # aborted before it arrived: 0 tokens (FIELD_CASES B20)
+        if self._tombstones.pop(
+            rid, False
+        ):  # aborted before it arrived: 0 tokens (FIELD_CASES B20)
             self._counts["requests_aborted"] += 1
             return [
                 TokenDelta(index=i, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
@@ -497,14 +521,18 @@ class Router:
                     del self._requests[rid]
                 if any(c.finish == "abort" for c in state.choices):
                     self._counts["requests_aborted"] += 1
-                if self.config.remember_finished and all(c.finish is not None for c in state.choices):
+                if self.config.remember_finished and all(
+                    c.finish is not None for c in state.choices
+                ):
                     self._finished[rid] = _ENCODER.encode([c.completion() for c in state.choices])
                     while len(self._finished) > self.config.remember_finished:
                         del self._finished[next(iter(self._finished))]
             finally:
                 state.served.set()
 
-    async def _place(self, state: RequestState, choice: Choice, avoid: _Member | None) -> _Member | None:
+    async def _place(
+        self, state: RequestState, choice: Choice, avoid: _Member | None
+    ) -> _Member | None:
         """A rollout member for the choice's next attempt (None once the caller aborted it); waits
         at most `no_cell_timeout_s` for one. Raises `EngineUnavailableError`."""
         with anyio.move_on_after(self.config.no_cell_timeout_s):
@@ -515,7 +543,10 @@ class Router:
                 if cell is not None:
                     return cell
                 await self._cells_changed.wait()
-        roles = {c.name: c.role if c.down is None else f"{c.role}, down: {c.down}" for c in self._cells.values()}
+        roles = {
+            c.name: c.role if c.down is None else f"{c.role}, down: {c.down}"
+            for c in self._cells.values()
+        }
         raise EngineUnavailableError(
             f"request {state.request.request_id!r}: no rollout cell in service for "
             f"no_cell_timeout_s={self.config.no_cell_timeout_s}; cells: {roles}"

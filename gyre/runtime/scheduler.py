@@ -434,7 +434,11 @@ class ElasticPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def make_policy(
-    name: str, *, max_staleness_steps: int = 1, async_train_cells: int = 1, switch_cost_s: float | None = None
+    name: str,
+    *,
+    max_staleness_steps: int = 1,
+    async_train_cells: int = 1,
+    switch_cost_s: float | None = None,
 ) -> SchedulerPolicy:
     """The policy called `name` (`colocate`, `async` or `elastic`) with the shared knobs.
 
@@ -443,8 +447,12 @@ def make_policy(
     if name == "colocate":
         return ColocatePolicy()
     if name == "async":
-        return AsyncPolicy(num_train_cells=async_train_cells, max_staleness_steps=max_staleness_steps)
+        return AsyncPolicy(
+            num_train_cells=async_train_cells, max_staleness_steps=max_staleness_steps
+        )
     if name == "elastic":
         cost = {} if switch_cost_s is None else {"switch_cost_s": switch_cost_s}
-        return ElasticPolicy(max_staleness_steps=max_staleness_steps, fallback_train_cells=async_train_cells, **cost)
+        return ElasticPolicy(
+            max_staleness_steps=max_staleness_steps, fallback_train_cells=async_train_cells, **cost
+        )
     raise ValueError(f"{name=} must be colocate, async or elastic")

@@ -163,7 +163,9 @@ class TimelineWriter:
         self._file.write(_encoder.encode(line) + b"\n")
         self._file.flush()
 
-    def interval(self, cell: int, start_s: float, end_s: float, kind: str, step: int | None = None) -> None:
+    def interval(
+        self, cell: int, start_s: float, end_s: float, kind: str, step: int | None = None
+    ) -> None:
         """Record that `cell` did `kind` (one of `KINDS`) from `start_s` to `end_s` (seconds)."""
         _check_count("cell", cell)
         _check_time("start_s", start_s)
@@ -174,7 +176,11 @@ class TimelineWriter:
             raise ValueError(f"kind={kind!r} must be one of {KINDS}")
         if step is not None:
             _check_count("step", step)
-        self._write(_IntervalLine(cell=cell, start_s=float(start_s), end_s=float(end_s), kind=kind, step=step))
+        self._write(
+            _IntervalLine(
+                cell=cell, start_s=float(start_s), end_s=float(end_s), kind=kind, step=step
+            )
+        )
 
     def water(self, t_s: float, level: int, rollout_capacity: int) -> None:
         """Record the water level and the rollout capacity (execution slots) from `t_s` on."""
@@ -282,7 +288,9 @@ def _union_length(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def _step_integral(t: tuple[float, ...], values: tuple[int, ...], start_s: float, end_s: float) -> float:
+def _step_integral(
+    t: tuple[float, ...], values: tuple[int, ...], start_s: float, end_s: float
+) -> float:
     """Integral over [start_s, end_s] of the step function values[i] on [t[i], t[i + 1])."""
     total = 0.0
     for i, v in enumerate(values):
@@ -333,13 +341,16 @@ def utilisation(timeline: Timeline, num_cells: int, start_s: float, end_s: float
         busy_cell_s=busy_cell_s,
         busy=busy_cell_s / (num_cells * wall) if wall > 0 else math.nan,
         cell_s_by_kind={
-            kind: sum(_union_length(spans) for spans in cells.values()) for kind, cells in sorted(by_kind.items())
+            kind: sum(_union_length(spans) for spans in cells.values())
+            for kind, cells in sorted(by_kind.items())
         },
         slot_fill=level / cap if cap > 0 else None,
     )
 
 
-def utilisation_per_step(timeline: Timeline, num_cells: int, start_s: float = 0.0) -> tuple[StepUtilisation, ...]:
+def utilisation_per_step(
+    timeline: Timeline, num_cells: int, start_s: float = 0.0
+) -> tuple[StepUtilisation, ...]:
     """`utilisation` of each RL step's window, in order of the steps' ends.
 
     Steps are the `step` intervals (optimizer steps). Step i's window runs from the end of

@@ -13,5 +13,13 @@ from gyre.sandbox.mounts import Mounts, mount_namespace_problem
 from gyre.sandbox.network import Relay, network_namespace_problem
 from gyre.sandbox.supervised import Limits, ProcessResult, run_supervised, tail
 
-__all__ = ["Limits", "Mounts", "ProcessResult", "Relay", "run_supervised",
-           "mount_namespace_problem", "network_namespace_problem", "tail"]
+__all__ = [
+    "Limits",
+    "Mounts",
+    "ProcessResult",
+    "Relay",
+    "run_supervised",
+    "mount_namespace_problem",
+    "network_namespace_problem",
+    "tail",
+]

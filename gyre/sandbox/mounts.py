@@ -52,7 +52,9 @@ class Mounts(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("hide", "private", "traverse", "expose", "writable"):
             for path in getattr(self, name):
                 if not os.path.isabs(path) or os.path.normpath(path) != path or path == "/":
-                    raise ValueError(f"{name}: {path!r} must be a normalised absolute path other than /")
+                    raise ValueError(
+                        f"{name}: {path!r} must be a normalised absolute path other than /"
+                    )
 
 
 _probe: list[str | None] = []
@@ -65,7 +67,13 @@ def mount_namespace_problem() -> str | None:
         if os.geteuid() != 0:
             _probe.append(f"the node runs as uid {os.geteuid()}, not root")
         else:
-            done = subprocess.run([sys.executable, "-I", "-S", _SUPERVISOR, "--probe-mounts"],
-                                  capture_output=True, text=True, timeout=30)
-            _probe.append(None if done.returncode == 0 else done.stderr.strip() or f"status {done.returncode}")
+            done = subprocess.run(
+                [sys.executable, "-I", "-S", _SUPERVISOR, "--probe-mounts"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            _probe.append(
+                None if done.returncode == 0 else done.stderr.strip() or f"status {done.returncode}"
+            )
     return _probe[0]

@@ -63,7 +63,7 @@ def decode(data: object, ref=None) -> object:
         return [decode(v, ref) for v in data]
     if type(data) is not dict or len(data) != 1:
         raise ValueError(f"not a sealed-wire value: {str(data)[:80]}")
-    (tag, body), = data.items()
+    ((tag, body),) = data.items()
     if tag == "t":
         return tuple(decode(v, ref) for v in body)
     if tag in ("s", "fs"):
@@ -165,8 +165,11 @@ class _Worker:
         if op == "isinstance":
             return isinstance(args[0], target)
         if op in ("str", "repr"):  # an exact str, even if __str__ returned a subclass
-            return _BUILTIN_OPS[op](target).encode("utf-8", "surrogatepass").decode(
-                "utf-8", "surrogatepass")
+            return (
+                _BUILTIN_OPS[op](target)
+                .encode("utf-8", "surrogatepass")
+                .decode("utf-8", "surrogatepass")
+            )
         if op in _BUILTIN_OPS:
             return _BUILTIN_OPS[op](target)
         if op.startswith("op_") and hasattr(operator, op[3:]):
@@ -183,8 +186,13 @@ class _Worker:
                 reply: dict = {"ok": encode(self.handle(request), self.keep)}
             except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
                 args = exc.args if all(type(a) in _SCALARS for a in exc.args) else (str(exc),)
-                reply = {"raise": {"chain": exception_chain(type(exc)), "args": list(args),
-                                   "str": str(exc)[:2000]}}
+                reply = {
+                    "raise": {
+                        "chain": exception_chain(type(exc)),
+                        "args": list(args),
+                        "str": str(exc)[:2000],
+                    }
+                }
             send_frame(sock, reply)
 
 

@@ -155,8 +155,14 @@ async def run_supervised(
     t0 = time.monotonic()
     try:
         proc = await anyio.open_process(
-            cmd, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-            start_new_session=True, pass_fds=tuple(pass_fds),
+            cmd,
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+            pass_fds=tuple(pass_fds),
         )
     finally:
         for fd in pass_fds:
@@ -184,8 +190,11 @@ async def run_supervised(
             await _end_tree(proc, kill_grace_s)
     assert proc.returncode is not None
     return ProcessResult(
-        ended=ended, exit_code=proc.returncode, wall_s=time.monotonic() - t0,
-        started_s=started_s, pid=proc.pid,
+        ended=ended,
+        exit_code=proc.returncode,
+        wall_s=time.monotonic() - t0,
+        started_s=started_s,
+        pid=proc.pid,
     )
 
 

@@ -36,7 +36,15 @@ _PR_SET_NO_NEW_PRIVS = 38
 # <sched.h>, <sys/mount.h>, <linux/mount.h>; mount_setattr is 442 on every architecture (the
 # syscall numbers added since Linux 5.1 are shared), and needs Linux >= 5.12.
 _CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = (
+    1,
+    2,
+    4,
+    32,
+    4096,
+    16384,
+    1 << 18,
+)
 _SYS_MOUNT_SETATTR = 442
 _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 1
 _PRIVATE_TMP_BYTES = 1 << 30
@@ -148,17 +156,29 @@ def _drop_user(uid: int, gid: int) -> None:
     os.setgid(gid)
     os.setuid(uid)
     if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid or os.getgroups():
-        raise OSError(f"still uid={os.getuid()}/{os.geteuid()} gid={os.getgid()} groups={os.getgroups()}")
+        raise OSError(
+            f"still uid={os.getuid()}/{os.geteuid()} gid={os.getgid()} groups={os.getgroups()}"
+        )
 
 
 class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
 
 
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.mount.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_ulong,
+        ctypes.c_char_p,
+    ]
     return libc
 
 
@@ -168,11 +188,19 @@ def _check(result: int, what: str) -> None:
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
-def _mount(libc: ctypes.CDLL, source: str | None, target: str, fstype: str | None, flags: int,
-           data: str | None = None) -> None:
+def _mount(
+    libc: ctypes.CDLL,
+    source: str | None,
+    target: str,
+    fstype: str | None,
+    flags: int,
+    data: str | None = None,
+) -> None:
     enc = lambda v: None if v is None else os.fsencode(v)  # noqa: E731
-    _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)),
-           f"mount({source!r}, {target!r}, {fstype!r}, {flags:#x}, {data!r})")
+    _check(
+        libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)),
+        f"mount({source!r}, {target!r}, {fstype!r}, {flags:#x}, {data!r})",
+    )
 
 
 def _depth(path: str) -> int:
@@ -221,8 +249,17 @@ def enter_mount_namespace(mounts: dict) -> None:
                             entries[path].append((entry.name, fd))
         if mounts.get("read_only"):
             attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
-            _check(libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr),
-                                ctypes.sizeof(attr)), "mount_setattr(/, AT_RECURSIVE, MOUNT_ATTR_RDONLY)")
+            _check(
+                libc.syscall(
+                    _SYS_MOUNT_SETATTR,
+                    _AT_FDCWD,
+                    b"/",
+                    _AT_RECURSIVE,
+                    ctypes.byref(attr),
+                    ctypes.sizeof(attr),
+                ),
+                "mount_setattr(/, AT_RECURSIVE, MOUNT_ATTR_RDONLY)",
+            )
         ops = [(p, 0, "hide") for p in mounts.get("hide", ())]
         ops += [(p, 0, "traverse") for p in entries]
         ops += [(p, 0, "private") for p in mounts.get("private", ())]
@@ -232,9 +269,9 @@ def enter_mount_namespace(mounts: dict) -> None:
         for path, _order, kind in sorted(ops, key=lambda op: (_depth(op[0]), op[1])):
             if kind == "bind":
                 fd, writable = binds[path]
-                if not any(path == c or path.startswith(c.rstrip("/") + "/") for c in covers) and not (
-                    writable and mounts.get("read_only")
-                ):
+                if not any(
+                    path == c or path.startswith(c.rstrip("/") + "/") for c in covers
+                ) and not (writable and mounts.get("read_only")):
                     continue  # already visible as it is
                 if os.path.isdir(f"/proc/self/fd/{fd}"):
                     os.makedirs(path, mode=0o755, exist_ok=True)
@@ -264,14 +301,24 @@ def enter_mount_namespace(mounts: dict) -> None:
                 _mount(libc, "/dev/null", path, None, _MS_BIND)
             elif os.path.isdir(path):  # a path already covered by a shallower tmpfs is gone: skip
                 if kind == "hide":
-                    _mount(libc, "tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
+                    _mount(
+                        libc, "tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m"
+                    )
                     hidden.append(path)
                 else:
-                    _mount(libc, "tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV,
-                           f"mode=1777,size={_PRIVATE_TMP_BYTES}")
+                    _mount(
+                        libc,
+                        "tmpfs",
+                        path,
+                        "tmpfs",
+                        _MS_NOSUID | _MS_NODEV,
+                        f"mode=1777,size={_PRIVATE_TMP_BYTES}",
+                    )
                 covers.append(path)
         for path in hidden:
-            _mount(libc, None, path, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV | _MS_RDONLY)
+            _mount(
+                libc, None, path, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV | _MS_RDONLY
+            )
         os.chdir(cwd)  # the working folder as this namespace shows it (e.g. its writable bind)
     finally:
         for fd, _writable in binds.values():
@@ -293,8 +340,9 @@ def probe_mount_namespace() -> str | None:
         try:
             os.close(read)
             os.chdir("/")  # the caller's folder may sit under the probed /tmp (a checkout in /tmp)
-            enter_mount_namespace({"read_only": True, "hide": ["/mnt"], "private": ["/tmp"],
-                                   "expose": ["/tmp"]})
+            enter_mount_namespace(
+                {"read_only": True, "hide": ["/mnt"], "private": ["/tmp"], "expose": ["/tmp"]}
+            )
             os._exit(0)
         except BaseException as exc:  # noqa: BLE001 - report any failure to the parent
             os.write(write, str(exc).encode()[:500])
@@ -380,7 +428,9 @@ def main(argv: list[str]) -> int:
                 relay_module.seal(relay["listen"], child_channel)
             if limits.get("mounts") is not None:
                 enter_mount_namespace(limits["mounts"])
-                if limits["mounts"].get("network") is False:  # its own network namespace: not even lo is up
+                if (
+                    limits["mounts"].get("network") is False
+                ):  # its own network namespace: not even lo is up
                     _check(_libc().unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
             _apply_limits(limits)
             if limits.get("uid") is not None:

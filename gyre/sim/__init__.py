@@ -6,6 +6,7 @@ FILE` prints the table and writes timeline PNGs (`gyre.report.gantt.plot_timelin
 policies come from `gyre.runtime.scheduler`, the `Timeline` type from `gyre.runtime.timeline`.
 """
 
+from gyre.runtime.timeline import Timeline
 from gyre.sim.comparison import (
     Comparison,
     best_async,
@@ -22,7 +23,6 @@ from gyre.sim.config import (
     WorkloadConfig,
     load_sim_config,
 )
-from gyre.runtime.timeline import Timeline
 from gyre.sim.engine import SimResult, SimulationStalled, Workload, simulate
 
 __all__ = [

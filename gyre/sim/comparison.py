@@ -41,7 +41,9 @@ def build_policy(config: SimConfig, name: str, async_train_cells: int = 1) -> Sc
         return ColocatePolicy(max_staleness_steps=p.colocate_max_staleness_steps)
     staleness = p.elastic_max_staleness_steps if name == "elastic" else p.async_max_staleness_steps
     return make_policy(
-        name, max_staleness_steps=staleness, async_train_cells=async_train_cells,
+        name,
+        max_staleness_steps=staleness,
+        async_train_cells=async_train_cells,
         switch_cost_s=c.switch_to_train_s + c.switch_to_rollout_s,
     )
 

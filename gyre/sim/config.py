@@ -209,11 +209,14 @@ class PolicyConfig(_Config):
     def __post_init__(self) -> None:
         if self.async_num_train_cells < 0:
             raise ValueError(f"async_num_train_cells={self.async_num_train_cells} must be >= 0")
-        if min(
-            self.colocate_max_staleness_steps,
-            self.async_max_staleness_steps,
-            self.elastic_max_staleness_steps,
-        ) < 0:
+        if (
+            min(
+                self.colocate_max_staleness_steps,
+                self.async_max_staleness_steps,
+                self.elastic_max_staleness_steps,
+            )
+            < 0
+        ):
             raise ValueError(
                 f"colocate_max_staleness_steps={self.colocate_max_staleness_steps}, "
                 f"async_max_staleness_steps={self.async_max_staleness_steps}, "

@@ -11,8 +11,19 @@ from gyre.tasks.solution import Solution, Step, load_solution
 from gyre.tasks.task import Task, TaskSpec, load_suite, load_task
 
 __all__ = [
-    "Task", "TaskSpec", "load_task", "load_suite",
-    "Outcome", "Score", "Termination", "TERMINATIONS", "STOP_REASONS",
-    "verify", "score_workspace", "VerifierError",
-    "Solution", "Step", "load_solution",
+    "Task",
+    "TaskSpec",
+    "load_task",
+    "load_suite",
+    "Outcome",
+    "Score",
+    "Termination",
+    "TERMINATIONS",
+    "STOP_REASONS",
+    "verify",
+    "score_workspace",
+    "VerifierError",
+    "Solution",
+    "Step",
+    "load_solution",
 ]

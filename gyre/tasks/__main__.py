@@ -23,7 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     gen = sub.add_parser("generate", help="write the shipped suites from a seed")
     gen.add_argument("--out", default="examples/tasks")
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--suite", action="append", choices=sorted(SUITES), help="only this suite (repeatable)")
+    gen.add_argument(
+        "--suite", action="append", choices=sorted(SUITES), help="only this suite (repeatable)"
+    )
     chk = sub.add_parser("check", help="validate suite folders")
     chk.add_argument("suites", nargs="+")
     args = parser.parse_args(argv)

@@ -19,7 +19,12 @@ __all__ = ["Termination", "STOP_REASONS", "TERMINATIONS", "Score", "Outcome"]
 Termination = Literal[
     "finished", "timeout", "turn_limit", "token_budget", "context_exceeded", "failed"
 ]
-STOP_REASONS: tuple[Termination, ...] = ("timeout", "turn_limit", "token_budget", "context_exceeded")
+STOP_REASONS: tuple[Termination, ...] = (
+    "timeout",
+    "turn_limit",
+    "token_budget",
+    "context_exceeded",
+)
 """Terminations where the agent was stopped from outside and the workspace is partially scored."""
 TERMINATIONS: tuple[Termination, ...] = ("finished", *STOP_REASONS, "failed")
 

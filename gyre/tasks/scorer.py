@@ -37,8 +37,14 @@ from gyre.tasks import sealed
 from gyre.tasks.outcome import Score
 from gyre.tasks.task import Task
 
-__all__ = ["JUDGE_USER", "VerifierError", "verify", "score_workspace", "score_report",
-           "check_verifier_python"]
+__all__ = [
+    "JUDGE_USER",
+    "VerifierError",
+    "verify",
+    "score_workspace",
+    "score_report",
+    "check_verifier_python",
+]
 
 _PYTEST_INI = """[pytest]
 addopts = -p no:cacheprovider
@@ -58,8 +64,10 @@ def check_verifier_python(tasks: Sequence[Task], python: str = sys.executable) -
     pytest_task = next((t for t in tasks if t.spec.verifier.kind == "pytest"), None)
     if pytest_task is None:
         return
-    probe = ("import importlib.util as u; "
-             "print(' '.join(m for m in ('pytest', 'pytest_timeout') if u.find_spec(m) is None))")
+    probe = (
+        "import importlib.util as u; "
+        "print(' '.join(m for m in ('pytest', 'pytest_timeout') if u.find_spec(m) is None))"
+    )
     done = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
     missing = done.stdout.split() if done.returncode == 0 else ["(the interpreter did not run)"]
     if missing:
@@ -79,8 +87,9 @@ def _score_reward_dir(reward_dir: Path) -> Score:
                 passed, total = int(data["passed"]), int(data["total"])
                 if total <= 0 or not 0 <= passed <= total:
                     raise ValueError(f"passed={passed}, total={total}")
-                return Score(passed=passed, total=total, score=passed / total,
-                             all_passed=passed == total)
+                return Score(
+                    passed=passed, total=total, score=passed / total, all_passed=passed == total
+                )
             reward = float(data["reward"])
         elif txt.exists():
             reward = float(txt.read_text().strip())
@@ -125,8 +134,13 @@ def score_report(lines: bytes, num_tests: int | None, key: bytes) -> Score:
     failed = tuple(name for name, ok in outcomes.items() if not ok)
     passed = len(outcomes) - len(failed)
     total = max(num_tests or 0, len(outcomes))
-    return Score(passed=passed, total=total, score=passed / total, all_passed=passed == total,
-                 failed_tests=failed)
+    return Score(
+        passed=passed,
+        total=total,
+        score=passed / total,
+        all_passed=passed == total,
+        failed_tests=failed,
+    )
 
 
 def _dotted(nodeid: str) -> str:
@@ -139,8 +153,13 @@ def _dotted(nodeid: str) -> str:
 def _special_files(folder: str, names: list[str]) -> set[str]:
     """FIFOs, sockets and devices in a workspace: not copied for the verifier (copying a FIFO
     blocks or fails, which would let an agent fail its own execution out of training)."""
-    return {n for n in names if not stat.S_ISDIR(m := os.lstat(os.path.join(folder, n)).st_mode)
-            and not stat.S_ISREG(m) and not stat.S_ISLNK(m)}
+    return {
+        n
+        for n in names
+        if not stat.S_ISDIR(m := os.lstat(os.path.join(folder, n)).st_mode)
+        and not stat.S_ISREG(m)
+        and not stat.S_ISLNK(m)
+    }
 
 
 def _walk(top: Path):
@@ -165,8 +184,9 @@ def _hand_out(top: Path, uid: int, gid: int, dir_mode: int, file_mode: int, *, k
         os.chmod(path, mode)
 
 
-def _prepare(task: Task, workspace: Path, agent: tuple[int, int] | None,
-             judge: tuple[int, int] | None) -> Path:
+def _prepare(
+    task: Task, workspace: Path, agent: tuple[int, int] | None, judge: tuple[int, int] | None
+) -> Path:
     """Copy workspace and hidden tests into a fresh private folder (blocking; run in a thread),
     with the sealed verifier's scripts (`sealed/`, root's). With `agent` and `judge` (uids): the
     workspace copy is the agent's, shared with the judge's group; the tests and `verifier/` (the
@@ -199,9 +219,18 @@ def _read_all(fd: int) -> bytes:
         return f.read()
 
 
-async def _run_sealed_pytest(task: Task, scratch: Path, env: dict[str, str], out, *, limits: Limits,
-                             python: str, agent: tuple[int, int] | None,
-                             judge: tuple[int, int] | None, mounts: Mounts | None):
+async def _run_sealed_pytest(
+    task: Task,
+    scratch: Path,
+    env: dict[str, str],
+    out,
+    *,
+    limits: Limits,
+    python: str,
+    agent: tuple[int, int] | None,
+    judge: tuple[int, int] | None,
+    mounts: Mounts | None,
+):
     """The judge (pytest with `sealed.py`, as `judge`) and the Python host (as `agent`) side by
     side, joined by a socket pair; the judge's report comes back on a pipe. Returns the judge's
     `ProcessResult`, its report and the report's key (given to the judge alone, on a pipe it
@@ -211,16 +240,34 @@ async def _run_sealed_pytest(task: Task, scratch: Path, env: dict[str, str], out
     host_env = {**env, "HOME": str(scratch / "tmp"), "TMPDIR": str(scratch / "tmp")}
     for name in ("GYRE_TESTS_DIR", "GYRE_REWARD_DIR"):
         host_env.pop(name)
-    host_argv = [python, "-I", "-S", str(scratch / "sealed" / "pyhost.py"), str(host_end),
-                 str(scratch / "workspace")]
+    host_argv = [
+        python,
+        "-I",
+        "-S",
+        str(scratch / "sealed" / "pyhost.py"),
+        str(host_end),
+        str(scratch / "workspace"),
+    ]
     host_done = anyio.Event()
     report: list[bytes] = []
     key = secrets.token_bytes(32)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(functools.partial(
-            run_supervised, host_argv, cwd=scratch / "workspace", env=host_env, limits=limits,
-            deadline_s=spec.timeout_s + 30, stdout=out, stderr=out, user=agent, mounts=mounts,
-            stop=host_done, pass_fds=[host_end]))
+        tg.start_soon(
+            functools.partial(
+                run_supervised,
+                host_argv,
+                cwd=scratch / "workspace",
+                env=host_env,
+                limits=limits,
+                deadline_s=spec.timeout_s + 30,
+                stdout=out,
+                stderr=out,
+                user=agent,
+                mounts=mounts,
+                stop=host_done,
+                pass_fds=[host_end],
+            )
+        )
         report_r, report_w = os.pipe()
         key_r, key_w = os.pipe()
         os.write(key_w, key)
@@ -230,21 +277,44 @@ async def _run_sealed_pytest(task: Task, scratch: Path, env: dict[str, str], out
             report.append(await anyio.to_thread.run_sync(_read_all, report_r))
 
         tg.start_soon(read_report)
-        judge_env = {**env, "HOME": str(scratch / "verifier"), "TMPDIR": str(scratch / "verifier"),
-                     "GYRE_HOST_FD": str(judge_end), "GYRE_REPORT_FD": str(report_w),
-                     "GYRE_KEY_FD": str(key_r),
-                     "GYRE_CALL_TIMEOUT_S": str(spec.test_timeout_s)}
+        judge_env = {
+            **env,
+            "HOME": str(scratch / "verifier"),
+            "TMPDIR": str(scratch / "verifier"),
+            "GYRE_HOST_FD": str(judge_end),
+            "GYRE_REPORT_FD": str(report_w),
+            "GYRE_KEY_FD": str(key_r),
+            "GYRE_CALL_TIMEOUT_S": str(spec.test_timeout_s),
+        }
         argv = [
-            python, "-I", str(scratch / "sealed" / "sealed.py"), "-c", str(scratch / "pytest.ini"),
-            "--rootdir", str(scratch), "-q", "-p", "pytest_timeout",
+            python,
+            "-I",
+            str(scratch / "sealed" / "sealed.py"),
+            "-c",
+            str(scratch / "pytest.ini"),
+            "--rootdir",
+            str(scratch),
+            "-q",
+            "-p",
+            "pytest_timeout",
             "--continue-on-collection-errors",
-            "--timeout", str(spec.test_timeout_s), str(scratch / "tests"),
+            "--timeout",
+            str(spec.test_timeout_s),
+            str(scratch / "tests"),
         ]
         try:
             result = await run_supervised(
-                argv, cwd=scratch / "workspace", env=judge_env, limits=limits,
-                deadline_s=spec.timeout_s, stdout=out, stderr=out, user=judge, mounts=mounts,
-                pass_fds=[judge_end, report_w, key_r])
+                argv,
+                cwd=scratch / "workspace",
+                env=judge_env,
+                limits=limits,
+                deadline_s=spec.timeout_s,
+                stdout=out,
+                stderr=out,
+                user=judge,
+                mounts=mounts,
+                pass_fds=[judge_end, report_w, key_r],
+            )
         finally:
             host_done.set()
     return result, report[0], key
@@ -299,13 +369,28 @@ async def verify(
         with open(scratch / "output.log", "wb") as out:
             if spec.kind == "pytest":
                 result, report, key = await _run_sealed_pytest(
-                    task, scratch, env, out, limits=limits, python=python, agent=user,
-                    judge=sealed_judge, mounts=mounts)
+                    task,
+                    scratch,
+                    env,
+                    out,
+                    limits=limits,
+                    python=python,
+                    agent=user,
+                    judge=sealed_judge,
+                    mounts=mounts,
+                )
             else:
                 result = await run_supervised(
-                    ["bash", str(scratch / "tests" / "test.sh")], cwd=scratch / "workspace",
-                    env=env, limits=limits, deadline_s=spec.timeout_s, stdout=out, stderr=out,
-                    user=sealed_judge, mounts=mounts)
+                    ["bash", str(scratch / "tests" / "test.sh")],
+                    cwd=scratch / "workspace",
+                    env=env,
+                    limits=limits,
+                    deadline_s=spec.timeout_s,
+                    stdout=out,
+                    stderr=out,
+                    user=sealed_judge,
+                    mounts=mounts,
+                )
         verifier_s = time.monotonic() - t0
         output = tail(scratch / "output.log", 2000)
         if result.ended != "exited":
@@ -326,8 +411,12 @@ async def verify(
             except VerifierError as exc:
                 raise VerifierError(f"{exc} (exit {result.exit_code}): {output[-800:]}") from None
         return Score(
-            passed=score.passed, total=score.total, score=score.score, all_passed=score.all_passed,
-            failed_tests=score.failed_tests, verifier_s=verifier_s,
+            passed=score.passed,
+            total=score.total,
+            score=score.score,
+            all_passed=score.all_passed,
+            failed_tests=score.failed_tests,
+            verifier_s=verifier_s,
         )
     finally:
         with anyio.CancelScope(shield=True):
@@ -366,5 +455,10 @@ async def score_workspace(
         if not cache[task.root]:
             raise
         total = task.spec.verifier.num_tests or 1
-        return Score(passed=0, total=total, score=0.0, all_passed=False,
-                     failed_tests=(f"verifier broke on this workspace only: {exc}"[:500],))
+        return Score(
+            passed=0,
+            total=total,
+            score=0.0,
+            all_passed=False,
+            failed_tests=(f"verifier broke on this workspace only: {exc}"[:500],),
+        )

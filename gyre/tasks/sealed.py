@@ -90,11 +90,13 @@ class _Host:
         except TimeoutError:
             self.discard()
             raise TimeoutError(
-                f"the workspace's code did not answer within {self.timeout_s} s") from None
+                f"the workspace's code did not answer within {self.timeout_s} s"
+            ) from None
         except EOFError:
             self.discard()
             raise WorkspaceExit(
-                "the workspace's process ended during the call (exit or crash)") from None
+                "the workspace's process ended during the call (exit or crash)"
+            ) from None
         except BaseException:  # interrupted (pytest-timeout) or garbled: never reuse this worker
             self.discard()
             raise
@@ -123,8 +125,11 @@ class _Host:
         for module, qualname in reversed(chain[:-1]):
             key = (module, qualname)
             if key not in self.exceptions:
-                self.exceptions[key] = type(qualname.rsplit(".", 1)[-1], (base,),
-                                            {"__module__": module, "__qualname__": qualname})
+                self.exceptions[key] = type(
+                    qualname.rsplit(".", 1)[-1],
+                    (base,),
+                    {"__module__": module, "__qualname__": qualname},
+                )
             base = self.exceptions[key]
         return base
 
@@ -149,7 +154,8 @@ def _tag(value: object) -> dict:
     if isinstance(value, _Remote):
         return value._gyre_tagged()
     raise TypeError(
-        f"a {type(value).__name__} cannot be passed to the workspace's code (plain data only)")
+        f"a {type(value).__name__} cannot be passed to the workspace's code (plain data only)"
+    )
 
 
 def _import_or_remote(name: str) -> object:
@@ -223,7 +229,8 @@ class _Remote:
 
     def __instancecheck__(self, instance: object) -> bool:  # isinstance(x, workspace_class)
         return isinstance(instance, _Remote) and bool(
-            _host().request("isinstance", self, args=[instance]))
+            _host().request("isinstance", self, args=[instance])
+        )
 
 
 def _operator(name: str):
@@ -252,8 +259,19 @@ def _contains(self: _Remote, item: object) -> bool:
     return any(element == item for element in iter(self))
 
 
-for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "getitem",
-              "setitem", "delitem"):
+for _name in (
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "floordiv",
+    "mod",
+    "pow",
+    "neg",
+    "getitem",
+    "setitem",
+    "delitem",
+):
     setattr(_Remote, f"__{_name}__", _operator(_name))
 for _name in ("lt", "le", "gt", "ge"):
     setattr(_Remote, f"__{_name}__", _ordering(_name))
@@ -316,7 +334,7 @@ class _Reporter:
     def write(self, record: dict) -> None:
         data = (sign(self.key, json.dumps(record)) + "\n").encode()
         while data:
-            data = data[os.write(self.fd, data):]
+            data = data[os.write(self.fd, data) :]
 
     def pytest_collectreport(self, report) -> None:
         if report.failed:

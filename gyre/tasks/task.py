@@ -67,7 +67,9 @@ class AgentLimits(_Section):
     """Most sampled (completion) tokens over all model calls (`token_budget`); None: no limit."""
 
     def __post_init__(self) -> None:
-        _check_positive(deadline_s=self.deadline_s, max_turns=self.max_turns, token_budget=self.token_budget)
+        _check_positive(
+            deadline_s=self.deadline_s, max_turns=self.max_turns, token_budget=self.token_budget
+        )
 
 
 class TrainingSpec(_Section):
@@ -93,7 +95,9 @@ class VerifierSpec(_Section):
     """Declared number of hidden tests: the denominator even if some cannot be collected."""
 
     def __post_init__(self) -> None:
-        _check_positive(timeout_s=self.timeout_s, test_timeout_s=self.test_timeout_s, num_tests=self.num_tests)
+        _check_positive(
+            timeout_s=self.timeout_s, test_timeout_s=self.test_timeout_s, num_tests=self.num_tests
+        )
 
 
 class TaskSpec(_Section):
@@ -167,7 +171,9 @@ def load_task(path: str | os.PathLike[str]) -> Task:
     except FileNotFoundError:
         raise TaskError(f"{instruction_path}: missing (every task needs an instruction)") from None
     except UnicodeDecodeError as exc:
-        raise TaskError(f"{instruction_path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise TaskError(
+            f"{instruction_path}: not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
     if not instruction.strip():
         raise TaskError(f"{instruction_path}: empty")
     toml_path = root / "task.toml"

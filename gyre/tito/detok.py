@@ -80,4 +80,3 @@ class TokenText:
     def incremental() -> codecs.IncrementalDecoder:
         """A UTF-8 decoder that holds back a character split across tokens until it completes."""
         return codecs.getincrementaldecoder("utf-8")(errors="replace")
-

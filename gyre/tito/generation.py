@@ -104,15 +104,32 @@ class Call:
 
     @classmethod
     def start(
-        cls, execution: Execution, engine: InferenceEngine, role: Role, started_s: float, rendered: Rendered,
-        sampling: SamplingParams, stops: tuple[str, ...], **kind: Any,
+        cls,
+        execution: Execution,
+        engine: InferenceEngine,
+        role: Role,
+        started_s: float,
+        rendered: Rendered,
+        sampling: SamplingParams,
+        stops: tuple[str, ...],
+        **kind: Any,
     ) -> Call:
         """A new call of `execution` (its next call ID), one `Choice` per sample; `kind` sets
         `parse_tools`, `chat` and `template_kwargs`."""
         choices = [Choice(index=i, decoder=TokenText.incremental()) for i in range(sampling.n)]
-        return cls(execution=execution, engine=engine, role=role, call_id=execution.new_call_id(),
-                   started_s=started_s, rendered=rendered, sampling=sampling, stops=stops, choices=choices,
-                   created=int(started_s), **kind)
+        return cls(
+            execution=execution,
+            engine=engine,
+            role=role,
+            call_id=execution.new_call_id(),
+            started_s=started_s,
+            rendered=rendered,
+            sampling=sampling,
+            stops=stops,
+            choices=choices,
+            created=int(started_s),
+            **kind,
+        )
 
     def choice_call_id(self, index: int) -> str:
         """The call ID of choice `index`: the call's own, or `<call_id>/<index>` when n > 1."""
@@ -120,7 +137,9 @@ class Call:
 
 
 @contextlib.asynccontextmanager
-async def engine_events(call: Call, text: TokenText) -> AsyncIterator[AsyncIterator[tuple[Choice, int]]]:
+async def engine_events(
+    call: Call, text: TokenText
+) -> AsyncIterator[AsyncIterator[tuple[Choice, int]]]:
     """Run the engine for `call` in a producer task; yields the events iterator (see `_events`;
     `text` decodes the tokens). Leaving the block stops the engine (the producer is cancelled and
     the request aborted)."""

@@ -114,7 +114,9 @@ class CallLog:
                 os.ftruncate(self._fd, size)
                 raise ProxyError(
                     f"call log {str(self.path)!r} cannot be written ({exc.strerror or exc}): "
-                    "the call was not recorded", status=503, error_code="call_log_unwritable",
+                    "the call was not recorded",
+                    status=503,
+                    error_code="call_log_unwritable",
                 ) from exc
             self._dirty = True
             self.frames_written += 1
@@ -126,7 +128,8 @@ class CallLog:
         if base is not None:
             call_id, n = base
             entry = CallEntry(
-                call=msgspec.structs.replace(call, prompt_ids=call.prompt_ids[n:]), prompt_base=call_id
+                call=msgspec.structs.replace(call, prompt_ids=call.prompt_ids[n:]),
+                prompt_base=call_id,
             )
         else:
             entry = CallEntry(call=call)

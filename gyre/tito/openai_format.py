@@ -52,7 +52,12 @@ __all__ = [
 
 
 def proxy_error(
-    message: str, status: int, code: str | None, *, param: str | None = None, type: str | None = None
+    message: str,
+    status: int,
+    code: str | None,
+    *,
+    param: str | None = None,
+    type: str | None = None,
 ) -> ProxyError:
     """A `ProxyError` answered in OpenAI's error shape (`status`, `code`, `param`, `type`)."""
     return ProxyError(message, status=status, type=type, error_code=code, param=param)
@@ -140,7 +145,10 @@ def sampling_params(
     temperature = 1.0 if req.temperature is None else req.temperature
     if not (math.isfinite(temperature) and 0 <= temperature <= 2):
         raise proxy_error(
-            f"temperature={temperature} must be in [0, 2]", 400, "invalid_value", param="temperature"
+            f"temperature={temperature} must be in [0, 2]",
+            400,
+            "invalid_value",
+            param="temperature",
         )
     top_p = 1.0 if req.top_p is None else req.top_p
     if not 0 < top_p <= 1:
@@ -182,7 +190,9 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
 
 def reply_message(call: Call, ch: Choice) -> tuple[dict[str, Any], ChatMessage]:
     """(JSON message for the client, the ChatMessage the renderer compares echoes with)."""
-    tool_id = f"call_{call.execution.execution_id}_{call.choice_call_id(ch.index)}".replace("/", "_")
+    tool_id = f"call_{call.execution.execution_id}_{call.choice_call_id(ch.index)}".replace(
+        "/", "_"
+    )
     parsed = parse_reply(ch.text, tool_id, tools=call.parse_tools)
     calls = list(parsed.tool_calls) or None
     content = parsed.content if parsed.content or not calls else None
@@ -213,8 +223,12 @@ def chat_reply(call: Call, ch: Choice) -> ChatMessage:
 
 
 def chat_completion(
-    call: Call, req: ChatCompletionRequest, replies: list[tuple[dict[str, Any], ChatMessage]], *,
-    text: TokenText, model: str,
+    call: Call,
+    req: ChatCompletionRequest,
+    replies: list[tuple[dict[str, Any], ChatMessage]],
+    *,
+    text: TokenText,
+    model: str,
 ) -> dict[str, Any]:
     """The `chat.completion` body of a finished call; `replies` from `reply_message` per choice."""
     body = {
@@ -242,7 +256,9 @@ def chat_completion(
     return body
 
 
-def text_completion(call: Call, req: CompletionRequest, *, text: TokenText, model: str) -> dict[str, Any]:
+def text_completion(
+    call: Call, req: CompletionRequest, *, text: TokenText, model: str
+) -> dict[str, Any]:
     """The `text_completion` body of a finished call."""
     body = {
         "id": f"cmpl-{call.request_id}",
@@ -269,7 +285,9 @@ def text_completion(call: Call, req: CompletionRequest, *, text: TokenText, mode
     return body
 
 
-def _logprobs_chat(text: TokenText, ids: list[int], lps: list[float], top: int | None) -> dict[str, Any]:
+def _logprobs_chat(
+    text: TokenText, ids: list[int], lps: list[float], top: int | None
+) -> dict[str, Any]:
     content = []
     for t, lp in zip(ids, lps):
         b = text.token_bytes(t)
@@ -281,7 +299,9 @@ def _logprobs_chat(text: TokenText, ids: list[int], lps: list[float], top: int |
     return {"content": content}
 
 
-def _logprobs_text(text: TokenText, ids: list[int], lps: list[float], offset: int) -> dict[str, Any]:
+def _logprobs_text(
+    text: TokenText, ids: list[int], lps: list[float], offset: int
+) -> dict[str, Any]:
     tokens = [text.token_str(t) for t in ids]
     offsets = []
     for s in tokens:
@@ -324,8 +344,13 @@ def _chunk(call: Call, model: str, choices: list[dict[str, Any]], **extra: Any) 
 
 
 async def chat_stream(
-    call: Call, req: ChatCompletionRequest, events: AsyncIterator[tuple[Choice, int]], *,
-    text: TokenText, model: str, recorder: Recorder,
+    call: Call,
+    req: ChatCompletionRequest,
+    events: AsyncIterator[tuple[Choice, int]],
+    *,
+    text: TokenText,
+    model: str,
+    recorder: Recorder,
 ) -> AsyncIterator[bytes]:
     """SSE chunks: every engine delta becomes one chunk carrying its token IDs and logprobs,
     even when it adds no text (B04); tool calls are sent whole when their choice ends."""
@@ -358,7 +383,9 @@ async def chat_stream(
                 if c[ch.emitted_content :]:
                     delta["content"] = c[ch.emitted_content :]
                 if msg.get("tool_calls"):
-                    delta["tool_calls"] = [dict(tc, index=i) for i, tc in enumerate(msg["tool_calls"])]
+                    delta["tool_calls"] = [
+                        dict(tc, index=i) for i, tc in enumerate(msg["tool_calls"])
+                    ]
                 if "gyre_tool_call_error" in msg:
                     delta["gyre_tool_call_error"] = msg["gyre_tool_call_error"]
                 finish = "tool_calls" if msg.get("tool_calls") else ch.finish
@@ -372,7 +399,9 @@ async def chat_stream(
             }
             choice["token_ids"] = new_ids
             extra = (
-                {"prompt_token_ids": call.rendered.prompt_ids} if first and req.return_token_ids else {}
+                {"prompt_token_ids": call.rendered.prompt_ids}
+                if first and req.return_token_ids
+                else {}
             )
             first = False
             yield _chunk(call, model, [choice], **extra)
@@ -391,8 +420,13 @@ async def chat_stream(
 
 
 async def completion_stream(
-    call: Call, req: CompletionRequest, events: AsyncIterator[tuple[Choice, int]], *,
-    text: TokenText, model: str, recorder: Recorder,
+    call: Call,
+    req: CompletionRequest,
+    events: AsyncIterator[tuple[Choice, int]],
+    *,
+    text: TokenText,
+    model: str,
+    recorder: Recorder,
 ) -> AsyncIterator[bytes]:
     """SSE chunks of a completions call: every engine delta becomes one chunk with its token IDs."""
     started = False
@@ -418,7 +452,9 @@ async def completion_stream(
             for_offsets[ch.index] += sum(len(text.token_str(t)) for t in new_ids)
             choice["token_ids"] = new_ids
             extra = (
-                {"prompt_token_ids": call.rendered.prompt_ids} if first and req.return_token_ids else {}
+                {"prompt_token_ids": call.rendered.prompt_ids}
+                if first and req.return_token_ids
+                else {}
             )
             first = False
             body = {
@@ -454,4 +490,6 @@ async def completion_stream(
 def _sse_error(exc: Exception) -> bytes:
     """An error event that ends a stream whose 200 status line was already sent."""
     code = getattr(exc, "code", None)
-    return b"data: " + error_body(str(exc), type="server_error", code=code) + b"\n\ndata: [DONE]\n\n"
+    return (
+        b"data: " + error_body(str(exc), type="server_error", code=code) + b"\n\ndata: [DONE]\n\n"
+    )

@@ -152,7 +152,9 @@ class TitoProxy:
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._completions, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
-                Route("/gyre/v1/executions/{execution_id}/calls", self._list_calls, methods=["GET"]),
+                Route(
+                    "/gyre/v1/executions/{execution_id}/calls", self._list_calls, methods=["GET"]
+                ),
             ],
             exception_handlers={HTTPException: self._http_exception},
         )
@@ -163,7 +165,9 @@ class TitoProxy:
     ) -> TitoProxy:
         """The proxy of a run: `run.proxy` settings, call log at `<run_dir>/<log_name>`."""
         log_path = Path(run.run_dir) / run.proxy.log_name
-        return cls(tokenizer=tokenizer, engine_for=engine_for, config=run.proxy, log_path=str(log_path))
+        return cls(
+            tokenizer=tokenizer, engine_for=engine_for, config=run.proxy, log_path=str(log_path)
+        )
 
     # -- launcher API -------------------------------------------------------------------------
 
@@ -180,8 +184,12 @@ class TitoProxy:
         ex = self.sessions.pop(execution_id)
         left = await self.inflight.end_execution(execution_id, CLOSE_WAIT_S)
         if left:
-            logger.warning("closing %s: %d calls did not record within %s s (dropped)",
-                           execution_id, left, CLOSE_WAIT_S)
+            logger.warning(
+                "closing %s: %d calls did not record within %s s (dropped)",
+                execution_id,
+                left,
+                CLOSE_WAIT_S,
+            )
         ex.closed = True
         summary = ex.summary()
         if self.log is not None:
@@ -218,7 +226,11 @@ class TitoProxy:
         )
 
     async def serve(
-        self, *, host: str | None = None, port: int | None = None, task_status=anyio.TASK_STATUS_IGNORED
+        self,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        task_status=anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Serve the API with Hypercorn in the current event loop (trio or asyncio) until cancelled.
 
@@ -289,7 +301,9 @@ class TitoProxy:
 
     async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
         return self._error(
-            proxy_error(exc.detail, exc.status_code, "not_found" if exc.status_code == 404 else None)
+            proxy_error(
+                exc.detail, exc.status_code, "not_found" if exc.status_code == 404 else None
+            )
         )
 
     async def _body(self, request: Request) -> bytes:
@@ -305,12 +319,19 @@ class TitoProxy:
                     chunks.append(chunk)
                 elif size > 8 * cap:
                     break
-        except ClientDisconnect:  # an agent killed at its deadline mid-request: routine, not a crash
-            raise proxy_error("the client closed the connection before its request body ended", 499,
-                              "client_closed_request") from None
+        except (
+            ClientDisconnect
+        ):  # an agent killed at its deadline mid-request: routine, not a crash
+            raise proxy_error(
+                "the client closed the connection before its request body ended",
+                499,
+                "client_closed_request",
+            ) from None
         if size > cap:
             raise proxy_error(
-                f"request body of {size}+ bytes exceeds the limit of {cap} bytes", 413, "request_too_large"
+                f"request body of {size}+ bytes exceeds the limit of {cap} bytes",
+                413,
+                "request_too_large",
             )
         return b"".join(chunks)
 
@@ -322,7 +343,9 @@ class TitoProxy:
     async def _models(self, request: Request) -> Response:
         body = {
             "object": "list",
-            "data": [{"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "gyre"}],
+            "data": [
+                {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "gyre"}
+            ],
         }
         return Response(JSON_ENCODER.encode(body), media_type="application/json")
 
@@ -338,7 +361,12 @@ class TitoProxy:
                     type="permission_error",
                 )
             body = _CALLS_ENCODER.encode(
-                {"object": "list", "execution_id": execution_id, "data": ex.calls(), "summary": ex.summary()}
+                {
+                    "object": "list",
+                    "execution_id": execution_id,
+                    "data": ex.calls(),
+                    "summary": ex.summary(),
+                }
             )
             return Response(body, media_type="application/json")
         except ProxyError as exc:
@@ -355,13 +383,22 @@ class TitoProxy:
             raise
 
     async def _shared(
-        self, request: Request, ex: Execution, role: str, body: bytes,
+        self,
+        request: Request,
+        ex: Execution,
+        role: str,
+        body: bytes,
         produce: Callable[[Flight], Any],
     ) -> Response:
         """A non-streamed call, joined by a client's retry (`InFlight.shared`)."""
         return await self.inflight.shared(
-            ex.execution_id, role, body, request.headers.get("idempotency-key"), request.receive,
-            produce, self._gone,
+            ex.execution_id,
+            role,
+            body,
+            request.headers.get("idempotency-key"),
+            request.receive,
+            produce,
+            self._gone,
         )
 
     @staticmethod
@@ -374,11 +411,13 @@ class TitoProxy:
     def _gone(self, flight: Flight) -> Response:
         """The answer to a non-streamed call cut short (nobody may be left to read it)."""
         if flight.aborted == "close":
-            exc = proxy_error("the execution was closed while this call was generating", 409,
-                              "execution_closed")
+            exc = proxy_error(
+                "the execution was closed while this call was generating", 409, "execution_closed"
+            )
         else:
-            exc = proxy_error("the client closed the connection before the response", 499,
-                              "client_closed_request")
+            exc = proxy_error(
+                "the client closed the connection before the response", 499, "client_closed_request"
+            )
         return self._error(exc)
 
     # -- chat completions ---------------------------------------------------------------------
@@ -405,7 +444,9 @@ class TitoProxy:
                     lambda events: chat_stream(
                         call, req, events, text=self.text, model=model, recorder=self.recorder
                     ),
-                    text=self.text, inflight=self.inflight, error=self._error,
+                    text=self.text,
+                    inflight=self.inflight,
+                    error=self._error,
                 )
 
             async def produce(flight: Flight) -> Response:
@@ -472,12 +513,23 @@ class TitoProxy:
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
         sampling = sampling_params(
-            req, max_tokens, len(rendered.prompt_ids), ex, engine,
-            config=self.config, stop_token_ids=self.stop_token_ids,
+            req,
+            max_tokens,
+            len(rendered.prompt_ids),
+            ex,
+            engine,
+            config=self.config,
+            stop_token_ids=self.stop_token_ids,
         )
         self._check_open(ex)
         return Call.start(
-            ex, engine, role, started, rendered, sampling, stop_strings(req.stop),
+            ex,
+            engine,
+            role,
+            started,
+            rendered,
+            sampling,
+            stop_strings(req.stop),
             parse_tools=bool(tools) and req.tool_choice != "none",
             template_kwargs=req.chat_template_kwargs,
         )
@@ -501,7 +553,9 @@ class TitoProxy:
                     lambda events: completion_stream(
                         call, req, events, text=self.text, model=model, recorder=self.recorder
                     ),
-                    text=self.text, inflight=self.inflight, error=self._error,
+                    text=self.text,
+                    inflight=self.inflight,
+                    error=self._error,
                 )
 
             async def produce(flight: Flight) -> Response:
@@ -531,11 +585,24 @@ class TitoProxy:
             raise proxy_error("prompt must not be empty", 400, "invalid_value", param="prompt")
         rendered = self.renderer.link_tokens(ex.render, ids)
         sampling = sampling_params(
-            req, req.max_tokens, len(ids), ex, engine,
-            config=self.config, stop_token_ids=self.stop_token_ids,
+            req,
+            req.max_tokens,
+            len(ids),
+            ex,
+            engine,
+            config=self.config,
+            stop_token_ids=self.stop_token_ids,
         )
         self._check_open(ex)
         return Call.start(
-            ex, engine, role, started, rendered, sampling, stop_strings(req.stop),
-            parse_tools=False, chat=False, template_kwargs=None,
+            ex,
+            engine,
+            role,
+            started,
+            rendered,
+            sampling,
+            stop_strings(req.stop),
+            parse_tools=False,
+            chat=False,
+            template_kwargs=None,
         )

@@ -133,7 +133,9 @@ class Node:
         """`ids` starts with this node's prompt + completion: keep it instead of this prompt, and
         so do the ancestors that kept this node's list (it is a prefix of `ids` too)."""
         n = self.prompt_len
-        assert ids[n : n + len(self.completion_ids)] == self.completion_ids, "lend_prefix: not an extension"
+        assert ids[n : n + len(self.completion_ids)] == self.completion_ids, (
+            "lend_prefix: not an extension"
+        )
         old, node = self.prompt_ref, self
         if ids is old:  # extended in place: every view of it already sees the new prompt
             return
@@ -220,7 +222,11 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         """Token IDs of `text`, no special tokens added (the template already wrote them: B19)."""
-        return self.text.intern(self._backend.encode(text, add_special_tokens=False).ids) if text else []
+        return (
+            self.text.intern(self._backend.encode(text, add_special_tokens=False).ids)
+            if text
+            else []
+        )
 
     def render_text(
         self,
@@ -276,7 +282,9 @@ class ChatRenderer:
                     state.fast_since_check += 1
                     self.stats.fast += 1
                     return fast
-                full = self._render_full(state, messages, tools, add_generation_prompt, template_kwargs, parent)
+                full = self._render_full(
+                    state, messages, tools, add_generation_prompt, template_kwargs, parent
+                )
                 self.stats.checks += 1
                 state.fast_since_check = 0
                 ok = full.prompt_ids == fast.prompt_ids and full.divergence is None
@@ -284,7 +292,9 @@ class ChatRenderer:
                     self.stats.check_failures += 1
                 state.anchor_ok = ok if state.anchor_ok is None else state.anchor_ok and ok
                 return full
-        return self._render_full(state, messages, tools, add_generation_prompt, template_kwargs, parent)
+        return self._render_full(
+            state, messages, tools, add_generation_prompt, template_kwargs, parent
+        )
 
     def check_due(self, state: RenderState) -> bool:
         """Whether the next fast-path prompt of this execution is cross-checked by a full render
@@ -339,7 +349,12 @@ class ChatRenderer:
         ids += self.encode(suffix)
         shared = parent.messages + messages[k:]
         return Rendered(
-            prompt_ids=ids, parent=parent, divergence=None, messages=shared, tools=parent.tools, path="fast"
+            prompt_ids=ids,
+            parent=parent,
+            divergence=None,
+            messages=shared,
+            tools=parent.tools,
+            path="fast",
         )
 
     def _best_candidate(
@@ -356,14 +371,24 @@ class ChatRenderer:
             n = min(len(conv), len(messages))
             while m < n and conv[m] == messages[m]:
                 m += 1
-            if m == len(conv) and m < len(messages) and _reply_key(messages[m]) == _reply_key(node.reply):
+            if (
+                m == len(conv)
+                and m < len(messages)
+                and _reply_key(messages[m]) == _reply_key(node.reply)
+            ):
                 m += 1
             if m > best_m:
                 best, best_m = node, m
         return best, best_m
 
     def _render_full(
-        self, state, messages, tools, add_generation_prompt, template_kwargs, parent: Node | None = None
+        self,
+        state,
+        messages,
+        tools,
+        add_generation_prompt,
+        template_kwargs,
+        parent: Node | None = None,
     ) -> Rendered:
         """Render the whole conversation; keep the exact tokens of `parent` (the call whose
         messages + reply the request extends) or else of the recent call sharing the most
@@ -393,7 +418,9 @@ class ChatRenderer:
             if matched <= len(parent.messages)
             else parent.messages + messages[len(parent.messages) :]
         )
-        return Rendered(prompt_ids=ids, parent=parent, divergence=divergence, messages=shared, tools=tools)
+        return Rendered(
+            prompt_ids=ids, parent=parent, divergence=divergence, messages=shared, tools=tools
+        )
 
     def _splice(self, parent: Node, text: str) -> tuple[list[int], int | None]:
         """Prompt IDs for `text` keeping the parent's exact tokens over the longest shared text
@@ -455,9 +482,14 @@ class ChatRenderer:
         best, best_len = None, 0
         for node in reversed(state.nodes[-limit:]):
             n = node.prompt_len
-            if n == len(prompt_ids) and node.prompt_ref[:n] == prompt_ids:  # the same prompt again: a sibling
+            if (
+                n == len(prompt_ids) and node.prompt_ref[:n] == prompt_ids
+            ):  # the same prompt again: a sibling
                 return Rendered(
-                    prompt_ids=prompt_ids, parent=node.parent, divergence=node.divergence, path="repeat"
+                    prompt_ids=prompt_ids,
+                    parent=node.parent,
+                    divergence=node.divergence,
+                    path="repeat",
                 )
             known = node.known_ids()
             if len(known) <= len(prompt_ids) and prompt_ids[: len(known)] == known:
@@ -468,5 +500,7 @@ class ChatRenderer:
         if best is None:
             return Rendered(prompt_ids=prompt_ids, parent=None, divergence=None, path="tokens")
         self.stats.divergences += 1
-        div = Divergence(parent_call_id=best.call_id, index=best_len, reason="prompt_tokens_changed")
+        div = Divergence(
+            parent_call_id=best.call_id, index=best_len, reason="prompt_tokens_changed"
+        )
         return Rendered(prompt_ids=prompt_ids, parent=best, divergence=div, path="tokens")

@@ -61,12 +61,18 @@ def _parse_call(body: str, index: int, call_id: str) -> ToolCall:
     if not isinstance(args, dict):
         raise ValueError('"arguments" must be a JSON object')
     m = _CANONICAL_CALL.fullmatch(body.strip())
-    if m is not None and json.loads(m.group(1)) == obj["name"] and loads_or_none(m.group(2)) == args:
+    if (
+        m is not None
+        and json.loads(m.group(1)) == obj["name"]
+        and loads_or_none(m.group(2)) == args
+    ):
         raw = m.group(2)  # the model's exact argument text: re-rendered verbatim (B23)
     else:
         raw = json.dumps(args, ensure_ascii=False)
     return ToolCall(
-        id=f"{call_id}_{index}", type="function", function=FunctionCall(name=obj["name"], arguments=raw)
+        id=f"{call_id}_{index}",
+        type="function",
+        function=FunctionCall(name=obj["name"], arguments=raw),
     )
 
 
@@ -104,9 +110,14 @@ def parse_reply(text: str, call_id: str = "call", *, tools: bool = True) -> Pars
             pos = end + len(CALL_CLOSE)
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
         return ParsedReply(
-            content=rest, reasoning=reasoning, tool_calls=(), tool_call_error=f"malformed tool call: {exc}"
+            content=rest,
+            reasoning=reasoning,
+            tool_calls=(),
+            tool_call_error=f"malformed tool call: {exc}",
         )
-    return ParsedReply(content=rest[:i], reasoning=reasoning, tool_calls=tuple(calls), tool_call_error=None)
+    return ParsedReply(
+        content=rest[:i], reasoning=reasoning, tool_calls=tuple(calls), tool_call_error=None
+    )
 
 
 def partial_reply(text: str, *, tools: bool = True) -> tuple[str, str]:

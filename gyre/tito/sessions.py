@@ -54,7 +54,9 @@ class Execution:
 
     def calls(self) -> list[ModelCall]:
         """Every recorded call with its full prompt IDs (materialised: O(calls x history))."""
-        return [msgspec.structs.replace(call, prompt_ids=node.prompt_ids) for call, node in self.records]
+        return [
+            msgspec.structs.replace(call, prompt_ids=node.prompt_ids) for call, node in self.records
+        ]
 
     def new_call_id(self) -> str:
         """`c<k>`: unique within the execution, in arrival order."""
@@ -129,7 +131,9 @@ class Sessions:
             ex = named
         if ex is None:
             raise ProxyError(
-                "invalid API key: it names no open execution", status=401, type="authentication_error"
+                "invalid API key: it names no open execution",
+                status=401,
+                type="authentication_error",
             )
         return ex
 

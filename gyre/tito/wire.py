@@ -136,6 +136,10 @@ def message_text(content: str | list[ContentPart] | None) -> str | None:
     return "".join(out)
 
 
-def error_body(message: str, *, type: str, code: str | None = None, param: str | None = None) -> bytes:
+def error_body(
+    message: str, *, type: str, code: str | None = None, param: str | None = None
+) -> bytes:
     """An OpenAI-style error body: `{"error": {"message", "type", "param", "code"}}` as JSON bytes."""
-    return JSON_ENCODER.encode({"error": {"message": message, "type": type, "param": param, "code": code}})
+    return JSON_ENCODER.encode(
+        {"error": {"message": message, "type": type, "param": param, "code": code}}
+    )

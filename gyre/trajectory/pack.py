@@ -99,8 +99,8 @@ def _layout(tree: TrajectoryTree, mask_N: np.ndarray) -> tuple[np.ndarray, np.nd
         after = lo + n + np.concatenate(([0], np.cumsum(sizes)))
         for (_, c), offset in zip(kids, after[:-1].tolist()):
             run_in[c] = offset
-        node_T[lo:lo + n] = np.arange(start, start + n)
-        parent_T[lo + 1:lo + n] = np.arange(lo, lo + n - 1)
+        node_T[lo : lo + n] = np.arange(start, start + n)
+        parent_T[lo + 1 : lo + n] = np.arange(lo, lo + n - 1)
         p = int(tree.run_parent_R[r])
         if p < 0:
             parent_T[lo] = -1
@@ -109,7 +109,7 @@ def _layout(tree: TrajectoryTree, mask_N: np.ndarray) -> tuple[np.ndarray, np.nd
             parent_T[lo] = run_in[pr] + p - int(tree.run_start_R[pr])
         # Children attached at index >= i lie inside node i's subtree: count them per i.
         count = np.searchsorted(-attach, -np.arange(n), side="right")
-        dfs_out_T[lo:lo + n] = after[count]
+        dfs_out_T[lo : lo + n] = after[count]
     return node_T, parent_T, dfs_out_T
 
 
@@ -172,7 +172,9 @@ def _concat(parts: Sequence[PackedBatch]) -> PackedBatch:
 
 
 def pack_batch(
-    items: Sequence[tuple[TrajectoryTree, Selection]], *, token_budget: int,
+    items: Sequence[tuple[TrajectoryTree, Selection]],
+    *,
+    token_budget: int,
     num_executions: int | None = None,
 ) -> list[PackedBatch]:
     """Pack the selected trees of one batch into micro-batches of at most `token_budget` tokens.

@@ -91,7 +91,7 @@ def ancestor_mask(tree: TrajectoryTree, nodes: np.ndarray) -> np.ndarray:
     while pending:
         run = pending.pop(0)
         start = int(tree.run_start_R[run])
-        mask[start:start + deepest[run] + 1] = True
+        mask[start : start + deepest[run] + 1] = True
         parent = int(tree.run_parent_R[run])
         if parent >= 0:
             prun = int(tree.call_N[parent])

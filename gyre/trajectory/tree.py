@@ -72,9 +72,25 @@ class TrajectoryTree:
     """
 
     __slots__ = (
-        "execution_id", "call_ids", "call_roles", "token_N", "parent_N", "depth_N", "policy_N",
-        "logprob_N", "version_N", "temperature_N", "call_N", "role_N", "path_policy_N",
-        "run_start_R", "run_len_R", "run_parent_R", "end_node_R", "divergence_R", "tokens_in_calls",
+        "execution_id",
+        "call_ids",
+        "call_roles",
+        "token_N",
+        "parent_N",
+        "depth_N",
+        "policy_N",
+        "logprob_N",
+        "version_N",
+        "temperature_N",
+        "call_N",
+        "role_N",
+        "path_policy_N",
+        "run_start_R",
+        "run_len_R",
+        "run_parent_R",
+        "end_node_R",
+        "divergence_R",
+        "tokens_in_calls",
     )
 
     def __init__(self, **arrays: object) -> None:
@@ -85,8 +101,10 @@ class TrajectoryTree:
         return int(self.token_N.shape[0])
 
     def __repr__(self) -> str:
-        return (f"TrajectoryTree(execution_id={self.execution_id!r}, calls={len(self.call_ids)}, "
-                f"nodes={len(self)})")
+        return (
+            f"TrajectoryTree(execution_id={self.execution_id!r}, calls={len(self.call_ids)}, "
+            f"nodes={len(self)})"
+        )
 
     @property
     def num_nodes(self) -> int:
@@ -250,7 +268,7 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
                 nxt_i = 0
             along = run_tokens[nxt_run][nxt_i:]
             n = min(along.shape[0], length - pos)
-            differ = np.flatnonzero(along[:n] != seq[pos:pos + n])
+            differ = np.flatnonzero(along[:n] != seq[pos : pos + n])
             k = int(differ[0]) if differ.shape[0] else n
             matched.append((nxt_run, nxt_i, pos, k))
             pos += k
@@ -338,9 +356,24 @@ def _first_difference(prompt: np.ndarray, parent_seq: np.ndarray) -> int:
     return -1 if prompt.shape[0] >= parent_seq.shape[0] else n
 
 
-def _finish(*, execution_id, calls, call_ids, run_tokens, run_policy, run_logprob, run_version,
-            run_temperature, run_start_R, run_len_R, run_parent_R, run_depth_R, end_node_R,
-            divergence_R, tokens_in_calls) -> TrajectoryTree:
+def _finish(
+    *,
+    execution_id,
+    calls,
+    call_ids,
+    run_tokens,
+    run_policy,
+    run_logprob,
+    run_version,
+    run_temperature,
+    run_start_R,
+    run_len_R,
+    run_parent_R,
+    run_depth_R,
+    end_node_R,
+    divergence_R,
+    tokens_in_calls,
+) -> TrajectoryTree:
     """Concatenate the runs into flat per-node arrays and derive parents, depths, path counts."""
     num_calls = len(calls)
     token_N = np.concatenate(run_tokens) if run_tokens else np.zeros(0, np.int32)
@@ -362,7 +395,7 @@ def _finish(*, execution_id, calls, call_ids, run_tokens, run_policy, run_logpro
     for r in np.flatnonzero(has_nodes):  # runs in creation order: a run's parent is already done
         start, length, parent = int(run_start_R[r]), int(run_len_R[r]), int(run_parent_R[r])
         base = path_policy_N[parent] if parent >= 0 else 0
-        path_policy_N[start:start + length] = base + np.cumsum(policy_N[start:start + length])
+        path_policy_N[start : start + length] = base + np.cumsum(policy_N[start : start + length])
     return TrajectoryTree(
         execution_id=execution_id,
         call_ids=call_ids,

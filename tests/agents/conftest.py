@@ -24,4 +24,6 @@ def bridge(server):
 
 @pytest.fixture
 def harness(server, tmp_path):
-    return Harness(base_url=server.base_url, workspace_root=tmp_path / "executions", kill_grace_s=0.5)
+    return Harness(
+        base_url=server.base_url, workspace_root=tmp_path / "executions", kill_grace_s=0.5
+    )

@@ -12,7 +12,6 @@ from gyre.tasks.solution import load_solution
 from gyre.tasks.task import Task
 from tests.agents.openai_server import HANG, ControlBridge, ScriptedOpenAI
 
-
 HALF_ORACLE_DEADLINE_S = 15.0
 """Deadline of executions meant to time out: long enough for the agent to start and reach its
 stopping point on a loaded 2-core machine (a test waits for it in full)."""
@@ -35,13 +34,23 @@ def oracle_policy(task: Task, stop_after: int | None = None):
 
 
 async def run_policy(
-    harness: Harness, server: ScriptedOpenAI, bridge: ControlBridge, task: Task, execution_id: str,
-    policy, *, control: ExecutionControl | None = None, agent_command: list[str] | None = None,
+    harness: Harness,
+    server: ScriptedOpenAI,
+    bridge: ControlBridge,
+    task: Task,
+    execution_id: str,
+    policy,
+    *,
+    control: ExecutionControl | None = None,
+    agent_command: list[str] | None = None,
 ) -> Outcome:
     """Run the reference agent on `task` with `policy` answering its model calls."""
     key = mint_api_key(execution_id)
     server.register(key, policy)
-    control = control or ExecutionControl(max_turns=task.spec.agent.max_turns,
-                                          token_budget=task.spec.agent.token_budget)
+    control = control or ExecutionControl(
+        max_turns=task.spec.agent.max_turns, token_budget=task.spec.agent.token_budget
+    )
     bridge.register(key, control)
-    return await harness.run(task, execution_id, control=control, api_key=key, agent_command=agent_command)
+    return await harness.run(
+        task, execution_id, control=control, api_key=key, agent_command=agent_command
+    )

@@ -39,7 +39,11 @@ def tool_call_message(name: str, arguments: dict, call_id: str) -> dict:
         "role": "assistant",
         "content": None,
         "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
         ],
     }
 
@@ -63,14 +67,25 @@ class ScriptedOpenAI:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                 key = self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-                call = Call(api_key=key, role=self.headers.get("X-Gyre-Role"),
-                            messages=body.get("messages", []), tools=body.get("tools"))
+                call = Call(
+                    api_key=key,
+                    role=self.headers.get("X-Gyre-Role"),
+                    messages=body.get("messages", []),
+                    tools=body.get("tools"),
+                )
                 with server._lock:
                     server.calls.append(call)
                 policy = server.policies.get(key)
                 if policy is None or not self.path.endswith("/chat/completions"):
-                    return self._send(401 if policy is None else 404,
-                                      {"error": {"message": f"unknown key or path {self.path}", "type": "invalid_request_error"}})
+                    return self._send(
+                        401 if policy is None else 404,
+                        {
+                            "error": {
+                                "message": f"unknown key or path {self.path}",
+                                "type": "invalid_request_error",
+                            }
+                        },
+                    )
                 reply = policy(call)
                 if reply is HANG:
                     server._closed.wait(600)
@@ -79,13 +94,29 @@ class ScriptedOpenAI:
                 tokens = len(json.dumps(reply)) // 4
                 if server.on_call is not None:
                     server.on_call(key, tokens)
-                self._send(200, {
-                    "id": f"chatcmpl-{len(server.calls)}", "object": "chat.completion",
-                    "created": int(time.time()), "model": body.get("model", "scripted"),
-                    "choices": [{"index": 0, "message": reply,
-                                 "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop"}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1},
-                })
+                self._send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{len(server.calls)}",
+                        "object": "chat.completion",
+                        "created": int(time.time()),
+                        "model": body.get("model", "scripted"),
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": reply,
+                                "finish_reason": "tool_calls"
+                                if reply.get("tool_calls")
+                                else "stop",
+                            }
+                        ],
+                        "usage": {
+                            "prompt_tokens": 1,
+                            "completion_tokens": tokens,
+                            "total_tokens": tokens + 1,
+                        },
+                    },
+                )
 
             def _send(self, status: int, payload: dict) -> None:
                 data = json.dumps(payload).encode()

@@ -40,7 +40,7 @@ def reply_texts(solution: Solution) -> list[tuple[str, str]]:
     """(role, text) of every model call the oracle-driven agent makes, in request order."""
 
     def call(name: str, arguments: dict) -> str:
-        return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+        return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
     out = []
     for step in solution.main:
@@ -68,16 +68,24 @@ async def test_reference_agent_through_the_proxy(suite: str, tmp_path: Path) -> 
     tok = build_tokenizer()
     task = random.Random(suite).choice(load_suite(EXAMPLES / suite))
     script = reply_texts(load_solution(task))
-    replies = [ScriptedReply(token_ids=tok.encode(text, add_special_tokens=False) + [tok.eos_token_id])
-               for _, text in script]
-    engine = ScriptedEngine(replies, eos_token_id=tok.eos_token_id, max_model_len=65536, vocab_size=len(tok))
+    replies = [
+        ScriptedReply(token_ids=tok.encode(text, add_special_tokens=False) + [tok.eos_token_id])
+        for _, text in script
+    ]
+    engine = ScriptedEngine(
+        replies, eos_token_id=tok.eos_token_id, max_model_len=65536, vocab_size=len(tok)
+    )
     proxy = TitoProxy(tokenizer=tok, engine_for=lambda _e: engine, config=ProxyConfig())
     eid = f"e2e-{suite}"
     key = proxy.mint_key(eid)
+
     def refresh(c: ExecutionControl) -> None:
         s = proxy.summary(eid)
-        c.observe_totals(model_calls=s.num_calls, completion_tokens=s.completion_tokens,
-                         context_refusals=s.context_refusals)
+        c.observe_totals(
+            model_calls=s.num_calls,
+            completion_tokens=s.completion_tokens,
+            context_refusals=s.context_refusals,
+        )
 
     control = ExecutionControl(refresh=refresh)
     async with anyio.create_task_group() as tg:

@@ -44,8 +44,11 @@ async def test_reference_agent_on_vllm(vllm_engine, tiny_model_dir, tmp_path: Pa
     command = [*REACT_AGENT, "--max-turns", "3", "--max-tokens", "48", "--temperature", "1.0"]
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.serve)
-        harness = Harness(base_url=f"http://127.0.0.1:{port}/v1", agent_command=command,
-                          workspace_root=tmp_path / "x")
+        harness = Harness(
+            base_url=f"http://127.0.0.1:{port}/v1",
+            agent_command=command,
+            workspace_root=tmp_path / "x",
+        )
         for suite in SUITES:
             task = with_deadline(shortest(suite), 120.0)
             eid = f"vllm-{suite}"
@@ -53,17 +56,29 @@ async def test_reference_agent_on_vllm(vllm_engine, tiny_model_dir, tmp_path: Pa
 
             def refresh(c: ExecutionControl, eid: str = eid) -> None:
                 s = proxy.summary(eid)
-                c.observe_totals(model_calls=s.num_calls, completion_tokens=s.completion_tokens,
-                                 context_refusals=s.context_refusals)
+                c.observe_totals(
+                    model_calls=s.num_calls,
+                    completion_tokens=s.completion_tokens,
+                    context_refusals=s.context_refusals,
+                )
 
-            outcome = await harness.run(task, eid, control=ExecutionControl(refresh=refresh), api_key=key)
+            outcome = await harness.run(
+                task, eid, control=ExecutionControl(refresh=refresh), api_key=key
+            )
             calls = proxy.calls(eid)
             summary = await proxy.close(eid)
             assert outcome.termination in ("finished", "context_exceeded"), outcome
             assert outcome.model_calls == summary.num_calls == len(calls) >= 1
-            assert {c.role for c in calls} <= {"main", "sub_agent", "main_summary", "sub_agent_summary"}
+            assert {c.role for c in calls} <= {
+                "main",
+                "sub_agent",
+                "main_summary",
+                "sub_agent_summary",
+            }
             assert calls[0].role == "main"
-            assert all(len(c.completion_ids) == len(c.logprobs) == len(c.versions) >= 1 for c in calls)
+            assert all(
+                len(c.completion_ids) == len(c.logprobs) == len(c.versions) >= 1 for c in calls
+            )
             assert outcome.score is not None and 0 <= outcome.score.passed <= outcome.score.total
             assert outcome.completion_tokens == sum(len(c.completion_ids) for c in calls)
         tg.cancel_scope.cancel()

@@ -52,15 +52,26 @@ async def test_agent_ignoring_sigterm_with_children_is_gone_and_scored(
     task = out_task(tmp_path, agent="deadline_s = 10.0\n")
     # the agent writes its pids where the test reads them: no private /tmp (this test is about
     # ending the tree), and a folder every uid may write to
-    harness = Harness(base_url=server.base_url, workspace_root=tmp_path / "plain", kill_grace_s=0.5,
-                      isolate_mounts=False)
+    harness = Harness(
+        base_url=server.base_url,
+        workspace_root=tmp_path / "plain",
+        kill_grace_s=0.5,
+        isolate_mounts=False,
+    )
     shared = Path(tempfile.mkdtemp(prefix="gyre-evil-", dir="/tmp"))
     os.chmod(shared, 0o777)
-    (shared / "evil.py").write_text(ONE_MODEL_CALL + "open('out.txt', 'w').write('partial')\n" + EVIL)
+    (shared / "evil.py").write_text(
+        ONE_MODEL_CALL + "open('out.txt', 'w').write('partial')\n" + EVIL
+    )
     pidfile = shared / "pids"
     try:
         outcome = await run_policy(
-            harness, server, bridge, task, "evil", lambda call: {"role": "assistant", "content": "ok"},
+            harness,
+            server,
+            bridge,
+            task,
+            "evil",
+            lambda call: {"role": "assistant", "content": "ok"},
             agent_command=[sys.executable, str(shared / "evil.py"), str(pidfile)],
         )
         pids = [int(p) for p in pidfile.read_text().split()]
@@ -74,11 +85,17 @@ async def test_agent_ignoring_sigterm_with_children_is_gone_and_scored(
     assert not harness.execution_dir("evil").exists()  # cleaned up after scoring
 
 
-async def test_agent_dying_before_its_first_model_call_is_failed(tmp_path: Path, harness: Harness) -> None:
+async def test_agent_dying_before_its_first_model_call_is_failed(
+    tmp_path: Path, harness: Harness
+) -> None:
     task = out_task(tmp_path)
-    outcome = await harness.run(task, "dies", agent_command=[sys.executable, "-c", "import sys; sys.exit('boom')"])
+    outcome = await harness.run(
+        task, "dies", agent_command=[sys.executable, "-c", "import sys; sys.exit('boom')"]
+    )
     assert outcome.termination == "failed" and outcome.score is None and outcome.reward is None
-    assert "before its first model call" in outcome.failure_reason and "boom" in outcome.failure_reason
+    assert (
+        "before its first model call" in outcome.failure_reason and "boom" in outcome.failure_reason
+    )
     assert outcome.exit_code == 1
     outcome = await harness.run(task, "missing", agent_command=["/nonexistent/agent"])
     assert outcome.termination == "failed" and outcome.exit_code == 127
@@ -93,40 +110,67 @@ async def test_nothing_to_train_on_is_failed(tmp_path: Path, harness: Harness) -
     assert outcome.termination == "failed"
     assert outcome.failure_reason.startswith("agent stopped (timeout) before its first model call")
     # calls were made, but every one was aborted before its first token (FIELD_CASES B20)
-    control = ExecutionControl(refresh=lambda c: c.observe_totals(model_calls=2, completion_tokens=0))
+    control = ExecutionControl(
+        refresh=lambda c: c.observe_totals(model_calls=2, completion_tokens=0)
+    )
     outcome = await harness.run(task, "empty", agent_command=["true"], control=control)
     assert outcome.termination == "failed"
-    assert outcome.failure_reason == "no policy tokens: all 2 model calls ended before their first token (aborted)"
+    assert (
+        outcome.failure_reason
+        == "no policy tokens: all 2 model calls ended before their first token (aborted)"
+    )
 
 
-async def test_agent_giving_up_after_a_context_refusal_is_context_exceeded(tmp_path: Path, harness: Harness) -> None:
+async def test_agent_giving_up_after_a_context_refusal_is_context_exceeded(
+    tmp_path: Path, harness: Harness
+) -> None:
     task = out_task(tmp_path)
     control = ExecutionControl(
-        refresh=lambda c: c.observe_totals(model_calls=3, completion_tokens=40, context_refusals=1))
-    outcome = await harness.run(task, "ctx-exit", agent_command=["sh", "-c", "echo -n done > out.txt; exit 3"],
-                                control=control)
+        refresh=lambda c: c.observe_totals(model_calls=3, completion_tokens=40, context_refusals=1)
+    )
+    outcome = await harness.run(
+        task,
+        "ctx-exit",
+        agent_command=["sh", "-c", "echo -n done > out.txt; exit 3"],
+        control=control,
+    )
     assert outcome.termination == "context_exceeded"
     assert (outcome.score.score, outcome.exit_code, outcome.model_calls) == (1.0, 3, 3)
 
 
-async def test_reference_agent_is_not_shadowed_by_workspace_files(tmp_path: Path, harness: Harness, server, bridge) -> None:
+async def test_reference_agent_is_not_shadowed_by_workspace_files(
+    tmp_path: Path, harness: Harness, server, bridge
+) -> None:
     task = out_task(tmp_path, agent="deadline_s = 60.0\n")
     (task.environment_dir / "openai.py").write_text("raise SystemExit('shadowed')\n")
     (task.environment_dir / "gyre").mkdir()
     (task.environment_dir / "gyre" / "__init__.py").write_text("raise SystemExit('shadowed')\n")
-    script = [tool_call_message("write_file", {"path": "out.txt", "content": "done"}, "c0"),
-              tool_call_message("finish", {}, "c1")]
-    outcome = await run_policy(harness, server, bridge, task, "shadow",
-                               lambda call: script[sum(m["role"] == "assistant" for m in call.messages)])
+    script = [
+        tool_call_message("write_file", {"path": "out.txt", "content": "done"}, "c0"),
+        tool_call_message("finish", {}, "c1"),
+    ]
+    outcome = await run_policy(
+        harness,
+        server,
+        bridge,
+        task,
+        "shadow",
+        lambda call: script[sum(m["role"] == "assistant" for m in call.messages)],
+    )
     assert outcome.termination == "finished", outcome.stderr_tail
     assert outcome.score.score == 1.0
 
 
-async def test_hanging_verifier_fails_the_execution(tmp_path: Path, harness: Harness, server, bridge) -> None:
+async def test_hanging_verifier_fails_the_execution(
+    tmp_path: Path, harness: Harness, server, bridge
+) -> None:
     toml = "[agent]\ndeadline_s = 30.0\n[verifier]\nkind = 'script'\ntimeout_s = 1.0\n"
-    task = load_task(make_task(tmp_path / "s" / "hang", toml=toml, tests={"test.sh": "sleep 300\n"}))
-    outcome = await run_policy(harness, server, bridge, task, "vh",
-                               lambda call: tool_call_message("finish", {}, "c0"))
+    task = load_task(
+        make_task(tmp_path / "s" / "hang", toml=toml, tests={"test.sh": "sleep 300\n"})
+    )
+    outcome = await run_policy(
+        harness, server, bridge, task, "vh", lambda call: tool_call_message("finish", {}, "c0")
+    )
     assert outcome.termination == "failed"
     assert "hung: killed after timeout_s=1.0" in outcome.failure_reason
     assert outcome.model_calls == 1
@@ -158,13 +202,17 @@ async def test_limits_stop_the_execution_for_partial_scoring(
         assert outcome.completion_tokens >= 100
 
 
-async def test_context_exceeded_stops_the_execution(tmp_path: Path, harness: Harness, server, bridge) -> None:
+async def test_context_exceeded_stops_the_execution(
+    tmp_path: Path, harness: Harness, server, bridge
+) -> None:
     task = out_task(tmp_path, agent="deadline_s = 60.0\n")
     control = ExecutionControl()
     token = anyio.lowlevel.current_token()
 
     def policy(call):
-        if any(m["role"] == "assistant" for m in call.messages):  # second call: the prompt no longer fits
+        if any(
+            m["role"] == "assistant" for m in call.messages
+        ):  # second call: the prompt no longer fits
             anyio.from_thread.run_sync(control.context_exceeded, token=token)
             return HANG
         return tool_call_message("write_file", {"path": "out.txt", "content": "done"}, "c0")
@@ -194,7 +242,14 @@ async def test_workspace_is_private_and_holds_no_hidden_files(
     if harness.isolated:  # 0711: the agent cannot list its execution folder
         assert listing[1].split()[0] == "GYRE_MODEL=gyre"
     else:
-        assert listing[1].split()[:6] == ["home", "instruction.md", "stderr.log", "stdout.log", "tmp", "workspace"]
+        assert listing[1].split()[:6] == [
+            "home",
+            "instruction.md",
+            "stderr.log",
+            "stdout.log",
+            "tmp",
+            "workspace",
+        ]
     assert "test_out" not in out and "oracle" not in out
     assert f"OPENAI_API_KEY={key}" in out and f"OPENAI_BASE_URL={harness.base_url}" in out
     assert "GYRE_EXECUTION_ID=iso" in out

@@ -80,24 +80,37 @@ def open_dir():
 
 
 @pytest.mark.parametrize("mounts", [True, False], ids=["mount-namespace", "uid-only"])
-async def test_agent_cannot_read_hidden_tests_or_other_workspaces(open_dir: Path, server, bridge, mounts: bool) -> None:
+async def test_agent_cannot_read_hidden_tests_or_other_workspaces(
+    open_dir: Path, server, bridge, mounts: bool
+) -> None:
     if mounts and mount_namespace_problem() is not None:
         pytest.skip(f"no mount namespace here: {mount_namespace_problem()}")
-    task = load_task(make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 30.0\n", tests=TESTS))
+    task = load_task(
+        make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 30.0\n", tests=TESTS)
+    )
     (task.path / "solution").mkdir()
     (task.path / "solution" / "oracle.json").write_text("{}")
     hidden = task.tests_dir / "test_out.py"
-    assert stat.S_IMODE(os.stat(task.tests_dir).st_mode) == 0o755  # world-readable, as in a checkout
-    harness = Harness(base_url=server.base_url, workspace_root=open_dir / "executions", kill_grace_s=0.5,
-                      agent_uid_base=UID_BASE, agent_uid_count=64, isolate_mounts=mounts)
+    assert (
+        stat.S_IMODE(os.stat(task.tests_dir).st_mode) == 0o755
+    )  # world-readable, as in a checkout
+    harness = Harness(
+        base_url=server.base_url,
+        workspace_root=open_dir / "executions",
+        kill_grace_s=0.5,
+        agent_uid_base=UID_BASE,
+        agent_uid_count=64,
+        isolate_mounts=mounts,
+    )
     assert harness.isolated and (harness.mounts is not None) == mounts
     holder_secret = harness.execution_dir("holder") / "workspace" / "secret.txt"
     holder_control = ExecutionControl()
 
     async def run_holder() -> None:
         nonlocal holder
-        holder = await harness.run(task, "holder", agent_command=[PYTHON, "-I", "-c", HOLDER],
-                                   control=holder_control)
+        holder = await harness.run(
+            task, "holder", agent_command=[PYTHON, "-I", "-c", HOLDER], control=holder_control
+        )
 
     holder = None
     async with anyio.create_task_group() as tg:
@@ -107,8 +120,21 @@ async def test_agent_cannot_read_hidden_tests_or_other_workspaces(open_dir: Path
                 await anyio.sleep(0.05)
         holder_uid, holder_pid = map(int, holder_secret.read_text().split())
         probe = await run_policy(
-            harness, server, bridge, task, "probe", lambda call: {"role": "assistant", "content": "ok"},
-            agent_command=[PYTHON, "-I", "-c", PROBE, str(hidden), str(holder_secret), str(task.solution_dir)],
+            harness,
+            server,
+            bridge,
+            task,
+            "probe",
+            lambda call: {"role": "assistant", "content": "ok"},
+            agent_command=[
+                PYTHON,
+                "-I",
+                "-c",
+                PROBE,
+                str(hidden),
+                str(holder_secret),
+                str(task.solution_dir),
+            ],
         )
         assert alive(holder_pid)  # the holder ran all along
         holder_control.stop("timeout")
@@ -132,21 +158,33 @@ async def test_agent_cannot_read_hidden_tests_or_other_workspaces(open_dir: Path
 
 
 async def test_kept_workspace_is_handed_back_to_root(open_dir: Path, server) -> None:
-    task = load_task(make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 30.0\n", tests=TESTS))
-    harness = Harness(base_url=server.base_url, workspace_root=open_dir / "executions", keep_workspaces=True,
-                      agent_uid_base=UID_BASE, agent_uid_count=64)
+    task = load_task(
+        make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 30.0\n", tests=TESTS)
+    )
+    harness = Harness(
+        base_url=server.base_url,
+        workspace_root=open_dir / "executions",
+        keep_workspaces=True,
+        agent_uid_base=UID_BASE,
+        agent_uid_count=64,
+    )
     key = mint_api_key("kept")
-    control = ExecutionControl(refresh=lambda c: c.observe_totals(model_calls=1, completion_tokens=1))
+    control = ExecutionControl(
+        refresh=lambda c: c.observe_totals(model_calls=1, completion_tokens=1)
+    )
     script = "import os; open('out.txt', 'w').write('mine'); print(os.getuid())"
-    outcome = await harness.run(task, "kept", agent_command=[PYTHON, "-I", "-c", script], api_key=key,
-                                control=control)
+    outcome = await harness.run(
+        task, "kept", agent_command=[PYTHON, "-I", "-c", script], api_key=key, control=control
+    )
     assert int(outcome.stdout_tail) >= UID_BASE
     exec_dir = harness.execution_dir("kept")
     assert stat.S_IMODE(os.stat(harness.workspace_root).st_mode) == 0o711
     assert stat.S_IMODE(os.stat(exec_dir).st_mode) == 0o711
     for name in ("stdout.log", "stderr.log"):
         assert stat.S_IMODE(os.stat(exec_dir / name).st_mode) == 0o600
-    owners = {os.lstat(os.path.join(d, n)).st_uid for d, ds, fs in os.walk(exec_dir) for n in ds + fs}
+    owners = {
+        os.lstat(os.path.join(d, n)).st_uid for d, ds, fs in os.walk(exec_dir) for n in ds + fs
+    }
     assert owners == {0}  # no file of the execution keeps the (reusable) agent uid
 
 
@@ -156,7 +194,9 @@ async def test_unreachable_workspace_root_runs_agents_as_root_with_a_warning(
     # pytest's tmp_path lies under a 0700 folder of root: no other user can reach a workspace there
     # (without the mount namespace: with it, /tmp is the agent's own and the folder is bound back)
     with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
-        harness = Harness(base_url=server.base_url, workspace_root=tmp_path / "executions", isolate_mounts=False)
+        harness = Harness(
+            base_url=server.base_url, workspace_root=tmp_path / "executions", isolate_mounts=False
+        )
     assert not harness.isolated
     assert stat.S_IMODE(os.stat(harness.workspace_root).st_mode) == 0o700
     assert any("cannot be reached by other users" in r.getMessage() for r in caplog.records)
@@ -175,8 +215,13 @@ async def test_process_limit_binds_an_agent_uid(open_dir: Path) -> None:
     )
     with open(open_dir / "out", "wb") as out:
         result = await run_supervised(
-            [PYTHON, "-I", "-c", script], cwd=open_dir, env={"PATH": os.environ["PATH"]},
-            limits=Limits(max_processes=20), deadline_s=60, stdout=out, stderr=out,
+            [PYTHON, "-I", "-c", script],
+            cwd=open_dir,
+            env={"PATH": os.environ["PATH"]},
+            limits=Limits(max_processes=20),
+            deadline_s=60,
+            stdout=out,
+            stderr=out,
             user=(UID_BASE + 999, UID_BASE + 999),
         )
     assert result.ended == "exited"
@@ -198,12 +243,22 @@ async def test_reference_agent_runs_as_its_own_uid(open_dir: Path, server, bridg
     mounts = mount_namespace_problem() is None  # the namespace binds the interpreter back
     for needed in (Path(sys.executable), Path(gyre.__file__)):
         closed = closed_to_others(needed)
-        if closed is not None and not mounts:  # e.g. a venv under /root (0700): the harness warns and runs as root
-            pytest.skip(f"{needed} is not reachable by other users ({closed} has mode "
-                        f"{stat.S_IMODE(os.stat(closed).st_mode):o})")
-    task = load_task(make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 60.0\n", tests=TESTS))
-    harness = Harness(base_url=server.base_url, workspace_root=open_dir / "executions",
-                      agent_uid_base=UID_BASE, agent_uid_count=64)
+        if (
+            closed is not None and not mounts
+        ):  # e.g. a venv under /root (0700): the harness warns and runs as root
+            pytest.skip(
+                f"{needed} is not reachable by other users ({closed} has mode "
+                f"{stat.S_IMODE(os.stat(closed).st_mode):o})"
+            )
+    task = load_task(
+        make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 60.0\n", tests=TESTS)
+    )
+    harness = Harness(
+        base_url=server.base_url,
+        workspace_root=open_dir / "executions",
+        agent_uid_base=UID_BASE,
+        agent_uid_count=64,
+    )
     script = [
         tool_call_message("write_file", {"path": "out.txt", "content": "mine"}, "c0"),
         tool_call_message("write_file", {"path": "secret.txt", "content": "x"}, "c1"),
@@ -221,7 +276,9 @@ async def test_reference_agent_runs_as_its_own_uid(open_dir: Path, server, bridg
     assert outcome.termination == "finished", outcome.stderr_tail
     assert outcome.score.score == 1.0 and harness.statistics().isolated == 1
     ran = next(m["content"] for m in seen if m["role"] == "tool" and "exit code" in m["content"])
-    assert ("No such file or directory" if mounts else "Permission denied") in ran and "def test_out" not in ran
+    assert (
+        "No such file or directory" if mounts else "Permission denied"
+    ) in ran and "def test_out" not in ran
     assert int(ran.split("\n")[1]) >= UID_BASE
 
 
@@ -234,18 +291,28 @@ def test_require_isolation_refuses_instead_of_warning(open_dir, monkeypatch, cap
     from gyre.errors import ConfigError
 
     with pytest.raises(ConfigError, match="require_isolation needs isolate_uid and isolate_mounts"):
-        config_from_dict({"tasks": {"harness": {"require_isolation": True, "isolate_mounts": False}}})
+        config_from_dict(
+            {"tasks": {"harness": {"require_isolation": True, "isolate_mounts": False}}}
+        )
     required, url = HarnessConfig(require_isolation=True), "http://127.0.0.1:9/v1"
     isolation.check_isolation(HarnessConfig())  # not required: never refuses
-    if mount_namespace_problem() is None:  # root with a mount namespace (here and in CI): nothing to refuse
+    if (
+        mount_namespace_problem() is None
+    ):  # root with a mount namespace (here and in CI): nothing to refuse
         isolation.check_isolation(required)
         built = Harness.from_config(required, base_url=url, run_dir=open_dir / "ok")
         assert built.isolated and built.mounts is not None
 
     monkeypatch.setattr(isolation, "mount_namespace_problem", lambda: "no CAP_SYS_ADMIN")
-    with pytest.raises(ConfigError, match=r"require_isolation: no private mount namespace for agents \(no CAP_SYS_ADMIN\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"require_isolation: no private mount namespace for agents \(no CAP_SYS_ADMIN\)",
+    ):
         isolation.check_isolation(required)
-    with pytest.raises(ConfigError, match=r"require_isolation: isolate_mounts: no private mount namespace .*CAP_SYS_ADMIN"):
+    with pytest.raises(
+        ConfigError,
+        match=r"require_isolation: isolate_mounts: no private mount namespace .*CAP_SYS_ADMIN",
+    ):
         Harness.from_config(required, base_url=url, run_dir=open_dir / "mounts")
     with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
         relaxed = Harness.from_config(HarnessConfig(), base_url=url, run_dir=open_dir / "relaxed")
@@ -254,7 +321,9 @@ def test_require_isolation_refuses_instead_of_warning(open_dir, monkeypatch, cap
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(ConfigError, match="require_isolation: the node runs as uid 1000, not root"):
         isolation.check_isolation(required)
-    with pytest.raises(ConfigError, match="require_isolation: isolate_uid: the node runs as uid 1000, not root"):
+    with pytest.raises(
+        ConfigError, match="require_isolation: isolate_uid: the node runs as uid 1000, not root"
+    ):
         Harness.from_config(required, base_url=url, run_dir=open_dir / "uid")
 
 
@@ -268,20 +337,28 @@ def test_require_isolation_refuses_without_a_network_namespace(open_dir, monkeyp
 
     url = "http://0.0.0.0:9/v1"
     if mount_namespace_problem() is None:
-        sealed = Harness.from_config(HarnessConfig(require_isolation=True), base_url=url,
-                                     run_dir=open_dir / "sealed")
+        sealed = Harness.from_config(
+            HarnessConfig(require_isolation=True), base_url=url, run_dir=open_dir / "sealed"
+        )
         assert sealed.sealed and sealed.agent_base_url == "http://127.0.0.1:9/v1"
         assert sealed.relay.target == ("127.0.0.1", 9)
     for module in (isolation, harness_module):
         monkeypatch.setattr(module, "mount_namespace_problem", lambda: None, raising=False)
         monkeypatch.setattr(module, "network_namespace_problem", lambda: "no CAP_SYS_ADMIN")
-    with pytest.raises(ConfigError, match=r"require_isolation: no network namespace for agents "
-                                          r"\(no CAP_SYS_ADMIN\): they would reach every port"):
+    with pytest.raises(
+        ConfigError,
+        match=r"require_isolation: no network namespace for agents "
+        r"\(no CAP_SYS_ADMIN\): they would reach every port",
+    ):
         isolation.check_isolation(HarnessConfig(require_isolation=True))
-    with pytest.raises(ConfigError, match=r"require_isolation: isolate_network: no network "
-                                          r"namespace for agents \(no CAP_SYS_ADMIN\)"):
-        Harness.from_config(HarnessConfig(require_isolation=True), base_url=url,
-                            run_dir=open_dir / "net")
+    with pytest.raises(
+        ConfigError,
+        match=r"require_isolation: isolate_network: no network "
+        r"namespace for agents \(no CAP_SYS_ADMIN\)",
+    ):
+        Harness.from_config(
+            HarnessConfig(require_isolation=True), base_url=url, run_dir=open_dir / "net"
+        )
     isolation._warned.discard("network")
     with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
         relaxed = Harness.from_config(HarnessConfig(), base_url=url, run_dir=open_dir / "relaxed")

@@ -49,7 +49,9 @@ def expected_turns(execution_id: str, median: float, sigma: float, cap: int) -> 
 
 
 def test_draw_matches_an_independent_lognormal() -> None:
-    s = LongtailSettings(turns_median=6.0, turns_sigma=1.2, max_turns=30, tool_median_s=3.0, tool_sigma=0.5)
+    s = LongtailSettings(
+        turns_median=6.0, turns_sigma=1.2, max_turns=30, tool_median_s=3.0, tool_sigma=0.5
+    )
     ks = []
     for i in range(200):
         eid = f"s1-0-t{i}-g0"
@@ -83,9 +85,13 @@ def proxy_and_engine():
     tok = build_tokenizer()
 
     def rule(request, index: int, vocab_size: int) -> ScriptedReply:
-        return ScriptedReply(token_ids=tok.encode(f"noted {len(engine.requests_seen)}", add_special_tokens=False))
+        return ScriptedReply(
+            token_ids=tok.encode(f"noted {len(engine.requests_seen)}", add_special_tokens=False)
+        )
 
-    engine = ScriptedEngine(rule=rule, eos_token_id=tok.eos_token_id, max_model_len=65536, vocab_size=len(tok))
+    engine = ScriptedEngine(
+        rule=rule, eos_token_id=tok.eos_token_id, max_model_len=65536, vocab_size=len(tok)
+    )
     return TitoProxy(tokenizer=tok, engine_for=lambda _e: engine, config=ProxyConfig()), engine
 
 
@@ -95,16 +101,25 @@ async def run_longtail(tmp_path: Path, task, eid: str, settings: LongtailSetting
 
     def refresh(c: ExecutionControl) -> None:
         s = proxy.summary(eid)
-        c.observe_totals(model_calls=s.num_calls, completion_tokens=s.completion_tokens,
-                         context_refusals=s.context_refusals)
+        c.observe_totals(
+            model_calls=s.num_calls,
+            completion_tokens=s.completion_tokens,
+            context_refusals=s.context_refusals,
+        )
 
-    control = ExecutionControl(refresh=refresh, max_turns=task.spec.agent.max_turns,
-                               token_budget=task.spec.agent.token_budget)
+    control = ExecutionControl(
+        refresh=refresh,
+        max_turns=task.spec.agent.max_turns,
+        token_budget=task.spec.agent.token_budget,
+    )
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.serve)
-        harness = Harness(base_url=f"http://127.0.0.1:{port}/v1", workspace_root=tmp_path / "x", kill_grace_s=0.5)
-        outcome = await harness.run(task, eid, control=control, api_key=key,
-                                    agent_command=list(longtail_command(settings)))
+        harness = Harness(
+            base_url=f"http://127.0.0.1:{port}/v1", workspace_root=tmp_path / "x", kill_grace_s=0.5
+        )
+        outcome = await harness.run(
+            task, eid, control=control, api_key=key, agent_command=list(longtail_command(settings))
+        )
         tg.cancel_scope.cancel()
     return outcome, proxy.calls(eid)
 
@@ -112,8 +127,14 @@ async def run_longtail(tmp_path: Path, task, eid: str, settings: LongtailSetting
 @pytest.mark.anyio
 async def test_agent_makes_k_calls_through_the_proxy_and_scores_one(tmp_path: Path) -> None:
     task = load_suite(EXAMPLES / "longtail")[3]
-    settings = LongtailSettings(turns_median=5.0, turns_sigma=0.8, max_turns=12, tool_median_s=0.05,
-                                tool_sigma=0.3, max_tokens=8)
+    settings = LongtailSettings(
+        turns_median=5.0,
+        turns_sigma=0.8,
+        max_turns=12,
+        tool_median_s=0.05,
+        tool_sigma=0.3,
+        max_tokens=8,
+    )
     eid = "s1-0-t3-g1"
     k = expected_turns(eid, 5.0, 0.8, 12)
     assert k >= 3  # this execution's draw (computed above) is a multi-turn one
@@ -121,7 +142,9 @@ async def test_agent_makes_k_calls_through_the_proxy_and_scores_one(tmp_path: Pa
     assert outcome.termination == "finished", outcome
     assert outcome.score.score == 1.0 and (outcome.score.passed, outcome.score.total) == (k, k)
     assert len(calls) == k and outcome.model_calls == k
-    for prev, call in zip(calls, calls[1:]):  # the history only grows: TITO extends, never re-tokenizes
+    for prev, call in zip(
+        calls, calls[1:]
+    ):  # the history only grows: TITO extends, never re-tokenizes
         head = prev.prompt_ids + prev.completion_ids
         assert call.prompt_ids[: len(head)] == head and len(call.prompt_ids) > len(head)
         assert call.parent_call_id == prev.call_id and call.divergence is None
@@ -134,7 +157,9 @@ async def test_stopped_at_the_deadline_scores_turns_done(tmp_path: Path) -> None
     task = load_suite(EXAMPLES / "longtail")[0]
     agent = msgspec.structs.replace(task.spec.agent, deadline_s=8.0)
     task = msgspec.structs.replace(task, spec=msgspec.structs.replace(task.spec, agent=agent))
-    settings = LongtailSettings(turns_median=40.0, turns_sigma=0.0, max_turns=40, tool_median_s=1.0, tool_sigma=0.0)
+    settings = LongtailSettings(
+        turns_median=40.0, turns_sigma=0.0, max_turns=40, tool_median_s=1.0, tool_sigma=0.0
+    )
     outcome, calls = await run_longtail(tmp_path, task, "s1-0-t0-g0", settings)
     assert outcome.termination == "timeout", outcome
     assert outcome.score.total == 40 and 1 <= outcome.score.passed < 40
@@ -174,7 +199,11 @@ def test_run_plan_grows_the_history_and_writes_progress(tmp_path: Path) -> None:
     assert run_plan(client, "do it", tmp_path, LongtailSettings(), plan, sleep=sleep) == 3
     assert slept == [0.5, 1.5, 2.0]
     assert [r["turns_done"] for r in seen] == [0, 1, 2]  # progress is on disk before each tool call
-    assert json.loads((tmp_path / RESULT_FILE).read_text()) == {"turns_planned": 3, "turns_done": 3, "finished": True}
+    assert json.loads((tmp_path / RESULT_FILE).read_text()) == {
+        "turns_planned": 3,
+        "turns_done": 3,
+        "finished": True,
+    }
     assert [len(m) for m in client.requests] == [2, 4, 6]
     last = client.requests[-1]
     assert last[1] == {"role": "user", "content": "do it"}

@@ -25,8 +25,10 @@ from tests.tasks.test_task import make_task
 
 pytestmark = [
     pytest.mark.anyio,
-    pytest.mark.skipif(os.geteuid() != 0 or mount_namespace_problem() is not None,
-                       reason=f"needs root with CAP_SYS_ADMIN: {mount_namespace_problem()}"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or mount_namespace_problem() is not None,
+        reason=f"needs root with CAP_SYS_ADMIN: {mount_namespace_problem()}",
+    ),
 ]
 
 UID_BASE = 310_000
@@ -68,7 +70,9 @@ def config_harness(server, run_dir: Path, **kw) -> Harness:
     return Harness.from_config(config, base_url=server.base_url, run_dir=run_dir)
 
 
-async def test_agent_on_the_venv_python_reaches_only_its_workspace(run_dir: Path, server, bridge) -> None:
+async def test_agent_on_the_venv_python_reaches_only_its_workspace(
+    run_dir: Path, server, bridge
+) -> None:
     if ROOT_FILE is None:
         pytest.skip("no file in /root to try")
     suite = run_dir / "suite"
@@ -85,19 +89,43 @@ async def test_agent_on_the_venv_python_reaches_only_its_workspace(run_dir: Path
     (run_dir / "calls.log").write_bytes(b"calls")
     for path in (other / "secret.txt", run_dir / "calls.log", sibling.tests_dir / "test_secret.py"):
         assert os.stat(path).st_mode & stat.S_IROTH
-    argv = [str(task.tests_dir / "test_out.py"), str(task.solution_dir / "oracle.json"),
-            str(sibling.tests_dir / "test_secret.py"), str(other / "secret.txt"), str(run_dir / "calls.log"), ROOT_FILE]
-    outcome = await run_policy(harness, server, bridge, task, "probe",
-                               lambda call: {"role": "assistant", "content": "ok"},
-                               agent_command=[sys.executable, "-c", f"import urllib.request, os, json\n{PROBE}"
-                                              + CALL, *argv])
-    assert outcome.termination == "finished", (outcome.failure_reason, outcome.stdout_tail, outcome.stderr_tail)
+    argv = [
+        str(task.tests_dir / "test_out.py"),
+        str(task.solution_dir / "oracle.json"),
+        str(sibling.tests_dir / "test_secret.py"),
+        str(other / "secret.txt"),
+        str(run_dir / "calls.log"),
+        ROOT_FILE,
+    ]
+    outcome = await run_policy(
+        harness,
+        server,
+        bridge,
+        task,
+        "probe",
+        lambda call: {"role": "assistant", "content": "ok"},
+        agent_command=[
+            sys.executable,
+            "-c",
+            f"import urllib.request, os, json\n{PROBE}" + CALL,
+            *argv,
+        ],
+    )
+    assert outcome.termination == "finished", (
+        outcome.failure_reason,
+        outcome.stdout_tail,
+        outcome.stderr_tail,
+    )
     result = json.loads(outcome.stdout_tail.splitlines()[0])
     assert UID_BASE <= result["uid"] < UID_BASE + 64  # not root: the venv's Python was reachable
-    assert result["python"] == sys.base_prefix and result["gyre"].startswith(str(Path(__file__).parents[2]))
+    assert result["python"] == sys.base_prefix and result["gyre"].startswith(
+        str(Path(__file__).parents[2])
+    )
     for key in ("tests", "solution", "sibling_tests", "other", "call_log", "root"):
         assert result[key] == "FileNotFoundError", key
-    assert result["root_list"] == [".pyenv"] if sys.base_prefix.startswith("/root/.pyenv/") else True
+    assert (
+        result["root_list"] == [".pyenv"] if sys.base_prefix.startswith("/root/.pyenv/") else True
+    )
     # the agent's own work is scored, by a verifier that also ran as its uid
     assert (outcome.score.passed, outcome.score.total) == (1, 1)
     assert harness.statistics().isolated == 1
@@ -147,23 +175,42 @@ def test_task_and_original_workspace_are_out_of_sight():
 """
 
 
-async def test_verifier_runs_agent_code_unprivileged_and_writes_only_its_copy(run_dir: Path) -> None:
+async def test_verifier_runs_agent_code_unprivileged_and_writes_only_its_copy(
+    run_dir: Path,
+) -> None:
     shared = Path(tempfile.mkdtemp(prefix="gyre-open-", dir="/run"))  # world-writable on the host
     os.chmod(shared, 0o777)
     marker = f"/tmp/gyre-escape-{secrets.token_hex(4)}"
     try:
-        task = load_task(make_task(run_dir / "suite" / "t", toml="[verifier]\nnum_tests = 5\n",
-                                   tests={"test_escape.py": ESCAPE_TEST}))
+        task = load_task(
+            make_task(
+                run_dir / "suite" / "t",
+                toml="[verifier]\nnum_tests = 5\n",
+                tests={"test_escape.py": ESCAPE_TEST},
+            )
+        )
         workspace = run_dir / "ws"
         workspace.mkdir()
-        paths = {"host_tmp": marker, "open_folder": str(shared / "x"), "task": str(task.tests_dir / "x"),
-                 "original": str(workspace / "x")}
+        paths = {
+            "host_tmp": marker,
+            "open_folder": str(shared / "x"),
+            "task": str(task.tests_dir / "x"),
+            "original": str(workspace / "x"),
+        }
         (workspace / "escape.py").write_text(f"PATHS = {paths!r}\n{ESCAPE}")
-        mounts = Mounts(hide=("/root",), private=("/tmp", "/var/tmp", "/dev/shm"),
-                        expose=tuple(sorted({sys.prefix, sys.base_prefix, os.path.realpath(sys.base_prefix)})),
-                        read_only=True)
-        score = await verify(task, workspace, user=(UID_BASE + 7, UID_BASE + 7), mounts=mounts,
-                             limits=Limits(max_processes=64))
+        mounts = Mounts(
+            hide=("/root",),
+            private=("/tmp", "/var/tmp", "/dev/shm"),
+            expose=tuple(sorted({sys.prefix, sys.base_prefix, os.path.realpath(sys.base_prefix)})),
+            read_only=True,
+        )
+        score = await verify(
+            task,
+            workspace,
+            user=(UID_BASE + 7, UID_BASE + 7),
+            mounts=mounts,
+            limits=Limits(max_processes=64),
+        )
         assert score.failed_tests == () and (score.passed, score.total) == (5, 5)
         assert not os.path.exists(marker)
         assert os.listdir(shared) == []
@@ -179,15 +226,31 @@ async def test_a_failed_namespace_is_a_clear_127(run_dir: Path) -> None:
     # bind a folder that cannot be created: the tree under a read-only root has no such parent
     with open(run_dir / "out", "wb") as out:
         result = await run_supervised(
-            ["true"], cwd="/", env={"PATH": os.environ["PATH"]}, limits=Limits(), deadline_s=30,
-            stdout=out, stderr=out, mounts=Mounts(read_only=True, expose=(str(run_dir),),
-                                                  hide=(str(run_dir),), writable=("/proc/nonexistent",)),
+            ["true"],
+            cwd="/",
+            env={"PATH": os.environ["PATH"]},
+            limits=Limits(),
+            deadline_s=30,
+            stdout=out,
+            stderr=out,
+            mounts=Mounts(
+                read_only=True,
+                expose=(str(run_dir),),
+                hide=(str(run_dir),),
+                writable=("/proc/nonexistent",),
+            ),
         )
     assert result.exit_code == 0  # a missing folder is skipped, the rest applies
     with open(run_dir / "out", "wb") as out:
         result = await run_supervised(
-            ["sh", "-c", "echo x > /etc/gyre-should-fail"], cwd="/", env={"PATH": os.environ["PATH"]},
-            limits=Limits(), deadline_s=30, stdout=out, stderr=out, mounts=Mounts(read_only=True),
+            ["sh", "-c", "echo x > /etc/gyre-should-fail"],
+            cwd="/",
+            env={"PATH": os.environ["PATH"]},
+            limits=Limits(),
+            deadline_s=30,
+            stdout=out,
+            stderr=out,
+            mounts=Mounts(read_only=True),
         )
     assert result.exit_code != 0 and "Read-only file system" in (run_dir / "out").read_text()
     assert not os.path.exists("/etc/gyre-should-fail")
@@ -224,7 +287,9 @@ print(json.dumps({
 
 
 @pytest.mark.parametrize("read_only", [False, True])
-async def test_traverse_passes_a_closed_folder_as_if_it_had_o_x(run_dir: Path, read_only: bool) -> None:
+async def test_traverse_passes_a_closed_folder_as_if_it_had_o_x(
+    run_dir: Path, read_only: bool
+) -> None:
     """A 0700 folder (a mktemp -d checkout) in `traverse`: the agent uid reads what lies below by
     its own modes, lists nothing there, and with `read_only` writes nowhere below it."""
     closed = Path(tempfile.mkdtemp(prefix="gyre-closed-", dir="/tmp"))  # 0700, root's
@@ -240,15 +305,27 @@ async def test_traverse_passes_a_closed_folder_as_if_it_had_o_x(run_dir: Path, r
         for mounts in (None, Mounts(traverse=(str(closed),), read_only=read_only)):
             with open(run_dir / "out", "wb") as out:
                 result = await run_supervised(
-                    probe, cwd="/", env={"PATH": "/usr/bin:/bin"}, limits=Limits(), deadline_s=30,
-                    stdout=out, stderr=out, user=(UID_BASE + 60, UID_BASE + 60), mounts=mounts,
+                    probe,
+                    cwd="/",
+                    env={"PATH": "/usr/bin:/bin"},
+                    limits=Limits(),
+                    deadline_s=30,
+                    stdout=out,
+                    stderr=out,
+                    user=(UID_BASE + 60, UID_BASE + 60),
+                    mounts=mounts,
                 )
             assert result.exit_code == 0, (run_dir / "out").read_text()
             reports.append(json.loads((run_dir / "out").read_text()))
         unchanged = dict.fromkeys(("shared", "secret", "link", "list", "write"), "PermissionError")
         assert reports[0] == unchanged  # without the namespace nothing below is reached
-        assert reports[1] == {"shared": "ok", "secret": "PermissionError", "link": "ok",
-                              "list": "PermissionError", "write": "OSError" if read_only else "ok"}
+        assert reports[1] == {
+            "shared": "ok",
+            "secret": "PermissionError",
+            "link": "ok",
+            "list": "PermissionError",
+            "write": "OSError" if read_only else "ok",
+        }
         assert stat.S_IMODE(os.stat(closed).st_mode) == 0o700  # the host folder itself is untouched
         assert (closed / "shared" / "open" / "new").exists() is not read_only  # the write landed
     finally:
@@ -259,7 +336,9 @@ async def test_configured_suites_are_hidden_before_their_first_task(run_dir: Pat
     """A suite none of whose tasks has run yet, in a folder agents are shown (`visible_paths`),
     is readable by default modes (0644 under 0755); `hide_suite` (the job calls it for every
     configured suite) covers it."""
-    suites = Path(tempfile.mkdtemp(prefix="gyre-suites-", dir="/tmp"))  # not under the hidden run folder
+    suites = Path(
+        tempfile.mkdtemp(prefix="gyre-suites-", dir="/tmp")
+    )  # not under the hidden run folder
     os.chmod(suites, 0o755)
     try:
         task = load_task(make_task(suites / "a" / "t", tests=TESTS))
@@ -285,19 +364,37 @@ async def test_the_checkout_and_the_hosts_tmp_are_out_of_sight(run_dir: Path, se
     os.chmod(marker, 0o755)
     task = load_task(make_task(run_dir / "suite" / "t", tests=TESTS))
     harness = config_harness(server, run_dir)
-    paths = [repo / ".git" / "HEAD", repo / "pyproject.toml", marker, Path(gyre.__file__), Path(sys.prefix) / "pyvenv.cfg"]
-    script = "for p in " + " ".join(map(str, paths)) + "; do test -e $p && echo yes || echo no; done; "
+    paths = [
+        repo / ".git" / "HEAD",
+        repo / "pyproject.toml",
+        marker,
+        Path(gyre.__file__),
+        Path(sys.prefix) / "pyvenv.cfg",
+    ]
+    script = (
+        "for p in " + " ".join(map(str, paths)) + "; do test -e $p && echo yes || echo no; done; "
+    )
     # the suites' generator is an empty folder (it would regenerate their hidden tests); the agents'
     # own imports still work
     generator = Path(gyre.__file__).parent / "tasks" / "suites"
-    script += (f"ls -A {generator} | wc -l; {sys.executable} -c 'import gyre.agents.react' && echo agent-ok; "
-               f"{sys.executable} -c 'from gyre.tasks.suites import generate_suite' 2>/dev/null || echo no-generator")
+    script += (
+        f"ls -A {generator} | wc -l; {sys.executable} -c 'import gyre.agents.react' && echo agent-ok; "
+        f"{sys.executable} -c 'from gyre.tasks.suites import generate_suite' 2>/dev/null || echo no-generator"
+    )
     try:
         outcome = await harness.run(task, "look", agent_command=["/bin/sh", "-c", script])
     finally:
         shutil.rmtree(marker)
-    assert outcome.stdout_tail.split() == ["no", "no", "no", "yes", "yes", "0", "agent-ok", "no-generator"], \
-        outcome.stderr_tail
+    assert outcome.stdout_tail.split() == [
+        "no",
+        "no",
+        "no",
+        "yes",
+        "yes",
+        "0",
+        "agent-ok",
+        "no-generator",
+    ], outcome.stderr_tail
     assert (generator / "__init__.py").stat().st_size > 0  # the node's copy is untouched
 
 
@@ -307,14 +404,22 @@ async def test_without_network_a_command_reaches_nothing_on_loopback(run_dir: Pa
 
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        script = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
-                  "    print('connected')\nexcept OSError as exc:\n    print('refused', exc.errno)")
+        script = (
+            f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
+            "    print('connected')\nexcept OSError as exc:\n    print('refused', exc.errno)"
+        )
         seen = []
         for network in (True, False):
             with open(run_dir / "out", "wb") as out:
                 result = await run_supervised(
-                    ["/usr/bin/env", "python3", "-I", "-c", script], cwd="/", env={"PATH": "/usr/bin:/bin"},
-                    limits=Limits(), deadline_s=30, stdout=out, stderr=out, user=(UID_BASE + 61, UID_BASE + 61),
+                    ["/usr/bin/env", "python3", "-I", "-c", script],
+                    cwd="/",
+                    env={"PATH": "/usr/bin:/bin"},
+                    limits=Limits(),
+                    deadline_s=30,
+                    stdout=out,
+                    stderr=out,
+                    user=(UID_BASE + 61, UID_BASE + 61),
                     mounts=Mounts(network=network),
                 )
             assert result.exit_code == 0, (run_dir / "out").read_text()

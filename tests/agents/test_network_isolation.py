@@ -90,11 +90,16 @@ def node_addresses() -> set[str]:
     """The node's own addresses: IPv4 (LOCAL host routes of /proc/net/fib_trie) and IPv6 but
     link-local ones (/proc/net/if_inet6)."""
     lines = Path("/proc/net/fib_trie").read_text().splitlines()
-    v4 = {lines[i - 1].split()[-1] for i, line in enumerate(lines)
-          if line.strip() == "/32 host LOCAL" and i > 0}
+    v4 = {
+        lines[i - 1].split()[-1]
+        for i, line in enumerate(lines)
+        if line.strip() == "/32 host LOCAL" and i > 0
+    }
     inet6 = Path("/proc/net/if_inet6")
-    v6 = {socket.inet_ntop(socket.AF_INET6, bytes.fromhex(line.split()[0]))
-          for line in (inet6.read_text().splitlines() if inet6.exists() else ())}
+    v6 = {
+        socket.inet_ntop(socket.AF_INET6, bytes.fromhex(line.split()[0]))
+        for line in (inet6.read_text().splitlines() if inet6.exists() else ())
+    }
     return v4 | {a for a in v6 if not a.startswith("fe80")}
 
 
@@ -145,14 +150,20 @@ def test_sealed_endpoint_keeps_a_loopback_url_and_relays_to_the_proxy() -> None:
     assert url == "http://127.0.0.1:8123/v1"
     assert relay == Relay(listen=(("127.0.0.1", 8123),), target=("127.0.0.1", 8123))
     relay, url = sealed_endpoint("http://localhost:9/v1")
-    assert (url, relay.listen, relay.target) == ("http://localhost:9/v1", (("127.0.0.1", 9),),
-                                                 ("localhost", 9))
+    assert (url, relay.listen, relay.target) == (
+        "http://localhost:9/v1",
+        (("127.0.0.1", 9),),
+        ("localhost", 9),
+    )
     relay, url = sealed_endpoint("http://[::1]:5/v1")
     assert (url, relay.listen, relay.target) == ("http://[::1]:5/v1", (("::1", 5),), ("::1", 5))
     # a proxy bound to every address or another host: the agent gets loopback inside
     relay, url = sealed_endpoint("http://0.0.0.0:7000/v1")
-    assert (url, relay.listen, relay.target) == ("http://127.0.0.1:7000/v1",
-                                                 (("127.0.0.1", 7000),), ("127.0.0.1", 7000))
+    assert (url, relay.listen, relay.target) == (
+        "http://127.0.0.1:7000/v1",
+        (("127.0.0.1", 7000),),
+        ("127.0.0.1", 7000),
+    )
     relay, url = sealed_endpoint("http://head-node:80/v1")
     assert (url, relay.target) == ("http://127.0.0.1:80/v1", ("head-node", 80))
     for bad in ("unix:///run/proxy.sock", "http:///v1"):
@@ -170,8 +181,9 @@ def test_config_requires_the_network_seal_with_require_isolation() -> None:
 
     assert HarnessConfig().isolate_network is True
     with pytest.raises(ConfigError, match="require_isolation needs isolate_network to be true"):
-        config_from_dict({"tasks": {"harness": {"require_isolation": True,
-                                                "isolate_network": False}}})
+        config_from_dict(
+            {"tasks": {"harness": {"require_isolation": True, "isolate_network": False}}}
+        )
 
 
 @needs_netns
@@ -198,10 +210,12 @@ async def test_a_sealed_agent_reaches_the_proxy_and_nothing_else(run_dir: Path) 
     from gyre.tito.proxy import TitoProxy
 
     tok = build_tokenizer()
-    reply = ScriptedReply(token_ids=tok.encode("only the proxy", add_special_tokens=False)
-                          + [tok.eos_token_id])
-    engine = ScriptedEngine([reply, reply], eos_token_id=tok.eos_token_id, max_model_len=4096,
-                            vocab_size=len(tok))
+    reply = ScriptedReply(
+        token_ids=tok.encode("only the proxy", add_special_tokens=False) + [tok.eos_token_id]
+    )
+    engine = ScriptedEngine(
+        [reply, reply], eos_token_id=tok.eos_token_id, max_model_len=4096, vocab_size=len(tok)
+    )
     proxy = TitoProxy(tokenizer=tok, engine_for=lambda _e: engine, config=ProxyConfig())
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     planted = f"/run/gyre-net-{secrets.token_hex(4)}.sock"  # /run is shown to agents
@@ -223,15 +237,25 @@ async def test_a_sealed_agent_reaches_the_proxy_and_nothing_else(run_dir: Path) 
             assert any(p == store.port for _h, p in targets["tcp"])
             assert planted in targets["unix"] and f"@{abstract}" in targets["unix"]
             for sealed in (True, False):
-                config = HarnessConfig(agent_uid_base=UID_BASE, agent_uid_count=64,
-                                       kill_grace_s=0.5, isolate_network=sealed)
-                harness = Harness.from_config(config, base_url=f"http://127.0.0.1:{port}/v1",
-                                              run_dir=run_dir / f"run-{sealed}")
+                config = HarnessConfig(
+                    agent_uid_base=UID_BASE,
+                    agent_uid_count=64,
+                    kill_grace_s=0.5,
+                    isolate_network=sealed,
+                )
+                harness = Harness.from_config(
+                    config,
+                    base_url=f"http://127.0.0.1:{port}/v1",
+                    run_dir=run_dir / f"run-{sealed}",
+                )
                 eid = f"net-{sealed}".lower()
                 key = proxy.mint_key(eid)
                 outcome = await harness.run(
-                    task, eid, api_key=key,
-                    agent_command=[sys.executable, "-I", "-c", PROBE, json.dumps(targets)])
+                    task,
+                    eid,
+                    api_key=key,
+                    agent_command=[sys.executable, "-I", "-c", PROBE, json.dumps(targets)],
+                )
                 assert harness.statistics().isolated == 1
                 assert harness.statistics().sealed == int(sealed)
                 seen[sealed] = json.loads(outcome.stdout_tail.strip().splitlines()[-1])
@@ -270,18 +294,24 @@ async def test_reference_agent_finishes_a_task_through_the_proxy_while_sealed(
     tok = build_tokenizer()
     task = random.Random("terminal-mini").choice(load_suite(EXAMPLES / "terminal-mini"))
     script = reply_texts(load_solution(task))
-    replies = [ScriptedReply(token_ids=tok.encode(text, add_special_tokens=False)
-                             + [tok.eos_token_id]) for _, text in script]
-    engine = ScriptedEngine(replies, eos_token_id=tok.eos_token_id, max_model_len=65536,
-                            vocab_size=len(tok))
+    replies = [
+        ScriptedReply(token_ids=tok.encode(text, add_special_tokens=False) + [tok.eos_token_id])
+        for _, text in script
+    ]
+    engine = ScriptedEngine(
+        replies, eos_token_id=tok.eos_token_id, max_model_len=65536, vocab_size=len(tok)
+    )
     proxy = TitoProxy(tokenizer=tok, engine_for=lambda _e: engine, config=ProxyConfig())
     eid = "sealed-react"
     key = proxy.mint_key(eid)
 
     def refresh(c: ExecutionControl) -> None:
         s = proxy.summary(eid)
-        c.observe_totals(model_calls=s.num_calls, completion_tokens=s.completion_tokens,
-                         context_refusals=s.context_refusals)
+        c.observe_totals(
+            model_calls=s.num_calls,
+            completion_tokens=s.completion_tokens,
+            context_refusals=s.context_refusals,
+        )
 
     control = ExecutionControl(refresh=refresh)
     planted = f"/run/gyre-net-{secrets.token_hex(4)}.sock"
@@ -291,10 +321,15 @@ async def test_reference_agent_finishes_a_task_through_the_proxy_while_sealed(
         try:
             async with anyio.create_task_group() as tg:
                 port = await tg.start(proxy.serve)
-                config = HarnessConfig(agent_uid_base=UID_BASE, agent_uid_count=64,
-                                       kill_grace_s=0.5, require_isolation=True)
-                harness = Harness.from_config(config, base_url=f"http://127.0.0.1:{port}/v1",
-                                              run_dir=run_dir)
+                config = HarnessConfig(
+                    agent_uid_base=UID_BASE,
+                    agent_uid_count=64,
+                    kill_grace_s=0.5,
+                    require_isolation=True,
+                )
+                harness = Harness.from_config(
+                    config, base_url=f"http://127.0.0.1:{port}/v1", run_dir=run_dir
+                )
                 harness.hide_suite(EXAMPLES / "terminal-mini")
                 tg.start_soon(feed_control, proxy, eid, control)
                 outcome = await harness.run(task, eid, control=control, api_key=key)

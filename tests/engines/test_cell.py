@@ -20,11 +20,18 @@ import pytest
 
 from gyre.config import EngineConfig
 from gyre.engines import GenerateRequest, InferenceEngine, SamplingParams, collect
-from gyre.errors import ContextLengthError, EngineUnavailableError, InvalidRequestError
-from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
-from gyre.runtime.cell_wire import CELL_SECRET_ENV, Frame, FrameBatch, FrameReader, cell_secret, encode_frame
 from gyre.engines.protocol import TokenDelta
 from gyre.engines.scripted import ScriptedEngine
+from gyre.errors import ContextLengthError, EngineUnavailableError, InvalidRequestError
+from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
+from gyre.runtime.cell_wire import (
+    CELL_SECRET_ENV,
+    Frame,
+    FrameBatch,
+    FrameReader,
+    cell_secret,
+    encode_frame,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -46,12 +53,19 @@ async def engine(scripted_cell):
 
 
 def req(rid: str, prompt=(5, 6, 7), **sampling) -> GenerateRequest:
-    return GenerateRequest(request_id=rid, prompt_ids=list(prompt), sampling=SamplingParams(**sampling))
+    return GenerateRequest(
+        request_id=rid, prompt_ids=list(prompt), sampling=SamplingParams(**sampling)
+    )
 
 
 def test_frame_reader_reassembles_split_frames() -> None:
-    frames = [Frame(delta=TokenDelta(index=i, token_ids=[i, 7], logprobs=[-0.5, -1.5], versions=[3, 3]), tag=i)
-              for i in range(3)]
+    frames = [
+        Frame(
+            delta=TokenDelta(index=i, token_ids=[i, 7], logprobs=[-0.5, -1.5], versions=[3, 3]),
+            tag=i,
+        )
+        for i in range(3)
+    ]
     batches = [FrameBatch(frames[:2]), FrameBatch(frames[2:])]
     data = b"".join(encode_frame(b) for b in batches)
     reader = FrameReader(FrameBatch)
@@ -110,7 +124,9 @@ async def test_pause_is_reported_as_unavailable(engine) -> None:
 async def test_dead_cell_is_unavailable_not_a_hang(tmp_path) -> None:
     process = spawn_cell("unused", CONFIG, log_path=tmp_path / "cell.log")
     url = await anyio.to_thread.run_sync(wait_cell_ready, process, 60)
-    assert not process.port_file.parent.exists()  # read, then removed: no /tmp/gyre-cell-* per cell left
+    assert (
+        not process.port_file.parent.exists()
+    )  # read, then removed: no /tmp/gyre-cell-* per cell left
     async with CellClient(url, CONFIG) as client:
         process.process.kill()
         process.process.wait()
@@ -129,8 +145,13 @@ async def test_one_cell_failing_to_start_stops_the_others_at_once(tmp_path, monk
     def spawn(model_dir, config, *, log_path, **_):  # rank 0 never becomes ready, rank 1 exits 3
         code = "import time; time.sleep(600)" if not spawned else "raise SystemExit(3)"
         process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-        spawned.append(cell_client.CellProcess(process=process, port_file=tmp_path / f"port-{len(spawned)}",
-                                               log_path=tmp_path / "no.log"))
+        spawned.append(
+            cell_client.CellProcess(
+                process=process,
+                port_file=tmp_path / f"port-{len(spawned)}",
+                log_path=tmp_path / "no.log",
+            )
+        )
         return spawned[-1]
 
     monkeypatch.setattr(cell_client, "spawn_cell", spawn)
@@ -173,13 +194,18 @@ def test_stop_after_kill9_reaps_the_engine_processes(tmp_path, tiny_model_dir) -
     os.kill(process.process.pid, signal.SIGKILL)
     process.stop()
     time.sleep(0.5)
-    alive = [pid for pid in engine_pids if os.path.exists(f"/proc/{pid}") and
-             open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+    alive = [
+        pid
+        for pid in engine_pids
+        if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+    ]
     assert alive == []
 
 
 @pytest.mark.slow
-def test_sigterm_during_start_up_takes_the_cell_and_its_group_at_once(tmp_path, tiny_model_dir) -> None:
+def test_sigterm_during_start_up_takes_the_cell_and_its_group_at_once(
+    tmp_path, tiny_model_dir
+) -> None:
     """A node killed while its cell starts sends SIGTERM (PR_SET_PDEATHSIG): the cell used to finish
     its vLLM start-up first (about 30 s here, minutes for a large model) as an orphan."""
     import os
@@ -189,13 +215,18 @@ def test_sigterm_during_start_up_takes_the_cell_and_its_group_at_once(tmp_path, 
     from tests.conftest import require_vllm
 
     require_vllm()
-    process = spawn_cell(tiny_model_dir, EngineConfig(max_model_len=256, startup_timeout_s=300),
-                         log_path=tmp_path / "cell.log")
+    process = spawn_cell(
+        tiny_model_dir,
+        EngineConfig(max_model_len=256, startup_timeout_s=300),
+        log_path=tmp_path / "cell.log",
+    )
     while not process.port_file.exists():  # written once serving, before the engine starts
         assert process.process.poll() is None, (tmp_path / "cell.log").read_text()
         time.sleep(0.05)
     os.kill(process.process.pid, signal.SIGTERM)
-    assert process.process.wait(timeout=120) == -signal.SIGKILL  # its own group kill, not a finished start
+    assert (
+        process.process.wait(timeout=120) == -signal.SIGKILL
+    )  # its own group kill, not a finished start
     assert "cell ready" not in (tmp_path / "cell.log").read_text()
     assert live_in_group(process.process.pid) == []
     process.stop()
@@ -223,14 +254,20 @@ def test_sleep_mode_on_cpu_is_refused_with_the_reason(tmp_path, tiny_model_dir) 
 
     if torch.cuda.is_available():
         pytest.skip("CUDA present: sleep mode is supported here (see the gpu test)")
-    process = spawn_cell(tiny_model_dir, EngineConfig(max_model_len=256, sleep_mode=True), log_path=tmp_path / "c.log")
+    process = spawn_cell(
+        tiny_model_dir,
+        EngineConfig(max_model_len=256, sleep_mode=True),
+        log_path=tmp_path / "c.log",
+    )
     with pytest.raises(EngineUnavailableError, match="[Ss]leep mode"):
         wait_cell_ready(process, 300)
     process.stop()
 
 
 @pytest.mark.gpu
-async def test_gpu_pause_sleeps_and_frees_memory_then_resume_serves(tmp_path, tiny_model_dir) -> None:
+async def test_gpu_pause_sleeps_and_frees_memory_then_resume_serves(
+    tmp_path, tiny_model_dir
+) -> None:
     import torch
 
     if not torch.cuda.is_available():
@@ -247,19 +284,34 @@ async def test_gpu_pause_sleeps_and_frees_memory_then_resume_serves(tmp_path, ti
         assert len(c.token_ids) == 4
 
 
-async def test_requests_without_the_node_secret_are_refused(scripted_cell, engine: InferenceEngine) -> None:
+async def test_requests_without_the_node_secret_are_refused(
+    scripted_cell, engine: InferenceEngine
+) -> None:
     """An agent on the node reaches the cell's loopback port but not its secret: 401, no effect."""
     before = engine.statistics().weight_version
     async with httpx.AsyncClient(base_url=scripted_cell) as http:
-        for headers in ({}, {"Authorization": "Bearer " + "0" * 64}, {"Authorization": cell_secret()}):
-            for method, path in (("GET", "/health"), ("POST", "/load_weights"), ("POST", "/shutdown")):
+        for headers in (
+            {},
+            {"Authorization": "Bearer " + "0" * 64},
+            {"Authorization": cell_secret()},
+        ):
+            for method, path in (
+                ("GET", "/health"),
+                ("POST", "/load_weights"),
+                ("POST", "/shutdown"),
+            ):
                 response = await http.request(method, path, headers=headers, content=b"")
                 assert response.status_code == 401 and CELL_SECRET_ENV in response.text
     await engine.refresh_statistics()  # the client's own requests still pass; the cell is up
     assert engine.statistics().weight_version == before
     env = {k: v for k, v in os.environ.items() if k != CELL_SECRET_ENV}
-    done = subprocess.run([sys.executable, "-m", "gyre.runtime.cell", "--model", "m", "--port-file", "p"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "gyre.runtime.cell", "--model", "m", "--port-file", "p"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and f"${CELL_SECRET_ENV} is not set" in done.stderr
 
 
@@ -289,7 +341,9 @@ class SteppedEngine(ScriptedEngine):
             finally:
                 self.waiting -= 1
             if request.request_id in self.aborted:
-                yield TokenDelta(index=0, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
+                yield TokenDelta(
+                    index=0, token_ids=[], logprobs=[], versions=[], finish_reason="abort"
+                )
                 return
             yield TokenDelta(index=0, token_ids=[5 + i], logprobs=[-1.0], versions=[0])
         yield TokenDelta(index=0, token_ids=[], logprobs=[], versions=[], finish_reason="length")
@@ -346,7 +400,10 @@ async def test_one_write_per_engine_step_carries_every_request(stepped_cell) -> 
             await anyio.sleep(0.05)  # a second write for the same step would come now
             assert cell.streams.writes == writes + 1, step
     assert [c.token_ids for i in range(8) for c in got[i]] == [[5, 6, 7]] * 8
-    assert (cell.streams.writes, cell.streams.frames) == (3, 8 * 4)  # the finish rides with the last token
+    assert (cell.streams.writes, cell.streams.frames) == (
+        3,
+        8 * 4,
+    )  # the finish rides with the last token
     assert cell.cell_statistics().stream_frames == 32 and cell.cell_statistics().streams_open == 1
 
 
@@ -371,6 +428,7 @@ async def test_a_consumer_that_leaves_aborts_and_a_lost_stream_aborts_all(steppe
 
     engine, cell, url = stepped_cell
     async with CellClient(url, CONFIG) as client:
+
         async def leave_after_one() -> None:
             async with aclosing(client.generate(req("leaves", max_tokens=5))) as deltas:
                 async for _ in deltas:
@@ -381,7 +439,9 @@ async def test_a_consumer_that_leaves_aborts_and_a_lost_stream_aborts_all(steppe
             await wait_for(lambda: engine.waiting == 1)
             engine.advance()
         assert engine.aborted == ["leaves"]
-        [c] = await collect(client, req("leaves", max_tokens=0))  # same ID again: a new tag, a new request
+        [c] = await collect(
+            client, req("leaves", max_tokens=0)
+        )  # same ID again: a new tag, a new request
         assert c.finish_reason == "length"
     engine.advance()  # the aborted request ends ("abort"); its write finds the client gone
     await wait_for(lambda: engine.waiting == 0 and cell.streams.open == 0)
@@ -392,12 +452,16 @@ async def test_a_consumer_that_leaves_aborts_and_a_lost_stream_aborts_all(steppe
             refused = await http.post("/stream", params={"id": "raw"})
             assert refused.status_code == 405
             async with anyio.create_task_group() as tg:
-                body = encode(StreamedGenerate(stream="raw", tag=1, request=req("orphan", max_tokens=5)))
+                body = encode(
+                    StreamedGenerate(stream="raw", tag=1, request=req("orphan", max_tokens=5))
+                )
                 tg.start_soon(functools.partial(http.post, "/generate", content=body))
                 await wait_for(lambda: engine.waiting == 1)
                 engine.advance()
         await wait_for(lambda: engine.waiting == 1)
         engine.advance()  # its next write finds the client gone
         await wait_for(lambda: "orphan" in engine.aborted)
-        unknown = await http.post("/generate", content=encode(StreamedGenerate(stream="gone", tag=1, request=req("x"))))
+        unknown = await http.post(
+            "/generate", content=encode(StreamedGenerate(stream="gone", tag=1, request=req("x")))
+        )
         assert unknown.status_code == 503 and b"no open delta stream" in unknown.content

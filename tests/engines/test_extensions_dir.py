@@ -60,7 +60,12 @@ def test_build_ops_gets_past_a_stale_lock(tmp_path):
     shutil.copytree(built, root / "deepspeed_shm_comm", ignore=shutil.ignore_patterns("lock"))
     lock = _lock(root, STALE_BUILD_LOCK_S + 60)
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(root))
-    subprocess.run([sys.executable, "-c", "from gyre.engines.trainer import build_ops; build_ops()"],
-                   env=env, check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", "from gyre.engines.trainer import build_ops; build_ops()"],
+        env=env,
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     assert not lock.exists()
     assert (root / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").exists()

@@ -26,7 +26,9 @@ BLOCK = 16
 class ScriptedHost:
     """A `KVHost`: records export requests; `store` writes a layer file like ExampleConnector."""
 
-    def __init__(self, shared_dir: Path | None = None, handle: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, shared_dir: Path | None = None, handle: dict[str, Any] | None = None
+    ) -> None:
         self.weight_version = 3
         self.shared_dir = shared_dir
         self.handle = handle
@@ -50,7 +52,8 @@ class ScriptedHost:
 
 def config(connector: str, shared_dir: Path | str = "/dev/shm/unused") -> EngineConfig:
     return EngineConfig(
-        block_size=BLOCK, max_model_len=256,
+        block_size=BLOCK,
+        max_model_len=256,
         kv_transfer=KVTransferConfig(connector=connector, shared_dir=str(shared_dir), lease_s=60.0),
     )
 
@@ -63,13 +66,17 @@ def test_factory_picks_one_transport_per_connector() -> None:
 
 def test_none_refuses_export_and_release() -> None:
     kv = NoKVTransport(config("none"))
-    with pytest.raises(EngineUnavailableError, match="export_kv needs engine.kv_transfer.connector"):
+    with pytest.raises(
+        EngineUnavailableError, match="export_kv needs engine.kv_transfer.connector"
+    ):
         kv.check_export(list(range(40)), max_model_len=256)
     with pytest.raises(EngineUnavailableError, match="release_kv needs"):
         asyncio.run(kv.release("ab" * 16))
 
 
-@pytest.mark.parametrize("n, error", [(BLOCK, "at least block_size \\+ 1 = 17"), (256, "must be < max_model_len=256")])
+@pytest.mark.parametrize(
+    "n, error", [(BLOCK, "at least block_size \\+ 1 = 17"), (256, "must be < max_model_len=256")]
+)
 def test_check_export_bounds(n: int, error: str) -> None:
     kv = FolderTransport(config("example"))
     with pytest.raises(InvalidRequestError, match=error):
@@ -84,7 +91,12 @@ def test_folder_export_marks_complete_refreshes_and_releases(tmp_path: Path) -> 
 
     export = asyncio.run(kv.export(host, ids))
     # bytes: the 100-byte layer file + the 2-byte `complete` marker ("3\n")
-    assert (export.tokens, export.sequence_tokens, export.bytes, export.weight_version) == (32, 37, 102, 3)
+    assert (export.tokens, export.sequence_tokens, export.bytes, export.weight_version) == (
+        32,
+        37,
+        102,
+        3,
+    )
     assert export.key == kv_folder.export_key(ids, BLOCK, 3)[0] and export.transfer_params is None
     assert host.requests == [(ids, {kv_folder.EXPORT_PARAM: True, kv_folder.VERSION_PARAM: 3})]
     assert (tmp_path / export.key / kv_folder.COMPLETE).read_text() == "3\n"
@@ -125,7 +137,11 @@ def test_folder_export_that_stored_nothing_fails(tmp_path: Path) -> None:
 
 
 def test_nixl_export_hands_over_the_pull_handle() -> None:
-    handle = {"remote_request_id": "r-7", "remote_block_ids": [[1, 2]], "remote_prefill_cached_tokens": 5}
+    handle = {
+        "remote_request_id": "r-7",
+        "remote_block_ids": [[1, 2]],
+        "remote_prefill_cached_tokens": 5,
+    }
     kv = NixlTransport(config("nixl"))
     host = ScriptedHost(handle=handle)
     export = asyncio.run(kv.export(host, list(range(40))))

@@ -15,7 +15,9 @@ EOS = 2
 
 
 def req(rid: str = "r", prompt=(5, 6, 7), **sampling) -> GenerateRequest:
-    return GenerateRequest(request_id=rid, prompt_ids=list(prompt), sampling=SamplingParams(**sampling))
+    return GenerateRequest(
+        request_id=rid, prompt_ids=list(prompt), sampling=SamplingParams(**sampling)
+    )
 
 
 def test_scripted_engine_implements_protocol() -> None:
@@ -23,9 +25,17 @@ def test_scripted_engine_implements_protocol() -> None:
 
 
 async def test_stop_token_is_kept_with_its_logprob() -> None:
-    engine = ScriptedEngine([ScriptedReply(token_ids=[10, 11, EOS, 12], logprobs=[-1.0, -2.0, -3.0, -4.0])])
+    engine = ScriptedEngine(
+        [ScriptedReply(token_ids=[10, 11, EOS, 12], logprobs=[-1.0, -2.0, -3.0, -4.0])]
+    )
     [c] = await collect(engine, req(stop_token_ids=(EOS,)))
-    assert c == Completion(index=0, token_ids=[10, 11, EOS], logprobs=[-1.0, -2.0, -3.0], versions=[0, 0, 0], finish_reason="stop")
+    assert c == Completion(
+        index=0,
+        token_ids=[10, 11, EOS],
+        logprobs=[-1.0, -2.0, -3.0],
+        versions=[0, 0, 0],
+        finish_reason="stop",
+    )
 
 
 async def test_max_tokens_gives_length_with_nothing_appended() -> None:
@@ -112,7 +122,9 @@ async def test_weight_version_changes_mid_stream() -> None:
         (req(prompt=[5] * 4096), ContextLengthError, "4096 tokens"),
     ],
 )
-async def test_bad_input_raises_typed_error_and_engine_keeps_serving(request_, error, named) -> None:
+async def test_bad_input_raises_typed_error_and_engine_keeps_serving(
+    request_, error, named
+) -> None:
     engine = ScriptedEngine(vocab_size=1024, max_model_len=4096)
     with pytest.raises(error, match=named):
         await collect(engine, request_)

@@ -19,15 +19,36 @@ from tests.trajectory.builders import make_call
 
 pytestmark = pytest.mark.slow  # DeepSpeed import and init: ~10 s
 
-deepspeed = pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e .[cpu])")
+deepspeed = pytest.importorskip(
+    "deepspeed", reason="DeepSpeed is not installed (pip install -e .[cpu])"
+)
 
 
 def batch_of_two(version: int = 0):
     e0 = [
-        make_call("e0", "c0", [5, 6, 7], [8, 9, 2], logprobs=[-6.9, -7.0, -6.8], versions=[version] * 3),
-        make_call("e0", "c1", [5, 6, 7, 8, 9, 2, 11, 12], [13, 2], parent="c0", logprobs=[-7.1, -6.7], versions=[version] * 2),
+        make_call(
+            "e0", "c0", [5, 6, 7], [8, 9, 2], logprobs=[-6.9, -7.0, -6.8], versions=[version] * 3
+        ),
+        make_call(
+            "e0",
+            "c1",
+            [5, 6, 7, 8, 9, 2, 11, 12],
+            [13, 2],
+            parent="c0",
+            logprobs=[-7.1, -6.7],
+            versions=[version] * 2,
+        ),
     ]
-    e1 = [make_call("e1", "d0", [5, 6, 20], [21, 22, 23, 2], logprobs=[-6.5, -7.2, -6.9, -7.0], versions=[version] * 4)]
+    e1 = [
+        make_call(
+            "e1",
+            "d0",
+            [5, 6, 20],
+            [21, 22, 23, 2],
+            logprobs=[-6.5, -7.2, -6.9, -7.0],
+            versions=[version] * 4,
+        )
+    ]
     items = [(t, select_trajectories(t, 4)) for t in (build_tree(e0), build_tree(e1))]
     return pack_batch(items, token_budget=12), {"e0": 1.0, "e1": -1.0}
 
@@ -43,15 +64,26 @@ def trainer(tiny_model_dir):
 def test_step_equals_plain_torch_adamw(trainer, tiny_model_dir) -> None:
     from transformers import AutoModelForCausalLM
 
-    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    reference = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    )
     reference.load_state_dict(trainer.model.state_dict())
-    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(
+        reference.parameters(), lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0
+    )
     micro_batches, advantages = batch_of_two(trainer.version)
     assert len(micro_batches) == 2  # two micro-batches accumulate into one step
     rl = RLConfig()
     for mb in micro_batches:
-        loss, _ = microbatch_loss(reference, mb, advantages, trainer_version=trainer.version,
-                                  max_staleness=rl.max_staleness, clip_eps=rl.clip_eps, is_cap=rl.is_cap)
+        loss, _ = microbatch_loss(
+            reference,
+            mb,
+            advantages,
+            trainer_version=trainer.version,
+            max_staleness=rl.max_staleness,
+            clip_eps=rl.clip_eps,
+            is_cap=rl.is_cap,
+        )
         loss.backward()
     optimizer.step()
     before = trainer.version
@@ -61,17 +93,28 @@ def test_step_equals_plain_torch_adamw(trainer, tiny_model_dir) -> None:
     assert stats.applied and stats.version == before + 1 and stats.micro_batches == 2
     after = trainer.statistics()
     assert after.version == stats.version and not after.has_gradients
-    assert after.steps_applied == counted.steps_applied + 1 and after.steps_skipped == counted.steps_skipped
-    assert after.micro_batches == counted.micro_batches + 2 and after.tokens == counted.tokens + stats.tokens
+    assert (
+        after.steps_applied == counted.steps_applied + 1
+        and after.steps_skipped == counted.steps_skipped
+    )
+    assert (
+        after.micro_batches == counted.micro_batches + 2
+        and after.tokens == counted.tokens + stats.tokens
+    )
     assert stats.policy_tokens == 9  # 3 + 2 + 4 completion tokens, each once
     assert math.isfinite(stats.loss) and stats.grad_norm is not None
-    worst = max((a - b).abs().max().item() for a, b in zip(trainer.model.parameters(), reference.parameters()))
+    worst = max(
+        (a - b).abs().max().item()
+        for a, b in zip(trainer.model.parameters(), reference.parameters())
+    )
     assert worst <= 1e-6
 
 
 def test_non_finite_micro_batch_leaves_weights_unchanged(trainer) -> None:
     micro_batches, advantages = batch_of_two(trainer.version)
-    poisoned = dict(advantages, e1=3e38)  # finite advantage, but ratio x advantage overflows float32: inf loss
+    poisoned = dict(
+        advantages, e1=3e38
+    )  # finite advantage, but ratio x advantage overflows float32: inf loss
     before = copy.deepcopy(trainer.model.state_dict())
     version = trainer.version
     skipped = trainer.statistics().steps_skipped

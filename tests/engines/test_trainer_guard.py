@@ -57,13 +57,17 @@ def test_deepspeed_trainer_has_every_member_of_the_trainer_protocol():
     """Checked on the class (a `DeepSpeedTrainer` needs DeepSpeed; the slow tests check
     `isinstance` on a real one): every protocol method exists with the same parameters."""
     members = [n for n in vars(Trainer) if not n.startswith("_")]
-    assert {"accumulate", "apply_step", "train_batch", "save_checkpoint", "statistics"} <= set(members)
+    assert {"accumulate", "apply_step", "train_batch", "save_checkpoint", "statistics"} <= set(
+        members
+    )
     for name in members:
         ours, theirs = getattr(DeepSpeedTrainer, name), getattr(Trainer, name)
         if isinstance(theirs, property):
             assert isinstance(ours, property), name
         elif callable(theirs):
-            assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters), name
+            assert list(inspect.signature(ours).parameters) == list(
+                inspect.signature(theirs).parameters
+            ), name
     assert "version" in Trainer.__annotations__
 
 
@@ -73,8 +77,18 @@ def test_policy_objective_is_microbatch_loss_with_the_config():
     rl = RLConfig(clip_eps=0.1, is_cap=1.5, max_staleness=0, logprob_chunk_size=2)
     advantages = {"e0": 0.7, "e1": -1.0}
     loss, stats = PolicyObjective(rl)(model, first, advantages, version=1)
-    ref, ref_stats = microbatch_loss(model, first, advantages, trainer_version=1, max_staleness=0,
-                                     clip_eps=0.1, is_cap=1.5, chunk_size=2)
+    ref, ref_stats = microbatch_loss(
+        model,
+        first,
+        advantages,
+        trainer_version=1,
+        max_staleness=0,
+        clip_eps=0.1,
+        is_cap=1.5,
+        chunk_size=2,
+    )
     assert torch.equal(loss, ref) and stats == ref_stats and stats.tokens == 3
-    _, stale = PolicyObjective(rl)(model, first, advantages, version=2)  # tokens of version 1 are 1 old
+    _, stale = PolicyObjective(rl)(
+        model, first, advantages, version=2
+    )  # tokens of version 1 are 1 old
     assert stale.tokens == 0

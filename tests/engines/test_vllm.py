@@ -73,14 +73,18 @@ async def test_logprobs_match_transformers_single(vllm_engine, tokenizer, model_
     assert max_abs_diff(model_a, ids, c) <= FP32_TOL
 
 
-async def test_b07_logprobs_match_transformers_8_concurrent(vllm_engine, tokenizer, model_a) -> None:
+async def test_b07_logprobs_match_transformers_8_concurrent(
+    vllm_engine, tokenizer, model_a
+) -> None:
     prompts = [prompt(tokenizer, "count " + "x " * (5 + 37 * i)) for i in range(8)]
     results: dict[int, list] = {}
     async with anyio.create_task_group() as tg:
         for i, ids in enumerate(prompts):
 
             async def one(i=i, ids=ids) -> None:
-                results[i] = await collect(vllm_engine, req(f"conc-{i}", ids, max_tokens=40, seed=i))
+                results[i] = await collect(
+                    vllm_engine, req(f"conc-{i}", ids, max_tokens=40, seed=i)
+                )
 
             tg.start_soon(one)
     worst = max(max_abs_diff(model_a, prompts[i], results[i][0]) for i in range(8))
@@ -146,7 +150,10 @@ async def test_stop_token_kept_with_logprob(vllm_engine, tokenizer) -> None:
     ids = prompt(tokenizer, "stop test")
     free = await greedy(vllm_engine, "free", ids, 12)
     k = next(i for i in range(2, 12) if free.token_ids[i] not in free.token_ids[:i])
-    [c] = await collect(vllm_engine, req("stop", ids, max_tokens=12, temperature=0.0, stop_token_ids=(free.token_ids[k],)))
+    [c] = await collect(
+        vllm_engine,
+        req("stop", ids, max_tokens=12, temperature=0.0, stop_token_ids=(free.token_ids[k],)),
+    )
     assert c.finish_reason == "stop"
     assert c.token_ids == free.token_ids[: k + 1]
     assert c.logprobs == pytest.approx(free.logprobs[: k + 1], abs=FP32_TOL)
@@ -160,13 +167,17 @@ async def test_max_tokens_is_length_with_nothing_appended(vllm_engine, tokenizer
 async def test_b20_lone_eos_completion_is_one_token(vllm_engine, tokenizer) -> None:
     ids = prompt(tokenizer, "eos test")
     first = (await greedy(vllm_engine, "eos-probe", ids, 1)).token_ids[0]
-    [c] = await collect(vllm_engine, req("eos", ids, max_tokens=10, temperature=0.0, stop_token_ids=(first,)))
+    [c] = await collect(
+        vllm_engine, req("eos", ids, max_tokens=10, temperature=0.0, stop_token_ids=(first,))
+    )
     assert (c.token_ids, c.finish_reason, len(c.logprobs)) == ([first], "stop", 1)
 
 
 async def test_b20_abort_before_first_token_is_zero_tokens(vllm_engine, tokenizer) -> None:
     assert await vllm_engine.abort("early-abort") == []
-    [c] = await collect(vllm_engine, req("early-abort", prompt(tokenizer, "never runs"), max_tokens=50))
+    [c] = await collect(
+        vllm_engine, req("early-abort", prompt(tokenizer, "never runs"), max_tokens=50)
+    )
     assert (c.token_ids, c.logprobs, c.finish_reason) == ([], [], "abort")
 
 
@@ -179,7 +190,9 @@ async def test_abort_mid_stream_returns_the_streamed_tokens(vllm_engine, tokeniz
         async with anyio.create_task_group() as tg:
 
             async def consume() -> None:
-                async for d in vllm_engine.generate(req(rid, prompt(tokenizer, "go on"), max_tokens=1500, seed=1)):
+                async for d in vllm_engine.generate(
+                    req(rid, prompt(tokenizer, "go on"), max_tokens=1500, seed=1)
+                ):
                     streamed.extend(d.token_ids)
                     if d.finish_reason:
                         finish.append(d.finish_reason)
@@ -196,20 +209,28 @@ async def test_abort_mid_stream_returns_the_streamed_tokens(vllm_engine, tokeniz
         assert choice.token_ids == streamed and 5 <= len(streamed) < 1500
         mid_stream += 1
         break
-    assert mid_stream == 1  # streams reach the client as they are sampled, so the abort lands mid-stream
+    assert (
+        mid_stream == 1
+    )  # streams reach the client as they are sampled, so the abort lands mid-stream
 
 
 async def test_b22_n4_seed7_distinct_and_repeatable(vllm_engine, tokenizer) -> None:
     ids = prompt(tokenizer, "name a random 4-digit number")
-    first = await collect(vllm_engine, req("n4-a", ids, n=4, seed=7, temperature=1.0, max_tokens=12))
-    again = await collect(vllm_engine, req("n4-b", ids, n=4, seed=7, temperature=1.0, max_tokens=12))
+    first = await collect(
+        vllm_engine, req("n4-a", ids, n=4, seed=7, temperature=1.0, max_tokens=12)
+    )
+    again = await collect(
+        vllm_engine, req("n4-b", ids, n=4, seed=7, temperature=1.0, max_tokens=12)
+    )
     assert [c.index for c in first] == [0, 1, 2, 3]
     assert len({tuple(c.token_ids) for c in first}) == 4
     assert [c.token_ids for c in first] == [c.token_ids for c in again]
     assert [c.logprobs for c in first] == [c.logprobs for c in again]
 
 
-async def test_weight_load_mid_generation_versions_tokens(vllm_engine, tokenizer, tiny_model_dir, tiny_model_b_dir, model_a, model_b) -> None:
+async def test_weight_load_mid_generation_versions_tokens(
+    vllm_engine, tokenizer, tiny_model_dir, tiny_model_b_dir, model_a, model_b
+) -> None:
     ids = prompt(tokenizer, "a long generation across a weight load")
     v0 = (await vllm_engine.refresh_statistics()).weight_version
     deltas = []
@@ -239,20 +260,28 @@ async def test_weight_load_mid_generation_versions_tokens(vllm_engine, tokenizer
         await vllm_engine.load_weights(str(tiny_model_dir), v0 + 2)
 
 
-async def test_b12_prefix_cache_not_reused_after_weight_load(vllm_engine, tokenizer, tiny_model_dir, tiny_model_b_dir, model_b) -> None:
+async def test_b12_prefix_cache_not_reused_after_weight_load(
+    vllm_engine, tokenizer, tiny_model_dir, tiny_model_b_dir, model_b
+) -> None:
     ids = prompt(tokenizer, "prefix cache " * 40)
     assert len(ids) >= 4 * 32  # at least 4 KV blocks of 32 tokens
     v0 = (await vllm_engine.refresh_statistics()).weight_version
     await collect(vllm_engine, req("b12-1", ids, max_tokens=16, temperature=0.0))
     [hit] = await collect(vllm_engine, req("b12-2", ids, max_tokens=16, temperature=0.0))
-    deltas = [d async for d in vllm_engine.generate(req("b12-2b", ids, max_tokens=16, temperature=0.0))]
+    deltas = [
+        d async for d in vllm_engine.generate(req("b12-2b", ids, max_tokens=16, temperature=0.0))
+    ]
     assert deltas[-1].cached_tokens >= 4 * 32  # the prefix cache is on and hit before the load
     await vllm_engine.load_weights(str(tiny_model_b_dir), v0 + 1)
     try:
-        deltas = [d async for d in vllm_engine.generate(req("b12-3", ids, max_tokens=16, temperature=0.0))]
+        deltas = [
+            d async for d in vllm_engine.generate(req("b12-3", ids, max_tokens=16, temperature=0.0))
+        ]
         warm = [t for d in deltas for t in d.token_ids]
         assert deltas[-1].cached_tokens == 0
-        cold = model_b.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+        cold = model_b.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[
+            0, len(ids) :
+        ].tolist()
         assert warm == cold
         assert warm != hit.token_ids  # the two checkpoints are visibly different
         lps = torch.tensor([x for d in deltas for x in d.logprobs])
@@ -271,7 +300,9 @@ async def test_b12_prefix_cache_not_reused_after_weight_load(vllm_engine, tokeni
         ([5, 6, 7], {"max_tokens": -1}, InvalidRequestError, "max_tokens=-1"),
     ],
 )
-async def test_bad_input_typed_error_and_engine_keeps_serving(vllm_engine, ids, sampling, error, named) -> None:
+async def test_bad_input_typed_error_and_engine_keeps_serving(
+    vllm_engine, ids, sampling, error, named
+) -> None:
     with pytest.raises(error, match=named):
         await collect(vllm_engine, req("bad", ids, **sampling))
     [c] = await collect(vllm_engine, req("after-bad", [5, 6, 7], max_tokens=4))
@@ -298,9 +329,17 @@ def write_b05_model(path) -> None:
 
     hidden = 128
     config = Qwen2Config(
-        vocab_size=3, hidden_size=hidden, intermediate_size=256, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-12, tie_word_embeddings=False,
-        max_position_embeddings=256, eos_token_id=None, bos_token_id=None,
+        vocab_size=3,
+        hidden_size=hidden,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-12,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+        eos_token_id=None,
+        bos_token_id=None,
     )
     model = Qwen2ForCausalLM(config).float()
     with torch.no_grad():
@@ -320,7 +359,9 @@ async def test_b05_behaviour_logprob_is_after_temperature(tmp_path) -> None:
         from gyre.runtime.cell_client import CellClient
 
         async with CellClient(cell.url, cell.config) as engine:
-            [c] = await collect(engine, req("b05", [1, 2], n=1, max_tokens=40, temperature=0.5, seed=0))
+            [c] = await collect(
+                engine, req("b05", [1, 2], n=1, max_tokens=40, temperature=0.5, seed=0)
+            )
     finally:
         process.stop()
     expected = math.log(math.exp(4) / (math.exp(4) + math.exp(2) + 1))  # log softmax([4, 2, 0])[0]

@@ -66,7 +66,12 @@ def cells(tiny_model_dir, tmp_path_factory, shared_dir):
     try:
         for name in ("a", "b"):
             started.append(
-                start_vllm_cell(tiny_model_dir, logs / f"cell-{name}.log", max_model_len=MAX_MODEL_LEN, kv_transfer=kv)
+                start_vllm_cell(
+                    tiny_model_dir,
+                    logs / f"cell-{name}.log",
+                    max_model_len=MAX_MODEL_LEN,
+                    kv_transfer=kv,
+                )
             )
         yield started[0], started[1]
     finally:
@@ -89,7 +94,11 @@ def greedy(rid: str, prompt: list[int], max_tokens: int | None = None) -> Genera
     """Greedy; by default as long as the context allows, so that the switch never races the end
     (the request is aborted once it has continued, and the reference is cut to the same length)."""
     max_tokens = max_tokens or MAX_MODEL_LEN - len(prompt) - 8
-    return GenerateRequest(request_id=rid, prompt_ids=prompt, sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    return GenerateRequest(
+        request_id=rid,
+        prompt_ids=prompt,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+    )
 
 
 async def switch_midway(
@@ -150,20 +159,28 @@ async def test_migrated_request_equals_uninterrupted_run(cells, shared_dir, cont
         for attempt in range(TRIES):
             before = await b.refresh_statistics()
             migrate = MigrateContinuation()
-            async with Router({"a": a, "b": b}, roles={"b": "train"}, continuation=migrate) as router:
+            async with Router(
+                {"a": a, "b": b}, roles={"b": "train"}, continuation=migrate
+            ) as router:
 
                 async def leave_a() -> int:
                     await router.set_role("b", "rollout")
                     return await router.set_role("a", "train")
 
-                ids, lps, moved = await switch_midway(router, greedy(f"mig-{context}-{attempt}", prompt), leave_a, migrate)
+                ids, lps, moved = await switch_midway(
+                    router, greedy(f"mig-{context}-{attempt}", prompt), leave_a, migrate
+                )
                 stats = router.statistics()
             if moved:
                 break
         else:
-            pytest.fail(f"the request ended on A before the switch in {TRIES} tries (machine too contended?)")
+            pytest.fail(
+                f"the request ended on A before the switch in {TRIES} tries (machine too contended?)"
+            )
         after = await b.refresh_statistics()
-        [reference] = await collect(a, greedy(f"ref-{context}", prompt, len(ids)))  # on A: B's cache stays cold
+        [reference] = await collect(
+            a, greedy(f"ref-{context}", prompt, len(ids))
+        )  # on A: B's cache stays cold
 
     assert ids == reference.token_ids
     assert max(abs(x - y) for x, y in zip(lps, reference.logprobs, strict=True)) <= FP32_TOL
@@ -271,7 +288,9 @@ async def test_source_that_dies_falls_back_to_recompute(cells, shared_dir) -> No
         before = await b.refresh_statistics()
         migrate = MigrateContinuation()
         config = RouterConfig(abort_timeout_s=20.0, max_retries=0)
-        async with Router({"a": a, "b": b}, roles={"b": "train"}, continuation=migrate, config=config) as router:
+        async with Router(
+            {"a": a, "b": b}, roles={"b": "train"}, continuation=migrate, config=config
+        ) as router:
 
             async def kill_a() -> int:
                 await router.set_role("b", "rollout")
@@ -302,7 +321,9 @@ class ExportingEngine(ScriptedEngine):
     ("ok", "fail" or "hang"); released keys are recorded."""
 
     def __init__(self, *, export: str = "ok", weight_version: int = 0) -> None:
-        super().__init__(rule=prefix_rule, vocab_size=64, token_delay_s=0.002, weight_version=weight_version)
+        super().__init__(
+            rule=prefix_rule, vocab_size=64, token_delay_s=0.002, weight_version=weight_version
+        )
         self.export = export
         self.exported: list[list[int]] = []
         self.released: list[str] = []
@@ -315,8 +336,12 @@ class ExportingEngine(ScriptedEngine):
         self.exported.append(list(token_ids))
         n = (len(token_ids) - 1) // BLOCK * BLOCK
         return KVExport(
-            key=f"{len(self.exported):032x}", tokens=n, sequence_tokens=len(token_ids), bytes=n * 1024,
-            weight_version=self.statistics().weight_version, seconds=0.0,
+            key=f"{len(self.exported):032x}",
+            tokens=n,
+            sequence_tokens=len(token_ids),
+            bytes=n * 1024,
+            weight_version=self.statistics().weight_version,
+            seconds=0.0,
         )
 
     async def release_kv(self, key: str) -> bool:
@@ -333,14 +358,18 @@ async def _switch_once(a, b, migrate: MigrateContinuation, prompt: list[int]):
             assert moved == 1
             return moved
 
-        ids, lps, _ = await switch_midway(router, greedy("r", prompt, 40), leave_a, migrate, keep=None)
+        ids, lps, _ = await switch_midway(
+            router, greedy("r", prompt, 40), leave_a, migrate, keep=None
+        )
         return ids, lps, router.statistics()
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_router_migrates_with_an_export_and_releases_it() -> None:
     prompt = list(range(3, 63)) * 2
-    [ref] = await collect(ScriptedEngine(rule=prefix_rule, vocab_size=64), greedy("ref", prompt, 40))
+    [ref] = await collect(
+        ScriptedEngine(rule=prefix_rule, vocab_size=64), greedy("ref", prompt, 40)
+    )
     a, b = ExportingEngine(), ExportingEngine()
     assert isinstance(a, KVTransferEngine)
     migrate = MigrateContinuation()
@@ -349,7 +378,11 @@ async def test_router_migrates_with_an_export_and_releases_it() -> None:
     [seq] = a.exported
     assert seq == prompt + ids[: len(seq) - len(prompt)]
     [record] = migrate.statistics().records
-    assert (record.outcome, record.sequence_tokens, record.tokens_moved) == ("migrated", len(seq), (len(seq) - 1) // 32 * 32)
+    assert (record.outcome, record.sequence_tokens, record.tokens_moved) == (
+        "migrated",
+        len(seq),
+        (len(seq) - 1) // 32 * 32,
+    )
     assert stats.requests_migrated == 1 and stats.tokens_migrated == record.tokens_moved
     assert stats.tokens_recomputed == len(seq) - record.tokens_moved
     assert b.released == ["1".zfill(32)] and migrate.statistics().released == 1
@@ -363,9 +396,13 @@ async def test_router_migrates_with_an_export_and_releases_it() -> None:
         (dict(), dict(weight_version=1), "weight version 0, target at 1"),
     ],
 )
-async def test_router_falls_back_to_recompute_when_migration_cannot_work(source, target, reason) -> None:
+async def test_router_falls_back_to_recompute_when_migration_cannot_work(
+    source, target, reason
+) -> None:
     prompt = list(range(3, 63)) * 2
-    [ref] = await collect(ScriptedEngine(rule=prefix_rule, vocab_size=64), greedy("ref", prompt, 40))
+    [ref] = await collect(
+        ScriptedEngine(rule=prefix_rule, vocab_size=64), greedy("ref", prompt, 40)
+    )
     a, b = ExportingEngine(**source), ExportingEngine(**target)
     migrate = MigrateContinuation(export_timeout_s=0.2)
     ids, lps, stats = await _switch_once(a, b, migrate, prompt)
@@ -385,18 +422,27 @@ def test_an_export_deleted_before_its_load_is_recomputed_not_fatal(tmp_path: Pat
     from types import SimpleNamespace
 
     import torch
-    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnectorMetadata
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
+        ExampleConnectorMetadata,
+    )
 
     from gyre.engines.kv_connector import GyreKVConnector
 
     connector = GyreKVConnector.__new__(GyreKVConnector)  # the worker side, without a vLLM config
-    connector._failed_blocks, connector._block_size, connector._storage_path = set(), 16, str(tmp_path)
+    connector._failed_blocks, connector._block_size, connector._storage_path = (
+        set(),
+        16,
+        str(tmp_path),
+    )
     meta = ExampleConnectorMetadata()
     # 33 tokens: the first 32 are loaded (the last is always computed): slots 48-63 and 112-127
     meta.add_request(list(range(33)), [3, 7], 16, is_store=False, mm_hashes=[])
     connector._get_connector_metadata = lambda: meta
     layer = "model.layers.0.self_attn.attn"
-    context = SimpleNamespace(attn_metadata={layer: None}, no_compile_layers={layer: SimpleNamespace(kv_cache=torch.zeros(1))})
+    context = SimpleNamespace(
+        attn_metadata={layer: None},
+        no_compile_layers={layer: SimpleNamespace(kv_cache=torch.zeros(1))},
+    )
     connector.start_load_kv(context)  # no file under tmp_path: the export is gone
     assert connector.get_block_ids_with_load_errors() == {3, 7}
     assert connector.get_block_ids_with_load_errors() == set()  # reported once

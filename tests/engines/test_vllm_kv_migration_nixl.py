@@ -17,7 +17,16 @@ from gyre.engines import collect
 from gyre.runtime.continuation import MigrateContinuation
 from gyre.runtime.router import Router
 from tests.conftest import start_vllm_cell
-from tests.engines.test_vllm_kv_migration import BLOCK, FP32_TOL, SWITCH_AFTER, TRIES, client, greedy, switch_midway, tokens
+from tests.engines.test_vllm_kv_migration import (
+    BLOCK,
+    FP32_TOL,
+    SWITCH_AFTER,
+    TRIES,
+    client,
+    greedy,
+    switch_midway,
+    tokens,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -36,7 +45,11 @@ def nixl_cells(tiny_model_dir, tmp_path_factory):
     started = []
     try:
         for name in ("a", "b"):
-            started.append(start_vllm_cell(tiny_model_dir, logs / f"cell-{name}.log", max_model_len=10_240, kv_transfer=kv))
+            started.append(
+                start_vllm_cell(
+                    tiny_model_dir, logs / f"cell-{name}.log", max_model_len=10_240, kv_transfer=kv
+                )
+            )
         yield started[0][1], started[1][1]
     finally:
         for process, _ in started:
@@ -51,18 +64,24 @@ async def test_nixl_migrated_request_equals_uninterrupted_run(nixl_cells) -> Non
         for attempt in range(TRIES):
             before = await b.refresh_statistics()
             migrate = MigrateContinuation()
-            async with Router({"a": a, "b": b}, roles={"b": "train"}, continuation=migrate) as router:
+            async with Router(
+                {"a": a, "b": b}, roles={"b": "train"}, continuation=migrate
+            ) as router:
 
                 async def leave_a() -> int:
                     await router.set_role("b", "rollout")
                     return await router.set_role("a", "train")
 
-                ids, lps, moved = await switch_midway(router, greedy(f"mig-{attempt}", prompt, 2_000), leave_a, migrate)
+                ids, lps, moved = await switch_midway(
+                    router, greedy(f"mig-{attempt}", prompt, 2_000), leave_a, migrate
+                )
                 stats = router.statistics()
             if moved:
                 break
         else:
-            pytest.fail(f"the request ended on A before the switch in {TRIES} tries (machine too contended?)")
+            pytest.fail(
+                f"the request ended on A before the switch in {TRIES} tries (machine too contended?)"
+            )
         after = await b.refresh_statistics()
         [reference] = await collect(a, greedy("ref", prompt, len(ids)))
 

@@ -27,10 +27,12 @@ def _inputs(n, h, v, dtype, seed=0):
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_torch_chunked_equals_reference_values_and_grads_float64(chunk, temperature):
     hidden, weight, labels = _inputs(13, 8, 50, torch.float64)
-    lp, ent = selective_logprob_entropy(hidden, weight, labels, temperature=temperature,
-                                        chunk_size=chunk)
-    lp_ref, ent_ref = selective_logprob_entropy_reference(hidden, weight, labels,
-                                                          temperature=temperature)
+    lp, ent = selective_logprob_entropy(
+        hidden, weight, labels, temperature=temperature, chunk_size=chunk
+    )
+    lp_ref, ent_ref = selective_logprob_entropy_reference(
+        hidden, weight, labels, temperature=temperature
+    )
     torch.testing.assert_close(lp, lp_ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(ent, ent_ref, rtol=1e-12, atol=1e-12)
     g = torch.Generator().manual_seed(1)
@@ -90,8 +92,9 @@ def test_bad_inputs():
 def triton_parity_check() -> None:
     """Runs in a fresh interpreter with TRITON_INTERPRET=1 (see the test below)."""
     hidden, weight, labels = _inputs(6, 8, 300, torch.float32, seed=3)
-    lp, ent = selective_logprob_entropy(hidden, weight, labels, chunk_size=4, impl="triton",
-                                        temperature=0.8)
+    lp, ent = selective_logprob_entropy(
+        hidden, weight, labels, chunk_size=4, impl="triton", temperature=0.8
+    )
     lp_ref, ent_ref = selective_logprob_entropy_reference(hidden, weight, labels, temperature=0.8)
     torch.testing.assert_close(lp, lp_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent, ent_ref, rtol=1e-5, atol=1e-5)
@@ -121,8 +124,9 @@ def test_triton_kernel_parity_under_interpreter():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     code = "from tests.kernels.test_selective_logprob import triton_parity_check; triton_parity_check()"
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "TRITON_PARITY_OK" in done.stdout
 
@@ -132,10 +136,11 @@ def test_per_row_temperature_equals_row_by_row():
     temps = torch.tensor([0.5, 1.0, 0.7, 2.0, 1.0, 0.3], dtype=torch.float64)
     lp, ent = selective_logprob_entropy(hidden, weight, labels, temperature=temps, chunk_size=4)
     for i in range(6):
-        lp_i, ent_i = selective_logprob_entropy_reference(hidden[i:i + 1], weight, labels[i:i + 1],
-                                                          temperature=float(temps[i]))
-        torch.testing.assert_close(lp[i:i + 1], lp_i, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(ent[i:i + 1], ent_i, rtol=1e-12, atol=1e-12)
+        lp_i, ent_i = selective_logprob_entropy_reference(
+            hidden[i : i + 1], weight, labels[i : i + 1], temperature=float(temps[i])
+        )
+        torch.testing.assert_close(lp[i : i + 1], lp_i, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(ent[i : i + 1], ent_i, rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(
         lambda h, w: selective_logprob_entropy(h, w, labels, temperature=temps, chunk_size=4),
         (hidden, weight),

@@ -27,8 +27,10 @@ def test_sdpa_equals_reference_forward_and_backward(seed):
     dfs_out_T, _ = _dfs_out(seed)
     t = dfs_out_T.shape[0]
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, 2, t, 16, generator=g, dtype=torch.float64, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(1, 2, t, 16, generator=g, dtype=torch.float64, requires_grad=True)
+        for _ in range(3)
+    )
     out = tree_attention(q, k, v, dfs_out_T, impl="sdpa")
     ref = tree_attention(q, k, v, dfs_out_T, impl="reference")
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)

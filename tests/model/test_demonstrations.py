@@ -12,7 +12,20 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
 def test_demos_cli(tmp_path: Path) -> None:
     out = tmp_path / "demos.jsonl"
-    assert main(["demos", "--out", str(out), "--suite-dir", str(EXAMPLES / "learnable"), "--count", "10"]) == 0
+    assert (
+        main(
+            [
+                "demos",
+                "--out",
+                str(out),
+                "--suite-dir",
+                str(EXAMPLES / "learnable"),
+                "--count",
+                "10",
+            ]
+        )
+        == 0
+    )
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 32 + 10
     assert all(d["messages"][-1]["tool_calls"][0]["function"]["name"] == "finish" for d in lines)

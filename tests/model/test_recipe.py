@@ -35,7 +35,10 @@ def test_loads_in_transformers_with_configured_shape(tiny_model_dir) -> None:
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     cfg = ModelConfig()
-    assert model.config.hidden_size == cfg.hidden_size and model.config.num_hidden_layers == cfg.num_hidden_layers
+    assert (
+        model.config.hidden_size == cfg.hidden_size
+        and model.config.num_hidden_layers == cfg.num_hidden_layers
+    )
     assert model.config.hidden_size // model.config.num_attention_heads >= 32  # vLLM CPU attention
     assert model.config.vocab_size == len(tok) <= cfg.vocab_size
     assert tok.eos_token == "<|im_end|>" and tok.bos_token is None
@@ -58,8 +61,16 @@ def test_chat_template_renders_tools_reasoning_and_results(tiny_model_dir) -> No
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "add 2 and 3"},
         {
-            "role": "assistant", "content": "", "reasoning_content": "need tool",
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}],
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "need tool",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+                }
+            ],
         },
         {"role": "tool", "tool_call_id": "c1", "content": "5"},
     ]
@@ -72,11 +83,27 @@ def test_chat_template_renders_tools_reasoning_and_results(tiny_model_dir) -> No
         "<|im_start|>tool\n<tool_response>5</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n"
     )
-    dict_args = [dict(messages[2], tool_calls=[{"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}])]
+    dict_args = [
+        dict(
+            messages[2],
+            tool_calls=[
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": {"a": 2, "b": 3}},
+                }
+            ],
+        )
+    ]
     rendered = tok.apply_chat_template(dict_args, tokenize=False)
     assert '"arguments": {"a": 2, "b": 3}}' in rendered
-    with_tools = tok.apply_chat_template(messages[:2], tools=[{"type": "function", "function": {"name": "add"}}], tokenize=False)
-    assert with_tools.startswith("<|im_start|>system\nsys\n\n# Tools\n") and '"name": "add"' in with_tools
+    with_tools = tok.apply_chat_template(
+        messages[:2], tools=[{"type": "function", "function": {"name": "add"}}], tokenize=False
+    )
+    assert (
+        with_tools.startswith("<|im_start|>system\nsys\n\n# Tools\n")
+        and '"name": "add"' in with_tools
+    )
 
 
 def test_b05_sampling_logprobs_after_temperature() -> None:
@@ -107,4 +134,6 @@ def test_completion_logprobs_equal_manual_forward(tiny_model_dir) -> None:
     with torch.no_grad():
         for j, tok in enumerate(completion):
             logits = model(input_ids=torch.tensor([prompt + completion[:j]])).logits[0, -1]
-            assert lps[j].item() == pytest.approx(torch.log_softmax(logits / 0.7, -1)[tok].item(), abs=1e-12)
+            assert lps[j].item() == pytest.approx(
+                torch.log_softmax(logits / 0.7, -1)[tok].item(), abs=1e-12
+            )

@@ -31,14 +31,17 @@ def tokenizer(tiny_model_dir: Path):
 
 
 def test_encoding_is_the_agents_prompt_plus_generated_turns(tokenizer) -> None:
-    (instruction, solution), = learnable_examples(1, seed=3)
+    ((instruction, solution),) = learnable_examples(1, seed=3)
     demo = demonstration_for(instruction, solution)
     enc = encode_conversation(tokenizer, demo["messages"], demo["tools"])
     args = json.loads(demo["messages"][2]["tool_calls"][0]["function"]["arguments"])
     # the tokens before the first loss token are the agent's first request, rendered as the proxy does
     first_prompt = tokenizer.apply_chat_template(
         [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}],
-        tools=TOOL_SCHEMAS, tokenize=False, add_generation_prompt=True)
+        tools=TOOL_SCHEMAS,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     k = enc.loss_mask.index(True)
     assert enc.ids[:k] == tokenizer.encode(first_prompt, add_special_tokens=False)
     # loss tokens are exactly the two completions, each ending with <|im_end|>
@@ -84,7 +87,10 @@ def test_a_slipping_teacher_ends_the_word_with_a_full_stop() -> None:
         word = json.loads(c["messages"][2]["tool_calls"][0]["function"]["arguments"])["content"]
         assert written["content"] == (word + "." if want_slip else word)
         # the oracle ran the slipped call, so the tool result tells the truth
-        assert s["messages"][3]["content"] == f"wrote {len(written['content'])} characters to {written['path']}"
+        assert (
+            s["messages"][3]["content"]
+            == f"wrote {len(written['content'])} characters to {written['path']}"
+        )
         assert s["messages"][4:] == c["messages"][4:]  # then finish, as before
     with pytest.raises(ValueError, match="slip_fraction=1"):
         WarmStartConfig(slip_fraction=1.0)
@@ -93,9 +99,15 @@ def test_a_slipping_teacher_ends_the_word_with_a_full_stop() -> None:
 def test_packed_loss_equals_separate_forwards(tiny_model_dir: Path, tokenizer) -> None:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64, attn_implementation="sdpa")
-    batch = [encode_conversation(tokenizer, d["messages"], d["tools"]) for d in demonstrations(TINY)[:3]]
-    prefix = batch[0].loss_mask.index(True) - 20  # inside the instruction: suffixes differ in length
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float64, attn_implementation="sdpa"
+    )
+    batch = [
+        encode_conversation(tokenizer, d["messages"], d["tools"]) for d in demonstrations(TINY)[:3]
+    ]
+    prefix = (
+        batch[0].loss_mask.index(True) - 20
+    )  # inside the instruction: suffixes differ in length
     packed, tokens = _packed_loss(model, batch, prefix)
     nll, count = torch.zeros((), dtype=torch.float64), 0
     for ex in batch:
@@ -113,7 +125,9 @@ def digest(path: Path) -> str:
 
 
 @pytest.mark.slow
-def test_warm_start_trains_caches_and_is_deterministic(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_warm_start_trains_caches_and_is_deterministic(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     lines: list[str] = []
     out = warm_start(tiny_model_dir, tmp_path / "a", TINY, log=lines.append)
     record = msgspec.json.decode((out / SFT_RECORD).read_bytes(), type=SFTResult)
@@ -142,31 +156,85 @@ def test_warm_start_errors(tiny_model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="examples=0"):
         WarmStartConfig(examples=0)
     with pytest.raises(ValueError, match="samples=0"):
-        offline_pass_rate(tiny_model_dir, [("Write the word a to the file b.", "a", "b")], samples=0)
+        offline_pass_rate(
+            tiny_model_dir, [("Write the word a to the file b.", "a", "b")], samples=0
+        )
 
 
 @pytest.mark.slow
-def test_cli_trains_then_reuses(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o"), "--examples", "4", "--lr", "1e-3"]
+def test_cli_trains_then_reuses(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "sft",
+        "--model",
+        str(tiny_model_dir),
+        "--out",
+        str(tmp_path / "o"),
+        "--examples",
+        "4",
+        "--lr",
+        "1e-3",
+    ]
     assert main(argv) == 0
-    assert "2 steps, final loss" in capsys.readouterr().out  # 4 examples: one batch of 8 per epoch, 2 epochs
+    assert (
+        "2 steps, final loss" in capsys.readouterr().out
+    )  # 4 examples: one batch of 8 per epoch, 2 epochs
     assert main(argv) == 0
     assert "is up to date" in capsys.readouterr().out
     run = tmp_path / "run.toml"  # a run's [warm_start] is reproduced; a flag overrides it
     run.write_text("[warm_start]\nexamples = 4\nepochs = 1\nlearning_rate = 2e-3\n")
-    assert main(["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "c"), "--config", str(run),
-                 "--lr", "1e-3"]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                "--model",
+                str(tiny_model_dir),
+                "--out",
+                str(tmp_path / "c"),
+                "--config",
+                str(run),
+                "--lr",
+                "1e-3",
+            ]
+        )
+        == 0
+    )
     assert "1 steps, final loss" in capsys.readouterr().out
     record = msgspec.json.decode((tmp_path / "c" / SFT_RECORD).read_bytes(), type=SFTResult)
-    assert (record.settings.examples, record.settings.epochs, record.settings.learning_rate) == (4, 1, 1e-3)
+    assert (record.settings.examples, record.settings.epochs, record.settings.learning_rate) == (
+        4,
+        1,
+        1e-3,
+    )
 
 
-def test_cli_errors(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_errors(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["sft", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "o2")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert main(["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o3"), "--epochs", "0"]) == 2
+    assert (
+        main(
+            ["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o3"), "--epochs", "0"]
+        )
+        == 2
+    )
     assert "epochs=0" in capsys.readouterr().err
-    assert main(["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o4"), "--slip-fraction", "1"]) == 2
+    assert (
+        main(
+            [
+                "sft",
+                "--model",
+                str(tiny_model_dir),
+                "--out",
+                str(tmp_path / "o4"),
+                "--slip-fraction",
+                "1",
+            ]
+        )
+        == 2
+    )
     assert "slip_fraction=1.0 must be in [0, 1)" in capsys.readouterr().err
     assert not (tmp_path / "o4").exists()
     (tmp_path / "file").write_text("not a folder")
@@ -174,7 +242,20 @@ def test_cli_errors(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.Capture
     assert "exists and is not a folder" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
     bad.write_text("[warm_start]\nepochs = -1\n")
-    assert main(["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o5"), "--config", str(bad)]) == 2
+    assert (
+        main(
+            [
+                "sft",
+                "--model",
+                str(tiny_model_dir),
+                "--out",
+                str(tmp_path / "o5"),
+                "--config",
+                str(bad),
+            ]
+        )
+        == 2
+    )
     assert "epochs=-1 must be > 0" in capsys.readouterr().err
     assert main(["init", str(tmp_path / "file")]) == 2
     assert "exists and is not a folder" in capsys.readouterr().err
@@ -182,5 +263,6 @@ def test_cli_errors(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.Capture
 
 def test_output_dir() -> None:
     assert output_dir("runs/model-tiny/", WarmStartConfig()) == Path("runs/model-tiny-sft")
-    assert output_dir("runs/model-tiny", WarmStartConfig(path="elsewhere/sft")) == Path("elsewhere/sft")
-
+    assert output_dir("runs/model-tiny", WarmStartConfig(path="elsewhere/sft")) == Path(
+        "elsewhere/sft"
+    )

@@ -6,14 +6,26 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 
-def tiny_qwen2(*, seed: int = 0, vocab: int = 32, hidden: int = 64, layers: int = 2,
-               dtype: torch.dtype = torch.float64, attn: str = "sdpa") -> Qwen2ForCausalLM:
+def tiny_qwen2(
+    *,
+    seed: int = 0,
+    vocab: int = 32,
+    hidden: int = 64,
+    layers: int = 2,
+    dtype: torch.dtype = torch.float64,
+    attn: str = "sdpa",
+) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
         max_position_embeddings=4096,
-        tie_word_embeddings=False, attn_implementation=attn,
+        tie_word_embeddings=False,
+        attn_implementation=attn,
     )
     model = Qwen2ForCausalLM(config).to(dtype)
     with torch.no_grad():  # the default init is tiny (std 0.02): make logits depend on context

@@ -35,12 +35,15 @@ def test_all_failed_group_has_no_baseline():
     assert adv.baseline is None and adv.advantages == (None, None)
 
 
-@pytest.mark.parametrize(("ids", "rewards", "match"), [
-    ([], [], "at least one"),
-    (["a"], [1.0, 2.0], "1 execution ids"),
-    (["a", "a"], [1.0, 2.0], "duplicate"),
-    (["a"], [float("nan")], "reward=nan"),
-])
+@pytest.mark.parametrize(
+    ("ids", "rewards", "match"),
+    [
+        ([], [], "at least one"),
+        (["a"], [1.0, 2.0], "1 execution ids"),
+        (["a", "a"], [1.0, 2.0], "duplicate"),
+        (["a"], [float("nan")], "reward=nan"),
+    ],
+)
 def test_bad_groups(ids, rewards, match):
     with pytest.raises(ValueError, match=match):
         group_advantages(ids, rewards)

@@ -43,8 +43,10 @@ def test_packed_tree_equals_separate_trajectories_many(seed, jmax, executions):
 
 def _check_equivalence(seed, jmax, executions):
     rng = np.random.default_rng(seed)
-    trees = [build_tree(random_execution(seed + i, execution_id=f"e{i}", vocab=8, max_calls=8))
-             for i in range(executions)]
+    trees = [
+        build_tree(random_execution(seed + i, execution_id=f"e{i}", vocab=8, max_calls=8))
+        for i in range(executions)
+    ]
     items = [(t, select_trajectories(t, jmax)) for t in trees]
     (batch,) = pack_batch(items, token_budget=10_000)
     positions = batch.loss_positions()
@@ -81,8 +83,15 @@ def _check_equivalence(seed, jmax, executions):
     idx = torch.tensor([j for j, _ in terms])
     lp_sep = torch.stack([v for _, v in terms])
     split = torch.tensor([1.0 / len(occurrences[j]) for j, _ in terms], dtype=torch.float64)
-    loss_sep, _ = policy_loss(lp_sep, behaviour[idx], adv[idx], weight[idx] * split,
-                              torch.ones(len(terms), dtype=torch.bool), clip_eps=0.2, is_cap=2.0)
+    loss_sep, _ = policy_loss(
+        lp_sep,
+        behaviour[idx],
+        adv[idx],
+        weight[idx] * split,
+        torch.ones(len(terms), dtype=torch.bool),
+        clip_eps=0.2,
+        is_cap=2.0,
+    )
     assert abs(loss_sep.item() - loss_packed.item()) <= 1e-6 * max(abs(loss_sep.item()), 1e-12)
     grads_sep = _grads(MODEL, loss_sep)
     for name, g in grads_sep.items():
@@ -96,9 +105,12 @@ def test_microbatch_loss_equals_manual_composition():
     loss, stats = microbatch_loss(MODEL, batch, {"e0": 0.5}, trainer_version=5, max_staleness=2)
     positions = batch.loss_positions()
     lp, _ = packed_logprobs(MODEL, batch)
-    manual, _ = policy_loss(lp, torch.as_tensor(batch.behaviour_logprob_T[positions]),
-                            torch.full((positions.size,), 0.5, dtype=torch.float64),
-                            torch.as_tensor(batch.loss_weight_T[positions]),
-                            torch.ones(positions.size, dtype=torch.bool))
+    manual, _ = policy_loss(
+        lp,
+        torch.as_tensor(batch.behaviour_logprob_T[positions]),
+        torch.full((positions.size,), 0.5, dtype=torch.float64),
+        torch.as_tensor(batch.loss_weight_T[positions]),
+        torch.ones(positions.size, dtype=torch.bool),
+    )
     assert stats.tokens == positions.size  # versions 3..5 at trainer 5, max staleness 2: all fresh
     torch.testing.assert_close(loss, manual, rtol=1e-12, atol=0)

@@ -35,9 +35,15 @@ def test_masked_token_mean_of_nothing_is_zero_not_nan():
 def _one(lp, blp, adv, *, clip_eps=0.2, is_cap=2.0):
     lp_t = torch.tensor([lp], dtype=torch.float64, requires_grad=True)
     f64 = torch.float64
-    loss, stats = policy_loss(lp_t, torch.tensor([blp], dtype=f64), torch.tensor([adv], dtype=f64),
-                              torch.tensor([1.0], dtype=torch.float64), torch.tensor([True]),
-                              clip_eps=clip_eps, is_cap=is_cap)
+    loss, stats = policy_loss(
+        lp_t,
+        torch.tensor([blp], dtype=f64),
+        torch.tensor([adv], dtype=f64),
+        torch.tensor([1.0], dtype=torch.float64),
+        torch.tensor([True]),
+        clip_eps=clip_eps,
+        is_cap=is_cap,
+    )
     loss.backward()
     return loss.item(), lp_t.grad.item(), stats
 

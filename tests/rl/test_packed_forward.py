@@ -22,7 +22,7 @@ def _execution(eid, length, prompt_len, seed, model=None):
     logprobs = None
     if model is not None:  # behaviour logprobs from an "engine" running the same weights alone
         with torch.no_grad():
-            logprobs = path_logprobs(model, ids)[prompt_len - 1:].tolist()
+            logprobs = path_logprobs(model, ids)[prompt_len - 1 :].tolist()
     return build_tree([make_call(eid, "a", prompt, completion, logprobs=logprobs)])
 
 
@@ -110,9 +110,18 @@ def test_each_call_is_scored_at_its_own_sampling_temperature():
     p2, c2 = p1 + c1 + [6], [7, 8, 9]
 
     def call(cid, p, c, t, parent=None):
-        return ModelCall(execution_id="e", call_id=cid, role="main", prompt_ids=p, completion_ids=c,
-                         logprobs=[-1.0] * len(c), versions=[1] * len(c), finish_reason="stop",
-                         parent_call_id=parent, sampling=SamplingParams(temperature=t))
+        return ModelCall(
+            execution_id="e",
+            call_id=cid,
+            role="main",
+            prompt_ids=p,
+            completion_ids=c,
+            logprobs=[-1.0] * len(c),
+            versions=[1] * len(c),
+            finish_reason="stop",
+            parent_call_id=parent,
+            sampling=SamplingParams(temperature=t),
+        )
 
     tree = build_tree([call("a", p1, c1, 0.5), call("b", p2, c2, 1.3, parent="a")])
     (batch,) = pack_batch([(tree, select_trajectories(tree, 1))], token_budget=100)
@@ -120,8 +129,10 @@ def test_each_call_is_scored_at_its_own_sampling_temperature():
         lp, _ = packed_logprobs(model, batch)
         ids = torch.tensor([p2 + c2])
         logits = model(input_ids=ids).logits[0, :-1]
-        want = [torch.log_softmax(logits[i - 1] / t, -1)[ids[0, i]].item()
-                for i, t in [(3, 0.5), (4, 0.5), (6, 1.3), (7, 1.3), (8, 1.3)]]
+        want = [
+            torch.log_softmax(logits[i - 1] / t, -1)[ids[0, i]].item()
+            for i, t in [(3, 0.5), (4, 0.5), (6, 1.3), (7, 1.3), (8, 1.3)]
+        ]
     assert lp.tolist() == pytest.approx(want, abs=1e-12)
     greedy = build_tree([call("g", p1, c1, 0.0)])
     (gbatch,) = pack_batch([(greedy, select_trajectories(greedy, 1))], token_budget=100)

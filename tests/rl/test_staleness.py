@@ -16,8 +16,15 @@ def _resumed_call():
     # 2 tokens at v2 (aborted), 2 at v4 (aborted again), 8 at v6 (finish_reason=length)
     completion = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 4]
     logprobs = [-0.1 * (i + 1) for i in range(12)]
-    return make_call("e", "a", [1, 2, 3], completion, logprobs=logprobs, versions=VERSIONS,
-                     finish_reason="length")
+    return make_call(
+        "e",
+        "a",
+        [1, 2, 3],
+        completion,
+        logprobs=logprobs,
+        versions=VERSIONS,
+        finish_reason="length",
+    )
 
 
 def test_b11_every_token_keeps_its_version_and_logprob():

@@ -20,9 +20,13 @@ def main() -> int:
     client = openai.OpenAI(max_retries=0)
     messages = [{"role": "user", "content": instruction}]
     for _ in range(2):
-        reply = client.chat.completions.create(model=os.environ.get("GYRE_MODEL", "gyre"), messages=messages, max_tokens=12)
-        messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
-                     {"role": "user", "content": "go on"}]
+        reply = client.chat.completions.create(
+            model=os.environ.get("GYRE_MODEL", "gyre"), messages=messages, max_tokens=12
+        )
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content or ""},
+            {"role": "user", "content": "go on"},
+        ]
     if int(os.environ["GYRE_EXECUTION_ID"].rsplit("-g", 1)[1]) % 2:  # odd group slots solve it
         Path(path).write_text(word)
     return 0

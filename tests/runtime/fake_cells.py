@@ -123,4 +123,9 @@ class FakeTrainingCell:
         self.grads = Counter()
         self.version += 1
         self.trainer_version = self.version
-        return FakeStep(version=self.version, applied=True, grad_norm=1.0, snapshot=f"{snapshot_root}/v{self.version}")
+        return FakeStep(
+            version=self.version,
+            applied=True,
+            grad_norm=1.0,
+            snapshot=f"{snapshot_root}/v{self.version}",
+        )

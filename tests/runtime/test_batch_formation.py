@@ -7,7 +7,9 @@ import msgspec
 from gyre.runtime.batch_formation import BatchFormation, Group
 from gyre.tasks.task import Task, TaskSpec
 
-TASK = Task(task_id="suite/t", root="/nonexistent", instruction="", spec=msgspec.convert({}, TaskSpec))
+TASK = Task(
+    task_id="suite/t", root="/nonexistent", instruction="", spec=msgspec.convert({}, TaskSpec)
+)
 
 
 def groups(n: int) -> list[Group]:

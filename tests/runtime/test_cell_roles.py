@@ -30,31 +30,68 @@ from tests.trajectory.builders import make_call
 
 pytestmark = pytest.mark.slow  # three DeepSpeed inits in cell processes: ~30-60 s on 2 cores
 
-deepspeed = pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e .[cpu])")
+deepspeed = pytest.importorskip(
+    "deepspeed", reason="DeepSpeed is not installed (pip install -e .[cpu])"
+)
 
-CONFIG = EngineConfig(backend="scripted", max_model_len=64, request_timeout_s=60.0, startup_timeout_s=300.0)
+CONFIG = EngineConfig(
+    backend="scripted", max_model_len=64, request_timeout_s=60.0, startup_timeout_s=300.0
+)
 FP32 = TrainerConfig(learning_rate=1e-3, grad_clip=1.0, zero_stage=2, train_timeout_s=120.0)
-FP64 = TrainerConfig(learning_rate=1e-3, grad_clip=1.0, zero_stage=0, dtype="float64", train_timeout_s=120.0)
+FP64 = TrainerConfig(
+    learning_rate=1e-3, grad_clip=1.0, zero_stage=0, dtype="float64", train_timeout_s=120.0
+)
 RL = RLConfig()
 
 
 def batch_of_three(version: int):
     """Three executions packed one per micro-batch (budget 12 tokens): one per cell."""
     e0 = [
-        make_call("e0", "c0", [5, 6, 7], [8, 9, 2], logprobs=[-6.9, -7.0, -6.8], versions=[version] * 3),
-        make_call("e0", "c1", [5, 6, 7, 8, 9, 2, 11, 12], [13, 2], parent="c0", logprobs=[-7.1, -6.7],
-                  versions=[version] * 2),
+        make_call(
+            "e0", "c0", [5, 6, 7], [8, 9, 2], logprobs=[-6.9, -7.0, -6.8], versions=[version] * 3
+        ),
+        make_call(
+            "e0",
+            "c1",
+            [5, 6, 7, 8, 9, 2, 11, 12],
+            [13, 2],
+            parent="c0",
+            logprobs=[-7.1, -6.7],
+            versions=[version] * 2,
+        ),
     ]
-    e1 = [make_call("e1", "d0", [5, 6, 20], [21, 22, 23, 2], logprobs=[-6.5, -7.2, -6.9, -7.0], versions=[version] * 4)]
-    e2 = [make_call("e2", "f0", [30, 31, 32, 33], [34, 35, 2], logprobs=[-6.6, -6.8, -7.3], versions=[version] * 3)]
-    items = [(t, select_trajectories(t, 4)) for t in (build_tree(e0), build_tree(e1), build_tree(e2))]
+    e1 = [
+        make_call(
+            "e1",
+            "d0",
+            [5, 6, 20],
+            [21, 22, 23, 2],
+            logprobs=[-6.5, -7.2, -6.9, -7.0],
+            versions=[version] * 4,
+        )
+    ]
+    e2 = [
+        make_call(
+            "e2",
+            "f0",
+            [30, 31, 32, 33],
+            [34, 35, 2],
+            logprobs=[-6.6, -6.8, -7.3],
+            versions=[version] * 3,
+        )
+    ]
+    items = [
+        (t, select_trajectories(t, 4)) for t in (build_tree(e0), build_tree(e1), build_tree(e2))
+    ]
     micro_batches = pack_batch(items, token_budget=12)
     assert [mb.execution_ids for mb in micro_batches] == [("e0",), ("e1",), ("e2",)]
     return micro_batches, {"e0": 1.0, "e1": -0.5, "e2": 0.25}
 
 
 def req(rid: str) -> GenerateRequest:
-    return GenerateRequest(request_id=rid, prompt_ids=[5, 6, 7], sampling=SamplingParams(max_tokens=4))
+    return GenerateRequest(
+        request_id=rid, prompt_ids=[5, 6, 7], sampling=SamplingParams(max_tokens=4)
+    )
 
 
 def snapshot_state(path) -> dict[str, torch.Tensor]:
@@ -79,7 +116,9 @@ def assert_close(reference, state, rel: float) -> None:
 async def distributed_steps(cells: list[CellClient], tmp_path, reference, steps: int = 2) -> None:
     """`steps` core + 2-satellite steps vs `reference.train_batch` on the whole batch."""
     core, satellites = cells[0], cells[1:]
-    v0 = reference.save_snapshot(tmp_path / "v0-root")  # the starting weights, as a core would publish
+    v0 = reference.save_snapshot(
+        tmp_path / "v0-root"
+    )  # the starting weights, as a core would publish
     assert await core.switch_role("train") >= 0
     for sat in satellites:
         await sat.switch_role("train", str(v0), reference.version)
@@ -103,12 +142,20 @@ async def distributed_steps(cells: list[CellClient], tmp_path, reference, steps:
         if reference.grad_dtype == torch.float32:
             assert result.grad_norm == pytest.approx(expected.grad_norm, rel=1e-5)
         snapshot = result.snapshot
-        assert_close(reference.model, snapshot_state(Path(snapshot)), 1e-9 if reference.grad_dtype == torch.float64 else 1e-5)
+        assert_close(
+            reference.model,
+            snapshot_state(Path(snapshot)),
+            1e-9 if reference.grad_dtype == torch.float64 else 1e-5,
+        )
     for sat in satellites:
         cs = await sat.cell_statistics()
         assert (cs.role, cs.has_gradients, cs.gradients_sent) == ("train", False, steps)
     cs = await core.cell_statistics()
-    assert (cs.trainer_version, cs.gradients_received, cs.steps_applied) == (reference.version, 2 * steps, steps)
+    assert (cs.trainer_version, cs.gradients_received, cs.steps_applied) == (
+        reference.version,
+        2 * steps,
+        steps,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +166,16 @@ def fp32_cells(tiny_model_dir, tmp_path_factory):
     store = host_group_store()
     logs = tmp_path_factory.mktemp("cells")
     processes = [
-        spawn_cell(tiny_model_dir, CONFIG, log_path=logs / f"cell-{r}.log", trainer_config=FP32, rl_config=RL,
-                   rank=r, world_size=3, group_store=f"127.0.0.1:{store.port}")
+        spawn_cell(
+            tiny_model_dir,
+            CONFIG,
+            log_path=logs / f"cell-{r}.log",
+            trainer_config=FP32,
+            rl_config=RL,
+            rank=r,
+            world_size=3,
+            group_store=f"127.0.0.1:{store.port}",
+        )
         for r in range(3)
     ]
     try:
@@ -141,6 +196,7 @@ def clients(urls, config=FP32) -> list[CellClient]:
 
 def run(fn, cells):
     """Enter the clients and run `fn(clients)` on a fresh event loop (asyncio)."""
+
     async def main():
         async with AsyncExitStack() as stack:
             entered = [await stack.enter_async_context(c) for c in cells]
@@ -149,7 +205,9 @@ def run(fn, cells):
     anyio.run(main)
 
 
-def test_core_and_two_satellites_equal_one_trainer_fp32(fp32_cells, tiny_model_dir, tmp_path) -> None:
+def test_core_and_two_satellites_equal_one_trainer_fp32(
+    fp32_cells, tiny_model_dir, tmp_path
+) -> None:
     from gyre.engines.trainer import DeepSpeedTrainer
 
     reference = DeepSpeedTrainer(tiny_model_dir, FP32, PolicyObjective(RL))
@@ -163,8 +221,9 @@ def test_core_and_two_satellites_equal_one_trainer_fp64(tiny_model_dir, tmp_path
     assert reference.grad_dtype == torch.float64
 
     async def main():
-        async with open_cells(3, tiny_model_dir, CONFIG, log_dir=tmp_path / "logs", trainer_config=FP64,
-                              rl_config=RL) as cells:
+        async with open_cells(
+            3, tiny_model_dir, CONFIG, log_dir=tmp_path / "logs", trainer_config=FP64, rl_config=RL
+        ) as cells:
             assert [c.rank for c in cells] == [0, 1, 2]
             await distributed_steps(cells, tmp_path, reference)
 
@@ -202,13 +261,17 @@ def test_switch_rollout_train_rollout(fp32_cells, tmp_path) -> None:
         assert len(c.token_ids) == 4
         cs = await sat.cell_statistics()
         assert cs.role == "rollout" and cs.last_switch_s == pytest.approx(to_rollout)
-        print(f"switch seconds (scripted + trainer): rollout->train {to_train:.4f}, train->rollout {to_rollout:.4f}")
+        print(
+            f"switch seconds (scripted + trainer): rollout->train {to_train:.4f}, train->rollout {to_rollout:.4f}"
+        )
 
     run(flow, clients(fp32_cells))
 
 
 def test_bad_input_gets_clear_errors_and_the_cell_keeps_serving(tiny_model_dir, tmp_path) -> None:
-    process = spawn_cell(tiny_model_dir, CONFIG, log_path=tmp_path / "c.log", trainer_config=FP32, rl_config=RL)
+    process = spawn_cell(
+        tiny_model_dir, CONFIG, log_path=tmp_path / "c.log", trainer_config=FP32, rl_config=RL
+    )
     try:
         url = wait_cell_ready(process, CONFIG.startup_timeout_s)
 
@@ -220,7 +283,9 @@ def test_bad_input_gets_clear_errors_and_the_cell_keeps_serving(tiny_model_dir, 
             micro_batches, advantages = batch_of_three(0)
             with pytest.raises(InvalidRequestError, match="no advantage"):
                 await cell.train(micro_batches, {"e0": 1.0, "e1": 1.0})
-            assert not (await cell.cell_statistics()).has_gradients  # the refused call added nothing
+            assert not (
+                await cell.cell_statistics()
+            ).has_gradients  # the refused call added nothing
             with pytest.raises(InvalidRequestError, match="no gradient group"):
                 await cell.send_gradients(0)
             with pytest.raises(InvalidRequestError, match="no \\*.safetensors"):
@@ -243,7 +308,9 @@ def test_packed_batches_cross_the_wire_exactly() -> None:
     from gyre.runtime.cell_wire import TrainRequest, decode, encode
 
     micro_batches, advantages = batch_of_three(3)
-    back = decode(encode(TrainRequest(micro_batches=micro_batches, advantages=advantages)), TrainRequest)
+    back = decode(
+        encode(TrainRequest(micro_batches=micro_batches, advantages=advantages)), TrainRequest
+    )
     assert back.advantages == advantages
     for a, b in zip(micro_batches, back.micro_batches):
         assert a.execution_ids == b.execution_ids
@@ -257,8 +324,9 @@ def test_receive_without_a_sender_times_out_with_a_clear_error(tiny_model_dir, t
     short = TrainerConfig(learning_rate=1e-3, zero_stage=0, train_timeout_s=20.0)
 
     async def main():
-        async with open_cells(2, tiny_model_dir, CONFIG, log_dir=tmp_path / "logs", trainer_config=short,
-                              rl_config=RL) as (core, sat):
+        async with open_cells(
+            2, tiny_model_dir, CONFIG, log_dir=tmp_path / "logs", trainer_config=short, rl_config=RL
+        ) as (core, sat):
             await core.switch_role("train")
             with pytest.raises(EngineTimeoutError, match="receive of gradients from rank 1"):
                 await core.receive_gradients(1)  # rank 1 never sends: bounded by train_timeout_s

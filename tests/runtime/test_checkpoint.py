@@ -12,8 +12,9 @@ from gyre.runtime.checkpoint import LoopState, check_run_dir, save_checkpoint
 
 
 def test_a_corrupt_checkpoint_state_is_a_run_dir_error_naming_the_file(tmp_path: Path) -> None:
-    save_checkpoint(tmp_path, LoopState(step=1, version=1, task_cursor=2),
-                    lambda folder: folder.mkdir(), keep=2)
+    save_checkpoint(
+        tmp_path, LoopState(step=1, version=1, task_cursor=2), lambda folder: folder.mkdir(), keep=2
+    )
     state, trainer = check_run_dir(tmp_path, resume=True)
     assert state == LoopState(step=1, version=1, task_cursor=2)
     assert trainer == tmp_path / "checkpoints" / "step-1" / "trainer"

@@ -36,21 +36,29 @@ STORM_STEPS = 4
 
 
 def config(run_dir: Path, policy: str, *, streaming: bool = True, steps: int = STEPS) -> object:
-    return config_from_dict({
-        "run_dir": str(run_dir),
-        "seed": 1,
-        "loop": {"steps": steps, "batch_executions": B, "group_size": G},
-        "scheduler": {"policy": policy, "capacity_per_cell": CAP, "streaming": streaming},
-        "tasks": {"suites": [str(REPO / "examples/tasks/learnable")],
-                  "harness": {"agent_command": ["python", str(AGENT)]}},
-        "router": {"no_cell_timeout_s": 60},
-    })
+    return config_from_dict(
+        {
+            "run_dir": str(run_dir),
+            "seed": 1,
+            "loop": {"steps": steps, "batch_executions": B, "group_size": G},
+            "scheduler": {"policy": policy, "capacity_per_cell": CAP, "streaming": streaming},
+            "tasks": {
+                "suites": [str(REPO / "examples/tasks/learnable")],
+                "harness": {"agent_command": ["python", str(AGENT)]},
+            },
+            "router": {"no_cell_timeout_s": 60},
+        }
+    )
 
 
 def make_cells(tok, n: int = CELLS) -> list[FakeTrainingCell]:
     exchange = Exchange()
     return [
-        FakeTrainingCell(i, ScriptedEngine(eos_token_id=tok.eos_token_id, vocab_size=len(tok), max_model_len=4096), exchange)
+        FakeTrainingCell(
+            i,
+            ScriptedEngine(eos_token_id=tok.eos_token_id, vocab_size=len(tok), max_model_len=4096),
+            exchange,
+        )
         for i in range(n)
     ]
 
@@ -58,7 +66,10 @@ def make_cells(tok, n: int = CELLS) -> list[FakeTrainingCell]:
 async def drive(cfg, fakes, *, processes=None):
     tok = build_tokenizer()
     tasks = load_suite(REPO / "examples/tasks/learnable")
-    cells = [CellHandle(name=f"cell-{i}", client=f, process=(processes or {}).get(i)) for i, f in enumerate(fakes)]
+    cells = [
+        CellHandle(name=f"cell-{i}", client=f, process=(processes or {}).get(i))
+        for i, f in enumerate(fakes)
+    ]
     return await run_cells(cfg, cells, tokenizer=tok, tasks=tasks, snapshot="model", launch="L")
 
 
@@ -162,7 +173,9 @@ async def test_a_cell_killed_mid_rollout_is_dropped_and_nothing_is_lost(tmp_path
         tg.cancel_scope.cancel()
     check_accounting(runtime, fakes, tmp_path / "run")
     assert not runtime.cells[2].alive
-    assert fakes[2].engine.statistics().requests_total == calls_at_kill["n"]  # nothing more went there
+    assert (
+        fakes[2].engine.statistics().requests_total == calls_at_kill["n"]
+    )  # nothing more went there
 
 
 class ChaosPolicy:
@@ -212,24 +225,51 @@ async def test_hundred_forced_switches_during_long_executions_lose_nothing(tmp_p
     tok = build_tokenizer()
     exchange = Exchange()
     fakes = [
-        FakeTrainingCell(i, ScriptedEngine(eos_token_id=tok.eos_token_id, vocab_size=len(tok), max_model_len=8192,
-                                           token_delay_s=0.03), exchange)
+        FakeTrainingCell(
+            i,
+            ScriptedEngine(
+                eos_token_id=tok.eos_token_id,
+                vocab_size=len(tok),
+                max_model_len=8192,
+                token_delay_s=0.03,
+            ),
+            exchange,
+        )
         for i in range(4)
     ]
-    settings = LongtailSettings(turns_median=10, turns_sigma=0.3, max_turns=20, tool_median_s=0.05, tool_sigma=0.1,
-                                tool_max_s=0.2, max_tokens=12)
-    cfg = config_from_dict({
-        "run_dir": str(tmp_path / "run"), "seed": 1,
-        "loop": {"steps": STORM_STEPS, "batch_executions": B, "group_size": G},
-        "scheduler": {"policy": "elastic", "capacity_per_cell": 4},
-        "tasks": {"suites": [str(REPO / "examples/tasks/longtail")],
-                  "harness": {"agent_command": list(longtail_command(settings))}},
-        "router": {"no_cell_timeout_s": 60},
-    })
+    settings = LongtailSettings(
+        turns_median=10,
+        turns_sigma=0.3,
+        max_turns=20,
+        tool_median_s=0.05,
+        tool_sigma=0.1,
+        tool_max_s=0.2,
+        max_tokens=12,
+    )
+    cfg = config_from_dict(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "seed": 1,
+            "loop": {"steps": STORM_STEPS, "batch_executions": B, "group_size": G},
+            "scheduler": {"policy": "elastic", "capacity_per_cell": 4},
+            "tasks": {
+                "suites": [str(REPO / "examples/tasks/longtail")],
+                "harness": {"agent_command": list(longtail_command(settings))},
+            },
+            "router": {"no_cell_timeout_s": 60},
+        }
+    )
     chaos = ChaosPolicy(budget=100, steps=STORM_STEPS)
     cells = [CellHandle(name=f"cell-{i}", client=f) for i, f in enumerate(fakes)]
-    runtime = await run_cells(cfg, cells, tokenizer=tok, tasks=load_suite(REPO / "examples/tasks/longtail"),
-                              snapshot="model", policy=chaos, launch="L")
+    runtime = await run_cells(
+        cfg,
+        cells,
+        tokenizer=tok,
+        tasks=load_suite(REPO / "examples/tasks/longtail"),
+        snapshot="model",
+        policy=chaos,
+        launch="L",
+    )
     assert chaos.forced == 100
     assert runtime.switches_done >= 100
     log = read_log(tmp_path / "run" / "calls.log")
@@ -238,7 +278,10 @@ async def test_hundred_forced_switches_during_long_executions_lose_nothing(tmp_p
     for ex in ended:
         eid = ex.outcome.execution_id
         planned = draw_plan(plan_seed(eid), settings).turns
-        assert ex.outcome.termination == "finished" and ex.outcome.score.score == 1.0, (eid, ex.outcome)
+        assert ex.outcome.termination == "finished" and ex.outcome.score.score == 1.0, (
+            eid,
+            ex.outcome,
+        )
         assert len(log.for_execution(eid)) == planned  # no call lost, none duplicated
         assert all(c.completion_ids for c in log.for_execution(eid))  # every response complete
     trained = Counter()

@@ -33,33 +33,54 @@ REPO = Path(__file__).resolve().parents[2]
 def test_two_real_cells_colocate_two_steps(tmp_path: Path, tiny_model_dir: Path) -> None:
     require_vllm()
     run_dir = tmp_path / "run"
-    config = config_from_dict({
-        "run_dir": str(run_dir), "seed": 1,
-        "model": {"path": str(tiny_model_dir), "init_if_missing": False},
-        "engine": {"max_model_len": 1024, "kv_cache_memory_bytes": 64 * 2**20},
-        "cells": {"num_cells": 2},
-        "scheduler": {"policy": "colocate", "capacity_per_cell": 2},
-        "loop": {"steps": 2, "batch_executions": 4, "group_size": 2},
-        "tasks": {"suites": [str(REPO / "examples/tasks/learnable")],
-                  "harness": {"agent_command": ["python", str(Path(__file__).with_name("coin_agent.py"))]}},
-        "trainer": {"learning_rate": 1e-3},
-        "warm_start": {"enabled": False},
-    })
+    config = config_from_dict(
+        {
+            "run_dir": str(run_dir),
+            "seed": 1,
+            "model": {"path": str(tiny_model_dir), "init_if_missing": False},
+            "engine": {"max_model_len": 1024, "kv_cache_memory_bytes": 64 * 2**20},
+            "cells": {"num_cells": 2},
+            "scheduler": {"policy": "colocate", "capacity_per_cell": 2},
+            "loop": {"steps": 2, "batch_executions": 4, "group_size": 2},
+            "tasks": {
+                "suites": [str(REPO / "examples/tasks/learnable")],
+                "harness": {
+                    "agent_command": ["python", str(Path(__file__).with_name("coin_agent.py"))]
+                },
+            },
+            "trainer": {"learning_rate": 1e-3},
+            "warm_start": {"enabled": False},
+        }
+    )
     train, _ = split_tasks(config)
 
     async def main():
-        async with open_cells(2, tiny_model_dir, config.engine, log_dir=run_dir / "cells",
-                              trainer_config=config.trainer, rl_config=config.rl) as clients:
+        async with open_cells(
+            2,
+            tiny_model_dir,
+            config.engine,
+            log_dir=run_dir / "cells",
+            trainer_config=config.trainer,
+            rl_config=config.rl,
+        ) as clients:
             cells = [CellHandle(name=f"cell-{i}", client=c) for i, c in enumerate(clients)]
-            runtime = await run_cells(config, cells, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir),
-                                      tasks=train, snapshot=str(tiny_model_dir), launch="L")
+            runtime = await run_cells(
+                config,
+                cells,
+                tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir),
+                tasks=train,
+                snapshot=str(tiny_model_dir),
+                launch="L",
+            )
             stats = [await c.cell_statistics() for c in clients]
             return runtime, stats
 
     runtime, stats = anyio.run(main, backend="trio")
     metrics = [r for r in read_metrics(run_dir) if isinstance(r, StepMetrics)]
     assert [(m.step, m.version, m.executions, m.failed, m.applied) for m in metrics] == [
-        (1, 1, 4, 0, True), (2, 2, 4, 0, True)]
+        (1, 1, 4, 0, True),
+        (2, 2, 4, 0, True),
+    ]
     assert all(m.pass_rate == 0.5 for m in metrics)  # the coin agent: odd slots solve their task
     assert all(m.policy_tokens > 0 and m.logprob_abs_diff_mean < 1e-4 for m in metrics)
     assert (run_dir / "snapshots" / "v2" / "model.safetensors").exists()

@@ -13,14 +13,38 @@ from gyre.runtime.progress import Progress
 
 def record(step: int, *, applied: bool = True, reward: float = 0.625) -> StepMetrics:
     return StepMetrics(
-        step=step, version=step, executions=16, pass_rate=0.5, mean_reward=reward, finished=14, partial=1, failed=1,
-        truncated=0, model_calls=40, policy_tokens=1234, packed_tokens=2000, dedup_ratio=1.75,
-        logprob_abs_diff_mean=2.5e-6, mean_ratio=1.0, applied=applied, rollout_s=30.25, train_s=10.0, sync_s=2.5,
+        step=step,
+        version=step,
+        executions=16,
+        pass_rate=0.5,
+        mean_reward=reward,
+        finished=14,
+        partial=1,
+        failed=1,
+        truncated=0,
+        model_calls=40,
+        policy_tokens=1234,
+        packed_tokens=2000,
+        dedup_ratio=1.75,
+        logprob_abs_diff_mean=2.5e-6,
+        mean_ratio=1.0,
+        applied=applied,
+        rollout_s=30.25,
+        train_s=10.0,
+        sync_s=2.5,
         step_s=43.0,
     )
 
 
-EVAL = EvalMetrics(step=0, version=0, split="heldout", executions=16, pass_rate=0.25, mean_reward=0.375, eval_s=12.0)
+EVAL = EvalMetrics(
+    step=0,
+    version=0,
+    split="heldout",
+    executions=16,
+    pass_rate=0.25,
+    mean_reward=0.375,
+    eval_s=12.0,
+)
 
 
 def test_plain_mode_prints_one_line_per_event() -> None:
@@ -48,14 +72,25 @@ def test_live_table_shows_latest_rows_and_heldout_header() -> None:
     progress.eval(EVAL)
     for k in range(1, 6):
         progress.step(record(k))
-    progress.eval(EvalMetrics(step=5, version=5, split="heldout", executions=16, pass_rate=0.5, mean_reward=0.5,
-                              eval_s=11.0))
+    progress.eval(
+        EvalMetrics(
+            step=5,
+            version=5,
+            split="heldout",
+            executions=16,
+            pass_rate=0.5,
+            mean_reward=0.5,
+            eval_s=11.0,
+        )
+    )
     progress.close()
     progress.close()  # idempotent
     text = out.getvalue()
     assert "held-out pass 25.0% (step 0) -> 50.0% (step 5)" in text
-    last_frame = text[text.rindex("gyre RL"):]
-    assert "5/20" in last_frame and "3/20" in last_frame and "2/20" not in last_frame  # 3 newest rows
+    last_frame = text[text.rindex("gyre RL") :]
+    assert (
+        "5/20" in last_frame and "3/20" in last_frame and "2/20" not in last_frame
+    )  # 3 newest rows
 
 
 def test_bad_arguments() -> None:

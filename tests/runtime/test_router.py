@@ -61,7 +61,9 @@ def prefix_rule(request: GenerateRequest, index: int, vocab_size: int) -> Script
 
 
 def scripted(version: int, delay_s: float = 0.001) -> ScriptedEngine:
-    return ScriptedEngine(rule=prefix_rule, vocab_size=VOCAB, token_delay_s=delay_s, weight_version=version)
+    return ScriptedEngine(
+        rule=prefix_rule, vocab_size=VOCAB, token_delay_s=delay_s, weight_version=version
+    )
 
 
 async def reference(request: GenerateRequest, vocab_size: int = VOCAB) -> list[Completion]:
@@ -70,13 +72,24 @@ async def reference(request: GenerateRequest, vocab_size: int = VOCAB) -> list[C
 
 
 def request(
-    rid: str, prompt: list[int], max_tokens: int, *, seed: int | None = None, stop: bool = False, n: int = 1
+    rid: str,
+    prompt: list[int],
+    max_tokens: int,
+    *,
+    seed: int | None = None,
+    stop: bool = False,
+    n: int = 1,
 ) -> GenerateRequest:
     return GenerateRequest(
         request_id=rid,
         prompt_ids=prompt,
-        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=seed, n=n,
-                                stop_token_ids=(STOP,) if stop else ()),
+        sampling=SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            seed=seed,
+            n=n,
+            stop_token_ids=(STOP,) if stop else (),
+        ),
     )
 
 
@@ -95,7 +108,9 @@ class Consumer:
         return [v for d in self.deltas if d.index == index for v in d.versions]
 
     def finish(self, index: int = 0) -> str | None:
-        return next((d.finish_reason for d in self.deltas if d.index == index and d.finish_reason), None)
+        return next(
+            (d.finish_reason for d in self.deltas if d.index == index and d.finish_reason), None
+        )
 
     async def run(self, engine: InferenceEngine, req: GenerateRequest) -> None:
         try:
@@ -253,7 +268,9 @@ async def test_router_is_an_engine_and_uninterrupted_requests_pass_through() -> 
     assert seen == [("x/1@0.0", [1, 2, 3], 20)]
 
 
-async def switch_storm(num_cells: int, num_switchers: int, switches_each: int, num_clients: int) -> RouterStatistics:
+async def switch_storm(
+    num_cells: int, num_switchers: int, switches_each: int, num_clients: int
+) -> RouterStatistics:
     """Clients keep long requests in flight while each switcher moves its own cells out of rollout
     (train), loads new weights into them and puts them back, `switches_each` times; returns the
     router's statistics after checking that nothing was lost or duplicated."""
@@ -276,8 +293,11 @@ async def switch_storm(num_cells: int, num_switchers: int, switches_each: int, n
         i = 0
         while not stop_clients.is_set():
             req = request(
-                f"exec{k}/call{i}", [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))],
-                rng.randint(40, 160), seed=rng.randrange(1000), stop=rng.random() < 0.5,
+                f"exec{k}/call{i}",
+                [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))],
+                rng.randint(40, 160),
+                seed=rng.randrange(1000),
+                stop=rng.random() < 0.5,
             )
             results[req.request_id] = (req, await collect(router.engine_for(f"exec{k}"), req))
             i += 1
@@ -334,13 +354,17 @@ async def switch_storm(num_cells: int, num_switchers: int, switches_each: int, n
         rid, _, attempt = r.request_id.rpartition("@")
         attempt_no = int(attempt.split(".")[1])
         req, got = results[rid]
-        carried = r.prompt_ids[len(req.prompt_ids):]
+        carried = r.prompt_ids[len(req.prompt_ids) :]
         assert r.prompt_ids[: len(req.prompt_ids)] == req.prompt_ids
         assert carried == got[0].token_ids[: len(carried)]
         assert r.sampling.max_tokens == req.sampling.max_tokens - len(carried)
-        want_seed = req.sampling.seed if attempt_no == 0 else choice_seed(req.sampling.seed, attempt_no)
+        want_seed = (
+            req.sampling.seed if attempt_no == 0 else choice_seed(req.sampling.seed, attempt_no)
+        )
         assert r.sampling.seed == want_seed
-    assert stats.tokens_recomputed == sum(len(r.prompt_ids) for r in seen if not r.request_id.endswith("@0.0"))
+    assert stats.tokens_recomputed == sum(
+        len(r.prompt_ids) for r in seen if not r.request_id.endswith("@0.0")
+    )
     print(
         f"\nrouter: {len(results)} requests, {stats.requests_redirected} redirects, redirect latency "
         f"mean {stats.redirect_latency_s_mean * 1e3:.2f} ms max {stats.redirect_latency_s_max * 1e3:.2f} ms"
@@ -360,7 +384,11 @@ async def test_overlapping_switches_leave_no_rollout_cell_at_times_and_lose_noth
 
 async def test_redirected_tokens_carry_the_versions_that_sampled_them() -> None:
     """B11: 2 tokens at v2, drained, 2 at v4, drained, the rest at v6, finish `length`."""
-    cells = {"v2": scripted(2, 0.01), "v4": scripted(4, 0.01), "v6": scripted(6, 0.01)}  # 10 ms a token
+    cells = {
+        "v2": scripted(2, 0.01),
+        "v4": scripted(4, 0.01),
+        "v6": scripted(6, 0.01),
+    }  # 10 ms a token
     async with Router(cells, roles={"v4": "train", "v6": "train"}) as router:
         consumer = Consumer()
         req = request("e/1", [9, 9], 100)
@@ -393,7 +421,12 @@ async def test_affinity_keeps_an_execution_on_its_cell_and_spreads_new_ones() ->
             tg.start_soon(collect, e2, request("e2/1", [2], 10))
         for i in range(2, 5):  # later calls stay on their cell even when the other is idle
             await collect(e1, request(f"e1/{i}", [1], 5))
-        assert [r.request_id for r in a.requests_seen] == ["e1/1@0.0", "e1/2@0.0", "e1/3@0.0", "e1/4@0.0"]
+        assert [r.request_id for r in a.requests_seen] == [
+            "e1/1@0.0",
+            "e1/2@0.0",
+            "e1/3@0.0",
+            "e1/4@0.0",
+        ]
         assert [r.request_id for r in b.requests_seen] == ["e2/1@0.0"]
         assert [c.executions for c in router.statistics().cells] == [1, 1]
         await router.set_role("a", "train")  # e1 moves to b, and stays there when a comes back
@@ -455,7 +488,11 @@ async def test_a_timed_out_attempt_is_aborted_on_its_cell_before_the_retry() -> 
         got = (await collect(router, req))[0]
         stats = router.statistics()
     assert got.token_ids == (await reference(req))[0].token_ids and got.versions == [2] * 8
-    assert log == [("a", "generate", "e/1@0.0"), ("a", "abort", "e/1@0.0"), ("b", "generate", "e/1@0.1")]
+    assert log == [
+        ("a", "generate", "e/1@0.0"),
+        ("a", "abort", "e/1@0.0"),
+        ("b", "generate", "e/1@0.1"),
+    ]
     assert stalled.inner.statistics().requests_aborted == 1
     assert (stats.requests_retried, stats.requests_redirected, stats.cells_down) == (1, 0, 0)
     assert stats.aborts_failed == 0
@@ -582,7 +619,9 @@ async def test_closing_the_router_aborts_what_runs_and_tells_the_callers() -> No
             tg.start_soon(consumer.run, router, request("e/1", [1], 500))
             await consumer.wait_tokens(3)
         await consumer.finished.wait()
-    assert isinstance(consumer.error, EngineUnavailableError) and "router closed" in str(consumer.error)
+    assert isinstance(consumer.error, EngineUnavailableError) and "router closed" in str(
+        consumer.error
+    )
     assert a.statistics().running_requests == 0  # the attempt ended on the cell
     with pytest.raises(EngineUnavailableError, match="not open"):
         await collect(router, request("e/2", [1], 5))
@@ -608,8 +647,12 @@ async def test_requests_wait_for_a_rollout_cell_then_fail_clearly() -> None:
             await anyio.sleep(0.02)
             await router.set_role("a", "rollout")  # it comes back: the request continues
         assert consumer.error is None and consumer.tokens() == (await reference(req))[0].token_ids
-    async with Router({"a": a}, roles={"a": "train"}, config=RouterConfig(no_cell_timeout_s=0.05)) as router:
-        with pytest.raises(EngineUnavailableError, match=r"no rollout cell in service .*'a': 'train'"):
+    async with Router(
+        {"a": a}, roles={"a": "train"}, config=RouterConfig(no_cell_timeout_s=0.05)
+    ) as router:
+        with pytest.raises(
+            EngineUnavailableError, match=r"no rollout cell in service .*'a': 'train'"
+        ):
             await collect(router, request("e/2", [2, 2], 30))
 
 
@@ -696,7 +739,9 @@ def test_router_config_is_validated() -> None:
 
 
 async def test_recompute_continuation_counts_the_prefill() -> None:
-    plan = await RecomputeContinuation().prepare(request("e/1@0.1", [1, 2, 3, 4], 8), source=None, target=scripted(1))
+    plan = await RecomputeContinuation().prepare(
+        request("e/1@0.1", [1, 2, 3, 4], 8), source=None, target=scripted(1)
+    )
     assert plan.tokens_recomputed == 4 and plan.request.prompt_ids == [1, 2, 3, 4]
 
 
@@ -748,9 +793,16 @@ async def test_the_proxy_records_one_call_across_a_redirect() -> None:
         for name, v in (("a", 1), ("b", 2))
     }
     async with Router(cells) as router:
-        proxy = TitoProxy(tokenizer=build_tokenizer(), engine_for=router.engine_for, config=ProxyConfig())
+        proxy = TitoProxy(
+            tokenizer=build_tokenizer(), engine_for=router.engine_for, config=ProxyConfig()
+        )
         key = proxy.mint_key("ex1")
-        body = {"model": "gyre", "messages": [{"role": "user", "content": "go"}], "max_tokens": 200, "stream": True}
+        body = {
+            "model": "gyre",
+            "messages": [{"role": "user", "content": "go"}],
+            "max_tokens": 200,
+            "stream": True,
+        }
         chunks: list[str] = []
         async with anyio.create_task_group() as tg:
             port = await tg.start(proxy.serve)
@@ -758,7 +810,9 @@ async def test_the_proxy_records_one_call_across_a_redirect() -> None:
 
                 async def agent() -> None:
                     headers = {"Authorization": f"Bearer {key}"}
-                    async with http.stream("POST", "/chat/completions", json=body, headers=headers) as r:
+                    async with http.stream(
+                        "POST", "/chat/completions", json=body, headers=headers
+                    ) as r:
                         assert r.status_code == 200
                         async for line in r.aiter_lines():
                             chunks.append(line)
@@ -770,14 +824,18 @@ async def test_the_proxy_records_one_call_across_a_redirect() -> None:
             tg.cancel_scope.cancel()
         stats = router.statistics()
     [call] = proxy.calls("ex1")
-    same = GenerateRequest(request_id="r", prompt_ids=call.prompt_ids, sampling=SamplingParams(max_tokens=200))
+    same = GenerateRequest(
+        request_id="r", prompt_ids=call.prompt_ids, sampling=SamplingParams(max_tokens=200)
+    )
     want = (await reference(same, vocab_size=1024))[0]
     assert call.completion_ids == want.token_ids and call.logprobs == want.logprobs
     assert call.finish_reason == "length" and [c for c in chunks if c][-1] == "data: [DONE]"
     k = call.versions.count(1)
     assert 10 <= k < 200 and call.versions == [1] * k + [2] * (200 - k)
     assert stats.requests_redirected == 1
-    assert [r.request_id for r in cells["b"].requests_seen] == [f"{call.execution_id}/{call.call_id}@0.1"]
+    assert [r.request_id for r in cells["b"].requests_seen] == [
+        f"{call.execution_id}/{call.call_id}@0.1"
+    ]
 
 
 # -- real vLLM cells -------------------------------------------------------------------------
@@ -794,7 +852,9 @@ def second_vllm_cell(vllm_cell, tiny_model_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
-async def test_vllm_greedy_redirect_equals_an_uninterrupted_run(vllm_cell, second_vllm_cell) -> None:
+async def test_vllm_greedy_redirect_equals_an_uninterrupted_run(
+    vllm_cell, second_vllm_cell
+) -> None:
     from gyre.runtime.cell_client import CellClient
 
     sampling = SamplingParams(max_tokens=400, temperature=0.0)
@@ -803,9 +863,15 @@ async def test_vllm_greedy_redirect_equals_an_uninterrupted_run(vllm_cell, secon
         CellClient(vllm_cell.url, vllm_cell.config) as a,
         CellClient(second_vllm_cell.url, second_vllm_cell.config) as b,
     ):
-        want = (await collect(a, GenerateRequest(request_id="direct", prompt_ids=prompt, sampling=sampling)))[0]
+        want = (
+            await collect(
+                a, GenerateRequest(request_id="direct", prompt_ids=prompt, sampling=sampling)
+            )
+        )[0]
         # the first request asking for logprobs costs ~1.5 s once per engine: not part of the redirect
-        await collect(b, GenerateRequest(request_id="warm-up", prompt_ids=[1, 2], sampling=sampling))
+        await collect(
+            b, GenerateRequest(request_id="warm-up", prompt_ids=[1, 2], sampling=sampling)
+        )
         async with Router({"a": a, "b": b}) as router:
             consumer = Consumer()
             async with anyio.create_task_group() as tg:
@@ -817,21 +883,32 @@ async def test_vllm_greedy_redirect_equals_an_uninterrupted_run(vllm_cell, secon
             stats = router.statistics()
     assert consumer.error is None
     if stats.requests_redirected == 0 and consumer.tokens() == want.token_ids:  # seen once in CI
-        pytest.skip("the request finished before the switch landed (stream delivered late); tokens were checked")
-    assert stats.requests_redirected == 1, "the request finished before the switch; raise max_tokens"
-    assert [(c.name, c.role, c.executions) for c in stats.cells] == [("a", "train", 0), ("b", "rollout", 1)]
+        pytest.skip(
+            "the request finished before the switch landed (stream delivered late); tokens were checked"
+        )
+    assert stats.requests_redirected == 1, (
+        "the request finished before the switch; raise max_tokens"
+    )
+    assert [(c.name, c.role, c.executions) for c in stats.cells] == [
+        ("a", "train", 0),
+        ("b", "rollout", 1),
+    ]
     lps = [lp for d in consumer.deltas for lp in d.logprobs]
     assert consumer.tokens() == want.token_ids  # token for token
     assert max(abs(x - y) for x, y in zip(lps, want.logprobs, strict=True)) <= 1e-5
     assert consumer.finish() == want.finish_reason == "length"
     carried = stats.tokens_recomputed - len(prompt)
     assert 8 <= carried < 400
-    print(f"\nvLLM redirect after {carried} tokens: first token on the new cell "
-          f"{stats.redirect_latency_s_max * 1e3:.1f} ms after the abort")
+    print(
+        f"\nvLLM redirect after {carried} tokens: first token on the new cell "
+        f"{stats.redirect_latency_s_max * 1e3:.1f} ms after the abort"
+    )
 
 
 @pytest.mark.slow
-async def test_vllm_cell_killed_mid_request_continues_on_another_cell(vllm_cell, tiny_model_dir, tmp_path) -> None:
+async def test_vllm_cell_killed_mid_request_continues_on_another_cell(
+    vllm_cell, tiny_model_dir, tmp_path
+) -> None:
     """kill -9 of a cell process mid-generation: the request continues on the other cell, token for
     token as an uninterrupted greedy run; the dead cell is marked down."""
     import psutil
@@ -839,7 +916,9 @@ async def test_vllm_cell_killed_mid_request_continues_on_another_cell(vllm_cell,
     from gyre.runtime.cell_client import CellClient
     from tests.conftest import start_vllm_cell
 
-    process, doomed = await anyio.to_thread.run_sync(start_vllm_cell, tiny_model_dir, tmp_path / "doomed.log")
+    process, doomed = await anyio.to_thread.run_sync(
+        start_vllm_cell, tiny_model_dir, tmp_path / "doomed.log"
+    )
     engine_processes: list[psutil.Process] = []
     # long enough that the stream is still running when the kill lands (400 tokens once arrived in one late burst)
     sampling = SamplingParams(max_tokens=1500, temperature=0.0)
@@ -849,8 +928,14 @@ async def test_vllm_cell_killed_mid_request_continues_on_another_cell(vllm_cell,
             CellClient(doomed.url, doomed.config) as d,
             CellClient(vllm_cell.url, vllm_cell.config) as a,
         ):
-            want = (await collect(a, GenerateRequest(request_id="direct-2", prompt_ids=prompt, sampling=sampling)))[0]
-            async with Router({"doomed": d, "a": a}) as router:  # a new execution goes to the first cell
+            want = (
+                await collect(
+                    a, GenerateRequest(request_id="direct-2", prompt_ids=prompt, sampling=sampling)
+                )
+            )[0]
+            async with Router(
+                {"doomed": d, "a": a}
+            ) as router:  # a new execution goes to the first cell
                 consumer = Consumer()
                 async with anyio.create_task_group() as tg:
                     routed = GenerateRequest(request_id="k/1", prompt_ids=prompt, sampling=sampling)
@@ -868,7 +953,11 @@ async def test_vllm_cell_killed_mid_request_continues_on_another_cell(vllm_cell,
     lps = [lp for d in consumer.deltas for lp in d.logprobs]
     assert consumer.tokens() == want.token_ids
     assert max(abs(x - y) for x, y in zip(lps, want.logprobs, strict=True)) <= 1e-5
-    if stats.requests_redirected == 0:  # seen in CI: every token was in the socket before the kill landed
-        pytest.skip("the request finished before the kill landed (stream delivered late); tokens were checked")
+    if (
+        stats.requests_redirected == 0
+    ):  # seen in CI: every token was in the socket before the kill landed
+        pytest.skip(
+            "the request finished before the kill landed (stream delivered late); tokens were checked"
+        )
     assert stats.requests_redirected == 1 and stats.cells_down == 1
     assert stats.cells[0].down is not None and stats.cells[1].down is None

@@ -64,8 +64,10 @@ def test_file_round_trip(tmp_path: Path) -> None:
     assert t.water_level == (3, 3, 1, 0)
     assert t.rollout_capacity == (4, 2, 2, 2)
     assert t.roles == (
-        RoleChange(0.0, 0, "rollout"), RoleChange(0.0, 1, "rollout"),
-        RoleChange(4.0, 0, "switching"), RoleChange(5.0, 0, "train"),
+        RoleChange(0.0, 0, "rollout"),
+        RoleChange(0.0, 1, "rollout"),
+        RoleChange(4.0, 0, "switching"),
+        RoleChange(5.0, 0, "train"),
     )
     assert t.num_cells == 2
 
@@ -73,7 +75,9 @@ def test_file_round_trip(tmp_path: Path) -> None:
 def test_reader_sees_flushed_records_and_ignores_a_torn_last_line(tmp_path: Path) -> None:
     w = TimelineWriter(tmp_path)
     w.interval(0, 0.0, 1.0, "rollout")
-    assert read_timeline(tmp_path).intervals == (Interval(0, 0.0, 1.0, "rollout"),)  # writer still open
+    assert read_timeline(tmp_path).intervals == (
+        Interval(0, 0.0, 1.0, "rollout"),
+    )  # writer still open
     w.close()
     path = tmp_path / TIMELINE_FILE
     with open(path, "ab") as f:
@@ -81,7 +85,10 @@ def test_reader_sees_flushed_records_and_ignores_a_torn_last_line(tmp_path: Path
     assert read_timeline(tmp_path).intervals == (Interval(0, 0.0, 1.0, "rollout"),)
     with TimelineWriter(tmp_path) as w2:  # a resumed run: the torn fragment is cut off first
         w2.interval(1, 2.0, 3.0, "train", step=4)
-    assert read_timeline(tmp_path).intervals == (Interval(0, 0.0, 1.0, "rollout"), Interval(1, 2.0, 3.0, "train", 4))
+    assert read_timeline(tmp_path).intervals == (
+        Interval(0, 0.0, 1.0, "rollout"),
+        Interval(1, 2.0, 3.0, "train", 4),
+    )
     assert path.read_bytes().count(b"\n") == 2
 
 
@@ -131,7 +138,9 @@ def test_utilisation_by_hand(tmp_path: Path) -> None:
     # a window inside step 1: [4.5, 8.5]; cell 0 busy 5-8.5 = 3.5, cell 1 rollout 4.5-8.5 = 4
     w = utilisation(t, 2, 4.5, 8.5)
     assert w.busy_cell_s == pytest.approx(7.5) and w.busy == pytest.approx(7.5 / 8.0)
-    assert w.cell_s_by_kind == pytest.approx({"rollout": 4.0, "switch": 0.5, "train": 3.0, "step": 0.5, "load": 0.5})
+    assert w.cell_s_by_kind == pytest.approx(
+        {"rollout": 4.0, "switch": 0.5, "train": 3.0, "step": 0.5, "load": 0.5}
+    )
     # level 3*1.5 + 1*2.5 = 7; capacity 2*4 = 8
     assert w.slot_fill == pytest.approx(7.0 / 8.0)
 
@@ -146,7 +155,9 @@ def test_utilisation_per_step_by_hand(tmp_path: Path) -> None:
     assert (s2.step, s2.utilisation.start_s, s2.utilisation.end_s) == (2, 10.0, 14.0)
     assert s2.utilisation.busy == pytest.approx(5.0 / 8.0)  # cell 0: 2 + 2, cell 1: rollout 10-11
     assert s2.utilisation.slot_fill == pytest.approx(1.0 / 8.0)
-    assert s2.utilisation.cell_s_by_kind == pytest.approx({"rollout": 1.0, "train": 2.0, "step": 2.0, "idle": 3.0})
+    assert s2.utilisation.cell_s_by_kind == pytest.approx(
+        {"rollout": 1.0, "train": 2.0, "step": 2.0, "idle": 3.0}
+    )
 
 
 def test_untagged_steps_are_numbered_by_position(tmp_path: Path) -> None:
@@ -157,7 +168,12 @@ def test_untagged_steps_are_numbered_by_position(tmp_path: Path) -> None:
 
 
 def test_utilisation_rejects_bad_windows() -> None:
-    t = Timeline(intervals=(Interval(3, 0.0, 1.0, "train"),), water_t_s=(), water_level=(), rollout_capacity=())
+    t = Timeline(
+        intervals=(Interval(3, 0.0, 1.0, "train"),),
+        water_t_s=(),
+        water_level=(),
+        rollout_capacity=(),
+    )
     with pytest.raises(ValueError, match="cell 3 but num_cells=2"):
         utilisation(t, 2, 0.0, 1.0)
     with pytest.raises(ValueError, match="num_cells=0"):

@@ -14,7 +14,9 @@ def test_publish_moves_version_and_snapshot_together() -> None:
     weights.publish(4, "snapshots/v4")
     assert (weights.version, weights.snapshot) == (4, "snapshots/v4")
     assert weights.is_stale(3) and not weights.is_stale(4)
-    assert weights.statistics() == WeightVersionStatistics(version=4, snapshot="snapshots/v4", published=1)
+    assert weights.statistics() == WeightVersionStatistics(
+        version=4, snapshot="snapshots/v4", published=1
+    )
 
 
 def test_the_simulator_form_has_no_folder() -> None:

@@ -18,8 +18,10 @@ from gyre.sandbox import Limits, Mounts, Relay, network_namespace_problem, run_s
 
 pytestmark = [
     pytest.mark.anyio,
-    pytest.mark.skipif(network_namespace_problem() is not None,
-                       reason=f"no network namespace: {network_namespace_problem()}"),
+    pytest.mark.skipif(
+        network_namespace_problem() is not None,
+        reason=f"no network namespace: {network_namespace_problem()}",
+    ),
 ]
 
 # Sends 3 MiB through the relay, half-closes, reads the echo server's digest; tries the other port.
@@ -74,13 +76,22 @@ async def test_a_relayed_command_reaches_its_target_and_nothing_else(tmp_path: P
     async def run(script: str, relay: Relay, *args: int) -> str:
         with open(out_path, "wb") as out:
             result = await run_supervised(
-                [sys.executable, "-I", "-c", script, *map(str, args)], cwd="/", env={},
-                limits=Limits(), deadline_s=60, stdout=out, stderr=out, relay=relay)
+                [sys.executable, "-I", "-c", script, *map(str, args)],
+                cwd="/",
+                env={},
+                limits=Limits(),
+                deadline_s=60,
+                stdout=out,
+                stderr=out,
+                relay=relay,
+            )
         assert result.exit_code == 0, out_path.read_text()
         return out_path.read_text()
 
-    with socket.create_server(("127.0.0.1", 0)) as target, \
-            socket.create_server(("127.0.0.1", 0)) as other:
+    with (
+        socket.create_server(("127.0.0.1", 0)) as target,
+        socket.create_server(("127.0.0.1", 0)) as other,
+    ):
         threading.Thread(target=_digest_server, args=(target,), daemon=True).start()
         port, other_port = target.getsockname()[1], other.getsockname()[1]
         relay = Relay(listen=(("127.0.0.1", port),), target=("127.0.0.1", port))
@@ -119,8 +130,15 @@ async def test_concurrent_connections_through_one_relay(tmp_path: Path) -> None:
         relay = Relay(listen=(("127.0.0.1", port),), target=("127.0.0.1", port))
         with open(tmp_path / "out", "wb") as out:
             result = await run_supervised(
-                [sys.executable, "-I", "-c", MANY, str(port)], cwd="/", env={}, limits=Limits(),
-                deadline_s=120, stdout=out, stderr=out, relay=relay)
+                [sys.executable, "-I", "-c", MANY, str(port)],
+                cwd="/",
+                env={},
+                limits=Limits(),
+                deadline_s=120,
+                stdout=out,
+                stderr=out,
+                relay=relay,
+            )
     assert result.exit_code == 0, (tmp_path / "out").read_text()
     assert (tmp_path / "out").read_text().split() == ["32"]
 
@@ -128,8 +146,17 @@ async def test_concurrent_connections_through_one_relay(tmp_path: Path) -> None:
 async def test_a_relay_needs_a_network() -> None:
     relay = Relay(listen=(("127.0.0.1", 80),), target=("127.0.0.1", 80))
     with pytest.raises(ValueError, match="relay: the command has no network"):
-        await run_supervised(["true"], cwd="/", env={}, limits=Limits(), deadline_s=5,
-                             stdout=-3, stderr=-3, mounts=Mounts(network=False), relay=relay)
+        await run_supervised(
+            ["true"],
+            cwd="/",
+            env={},
+            limits=Limits(),
+            deadline_s=5,
+            stdout=-3,
+            stderr=-3,
+            mounts=Mounts(network=False),
+            relay=relay,
+        )
 
 
 # Run as an unprivileged user: serves a target, runs CLIENT behind a Relay to it, prints
@@ -166,8 +193,9 @@ async def test_without_root_a_user_namespace_seals_the_same_way() -> None:
     import tempfile
 
     python = "/usr/bin/python3"  # the venv's may lie under a folder only root may enter
-    version = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"],
-                             capture_output=True, text=True).stdout.strip()
+    version = subprocess.run(
+        [python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True
+    ).stdout.strip()
     if os.geteuid() != 0 or version != str(sys.version_info[:2]):
         pytest.skip(f"needs root to become another user and {python} at {sys.version_info[:2]}")
     site = next(p for p in sys.path if p.endswith("site-packages"))
@@ -178,10 +206,23 @@ async def test_without_root_a_user_namespace_seals_the_same_way() -> None:
         out = folder / "out"
         with socket.create_server(("127.0.0.1", 0)) as other:
             done = subprocess.run(
-                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c",
-                 AS_NOBODY, str(other.getsockname()[1]), str(out)],
-                cwd="/", env={"PYTHONPATH": f"{repo}:{site}", "PATH": "/usr/bin:/bin"},
-                capture_output=True, text=True, timeout=120)
+                [
+                    "setpriv",
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    python,
+                    "-c",
+                    AS_NOBODY,
+                    str(other.getsockname()[1]),
+                    str(out),
+                ],
+                cwd="/",
+                env={"PYTHONPATH": f"{repo}:{site}", "PATH": "/usr/bin:/bin"},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
         if "CLONE_NEWUSER" in done.stderr:
             pytest.skip(f"no unprivileged user namespaces here: {done.stderr[-300:]}")
         assert done.returncode == 0, done.stderr

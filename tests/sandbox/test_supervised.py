@@ -67,8 +67,14 @@ async def test_deadline_kills_a_tree_that_ignores_sigterm(tmp_path: Path) -> Non
     pidfile = tmp_path / "pids"
     with open(tmp_path / "out", "wb") as out:
         result = await run_supervised(
-            [sys.executable, str(tmp_path / "evil.py"), str(pidfile)], cwd=tmp_path, env=dict(os.environ),
-            limits=Limits(), deadline_s=DEADLINE_S, stdout=out, stderr=out, kill_grace_s=0.5,
+            [sys.executable, str(tmp_path / "evil.py"), str(pidfile)],
+            cwd=tmp_path,
+            env=dict(os.environ),
+            limits=Limits(),
+            deadline_s=DEADLINE_S,
+            stdout=out,
+            stderr=out,
+            kill_grace_s=0.5,
         )
     pids = [int(p) for p in pidfile.read_text().split()]
     assert len(pids) >= 3  # agent, its child, the setsid grandchild
@@ -90,8 +96,15 @@ async def test_stop_event_and_cancellation_end_the_tree(tmp_path: Path) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(stop_when_started)
         result = await run_supervised(
-            [sys.executable, str(tmp_path / "evil.py"), str(pidfile)], cwd=tmp_path, env=dict(os.environ),
-            limits=Limits(), deadline_s=60, stdout=-3, stderr=-3, kill_grace_s=0.2, stop=stop,
+            [sys.executable, str(tmp_path / "evil.py"), str(pidfile)],
+            cwd=tmp_path,
+            env=dict(os.environ),
+            limits=Limits(),
+            deadline_s=60,
+            stdout=-3,
+            stderr=-3,
+            kill_grace_s=0.2,
+            stop=stop,
         )
     assert result.ended == "stopped"
     assert [p for p in map(int, pidfile.read_text().split()) if alive(p)] == []
@@ -105,8 +118,14 @@ async def test_stop_event_and_cancellation_end_the_tree(tmp_path: Path) -> None:
 
         tg.start_soon(cancel_when_started)
         await run_supervised(
-            [sys.executable, str(tmp_path / "evil.py"), str(pidfile2)], cwd=tmp_path, env=dict(os.environ),
-            limits=Limits(), deadline_s=60, stdout=-3, stderr=-3, kill_grace_s=0.2,
+            [sys.executable, str(tmp_path / "evil.py"), str(pidfile2)],
+            cwd=tmp_path,
+            env=dict(os.environ),
+            limits=Limits(),
+            deadline_s=60,
+            stdout=-3,
+            stderr=-3,
+            kill_grace_s=0.2,
         )
     assert [p for p in map(int, pidfile2.read_text().split()) if alive(p)] == []
 
@@ -115,8 +134,13 @@ async def test_exit_code_and_leftovers_of_a_finished_command(tmp_path: Path) -> 
     pidfile = tmp_path / "pid"
     script = f"import subprocess, sys; p = subprocess.Popen(['sleep', '600']); open({str(pidfile)!r}, 'w').write(str(p.pid)); sys.exit(7)"
     result = await run_supervised(
-        [sys.executable, "-c", script], cwd=tmp_path, env=dict(os.environ), limits=Limits(),
-        deadline_s=30, stdout=-3, stderr=-3,
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=dict(os.environ),
+        limits=Limits(),
+        deadline_s=30,
+        stdout=-3,
+        stderr=-3,
     )
     assert (result.ended, result.exit_code) == ("exited", 7)
     assert not alive(int(pidfile.read_text()))
@@ -125,8 +149,13 @@ async def test_exit_code_and_leftovers_of_a_finished_command(tmp_path: Path) -> 
 async def test_missing_command_exits_127(tmp_path: Path) -> None:
     with open(tmp_path / "err", "wb") as err:
         result = await run_supervised(
-            ["/nonexistent/agent"], cwd=tmp_path, env=dict(os.environ), limits=Limits(),
-            deadline_s=30, stdout=-3, stderr=err,
+            ["/nonexistent/agent"],
+            cwd=tmp_path,
+            env=dict(os.environ),
+            limits=Limits(),
+            deadline_s=30,
+            stdout=-3,
+            stderr=err,
         )
     assert (result.ended, result.exit_code) == ("exited", 127)
     assert "cannot run '/nonexistent/agent'" in (tmp_path / "err").read_text()
@@ -145,8 +174,13 @@ async def test_missing_command_exits_127(tmp_path: Path) -> None:
 )
 async def test_resource_limits(tmp_path: Path, limits: Limits, script: str, expected: int) -> None:
     result = await run_supervised(
-        [sys.executable, "-c", script], cwd=tmp_path, env=dict(os.environ), limits=limits,
-        deadline_s=60, stdout=-3, stderr=-3,
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=dict(os.environ),
+        limits=limits,
+        deadline_s=60,
+        stdout=-3,
+        stderr=-3,
     )
     assert (result.ended, result.exit_code) == ("exited", expected)
     if limits.file_size_bytes:
@@ -161,8 +195,13 @@ async def test_process_limit(tmp_path: Path) -> None:
         f"open({str(tmp_path / 'n')!r}, 'w').write(str(n))\n"
     )
     result = await run_supervised(
-        [sys.executable, "-c", script], cwd=tmp_path, env=dict(os.environ),
-        limits=Limits(max_processes=20), deadline_s=60, stdout=-3, stderr=-3,
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=dict(os.environ),
+        limits=Limits(max_processes=20),
+        deadline_s=60,
+        stdout=-3,
+        stderr=-3,
     )
     assert result.ended == "exited"
     assert 0 < int((tmp_path / "n").read_text()) < 200

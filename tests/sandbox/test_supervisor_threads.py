@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import anyio
 import pytest
 
 from gyre.sandbox import Limits, run_supervised
@@ -22,8 +21,12 @@ def anyio_backend() -> str:
 async def test_agent_survives_its_spawning_thread_exiting(tmp_path) -> None:
     result = await run_supervised(
         [sys.executable, "-c", "import time; time.sleep(13); print('done')"],
-        cwd=tmp_path, env={}, limits=Limits(), deadline_s=60,
-        stdout=open(tmp_path / "out", "wb"), stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env={},
+        limits=Limits(),
+        deadline_s=60,
+        stdout=open(tmp_path / "out", "wb"),
+        stderr=subprocess.DEVNULL,
     )
     assert (result.ended, result.exit_code) == ("exited", 0)
     assert (tmp_path / "out").read_text().strip() == "done"

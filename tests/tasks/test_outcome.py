@@ -21,7 +21,9 @@ def test_outcome_invariants() -> None:
     score = Score(passed=1, total=4, score=0.25, all_passed=False)
     o = Outcome(execution_id="e", task_id="s/t", termination="timeout", score=score)
     assert o.stopped and not o.failed and o.reward == 0.25
-    f = Outcome(execution_id="e", task_id="s/t", termination="failed", failure_reason="verifier crashed")
+    f = Outcome(
+        execution_id="e", task_id="s/t", termination="failed", failure_reason="verifier crashed"
+    )
     assert f.failed and f.reward is None
     with pytest.raises(ValueError, match="a reason is required exactly for failed"):
         Outcome(execution_id="e", task_id="s/t", termination="failed")
@@ -39,25 +41,56 @@ def anyio_backend() -> str:
 
 @pytest.mark.slow
 @pytest.mark.anyio
-async def test_group_of_five_gives_the_documented_advantages(tmp_path: Path, harness, server, bridge) -> None:
-    tests = {"test_four.py": "".join(
-        f"def test_{i}():\n    assert open('f{i}.txt').read() == '{i}'\n\n\n" for i in range(4))}
-    root = make_task(tmp_path / "suite" / "four", toml="[agent]\ndeadline_s = 60.0\n[verifier]\nnum_tests = 4\n",
-                     tests=tests)
+async def test_group_of_five_gives_the_documented_advantages(
+    tmp_path: Path, harness, server, bridge
+) -> None:
+    tests = {
+        "test_four.py": "".join(
+            f"def test_{i}():\n    assert open('f{i}.txt').read() == '{i}'\n\n\n" for i in range(4)
+        )
+    }
+    root = make_task(
+        tmp_path / "suite" / "four",
+        toml="[agent]\ndeadline_s = 60.0\n[verifier]\nnum_tests = 4\n",
+        tests=tests,
+    )
     (root / "solution").mkdir()
-    solution = Solution(main=[Step(tool="write_file", arguments={"path": f"f{i}.txt", "content": str(i)},
-                                   tests_passing=i + 1) for i in range(4)])
+    solution = Solution(
+        main=[
+            Step(
+                tool="write_file",
+                arguments={"path": f"f{i}.txt", "content": str(i)},
+                tests_passing=i + 1,
+            )
+            for i in range(4)
+        ]
+    )
     (root / "solution" / "oracle.json").write_bytes(encode_solution(solution))
     task = load_task(root)
 
     outcomes = [
         await run_policy(harness, server, bridge, task, "g0", oracle_policy(task)),
         await run_policy(harness, server, bridge, task, "g1", oracle_policy(task)),
-        await run_policy(harness, server, bridge, with_deadline(task, HALF_ORACLE_DEADLINE_S), "g2", oracle_policy(task, stop_after=1)),
-        await run_policy(harness, server, bridge, task, "g3", lambda call: tool_call_message("finish", {}, "c")),
+        await run_policy(
+            harness,
+            server,
+            bridge,
+            with_deadline(task, HALF_ORACLE_DEADLINE_S),
+            "g2",
+            oracle_policy(task, stop_after=1),
+        ),
+        await run_policy(
+            harness, server, bridge, task, "g3", lambda call: tool_call_message("finish", {}, "c")
+        ),
         await harness.run(task, "g4", agent_command=[sys.executable, "-c", "raise SystemExit(2)"]),
     ]
-    assert [o.termination for o in outcomes] == ["finished", "finished", "timeout", "finished", "failed"]
+    assert [o.termination for o in outcomes] == [
+        "finished",
+        "finished",
+        "timeout",
+        "finished",
+        "failed",
+    ]
     assert [reward_of(o) for o in outcomes] == [1.0, 1.0, 0.25, 0.0, None]
     group = group_advantages([o.execution_id for o in outcomes], [reward_of(o) for o in outcomes])
     assert group.baseline == 0.5625

@@ -35,8 +35,9 @@ def workspace(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
 
 
 @pytest.mark.anyio
@@ -56,7 +57,7 @@ async def test_uncollectable_file_counts_against_declared_total(tmp_path: Path) 
     tests = {
         "test_ok.py": "def test_ok():\n    assert 1 + 1 == 2\n",
         "test_missing.py": "import missing_mod\n\n\ndef test_a():\n    pass\n\n\n"
-                           "def test_b():\n    pass\n",
+        "def test_b():\n    pass\n",
     }
     toml = "[verifier]\nnum_tests = 3\n"
     task = load_task(make_task(tmp_path / "t", toml=toml, tests=tests))
@@ -67,8 +68,10 @@ async def test_uncollectable_file_counts_against_declared_total(tmp_path: Path) 
 
 @pytest.mark.anyio
 async def test_hanging_test_fails_alone(tmp_path: Path) -> None:
-    tests = {"test_h.py": "def test_hang():\n    from mod import spin\n    spin()\n\n\n"
-                          "def test_ok():\n    pass\n"}
+    tests = {
+        "test_h.py": "def test_hang():\n    from mod import spin\n    spin()\n\n\n"
+        "def test_ok():\n    pass\n"
+    }
     toml = "[verifier]\nnum_tests = 2\ntest_timeout_s = 1.0\n"
     task = load_task(make_task(tmp_path / "t", toml=toml, tests=tests))
     spin = "def spin():\n    while True:\n        pass\n"
@@ -101,8 +104,9 @@ async def test_crashing_pytest_verifier_is_an_error(tmp_path: Path) -> None:
     ],
 )
 async def test_script_verifier_rewards(tmp_path: Path, script: str, expected) -> None:
-    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nkind = 'script'\n",
-                               tests={"test.sh": script}))
+    task = load_task(
+        make_task(tmp_path / "t", toml="[verifier]\nkind = 'script'\n", tests={"test.sh": script})
+    )
     score = await verify(task, workspace(tmp_path, {}))
     assert (score.passed, score.total, score.score) == expected
 
@@ -114,33 +118,41 @@ async def test_script_verifier_rewards(tmp_path: Path, script: str, expected) ->
         ("exit 0\n", "wrote neither reward.txt nor reward.json"),
         ('echo 1.5 > "$GYRE_REWARD_DIR/reward.txt"\n', "reward=1.5, outside [0, 1]"),
         ('echo nan > "$GYRE_REWARD_DIR/reward.txt"\n', "outside [0, 1]"),
-        ('echo \'{"passed": 5, "total": 4}\' > "$GYRE_REWARD_DIR/reward.json"\n',
-         "unusable reward"),
+        (
+            'echo \'{"passed": 5, "total": 4}\' > "$GYRE_REWARD_DIR/reward.json"\n',
+            "unusable reward",
+        ),
     ],
 )
 async def test_script_verifier_bad_reward(tmp_path: Path, script: str, fragment: str) -> None:
-    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nkind = 'script'\n",
-                               tests={"test.sh": script}))
+    task = load_task(
+        make_task(tmp_path / "t", toml="[verifier]\nkind = 'script'\n", tests={"test.sh": script})
+    )
     with pytest.raises(VerifierError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
         await verify(task, workspace(tmp_path, {}))
 
 
 @pytest.mark.anyio
 async def test_verifier_works_on_a_copy_and_ignores_workspace_hooks(tmp_path: Path) -> None:
-    tests = {"test_w.py": (
-        "import os\n\n\ndef test_vandal():\n    os.remove('mod.py')\n"
-        "    open('new.txt', 'w').write('x')\n\n\n"
-        "def test_fails():\n    assert False\n"
-    )}
+    tests = {
+        "test_w.py": (
+            "import os\n\n\ndef test_vandal():\n    os.remove('mod.py')\n"
+            "    open('new.txt', 'w').write('x')\n\n\n"
+            "def test_fails():\n    assert False\n"
+        )
+    }
     task = load_task(make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 2\n", tests=tests))
-    ws = workspace(tmp_path, {
-        "mod.py": "x = 1\n",
-        # an agent trying to pass every test: neither file may be picked up by the verifier
-        "conftest.py": "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
-                       "def pytest_runtest_makereport(item, call):\n"
-                       "    out = yield\n    out.get_result().outcome = 'passed'\n",
-        "pytest.ini": "[pytest]\naddopts = -p no:junitxml\n",
-    })
+    ws = workspace(
+        tmp_path,
+        {
+            "mod.py": "x = 1\n",
+            # an agent trying to pass every test: neither file may be picked up by the verifier
+            "conftest.py": "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
+            "def pytest_runtest_makereport(item, call):\n"
+            "    out = yield\n    out.get_result().outcome = 'passed'\n",
+            "pytest.ini": "[pytest]\naddopts = -p no:junitxml\n",
+        },
+    )
     before = snapshot(ws)
     score = await verify(task, ws)
     assert (score.passed, score.total) == (1, 2)
@@ -162,21 +174,30 @@ def test_score_report_counts_failures_errors_and_skips() -> None:
         body = json.dumps({"id": f"tests/t.py::{nodeid}", "when": when, "outcome": outcome})
         return sign(sign_with, body)
 
-    report = "\n".join([
-        line("a", "setup", "passed"), line("a", "call", "passed"), line("a", "teardown", "passed"),
-        line("b", "setup", "passed"), line("b", "call", "failed"), line("b", "teardown", "passed"),
-        line("c", "setup", "failed"),  # an error in a fixture
-        line("d", "setup", "skipped"),
-        line("e", "call", "passed"), line("e", "teardown", "failed"),  # an error in teardown
-        line("f", "call", "passed"),
-        sign(key, json.dumps({"id": "tests/u.py", "when": "collect", "outcome": "failed"})),
-        # forged: another key, no signature, a signature of another line; all left out
-        line("b", "call", "passed", b"x" * 32), line("g", "call", "passed", b"x" * 32),
-        json.dumps({"id": "tests/t.py::h", "when": "call", "outcome": "passed"}),
-        line("e", "call", "passed").rpartition(" ")[0].replace('"e"', '"i"') + " "
-        + line("e", "call", "passed").rpartition(" ")[2],
-        sign(key, json.dumps({"done": 1})),
-    ]).encode()
+    report = "\n".join(
+        [
+            line("a", "setup", "passed"),
+            line("a", "call", "passed"),
+            line("a", "teardown", "passed"),
+            line("b", "setup", "passed"),
+            line("b", "call", "failed"),
+            line("b", "teardown", "passed"),
+            line("c", "setup", "failed"),  # an error in a fixture
+            line("d", "setup", "skipped"),
+            line("e", "call", "passed"),
+            line("e", "teardown", "failed"),  # an error in teardown
+            line("f", "call", "passed"),
+            sign(key, json.dumps({"id": "tests/u.py", "when": "collect", "outcome": "failed"})),
+            # forged: another key, no signature, a signature of another line; all left out
+            line("b", "call", "passed", b"x" * 32),
+            line("g", "call", "passed", b"x" * 32),
+            json.dumps({"id": "tests/t.py::h", "when": "call", "outcome": "passed"}),
+            line("e", "call", "passed").rpartition(" ")[0].replace('"e"', '"i"')
+            + " "
+            + line("e", "call", "passed").rpartition(" ")[2],
+            sign(key, json.dumps({"done": 1})),
+        ]
+    ).encode()
     score = score_report(report, None, key)
     assert (score.passed, score.total, score.score) == (2, 7, 2 / 7)
     assert score.failed_tests == ("tests.t::b", "tests.t::c", "tests.t::d", "tests.t::e", "tests.u")
@@ -192,12 +213,15 @@ def test_score_report_counts_failures_errors_and_skips() -> None:
 @pytest.mark.anyio
 async def test_workspace_shadowing_stdlib_does_not_break_the_verifier(tmp_path: Path) -> None:
     task = load_task(make_task(tmp_path / "t", tests=MOD_TESTS))
-    ws = workspace(tmp_path, {
-        "mod.py": "def double(x):\n    return 2 * x\n\ndef half(x):\n    return x // 2\n",
-        "json.py": "raise SystemExit('shadowed json')\n",
-        "pytest_timeout.py": "raise SystemExit('shadowed plugin')\n",
-        "xml.py": "raise SystemExit('shadowed xml')\n",
-    })
+    ws = workspace(
+        tmp_path,
+        {
+            "mod.py": "def double(x):\n    return 2 * x\n\ndef half(x):\n    return x // 2\n",
+            "json.py": "raise SystemExit('shadowed json')\n",
+            "pytest_timeout.py": "raise SystemExit('shadowed plugin')\n",
+            "xml.py": "raise SystemExit('shadowed xml')\n",
+        },
+    )
     score = await verify(task, ws)
     assert (score.passed, score.total) == (2, 2)
 
@@ -206,8 +230,13 @@ async def test_workspace_shadowing_stdlib_does_not_break_the_verifier(tmp_path: 
 async def test_workspace_code_that_exits_fails_its_tests_only(tmp_path: Path) -> None:
     """The workspace's code runs in the Python host, not in pytest: exiting on import ends its
     worker, so each test that imports it fails, and the verifier reports normally."""
-    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 3\n",
-                               tests={**MOD_TESTS, "test_ok.py": "def test_ok():\n    pass\n"}))
+    task = load_task(
+        make_task(
+            tmp_path / "t",
+            toml="[verifier]\nnum_tests = 3\n",
+            tests={**MOD_TESTS, "test_ok.py": "def test_ok():\n    pass\n"},
+        )
+    )
     ws = workspace(tmp_path, {"mod.py": "import os\nos._exit(3)\n"})
     score = await verify(task, ws)
     assert (score.passed, score.total, score.score) == (1, 3, 1 / 3)
@@ -217,8 +246,13 @@ async def test_workspace_code_that_exits_fails_its_tests_only(tmp_path: Path) ->
 @pytest.mark.anyio
 async def test_a_verifier_broken_by_the_workspace_scores_zero(tmp_path: Path) -> None:
     crash = "import os\nif os.path.exists('boom'):\n    os._exit(3)\n\n\ndef test_x():\n    pass\n"
-    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 2\n",
-                               tests={**MOD_TESTS, "conftest.py": crash}))
+    task = load_task(
+        make_task(
+            tmp_path / "t",
+            toml="[verifier]\nnum_tests = 2\n",
+            tests={**MOD_TESTS, "conftest.py": crash},
+        )
+    )
     ws = workspace(tmp_path, {"boom": ""})  # the hidden tests' own conftest kills pytest on it
     with pytest.raises(VerifierError, match="crashed"):
         await verify(task, ws)
@@ -240,8 +274,7 @@ async def test_a_verifier_broken_everywhere_is_an_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_fifo_in_the_workspace_is_left_out_of_the_copy(tmp_path: Path,
-                                                               monkeypatch) -> None:
+async def test_a_fifo_in_the_workspace_is_left_out_of_the_copy(tmp_path: Path, monkeypatch) -> None:
     """An agent cannot fail its own execution (out of training) by leaving a FIFO or a socket to
     break the verifier's copy: they are skipped and the work is scored."""
     import os
@@ -273,12 +306,19 @@ def test_a_verifier_python_without_pytest_is_refused_before_the_run(tmp_path: Pa
     venv.create(bare, with_pip=False)  # the same Python, none of this environment's packages
     bare_python = str(bare / "bin" / "python")
     pytest_task = load_task(make_task(tmp_path / "suite" / "t1"))
-    script_task = load_task(make_task(tmp_path / "suite" / "t2",
-                                      toml='[verifier]\nkind = "script"\n',
-                                      tests={"test.sh": "echo 1 > $GYRE_REWARD_DIR/reward.txt\n"}))
+    script_task = load_task(
+        make_task(
+            tmp_path / "suite" / "t2",
+            toml='[verifier]\nkind = "script"\n',
+            tests={"test.sh": "echo 1 > $GYRE_REWARD_DIR/reward.txt\n"},
+        )
+    )
     check_verifier_python([script_task, pytest_task])  # this environment has both
     check_verifier_python([script_task], bare_python)  # a script verifier needs neither
-    with pytest.raises(ConfigError, match=r"task .*t1 has a pytest verifier, but "
-                                          r".*bare/bin/python cannot "
-                                          r"import pytest, pytest_timeout"):
+    with pytest.raises(
+        ConfigError,
+        match=r"task .*t1 has a pytest verifier, but "
+        r".*bare/bin/python cannot "
+        r"import pytest, pytest_timeout",
+    ):
         check_verifier_python([script_task, pytest_task], bare_python)

@@ -19,7 +19,7 @@ def anyio_backend() -> str:
     return "trio"
 
 
-TESTS = '''
+TESTS = """
 import pytest
 from shapes import Stack, EmptyError, make, CONST, pkg_value
 
@@ -48,9 +48,9 @@ def test_data():
 def test_kwargs():
     from shapes.sub import add
     assert add(1, b=2) == 3
-'''
+"""
 
-SHAPES = '''
+SHAPES = """
 class EmptyError(LookupError):
     pass
 class Stack:
@@ -72,12 +72,13 @@ def make(n):
     return P(n)
 CONST = {"a": (1, 2), 3: {4, 5}, "b": b"x", "f": 1.5, "n": None}
 def pkg_value(): return [1, 2]
-'''
+"""
 
 
 async def test_workspace_objects_behave_through_the_host(tmp_path: Path) -> None:
-    task = load_task(make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 4\n",
-                               tests={"test_s.py": TESTS}))
+    task = load_task(
+        make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 4\n", tests={"test_s.py": TESTS})
+    )
     ws = tmp_path / "ws"
     (ws / "shapes").mkdir(parents=True)
     (ws / "shapes" / "__init__.py").write_text(SHAPES)
@@ -89,8 +90,10 @@ async def test_workspace_objects_behave_through_the_host(tmp_path: Path) -> None
 async def test_a_hang_at_collection_fails_that_module_only(tmp_path: Path) -> None:
     """A module-level import of workspace code that never returns ends at the call timeout
     (test_timeout_s): that module is a collection error, the other module's test still runs."""
-    tests = {"test_a.py": "from spin import VALUE\n\n\ndef test_a():\n    assert VALUE == 1\n",
-             "test_b.py": "def test_b():\n    from ok import VALUE\n    assert VALUE == 2\n"}
+    tests = {
+        "test_a.py": "from spin import VALUE\n\n\ndef test_a():\n    assert VALUE == 1\n",
+        "test_b.py": "def test_b():\n    from ok import VALUE\n    assert VALUE == 2\n",
+    }
     toml = "[verifier]\nnum_tests = 2\ntest_timeout_s = 1.0\n"
     task = load_task(make_task(tmp_path / "t", toml=toml, tests=tests))
     ws = tmp_path / "ws"
@@ -104,13 +107,15 @@ async def test_a_hang_at_collection_fails_that_module_only(tmp_path: Path) -> No
 async def test_workspace_objects_cannot_claim_to_match_expected_values(tmp_path: Path) -> None:
     """Objects whose comparisons, membership and str always succeed: each test below passes on
     a plain-data answer in pytest itself, and fails here (0 of 4 by hand)."""
-    tests = {"test_c.py": (
-        "from cheat import answer\n\n\n"
-        "def test_eq():\n    assert answer() == 7\n\n\n"
-        "def test_lt():\n    assert answer() < 3\n\n\n"
-        "def test_in():\n    assert 7 in answer()\n\n\n"
-        "def test_str():\n    assert str(answer()) == 'seven'\n"
-    )}
+    tests = {
+        "test_c.py": (
+            "from cheat import answer\n\n\n"
+            "def test_eq():\n    assert answer() == 7\n\n\n"
+            "def test_lt():\n    assert answer() < 3\n\n\n"
+            "def test_in():\n    assert 7 in answer()\n\n\n"
+            "def test_str():\n    assert str(answer()) == 'seven'\n"
+        )
+    }
     task = load_task(make_task(tmp_path / "t", toml="[verifier]\nnum_tests = 4\n", tests=tests))
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -138,8 +143,9 @@ async def test_the_agent_cannot_be_the_judge(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("suite", ["learnable", "longtail", "multiagent-mini", "nl2repo-mini",
-                                   "terminal-mini"])
+@pytest.mark.parametrize(
+    "suite", ["learnable", "longtail", "multiagent-mini", "nl2repo-mini", "terminal-mini"]
+)
 async def test_oracle_workspaces_of_shipped_suites_score_full(tmp_path: Path, suite: str) -> None:
     """Every shipped suite's tests run as they did in-process: the oracle's final workspace of
     each of 4 tasks per suite scores all its tests through the judge and the Python host."""

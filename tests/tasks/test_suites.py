@@ -19,7 +19,13 @@ from gyre.tasks.task import load_suite
 from tests.agents.drive import HALF_ORACLE_DEADLINE_S, oracle_policy, run_policy, with_deadline
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
-MIN_TASKS = {"nl2repo-mini": 50, "terminal-mini": 30, "multiagent-mini": 20, "learnable": 30, "longtail": 16}
+MIN_TASKS = {
+    "nl2repo-mini": 50,
+    "terminal-mini": 30,
+    "multiagent-mini": 20,
+    "learnable": 30,
+    "longtail": 16,
+}
 
 
 @pytest.fixture
@@ -40,7 +46,9 @@ def test_shipped_suite_is_valid_and_matches_its_generator(name: str, tmp_path: P
             out += diffs(sub)
         return out
 
-    assert diffs(cmp) == []  # regenerate with: python -m gyre.tasks generate --out examples/tasks --seed 0
+    assert (
+        diffs(cmp) == []
+    )  # regenerate with: python -m gyre.tasks generate --out examples/tasks --seed 0
     for task in tasks:
         solution = load_solution(task)
         if task.spec.verifier.num_tests is not None:
@@ -90,7 +98,9 @@ def _sample(name: str, k: int) -> list:
 @pytest.mark.parametrize("name", sorted(SUITES))
 async def test_oracle_scores_one(name, harness, server, bridge) -> None:
     for i, task in enumerate(_sample(name, 2)):
-        outcome = await run_policy(harness, server, bridge, task, f"{name}-oracle-{i}", oracle_policy(task))
+        outcome = await run_policy(
+            harness, server, bridge, task, f"{name}-oracle-{i}", oracle_policy(task)
+        )
         assert outcome.termination == "finished", outcome
         assert outcome.score is not None and outcome.score.score == 1.0 and outcome.score.all_passed
         assert outcome.model_calls == len(server.calls_for_execution(f"{name}-oracle-{i}"))
@@ -101,14 +111,18 @@ async def test_oracle_scores_one(name, harness, server, bridge) -> None:
 @pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("name", sorted(SUITES))
-async def test_half_oracle_gets_exact_partial_score_at_deadline(name, harness, server, bridge) -> None:
+async def test_half_oracle_gets_exact_partial_score_at_deadline(
+    name, harness, server, bridge
+) -> None:
     task = next(t for t in _sample(name, 5) if len(load_suite_solution_steps(t)) >= 1)
     steps = load_suite_solution_steps(task)
     # learnable tasks have one step: stopped before `finish`, the workspace is complete (2 of 2)
     stop_after = max(1, len(steps) // 2)
     expected = steps[stop_after - 1].tests_passing
     task = with_deadline(task, HALF_ORACLE_DEADLINE_S)
-    outcome = await run_policy(harness, server, bridge, task, f"{name}-half", oracle_policy(task, stop_after))
+    outcome = await run_policy(
+        harness, server, bridge, task, f"{name}-half", oracle_policy(task, stop_after)
+    )
     assert outcome.termination == "timeout", outcome
     total = task.spec.verifier.num_tests or outcome.score.total
     assert (outcome.score.passed, outcome.score.total) == (expected, total)
@@ -122,9 +136,25 @@ def load_suite_solution_steps(task):
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_half_of_the_hidden_tests_is_half_the_score(harness, server, bridge) -> None:
-    task = with_deadline(next(t for t in load_suite(EXAMPLES / "nl2repo-mini") if t.task_id.endswith("002-brave-canyon")),
-                         HALF_ORACLE_DEADLINE_S)
-    assert [s.tests_passing for s in load_solution(task).main][:2] == [0, 4] and task.spec.verifier.num_tests == 8
-    outcome = await run_policy(harness, server, bridge, task, "half", oracle_policy(task, stop_after=2))
+    task = with_deadline(
+        next(
+            t
+            for t in load_suite(EXAMPLES / "nl2repo-mini")
+            if t.task_id.endswith("002-brave-canyon")
+        ),
+        HALF_ORACLE_DEADLINE_S,
+    )
+    assert [s.tests_passing for s in load_solution(task).main][:2] == [
+        0,
+        4,
+    ] and task.spec.verifier.num_tests == 8
+    outcome = await run_policy(
+        harness, server, bridge, task, "half", oracle_policy(task, stop_after=2)
+    )
     assert outcome.termination == "timeout"
-    assert (outcome.score.passed, outcome.score.total, outcome.score.score, outcome.score.all_passed) == (4, 8, 0.5, False)
+    assert (
+        outcome.score.passed,
+        outcome.score.total,
+        outcome.score.score,
+        outcome.score.all_passed,
+    ) == (4, 8, 0.5, False)

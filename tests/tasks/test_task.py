@@ -60,21 +60,42 @@ def test_defaults_for_a_minimal_toml(tmp_path: Path) -> None:
     [
         (lambda r: (r / "instruction.md").unlink(), "instruction.md: missing"),
         (lambda r: (r / "instruction.md").write_text("  \n"), "instruction.md: empty"),
-        (lambda r: (r / "instruction.md").write_bytes(b"\xff\xfe bad"), "instruction.md: not UTF-8"),
+        (
+            lambda r: (r / "instruction.md").write_bytes(b"\xff\xfe bad"),
+            "instruction.md: not UTF-8",
+        ),
         (lambda r: (r / "task.toml").unlink(), "task.toml: missing"),
         (lambda r: (r / "task.toml").write_text("[agent\n"), "task.toml: not valid TOML"),
-        (lambda r: (r / "task.toml").write_text("[agent]\ndeadline = 3\n"), "unknown field `deadline`"),
-        (lambda r: (r / "task.toml").write_text("[agent]\ndeadline_s = -1\n"), "deadline_s=-1.0 must be > 0"),
-        (lambda r: (r / "task.toml").write_text("[agent]\nmax_turns = 'many'\n"), "$.agent.max_turns"),
+        (
+            lambda r: (r / "task.toml").write_text("[agent]\ndeadline = 3\n"),
+            "unknown field `deadline`",
+        ),
+        (
+            lambda r: (r / "task.toml").write_text("[agent]\ndeadline_s = -1\n"),
+            "deadline_s=-1.0 must be > 0",
+        ),
+        (
+            lambda r: (r / "task.toml").write_text("[agent]\nmax_turns = 'many'\n"),
+            "$.agent.max_turns",
+        ),
         (lambda r: (r / "task.toml").write_text("[metadata]\ndifficulty = 9\n"), "difficulty=9"),
         (lambda r: (r / "task.toml").write_text("version = 2\n"), "version=2"),
         (lambda r: (r / "task.toml").write_text("[verifier]\nkind = 'magic'\n"), "$.verifier.kind"),
         (lambda r: __import__("shutil").rmtree(r / "environment"), "environment: missing"),
         (lambda r: __import__("shutil").rmtree(r / "tests"), "tests: missing"),
         (lambda r: (r / "tests" / "test_a.py").rename(r / "tests" / "a.py"), "no test_*.py files"),
-        (lambda r: (r / "task.toml").write_text("[verifier]\nkind = 'script'\n"), "test.sh: missing for verifier kind 'script'"),
-        (lambda r: os.symlink("/etc/passwd", r / "environment" / "leak"), "symlink points outside environment/"),
-        (lambda r: os.symlink("../tests", r / "environment" / "peek"), "symlink points outside environment/"),
+        (
+            lambda r: (r / "task.toml").write_text("[verifier]\nkind = 'script'\n"),
+            "test.sh: missing for verifier kind 'script'",
+        ),
+        (
+            lambda r: os.symlink("/etc/passwd", r / "environment" / "leak"),
+            "symlink points outside environment/",
+        ),
+        (
+            lambda r: os.symlink("../tests", r / "environment" / "peek"),
+            "symlink points outside environment/",
+        ),
     ],
 )
 def test_malformed_task_is_a_clear_error(tmp_path: Path, breakage, fragment: str) -> None:

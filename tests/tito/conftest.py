@@ -41,7 +41,10 @@ def make_proxy(tok, engine: ScriptedEngine, log_path=None, **config) -> TitoProx
     """A proxy over one engine; `config` overrides `ProxyConfig` fields (checks every render)."""
     config.setdefault("render_check_every", 1)
     return TitoProxy(
-        tokenizer=tok, engine_for=lambda _execution: engine, config=ProxyConfig(**config), log_path=log_path
+        tokenizer=tok,
+        engine_for=lambda _execution: engine,
+        config=ProxyConfig(**config),
+        log_path=log_path,
     )
 
 

@@ -36,15 +36,26 @@ async def agent(base: str, key: str, execution: str) -> None:
                         for ch in chunk["choices"]:
                             ids += ch["token_ids"]
                             content += ch["delta"].get("content") or ""
-            print(json.dumps({"execution": execution, "call_id": call_id, "completion_ids": ids}), flush=True)
-            messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "go on"}]
+            print(
+                json.dumps({"execution": execution, "call_id": call_id, "completion_ids": ids}),
+                flush=True,
+            )
+            messages += [
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": "go on"},
+            ]
 
 
 async def main(log_path: str) -> None:
     tok = build_tokenizer()
-    engine = ScriptedEngine(eos_token_id=tok.eos_token_id, token_delay_s=0.002, max_model_len=1 << 20)
+    engine = ScriptedEngine(
+        eos_token_id=tok.eos_token_id, token_delay_s=0.002, max_model_len=1 << 20
+    )
     proxy = TitoProxy(
-        tokenizer=tok, engine_for=lambda _: engine, config=ProxyConfig(flush_interval_s=60), log_path=log_path
+        tokenizer=tok,
+        engine_for=lambda _: engine,
+        config=ProxyConfig(flush_interval_s=60),
+        log_path=log_path,
     )
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.serve)

@@ -31,54 +31,86 @@ async def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(tok, 
     auth = {"Authorization": f"Bearer {bad_key}"}
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base, timeout=30) as http:
         err = error_of(
-            await http.post("/chat/completions", content=b'{"model": "gyre", "messages": [', headers=auth),
+            await http.post(
+                "/chat/completions", content=b'{"model": "gyre", "messages": [', headers=auth
+            ),
             400,
         )
         assert err["code"] == "invalid_json" and err["type"] == "invalid_request_error"
         err = error_of(
-            await http.post("/chat/completions", json={"model": "gyre", "messages": "hi"}, headers=auth), 400
+            await http.post(
+                "/chat/completions", json={"model": "gyre", "messages": "hi"}, headers=auth
+            ),
+            400,
         )
         assert err["code"] == "invalid_type" and err["param"] == "messages"
         err = error_of(
-            await http.post("/chat/completions", json={**GOOD, "temperature": "hot"}, headers=auth), 400
+            await http.post("/chat/completions", json={**GOOD, "temperature": "hot"}, headers=auth),
+            400,
         )
         assert err["param"] == "temperature"
         err = error_of(
-            await http.post("/chat/completions", json={**GOOD, "messages": [{"content": "x"}]}, headers=auth),
+            await http.post(
+                "/chat/completions", json={**GOOD, "messages": [{"content": "x"}]}, headers=auth
+            ),
             400,
         )
         assert "role" in err["message"]
         err = error_of(
-            await http.post("/chat/completions", json={**GOOD, "model": "gpt-4o"}, headers=auth), 404
+            await http.post("/chat/completions", json={**GOOD, "model": "gpt-4o"}, headers=auth),
+            404,
         )
         assert err["code"] == "model_not_found"
-        err = error_of(await http.post("/chat/completions", json={**GOOD, "n": 0}, headers=auth), 400)
+        err = error_of(
+            await http.post("/chat/completions", json={**GOOD, "n": 0}, headers=auth), 400
+        )
         assert err["param"] == "n"
         err = error_of(
             await http.post("/chat/completions", json={**GOOD, "max_tokens": 0}, headers=auth), 400
         )
         assert err["param"] == "max_tokens"
-        err = error_of(await http.post("/chat/completions", json={**GOOD, "messages": []}, headers=auth), 400)
+        err = error_of(
+            await http.post("/chat/completions", json={**GOOD, "messages": []}, headers=auth), 400
+        )
         assert err["param"] == "messages"
         err = error_of(
-            await http.post("/completions", json={"model": "gyre", "prompt": [1, "x"]}, headers=auth), 400
+            await http.post(
+                "/completions", json={"model": "gyre", "prompt": [1, "x"]}, headers=auth
+            ),
+            400,
         )
         assert err["param"] == "prompt"
         err = error_of(
-            await http.post("/completions", json={"model": "gyre", "prompt": [5000]}, headers=auth), 400
+            await http.post("/completions", json={"model": "gyre", "prompt": [5000]}, headers=auth),
+            400,
         )
-        assert err["code"] == "invalid_request"  # the engine's own validation (token out of vocabulary)
-        huge = b'{"model": "gyre", "messages": [{"role": "user", "content": "' + b"x" * (20 * 2**20) + b'"}]}'
+        assert (
+            err["code"] == "invalid_request"
+        )  # the engine's own validation (token out of vocabulary)
+        huge = (
+            b'{"model": "gyre", "messages": [{"role": "user", "content": "'
+            + b"x" * (20 * 2**20)
+            + b'"}]}'
+        )
         err = error_of(await http.post("/chat/completions", content=huge, headers=auth), 413)
         assert err["code"] == "request_too_large"
         err = error_of(
-            await http.post("/chat/completions", json=GOOD, headers={"Authorization": "Bearer nope"}), 401
+            await http.post(
+                "/chat/completions", json=GOOD, headers={"Authorization": "Bearer nope"}
+            ),
+            401,
         )
         assert err["type"] == "authentication_error"
         error_of(await http.post("/chat/completions", json=GOOD), 401)
-        error_of(await http.post("/chat/completions", json=GOOD, headers={"X-Gyre-Execution": "nope"}), 401)
+        error_of(
+            await http.post("/chat/completions", json=GOOD, headers={"X-Gyre-Execution": "nope"}),
+            401,
+        )
         err = error_of(
-            await http.post("/chat/completions", json=GOOD, headers={**auth, "X-Gyre-Role": "boss"}), 400
+            await http.post(
+                "/chat/completions", json=GOOD, headers={**auth, "X-Gyre-Role": "boss"}
+            ),
+            400,
         )
         assert "X-Gyre-Role" in err["message"]
         error_of(await http.get("/nowhere"), 404)
@@ -120,7 +152,9 @@ async def test_sessions_roles_headers_and_call_listing(tok, anyio_backend):
         )
         assert r.status_code == 200
         r = await http.post(
-            "/chat/completions", json=GOOD, headers={"X-Gyre-Execution": "ex1", "X-Gyre-Role": "main_summary"}
+            "/chat/completions",
+            json=GOOD,
+            headers={"X-Gyre-Execution": "ex1", "X-Gyre-Role": "main_summary"},
         )
         assert r.status_code == 200
         # A key and an execution header that disagree are refused.
@@ -145,7 +179,9 @@ async def test_sessions_roles_headers_and_call_listing(tok, anyio_backend):
         )
         assert r.status_code == 403
         await proxy.close("ex1")
-        r = await http.post("/chat/completions", json=GOOD, headers={"Authorization": f"Bearer {key}"})
+        r = await http.post(
+            "/chat/completions", json=GOOD, headers={"Authorization": f"Bearer {key}"}
+        )
         assert r.status_code == 401  # a closed execution's key stops working
     with pytest.raises(KeyError):
         await proxy.close("ex1")
@@ -157,13 +193,28 @@ async def test_a_client_gone_mid_body_is_a_refused_request_not_a_crash(tok, anyi
     proxy = make_proxy(tok, ScriptedEngine(eos_token_id=tok.eos_token_id))
     key = proxy.mint_key("gone")
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
-        "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")],
-        "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 40000),
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"authorization", f"Bearer {key}".encode()),
+            (b"content-type", b"application/json"),
+        ],
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 40000),
     }
-    incoming = iter([{"type": "http.request", "body": b'{"model": "gyre", "mess', "more_body": True},
-                     {"type": "http.disconnect"}])
+    incoming = iter(
+        [
+            {"type": "http.request", "body": b'{"model": "gyre", "mess', "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+    )
     sent = []
 
     async def receive():

@@ -47,7 +47,9 @@ async def test_b01_retokenization_drift(tok, anyio_backend):
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         msgs = [{"role": "user", "content": "Spell a word."}]
         r1 = (
-            await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": TOOLS})
+            await post(
+                http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": TOOLS}
+            )
         ).json()
         assert r1["choices"][0]["message"]["content"] == word
         msgs += [r1["choices"][0]["message"], {"role": "tool", "content": "ok"}]
@@ -82,7 +84,9 @@ async def test_b01_retokenization_drift(tok, anyio_backend):
     # c_1 appears exactly once in p_2 after p_1, so a prefix tree trains it once with lp_1 (assert 3).
     assert p_2[len(p1) : len(p1) + len(c1)] == c1
     # Token IDs sent in are the IDs the engine ran on, echoed back (assert 4).
-    assert r3["prompt_token_ids"] == sent == engine.requests_seen[-1].prompt_ids == calls[2].prompt_ids
+    assert (
+        r3["prompt_token_ids"] == sent == engine.requests_seen[-1].prompt_ids == calls[2].prompt_ids
+    )
     assert calls[2].parent_call_id == "c1" and calls[2].divergence is None
 
 
@@ -138,7 +142,9 @@ async def test_b04_streaming_keeps_tool_call_ids_and_logprobs(tok, anyio_backend
     raw = '<tool_call>{"name": "add", "arguments": {"a": 15, "b": 27}}</tool_call>'
     ids = encode(tok, raw) + [tok.eos_token_id]
     lps = [-0.1 - 0.01 * i for i in range(len(ids))]
-    engine = ScriptedEngine([ScriptedReply(token_ids=ids, logprobs=lps)] * 2, eos_token_id=tok.eos_token_id)
+    engine = ScriptedEngine(
+        [ScriptedReply(token_ids=ids, logprobs=lps)] * 2, eos_token_id=tok.eos_token_id
+    )
     proxy = make_proxy(tok, engine)
     key = proxy.mint_key("b04")
     body = {
@@ -170,43 +176,69 @@ async def test_b04_streaming_keeps_tool_call_ids_and_logprobs(tok, anyio_backend
     ]
     usage = chunks[-1]["usage"]
     calls = proxy.calls("b04")
-    assert calls[0].completion_ids == calls[1].completion_ids == ids  # streamed == non-streamed (assert 1)
+    assert (
+        calls[0].completion_ids == calls[1].completion_ids == ids
+    )  # streamed == non-streamed (assert 1)
     assert streamed_ids == plain["choices"][0]["token_ids"] == ids
     assert len(ids) == usage["completion_tokens"] == len(streamed_lps)  # (assert 2)
-    assert tok.decode(calls[0].completion_ids, skip_special_tokens=False) == raw + "<|im_end|>"  # (assert 3)
-    assert streamed_lps == lps == calls[0].logprobs  # appended in order, never overwritten (assert 4)
-    silent = [ch for c in chunks for ch in c["choices"] if ch["token_ids"] and not ch["delta"].get("content")]
+    assert (
+        tok.decode(calls[0].completion_ids, skip_special_tokens=False) == raw + "<|im_end|>"
+    )  # (assert 3)
+    assert (
+        streamed_lps == lps == calls[0].logprobs
+    )  # appended in order, never overwritten (assert 4)
+    silent = [
+        ch
+        for c in chunks
+        for ch in c["choices"]
+        if ch["token_ids"] and not ch["delta"].get("content")
+    ]
     assert sum(len(ch["token_ids"]) for ch in silent) == len(
         ids
     )  # text-less chunks still carry IDs (assert 5)
-    tool_calls = [tc for c in chunks for ch in c["choices"] for tc in ch["delta"].get("tool_calls") or ()]
+    tool_calls = [
+        tc for c in chunks for ch in c["choices"] for tc in ch["delta"].get("tool_calls") or ()
+    ]
     assert [json.loads(tc["function"]["arguments"]) for tc in tool_calls] == [{"a": 15, "b": 27}]
-    assert plain["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == '{"a": 15, "b": 27}'
+    assert (
+        plain["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+        == '{"a": 15, "b": 27}'
+    )
 
 
 async def test_b14_length_reaches_the_execution(tok, anyio_backend):
     first = encode(tok, "fine") + [tok.eos_token_id]
     long = encode(tok, "word " * 30)  # no stop token: cut by max_tokens
     engine = ScriptedEngine(
-        [ScriptedReply(token_ids=first), ScriptedReply(token_ids=long)], eos_token_id=tok.eos_token_id
+        [ScriptedReply(token_ids=first), ScriptedReply(token_ids=long)],
+        eos_token_id=tok.eos_token_id,
     )
     proxy = make_proxy(tok, engine)
     key = proxy.mint_key("b14")
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         msgs = [{"role": "user", "content": "hi"}]
-        r1 = (await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs})).json()
+        r1 = (
+            await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs})
+        ).json()
         msgs += [r1["choices"][0]["message"], {"role": "user", "content": "more"}]
         r2 = (
-            await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "max_tokens": 8})
+            await post(
+                http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "max_tokens": 8}
+            )
         ).json()
-    assert r1["choices"][0]["finish_reason"] == "stop" and r2["choices"][0]["finish_reason"] == "length"
+    assert (
+        r1["choices"][0]["finish_reason"] == "stop"
+        and r2["choices"][0]["finish_reason"] == "length"
+    )
     calls = proxy.calls("b14")
     assert calls[1].finish_reason == "length"  # (assert 1)
     assert (
         calls[1].completion_ids == long[:8] and tok.eos_token_id not in calls[1].completion_ids
     )  # (assert 4)
     summary = await proxy.close("b14")
-    assert summary.truncated is True and summary.length_calls == 1  # one flag per execution (asserts 2, 3)
+    assert (
+        summary.truncated is True and summary.length_calls == 1
+    )  # one flag per execution (asserts 2, 3)
 
 
 def prompt_of_length(tok, n: int) -> list[dict]:
@@ -214,7 +246,9 @@ def prompt_of_length(tok, n: int) -> list[dict]:
 
     def length(m: int) -> int:
         msgs = [{"role": "user", "content": "go" + " word" * m}]
-        return len(encode(tok, tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)))
+        return len(
+            encode(tok, tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+        )
 
     per, base = length(101) - length(100), length(0)
     for m in range(max(0, (n - base) // per - 8), (n - base) // per + 8):
@@ -235,21 +269,34 @@ async def test_b15_context_overflow_clamps_or_refuses(tok, anyio_backend):
     async with serving(clamp) as base1, serving(refuse) as base2:
         async with httpx.AsyncClient(base_url=base1) as http:
             r = await post(
-                http, k1, "/chat/completions", {"model": "gyre", "messages": msgs, "max_tokens": 512}
+                http,
+                k1,
+                "/chat/completions",
+                {"model": "gyre", "messages": msgs, "max_tokens": 512},
             )
             # A prompt that alone fills the context is refused, never crashed on.
             over = await post(
-                http, k1, "/chat/completions", {"model": "gyre", "messages": prompt_of_length(tok, 4100)}
+                http,
+                k1,
+                "/chat/completions",
+                {"model": "gyre", "messages": prompt_of_length(tok, 4100)},
             )
         async with httpx.AsyncClient(base_url=base2) as http:
             r2 = await post(
-                http, k2, "/chat/completions", {"model": "gyre", "messages": msgs, "max_tokens": 512}
+                http,
+                k2,
+                "/chat/completions",
+                {"model": "gyre", "messages": msgs, "max_tokens": 512},
             )
     # (a) clamp: 4096 - 4000 = 96 tokens, finish `length`, the execution is truncated.
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
     assert engine.requests_seen[0].sampling.max_tokens == 96
     call = clamp.calls("b15a")[0]
-    assert len(call.prompt_ids) == 4000 and len(call.completion_ids) == 96 and call.finish_reason == "length"
+    assert (
+        len(call.prompt_ids) == 4000
+        and len(call.completion_ids) == 96
+        and call.finish_reason == "length"
+    )
     assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
     s1 = await clamp.close("b15a")
     assert s1.truncated and s1.num_calls == 1 and s1.context_refusals == 1  # the earlier call stays
@@ -288,7 +335,10 @@ async def test_b19_single_bos(anyio_backend):
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         r = (
             await post(
-                http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "return_token_ids": True}
+                http,
+                key,
+                "/chat/completions",
+                {"model": "gyre", "messages": msgs, "return_token_ids": True},
             )
         ).json()
         # Variant: a base model with no template (completions API, text prompt): exactly one BOS.
@@ -302,11 +352,15 @@ async def test_b19_single_bos(anyio_backend):
         ).json()
     p1 = proxy.calls("b19")[0].prompt_ids
     assert p1[0] == bos and p1[1] != bos  # (assert 1)
-    template_ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)["input_ids"]
+    template_ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)[
+        "input_ids"
+    ]
     assert p1 == template_ids  # (assert 2)
     assert r["prompt_token_ids"] == p1 == engine.requests_seen[0].prompt_ids  # (assert 3)
     p2 = r2["prompt_token_ids"]
-    assert p2.count(bos) == 1 and p2[0] == bos and p2 == engine.requests_seen[1].prompt_ids  # (assert 4)
+    assert (
+        p2.count(bos) == 1 and p2[0] == bos and p2 == engine.requests_seen[1].prompt_ids
+    )  # (assert 4)
 
 
 async def test_b22_n_choices_are_distinct_reproducible_and_aligned(tok, anyio_backend):
@@ -371,7 +425,12 @@ async def run_b23(tok, args_text: str, *, echo_arguments=None):
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         msgs = [{"role": "user", "content": "list src"}]
         r1 = (
-            await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": LS_TOOLS})
+            await post(
+                http,
+                key,
+                "/chat/completions",
+                {"model": "gyre", "messages": msgs, "tools": LS_TOOLS},
+            )
         ).json()
         m1 = r1["choices"][0]["message"]
         echo = json.loads(json.dumps(m1))
@@ -380,7 +439,12 @@ async def run_b23(tok, args_text: str, *, echo_arguments=None):
                 tc["function"]["arguments"] = echo_arguments(tc["function"]["arguments"])
         msgs += [echo, {"role": "tool", "tool_call_id": "x", "content": "a.py b.py"}]
         r2 = (
-            await post(http, key, "/chat/completions", {"model": "gyre", "messages": msgs, "tools": LS_TOOLS})
+            await post(
+                http,
+                key,
+                "/chat/completions",
+                {"model": "gyre", "messages": msgs, "tools": LS_TOOLS},
+            )
         ).json()
         m2 = r2["choices"][0]["message"]
         msgs += [
@@ -402,7 +466,9 @@ async def test_b23_tool_arguments_round_trip_exactly(tok, anyio_backend):
     }  # (assert 2)
     calls = proxy.calls("b23")
     p1 = calls[0].prompt_ids
-    assert calls[1].prompt_ids[: len(p1) + len(c1)] == p1 + c1 and calls[1].divergence is None  # (assert 1)
+    assert (
+        calls[1].prompt_ids[: len(p1) + len(c1)] == p1 + c1 and calls[1].divergence is None
+    )  # (assert 1)
     # `tool_calls: []` with text neither errors nor drops the text (assert 4).
     assert r3.status_code == 200
     assert calls[2].divergence is None and calls[2].parent_call_id == "c1"
@@ -428,7 +494,11 @@ async def test_b23_reserialized_arguments_branch_inside_the_arguments(tok, anyio
     calls = proxy.calls("b23")
     p1, p2 = calls[0].prompt_ids, calls[1].prompt_ids
     div = calls[1].divergence
-    assert div is not None and div.reason == "tool_arguments_reserialized" and div.parent_call_id == "c0"
+    assert (
+        div is not None
+        and div.reason == "tool_arguments_reserialized"
+        and div.parent_call_id == "c0"
+    )
     known = p1 + c1
     assert p2[: div.index] == known[: div.index] and p2[div.index] != known[div.index]
     head = proxy.text.decode(known[len(p1) : div.index])
@@ -444,7 +514,9 @@ async def test_b23_malformed_call_is_a_tool_error_not_a_crash(tok, anyio_backend
     assert choice["message"]["gyre_tool_call_error"].startswith("malformed tool call")
     assert choice["finish_reason"] == "stop"
     calls = proxy.calls("b23")
-    assert calls[0].finish_reason == "stop" and calls[0].completion_ids == c1  # tokens kept (assert 3)
+    assert (
+        calls[0].finish_reason == "stop" and calls[0].completion_ids == c1
+    )  # tokens kept (assert 3)
     p1 = calls[0].prompt_ids
     assert calls[1].prompt_ids[: len(p1) + len(c1)] == p1 + c1 and calls[1].divergence is None
     assert r3.status_code == 200
@@ -452,7 +524,8 @@ async def test_b23_malformed_call_is_a_tool_error_not_a_crash(tok, anyio_backend
 
 async def test_b15_length_cut_tool_call_is_not_a_parse_failure(tok, anyio_backend):
     ids = encode(
-        tok, '<tool_call>{"name": "ls", "arguments": {"path": "a very long path that goes on"}}</tool_call>'
+        tok,
+        '<tool_call>{"name": "ls", "arguments": {"path": "a very long path that goes on"}}</tool_call>',
     )
     engine = ScriptedEngine([ScriptedReply(token_ids=ids)], eos_token_id=tok.eos_token_id)
     proxy = make_proxy(tok, engine)

@@ -8,7 +8,9 @@ import pytest
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
 from tests.tito.conftest import encode, make_proxy, serving
 
-langchain_openai = pytest.importorskip("langchain_openai", reason="langchain-openai is in the [test] extra")
+langchain_openai = pytest.importorskip(
+    "langchain_openai", reason="langchain-openai is in the [test] extra"
+)
 messages_mod = pytest.importorskip("langchain_core.messages")
 tools_mod = pytest.importorskip("langchain_core.tools")
 
@@ -48,7 +50,9 @@ async def test_langchain_chatopenai_multi_turn_tool_task(tok, anyio_backend):
                     return ai.content
                 for tc in ai.tool_calls:
                     history.append(
-                        messages_mod.ToolMessage(str(multiply.invoke(tc["args"])), tool_call_id=tc["id"])
+                        messages_mod.ToolMessage(
+                            str(multiply.invoke(tc["args"])), tool_call_id=tc["id"]
+                        )
                     )
             raise AssertionError("the agent did not finish")
 

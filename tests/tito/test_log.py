@@ -38,7 +38,9 @@ async def run_conversation(tok, log_path: Path, turns: int = 6) -> list[ModelCal
         calls = proxy.calls("ex")
         await proxy.close("ex")
     stats = proxy.log.statistics()
-    assert stats.frames_written == len(calls) + 1 and stats.syncs >= 1  # closing an execution fsyncs
+    assert (
+        stats.frames_written == len(calls) + 1 and stats.syncs >= 1
+    )  # closing an execution fsyncs
     assert stats.bytes_written == log_path.stat().st_size
     proxy.log.close()
     return calls
@@ -105,7 +107,8 @@ def test_killed_proxy_loses_no_completed_call(tmp_path):
         if c.parent_call_id is not None and c.divergence is None:
             p = by_key[(c.execution_id, c.parent_call_id)]
             assert (
-                c.prompt_ids[: len(p.prompt_ids) + len(p.completion_ids)] == p.prompt_ids + p.completion_ids
+                c.prompt_ids[: len(p.prompt_ids) + len(p.completion_ids)]
+                == p.prompt_ids + p.completion_ids
             )
 
 
@@ -148,7 +151,11 @@ async def test_branches_off_one_call_keep_every_prompt_exact(tok, tmp_path, anyi
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
 
         async def ask(msgs):
-            r = await http.post("/chat/completions", json={"model": "gyre", "messages": msgs, "seed": len(msgs)}, headers=headers)
+            r = await http.post(
+                "/chat/completions",
+                json={"model": "gyre", "messages": msgs, "seed": len(msgs)},
+                headers=headers,
+            )
             return r.json()["choices"][0]["message"]
 
         root = [{"role": "user", "content": "start"}]
@@ -210,8 +217,13 @@ def test_a_write_that_fails_on_a_full_disk_leaves_the_log_whole(tmp_path):
     """Disk full under the call log (benchmarks/bench_faults.py): the failing write is cut back,
     a clear 503 is raised, and the frames written after space comes back are readable."""
     path = tmp_path / "calls.log"
-    child = subprocess.run([sys.executable, "-c", _FULL_DISK_CHILD, str(path)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120)
+    child = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_CHILD, str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert child.returncode == 0, child.stderr[-2000:]
     result = json.loads(child.stdout)
     assert len(result["errors"]) == 1

@@ -43,7 +43,9 @@ def script(tok) -> list[ScriptedReply]:
             ids += encode(tok, call)
         ids.append(eos)
         replies.append(
-            ScriptedReply(token_ids=ids, logprobs=[-0.01 * (k + 1) - 0.001 * j for j in range(len(ids))])
+            ScriptedReply(
+                token_ids=ids, logprobs=[-0.01 * (k + 1) - 0.001 * j for j in range(len(ids))]
+            )
         )
     final = encode(tok, "The sum is done. Ünïcode ✓") + [eos]
     replies.append(ScriptedReply(token_ids=final, logprobs=[-0.2] * len(final)))
@@ -85,11 +87,16 @@ async def test_twenty_turns_async_sdk(tok, anyio_backend):
         ]
         texts = []
         for k in range(TURNS):
-            r = await client.chat.completions.create(model="gyre", messages=messages, tools=TOOLS, seed=k)
+            r = await client.chat.completions.create(
+                model="gyre", messages=messages, tools=TOOLS, seed=k
+            )
             msg = r.choices[0].message
             texts.append(
                 tok.apply_chat_template(
-                    [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in messages],
+                    [
+                        m if isinstance(m, dict) else m.model_dump(exclude_none=True)
+                        for m in messages
+                    ],
                     tools=TOOLS,
                     tokenize=False,
                     add_generation_prompt=True,
@@ -119,7 +126,9 @@ async def test_twenty_turns_async_sdk(tok, anyio_backend):
     assert stats.render_check_failures == 0 and stats.divergences == 0
     # Memory is O(history), not O(history x calls): the whole chain holds one prompt list.
     nodes = proxy.sessions.get("ex-async").render.nodes
-    assert len({id(n.prompt_ref) for n in nodes}) == 1 and len(nodes[0].prompt_ref) == len(calls[-1].prompt_ids)
+    assert len({id(n.prompt_ref) for n in nodes}) == 1 and len(nodes[0].prompt_ref) == len(
+        calls[-1].prompt_ids
+    )
     summary = await proxy.close("ex-async")
     assert summary.num_calls == TURNS and not summary.truncated
 
@@ -145,7 +154,9 @@ async def test_twenty_turns_sync_sdk_in_thread(tok, anyio_backend):
                 )
                 messages.append(msg.model_dump(exclude_none=True))
                 for tc in msg.tool_calls or ():
-                    messages.append({"role": "tool", "tool_call_id": tc.id, "content": tool_result(tc)})
+                    messages.append(
+                        {"role": "tool", "tool_call_id": tc.id, "content": tool_result(tc)}
+                    )
             client.close()
 
         await anyio.to_thread.run_sync(agent)
@@ -186,7 +197,11 @@ async def test_twenty_turns_streaming_sdk(tok, anyio_backend):
                     for tc in d.tool_calls or ():
                         slot = tool_calls.setdefault(
                             tc.index,
-                            {"id": tc.id, "type": "function", "function": {"name": "", "arguments": ""}},
+                            {
+                                "id": tc.id,
+                                "type": "function",
+                                "function": {"name": "", "arguments": ""},
+                            },
                         )
                         slot["function"]["name"] += tc.function.name or ""
                         slot["function"]["arguments"] += tc.function.arguments or ""
@@ -203,7 +218,11 @@ async def test_twenty_turns_streaming_sdk(tok, anyio_backend):
             for tc in msg.get("tool_calls", ()):
                 args = json.loads(tc["function"]["arguments"])
                 messages.append(
-                    {"role": "tool", "tool_call_id": tc["id"], "content": str(args["a"] + args["b"])}
+                    {
+                        "role": "tool",
+                        "tool_call_id": tc["id"],
+                        "content": str(args["a"] + args["b"]),
+                    }
                 )
         await client.close()
     check_tito(tok, engine, proxy.calls("ex-stream"), replies)

@@ -37,7 +37,9 @@ def reply_text(reasoning: str | None, content: str, calls: list[dict]) -> str:
     out += content
     for a in calls:
         out += (
-            '<tool_call>{"name": "run", "arguments": ' + json.dumps(a, ensure_ascii=False) + "}</tool_call>"
+            '<tool_call>{"name": "run", "arguments": '
+            + json.dumps(a, ensure_ascii=False)
+            + "}</tool_call>"
         )
     return out
 
@@ -59,7 +61,10 @@ def test_fast_render_equals_full_render(tok, turns, system):
         # Reference: the whole conversation rendered and tokenized at once, first call only, then
         # spliced on the known tokens (what TITO means) and compared as text.
         expected_text = tok.apply_chat_template(
-            [full_dict(m) for m in messages], tools=TOOLS, tokenize=False, add_generation_prompt=True
+            [full_dict(m) for m in messages],
+            tools=TOOLS,
+            tokenize=False,
+            add_generation_prompt=True,
         )
         assert fast.text.decode(rendered.prompt_ids) == expected_text
         assert rendered.divergence is None

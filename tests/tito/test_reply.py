@@ -20,7 +20,8 @@ def test_partial_reply_only_grows_into_the_final_parse(s):
 
 def test_parse_reply_cases():
     p = parse_reply(
-        '<think>plan</think>\nok<tool_call>{"name": "run", "arguments": {"cmd": "ls  -a"}}</tool_call>', "x"
+        '<think>plan</think>\nok<tool_call>{"name": "run", "arguments": {"cmd": "ls  -a"}}</tool_call>',
+        "x",
     )
     assert (p.reasoning, p.content, p.tool_call_error) == ("plan", "ok", None)
     assert p.tool_calls == (
@@ -28,7 +29,9 @@ def test_parse_reply_cases():
     )
     bad = parse_reply('<tool_call>{"name": "run", "arguments": {"cmd": "ls"}</tool_call>')
     assert (
-        bad.tool_calls == () and bad.content.startswith("<tool_call>") and "malformed" in bad.tool_call_error
+        bad.tool_calls == ()
+        and bad.content.startswith("<tool_call>")
+        and "malformed" in bad.tool_call_error
     )
     trailing = parse_reply('<tool_call>{"name": "run", "arguments": {}}</tool_call> and more')
     assert trailing.tool_calls == () and trailing.tool_call_error
@@ -39,7 +42,7 @@ def test_parse_reply_cases():
 
 
 @given(
-    st.text(alphabet=st.sampled_from(list("ab<>/think_col\n{}\"")), max_size=60),
+    st.text(alphabet=st.sampled_from(list('ab<>/think_col\n{}"')), max_size=60),
     st.lists(st.integers(1, 7), max_size=30),
     st.booleans(),
 )

@@ -46,7 +46,9 @@ async def test_stream_and_plain_record_identical_ids_and_logprobs(tok, anyio_bac
     }
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         plain = (
-            await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {k1}"})
+            await http.post(
+                "/chat/completions", json=body, headers={"Authorization": f"Bearer {k1}"}
+            )
         ).json()
         chunks = await sse(http, k2, "/chat/completions", body)
     a, b = proxy.calls("plain"), proxy.calls("stream")
@@ -54,7 +56,13 @@ async def test_stream_and_plain_record_identical_ids_and_logprobs(tok, anyio_bac
         (c.prompt_ids, c.completion_ids, c.logprobs, c.finish_reason) for c in b
     ]
     for index in range(2):
-        ids = [t for c in chunks for ch in c["choices"] if ch["index"] == index for t in ch["token_ids"]]
+        ids = [
+            t
+            for c in chunks
+            for ch in c["choices"]
+            if ch["index"] == index
+            for t in ch["token_ids"]
+        ]
         lps = [
             e["logprob"]
             for c in chunks
@@ -78,7 +86,9 @@ async def test_streamed_text_is_the_full_decode_with_split_multibyte_characters(
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         chunks = await sse(http, key, "/chat/completions", body)
         plain = (
-            await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+            await http.post(
+                "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            )
         ).json()
     pieces = [ch["delta"].get("content") or "" for c in chunks for ch in c["choices"]]
     assert "".join(pieces) == text == plain["choices"][0]["message"]["content"]
@@ -94,9 +104,15 @@ async def test_stop_strings_cut_text_and_keep_sampled_tokens(tok, anyio_backend)
     proxy = make_proxy(tok, engine)
     key = proxy.mint_key("stop")
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
-        body = {"model": "gyre", "messages": [{"role": "user", "content": "go"}], "stop": ["STOP", "zzz"]}
+        body = {
+            "model": "gyre",
+            "messages": [{"role": "user", "content": "go"}],
+            "stop": ["STOP", "zzz"],
+        }
         plain = (
-            await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+            await http.post(
+                "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            )
         ).json()
         chunks = await sse(http, key, "/chat/completions", body)
         cbody = {"model": "gyre", "prompt": "go", "stop": "STOP", "max_tokens": 50}
@@ -106,7 +122,10 @@ async def test_stop_strings_cut_text_and_keep_sampled_tokens(tok, anyio_backend)
         cchunks = await sse(http, key, "/completions", cbody)
     assert plain["choices"][0]["message"]["content"] == "alpha beta "
     assert plain["choices"][0]["finish_reason"] == "stop"
-    assert "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"]) == "alpha beta "
+    assert (
+        "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
+        == "alpha beta "
+    )
     assert (
         comp["choices"][0]["text"]
         == "alpha beta "
@@ -127,7 +146,9 @@ async def test_client_gone_mid_stream_keeps_the_sampled_tokens_as_abort(tok, any
     import anyio
 
     ids = encode(tok, "word " * 50) + [tok.eos_token_id]
-    engine = ScriptedEngine([ScriptedReply(token_ids=ids)], eos_token_id=tok.eos_token_id, token_delay_s=0.01)
+    engine = ScriptedEngine(
+        [ScriptedReply(token_ids=ids)], eos_token_id=tok.eos_token_id, token_delay_s=0.01
+    )
     proxy = make_proxy(tok, engine)
     key = proxy.mint_key("gone")
     body = {"model": "gyre", "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -171,9 +192,13 @@ async def test_engines_holding_cancel_scopes_across_yields_stream_fine(tok, anyi
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         chunks = await sse(http, key, "/chat/completions", body)
         plain = (
-            await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+            await http.post(
+                "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            )
         ).json()
-        text = await sse(http, key, "/completions", {"model": "gyre", "prompt": "count", "max_tokens": 8})
+        text = await sse(
+            http, key, "/completions", {"model": "gyre", "prompt": "count", "max_tokens": 8}
+        )
     assert (
         [t for c in chunks for ch in c["choices"] for t in ch["token_ids"]]
         == ids
@@ -191,7 +216,11 @@ async def test_stop_string_spread_over_many_tokens(tok, anyio_backend):
     body = {"model": "gyre", "messages": [{"role": "user", "content": "go"}], "stop": ["STOP"]}
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         chunks = await sse(http, key, "/chat/completions", body)
-        plain = (await http.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})).json()
+        plain = (
+            await http.post(
+                "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            )
+        ).json()
     streamed = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
     assert streamed == plain["choices"][0]["message"]["content"] == "alpha beta "
     for call in proxy.calls("spread"):

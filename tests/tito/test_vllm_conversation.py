@@ -55,7 +55,10 @@ async def test_twenty_turns_against_vllm(vllm_engine, anyio_backend):
                     ids += choice.model_extra["token_ids"]
                     lps += [e.logprob for e in (choice.logprobs.content if choice.logprobs else [])]
             streamed.append((ids, lps))
-            messages += [{"role": "assistant", "content": content}, {"role": "user", "content": f"next {k}"}]
+            messages += [
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": f"next {k}"},
+            ]
         await client.close()
     calls = proxy.calls("vllm")
     assert len(calls) == TURNS

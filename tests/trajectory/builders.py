@@ -13,8 +13,18 @@ import numpy as np
 from gyre.tito.records import ROLES, ModelCall
 
 
-def make_call(execution_id, call_id, prompt, completion, *, role="main", parent=None,
-              logprobs=None, versions=None, finish_reason="stop") -> ModelCall:
+def make_call(
+    execution_id,
+    call_id,
+    prompt,
+    completion,
+    *,
+    role="main",
+    parent=None,
+    logprobs=None,
+    versions=None,
+    finish_reason="stop",
+) -> ModelCall:
     n = len(completion)
     return ModelCall(
         execution_id=execution_id,
@@ -29,8 +39,9 @@ def make_call(execution_id, call_id, prompt, completion, *, role="main", parent=
     )
 
 
-def random_execution(seed: int, *, execution_id: str = "e0", max_calls: int = 6, vocab: int = 8,
-                     max_new: int = 5) -> list[ModelCall]:
+def random_execution(
+    seed: int, *, execution_id: str = "e0", max_calls: int = 6, vocab: int = 8, max_new: int = 5
+) -> list[ModelCall]:
     """Calls that extend a previous call (+ tool tokens), branch off inside one, or start anew.
 
     A small vocabulary makes accidental shared prefixes (and completions landing on existing
@@ -58,8 +69,18 @@ def random_execution(seed: int, *, execution_id: str = "e0", max_calls: int = 6,
         logprobs = (-rng.random(len(completion)) * 3).tolist()
         versions = rng.integers(3, 6, len(completion)).tolist()
         role = ROLES[int(rng.integers(0, len(ROLES)))]
-        calls.append(make_call(execution_id, f"c{k}", prompt, completion, role=role, parent=parent,
-                               logprobs=logprobs, versions=versions))
+        calls.append(
+            make_call(
+                execution_id,
+                f"c{k}",
+                prompt,
+                completion,
+                role=role,
+                parent=parent,
+                logprobs=logprobs,
+                versions=versions,
+            )
+        )
         seqs.append(prompt + completion)
     return calls
 

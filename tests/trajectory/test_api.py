@@ -7,13 +7,37 @@ import importlib
 import pytest
 
 EXPECTED = {
-    "gyre.trajectory": {"TrajectoryTree", "TreeStatistics", "build_tree", "Selection",
-                        "select_trajectories", "PackedBatch", "pack_tree", "pack_batch"},
-    "gyre.kernels": {"tree_mask", "tree_block_mask", "model_attention_mask", "tree_attention",
-                     "selective_logprob_entropy", "selective_logprob_entropy_reference"},
-    "gyre.rl": {"GroupAdvantages", "group_advantages", "reward_of", "packed_logprobs",
-                "LossStatistics", "policy_loss", "masked_token_mean", "stale_token_mask",
-                "mixed_version_calls", "microbatch_loss", "PolicyObjective"},
+    "gyre.trajectory": {
+        "TrajectoryTree",
+        "TreeStatistics",
+        "build_tree",
+        "Selection",
+        "select_trajectories",
+        "PackedBatch",
+        "pack_tree",
+        "pack_batch",
+    },
+    "gyre.kernels": {
+        "tree_mask",
+        "tree_block_mask",
+        "model_attention_mask",
+        "tree_attention",
+        "selective_logprob_entropy",
+        "selective_logprob_entropy_reference",
+    },
+    "gyre.rl": {
+        "GroupAdvantages",
+        "group_advantages",
+        "reward_of",
+        "packed_logprobs",
+        "LossStatistics",
+        "policy_loss",
+        "masked_token_mean",
+        "stale_token_mask",
+        "mixed_version_calls",
+        "microbatch_loss",
+        "PolicyObjective",
+    },
 }
 
 
@@ -22,6 +46,9 @@ def test_all_lists_the_public_names_and_each_resolves(name):
     module = importlib.import_module(name)
     assert set(module.__all__) == EXPECTED[name]
     assert len(module.__all__) == len(set(module.__all__))
-    public = {n for n, v in vars(module).items()
-              if not n.startswith("_") and not isinstance(v, type(module))}
+    public = {
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_") and not isinstance(v, type(module))
+    }
     assert public - {"annotations"} == EXPECTED[name]

@@ -77,9 +77,14 @@ def test_selection_is_the_ranked_prefix_and_mask_is_the_union_of_paths(seed, jma
     assert np.array_equal(ancestor_mask(tree, sel.leaves), sel.node_mask_N)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"jmax": 0}, "jmax=0"),
-                                                ({"jmax": 2, "role_limits": {"boss": 1}}, "'boss'"),
-                                                ({"jmax": 2, "role_limits": {"main": -1}}, "-1")])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"jmax": 0}, "jmax=0"),
+        ({"jmax": 2, "role_limits": {"boss": 1}}, "'boss'"),
+        ({"jmax": 2, "role_limits": {"main": -1}}, "-1"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     tree = build_tree(_jmax_execution())
     with pytest.raises(ValueError, match=match):

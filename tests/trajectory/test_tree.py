@@ -66,8 +66,13 @@ def test_later_prompt_shares_completion_nodes_and_keeps_their_logprobs():
     assert tree.call_N.tolist() == [0, 0, 0, 0, 0, 1, 1]
     assert tree.divergence_index("b") is None
     stats = tree.statistics()
-    got = (stats.unique_tokens, stats.tokens_in_calls, stats.policy_tokens, stats.branches,
-           stats.depth)
+    got = (
+        stats.unique_tokens,
+        stats.tokens_in_calls,
+        stats.policy_tokens,
+        stats.branches,
+        stats.depth,
+    )
     assert got == (7, 12, 3, 1, 7)
 
 

@@ -15,8 +15,24 @@ from gyre.tasks.suites.files import TaskFiles
 __all__ = ["learnable_examples", "learnable_suite"]
 
 
-_L_WORDS = ["apple", "river", "stone", "cloud", "green", "tiger", "lemon", "pearl", "maple", "sugar",
-            "blue", "seven", "house", "light", "music", "ocean"]
+_L_WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "green",
+    "tiger",
+    "lemon",
+    "pearl",
+    "maple",
+    "sugar",
+    "blue",
+    "seven",
+    "house",
+    "light",
+    "music",
+    "ocean",
+]
 _L_FILES = ["a.txt", "b.txt", "out.txt", "word.txt", "note.txt", "x.txt", "data.txt", "answer.txt"]
 
 
@@ -32,14 +48,27 @@ def _learnable_task(index: int, word: str, path: str) -> TaskFiles:
     return TaskFiles(
         name=f"{index:03d}-{word}-{path.replace('.', '-')}",
         instruction=_learnable_instruction(word, path) + "\n",
-        difficulty=1, tags=("learnable", "tool-use"),
-        deadline_s=60.0, max_turns=4, token_budget=512, group_size=8,
-        environment={}, tests={"test_word.py": (
-            '"""Hidden tests (generated)."""\n\n\n'
-            f"def test_file_exists():\n    import os\n    assert os.path.isfile({path!r})\n\n\n"
-            f"def test_word():\n    assert open({path!r}).read().strip() == {word!r}\n")},
-        solution=Solution(main=[Step(tool="write_file", arguments={"path": path, "content": word}, tests_passing=2)]),
-        num_tests=2, verifier_timeout_s=60.0,
+        difficulty=1,
+        tags=("learnable", "tool-use"),
+        deadline_s=60.0,
+        max_turns=4,
+        token_budget=512,
+        group_size=8,
+        environment={},
+        tests={
+            "test_word.py": (
+                '"""Hidden tests (generated)."""\n\n\n'
+                f"def test_file_exists():\n    import os\n    assert os.path.isfile({path!r})\n\n\n"
+                f"def test_word():\n    assert open({path!r}).read().strip() == {word!r}\n"
+            )
+        },
+        solution=Solution(
+            main=[
+                Step(tool="write_file", arguments={"path": path, "content": word}, tests_passing=2)
+            ]
+        ),
+        num_tests=2,
+        verifier_timeout_s=60.0,
     )
 
 
@@ -54,8 +83,20 @@ def learnable_examples(count: int, seed: int) -> list[tuple[str, Solution]]:
     out = []
     for _ in range(count):
         word, path = _learnable_pair(rng)
-        out.append((_learnable_instruction(word, path) + "\n",
-                    Solution(main=[Step(tool="write_file", arguments={"path": path, "content": word}, tests_passing=2)])))
+        out.append(
+            (
+                _learnable_instruction(word, path) + "\n",
+                Solution(
+                    main=[
+                        Step(
+                            tool="write_file",
+                            arguments={"path": path, "content": word},
+                            tests_passing=2,
+                        )
+                    ]
+                ),
+            )
+        )
     return out
 
 

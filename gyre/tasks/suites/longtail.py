@@ -33,11 +33,28 @@ with open(os.path.join(os.environ["GYRE_REWARD_DIR"], "reward.json"), "w") as f:
     json.dump({"passed": passed, "total": total}, f)
 '''
 
-_LT_SYSTEMS = ["billing", "search", "auth", "storage", "scheduler", "gateway", "mailer", "indexer", "cache",
-               "ledger", "metrics", "uploader"]
-_LT_CHORES = ["port the {s} service to the new build system", "find why the {s} tests are flaky",
-              "refactor the {s} module into smaller packages", "add tracing to every {s} endpoint",
-              "migrate the {s} configuration to TOML", "raise the {s} test coverage above 90%"]
+_LT_SYSTEMS = [
+    "billing",
+    "search",
+    "auth",
+    "storage",
+    "scheduler",
+    "gateway",
+    "mailer",
+    "indexer",
+    "cache",
+    "ledger",
+    "metrics",
+    "uploader",
+]
+_LT_CHORES = [
+    "port the {s} service to the new build system",
+    "find why the {s} tests are flaky",
+    "refactor the {s} module into smaller packages",
+    "add tracing to every {s} endpoint",
+    "migrate the {s} configuration to TOML",
+    "raise the {s} test coverage above 90%",
+]
 
 
 def longtail_task(index: int, seed: int) -> TaskFiles:
@@ -48,11 +65,24 @@ def longtail_task(index: int, seed: int) -> TaskFiles:
     return TaskFiles(
         name=f"{index:03d}-{system}",
         instruction=f"# Long-horizon task\n\nIn the {system} repository, {chore}. Work in small steps; "
-                    "each step runs a long tool call.\n",
-        difficulty=1, tags=("longtail", "benchmark"),
-        deadline_s=3600.0, max_turns=64, token_budget=65536, group_size=4,
-        environment={}, tests={"test.sh": TEST_SH, "check.py": _LONGTAIL_CHECK_PY},
-        solution=Solution(main=[Step(tool="write_file", arguments={"path": "result.json", "content": result},
-                                     tests_passing=1)]),
-        verifier_kind="script", verifier_timeout_s=60.0,
+        "each step runs a long tool call.\n",
+        difficulty=1,
+        tags=("longtail", "benchmark"),
+        deadline_s=3600.0,
+        max_turns=64,
+        token_budget=65536,
+        group_size=4,
+        environment={},
+        tests={"test.sh": TEST_SH, "check.py": _LONGTAIL_CHECK_PY},
+        solution=Solution(
+            main=[
+                Step(
+                    tool="write_file",
+                    arguments={"path": "result.json", "content": result},
+                    tests_passing=1,
+                )
+            ]
+        ),
+        verifier_kind="script",
+        verifier_timeout_s=60.0,
     )

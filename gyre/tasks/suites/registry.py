@@ -23,7 +23,9 @@ __all__ = ["SUITES", "generate_suite", "generate_all"]
 SUITES: dict[str, Callable[[int], list[TaskFiles]]] = {
     "nl2repo-mini": lambda seed: [nl2repo_task(i, seed, "nl2repo-mini", False) for i in range(55)],
     "terminal-mini": lambda seed: [terminal_task(i, seed) for i in range(33)],
-    "multiagent-mini": lambda seed: [nl2repo_task(i, seed, "multiagent-mini", True) for i in range(21)],
+    "multiagent-mini": lambda seed: [
+        nl2repo_task(i, seed, "multiagent-mini", True) for i in range(21)
+    ],
     "learnable": learnable_suite,
     "longtail": lambda seed: [longtail_task(i, seed) for i in range(16)],
 }

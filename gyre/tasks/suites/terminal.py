@@ -28,8 +28,34 @@ class _Sub:
     tests: list[str]
 
 
-_NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy", "Mallory", "Oscar"]
-_WORDS = ["apple", "river", "stone", "cloud", "ember", "tiger", "lemon", "pearl", "maple", "sugar", "violet", "copper"]
+_NAMES = [
+    "Alice",
+    "Bob",
+    "Carol",
+    "Dave",
+    "Erin",
+    "Frank",
+    "Grace",
+    "Heidi",
+    "Ivan",
+    "Judy",
+    "Mallory",
+    "Oscar",
+]
+_WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "ember",
+    "tiger",
+    "lemon",
+    "pearl",
+    "maple",
+    "sugar",
+    "violet",
+    "copper",
+]
 
 
 def _s_sort(rng):
@@ -38,7 +64,9 @@ def _s_sort(rng):
         "Write the lines of `names.txt` sorted alphabetically to `sorted.txt` (one name per line).",
         {"names.txt": "\n".join(names) + "\n"},
         Step(tool="run", arguments={"command": "LC_ALL=C sort names.txt > sorted.txt"}),
-        [f"def test_sorted():\n    assert open('sorted.txt').read().split() == {sorted(names)!r}\n"],
+        [
+            f"def test_sorted():\n    assert open('sorted.txt').read().split() == {sorted(names)!r}\n"
+        ],
     )
 
 
@@ -77,13 +105,20 @@ def _s_ini(rng):
 
 def _s_json(rng):
     level = rng.choice(["debug", "warning", "error"])
-    data = {"name": rng.choice(_WORDS), "logging": {"level": "info", "file": "app.log"}, "workers": rng.randint(1, 8)}
+    data = {
+        "name": rng.choice(_WORDS),
+        "logging": {"level": "info", "file": "app.log"},
+        "workers": rng.randint(1, 8),
+    }
     new = json.loads(json.dumps(data))
     new["logging"]["level"] = level
     return _Sub(
-        f"In `config.json`, set `logging.level` to `\"{level}\"`, leaving every other key unchanged.",
+        f'In `config.json`, set `logging.level` to `"{level}"`, leaving every other key unchanged.',
         {"config.json": json.dumps(data, indent=2) + "\n"},
-        Step(tool="write_file", arguments={"path": "config.json", "content": json.dumps(new, indent=2) + "\n"}),
+        Step(
+            tool="write_file",
+            arguments={"path": "config.json", "content": json.dumps(new, indent=2) + "\n"},
+        ),
         [
             f"def test_json_level():\n    import json\n    assert json.load(open('config.json'))['logging']['level'] == '{level}'\n",
             "def test_json_unchanged():\n    import json\n    d = json.load(open('config.json'))\n"
@@ -98,7 +133,10 @@ def _s_rename(rng):
     return _Sub(
         "Rename every `.txt` file in the folder `notes/` to the same name with the extension `.md`.",
         env,
-        Step(tool="run", arguments={"command": 'for f in notes/*.txt; do mv "$f" "${f%.txt}.md"; done'}),
+        Step(
+            tool="run",
+            arguments={"command": 'for f in notes/*.txt; do mv "$f" "${f%.txt}.md"; done'},
+        ),
         [
             "def test_renamed():\n    import os\n"
             f"    assert sorted(os.listdir('notes')) == {sorted(s + '.md' for s in stems)!r}\n",
@@ -115,18 +153,25 @@ def _s_replace(rng):
         f"In `story.txt`, replace every occurrence of the word `{a}` with `{b}`.",
         {"story.txt": text + "\n"},
         Step(tool="run", arguments={"command": f"sed -i 's/{a}/{b}/g' story.txt"}),
-        [f"def test_replaced():\n    assert open('story.txt').read() == {(text.replace(a, b) + chr(10))!r}\n"],
+        [
+            f"def test_replaced():\n    assert open('story.txt').read() == {(text.replace(a, b) + chr(10))!r}\n"
+        ],
     )
 
 
 def _s_csv(rng):
-    rows = [(n, rng.randint(20, 70), rng.choice(["Paris", "Lima", "Oslo", "Kyoto", "Accra"])) for n in rng.sample(_NAMES, 5)]
+    rows = [
+        (n, rng.randint(20, 70), rng.choice(["Paris", "Lima", "Oslo", "Kyoto", "Accra"]))
+        for n in rng.sample(_NAMES, 5)
+    ]
     csv = "name,age,city\n" + "".join(f"{n},{a},{c}\n" for n, a, c in rows)
     return _Sub(
         "Write the `city` column of `people.csv` (without the header) to `cities.txt`, one per line, in file order.",
         {"people.csv": csv},
         Step(tool="run", arguments={"command": "tail -n +2 people.csv | cut -d, -f3 > cities.txt"}),
-        [f"def test_cities():\n    assert open('cities.txt').read().split() == {[c for _, _, c in rows]!r}\n"],
+        [
+            f"def test_cities():\n    assert open('cities.txt').read().split() == {[c for _, _, c in rows]!r}\n"
+        ],
     )
 
 
@@ -150,8 +195,13 @@ def _s_mkdirs(rng):
     return _Sub(
         f"Create the folders {', '.join(f'`{d}/`' for d in dirs)}, each containing an empty file `.keep`.",
         {},
-        Step(tool="run", arguments={"command": " && ".join(f"mkdir -p {d} && touch {d}/.keep" for d in dirs)}),
-        [f"def test_dirs():\n    import os\n    assert all(os.path.isfile(d + '/.keep') for d in {dirs!r})\n"],
+        Step(
+            tool="run",
+            arguments={"command": " && ".join(f"mkdir -p {d} && touch {d}/.keep" for d in dirs)},
+        ),
+        [
+            f"def test_dirs():\n    import os\n    assert all(os.path.isfile(d + '/.keep') for d in {dirs!r})\n"
+        ],
     )
 
 
@@ -161,7 +211,9 @@ def _s_unique(rng):
         "Write the distinct words of `words.txt` (one word per line), sorted alphabetically, to `unique.txt`.",
         {"words.txt": "\n".join(words) + "\n"},
         Step(tool="run", arguments={"command": "LC_ALL=C sort -u words.txt > unique.txt"}),
-        [f"def test_unique():\n    assert open('unique.txt').read().split() == {sorted(set(words))!r}\n"],
+        [
+            f"def test_unique():\n    assert open('unique.txt').read().split() == {sorted(set(words))!r}\n"
+        ],
     )
 
 
@@ -170,7 +222,12 @@ def _s_concat(rng):
     return _Sub(
         "Concatenate `parts/part1.txt`, `parts/part2.txt` and `parts/part3.txt`, in that order, into `combined.txt`.",
         {f"parts/part{i + 1}.txt": p for i, p in enumerate(parts)},
-        Step(tool="run", arguments={"command": "cat parts/part1.txt parts/part2.txt parts/part3.txt > combined.txt"}),
+        Step(
+            tool="run",
+            arguments={
+                "command": "cat parts/part1.txt parts/part2.txt parts/part3.txt > combined.txt"
+            },
+        ),
         [f"def test_combined():\n    assert open('combined.txt').read() == {''.join(parts)!r}\n"],
     )
 
@@ -200,8 +257,21 @@ def _s_head(rng):
     )
 
 
-_SUBS = [_s_sort, _s_errors, _s_ini, _s_json, _s_rename, _s_replace, _s_csv, _s_tmp, _s_mkdirs, _s_unique,
-         _s_concat, _s_env, _s_head]
+_SUBS = [
+    _s_sort,
+    _s_errors,
+    _s_ini,
+    _s_json,
+    _s_rename,
+    _s_replace,
+    _s_csv,
+    _s_tmp,
+    _s_mkdirs,
+    _s_unique,
+    _s_concat,
+    _s_env,
+    _s_head,
+]
 
 _CHECK_PY = '''"""Runs the hidden checks of test_checks.py and writes reward.json (passed, total)."""
 import json
@@ -224,6 +294,7 @@ with open(os.path.join(os.environ["GYRE_REWARD_DIR"], "reward.json"), "w") as f:
     json.dump({"passed": passed, "total": len(names)}, f)
 '''
 
+
 def terminal_task(index: int, seed: int) -> TaskFiles:
     rng = random.Random(f"{seed}:terminal-mini:{index}")
     difficulty = 1 + index % 3
@@ -238,16 +309,34 @@ def terminal_task(index: int, seed: int) -> TaskFiles:
         tests_code += s.tests
         total += len(s.tests)
         steps.append(Step(tool=s.step.tool, arguments=s.step.arguments, tests_passing=total))
-    body = '"""Hidden tests (generated); they run in a copy of the workspace."""\n\n\n' + "\n\n".join(tests_code)
+    body = (
+        '"""Hidden tests (generated); they run in a copy of the workspace."""\n\n\n'
+        + "\n\n".join(tests_code)
+    )
     script = index % 4 == 3  # every fourth task: a test.sh verifier that writes a reward
-    tests = {"test.sh": TEST_SH, "check.py": _CHECK_PY, "test_checks.py": body} if script else {"test_files.py": body}
-    instruction = ("# Terminal task\n\nWork in the workspace folder with shell commands or file tools:\n\n"
-                   + "\n".join(f"{i + 1}. {s.sentence}" for i, s in enumerate(subs)) + "\n")
+    tests = (
+        {"test.sh": TEST_SH, "check.py": _CHECK_PY, "test_checks.py": body}
+        if script
+        else {"test_files.py": body}
+    )
+    instruction = (
+        "# Terminal task\n\nWork in the workspace folder with shell commands or file tools:\n\n"
+        + "\n".join(f"{i + 1}. {s.sentence}" for i, s in enumerate(subs))
+        + "\n"
+    )
     return TaskFiles(
         name=f"{index:03d}-" + "-".join(t.__name__[3:] for t in templates),
-        instruction=instruction, difficulty=difficulty, tags=("terminal",),
-        deadline_s=120.0 * difficulty, max_turns=10 + 5 * difficulty, token_budget=4096 * difficulty,
-        group_size=4, environment=env, tests=tests, solution=Solution(main=steps),
-        verifier_kind="script" if script else "pytest", num_tests=None if script else total,
+        instruction=instruction,
+        difficulty=difficulty,
+        tags=("terminal",),
+        deadline_s=120.0 * difficulty,
+        max_turns=10 + 5 * difficulty,
+        token_budget=4096 * difficulty,
+        group_size=4,
+        environment=env,
+        tests=tests,
+        solution=Solution(main=steps),
+        verifier_kind="script" if script else "pytest",
+        num_tests=None if script else total,
         verifier_timeout_s=60.0,
     )
