@@ -1,8 +1,9 @@
 """Step checkpoints and the record of finished executions, for `--resume` after a kill.
 
 Owns `LoopState` (step, weight version, data position), `save_checkpoint` / `latest_checkpoint`
-(a folder per step: the trainer's DeepSpeed checkpoint + `state.json`, published by rewriting
-`checkpoints/latest` last, so a kill mid-save leaves the previous one in force) and
+(a folder per step: the trainer's DeepSpeed checkpoint, a sha256 manifest of its files and
+`state.json`, published by rewriting `checkpoints/latest` last, so a kill mid-save leaves the
+previous one in force) and
 `ExecutionLedger` (`executions.jsonl`: every finished execution with its step, task and group
 slot, so a resumed step reuses what already ran and trains nothing twice), and `check_run_dir`
 (the preflight: whether a folder holds a run, and whether it may be resumed). Knows nothing about
@@ -11,6 +12,7 @@ engines, trees or HTTP.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -33,6 +35,8 @@ __all__ = [
 ]
 
 LEDGER_FILE = "executions.jsonl"
+MANIFEST_FILE = "manifest.json"
+"""A checkpoint's sha256 of every trainer file, written before `state.json`."""
 
 
 class LoopState(msgspec.Struct, frozen=True, kw_only=True):
@@ -65,6 +69,7 @@ def save_checkpoint(
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     save_trainer(folder / "trainer")
+    _write_atomic(folder / MANIFEST_FILE, msgspec.json.encode(_digests(folder / "trainer")))
     _write_atomic(folder / "state.json", msgspec.json.encode(state))
     _write_atomic(root / "latest", folder.name.encode())
     steps = sorted(
@@ -77,20 +82,38 @@ def save_checkpoint(
 
 def latest_checkpoint(run_dir: Path) -> tuple[LoopState, Path] | None:
     """The newest complete checkpoint (state, trainer folder), or None if the run has none.
-    Raises `RunDirError` naming the file when the checkpoint's state cannot be read."""
+    Raises `RunDirError` naming the file when the checkpoint's state cannot be read, or a trainer
+    file differs from the sha256 its manifest recorded at save time (a corrupt file would
+    otherwise load as garbage weights without an error)."""
     pointer = run_dir / "checkpoints" / "latest"
     if not pointer.exists():
         return None
     folder = run_dir / "checkpoints" / pointer.read_text(errors="replace").strip()
+    way_out = (f"remove {str(folder)!r} and {str(pointer)!r} to resume from the start (executions "
+               "already in executions.jsonl are reused)")
     try:
         state = msgspec.json.decode((folder / "state.json").read_bytes(), type=LoopState)
+        manifest = folder / MANIFEST_FILE
+        expected = (msgspec.json.decode(manifest.read_bytes(), type=dict[str, str])
+                    if manifest.exists() else None)  # checkpoints from before manifests
     except (OSError, msgspec.DecodeError) as exc:
-        raise RunDirError(
-            f"checkpoint {str(folder / 'state.json')!r} cannot be read ({exc}): remove "
-            f"{str(folder)!r} and {str(pointer)!r} to resume from the start (executions already "
-            "in executions.jsonl are reused)"
-        ) from None
+        raise RunDirError(f"checkpoint {str(folder)!r} cannot be read ({exc}): {way_out}") from None
+    if expected is not None:
+        found = _digests(folder / "trainer")
+        bad = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))
+        if bad:
+            raise RunDirError(f"checkpoint {str(folder)!r} is corrupt: trainer/{bad[0]} differs "
+                              f"from its sha256 in {MANIFEST_FILE} ({len(bad)} files): {way_out}")
     return state, folder / "trainer"
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file under `folder`, by path relative to it."""
+    out = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        with open(path, "rb") as f:
+            out[path.relative_to(folder).as_posix()] = hashlib.file_digest(f, "sha256").hexdigest()
+    return out
 
 
 def check_run_dir(
