@@ -1,5 +1,5 @@
-"""The run report: summary numbers computed by hand from a synthetic metrics file; valid PNGs; with a
-recorded timeline, the Gantt PNG and utilisation per step equal to hand-computed values."""
+"""The run report: summary numbers computed by hand from a synthetic metrics file; valid PNGs;
+with a recorded timeline, the Gantt PNG and utilisation per step equal to hand-computed values."""
 
 from __future__ import annotations
 
@@ -115,7 +115,8 @@ def test_report_files(run_dir: Path) -> None:
         "| training executions | 24 (finished 20, partially scored 3, failed 1) |",
         "| policy tokens trained | 600 |",
         "| mean dedup ratio | 2.00x |",
-        "| time in steps + evaluations | 1m 10s (rollout 43%, train 17%, sync 4%, evaluation 34%) |",
+        "| time in steps + evaluations | 1m 10s "
+        "(rollout 43%, train 17%, sync 4%, evaluation 34%) |",
     ):
         assert expected in text, expected
     for name in PLOTS:
@@ -173,8 +174,8 @@ def test_report_with_a_timeline(run_dir: Path, capsys: pytest.CaptureFixture[str
     text = (run_dir / "report" / "summary.md").read_text()
     # busy = busy cell-s / (2 cells x window); slot fill = level integral / capacity integral
     for expected in (
-        "| step | window (s) | busy | slot fill | rollout (cell-s) | train (cell-s) | step (cell-s) | "
-        "load (cell-s) | switch (cell-s) | idle (cell-s) |",
+        "| step | window (s) | busy | slot fill | rollout (cell-s) | train (cell-s) "
+        "| step (cell-s) | load (cell-s) | switch (cell-s) | idle (cell-s) |",
         "| 1 | 0.0-10.0 | 95.0% | 78.6% | 14.0 | 3.0 | 2.0 | 1.0 | 1.0 | 0.0 |",  # 19/20, 22/28
         "| 2 | 10.0-14.0 | 62.5% | 12.5% | 1.0 | 2.0 | 2.0 | 0.0 | 0.0 | 3.0 |",  # 5/8, 1/8
         "| all | 0.0-14.0 | 85.7% | 63.9% | 15.0 | 5.0 | 4.0 | 1.0 | 1.0 | 3.0 |",  # 24/28, 23/36
