@@ -102,7 +102,8 @@ class ModelConfig(_Config):
 
 
 class KVTransferConfig(_Config):
-    """KV-cache migration between engines through vLLM's KV connectors (`gyre.engines.kv_connector`)."""
+    """KV-cache migration between engines through vLLM's KV connectors
+    (`gyre.engines.kv_connector`)."""
 
     connector: Literal["none", "example", "nixl"] = "none"
     """`none`: a redirected request recomputes its context; `example`: vLLM's ExampleConnector on a
@@ -135,7 +136,8 @@ class EngineConfig(_Config):
     kv_cache_memory_bytes: int = 256 * 2**20
     """KV cache size (on CPU: host RAM reserved for KV)."""
     block_size: int = 32
-    """KV block size in tokens (vLLM's CPU default of 128 defeats prefix caching on short prompts)."""
+    """KV block size in tokens (vLLM's CPU default of 128 defeats prefix caching on short
+    prompts)."""
     enable_prefix_caching: bool = True
     enforce_eager: bool = True
     """Skip torch.compile: saves ~22 s of start-up on CPU at equal speed for tiny models."""
@@ -150,7 +152,8 @@ class EngineConfig(_Config):
     """Longest wait for one `load_weights`."""
     kv_transfer: KVTransferConfig = KVTransferConfig()
     """KV-cache export/import for migrating requests between cells (off by default). When on, the
-    engine never chunks a prefill (max_num_batched_tokens = max_model_len: a chunked store is corrupt)."""
+    engine never chunks a prefill (max_num_batched_tokens = max_model_len: a chunked store is
+    corrupt)."""
 
     def __post_init__(self) -> None:
         _positive(
@@ -179,7 +182,8 @@ class CellConfig(_Config):
 
 
 class SchedulerConfig(_Config):
-    """Which cells roll out and which train (`gyre.runtime.scheduler`, driven by `gyre.runtime.elastic`).
+    """Which cells roll out and which train (`gyre.runtime.scheduler`, driven by
+    `gyre.runtime.elastic`).
 
     Used when the node runs more than one cell (`cells.num_cells > 1`)."""
 
@@ -207,7 +211,8 @@ class SchedulerConfig(_Config):
 
 
 class RouterConfig(_Config):
-    """The router in front of the rollout cells (`gyre.runtime.router`): every wait it makes is bounded."""
+    """The router in front of the rollout cells (`gyre.runtime.router`): every wait it makes is
+    bounded."""
 
     attempt_timeout_s: float = 300.0
     """Longest wait for the next token of one attempt on one cell (the first token includes the
@@ -277,7 +282,8 @@ class TrainerConfig(_Config):
     """Weight snapshots kept on disk for the engines (older ones are deleted)."""
     train_timeout_s: float = 600.0
     """Longest a cell's training call may take (`/train`, `/step`, a gradient send or receive, a
-    checkpoint); the gradient exchange fails with a clear error after it (docs/design.md invariant 7)."""
+    checkpoint); the gradient exchange fails with a clear error after it (docs/design.md
+    invariant 7)."""
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2):
@@ -328,7 +334,8 @@ class ProxyConfig(_Config):
     model_name: str = "gyre"
     """Model name served at /v1/models; requests naming another model get 404."""
     max_body_bytes: int = 16 * 2**20
-    """Largest request body accepted; larger ones get 413 (a 1M-token history is ~4-5 MB of JSON)."""
+    """Largest request body accepted; larger ones get 413 (a 1M-token history is ~4-5 MB of
+    JSON)."""
     max_n: int = 16
     """Most choices per request."""
     context_overflow: Literal["clamp", "refuse"] = "clamp"
@@ -379,7 +386,8 @@ class HarnessConfig(_Config):
     agent_uid_base: int = 200_000
     """First uid (and gid) of agents under `isolate_uid`; must be >= 1000 and no real user's."""
     agent_uid_count: int = 4096
-    """Agent uids from `agent_uid_base` on: the most isolated executions running at once on a node."""
+    """Agent uids from `agent_uid_base` on: the most isolated executions running at once on a
+    node."""
     isolate_mounts: bool = True
     """With `isolate_uid`: each agent and verifier starts in a private mount namespace where every
     top-level folder but the system's (/usr, /etc, /var, ...), `hidden_paths`, the run folder,
@@ -419,7 +427,8 @@ class HarnessConfig(_Config):
         base, count = self.agent_uid_base, self.agent_uid_count
         if base < 1000 or count < 1 or base + count > 2**31:
             raise ValueError(
-                f"agent_uid_base={self.agent_uid_base}, agent_uid_count={self.agent_uid_count}: need "
+                f"agent_uid_base={self.agent_uid_base}, "
+                f"agent_uid_count={self.agent_uid_count}: need "
                 "base >= 1000, count >= 1 and base + count <= 2**31"
             )
         for name in ("cpu_time_s", "memory_bytes", "max_processes", "file_size_bytes"):
@@ -428,7 +437,8 @@ class HarnessConfig(_Config):
 
 
 class TaskConfig(_Config):
-    """Which task suites a run samples from, and how executions run (`gyre.tasks`, `gyre.agents`)."""
+    """Which task suites a run samples from, and how executions run (`gyre.tasks`,
+    `gyre.agents`)."""
 
     suites: tuple[str, ...] = ("examples/tasks/learnable",)
     """Suite folders (see `python -m gyre.tasks generate`)."""
@@ -470,7 +480,8 @@ class LoopConfig(_Config):
         )
         if self.batch_executions % self.group_size:
             raise ValueError(
-                f"batch_executions={self.batch_executions} must be a multiple of group_size={self.group_size}"
+                f"batch_executions={self.batch_executions} must be a multiple of "
+                f"group_size={self.group_size}"
             )
         if self.heldout_tasks < 0 or self.eval_every < 0:
             raise ValueError(
@@ -521,7 +532,8 @@ class WarmStartConfig(_Config):
             raise ValueError(f"slip_fraction={self.slip_fraction} must be in [0, 1)")
         if self.warmup_steps < 0 or self.weight_decay < 0:
             raise ValueError(
-                f"warmup_steps={self.warmup_steps} and weight_decay={self.weight_decay} must be >= 0"
+                f"warmup_steps={self.warmup_steps} and weight_decay={self.weight_decay} "
+                "must be >= 0"
             )
 
 

@@ -10,7 +10,8 @@ library still catch them. Each class carries a stable `code` string, so it survi
     GyreError                                 500  an unexpected gyre failure
     +-- ConfigError (ValueError)              400  a run config key or value is wrong; names the key
     +-- TaskError (ValueError)                400  a task folder fails validation; names the path
-    +-- RunDirError (ValueError)              400  a run folder's record is unreadable; file and line
+    +-- RunDirError (ValueError)              400  a run folder's record is unreadable; file and
+                                                   line
     +-- LogCorruptError (ValueError)          500  a call-log frame before the last one is corrupt
     +-- EngineError                           502  an inference engine or cell failed
     |   +-- InvalidRequestError (ValueError)  400  the request itself is bad (prompt, sampling)
@@ -18,12 +19,15 @@ library still catch them. Each class carries a stable `code` string, so it survi
     |   +-- EngineUnavailableError            503  the engine is paused, loading, not ready or gone
     |   +-- EngineTimeoutError (TimeoutError) 504  a bounded wait on the engine ran out
     +-- CellDiedError                         500  the core cell's process died mid-run
-    +-- WeightSyncError                       500  a weight load failed; the engine keeps its version
-    +-- ProxyError                         status  the TITO proxy refused a call (status per instance)
+    +-- WeightSyncError                       500  a weight load failed; the engine keeps its
+                                                   version
+    +-- ProxyError                         status  the TITO proxy refused a call (status per
+                                                   instance)
     +-- ExecutionError                        500  an execution failed for infrastructure reasons
     |   +-- VerifierError                     500  the verifier crashed, hung or reported nothing
     +-- ToolError                             400  an agent tool call cannot be carried out
-    +-- SimulationStalled (RuntimeError)      500  a simulated run has no pending event but unfinished steps
+    +-- SimulationStalled (RuntimeError)      500  a simulated run has no pending event but
+                                                   unfinished steps
 """
 
 from __future__ import annotations
@@ -200,7 +204,8 @@ class ToolError(GyreError):
 
 
 class SimulationStalled(GyreError, RuntimeError):
-    """No event is pending but the simulated run has not finished its steps (a policy never acts)."""
+    """No event is pending but the simulated run has not finished its steps (a policy never
+    acts)."""
 
     code = "simulation_stalled"
 
@@ -221,5 +226,6 @@ _BY_CODE: dict[str, type[GyreError]] = {
 
 
 def error_from_code(code: str, message: str) -> GyreError:
-    """Rebuild the error a peer reported as ``{code, message}``; unknown codes give `EngineError`."""
+    """Rebuild the error a peer reported as ``{code, message}``; unknown codes give
+    `EngineError`."""
     return _BY_CODE.get(code, EngineError)(message)

@@ -105,7 +105,8 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     found = preflight(config, resume=resume)
     if found is not None and _finished(config, found[0]):
         print(
-            f"nothing to do: {config.run_dir} already ran its {found[0].step} steps and final evaluation "
+            f"nothing to do: {config.run_dir} already ran its {found[0].step} steps "
+            "and final evaluation "
             f"(loop.steps={config.loop.steps}; raise it to train further)",
             flush=True,
         )
@@ -136,7 +137,8 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
         runtime = anyio.run(partial(_observed, config, model_dir, run_elastic), backend="trio")
         summary = write_report(config.run_dir, log_name=config.proxy.log_name)
         print(
-            f"done: {runtime.steps_done} steps, weight version {runtime.weights.version}; report: {summary}",
+            f"done: {runtime.steps_done} steps, weight version {runtime.weights.version}; "
+            f"report: {summary}",
             flush=True,
         )
         return LoopState(

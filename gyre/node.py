@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in run_dir from its last checkpoint (or start one if run_dir holds no run)",
+        help="continue the run in run_dir from its last checkpoint "
+        "(or start one if run_dir holds no run)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         if not _interrupted(exc):
             raise
         print(
-            f"gyre: interrupted; `python -m gyre.node --config {args.config} --resume` continues from the "
+            f"gyre: interrupted; `python -m gyre.node --config {args.config} --resume` "
+            "continues from the "
             "last checkpoint",
             file=sys.stderr,
         )

@@ -143,9 +143,9 @@ class Workspace:
         return "\n".join(names) if names else "(empty)"
 
     def run(self, command: str) -> str:
-        """Run `command` with /bin/sh in the workspace; returns `exit code N` and the combined output
-        (its last `max_read_chars` characters). Raises `ToolError` at `command_timeout_s` (the
-        command's process group is killed) and for an empty command. Not confined: a shell
+        """Run `command` with /bin/sh in the workspace; returns `exit code N` and the combined
+        output (its last `max_read_chars` characters). Raises `ToolError` at `command_timeout_s`
+        (the command's process group is killed) and for an empty command. Not confined: a shell
         command can reach any path the agent's user can."""
         if not isinstance(command, str) or not command.strip():
             raise ToolError("command must be a non-empty string")

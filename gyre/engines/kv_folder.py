@@ -95,7 +95,8 @@ def export_bytes(shared_dir: str | Path, key: str) -> int:
 
 
 def mark_complete(shared_dir: str | Path, key: str, weight_version: int) -> None:
-    """Make export `key` loadable (atomic rename); raises `FileNotFoundError` if nothing was stored."""
+    """Make export `key` loadable (atomic rename); raises `FileNotFoundError` if nothing was
+    stored."""
     folder = _folder(shared_dir, key)
     if not any(f.suffix == ".safetensors" for f in folder.iterdir()):
         raise FileNotFoundError(f"export {key} holds no KV files in {folder}")
@@ -118,7 +119,8 @@ def complete_version(shared_dir: str | Path, key: str) -> int | None:
 
 
 def release(shared_dir: str | Path, key: str) -> bool:
-    """Delete export `key`; False if it was already gone. Raises `ValueError` for a malformed key."""
+    """Delete export `key`; False if it was already gone. Raises `ValueError` for a malformed
+    key."""
     folder = _folder(shared_dir, key)
     if not folder.exists():
         return False

@@ -127,7 +127,8 @@ class _Transport:
         block = self.config.block_size
         if kv_folder.stored_tokens(len(token_ids), block) == 0:
             raise InvalidRequestError(
-                f"export_kv of {len(token_ids)} tokens: at least block_size + 1 = {block + 1} needed"
+                f"export_kv of {len(token_ids)} tokens: at least block_size + 1 = {block + 1} "
+                "needed"
             )
         if len(token_ids) >= max_model_len:
             raise InvalidRequestError(
@@ -140,7 +141,8 @@ class _Transport:
 
     def _timed_out(self, token_ids: list[int]) -> EngineTimeoutError:
         return EngineTimeoutError(
-            f"export_kv of {len(token_ids)} tokens exceeded request_timeout_s={self.config.request_timeout_s}"
+            f"export_kv of {len(token_ids)} tokens exceeded "
+            f"request_timeout_s={self.config.request_timeout_s}"
         )
 
     def import_params(self, export: KVExport, *, weight_version: int) -> dict[str, Any] | None:
@@ -182,7 +184,8 @@ class NoKVTransport(_Transport):
 
 
 class FolderTransport(_Transport):
-    """`connector = "example"`: exports are files in `kv_transfer.shared_dir` (`gyre.engines.kv_folder`).
+    """`connector = "example"`: exports are files in `kv_transfer.shared_dir`
+    (`gyre.engines.kv_folder`).
 
     `export` runs the sequence as a 1-token request marked for storing with the engine's weight
     version, which is part of the export's key; its prefix is normally still in the engine's prefix
@@ -232,7 +235,8 @@ class FolderTransport(_Transport):
                     if host.weight_version != version:
                         await asyncio.to_thread(kv_folder.release, kv.shared_dir, key)
                         raise EngineUnavailableError(
-                            f"export_kv: weights changed from version {version} to {host.weight_version} meanwhile"
+                            f"export_kv: weights changed from version {version} to "
+                            f"{host.weight_version} meanwhile"
                         )
                     try:
                         await asyncio.to_thread(
@@ -273,7 +277,8 @@ class FolderTransport(_Transport):
 
 
 class NixlTransport(_Transport):
-    """`connector = "nixl"`: the source keeps an export's blocks for `lease_s`; the target pulls them.
+    """`connector = "nixl"`: the source keeps an export's blocks for `lease_s`; the target pulls
+    them.
 
     `export` runs the sequence as a 1-token request that keeps its blocks for a remote decode; the
     handle vLLM returns (`KVExport.transfer_params`) tells the target where to pull from. `release`
@@ -312,7 +317,8 @@ class NixlTransport(_Transport):
             raise self._timed_out(token_ids) from None
         if not handle or host.weight_version != version:
             raise EngineError(
-                f"export_kv: NixlConnector kept no blocks for {len(token_ids)} tokens (handle {handle!r})"
+                f"export_kv: NixlConnector kept no blocks for {len(token_ids)} tokens "
+                f"(handle {handle!r})"
             )
         handle = dict(handle)
         handle.pop(

@@ -158,7 +158,8 @@ class InferenceEngine(Protocol):
     """
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
-        """Stream the choices' tokens; every choice ends with exactly one delta with a finish reason."""
+        """Stream the choices' tokens; every choice ends with exactly one delta with a finish
+        reason."""
         ...
 
     async def abort(self, request_id: str) -> list[Completion]:
@@ -174,7 +175,8 @@ class InferenceEngine(Protocol):
         ...
 
     async def pause(self) -> None:
-        """Stop scheduling (vLLM sleep where supported); in-flight requests wait, new ones are refused."""
+        """Stop scheduling (vLLM sleep where supported); in-flight requests wait, new ones are
+        refused."""
         ...
 
     async def resume(self) -> None:
@@ -192,11 +194,13 @@ class KVExport(msgspec.Struct, frozen=True, kw_only=True):
     key: str
     """Name of the export in the shared store (hex digest of the stored token IDs)."""
     tokens: int
-    """Leading tokens of the sequence whose KV was stored: whole blocks, at least len - block_size."""
+    """Leading tokens of the sequence whose KV was stored: whole blocks, at least
+    len - block_size."""
     sequence_tokens: int
     """Length of the exported sequence; an engine asked to continue exactly it loads `tokens`."""
     bytes: int
-    """Size of the export in the shared store (0 for NIXL: nothing is copied until the target pulls)."""
+    """Size of the export in the shared store (0 for NIXL: nothing is copied until the target
+    pulls)."""
     weight_version: int
     """Weights the KV was computed with; only an engine on the same version may load it."""
     seconds: float
@@ -359,7 +363,8 @@ class TrainStatistics(msgspec.Struct, frozen=True, kw_only=True):
     policy_tokens: int
     """Tokens that carried loss."""
     loss: float
-    """Sum of the micro-batch losses (the batch loss; non-finite when the step was skipped for it)."""
+    """Sum of the micro-batch losses (the batch loss; non-finite when the step was skipped for
+    it)."""
     grad_norm: float | None
     """Global gradient norm before clipping (None when skipped)."""
     logprob_abs_diff_mean: float
@@ -402,7 +407,8 @@ class Trainer(Protocol):
 
     @property
     def has_gradients(self) -> bool:
-        """True between an `accumulate` / `add_gradient_vector` and the next `apply_step` / `zero_grad`."""
+        """True between an `accumulate` / `add_gradient_vector` and the next `apply_step` /
+        `zero_grad`."""
         ...
 
     @property
@@ -451,7 +457,8 @@ class Trainer(Protocol):
         ...
 
     def save_snapshot(self, root: str | Path) -> Path:
-        """Write the weights as a Hugging Face folder `root/v<version>` for the engines; returns it."""
+        """Write the weights as a Hugging Face folder `root/v<version>` for the engines; returns
+        it."""
         ...
 
     def save_checkpoint(self, path: str | Path) -> None:

@@ -125,7 +125,8 @@ def init_process_group() -> None:
     """Join (or form) torch.distributed for DeepSpeed: from RANK/WORLD_SIZE/MASTER_* when a
     launcher set them, else a one-process group on a free loopback port. No rendezvous variable is
     written to the environment, so child processes (agents, other nodes) never inherit a stale one
-    (only LOCAL_RANK=0, which DeepSpeed requires, and TORCH_EXTENSIONS_DIR: `prepare_extensions_dir`)."""
+    (only LOCAL_RANK=0, which DeepSpeed requires, and TORCH_EXTENSIONS_DIR:
+    `prepare_extensions_dir`)."""
     prepare_extensions_dir()
     import deepspeed
 
@@ -193,7 +194,8 @@ class DeepSpeedTrainer:
             # so float64 (exactness tests) runs ZeRO 0 on a one-rank group without it.
             if config.zero_stage != 0 or torch.distributed.get_world_size() != 1:
                 raise ValueError(
-                    f"dtype='float64' needs zero_stage=0 on a one-rank group, got zero_stage={config.zero_stage}, "
+                    "dtype='float64' needs zero_stage=0 on a one-rank group, "
+                    f"got zero_stage={config.zero_stage}, "
                     f"world size {torch.distributed.get_world_size()}"
                 )
             self.engine.enable_backward_allreduce = False
@@ -337,8 +339,8 @@ class DeepSpeedTrainer:
         return self._grad_dtype
 
     def add_gradient_vector(self, vec: torch.Tensor) -> None:
-        """Add a flat gradient (shape [P], as `gradient_vector` returns) into DeepSpeed's accumulation,
-        at any ZeRO stage 0-2, so that the next `apply_step` sees it.
+        """Add a flat gradient (shape [P], as `gradient_vector` returns) into DeepSpeed's
+        accumulation, at any ZeRO stage 0-2, so that the next `apply_step` sees it.
 
         Done as one `engine.backward` of sum_i (p_i * g_i).sum(): d/dp of p.g is g, exactly (the
         autograd seed is 1 and each product's gradient is 1 * g), and DeepSpeed adds it to what
@@ -347,7 +349,8 @@ class DeepSpeedTrainer:
         """
         if vec.dim() != 1 or vec.shape[0] != self.num_parameters or not vec.is_floating_point():
             raise ValueError(
-                f"gradient vector of shape {tuple(vec.shape)} and dtype {vec.dtype}: expected a float "
+                f"gradient vector of shape {tuple(vec.shape)} and dtype {vec.dtype}: "
+                "expected a float "
                 f"vector of {self.num_parameters} entries"
             )
         self.engine.train()
@@ -432,7 +435,8 @@ class DeepSpeedTrainer:
         unknown = [n for n in state if n not in params]
         if missing or unknown:
             raise ValueError(
-                f"snapshot {str(snapshot_dir)!r} does not match the model: missing {missing}, unknown {unknown}"
+                f"snapshot {str(snapshot_dir)!r} does not match the model: missing {missing}, "
+                f"unknown {unknown}"
             )
         with torch.no_grad():
             for name, p in params.items():
@@ -441,7 +445,8 @@ class DeepSpeedTrainer:
                 t = state[name]
                 if t.shape != p.shape:
                     raise ValueError(
-                        f"snapshot tensor {name!r} has shape {tuple(t.shape)}, the model {tuple(p.shape)}"
+                        f"snapshot tensor {name!r} has shape {tuple(t.shape)}, "
+                        f"the model {tuple(p.shape)}"
                     )
                 p.copy_(t.to(p.dtype))
         self.version = version

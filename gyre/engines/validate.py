@@ -1,6 +1,7 @@
 """Request validation shared by every engine backend, so all refuse bad input the same way.
 
-Owns `validate_request` and `remember_abort`. Knows the engine's vocabulary size and context limit, nothing else.
+Owns `validate_request` and `remember_abort`. Knows the engine's vocabulary size and context
+limit, nothing else.
 """
 
 from __future__ import annotations

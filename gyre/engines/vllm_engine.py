@@ -1,4 +1,5 @@
-"""The vLLM inference backend: `VLLMEngine` wraps vLLM's AsyncLLM behind the `InferenceEngine` protocol.
+"""The vLLM inference backend: `VLLMEngine` wraps vLLM's AsyncLLM behind the `InferenceEngine`
+protocol.
 
 Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node reaches it through
 `gyre.runtime.cell_client.CellClient`. Owns how gyre drives vLLM:
@@ -228,7 +229,8 @@ class VLLMEngine:
                 except TimeoutError:
                     await self.abort(request.request_id)
                     raise EngineTimeoutError(
-                        f"request {request.request_id!r} exceeded request_timeout_s={self.config.request_timeout_s}"
+                        f"request {request.request_id!r} exceeded "
+                        f"request_timeout_s={self.config.request_timeout_s}"
                     ) from None
                 for delta in _coalesce(item, queue):
                     if delta.finish_reason is not None:
@@ -472,7 +474,8 @@ class VLLMEngine:
             except TimeoutError:
                 self._broken = f"weight load of version {version} timed out"
                 raise WeightSyncError(
-                    f"{self._broken} after weight_load_timeout_s={self.config.weight_load_timeout_s}"
+                    f"{self._broken} after "
+                    f"weight_load_timeout_s={self.config.weight_load_timeout_s}"
                 ) from None
             finally:
                 await self.llm.resume_generation()
@@ -490,7 +493,8 @@ class VLLMEngine:
             await self.llm.pause_generation(mode="keep", clear_cache=False)
 
     async def resume(self) -> None:
-        """Undo `pause()` (vLLM `wake_up` after a sleep); the prefix cache starts empty after one."""
+        """Undo `pause()` (vLLM `wake_up` after a sleep); the prefix cache starts empty after
+        one."""
         if self.config.sleep_mode:
             await self.llm.wake_up()
             await self.llm.reset_prefix_cache()

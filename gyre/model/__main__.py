@@ -1,8 +1,11 @@
-"""`python -m gyre.model init|sft|demos`: write the reference tiny model; warm-start it on demonstrations.
+"""`python -m gyre.model init|sft|demos`: write the reference tiny model; warm-start it on
+demonstrations.
 
     python -m gyre.model init DIR [--seed N] [--hidden-size ...]
-    python -m gyre.model sft --model DIR --out DIR [--config RUN.toml] [--examples N --epochs E --lr LR ...]
-    python -m gyre.model demos --out demos.jsonl [--suite-dir examples/tasks/learnable] [--count N --seed S]
+    python -m gyre.model sft --model DIR --out DIR [--config RUN.toml]
+        [--examples N --epochs E --lr LR ...]
+    python -m gyre.model demos --out demos.jsonl [--suite-dir examples/tasks/learnable]
+        [--count N --seed S]
 
 Owns only argument parsing; the work is in `gyre.model.recipe`, `gyre.model.sft` and
 `gyre.agents.oracle` (the demonstrations).
@@ -32,7 +35,7 @@ _SFT_FLAGS = (
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m gyre.model",
-        description=__doc__.splitlines()[0],
+        description=" ".join(__doc__.split("\n\n")[0].split()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -106,7 +109,8 @@ def _sft(args: argparse.Namespace) -> int:
         return 2
     record = msgspec.json.decode((path / SFT_RECORD).read_bytes(), type=SFTResult)
     print(
-        f"{path}: {record.steps} steps, final loss {record.losses[-1]:.4f}, trained in {record.wall_s:.0f} s "
+        f"{path}: {record.steps} steps, final loss {record.losses[-1]:.4f}, "
+        f"trained in {record.wall_s:.0f} s "
         f"(this call {time.perf_counter() - t0:.1f} s)"
     )
     return 0

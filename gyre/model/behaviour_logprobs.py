@@ -1,11 +1,11 @@
 """Behaviour logprobs recomputed with transformers: the reference for what an engine sampled from.
 
 Owns `sampling_logprobs` (logits -> logprobs of the distribution an engine samples from: the
-temperature, top-k and top-p of vLLM, docs/design.md invariant 2) and `completion_logprobs` (a model,
-a prompt and a completion -> each completion token's behaviour logprob, one unpacked forward, no
-gradient). Tests use it as the independent reference for vLLM's logprobs. Not what the trainer
-trains on: that is `gyre.rl.packed_forward` (packed trees, differentiable, over the fused
-`gyre.kernels.selective_logprob` kernel). Knows nothing about engines or trees.
+temperature, top-k and top-p of vLLM, docs/design.md invariant 2) and `completion_logprobs` (a
+model, a prompt and a completion -> each completion token's behaviour logprob, one unpacked
+forward, no gradient). Tests use it as the independent reference for vLLM's logprobs. Not what
+the trainer trains on: that is `gyre.rl.packed_forward` (packed trees, differentiable, over the
+fused `gyre.kernels.selective_logprob` kernel). Knows nothing about engines or trees.
 
 Shapes: T = sequence positions, V = vocabulary, C = completion tokens.
 """
@@ -26,8 +26,9 @@ def sampling_logprobs(
 
     This is vLLM's `processed_logprobs` order and rule (temperature, then top-k, then top-p as in
     vLLM's `apply_top_k_top_p_pytorch`: sorted ascending, tokens whose cumulative mass is
-    <= 1 - top_p are dropped, the most likely always kept; then log-softmax over the kept tokens; FIELD_CASES B05: logits [2, 1, 0], T = 0.5 gives
-    log softmax([4, 2, 0])[0] = -0.14293). Temperature 0 (greedy) uses the raw logits.
+    <= 1 - top_p are dropped, the most likely always kept; then log-softmax over the kept tokens;
+    FIELD_CASES B05: logits [2, 1, 0], T = 0.5 gives log softmax([4, 2, 0])[0] = -0.14293).
+    Temperature 0 (greedy) uses the raw logits.
 
     Args:
         logits_TV: float logits, shape [T, V].

@@ -98,7 +98,8 @@ def offline_pass_rate(
     """
     if samples < 1 or temperature < 0 or max_turns < 1 or not tasks:
         raise ValueError(
-            f"{samples=} must be >= 1, {temperature=} >= 0, {max_turns=} >= 1, tasks={len(tasks)} > 0"
+            f"{samples=} must be >= 1, {temperature=} >= 0, {max_turns=} >= 1, "
+            f"tasks={len(tasks)} > 0"
         )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,4 +1,5 @@
-"""The reference tiny model: a Qwen2 decoder, a locally trained byte-level BPE and a ChatML template.
+"""The reference tiny model: a Qwen2 decoder, a locally trained byte-level BPE and a ChatML
+template.
 
 Owns `build_tokenizer`, `build_model` and `init_model_dir`, which write a Hugging Face folder that
 both transformers and vLLM load (no hub download anywhere). Deterministic for a seed: the same

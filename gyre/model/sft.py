@@ -100,7 +100,6 @@ def _packed_loss(model: Any, batch: list[Encoded], prefix_len: int):
     p = prefix_len
     ids: list[int] = list(batch[0].ids[:p])
     pos: list[int] = list(range(p))
-    dfs_out: list[int] = []
     parents: list[int] = []
     labels: list[int] = []
     spans: list[tuple[int, int]] = []
@@ -232,7 +231,8 @@ def warm_start(
             shutil.rmtree(tmp)
     if log is not None:
         log(
-            f"warm start: wrote {out_dir} ({result.steps} steps, final loss {result.losses[-1]:.4f}, "
+            f"warm start: wrote {out_dir} ({result.steps} steps, "
+            f"final loss {result.losses[-1]:.4f}, "
             f"{result.wall_s:.0f} s)"
         )
     return out_dir

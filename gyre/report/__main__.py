@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except NotADirectoryError:
         print(
-            f"error: {args.run_dir}: not a run directory (give the folder that holds metrics.jsonl)",
+            f"error: {args.run_dir}: not a run directory "
+            "(give the folder that holds metrics.jsonl)",
             file=sys.stderr,
         )
         return 2

@@ -3,8 +3,8 @@
 Owns `TrainingBatch` and `build_training_batch`. Every execution of the step is accounted for
 once: failed ones (infrastructure), ones with no sampled token, and ones with greedy or truncated
 (top-k / top-p) calls, whose behaviour distribution the trainer does not reproduce (docs/design.md
-invariant 2), get no advantage and stay out of the baselines and the loss; the others (finished or partially scored) are trained. Knows nothing about
-engines, processes or optimizers.
+invariant 2), get no advantage and stay out of the baselines and the loss; the others (finished
+or partially scored) are trained. Knows nothing about engines, processes or optimizers.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class TrainingBatch(msgspec.Struct, frozen=True, kw_only=True):
     """Every execution of the step -> its advantage (None: no loss)."""
     trained_executions: int
     excluded: dict[str, str]
-    """Execution id -> why it carries no loss (`failed: ...`, `no tokens`, `greedy ...`, `truncated ...`)."""
+    """Execution id -> why it carries no loss (`failed: ...`, `no tokens`, `greedy ...`,
+    `truncated ...`)."""
     policy_tokens: int
     """Selected policy tokens, each shared token once."""
     packed_tokens: int

@@ -166,7 +166,8 @@ class _Cell:
     def _need_group(self):
         if self.group is None:
             raise InvalidRequestError(
-                "this cell has no gradient group (start it with --rank, --world-size and --group-store)"
+                "this cell has no gradient group "
+                "(start it with --rank, --world-size and --group-store)"
             )
         return self.group
 
@@ -632,7 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not os.environ.get(CELL_SECRET_ENV):
         parser.error(
-            f"${CELL_SECRET_ENV} is not set: clients authenticate with it (gyre sets it for the cells it starts)"
+            f"${CELL_SECRET_ENV} is not set: clients authenticate with it "
+            "(gyre sets it for the cells it starts)"
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = msgspec.json.decode(args.engine_config.encode(), type=EngineConfig)

@@ -255,7 +255,8 @@ class CellClient:
                     ended = True
                     await self._abort_quietly(request.request_id)
                     raise EngineTimeoutError(
-                        f"request {request.request_id!r} exceeded request_timeout_s={self.config.request_timeout_s}"
+                        f"request {request.request_id!r} exceeded "
+                        f"request_timeout_s={self.config.request_timeout_s}"
                     ) from None
                 if isinstance(frame, GyreError):  # the stream was lost
                     ended = True
@@ -364,8 +365,8 @@ class CellClient:
     async def train(
         self, micro_batches: Sequence[PackedBatch], advantages: Mapping[str, float | None]
     ) -> AccumulateStatistics:
-        """Accumulate the gradients of `micro_batches` in the cell's trainer (role "train"; no step).
-        Raises `InvalidRequestError` in another role, for no micro-batches or an execution
+        """Accumulate the gradients of `micro_batches` in the cell's trainer (role "train"; no
+        step). Raises `InvalidRequestError` in another role, for no micro-batches or an execution
         without an advantage (nothing is accumulated then)."""
         request = TrainRequest(micro_batches=list(micro_batches), advantages=dict(advantages))
         return decode(

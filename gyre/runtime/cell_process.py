@@ -66,7 +66,8 @@ class CellProcess(msgspec.Struct, kw_only=True):
         return self.process.returncode
 
     def remove_port_file(self) -> None:
-        """Delete the port file and its private folder (`spawn_cell` made it; nothing else is in it)."""
+        """Delete the port file and its private folder (`spawn_cell` made it; nothing else is in
+        it)."""
         self.port_file.unlink(missing_ok=True)
         if self.port_file.parent.name.startswith(_PORT_DIR_PREFIX):
             shutil.rmtree(self.port_file.parent, ignore_errors=True)
@@ -161,7 +162,8 @@ def wait_cell_ready(cell: CellProcess, timeout_s: float, host: str = "127.0.0.1"
         while time.monotonic() < deadline:
             if cell.process.poll() is not None:
                 raise EngineUnavailableError(
-                    f"cell exited with code {cell.process.returncode} during start-up; log tail:\n{_tail(cell.log_path)}"
+                    f"cell exited with code {cell.process.returncode} during start-up; "
+                    f"log tail:\n{_tail(cell.log_path)}"
                 )
             if cell.base_url is None and cell.port_file.exists():
                 cell.base_url = f"http://{host}:{int(cell.port_file.read_text())}"

@@ -122,9 +122,10 @@ class DeltaStreams:
         abort: Callable[[str], Awaitable[object]],
         done: Callable[[], None],
     ) -> None:
-        """Stream `first` and the rest of `deltas` on `stream_id` as request `tag`. `abort(request_id)`
-        frees the engine when the stream goes away first; `done()` runs when the request has
-        ended either way. Raises `EngineUnavailableError` if the stream is not open."""
+        """Stream `first` and the rest of `deltas` on `stream_id` as request `tag`.
+        `abort(request_id)` frees the engine when the stream goes away first; `done()` runs when
+        the request has ended either way. Raises `EngineUnavailableError` if the stream is not
+        open."""
         self.check_open(stream_id)
         stream = self._streams[stream_id]
         stream.pumps[tag] = asyncio.create_task(

@@ -1,4 +1,5 @@
-"""Wire format of a cell's token-level API: msgspec msgpack bodies and length-prefixed stream frames.
+"""Wire format of a cell's token-level API: msgspec msgpack bodies and length-prefixed stream
+frames.
 
 Owns the request/response Structs of the cell API and the frame codec of `/stream`, the
 long-lived body that carries every request's deltas (4-byte big-endian length, then one msgpack
@@ -150,7 +151,8 @@ class TrainRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     micro_batches: list[PackedBatch]
     advantages: dict[str, float | None]
-    """Advantage per execution id (None: no loss); every execution of the micro-batches needs one."""
+    """Advantage per execution id (None: no loss); every execution of the micro-batches needs
+    one."""
 
 
 class SendGradientsRequest(msgspec.Struct, frozen=True, kw_only=True):

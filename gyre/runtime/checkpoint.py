@@ -47,7 +47,8 @@ class LoopState(msgspec.Struct, frozen=True, kw_only=True):
     version: int = 0
     """Weight version after `step` steps."""
     task_cursor: int = 0
-    """Training tasks consumed so far (the data position; the order is a seeded shuffle per epoch)."""
+    """Training tasks consumed so far (the data position; the order is a seeded shuffle per
+    epoch)."""
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -89,21 +90,28 @@ def latest_checkpoint(run_dir: Path) -> tuple[LoopState, Path] | None:
     if not pointer.exists():
         return None
     folder = run_dir / "checkpoints" / pointer.read_text(errors="replace").strip()
-    way_out = (f"remove {str(folder)!r} and {str(pointer)!r} to resume from the start (executions "
-               "already in executions.jsonl are reused)")
+    way_out = (
+        f"remove {str(folder)!r} and {str(pointer)!r} to resume from the start (executions "
+        "already in executions.jsonl are reused)"
+    )
     try:
         state = msgspec.json.decode((folder / "state.json").read_bytes(), type=LoopState)
         manifest = folder / MANIFEST_FILE
-        expected = (msgspec.json.decode(manifest.read_bytes(), type=dict[str, str])
-                    if manifest.exists() else None)  # checkpoints from before manifests
+        expected = (
+            msgspec.json.decode(manifest.read_bytes(), type=dict[str, str])
+            if manifest.exists()
+            else None
+        )  # checkpoints from before manifests
     except (OSError, msgspec.DecodeError) as exc:
         raise RunDirError(f"checkpoint {str(folder)!r} cannot be read ({exc}): {way_out}") from None
     if expected is not None:
         found = _digests(folder / "trainer")
         bad = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))
         if bad:
-            raise RunDirError(f"checkpoint {str(folder)!r} is corrupt: trainer/{bad[0]} differs "
-                              f"from its sha256 in {MANIFEST_FILE} ({len(bad)} files): {way_out}")
+            raise RunDirError(
+                f"checkpoint {str(folder)!r} is corrupt: trainer/{bad[0]} differs "
+                f"from its sha256 in {MANIFEST_FILE} ({len(bad)} files): {way_out}"
+            )
     return state, folder / "trainer"
 
 

@@ -8,7 +8,8 @@ fails or the export was computed with other weights than the target serves), wit
 `MigrationRecord` / `MigrationStatistics`.
 
 Knows nothing about cells, roles or routing (the router picks source and target), nor how an
-engine moves KV (`KVTransferEngine.export_kv` / `release_kv`; vLLM's side is `gyre.engines.kv_transport`).
+engine moves KV (`KVTransferEngine.export_kv` / `release_kv`; vLLM's side is
+`gyre.engines.kv_transport`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class ContinuationPlan(msgspec.Struct, frozen=True, kw_only=True):
     request: GenerateRequest
     """What the target runs: prompt + tokens so far, max_tokens reduced, the attempt's seed."""
     tokens_recomputed: int
-    """Tokens the target prefills again because no KV came along (before its own prefix-cache hits)."""
+    """Tokens the target prefills again because no KV came along (before its own prefix-cache
+    hits)."""
     tokens_loaded: int = 0
     """Tokens whose KV the target loads from `export` instead of prefilling them."""
     export: KVExport | None = None
@@ -107,7 +109,8 @@ class MigrationRecord(msgspec.Struct, frozen=True, kw_only=True):
     export_s: float
     """Seconds spent exporting on the source (0 when no export was tried)."""
     reason: str | None = None
-    """Why it was recomputed (export failed or timed out, weights differ, ...); None when migrated."""
+    """Why it was recomputed (export failed or timed out, weights differ, ...); None when
+    migrated."""
 
 
 class MigrationStatistics(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,8 +12,9 @@ calls `policy.decide` after every change until no action is left.
 Batches (docs/design.md "step"): executions are dispatched in order, `group_size` per task; which
 finished groups form each step's batch (streaming or not, `SchedulerConfig.streaming`) is
 `gyre.runtime.batch_formation`'s, each group trained as soon as it is admitted. Every execution's
-loss weight uses the batch size as denominator (docs/design.md loss normalisation: per execution, then
-over the batch's executions). The published weights are one `WeightVersion`, bumped by the step.
+loss weight uses the batch size as denominator (docs/design.md loss normalisation: per execution,
+then over the batch's executions). The published weights are one `WeightVersion`, bumped by the
+step.
 
 Cells (`CellHandle`, tracked as `DrivenCell`s, `gyre.runtime.cell_handle`): anything with the
 `CellClient` methods (generate..., `switch_role`, `train`, `load_trainer_weights`,
@@ -120,7 +121,8 @@ class ElasticRuntime:
         loop = config.loop
         if loop.batch_executions % loop.group_size:
             raise ValueError(
-                f"loop.batch_executions={loop.batch_executions} must be a multiple of loop.group_size={loop.group_size}"
+                f"loop.batch_executions={loop.batch_executions} must be a multiple of "
+                f"loop.group_size={loop.group_size}"
             )
         if not cells:
             raise ValueError("cells=() must not be empty")
@@ -574,7 +576,8 @@ class ElasticRuntime:
         code = cell.process.poll()
         if cell is self.core:
             raise CellDiedError(
-                f"core cell {cell.name} died (exit {code}): its weights and optimizer state are lost"
+                f"core cell {cell.name} died (exit {code}): "
+                "its weights and optimizer state are lost"
             )
         logger.warning(
             "cell %s died (exit %s): dropped; its executions move to the other cells",

@@ -70,7 +70,8 @@ class GradientGroup:
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self.world_size or peer == self.rank:
             raise ValueError(
-                f"peer rank {peer} must be another rank in [0, {self.world_size}) (this is {self.rank})"
+                f"peer rank {peer} must be another rank in [0, {self.world_size}) "
+                f"(this is {self.rank})"
             )
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:

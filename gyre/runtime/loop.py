@@ -58,13 +58,15 @@ def split_tasks(config: RunConfig) -> tuple[list[Task], list[Task]]:
     heldout = [t for i, t in enumerate(tasks) if i in held]
     if not train:
         raise ConfigError(
-            f"loop.heldout_tasks={k} leaves no training task among {len(tasks)} in {config.tasks.suites}"
+            f"loop.heldout_tasks={k} leaves no training task among {len(tasks)} "
+            f"in {config.tasks.suites}"
         )
     return train, heldout
 
 
 def pick_tasks(train: Sequence[Task], cursor: int, n: int, seed: int) -> list[Task]:
-    """Tasks `cursor .. cursor + n - 1` of the data stream: each epoch a seeded shuffle of `train`."""
+    """Tasks `cursor .. cursor + n - 1` of the data stream: each epoch a seeded shuffle of
+    `train`."""
     out = []
     for k in range(cursor, cursor + n):
         epoch, i = divmod(k, len(train))
@@ -100,7 +102,8 @@ class _Run:
         self.train_tasks, self.heldout = split_tasks(config)
 
     def _recovered(self, step: int) -> dict[tuple[str, int], Executed]:
-        """Executions of `step` that finished before a kill, rebuilt from the ledger and call log."""
+        """Executions of `step` that finished before a kill, rebuilt from the ledger and call
+        log."""
         entries = self.ledger.entries(step)
         if not entries:
             return {}

@@ -77,7 +77,8 @@ class StepMetrics(msgspec.Struct, frozen=True, kw_only=True, tag="step"):
     dedup_ratio: float
     """Tokens of the selected trajectories run one by one / packed tokens (>= 1)."""
     logprob_abs_diff_mean: float
-    """Mean |trainer - behaviour| logprob over loss tokens (off-policy mismatch, FIELD_CASES B07)."""
+    """Mean |trainer - behaviour| logprob over loss tokens (off-policy mismatch, FIELD_CASES
+    B07)."""
     mean_ratio: float
     """Mean importance ratio over loss tokens."""
     applied: bool

@@ -28,10 +28,12 @@ def format_step(r: StepMetrics, total_steps: int | None = None) -> str:
     of = f"/{total_steps}" if total_steps else ""
     skipped = "" if r.applied else "  SKIPPED"
     return (
-        f"step {r.step}{of}  v{r.version}  pass {_num(r.pass_rate, '.3f')}  reward {_num(r.mean_reward, '.3f')}  "
+        f"step {r.step}{of}  v{r.version}  pass {_num(r.pass_rate, '.3f')}  "
+        f"reward {_num(r.mean_reward, '.3f')}  "
         f"exec {r.executions} (partial {r.partial}, failed {r.failed})  tokens {r.policy_tokens}  "
         f"dedup {_num(r.dedup_ratio, '.2f')}  |dlogp| {_num(r.logprob_abs_diff_mean, '.1e')}  "
-        f"time {r.step_s:.1f}s (rollout {r.rollout_s:.1f}, train {r.train_s:.1f}, sync {r.sync_s:.1f}){skipped}"
+        f"time {r.step_s:.1f}s (rollout {r.rollout_s:.1f}, train {r.train_s:.1f}, "
+        f"sync {r.sync_s:.1f}){skipped}"
     )
 
 

@@ -144,7 +144,8 @@ class RequestState:
 
 
 class RedirectStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """Counters of a `Redirector` (docs/style.md rule 6); `RouterStatistics` documents each field."""
+    """Counters of a `Redirector` (docs/style.md rule 6); `RouterStatistics` documents each
+    field."""
 
     tokens_generated: int
     requests_routed: int
@@ -223,7 +224,8 @@ class Redirector(Generic[M]):
                 if deadline.cancelled_caught:
                     raise EngineTimeoutError(
                         f"request {rid!r} choice {choice.index}: not finished within "
-                        f"request_timeout_s={self.config.request_timeout_s} ({len(choice.ids)} tokens so far)"
+                        f"request_timeout_s={self.config.request_timeout_s} "
+                        f"({len(choice.ids)} tokens so far)"
                     )
             except Exception as exc:  # handed to the caller, who re-raises it
                 _send(state, exc)
@@ -330,7 +332,8 @@ class Redirector(Generic[M]):
                     else f"ended with finish reason {leg.finish!r}"
                 )
                 raise EngineUnavailableError(
-                    f"request {request.request_id!r} choice {choice.index}: {failures} failed attempts "
+                    f"request {request.request_id!r} choice {choice.index}: "
+                    f"{failures} failed attempts "
                     f"(max_retries={self.config.max_retries}); last on cell {member.name!r}: {why}"
                 )
             avoid = member
@@ -415,7 +418,8 @@ class Redirector(Generic[M]):
         )
 
     async def _watch(self, leg: Leg) -> None:
-        """Stop the attempt if no token arrives for `attempt_timeout_s` (it is retried elsewhere)."""
+        """Stop the attempt if no token arrives for `attempt_timeout_s` (it is retried
+        elsewhere)."""
         while (wake := leg.last_token_s + self.config.attempt_timeout_s) > anyio.current_time():
             await anyio.sleep(wake - anyio.current_time())
         await self.stop_leg(leg, "timeout")

@@ -1,12 +1,14 @@
-"""The router: cell membership and session-affine routing of generate requests over the rollout cells.
+"""The router: cell membership and session-affine routing of generate requests over the rollout
+cells.
 
-Owns `Router` (itself an `InferenceEngine`; `Router.engine_for(execution_id)` gives the per-execution
-view the TITO proxy asks for) and its statistics (`RouterStatistics`, one `CellRecord` per cell).
-An execution's requests stay on one rollout cell while that cell rolls out (prefix-cache reuse); a
-new execution goes to the least-loaded cell. When a cell leaves rollout (`set_role`, `drain`), dies
-(`EngineUnavailableError`) or stalls, its in-flight attempts move to other cells: the driving of
-attempts is `gyre.runtime.redirect`, how a choice continues there (KV migrated or recomputed) is
-`gyre.runtime.continuation`. Every wait is bounded (`RouterConfig`, docs/design.md invariant 7).
+Owns `Router` (itself an `InferenceEngine`; `Router.engine_for(execution_id)` gives the
+per-execution view the TITO proxy asks for) and its statistics (`RouterStatistics`, one `CellRecord`
+per cell). An execution's requests stay on one rollout cell while that cell rolls out (prefix-cache
+reuse); a new execution goes to the least-loaded cell. When a cell leaves rollout (`set_role`,
+`drain`), dies (`EngineUnavailableError`) or stalls, its in-flight attempts move to other cells: the
+driving of attempts is `gyre.runtime.redirect`, how a choice continues there (KV migrated or
+recomputed) is `gyre.runtime.continuation`. Every wait is bounded (`RouterConfig`, docs/design.md
+invariant 7).
 
 Knows nothing about chat, HTTP, processes, or how a cell changes role inside: whoever switches a
 cell calls `set_role` first and switches the cell after it returns.
@@ -56,7 +58,8 @@ class CellRecord(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     role: CellRole
     down: str | None
-    """Why the cell gets no requests (it died, refused, or a weight load failed); None: in service."""
+    """Why the cell gets no requests (it died, refused, or a weight load failed); None: in
+    service."""
     running: int
     """Attempts in flight on the cell."""
     executions: int
@@ -70,8 +73,8 @@ class RouterStatistics(EngineStatistics, frozen=True, kw_only=True):
 
     Engine fields: `weight_version` is the oldest version among rollout cells in service (0 with
     none); `running_requests`, `requests_total`, `requests_aborted` and `tokens_generated` count the
-    router's callers' requests and the tokens they received; `max_model_len` and `vocab_size` are the
-    smallest over all cells (a request must fit every cell it may move to).
+    router's callers' requests and the tokens they received; `max_model_len` and `vocab_size` are
+    the smallest over all cells (a request must fit every cell it may move to).
     """
 
     requests_routed: int = 0
@@ -89,7 +92,8 @@ class RouterStatistics(EngineStatistics, frozen=True, kw_only=True):
     requests_replayed: int = 0
     """Requests answered from the completions of an earlier request with the same ID."""
     tokens_recomputed: int = 0
-    """Prompt + carried tokens the continuations' cells prefilled again (before prefix-cache hits)."""
+    """Prompt + carried tokens the continuations' cells prefilled again (before prefix-cache
+    hits)."""
     requests_migrated: int = 0
     """Continuations whose cell loaded the KV exported by the cell the choice left."""
     tokens_migrated: int = 0
@@ -145,14 +149,16 @@ class _Member:
 
 
 class Router:
-    """`InferenceEngine` over a set of named cells, each with a role (`rollout`, `train`, `switching`).
+    """`InferenceEngine` over a set of named cells, each with a role (`rollout`, `train`,
+    `switching`).
 
     Use as `async with Router(cells, config=...) as router:`; requests run in the router's task
     group (a consumer that stops iterating cancels its request, which is aborted on its cell). Only
     cells whose role is `rollout` and that are not down receive requests.
 
     Args:
-        cells: name -> engine (a `CellClient`, a `VLLMEngine`, a `ScriptedEngine`); more with `add_cell`.
+        cells: name -> engine (a `CellClient`, a `VLLMEngine`, a `ScriptedEngine`); more with
+            `add_cell`.
         roles: name -> initial role; cells not named start as `rollout`.
         config: timeouts and limits (`RouterConfig`).
         continuation: how a choice continues on another cell (default `RecomputeContinuation`).
@@ -281,7 +287,8 @@ class Router:
 
     def mark_down(self, name: str, reason: str) -> None:
         """Take cell `name` out of service (it died or must not serve); its attempts in flight end
-        by themselves (their stream fails or stalls) and continue elsewhere; `drain` moves them now."""
+        by themselves (their stream fails or stalls) and continue elsewhere; `drain` moves them
+        now."""
         self._mark_down(self._member(name), reason)
 
     def mark_up(self, name: str) -> None:
@@ -306,7 +313,8 @@ class Router:
         return _ExecutionEngine(self, execution_id)
 
     def end_execution(self, execution_id: str) -> None:
-        """Forget the cell an execution is pinned to (call when it finishes; unknown IDs are ignored)."""
+        """Forget the cell an execution is pinned to (call when it finishes; unknown IDs are
+        ignored)."""
         cell = self._pins.pop(execution_id, None)
         if cell is not None:
             cell.executions -= 1
@@ -352,7 +360,8 @@ class Router:
             left = False
             if pending:
                 raise EngineUnavailableError(
-                    f"request {request.request_id!r}: router closed before choices {sorted(pending)} finished"
+                    f"request {request.request_id!r}: router closed before choices "
+                    f"{sorted(pending)} finished"
                 )
         finally:
             with anyio.CancelScope(shield=True):

@@ -38,7 +38,8 @@ __all__ = [
 ]
 
 CellRole = Literal["rollout", "train", "switching"]
-"""A cell's role (docs/design.md terms); `switching` lasts from the switch order to its completion."""
+"""A cell's role (docs/design.md terms); `switching` lasts from the switch order to its
+completion."""
 
 
 class CellView(msgspec.Struct, frozen=True, kw_only=True):
@@ -235,9 +236,10 @@ def admission_room(state: SchedulerState, max_staleness_steps: int) -> int:
     execution may start only while ``dispatched < (weight_version + 1 + k) * batch_executions``,
     so no execution starts more than ``k`` versions ahead of the step it is dispatched for (its
     batch, in the node runtime). Where batches are instead the first groups to finish (the
-    simulator's ``unstreamed_batch = "first_finished"``), a straggler can be trained later than that:
-    the per-token `RLConfig.max_staleness` mask (default 2) is then what bounds the trained
-    staleness. ``k = 0`` is on-policy dispatch: the next batch starts only after the previous update.
+    simulator's ``unstreamed_batch = "first_finished"``), a straggler can be trained later than
+    that: the per-token `RLConfig.max_staleness` mask (default 2) is then what bounds the trained
+    staleness. ``k = 0`` is on-policy dispatch: the next batch starts only after the previous
+    update.
     """
     bound = (state.weight_version + 1 + max_staleness_steps) * state.batch_executions
     return max(0, bound - state.dispatched)

@@ -25,7 +25,8 @@ _SUPERVISOR = str(Path(supervisor.__file__).resolve())
 
 class Mounts(msgspec.Struct, frozen=True, kw_only=True):
     """The filesystem a supervised command sees: a private mount namespace (needs root with
-    CAP_SYS_ADMIN; see `supervisor.enter_mount_namespace`). Absolute paths; missing ones are skipped.
+    CAP_SYS_ADMIN; see `supervisor.enter_mount_namespace`). Absolute paths; missing ones are
+    skipped.
 
     Shallowest path first: a folder in `expose` under one in `hide` is visible, a folder in `hide`
     under one in `expose` is not."""

@@ -91,7 +91,8 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 async def _end_tree(proc: anyio.abc.Process, grace_s: float) -> None:
-    """SIGTERM the tree, wait up to `grace_s` for it to exit, SIGKILL the rest and the supervisor."""
+    """SIGTERM the tree, wait up to `grace_s` for it to exit, SIGKILL the rest and the
+    supervisor."""
     root = proc.pid
     if proc.returncode is None:
         # The supervisor forwards SIGTERM to descendants that left the group (setsid).

@@ -8,11 +8,11 @@ after `setsid` and double forks; forks the command with resource limits (`RLIMIT
 to that user right before exec (no supplementary groups, `PR_SET_NO_NEW_PRIVS`; the supervisor
 keeps its own user, so it can still signal the tree). With `mounts` in the settings the child
 first enters a private mount namespace (`enter_mount_namespace`) where folders are hidden under
-empty tmpfs, a few are bound back at their real paths, and the tree may be made read-only. On SIGTERM forwards SIGTERM to the whole
-tree; when the command exits, SIGKILLs what it left behind and exits with the command's status
-(128 + N when signal N killed it). If the harness process dies, it kills the tree and exits. Also
-owns the /proc scan (`descendants`) that the harness uses to kill a tree. Knows nothing about
-tasks or models. Linux only.
+empty tmpfs, a few are bound back at their real paths, and the tree may be made read-only. On
+SIGTERM forwards SIGTERM to the whole tree; when the command exits, SIGKILLs what it left behind and
+exits with the command's status (128 + N when signal N killed it). If the harness process dies, it
+kills the tree and exits. Also owns the /proc scan (`descendants`) that the harness uses to kill a
+tree. Knows nothing about tasks or models. Linux only.
 """
 
 from __future__ import annotations
@@ -221,10 +221,11 @@ def enter_mount_namespace(mounts: dict) -> None:
     - `expose` (read-only) and `writable`: folders (or single files) bound back at their own path
       (their content as seen before anything was hidden; missing parents are created 0755 on the
       covering tmpfs).
-    Operations run shallowest path first (at one path: cover, then bind), so a folder exposed
-    under a hidden one, or hidden under an exposed one, ends as asked. Changes to this namespace
-    never reach the node's. The working folder is looked up again by path at the end. Raises `OSError` (errno set) when a step fails; the caller must not
-    run the command then. Linux only; needs CAP_SYS_ADMIN.
+    Operations run shallowest path first (at one path: cover, then bind), so a folder exposed under
+    a hidden one, or hidden under an exposed one, ends as asked. Changes to this namespace never
+    reach the node's. The working folder is looked up again by path at the end. Raises `OSError`
+    (errno set) when a step fails; the caller must not run the command then. Linux only; needs
+    CAP_SYS_ADMIN.
     """
     libc = _libc()
     cwd = os.getcwd()
@@ -369,10 +370,10 @@ def _load_relay():
 
 def main(argv: list[str]) -> int:
     """Settings JSON: the `Limits` fields; optionally `uid` and `gid` to run the command as, and
-    `mounts` (see `enter_mount_namespace`; `"network": false` adds an empty network namespace). `--probe-mounts` alone: exit 0 if a mount namespace
-    can be built, else print why and exit 1. `relay` (`gyre.sandbox.network.Relay`): the child
-    enters a network namespace of its own first (`relay.py`'s `seal`) and this process relays its
-    loopback listeners to the target (`serve`)."""
+    `mounts` (see `enter_mount_namespace`; `"network": false` adds an empty network namespace).
+    `--probe-mounts` alone: exit 0 if a mount namespace can be built, else print why and exit 1.
+    `relay` (`gyre.sandbox.network.Relay`): the child enters a network namespace of its own first
+    (`relay.py`'s `seal`) and this process relays its loopback listeners to the target (`serve`)."""
     if argv == ["--probe-mounts"]:
         reason = probe_mount_namespace()
         if reason is not None:

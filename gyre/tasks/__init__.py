@@ -1,4 +1,5 @@
-"""gyre.tasks: the task format, shipped suites, verifiers and execution outcomes (see docs/design.md).
+"""gyre.tasks: the task format, shipped suites, verifiers and execution outcomes (see
+docs/design.md).
 
 Verifiers run as supervised processes of `gyre.sandbox`. Knows nothing of agents: `gyre.agents`
 builds on it. The suite generator is imported from `gyre.tasks.suites` only: agents import this

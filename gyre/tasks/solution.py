@@ -23,7 +23,8 @@ class Step(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     """One tool call of a reference solution."""
 
     tool: str
-    """`read_file`, `write_file`, `list_dir`, `run` or `delegate` (`finish` is implied at the end)."""
+    """`read_file`, `write_file`, `list_dir`, `run` or `delegate` (`finish` is implied at the
+    end)."""
     arguments: dict[str, Any]
     tests_passing: int | None = None
     """Hidden tests passing after this step (main steps of generated tasks)."""

@@ -86,7 +86,8 @@ class VerifierSpec(_Section):
     """The hidden verifier in `tests/`."""
 
     kind: Literal["pytest", "script"] = "pytest"
-    """`pytest`: `tests/test_*.py`, score = passed / total; `script`: `tests/test.sh` writes a reward."""
+    """`pytest`: `tests/test_*.py`, score = passed / total; `script`: `tests/test.sh` writes a
+    reward."""
     timeout_s: float = 120.0
     """Wall-clock limit of the whole verifier run; exceeding it fails the execution."""
     test_timeout_s: float = 30.0
@@ -144,7 +145,8 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _check_tree_inside(top: Path) -> None:
-    """Reject symlinks in `top` that resolve outside it (a copy would leak files into workspaces)."""
+    """Reject symlinks in `top` that resolve outside it (a copy would leak files into
+    workspaces)."""
     real_top = top.resolve()
     for dirpath, dirnames, filenames in os.walk(top):
         for name in dirnames + filenames:

@@ -40,7 +40,8 @@ class Choice:
     lps: list[float] = field(default_factory=list)
     vers: list[int] = field(default_factory=list)
     parts: list[str] = field(default_factory=list)
-    """Visible text in pieces (joined once, by `text`): stop tokens excluded, cut before a stop string."""
+    """Visible text in pieces (joined once, by `text`): stop tokens excluded, cut before a stop
+    string."""
     tail: str = ""
     """The last characters of the visible text (where a stop string may be starting)."""
     new_text: str = ""
@@ -228,7 +229,8 @@ async def _events(
 
 
 def _hold_len(text: str, stop: str) -> int:
-    """Characters at the end of `text` that may be the start of `stop` (held back when streaming)."""
+    """Characters at the end of `text` that may be the start of `stop` (held back when
+    streaming)."""
     for k in range(min(len(stop) - 1, len(text)), 0, -1):
         if text.endswith(stop[:k]):
             return k

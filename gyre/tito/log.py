@@ -1,9 +1,9 @@
 """The append-only call log of one run: every `ModelCall` the proxy recorded, crash-safe.
 
-Owns `CallLog` (the writer, with `LogStatistics`), `read_log` (the reader) and `LogContents`. A log is a sequence of
-frames `[u32 length][u32 crc32][msgpack payload]` (little-endian); a payload is a `CallEntry`
-(one `ModelCall`; a prompt that extends its parent's prompt + completion is stored as the
-parent's call ID plus the new tokens only, so the log grows with new tokens, not history) or an
+Owns `CallLog` (the writer, with `LogStatistics`), `read_log` (the reader) and `LogContents`. A log
+is a sequence of frames `[u32 length][u32 crc32][msgpack payload]` (little-endian); a payload is a
+`CallEntry` (one `ModelCall`; a prompt that extends its parent's prompt + completion is stored as
+the parent's call ID plus the new tokens only, so the log grows with new tokens, not history) or an
 `EndEntry` (an `ExecutionSummary`, written when the execution closes).
 
 Durability: each frame is written to the OS (one `write` on an O_APPEND descriptor) before the

@@ -308,8 +308,8 @@ class TitoProxy:
 
     async def _body(self, request: Request) -> bytes:
         """The request body, at most `max_body_bytes`; a larger one is read to its end (up to 8x
-        the cap, so the client gets the 413 rather than a reset connection) and refused. A client that
-        disconnects mid-body is refused with status 499 (nginx's "client closed request")."""
+        the cap, so the client gets the 413 rather than a reset connection) and refused. A client
+        that disconnects mid-body is refused with status 499 (nginx's "client closed request")."""
         cap = self.config.max_body_bytes
         chunks, size = [], 0
         try:

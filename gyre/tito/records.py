@@ -18,7 +18,8 @@ __all__ = ["Role", "ROLES", "Divergence", "ModelCall", "ExecutionSummary"]
 
 Role = Literal["main", "main_summary", "sub_agent", "sub_agent_summary"]
 ROLES: tuple[Role, ...] = ("main", "main_summary", "sub_agent", "sub_agent_summary")
-"""Roles in priority order for Jmax selection (docs/design.md: main > main summary > sub-agent > ...)."""
+"""Roles in priority order for Jmax selection (docs/design.md: main > main summary > sub-agent >
+...)."""
 
 
 class Divergence(msgspec.Struct, frozen=True, kw_only=True):

@@ -478,7 +478,8 @@ class ChatRenderer:
     # -- completions (token IDs in) -----------------------------------------------------------
 
     def link_tokens(self, state: RenderState, prompt_ids: list[int], limit: int = 64) -> Rendered:
-        """Parent and divergence of a raw token prompt (completions API); the IDs are kept as sent."""
+        """Parent and divergence of a raw token prompt (completions API); the IDs are kept as
+        sent."""
         best, best_len = None, 0
         for node in reversed(state.nodes[-limit:]):
             n = node.prompt_len

@@ -35,7 +35,8 @@ class ParsedReply:
 
 
 def _hold(text: str, tag: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `tag` (may still become it)."""
+    """Length of the longest suffix of `text` that is a proper prefix of `tag` (may still become
+    it)."""
     for k in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:k]):
             return k

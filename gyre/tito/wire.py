@@ -139,7 +139,8 @@ def message_text(content: str | list[ContentPart] | None) -> str | None:
 def error_body(
     message: str, *, type: str, code: str | None = None, param: str | None = None
 ) -> bytes:
-    """An OpenAI-style error body: `{"error": {"message", "type", "param", "code"}}` as JSON bytes."""
+    """An OpenAI-style error body: `{"error": {"message", "type", "param", "code"}}` as JSON
+    bytes."""
     return JSON_ENCODER.encode(
         {"error": {"message": message, "type": type, "param": param, "code": code}}
     )

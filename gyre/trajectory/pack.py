@@ -5,8 +5,9 @@ preorder, so every subtree is one contiguous interval: node k is an ancestor-or-
 `k <= q < dfs_out[k]` (packed indices). Position ids are the depth along the node's own path, and
 the loss of a token is predicted from its *parent's* packed position (not the previous position).
 Loss weight = 1 / (selected policy tokens of its execution) / (executions in the batch) on selected
-policy tokens, each shared node once (docs/design.md invariant 3), 0 elsewhere. Several trees share a
-micro-batch up to a token budget; their intervals never overlap, so they never attend to each other.
+policy tokens, each shared node once (docs/design.md invariant 3), 0 elsewhere. Several trees share
+a micro-batch up to a token budget; their intervals never overlap, so they never attend to each
+other.
 
 Knows nothing about models, attention kernels or advantages (`execution_T` indexes the batch's
 executions; the RL loss maps that to an advantage).

@@ -2,9 +2,9 @@
 
 Owns `TrajectoryTree` (built with `build_tree` from an execution's `ModelCall` records) and its
 `TreeStatistics`. A node is one token; a shared prefix is stored once and a branch starts at the
-first token where two calls differ (docs/design.md invariant 1). Nodes live in flat numpy arrays, never
-one Python object per token. A later call's prompt that contains an earlier completion reuses those
-nodes, which keep their policy flag, behaviour logprob and weight version.
+first token where two calls differ (docs/design.md invariant 1). Nodes live in flat numpy arrays,
+never one Python object per token. A later call's prompt that contains an earlier completion reuses
+those nodes, which keep their policy flag, behaviour logprob and weight version.
 
 Storage: each call appends at most one new *run* (a contiguous chain of node ids whose parent is
 the previous id, except the run's first node). Matching a new call walks runs and compares whole

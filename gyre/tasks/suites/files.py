@@ -87,5 +87,9 @@ def write_task(suite_dir: Path, t: TaskFiles) -> None:
     (root / "solution" / "oracle.json").write_bytes(encode_solution(t.solution) + b"\n")
 
 
-TEST_SH = '#!/bin/bash\n# Hidden verifier: writes $GYRE_REWARD_DIR/reward.json\nexec "${GYRE_PYTHON:-python3}" "$GYRE_TESTS_DIR/check.py"\n'
+TEST_SH = (
+    "#!/bin/bash\n"
+    "# Hidden verifier: writes $GYRE_REWARD_DIR/reward.json\n"
+    'exec "${GYRE_PYTHON:-python3}" "$GYRE_TESTS_DIR/check.py"\n'
+)
 """`test.sh` of a script verifier: runs the hidden `check.py`, which writes the reward."""

@@ -1,4 +1,5 @@
-"""The `learnable` suite: tiny, regular tool-use tasks a model of a few million parameters can learn.
+"""The `learnable` suite: tiny, regular tool-use tasks a model of a few million parameters can
+learn.
 
 Owns `learnable_suite` (the 32 shipped tasks: write a word to a file) and `learnable_examples`
 (fresh instruction + solution pairs of the same kind, drawn with their own seed, for warm-start

@@ -16,7 +16,8 @@ from gyre.tasks.suites.files import TEST_SH, TaskFiles
 __all__ = ["longtail_task"]
 
 
-_LONGTAIL_CHECK_PY = '''"""Scores result.json: turns done / turns planned; 0 without a readable file."""
+_LONGTAIL_CHECK_PY = '''\
+"""Scores result.json: turns done / turns planned; 0 without a readable file."""
 import json
 import os
 
@@ -64,7 +65,8 @@ def longtail_task(index: int, seed: int) -> TaskFiles:
     result = json.dumps({"turns_planned": 1, "turns_done": 1, "finished": True}) + "\n"
     return TaskFiles(
         name=f"{index:03d}-{system}",
-        instruction=f"# Long-horizon task\n\nIn the {system} repository, {chore}. Work in small steps; "
+        instruction=f"# Long-horizon task\n\nIn the {system} repository, {chore}. "
+        "Work in small steps; "
         "each step runs a long tool call.\n",
         difficulty=1,
         tags=("longtail", "benchmark"),

@@ -76,7 +76,8 @@ def _t_palindrome(rng):
         "(s: str) -> bool",
         "return True if `s` reads the same backwards when only letters and digits are kept "
         "and case is ignored, else False.",
-        "def is_palindrome(s):\n    t = [c.lower() for c in s if c.isalnum()]\n    return t == t[::-1]\n",
+        "def is_palindrome(s):\n    t = [c.lower() for c in s if c.isalnum()]\n"
+        "    return t == t[::-1]\n",
         [(c,) for c in rng.sample(cases, 2)],
     )
 
@@ -118,7 +119,9 @@ def _t_caesar(rng):
         "(s: str) -> str",
         f"shift every lowercase letter a-z of `s` forward by {k} places in the alphabet, wrapping "
         "around after z; other characters are unchanged.",
-        f"def shift_letters(s):\n    return ''.join(chr((ord(c) - 97 + {k}) % 26 + 97) if 'a' <= c <= 'z' else c for c in s)\n",
+        "def shift_letters(s):\n"
+        f"    return ''.join(chr((ord(c) - 97 + {k}) % 26 + 97) if 'a' <= c <= 'z' else c "
+        "for c in s)\n",
         [("hello world",), ("xyz-ABC",)],
     )
 
@@ -142,7 +145,8 @@ def _t_flatten(rng):
         "(xs: list) -> list",
         "return the items of the arbitrarily nested list `xs` as one flat list, in order.",
         "def flatten(xs):\n    out = []\n    for x in xs:\n        if isinstance(x, list):\n"
-        "            out.extend(flatten(x))\n        else:\n            out.append(x)\n    return out\n",
+        "            out.extend(flatten(x))\n        else:\n            out.append(x)\n"
+        "    return out\n",
         [([1, [2, [3, 4]], 5],), ([[], ["a"], [["b"]]],)],
     )
 
@@ -163,7 +167,8 @@ def _t_dedupe(rng):
         "dedupe",
         "(xs: list) -> list",
         "return `xs` without repeated items, keeping the first occurrence of each in order.",
-        "def dedupe(xs):\n    seen = set()\n    out = []\n    for x in xs:\n        if x not in seen:\n"
+        "def dedupe(xs):\n    seen = set()\n    out = []\n    for x in xs:\n"
+        "        if x not in seen:\n"
         "            seen.add(x)\n            out.append(x)\n    return out\n",
         [([rng.randint(0, 5) for _ in range(10)],), (list("mississippi"),)],
     )
@@ -173,7 +178,8 @@ def _t_gcd(rng):
     return Function(
         "gcd",
         "(a: int, b: int) -> int",
-        "return the greatest common divisor of the non-negative integers `a` and `b` (gcd(0, 0) == 0).",
+        "return the greatest common divisor of the non-negative integers `a` and `b` "
+        "(gcd(0, 0) == 0).",
         "def gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n",
         [(rng.randint(10, 200) * 6, rng.randint(10, 200) * 4), (0, rng.randint(1, 50))],
     )
@@ -184,7 +190,8 @@ def _t_primes(rng):
         "primes_below",
         "(n: int) -> list[int]",
         "return all prime numbers smaller than `n`, in increasing order.",
-        "def primes_below(n):\n    return [p for p in range(2, n) if all(p % d for d in range(2, int(p ** 0.5) + 1))]\n",
+        "def primes_below(n):\n"
+        "    return [p for p in range(2, n) if all(p % d for d in range(2, int(p ** 0.5) + 1))]\n",
         [(rng.randint(10, 60),), (2,)],
     )
 
@@ -206,7 +213,8 @@ def _t_slug(rng):
         "(s: str) -> str",
         'lowercase `s`, replace every run of characters that are not a-z or 0-9 by one "-", '
         'and strip "-" from both ends.',
-        "import re\n\n\ndef slugify(s):\n    return re.sub(r'[^a-z0-9]+', '-', s.lower()).strip('-')\n",
+        "import re\n\n\ndef slugify(s):\n"
+        "    return re.sub(r'[^a-z0-9]+', '-', s.lower()).strip('-')\n",
         [("Hello, World!",), ("  Ultra--Long  Horizon 2026 ",)],
     )
 
@@ -217,9 +225,12 @@ def _t_kv(rng):
         "parse_pairs",
         "(s: str) -> dict[str, str]",
         f'parse a string like "a=1{sep}b=2" into {{"a": "1", "b": "2"}}: pairs are separated by '
-        f'"{sep}", key and value by the first "=", surrounding spaces are stripped, empty pairs ignored.',
-        f"def parse_pairs(s):\n    out = {{}}\n    for part in s.split({sep!r}):\n        if not part.strip():\n"
-        f"            continue\n        k, v = part.split('=', 1)\n        out[k.strip()] = v.strip()\n    return out\n",
+        f'"{sep}", key and value by the first "=", surrounding spaces are stripped, '
+        "empty pairs ignored.",
+        f"def parse_pairs(s):\n    out = {{}}\n    for part in s.split({sep!r}):\n"
+        "        if not part.strip():\n"
+        "            continue\n        k, v = part.split('=', 1)\n"
+        "        out[k.strip()] = v.strip()\n    return out\n",
         [(f"x=1{sep} y = two {sep}",), (f"k=v=w{sep}{sep}a=b",)],
     )
 
@@ -239,9 +250,11 @@ def _t_roman(rng):
         "to_roman",
         "(n: int) -> str",
         'return the Roman numeral of 1 <= n <= 3999 (subtractive notation, e.g. 4 -> "IV").',
-        "def to_roman(n):\n    vals = [(1000, 'M'), (900, 'CM'), (500, 'D'), (400, 'CD'), (100, 'C'), (90, 'XC'),\n"
+        "def to_roman(n):\n"
+        "    vals = [(1000, 'M'), (900, 'CM'), (500, 'D'), (400, 'CD'), (100, 'C'), (90, 'XC'),\n"
         "            (50, 'L'), (40, 'XL'), (10, 'X'), (9, 'IX'), (5, 'V'), (4, 'IV'), (1, 'I')]\n"
-        "    out = ''\n    for v, s in vals:\n        while n >= v:\n            out += s\n            n -= v\n    return out\n",
+        "    out = ''\n    for v, s in vals:\n        while n >= v:\n            out += s\n"
+        "            n -= v\n    return out\n",
         [(rng.randint(1, 50),), (rng.randint(1000, 3999),)],
     )
 
@@ -262,7 +275,8 @@ def _t_fib(rng):
         "seq_term",
         "(n: int) -> int",
         f"return term n (n >= 0) of the sequence t0 = {a}, t1 = {b}, t(n) = t(n-1) + t(n-2).",
-        f"def seq_term(n):\n    x, y = {a}, {b}\n    for _ in range(n):\n        x, y = y, x + y\n    return x\n",
+        f"def seq_term(n):\n    x, y = {a}, {b}\n    for _ in range(n):\n"
+        "        x, y = y, x + y\n    return x\n",
         [(rng.randint(0, 3),), (rng.randint(10, 25),)],
     )
 
@@ -273,7 +287,8 @@ def _t_median(rng):
         "(xs: list[float]) -> float",
         "return the median of the non-empty list `xs` (the mean of the two middle values when "
         "the length is even), as a float.",
-        "def median(xs):\n    s = sorted(xs)\n    m = len(s) // 2\n    return float(s[m]) if len(s) % 2 else (s[m - 1] + s[m]) / 2\n",
+        "def median(xs):\n    s = sorted(xs)\n    m = len(s) // 2\n"
+        "    return float(s[m]) if len(s) % 2 else (s[m - 1] + s[m]) / 2\n",
         [([rng.randint(0, 20) for _ in range(5)],), ([rng.randint(0, 20) for _ in range(4)],)],
     )
 
@@ -296,7 +311,8 @@ def _t_rotate(rng):
         "(xs: list) -> list",
         f"return `xs` rotated left by {k} places (item {k} comes first); an empty list stays empty "
         f"and the rotation wraps around for short lists.",
-        f"def rotate(xs):\n    if not xs:\n        return []\n    k = {k} % len(xs)\n    return xs[k:] + xs[:k]\n",
+        f"def rotate(xs):\n    if not xs:\n        return []\n    k = {k} % len(xs)\n"
+        "    return xs[k:] + xs[:k]\n",
         [(list(range(6)),), (["a", "b"],)],
     )
 
@@ -317,7 +333,8 @@ def _t_bin(rng):
     return Function(
         "to_bits",
         "(n: int) -> str",
-        f"return the binary representation of 0 <= n < 2**{width} as exactly {width} characters of 0 and 1.",
+        f"return the binary representation of 0 <= n < 2**{width} as exactly {width} "
+        "characters of 0 and 1.",
         f"def to_bits(n):\n    return format(n, '0{width}b')\n",
         [(rng.randint(0, 2**width - 1),), (0,)],
     )
@@ -489,7 +506,8 @@ def nl2repo_task(index: int, seed: int, suite: str, multiagent: bool) -> TaskFil
         )
         if multiagent:
             sub_task = (
-                f"In the Python package `{pkg}` (the folder `{pkg}/` in the workspace), write this module:\n\n"
+                f"In the Python package `{pkg}` (the folder `{pkg}/` in the workspace), "
+                "write this module:\n\n"
                 + m.spec(pkg)
                 + "\n\nWrite only this module, then call finish."
             )
@@ -500,12 +518,14 @@ def nl2repo_task(index: int, seed: int, suite: str, multiagent: bool) -> TaskFil
     body = "\n\n".join(m.spec(pkg) for m in modules)
     intro = (
         f"# Build the Python package `{pkg}`\n\n"
-        f"Create the package `{pkg}` in the workspace: a folder `{pkg}/` with an `__init__.py` and the "
-        f"modules below. Hidden tests import each function from its module and check it on examples.\n\n"
+        f"Create the package `{pkg}` in the workspace: a folder `{pkg}/` with an `__init__.py` "
+        "and the modules below. Hidden tests import each function from its module and check it "
+        "on examples.\n\n"
     )
     if multiagent:
         intro += (
-            f"The {len(modules)} modules are independent. Delegate each module to a sub-agent with the "
+            f"The {len(modules)} modules are independent. Delegate each module to a sub-agent "
+            "with the "
             "`delegate` tool, passing its full specification, and write `__init__.py` yourself.\n\n"
         )
     return TaskFiles(

@@ -65,7 +65,8 @@ def _s_sort(rng):
         {"names.txt": "\n".join(names) + "\n"},
         Step(tool="run", arguments={"command": "LC_ALL=C sort names.txt > sorted.txt"}),
         [
-            f"def test_sorted():\n    assert open('sorted.txt').read().split() == {sorted(names)!r}\n"
+            "def test_sorted():\n"
+            f"    assert open('sorted.txt').read().split() == {sorted(names)!r}\n"
         ],
     )
 
@@ -91,14 +92,17 @@ def _s_ini(rng):
     before = f"[server]\nhost = {host}\nport = {old}\n\n[logging]\nlevel = info\n"
     after = before.replace(f"port = {old}", f"port = {port}")
     return _Sub(
-        f"In `settings.ini`, set `port` in section `[server]` to {port}, leaving every other setting unchanged.",
+        f"In `settings.ini`, set `port` in section `[server]` to {port}, "
+        "leaving every other setting unchanged.",
         {"settings.ini": before},
         Step(tool="write_file", arguments={"path": "settings.ini", "content": after}),
         [
             "def test_ini_port():\n    import configparser\n    c = configparser.ConfigParser()\n"
             f"    c.read('settings.ini')\n    assert c['server']['port'] == '{port}'\n",
-            "def test_ini_unchanged():\n    import configparser\n    c = configparser.ConfigParser()\n"
-            f"    c.read('settings.ini')\n    assert c['server']['host'] == '{host}' and c['logging']['level'] == 'info'\n",
+            "def test_ini_unchanged():\n    import configparser\n"
+            "    c = configparser.ConfigParser()\n"
+            "    c.read('settings.ini')\n"
+            f"    assert c['server']['host'] == '{host}' and c['logging']['level'] == 'info'\n",
         ],
     )
 
@@ -120,9 +124,11 @@ def _s_json(rng):
             arguments={"path": "config.json", "content": json.dumps(new, indent=2) + "\n"},
         ),
         [
-            f"def test_json_level():\n    import json\n    assert json.load(open('config.json'))['logging']['level'] == '{level}'\n",
+            "def test_json_level():\n    import json\n"
+            f"    assert json.load(open('config.json'))['logging']['level'] == '{level}'\n",
             "def test_json_unchanged():\n    import json\n    d = json.load(open('config.json'))\n"
-            f"    assert d['name'] == {data['name']!r} and d['workers'] == {data['workers']} and d['logging']['file'] == 'app.log'\n",
+            f"    assert d['name'] == {data['name']!r} and d['workers'] == {data['workers']} "
+            "and d['logging']['file'] == 'app.log'\n",
         ],
     )
 
@@ -131,7 +137,8 @@ def _s_rename(rng):
     stems = rng.sample(_WORDS, 3)
     env = {f"notes/{s}.txt": f"note about {s}\n" for s in stems}
     return _Sub(
-        "Rename every `.txt` file in the folder `notes/` to the same name with the extension `.md`.",
+        "Rename every `.txt` file in the folder `notes/` to the same name with the extension "
+        "`.md`.",
         env,
         Step(
             tool="run",
@@ -140,7 +147,8 @@ def _s_rename(rng):
         [
             "def test_renamed():\n    import os\n"
             f"    assert sorted(os.listdir('notes')) == {sorted(s + '.md' for s in stems)!r}\n",
-            f"def test_renamed_content():\n    assert open('notes/{stems[0]}.md').read() == 'note about {stems[0]}\\n'\n",
+            "def test_renamed_content():\n"
+            f"    assert open('notes/{stems[0]}.md').read() == 'note about {stems[0]}\\n'\n",
         ],
     )
 
@@ -154,7 +162,8 @@ def _s_replace(rng):
         {"story.txt": text + "\n"},
         Step(tool="run", arguments={"command": f"sed -i 's/{a}/{b}/g' story.txt"}),
         [
-            f"def test_replaced():\n    assert open('story.txt').read() == {(text.replace(a, b) + chr(10))!r}\n"
+            "def test_replaced():\n"
+            f"    assert open('story.txt').read() == {(text.replace(a, b) + chr(10))!r}\n"
         ],
     )
 
@@ -166,11 +175,13 @@ def _s_csv(rng):
     ]
     csv = "name,age,city\n" + "".join(f"{n},{a},{c}\n" for n, a, c in rows)
     return _Sub(
-        "Write the `city` column of `people.csv` (without the header) to `cities.txt`, one per line, in file order.",
+        "Write the `city` column of `people.csv` (without the header) to `cities.txt`, "
+        "one per line, in file order.",
         {"people.csv": csv},
         Step(tool="run", arguments={"command": "tail -n +2 people.csv | cut -d, -f3 > cities.txt"}),
         [
-            f"def test_cities():\n    assert open('cities.txt').read().split() == {[c for _, _, c in rows]!r}\n"
+            "def test_cities():\n"
+            f"    assert open('cities.txt').read().split() == {[c for _, _, c in rows]!r}\n"
         ],
     )
 
@@ -184,8 +195,10 @@ def _s_tmp(rng):
         env,
         Step(tool="run", arguments={"command": "rm -f work/*.tmp"}),
         [
-            "def test_tmp_gone():\n    import os\n    assert not [f for f in os.listdir('work') if f.endswith('.tmp')]\n",
-            f"def test_others_kept():\n    import os\n    assert sorted(os.listdir('work')) == {sorted(k + '.dat' for k in keep)!r}\n",
+            "def test_tmp_gone():\n    import os\n"
+            "    assert not [f for f in os.listdir('work') if f.endswith('.tmp')]\n",
+            "def test_others_kept():\n    import os\n"
+            f"    assert sorted(os.listdir('work')) == {sorted(k + '.dat' for k in keep)!r}\n",
         ],
     )
 
@@ -193,14 +206,16 @@ def _s_tmp(rng):
 def _s_mkdirs(rng):
     dirs = rng.sample(["src", "docs", "tests", "data", "scripts", "build"], 3)
     return _Sub(
-        f"Create the folders {', '.join(f'`{d}/`' for d in dirs)}, each containing an empty file `.keep`.",
+        f"Create the folders {', '.join(f'`{d}/`' for d in dirs)}, "
+        "each containing an empty file `.keep`.",
         {},
         Step(
             tool="run",
             arguments={"command": " && ".join(f"mkdir -p {d} && touch {d}/.keep" for d in dirs)},
         ),
         [
-            f"def test_dirs():\n    import os\n    assert all(os.path.isfile(d + '/.keep') for d in {dirs!r})\n"
+            "def test_dirs():\n    import os\n"
+            f"    assert all(os.path.isfile(d + '/.keep') for d in {dirs!r})\n"
         ],
     )
 
@@ -208,11 +223,13 @@ def _s_mkdirs(rng):
 def _s_unique(rng):
     words = [rng.choice(_WORDS[:6]) for _ in range(15)]
     return _Sub(
-        "Write the distinct words of `words.txt` (one word per line), sorted alphabetically, to `unique.txt`.",
+        "Write the distinct words of `words.txt` (one word per line), sorted alphabetically, "
+        "to `unique.txt`.",
         {"words.txt": "\n".join(words) + "\n"},
         Step(tool="run", arguments={"command": "LC_ALL=C sort -u words.txt > unique.txt"}),
         [
-            f"def test_unique():\n    assert open('unique.txt').read().split() == {sorted(set(words))!r}\n"
+            "def test_unique():\n"
+            f"    assert open('unique.txt').read().split() == {sorted(set(words))!r}\n"
         ],
     )
 
@@ -220,7 +237,8 @@ def _s_unique(rng):
 def _s_concat(rng):
     parts = [f"part {i}: {rng.choice(_WORDS)}\n" for i in range(1, 4)]
     return _Sub(
-        "Concatenate `parts/part1.txt`, `parts/part2.txt` and `parts/part3.txt`, in that order, into `combined.txt`.",
+        "Concatenate `parts/part1.txt`, `parts/part2.txt` and `parts/part3.txt`, in that order, "
+        "into `combined.txt`.",
         {f"parts/part{i + 1}.txt": p for i, p in enumerate(parts)},
         Step(
             tool="run",
@@ -240,8 +258,10 @@ def _s_env(rng):
         {".env": "DEBUG=0\nREGION=eu\n"},
         Step(tool="run", arguments={"command": f"echo {key}={value} >> .env"}),
         [
-            f"def test_env_added():\n    assert open('.env').read().splitlines()[-1] == '{key}={value}'\n",
-            "def test_env_kept():\n    assert open('.env').read().splitlines()[:2] == ['DEBUG=0', 'REGION=eu']\n",
+            "def test_env_added():\n"
+            f"    assert open('.env').read().splitlines()[-1] == '{key}={value}'\n",
+            "def test_env_kept():\n"
+            "    assert open('.env').read().splitlines()[:2] == ['DEBUG=0', 'REGION=eu']\n",
         ],
     )
 
@@ -273,7 +293,8 @@ _SUBS = [
     _s_head,
 ]
 
-_CHECK_PY = '''"""Runs the hidden checks of test_checks.py and writes reward.json (passed, total)."""
+_CHECK_PY = '''\
+"""Runs the hidden checks of test_checks.py and writes reward.json (passed, total)."""
 import json
 import os
 import sys
