@@ -88,7 +88,8 @@ async def _gyre(engine, prompts: list[list[int]], max_tokens: int, tag: str) -> 
 async def _measure(
     run, prompts, repeats: int, max_tokens: int, out: dict[int, list[float]], tag: str
 ) -> None:
-    """Warm `run` at every concurrency, then time `repeats` batches at each into `out[n]` (seconds)."""
+    """Warm `run` at every concurrency, then time `repeats` batches at each into `out[n]`
+    (seconds)."""
     for n in CONCURRENCY:
         await run(prompts[:n], f"warm-{tag}{n}")
     for n in CONCURRENCY:
@@ -184,7 +185,8 @@ async def _time_openai(
 async def _proxy_path(
     engine, model_dir: Path, prompts, repeats: int, max_tokens: int
 ) -> list[float]:
-    """Seconds per batch of `/v1/completions` calls through gyre's TitoProxy in front of `engine`."""
+    """Seconds per batch of `/v1/completions` calls through gyre's TitoProxy in front of
+    `engine`."""
     from transformers import AutoTokenizer
 
     from gyre.config import ProxyConfig

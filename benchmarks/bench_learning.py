@@ -11,7 +11,8 @@ seed > 0. N defaults to 16 steps (6 tasks x 4 executions each: 4 passes over the
 `make run` itself stops at the config's 8 to stay within 20 minutes, so each seed is also evaluated
 there (`make_run_gain_points`; seed 0's first steps are the `make run` job's).
 
-Run: .venv/bin/python -m benchmarks.bench_learning [--config examples/cpu.toml] [--seeds 0 1 2] [--steps 16]
+Run: .venv/bin/python -m benchmarks.bench_learning [--config examples/cpu.toml] [--seeds 0 1 2]
+     [--steps 16]
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def main() -> None:
     numbers = _numbers(per_seed, base)
     print_table("held-out pass rate before / after RL", rows)
     print(
-        f"mean gain {numbers['gain_points_mean']:.1f} +- {numbers['gain_se_points_mean']:.1f} points; wrote {path}"
+        f"mean gain {numbers['gain_points_mean']:.1f} "
+        f"+- {numbers['gain_se_points_mean']:.1f} points; wrote {path}"
     )
 
 

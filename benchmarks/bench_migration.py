@@ -17,7 +17,8 @@ Writes benchmarks/results/migration.json: TTFT min/median/max per L and path, `t
 `--connector nixl` measures vLLM's NixlConnector instead (B pulls from A's memory; needs the
 `nixl` package) and writes benchmarks/results/migration_nixl.json with the same keys.
 
-Run: .venv/bin/python -m benchmarks.bench_migration [--repeats 3] [--sizes 2048,8192,16384] [--connector example|nixl]
+Run: .venv/bin/python -m benchmarks.bench_migration [--repeats 3] [--sizes 2048,8192,16384]
+     [--connector example|nixl]
 """
 
 from __future__ import annotations

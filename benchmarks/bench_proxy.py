@@ -1,10 +1,11 @@
 """Per-call cost of the TITO proxy as the history grows: 1K, 100K and 700K tokens.
 
 Each size gets its own execution whose history (many ~2K-token messages) is built once, then calls
-that each add one new message are timed end to end over HTTP, in interleaved rounds (client -> Hypercorn -> proxy ->
-scripted engine). The scripted engine alone is timed on prompts of the same length in the same
-run, and its median is subtracted: what is left is the proxy's own cost (HTTP, JSON, rendering,
-tokenizing, recording). The proxy should cost what the *new* tokens cost, not the history.
+that each add one new message are timed end to end over HTTP, in interleaved rounds (client ->
+Hypercorn -> proxy -> scripted engine). The scripted engine alone is timed on prompts of the same
+length in the same run, and its median is subtracted: what is left is the proxy's own cost (HTTP,
+JSON, rendering, tokenizing, recording). The proxy should cost what the *new* tokens cost, not the
+history.
 
 Run: `.venv/bin/python benchmarks/bench_proxy.py` -> benchmarks/results/proxy.json
 """
@@ -33,7 +34,9 @@ from gyre.tito.proxy import TitoProxy  # noqa: E402
 SIZES = {"1k": 1_000, "100k": 100_000, "700k": 700_000}
 ROUNDS = 25
 CALLS_PER_ROUND = {"1k": 12, "100k": 2, "700k": 1}
-WORDS = "the file line read write run test pass fail value name path src main def return import class".split()
+WORDS = (
+    "the file line read write run test pass fail value name path src main def return import class"
+).split()
 ENC = msgspec.json.Encoder()
 
 
@@ -42,7 +45,8 @@ def words(rng: random.Random, n: int) -> str:
 
 
 class Conversation:
-    """The agent side: messages as JSON pieces, so building each body costs a join, not a re-encode."""
+    """The agent side: messages as JSON pieces, so building each body costs a join, not a
+    re-encode."""
 
     def __init__(self, tok, history_tokens: int, seed: int) -> None:
         rng = random.Random(seed)
@@ -129,14 +133,16 @@ async def main() -> None:
                         total[name].append(time.perf_counter() - t0)
                         r.raise_for_status()
                         conv.extend(msgspec.json.decode(raw))
-                    # The engine alone on a prompt of the same length (its own per-token validation).
+                    # The engine alone on a prompt of the same length (its own per-token
+                    # validation).
                     prompt = proxy.calls(name)[-1].prompt_ids
                     req = GenerateRequest(
                         request_id=f"bench-{name}-{rnd}",
                         prompt_ids=prompt,
                         sampling=SamplingParams(max_tokens=16, stop_token_ids=(tok.eos_token_id,)),
                     )
-                    engine.requests_seen.clear()  # the fake engine's test log would pin every prompt
+                    # the fake engine's test log would pin every prompt
+                    engine.requests_seen.clear()
                     fast = proxy.statistics().rendered_fast - fast_before
                     assert fast == CALLS_PER_ROUND[name], (
                         f"{name}: {fast} calls took the incremental path"
@@ -181,7 +187,8 @@ async def main() -> None:
     path = write_result("proxy", config, numbers)
     print_table("TITO proxy per-call cost (median; engine alone subtracted)", rows)
     print(
-        f"calls_per_s_1k={numbers['calls_per_s_1k']:.0f}  ratio_700k/100k={numbers['ratio_700k_over_100k']:.2f}  -> {path}"
+        f"calls_per_s_1k={numbers['calls_per_s_1k']:.0f}  "
+        f"ratio_700k/100k={numbers['ratio_700k_over_100k']:.2f}  -> {path}"
     )
 
 

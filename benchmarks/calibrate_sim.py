@@ -118,7 +118,8 @@ def build_config(durations: list[float], costs: dict[str, float], steps: int) ->
                 "kv_migration_bytes_per_s": 1e12,
                 "optimizer_step_s": costs["optimizer_step_s"],
             },
-            # bench_schedules measured the node runtime, whose unstreamed batch is the step's own groups
+            # bench_schedules measured the node runtime, whose unstreamed batch is the step's own
+            # groups
             "policies": {
                 "async_num_train_cells": 1,
                 "async_max_staleness_steps": 1,

@@ -3,16 +3,17 @@ rate in a few minutes a seed, before spending an hour of `bench_learning` on the
 
 What it keeps from the real loop (examples/cpu.toml): the training / held-out split
 (`split_tasks`), the data order (`pick_tasks`), `batch_executions` / `group_size`, the reference
-agent's first prompt (encoded like `gyre.model.demonstrations.encode_conversation`), T=1 sampling, the hidden
-tests' score (half for the file at the right path, all for the exact word: a learnable task is
-decided by the first call), group-baseline advantages (`group_advantages`), the PPO loss
+agent's first prompt (encoded like `gyre.model.demonstrations.encode_conversation`), T=1 sampling,
+the hidden tests' score (half for the file at the right path, all for the exact word: a learnable
+task is decided by the first call), group-baseline advantages (`group_advantages`), the PPO loss
 (`policy_loss`, each execution's tokens averaged, then the executions) and AdamW with the
 trainer's settings and grad-norm clip. What it drops: the `finish` call, vLLM, DeepSpeed and the
 processes (transformers samples and trains in this process), so its numbers are a guide, not the
 benchmark. Writes benchmarks/results/replay_learning.json: held-out pass rate before and after
 `--steps` steps per seed (`--eval-samples` first calls per held-out task).
 
-Run: .venv/bin/python -m benchmarks.replay_learning --model runs/model-tiny-sft [--steps 16] [--seeds 0 1 2]
+Run: .venv/bin/python -m benchmarks.replay_learning --model runs/model-tiny-sft [--steps 16]
+     [--seeds 0 1 2]
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def main() -> None:
         def sample(task_id: str, n: int) -> list[tuple[list[int], float]]:
             prompt, word, path = prompts[task_id]
             ids = torch.tensor([prompt] * n)
-            out = model.generate(
+            out = model.generate(  # noqa: B023 called only within this seed's iteration
                 ids,
                 attention_mask=torch.ones_like(ids),
                 do_sample=True,
@@ -116,14 +117,16 @@ def main() -> None:
             return rows_
 
         def evaluate() -> float:
-            model.eval()
+            model.eval()  # noqa: B023 called only within this seed's iteration
             results = [r for t in heldout for _, r in sample(t.task_id, args.eval_samples)]
             return sum(r == 1.0 for r in results) / len(results)
 
         def logprobs(task_id: str, completion: list[int]) -> torch.Tensor:
             prompt = prompts[task_id][0]
             logits = (
-                model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+                model(torch.tensor([prompt + completion]))  # noqa: B023 used within this iteration
+                .logits[0, len(prompt) - 1 : -1]
+                .float()
             )
             return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 

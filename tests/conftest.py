@@ -21,7 +21,8 @@ VLLM_MAX_MODEL_LEN = 2048
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
-    """Run each `pytest.mark.anyio` test once per backend (docs/design.md: the node runs on both)."""
+    """Run each `pytest.mark.anyio` test once per backend (docs/design.md: the node runs on
+    both)."""
     return request.param
 
 
@@ -78,7 +79,8 @@ def vllm_cell(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 async def vllm_engine(vllm_cell: VLLMCell):
-    """A `CellClient` (the `InferenceEngine` protocol) on the shared vLLM cell, at weight version 0+."""
+    """A `CellClient` (the `InferenceEngine` protocol) on the shared vLLM cell, at
+    weight version 0+."""
     from gyre.runtime.cell_client import CellClient
 
     async with CellClient(vllm_cell.url, vllm_cell.config) as client:

@@ -113,7 +113,8 @@ def test_the_walk_sees_function_level_and_relative_imports(tmp_path: Path) -> No
         "from . import probe\nfrom ..runtime import job\n"
     )
     (root / "kernels" / "probe.py").write_text(
-        "def f():\n    from gyre.runtime import job\n\nimport os\nfrom gyre.errors import GyreError\n"
+        "def f():\n    from gyre.runtime import job\n\n"
+        "import os\nfrom gyre.errors import GyreError\n"
     )
     assert gyre_imports(root / "kernels" / "probe.py", root) == [
         (2, "gyre.runtime"),

@@ -33,7 +33,8 @@ def test_interrupt_is_one_line_and_status_130(monkeypatch, capsys, exc) -> None:
     monkeypatch.setattr(gyre.job, "run", raising(exc))
     assert main(["--config", "examples/cpu.toml"]) == 130
     assert capsys.readouterr().err.strip().splitlines() == [
-        "gyre: interrupted; `python -m gyre.node --config examples/cpu.toml --resume` continues from the last checkpoint"
+        "gyre: interrupted; `python -m gyre.node --config examples/cpu.toml --resume` "
+        "continues from the last checkpoint"
     ]
 
 

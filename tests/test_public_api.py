@@ -54,13 +54,15 @@ def test_all_is_exactly_the_public_api(name: str) -> None:
 
 
 def test_agent_process_imports_neither_the_runtime_nor_torch() -> None:
-    """Every execution starts `python -m gyre.agents.react`; importing `gyre` eagerly cost 1.4 s of torch and runtime."""
+    """Every execution starts `python -m gyre.agents.react`; importing `gyre` eagerly cost 1.4 s
+    of torch and runtime."""
     import subprocess
     import sys
 
     probe = (
         "import sys, gyre.agents.react; "
-        "print(' '.join(m for m in ('torch', 'gyre.runtime', 'gyre.agents.harness', 'gyre.tito') if m in sys.modules))"
+        "print(' '.join(m for m in ('torch', 'gyre.runtime', 'gyre.agents.harness', 'gyre.tito') "
+        "if m in sys.modules))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True

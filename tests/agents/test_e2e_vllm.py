@@ -1,4 +1,5 @@
-"""End to end on the real engine: harness -> reference agent -> TITO proxy -> vLLM cell (tiny model).
+"""End to end on the real engine: harness -> reference agent -> TITO proxy -> vLLM cell (tiny
+model).
 
 The untrained tiny model mostly fails the tasks; this checks the mechanics on one task of each
 suite: every model call is recorded with its role and exact tokens, the execution ends exactly

@@ -40,8 +40,10 @@ def out_task(tmp_path: Path, agent: str = "deadline_s = 5.0\n", verifier: str = 
 ONE_MODEL_CALL = """
 import json, os, urllib.request
 body = json.dumps({"model": "gyre", "messages": [{"role": "user", "content": "hi"}]}).encode()
-headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"}
-urllib.request.urlopen(urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, headers)).read()
+headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], \
+"Content-Type": "application/json"}
+urllib.request.urlopen(urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", \
+body, headers)).read()
 """
 
 

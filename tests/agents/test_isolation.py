@@ -1,4 +1,5 @@
-"""Agent isolation as root: each agent runs as its own uid, away from hidden tests and other workspaces."""
+"""Agent isolation as root: each agent runs as its own uid, away from hidden tests and other
+workspaces."""
 
 from __future__ import annotations
 
@@ -58,12 +59,15 @@ def attempt(path):
         return type(exc).__name__
 result = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
           "tests": attempt(sys.argv[1]), "other": attempt(sys.argv[2]),
-          "solution": attempt(sys.argv[3] + "/oracle.json"), "instruction": open(os.environ["GYRE_INSTRUCTION_FILE"]).read()}
+          "solution": attempt(sys.argv[3] + "/oracle.json"), \
+"instruction": open(os.environ["GYRE_INSTRUCTION_FILE"]).read()}
 open("out.txt", "w").write("mine")
 open("secret.txt", "w").write("x")
 body = json.dumps({"model": "gyre", "messages": [{"role": "user", "content": "hi"}]}).encode()
-headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"}
-urllib.request.urlopen(urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, headers)).read()
+headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], \
+"Content-Type": "application/json"}
+urllib.request.urlopen(urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", \
+body, headers)).read()
 print(json.dumps(result))
 """
 

@@ -1,6 +1,7 @@
 """The long-tail workload agent: its draw equals an independent lognormal computation; through the
-harness and the real TITO proxy (scripted engine) it makes exactly K calls, each prompt extending the
-previous prompt + completion, and scores 1.0; stopped at its deadline it is scored turns done / K."""
+harness and the real TITO proxy (scripted engine) it makes exactly K calls, each prompt extending
+the previous prompt + completion, and scores 1.0; stopped at its deadline it is scored turns
+done / K."""
 
 from __future__ import annotations
 

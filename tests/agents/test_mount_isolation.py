@@ -1,6 +1,7 @@
 """Agents and verifiers in a private mount namespace (root with CAP_SYS_ADMIN, as on this machine
 and CI): the venv's Python under a private /root still runs them as their own uid, and they reach
-neither hidden tests, other workspaces, the run folder nor /root; a verifier writes only its copy."""
+neither hidden tests, other workspaces, the run folder nor /root; a verifier writes only its
+copy."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ import gyre  # the package is bound back for the reference agent
 result = {"uid": os.getuid(), "python": sys.base_prefix, "gyre": gyre.__file__,
           "tests": attempt(sys.argv[1]), "solution": attempt(sys.argv[2]),
           "sibling_tests": attempt(sys.argv[3]), "other": attempt(sys.argv[4]),
-          "call_log": attempt(sys.argv[5]), "root": attempt(sys.argv[6]), "root_list": sorted(os.listdir("/root"))}
+          "call_log": attempt(sys.argv[5]), "root": attempt(sys.argv[6]), \
+"root_list": sorted(os.listdir("/root"))}
 open("out.txt", "w").write("mine")
 print(json.dumps(result))
 """
@@ -134,8 +136,10 @@ async def test_agent_on_the_venv_python_reaches_only_its_workspace(
 # one model call, so the execution counts (a run without one is an infrastructure failure)
 CALL = """
 body = json.dumps({"model": "gyre", "messages": [{"role": "user", "content": "hi"}]}).encode()
-headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"}
-urllib.request.urlopen(urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, headers)).read()
+headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], \
+"Content-Type": "application/json"}
+urllib.request.urlopen(urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", \
+body, headers)).read()
 """
 
 
@@ -165,7 +169,8 @@ def test_writes_its_own_copy():
     assert (RESULTS["own"], open("own.txt").read()) == ("written", "escaped")
 
 def test_host_tmp_is_private():
-    assert RESULTS["host_tmp"] == "written"  # a fresh tmpfs: the host's /tmp is untouched (checked outside)
+    assert RESULTS["host_tmp"] == "written"  # a fresh tmpfs: the host's /tmp is untouched \
+(checked outside)
 
 def test_world_writable_host_folder_is_read_only():
     assert RESULTS["open_folder"] == errno.EROFS
@@ -378,8 +383,10 @@ async def test_the_checkout_and_the_hosts_tmp_are_out_of_sight(run_dir: Path, se
     # own imports still work
     generator = Path(gyre.__file__).parent / "tasks" / "suites"
     script += (
-        f"ls -A {generator} | wc -l; {sys.executable} -c 'import gyre.agents.react' && echo agent-ok; "
-        f"{sys.executable} -c 'from gyre.tasks.suites import generate_suite' 2>/dev/null || echo no-generator"
+        f"ls -A {generator} | wc -l; "
+        f"{sys.executable} -c 'import gyre.agents.react' && echo agent-ok; "
+        f"{sys.executable} -c 'from gyre.tasks.suites import generate_suite' 2>/dev/null "
+        "|| echo no-generator"
     )
     try:
         outcome = await harness.run(task, "look", agent_command=["/bin/sh", "-c", script])

@@ -355,7 +355,8 @@ class SteppedEngine(ScriptedEngine):
 
 @pytest.fixture
 async def stepped_cell():
-    """(engine, cell, url): a cell's routes served in this process (asyncio) over `SteppedEngine`."""
+    """(engine, cell, url): a cell's routes served in this process (asyncio) over
+    `SteppedEngine`."""
     from aiohttp import web
 
     from gyre.runtime import cell as cell_module
@@ -396,7 +397,7 @@ async def test_one_write_per_engine_step_carries_every_request(stepped_cell) -> 
             await wait_for(lambda: engine.waiting == 8)
             writes = cell.streams.writes
             engine.advance()
-            await wait_for(lambda: cell.streams.writes > writes)
+            await wait_for(lambda: cell.streams.writes > writes)  # noqa: B023 awaited in this step
             await anyio.sleep(0.05)  # a second write for the same step would come now
             assert cell.streams.writes == writes + 1, step
     assert [c.token_ids for i in range(8) for c in got[i]] == [[5, 6, 7]] * 8

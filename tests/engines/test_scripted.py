@@ -1,4 +1,5 @@
-"""The scripted engine honours the engine protocol's rules (it stands in for vLLM above the engine)."""
+"""The scripted engine honours the engine protocol's rules (it stands in for vLLM above the
+engine)."""
 
 from __future__ import annotations
 

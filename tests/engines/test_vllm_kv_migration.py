@@ -59,7 +59,8 @@ def shared_dir():
 
 @pytest.fixture(scope="module")
 def cells(tiny_model_dir, tmp_path_factory, shared_dir):
-    """Two cells (A, B) sharing one KV folder; yields ((process, cell) of A, (process, cell) of B)."""
+    """Two cells (A, B) sharing one KV folder; yields ((process, cell) of A, (process, cell) of
+    B)."""
     logs = tmp_path_factory.mktemp("kv-cells")
     kv = KVTransferConfig(connector="example", shared_dir=str(shared_dir))
     started = []
@@ -175,7 +176,8 @@ async def test_migrated_request_equals_uninterrupted_run(cells, shared_dir, cont
                 break
         else:
             pytest.fail(
-                f"the request ended on A before the switch in {TRIES} tries (machine too contended?)"
+                f"the request ended on A before the switch in {TRIES} tries "
+                "(machine too contended?)"
             )
         after = await b.refresh_statistics()
         [reference] = await collect(

@@ -1,7 +1,7 @@
 """KV migration through vLLM's NixlConnector between two real vLLM cells (tiny model, CPU: UCX).
 
-The same switch as `test_vllm_kv_migration.py`, but cell B pulls the KV straight from cell A's memory
-(no shared folder): greedy continuation equal to an uninterrupted run on A token for token
+The same switch as `test_vllm_kv_migration.py`, but cell B pulls the KV straight from cell A's
+memory (no shared folder): greedy continuation equal to an uninterrupted run on A token for token
 (logprobs within 1e-5), and B's counters show the context was pulled, not prefilled. Skipped
 unless the `nixl` package is importable (NIXL wheels, `shared/notes/vllm-kv-and-cells.md`).
 """
@@ -80,7 +80,8 @@ async def test_nixl_migrated_request_equals_uninterrupted_run(nixl_cells) -> Non
                 break
         else:
             pytest.fail(
-                f"the request ended on A before the switch in {TRIES} tries (machine too contended?)"
+                f"the request ended on A before the switch in {TRIES} tries "
+                "(machine too contended?)"
             )
         after = await b.refresh_statistics()
         [reference] = await collect(a, greedy("ref", prompt, len(ids)))

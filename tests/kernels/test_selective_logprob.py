@@ -123,7 +123,10 @@ def test_triton_kernel_parity_under_interpreter():
     # TRITON_INTERPRET must be set before triton is imported, so the check runs in a subprocess.
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = "from tests.kernels.test_selective_logprob import triton_parity_check; triton_parity_check()"
+    code = (
+        "from tests.kernels.test_selective_logprob import triton_parity_check; "
+        "triton_parity_check()"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
     )

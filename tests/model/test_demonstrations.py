@@ -1,4 +1,5 @@
-"""`python -m gyre.model demos`: demonstration conversations of a suite and fresh examples, as JSON lines."""
+"""`python -m gyre.model demos`: demonstration conversations of a suite and fresh examples, as
+JSON lines."""
 
 from __future__ import annotations
 

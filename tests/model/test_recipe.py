@@ -1,4 +1,5 @@
-"""The reference tiny model: deterministic, loads in transformers, and its template renders ChatML."""
+"""The reference tiny model: deterministic, loads in transformers, and its template renders
+ChatML."""
 
 from __future__ import annotations
 

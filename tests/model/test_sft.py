@@ -35,7 +35,8 @@ def test_encoding_is_the_agents_prompt_plus_generated_turns(tokenizer) -> None:
     demo = demonstration_for(instruction, solution)
     enc = encode_conversation(tokenizer, demo["messages"], demo["tools"])
     args = json.loads(demo["messages"][2]["tool_calls"][0]["function"]["arguments"])
-    # the tokens before the first loss token are the agent's first request, rendered as the proxy does
+    # the tokens before the first loss token are the agent's first request, rendered as the proxy
+    # does
     first_prompt = tokenizer.apply_chat_template(
         [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}],
         tools=TOOL_SCHEMAS,
@@ -54,7 +55,8 @@ def test_encoding_is_the_agents_prompt_plus_generated_turns(tokenizer) -> None:
             current = []
     runs.append(current)
     assert [tokenizer.decode(r) for r in runs] == [
-        f'<tool_call>{{"name": "write_file", "arguments": {{"path": "{args["path"]}", "content": "{args["content"]}"}}}}'
+        f'<tool_call>{{"name": "write_file", "arguments": {{"path": "{args["path"]}", '
+        f'"content": "{args["content"]}"}}}}'
         "</tool_call><|im_end|>",
         '<tool_call>{"name": "finish", "arguments": {"summary": "done"}}</tool_call><|im_end|>',
     ]

@@ -104,7 +104,8 @@ def snapshot_state(path) -> dict[str, torch.Tensor]:
 
 
 def assert_close(reference, state, rel: float) -> None:
-    """Every parameter of `reference` (a model) equals `state[name]` within `rel` x its max |value|."""
+    """Every parameter of `reference` (a model) equals `state[name]` within `rel` x its
+    max |value|."""
     worst = 0.0
     for name, p in reference.named_parameters():
         ref = p.detach()
@@ -262,7 +263,8 @@ def test_switch_rollout_train_rollout(fp32_cells, tmp_path) -> None:
         cs = await sat.cell_statistics()
         assert cs.role == "rollout" and cs.last_switch_s == pytest.approx(to_rollout)
         print(
-            f"switch seconds (scripted + trainer): rollout->train {to_train:.4f}, train->rollout {to_rollout:.4f}"
+            f"switch seconds (scripted + trainer): rollout->train {to_train:.4f}, "
+            f"train->rollout {to_rollout:.4f}"
         )
 
     run(flow, clients(fp32_cells))

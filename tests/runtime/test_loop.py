@@ -3,9 +3,10 @@
 Two steps of a test agent (`coin_agent.py`: two chained model calls through the proxy, then a
 coin decides whether it solves its `learnable` task, so groups have different rewards) on the real
 engines: every execution is accounted for once, the trained tokens are exactly the agents' sampled
-tokens (each call extends the previous one, so one path per execution), the weights change and the engine samples step 2 at version 1, and the
-trainer's logprobs match vLLM's on the first batch after a sync (< 1e-4 in fp32). Then a run killed
-mid-step resumes without losing or re-training an execution.
+tokens (each call extends the previous one, so one path per execution), the weights change and
+the engine samples step 2 at version 1, and the trainer's logprobs match vLLM's on the first batch
+after a sync (< 1e-4 in fp32). Then a run killed mid-step resumes without losing or re-training an
+execution.
 """
 
 from __future__ import annotations

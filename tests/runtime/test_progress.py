@@ -58,9 +58,11 @@ def test_plain_mode_prints_one_line_per_event() -> None:
     assert out.getvalue().splitlines() == [
         "warm start: cached runs/model-sft",
         "eval heldout at step 0  v0  pass 0.250  reward 0.375  (16 executions, 12.0s)",
-        "step 1/8  v1  pass 0.500  reward 0.625  exec 16 (partial 1, failed 1)  tokens 1234  dedup 1.75  "
+        "step 1/8  v1  pass 0.500  reward 0.625  exec 16 (partial 1, failed 1)  "
+        "tokens 1234  dedup 1.75  "
         "|dlogp| 2.5e-06  time 43.0s (rollout 30.2, train 10.0, sync 2.5)",
-        "step 2/8  v2  pass 0.500  reward nan  exec 16 (partial 1, failed 1)  tokens 1234  dedup 1.75  "
+        "step 2/8  v2  pass 0.500  reward nan  exec 16 (partial 1, failed 1)  "
+        "tokens 1234  dedup 1.75  "
         "|dlogp| 2.5e-06  time 43.0s (rollout 30.2, train 10.0, sync 2.5)  SKIPPED",
     ]
 

@@ -307,7 +307,7 @@ async def switch_storm(
         for s in range(switches_each):
             k = mine[s % len(mine)]
             name = names[k]
-            await wait_until(lambda: router.statistics().cells[k].running > 0)
+            await wait_until(lambda: router.statistics().cells[k].running > 0)  # noqa: B023 awaited here
             moved += await router.set_role(name, "train")
             assert engines[name].statistics().running_requests == 0  # drained: nothing left on it
             close_epoch(name)
@@ -366,8 +366,9 @@ async def switch_storm(
         len(r.prompt_ids) for r in seen if not r.request_id.endswith("@0.0")
     )
     print(
-        f"\nrouter: {len(results)} requests, {stats.requests_redirected} redirects, redirect latency "
-        f"mean {stats.redirect_latency_s_mean * 1e3:.2f} ms max {stats.redirect_latency_s_max * 1e3:.2f} ms"
+        f"\nrouter: {len(results)} requests, {stats.requests_redirected} redirects, "
+        f"redirect latency mean {stats.redirect_latency_s_mean * 1e3:.2f} ms "
+        f"max {stats.redirect_latency_s_max * 1e3:.2f} ms"
     )
     return stats
 
@@ -868,7 +869,8 @@ async def test_vllm_greedy_redirect_equals_an_uninterrupted_run(
                 a, GenerateRequest(request_id="direct", prompt_ids=prompt, sampling=sampling)
             )
         )[0]
-        # the first request asking for logprobs costs ~1.5 s once per engine: not part of the redirect
+        # the first request asking for logprobs costs ~1.5 s once per engine: not part of the
+        # redirect
         await collect(
             b, GenerateRequest(request_id="warm-up", prompt_ids=[1, 2], sampling=sampling)
         )
@@ -884,7 +886,8 @@ async def test_vllm_greedy_redirect_equals_an_uninterrupted_run(
     assert consumer.error is None
     if stats.requests_redirected == 0 and consumer.tokens() == want.token_ids:  # seen once in CI
         pytest.skip(
-            "the request finished before the switch landed (stream delivered late); tokens were checked"
+            "the request finished before the switch landed (stream delivered late); "
+            "tokens were checked"
         )
     assert stats.requests_redirected == 1, (
         "the request finished before the switch; raise max_tokens"
@@ -920,7 +923,8 @@ async def test_vllm_cell_killed_mid_request_continues_on_another_cell(
         start_vllm_cell, tiny_model_dir, tmp_path / "doomed.log"
     )
     engine_processes: list[psutil.Process] = []
-    # long enough that the stream is still running when the kill lands (400 tokens once arrived in one late burst)
+    # long enough that the stream is still running when the kill lands (400 tokens once arrived in
+    # one late burst)
     sampling = SamplingParams(max_tokens=1500, temperature=0.0)
     prompt = [(11 * i + 5) % 500 + 10 for i in range(30)]
     try:
@@ -957,7 +961,8 @@ async def test_vllm_cell_killed_mid_request_continues_on_another_cell(
         stats.requests_redirected == 0
     ):  # seen in CI: every token was in the socket before the kill landed
         pytest.skip(
-            "the request finished before the kill landed (stream delivered late); tokens were checked"
+            "the request finished before the kill landed (stream delivered late); "
+            "tokens were checked"
         )
     assert stats.requests_redirected == 1 and stats.cells_down == 1
     assert stats.cells[0].down is not None and stats.cells[1].down is None

@@ -127,7 +127,8 @@ def test_utilisation_by_hand(tmp_path: Path) -> None:
     write_two_steps(tmp_path)
     t = read_timeline(tmp_path)
     u = utilisation(t, 2, 0.0, 14.0)
-    # busy: cell 0 = rollout 4 + train 3 + step 2 + train 2 + step 2 = 13; cell 1 = rollout [0, 11] = 11
+    # busy: cell 0 = rollout 4 + train 3 + step 2 + train 2 + step 2 = 13;
+    # cell 1 = rollout [0, 11] = 11
     assert u.busy_cell_s == pytest.approx(24.0)
     assert u.busy == pytest.approx(24.0 / 28.0)
     assert u.cell_s_by_kind == pytest.approx(

@@ -132,7 +132,10 @@ async def test_stop_event_and_cancellation_end_the_tree(tmp_path: Path) -> None:
 
 async def test_exit_code_and_leftovers_of_a_finished_command(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
-    script = f"import subprocess, sys; p = subprocess.Popen(['sleep', '600']); open({str(pidfile)!r}, 'w').write(str(p.pid)); sys.exit(7)"
+    script = (
+        "import subprocess, sys; p = subprocess.Popen(['sleep', '600']); "
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); sys.exit(7)"
+    )
     result = await run_supervised(
         [sys.executable, "-c", script],
         cwd=tmp_path,
@@ -166,7 +169,8 @@ async def test_missing_command_exits_127(tmp_path: Path) -> None:
     [
         # RLIMIT_FSIZE: Python ignores SIGXFSZ, so writing past the limit is an OSError (EFBIG)
         (Limits(file_size_bytes=1000), "f = open('big', 'wb'); f.write(b'x' * 5000); f.flush()", 1),
-        # RLIMIT_AS: a 2 GiB allocation under a 1 GiB limit is a MemoryError (exit 1 with a traceback)
+        # RLIMIT_AS: a 2 GiB allocation under a 1 GiB limit is a MemoryError (exit 1 with a
+        # traceback)
         (Limits(memory_bytes=2**30), "b = bytearray(2 * 2**30)", 1),
         # RLIMIT_CPU: 1 CPU second, then SIGXCPU (24)
         (Limits(cpu_time_s=1), "while True: pass", 128 + 24),

@@ -1,4 +1,5 @@
-"""Bad input gets a 4xx with an OpenAI-style error body, records nothing, and others keep working."""
+"""Bad input gets a 4xx with an OpenAI-style error body, records nothing, and others keep
+working."""
 
 from __future__ import annotations
 

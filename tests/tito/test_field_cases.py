@@ -1,4 +1,5 @@
-"""FIELD_CASES B01, B02, B04, B14, B15, B19, B22, B23 through the proxy, each with its stated values."""
+"""FIELD_CASES B01, B02, B04, B14, B15, B19, B22, B23 through the proxy, each with its stated
+values."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ async def post(client: httpx.AsyncClient, key: str, path: str, body: dict) -> ht
 
 
 def non_canonical_word(tok) -> tuple[str, list[int]]:
-    """A word that encodes to one token, and a two-token split of it (like "unable" -> un + able)."""
+    """A word that encodes to one token, and a two-token split of it
+    (like "unable" -> un + able)."""
     vocab = tok.get_vocab()
     for word, _ in sorted(vocab.items(), key=lambda kv: kv[1]):
         if word.isalpha() and len(word) >= 5 and len(encode(tok, word)) == 1:
@@ -81,7 +83,8 @@ async def test_b01_retokenization_drift(tok, anyio_backend):
     p_2 = calls[1].prompt_ids
     assert p_2[: len(p1) + len(c1)] == p1 + c1  # (a) spliced (assert 2)
     assert calls[1].divergence is None and calls[1].parent_call_id == "c0"
-    # c_1 appears exactly once in p_2 after p_1, so a prefix tree trains it once with lp_1 (assert 3).
+    # c_1 appears exactly once in p_2 after p_1, so a prefix tree trains it once with lp_1
+    # (assert 3).
     assert p_2[len(p1) : len(p1) + len(c1)] == c1
     # Token IDs sent in are the IDs the engine ran on, echoed back (assert 4).
     assert (
@@ -94,7 +97,10 @@ def thinking_tokenizer():
     """A template that drops `<think>` from past assistant turns (Qwen3.5-style)."""
     tok = build_tokenizer()
     tpl = tok.chat_template
-    old = "{% if m.reasoning_content is defined and m.reasoning_content is not none %}<think>{{ m.reasoning_content }}</think>\n{% endif %}"
+    old = (
+        "{% if m.reasoning_content is defined and m.reasoning_content is not none %}"
+        "<think>{{ m.reasoning_content }}</think>\n{% endif %}"
+    )
     assert old in tpl
     tok.chat_template = tpl.replace(old, "")
     return tok
@@ -102,7 +108,10 @@ def thinking_tokenizer():
 
 async def test_b02_template_drops_reasoning(anyio_backend):
     tok = thinking_tokenizer()
-    text = '<think>need tool</think>\n<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    text = (
+        '<think>need tool</think>\n<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}'
+        "</tool_call>"
+    )
     c1 = encode(tok, text) + [tok.eos_token_id]
     engine = ScriptedEngine([ScriptedReply(token_ids=c1)], eos_token_id=tok.eos_token_id)
     proxy = make_proxy(tok, engine)
@@ -405,7 +414,8 @@ async def test_b22_n_choices_are_distinct_reproducible_and_aligned(tok, anyio_ba
     assert all(n.prompt_ref is nodes[0].prompt_ref for n in nodes)  # one list in memory
     assert a["usage"]["prompt_tokens"] == len(first[0].prompt_ids)
     last = calls[-1]
-    # The continuation extends choice 2 (of the repeat, the most recent identical branch) (assert 5).
+    # The continuation extends choice 2 (of the repeat, the most recent identical branch)
+    # (assert 5).
     assert last.parent_call_id == "c1/2" and last.divergence is None
     assert (
         last.prompt_ids[: len(first[2].prompt_ids) + len(first[2].completion_ids)]
@@ -525,7 +535,8 @@ async def test_b23_malformed_call_is_a_tool_error_not_a_crash(tok, anyio_backend
 async def test_b15_length_cut_tool_call_is_not_a_parse_failure(tok, anyio_backend):
     ids = encode(
         tok,
-        '<tool_call>{"name": "ls", "arguments": {"path": "a very long path that goes on"}}</tool_call>',
+        '<tool_call>{"name": "ls", "arguments": {"path": "a very long path that goes on"}}'
+        "</tool_call>",
     )
     engine = ScriptedEngine([ScriptedReply(token_ids=ids)], eos_token_id=tok.eos_token_id)
     proxy = make_proxy(tok, engine)

@@ -25,7 +25,8 @@ async def test_langchain_chatopenai_multi_turn_tool_task(tok, anyio_backend):
 
     eos = tok.eos_token_id
     script = [
-        '<think>first 6*7</think>\n<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>',
+        '<think>first 6*7</think>\n<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}'
+        "</tool_call>",
         '<tool_call>{"name": "multiply", "arguments": {"a": 42, "b": 2}}</tool_call>',
         "The answer is 84.",
     ]

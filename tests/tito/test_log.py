@@ -1,4 +1,5 @@
-"""The call log: records round-trip, a torn tail is skipped, a killed proxy loses no completed call."""
+"""The call log: records round-trip, a torn tail is skipped, a killed proxy loses no completed
+call."""
 
 from __future__ import annotations
 

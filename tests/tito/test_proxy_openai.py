@@ -30,7 +30,8 @@ TURNS = 20
 
 
 def script(tok) -> list[ScriptedReply]:
-    """20 replies: 19 tool calls (with reasoning, non-ASCII, some split non-canonically), then text."""
+    """20 replies: 19 tool calls (with reasoning, non-ASCII, some split non-canonically), then
+    text."""
     eos = tok.eos_token_id
     replies = []
     for k in range(TURNS - 1):

@@ -20,7 +20,8 @@ def test_partial_reply_only_grows_into_the_final_parse(s):
 
 def test_parse_reply_cases():
     p = parse_reply(
-        '<think>plan</think>\nok<tool_call>{"name": "run", "arguments": {"cmd": "ls  -a"}}</tool_call>',
+        '<think>plan</think>\nok<tool_call>{"name": "run", "arguments": {"cmd": "ls  -a"}}'
+        "</tool_call>",
         "x",
     )
     assert (p.reasoning, p.content, p.tool_call_error) == ("plan", "ok", None)
