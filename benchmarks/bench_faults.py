@@ -460,8 +460,73 @@ FAULTS = {
 }
 
 
-NOTES = {
-    # what each outcome means for the goals, written after reading the run folders
+NOTES = {  # what each outcome means for the goals, written after reading the run folders
+    "agent_tree_kill9": (
+        "The run went on; the killed execution is in the ledger once, as `finished` with exit "
+        "status -9 after its first reply, scored 0 by the hidden tests and trained (see "
+        "executions_spoiled). Nothing lost or duplicated, but an agent killed from outside is "
+        "not told apart from one that crashed by itself: its reward of 0 is trained."),
+    "rollout_cell_kill9": (
+        "The agents' calls in flight got 503 (cell lost the delta stream), the step trained on "
+        "what was left, then publishing the weights failed (cell gone): the run stopped with "
+        "EngineUnavailableError (a 60-line ExceptionGroup traceback before gyre/node.py's fix "
+        "in this sweep, one `gyre: error:` line after) and --resume finished the step with the "
+        "ledger's outcomes. No slot lost, nothing duplicated; but the executions the dead cell "
+        "spoiled are kept as failed / scored 0 (executions_spoiled), not re-run on resume."),
+    "cell_sigstop": (
+        "The bounded wait fired: every call in flight got 504 `cell ... /generate: no answer "
+        "within 15.0 s`, the run did not stall, and after SIGCONT it trained and published the "
+        "step. Nothing lost or duplicated in the records, but all 4 executions were spoiled "
+        "(the agents, max_retries=0, exited 1 on the 504): 1 failed, 3 `finished` with exit 1, "
+        "scored 0 and trained. The reward of a hang leaks into training."),
+    "node_kill9": (
+        "Clean: --resume continued at step 2, reused every execution of step 2 that had "
+        "finished (none re-run), re-ran the ones in flight under new ids, and finished; each "
+        "slot filled once, call log without torn bytes or unresolved records, records equal to "
+        "the replies the agents printed for all 8 trained executions."),
+    "corrupt_checkpoint": (
+        "--resume stopped with one `gyre: error:` line naming state.json and the way out (a "
+        "msgspec DecodeError traceback before gyre/runtime/checkpoint.py's fix in this sweep). "
+        "With the corrupt checkpoint removed (no older one at step 1) --resume started over, "
+        "reused the 4 ledger executions of step 1 (rollout 0 s), retrained step 1 and ran step "
+        "2: nothing lost; step 1 appears twice in metrics.jsonl (steps_repeated; the first "
+        "training of it was discarded with its checkpoint). gyre does not fall back to an "
+        "older checkpoint by itself."),
+    "corrupt_trainer_checkpoint": (
+        "Before gyre/runtime/checkpoint.py's manifest in this sweep: the corrupted model-state "
+        "file loaded without an error as NaN weights, --resume exited 0, the engine was given "
+        "the NaN snapshot and step 2 was skipped as non-finite (`done: 2 steps, weight version "
+        "1`): silent. After: --resume stops with one line naming the file that differs from its "
+        "sha256; with the checkpoint removed it starts over, reusing the ledger's executions "
+        "(step 1 trained again: steps_repeated)."),
+    "satellite_kill9": (
+        "The elastic runtime saw the satellite die and dropped it (`its executions move to the "
+        "other cells`), but the dead cell stayed a rollout member of the router, so the next "
+        "weight load failed on it and the run stopped: `gyre: error: weight load of version 1 "
+        "failed on cells {'cell-1': ... ConnectError}`. Multi-cell runs cannot resume (issue "
+        "21): --resume refuses with a clear line; every step and every execution so far is "
+        "lost. Bug: a dropped cell should leave the router (gyre/runtime/elastic.py `_lose`, "
+        "being edited by others: not changed here)."),
+    "core_kill9": (
+        "The run stopped at once with one clear line: `gyre: error: core cell cell-0 died (exit "
+        "-9): its weights and optimizer state are lost` (the redirect's failed abort on it was "
+        "logged and the cell marked down first). Multi-cell runs cannot resume (issue 21): "
+        "--resume refuses with a clear line; every step and every execution so far is lost. "
+        "Meeting the goal needs checkpoints and --resume in the elastic runtime."),
+    "disk_full_call_log": (
+        "Before gyre/tito/log.py's fix in this sweep: the write that hit ENOSPC was short, the "
+        "partial frame stayed, every later frame sat behind it and read_log raised "
+        "LogCorruptError: the whole call log unreadable (every execution lost to a resume), "
+        "and the agent got a bare 500. After: the partial frame is cut, the call is answered "
+        "503 `call_log_unwritable` naming the file (the openai SDK retries 5xx), the retry "
+        "succeeds once space is freed; log readable, records equal to replies received."),
+    "stream_drop": (
+        "The dropped stream aborts its engine request at once (disconnect_aborts) and its "
+        "partial completion is recorded (finish `abort`); the client's retry is a second "
+        "record of the same prompt, so both reach the trajectory tree: 1 duplicate per "
+        "variant, with or without an Idempotency-Key (only non-streamed calls are shared with "
+        "a retry). Issue 18 item 3 (one logical call per retry) covers it, in gyre/tito/ "
+        "(others' files: not changed here)."),
 }
 
 
@@ -492,6 +557,7 @@ def main() -> None:
             result = {"fault": name, "injected": False,
                       "what_happened": f"the scenario itself failed: {type(exc).__name__}: {exc}"}
         result["wall_s"] = round(time.monotonic() - t0, 1)
+        result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         results[name] = result
         print(json.dumps(result, indent=1)[:1500], flush=True)
     write(args.name, results)
@@ -534,6 +600,20 @@ def step_counts(folder: Path) -> dict:
             "steps_repeated": sum(c - 1 for c in done.values())}
 
 
+def untrained(run_dir: Path) -> int:
+    """Executions of a stopped multi-cell run (no ledger, no resume) that reached the call log
+    and no trained step: the run's record ends before any step, so each of them is lost."""
+    from gyre.runtime.metrics import StepMetrics, read_metrics
+    from gyre.tito.log import read_log
+
+    try:
+        steps = [r for r in read_metrics(run_dir) if isinstance(r, StepMetrics)]
+    except FileNotFoundError:
+        steps = []
+    log = run_dir / "calls.log"
+    ids = {c.execution_id for c in read_log(log).calls} if log.exists() else set()
+    return max(0, len(ids) - sum(r.executions for r in steps))
+
 def write(name: str, results: dict) -> None:
     for fault, note in NOTES.items():
         if fault in results:
@@ -542,6 +622,9 @@ def write(name: str, results: dict) -> None:
         if fault in results and (ROOT / folder / "run").exists():
             results[fault]["executions_spoiled"] = hurt(ROOT / folder / "run")
             results[fault].update(step_counts(ROOT / folder))
+            if fault in ("satellite_kill9", "core_kill9") and not results[fault].get("resumed"):
+                results[fault]["executions_lost"] = untrained(ROOT / folder / "run")
+
     numbers = {
         "faults_tried": sum(1 for r in results.values() if r.get("injected")),
         "executions_spoiled_by_faults": sum(len(r.get("executions_spoiled", ()))
@@ -556,6 +639,8 @@ def write(name: str, results: dict) -> None:
         "node_runs": "python -m gyre.node, engine.backend = scripted (cell process), DeepSpeed "
                      "ZeRO trainer on the tiny model, batch 4 (2 tasks x 2), heldout 0",
         "agent": "benchmarks/fault_agent.py (3 chained calls, 1 s apart)",
+        "runs": "each fault runs alone; `--only` reruns some and merges them into this file "
+                "(wall_s is per fault; on 2 cores shared with other work, load 8-26)",
         "goals": ["faults_tried >= 8", "executions_lost == 0", "calls_duplicated == 0",
                   "steps_lost == 0"],
     }
