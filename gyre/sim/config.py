@@ -14,7 +14,7 @@ import math
 import os
 from typing import Literal
 
-from gyre.config import _Config, _positive, load_toml
+from gyre.config.base import Config, check_positive, load_toml
 
 __all__ = [
     "ClusterConfig",
@@ -34,7 +34,7 @@ SWITCH_TO_ROLLOUT_S = 3.46
 """QwenGyre's measured train -> rollout switch (notes/anchors-performance.md §0, §1d)."""
 
 
-class ClusterConfig(_Config):
+class ClusterConfig(Config):
     """C identical cells; each holds one training copy or one inference engine."""
 
     num_cells: int = 16
@@ -46,7 +46,7 @@ class ClusterConfig(_Config):
     """KV-cache memory of one rollout cell in bytes."""
 
     def __post_init__(self) -> None:
-        _positive(
+        check_positive(
             num_cells=self.num_cells,
             cell_peak_flops_per_s=self.cell_peak_flops_per_s,
             kv_cache_bytes_per_cell=self.kv_cache_bytes_per_cell,
@@ -55,7 +55,7 @@ class ClusterConfig(_Config):
             raise ValueError(f"train_mfu={self.train_mfu} must be in (0, 1]")
 
 
-class SimModelConfig(_Config):
+class SimModelConfig(Config):
     """Size of the simulated policy model (only what the cost formulas need)."""
 
     active_params: float = 10e9
@@ -72,7 +72,7 @@ class SimModelConfig(_Config):
     """KV-cache bytes one token takes on a rollout cell (all layers, K and V)."""
 
     def __post_init__(self) -> None:
-        _positive(
+        check_positive(
             active_params=self.active_params,
             total_params=self.total_params,
             bytes_per_param=self.bytes_per_param,
@@ -86,7 +86,7 @@ class SimModelConfig(_Config):
             )
 
 
-class WorkloadConfig(_Config):
+class WorkloadConfig(Config):
     """Executions: lognormal wall durations with a timeout cap, tokens from tool and decode rates.
 
     Duration ``d = min(median_duration_s * exp(sigma * Z), timeout_s)`` with ``Z ~ N(0, 1)``; an
@@ -118,7 +118,7 @@ class WorkloadConfig(_Config):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _positive(
+        check_positive(
             num_steps=self.num_steps,
             batch_executions=self.batch_executions,
             group_size=self.group_size,
@@ -151,7 +151,7 @@ class WorkloadConfig(_Config):
         return min(float(self.max_context_tokens), self.prompt_tokens + duration_s * rate)
 
 
-class CostConfig(_Config):
+class CostConfig(Config):
     """Overheads of the elastic mechanics, in seconds or bytes per second."""
 
     switch_to_train_s: float = SWITCH_TO_TRAIN_S
@@ -170,13 +170,13 @@ class CostConfig(_Config):
             value = getattr(self, name)
             if not value >= 0:  # math.inf is allowed: "never worth switching"
                 raise ValueError(f"{name}={value!r} must be >= 0")
-        _positive(
+        check_positive(
             weight_sync_bytes_per_s=self.weight_sync_bytes_per_s,
             kv_migration_bytes_per_s=self.kv_migration_bytes_per_s,
         )
 
 
-class PolicyConfig(_Config):
+class PolicyConfig(Config):
     """Which policies to compare and their knobs.
 
     A step's batch is formed one of three ways. Streaming: the first
@@ -247,7 +247,7 @@ class PolicyConfig(_Config):
         return flags[policy]
 
 
-class SimConfig(_Config):
+class SimConfig(Config):
     """One simulated scenario."""
 
     name: str = "sim"

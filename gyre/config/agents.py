@@ -1,0 +1,138 @@
+"""Configs of the agents' side: the TITO proxy, the harness that runs agents, the task suites.
+
+Owns `ProxyConfig`, `HarnessConfig` (commands, limits, isolation) and `TaskConfig` (suites,
+splits). Knows nothing about cells, training or the file format.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from gyre.config.base import Config, check_positive
+
+__all__ = ["ProxyConfig", "HarnessConfig", "TaskConfig"]
+
+
+class ProxyConfig(Config):
+    """The TITO proxy: the OpenAI-compatible endpoint agents talk to (`gyre.tito.proxy`)."""
+
+    host: str = "127.0.0.1"
+    """Address the proxy binds to."""
+    port: int = 0
+    """TCP port; 0 picks a free one (the bound port is reported when serving starts)."""
+    model_name: str = "gyre"
+    """Model name served at /v1/models; requests naming another model get 404."""
+    max_body_bytes: int = 16 * 2**20
+    """Largest request body accepted; larger ones get 413 (a 1M-token history is ~4-5 MB of
+    JSON)."""
+    max_n: int = 16
+    """Most choices per request."""
+    context_overflow: Literal["clamp", "refuse"] = "clamp"
+    """prompt + max_tokens over the engine's max_model_len: clamp max_tokens (finish `length` when
+    reached) or refuse with a `context_length_exceeded` error (FIELD_CASES B15)."""
+    render_check_every: int = 0
+    """Cross-check every k-th incrementally rendered prompt against a full render; 0: only the
+    first of each execution."""
+    flush_interval_s: float = 5.0
+    """fsync the call log this often (calls reach the OS before each response completes)."""
+    log_name: str = "calls.log"
+    """Call log file name under `<run_dir>/`."""
+
+    def __post_init__(self) -> None:
+        check_positive(
+            max_body_bytes=self.max_body_bytes,
+            max_n=self.max_n,
+            flush_interval_s=self.flush_interval_s,
+        )
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port={self.port} must be in [0, 65535]")
+        if self.render_check_every < 0:
+            raise ValueError(f"render_check_every={self.render_check_every} must be >= 0")
+
+
+class HarnessConfig(Config):
+    """Agent processes of executions (`gyre.agents.harness`): command, limits, workspaces."""
+
+    agent_command: tuple[str, ...] = ()
+    """Command line of the agent; empty: the reference agent (`python -m gyre.agents.react`)."""
+    workspace_root: str = ""
+    """Folder of the per-execution private folders; empty: `<run_dir>/executions`."""
+    kill_grace_s: float = 1.0
+    """Seconds between SIGTERM and SIGKILL of an agent's process tree at its deadline."""
+    cpu_time_s: float = 3600.0
+    """RLIMIT_CPU of each agent process, CPU seconds; 0: no limit."""
+    memory_bytes: int = 4 * 2**30
+    """RLIMIT_AS of each agent and verifier process, bytes; 0: no limit."""
+    max_processes: int = 256
+    """Extra tasks an agent may create (RLIMIT_NPROC over the uid's current count); 0: no limit."""
+    file_size_bytes: int = 256 * 2**20
+    """RLIMIT_FSIZE of agent and verifier processes, bytes; 0: no limit."""
+    keep_workspaces: bool = False
+    """Keep each execution's folder after scoring (debugging)."""
+    isolate_uid: bool = True
+    """When the node runs as root: each agent runs as its own unprivileged uid and cannot read
+    other workspaces or hidden tests (`gyre.agents.isolation`); otherwise a warning."""
+    agent_uid_base: int = 200_000
+    """First uid (and gid) of agents under `isolate_uid`; must be >= 1000 and no real user's."""
+    agent_uid_count: int = 4096
+    """Agent uids from `agent_uid_base` on: the most isolated executions running at once on a
+    node."""
+    isolate_mounts: bool = True
+    """With `isolate_uid`: each agent and verifier starts in a private mount namespace where every
+    top-level folder but the system's (/usr, /etc, /var, ...), `hidden_paths`, the run folder,
+    other workspaces and the suites' hidden tests are covered, and /tmp is private
+    (`gyre.agents.isolation`; needs CAP_SYS_ADMIN; otherwise a warning)."""
+    require_isolation: bool = False
+    """Refuse to run (one `ConfigError` before anything starts) where `isolate_uid`,
+    `isolate_mounts` and `isolate_network` cannot all be had (not root, no CAP_SYS_ADMIN, a
+    workspace root other users cannot reach), instead of warning and running agents with the
+    node's view of its files and ports. Turn it on wherever a policy that reads hidden tests
+    would be rewarded for it."""
+    isolate_network: bool = True
+    """Each agent runs in a network namespace of its own where only the proxy answers, at the
+    address of its `OPENAI_BASE_URL` (relayed from the node's namespace): the node's cells, gloo
+    TCPStore, other ports and unix sockets, and the outside world, are out of reach
+    (`gyre.agents.isolation`; needs root with CAP_SYS_ADMIN, or unprivileged user namespaces,
+    which keep the node's unix sockets at a path in reach; otherwise a warning)."""
+    hidden_paths: tuple[str, ...] = ("/root",)
+    """Absolute folders agents and verifiers never see (the interpreter's installation and the
+    gyre package are bound back even when they live under one)."""
+    visible_paths: tuple[str, ...] = ()
+    """Absolute folders or files agents and verifiers see read-only although they lie under a
+    covered top-level folder (tools under /opt, a data set under /home). The interpreter's
+    installation, the gyre package and the files the agent command names are shown anyway."""
+
+    def __post_init__(self) -> None:
+        if self.kill_grace_s < 0:
+            raise ValueError(f"kill_grace_s={self.kill_grace_s} must be >= 0")
+        if self.require_isolation and not (self.isolate_uid and self.isolate_mounts):
+            raise ValueError("require_isolation needs isolate_uid and isolate_mounts to be true")
+        if self.require_isolation and not self.isolate_network:
+            raise ValueError("require_isolation needs isolate_network to be true")
+        for key in ("hidden_paths", "visible_paths"):
+            for path in getattr(self, key):
+                if not path.startswith("/"):
+                    raise ValueError(f"{key}: {path!r} must be absolute")
+        base, count = self.agent_uid_base, self.agent_uid_count
+        if base < 1000 or count < 1 or base + count > 2**31:
+            raise ValueError(
+                f"agent_uid_base={self.agent_uid_base}, "
+                f"agent_uid_count={self.agent_uid_count}: need "
+                "base >= 1000, count >= 1 and base + count <= 2**31"
+            )
+        for name in ("cpu_time_s", "memory_bytes", "max_processes", "file_size_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0: no limit)")
+
+
+class TaskConfig(Config):
+    """Which task suites a run samples from, and how executions run (`gyre.tasks`,
+    `gyre.agents`)."""
+
+    suites: tuple[str, ...] = ("examples/tasks/learnable",)
+    """Suite folders (see `python -m gyre.tasks generate`)."""
+    harness: HarnessConfig = HarnessConfig()
+
+    def __post_init__(self) -> None:
+        if not self.suites:
+            raise ValueError(f"suites={self.suites!r} must name at least one suite folder")

@@ -1,0 +1,165 @@
+"""Configs of the engines: the model, the inference engine (with its KV transfer) and the trainer.
+
+Owns `ModelConfig`, `KVTransferConfig`, `EngineConfig` and `TrainerConfig`: what a cell needs
+to load a model, serve it with vLLM and train it with DeepSpeed. Knows nothing about the
+runners that use them or the file format (`gyre.config.load_config`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from gyre.config.base import Config, check_positive
+
+__all__ = ["ModelConfig", "KVTransferConfig", "EngineConfig", "TrainerConfig"]
+
+
+class ModelConfig(Config):
+    """The reference tiny model (`gyre.model`) or any Hugging Face folder vLLM can serve."""
+
+    path: str = "runs/model"
+    """Hugging Face model folder; created by `python -m gyre.model init` when `init_if_missing`."""
+    init_if_missing: bool = True
+    """Build the reference tiny model at `path` if the folder does not exist."""
+    seed: int = 0
+    """Seed of the tiny model's weights and tokenizer training."""
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    vocab_size: int = 1024
+    """Target BPE vocabulary size including special tokens."""
+    max_position_embeddings: int = 32768
+
+    def __post_init__(self) -> None:
+        check_positive(
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            vocab_size=self.vocab_size,
+            max_position_embeddings=self.max_position_embeddings,
+        )
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be a multiple of "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        head_dim = self.hidden_size // self.num_attention_heads
+        if head_dim < 32:  # vLLM's CPU attention rejects head_dim 16 (shared/notes, vLLM CPU)
+            raise ValueError(
+                f"head_dim={head_dim} (hidden_size / num_attention_heads) must be >= 32"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_key_value_heads={self.num_key_value_heads} must divide "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        if self.vocab_size < 300:
+            raise ValueError(f"vocab_size={self.vocab_size} must be >= 300 (256 bytes + specials)")
+
+
+class KVTransferConfig(Config):
+    """KV-cache migration between engines through vLLM's KV connectors
+    (`gyre.engines.kv_connector`)."""
+
+    connector: Literal["none", "example", "nixl"] = "none"
+    """`none`: a redirected request recomputes its context; `example`: vLLM's ExampleConnector on a
+    shared folder (exports written only on request, loaded by exact key); `nixl`: vLLM's
+    NixlConnector, the target pulls the KV from the source engine's memory (UCX over shared memory
+    on CPU, RDMA on GPU; needs the `nixl` package; its idle progress thread is turned off)."""
+    shared_dir: str = "/dev/shm/gyre-kv"
+    """Folder every cell of the run shares for `example` (host memory under /dev/shm); one per run
+    when several runs share a host."""
+    lease_s: float = 120.0
+    """`example`: an export not released by then is deleted by the next export or release on any
+    cell. `nixl`: how long the source keeps an export's blocks for the target to pull."""
+
+    def __post_init__(self) -> None:
+        check_positive(lease_s=self.lease_s)
+        if self.connector != "none" and not self.shared_dir:
+            raise ValueError(
+                f"shared_dir={self.shared_dir!r} must be set for connector={self.connector!r}"
+            )
+
+
+class EngineConfig(Config):
+    """The inference engine of every rollout cell."""
+
+    backend: Literal["vllm", "scripted"] = "vllm"
+    """`vllm` (real engine in a cell process) or `scripted` (deterministic fake, tests only)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_model_len: int = 4096
+    """Longest prompt + completion in tokens."""
+    kv_cache_memory_bytes: int = 256 * 2**20
+    """KV cache size (on CPU: host RAM reserved for KV)."""
+    block_size: int = 32
+    """KV block size in tokens (vLLM's CPU default of 128 defeats prefix caching on short
+    prompts)."""
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = True
+    """Skip torch.compile: saves ~22 s of start-up on CPU at equal speed for tiny models."""
+    sleep_mode: bool = False
+    """GPU only: `pause()` puts vLLM to sleep (level 1) so a cell switching to training frees
+    its accelerator memory. vLLM's CPU backend refuses sleep mode (shared/notes)."""
+    request_timeout_s: float = 600.0
+    """Longest wait for one generate request before it is aborted."""
+    startup_timeout_s: float = 300.0
+    """Longest wait for a cell's engine to come up."""
+    weight_load_timeout_s: float = 120.0
+    """Longest wait for one `load_weights`."""
+    kv_transfer: KVTransferConfig = KVTransferConfig()
+    """KV-cache export/import for migrating requests between cells (off by default). When on, the
+    engine never chunks a prefill (max_num_batched_tokens = max_model_len: a chunked store is
+    corrupt)."""
+
+    def __post_init__(self) -> None:
+        check_positive(
+            max_model_len=self.max_model_len,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            block_size=self.block_size,
+            request_timeout_s=self.request_timeout_s,
+            startup_timeout_s=self.startup_timeout_s,
+            weight_load_timeout_s=self.weight_load_timeout_s,
+        )
+
+
+class TrainerConfig(Config):
+    """The DeepSpeed trainer (`gyre.engines.trainer`)."""
+
+    zero_stage: int = 1
+    """DeepSpeed ZeRO stage: 0, 1 or 2 (stage 3 shards parameters, which the packed-tree forward
+    reads directly; not supported yet)."""
+    learning_rate: float = 1e-5
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 disables it)."""
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
+    """Training dtype; float32 keeps trainer and vLLM logprobs within 1e-5 (float64: exactness
+    tests only; vLLM does not serve it)."""
+    keep_snapshots: int = 2
+    """Weight snapshots kept on disk for the engines (older ones are deleted)."""
+    train_timeout_s: float = 600.0
+    """Longest a cell's training call may take (`/train`, `/step`, a gradient send or receive, a
+    checkpoint); the gradient exchange fails with a clear error after it (docs/design.md
+    invariant 7)."""
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 1, 2):
+            raise ValueError(f"zero_stage={self.zero_stage} must be 0, 1 or 2")
+        check_positive(
+            learning_rate=self.learning_rate,
+            keep_snapshots=self.keep_snapshots,
+            train_timeout_s=self.train_timeout_s,
+        )
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise ValueError(
+                f"grad_clip={self.grad_clip} and weight_decay={self.weight_decay} must be >= 0"
+            )
+        for name, beta in (("adam_beta1", self.adam_beta1), ("adam_beta2", self.adam_beta2)):
+            if not 0 <= beta < 1:
+                raise ValueError(f"{name}={beta} must be in [0, 1)")
