@@ -98,7 +98,7 @@ def _raise_for(response: httpx.Response, body: bytes) -> None:
 
 
 class CellClient:
-    """`InferenceEngine` over a cell's token-level API (see `gyre.runtime.cell`).
+    """`InferenceEngine` over a cell's token-level API (see `gyre.runtime.cell_api`).
 
     Use as `async with CellClient(url, config) as engine:`. `statistics()` returns the snapshot
     fetched by the last `refresh_statistics()` (HTTP cannot be called synchronously).

@@ -29,6 +29,7 @@ from gyre.runtime.cell_wire import (
     Frame,
     FrameBatch,
     FrameReader,
+    Health,
     cell_secret,
     encode_frame,
 )
@@ -359,11 +360,11 @@ async def stepped_cell():
     `SteppedEngine`."""
     from aiohttp import web
 
-    from gyre.runtime import cell as cell_module
+    from gyre.runtime.cell_api import CellAPI, cell_app
 
-    cell = cell_module._Cell()
-    cell.engine, cell.health = SteppedEngine(), cell_module.Health(state="ready")
-    runner = web.AppRunner(cell_module._app(cell), access_log=None)
+    cell = CellAPI()
+    cell.engine, cell.health = SteppedEngine(), Health(state="ready")
+    runner = web.AppRunner(cell_app(cell), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
