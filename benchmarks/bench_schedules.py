@@ -98,7 +98,7 @@ async def _measure(config) -> dict:
     runtime = await run_elastic(config, Path(config.model.path), launch="bench")
     wall = time.perf_counter() - t0
     cpu = _cpu_seconds() - cpu0  # the cells have exited and been waited for: their CPU is in
-    records = runtime.records
+    records = runtime.ledger.records
     start = records[0].end_s  # steady state: from the end of step 1 to the end of the last step
     end = records[-1].end_s
     timeline = read_timeline(config.run_dir)

@@ -1,13 +1,14 @@
 """The multi-cell node runtime: identical cells move between rollout and training by a policy.
 
-Owns `ElasticRuntime` (the driver) and `StepRecord`; `gyre.runtime.elastic_job` starts cells and
-runs it. The driver owns the mechanics the pure scheduler policies (`gyre.runtime.scheduler`)
-leave out, exactly as the simulator does for the same policy objects: it places dispatched
-executions on rollout cells (pinned in the `Router`), moves them off a cell that leaves rollout
-(the router redirects their in-flight requests), forms each step's batch from finished groups,
-hands a group's micro-batches to an idle training cell, gathers the satellites' gradients on the
-core cell before its optimizer step, and publishes the new weights to the rollout cells. It
-calls `policy.decide` after every change until no action is left.
+Owns `ElasticRuntime` (the driver); `gyre.runtime.elastic_job` starts cells and runs it, and
+`gyre.runtime.step_ledger` keeps its run clock, step records, metrics and statistics. The driver
+owns the mechanics the pure scheduler policies (`gyre.runtime.scheduler`) leave out, exactly as
+the simulator does for the same policy objects: it places dispatched executions on rollout cells
+(pinned in the `Router`), moves them off a cell that leaves rollout (the router redirects their
+in-flight requests), forms each step's batch from finished groups, hands a group's micro-batches
+to an idle training cell, gathers the satellites' gradients on the core cell before its optimizer
+step, and publishes the new weights to the rollout cells. It calls `policy.decide` after every
+change until no action is left.
 
 Batches (docs/design.md "step"): executions are dispatched in order, `group_size` per task; which
 finished groups form each step's batch (streaming or not, `SchedulerConfig.streaming`) is
@@ -30,24 +31,21 @@ Knows nothing about HTTP, vLLM or DeepSpeed internals.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 
 from gyre.config import RunConfig
 from gyre.errors import CellDiedError, GyreError
 from gyre.runtime.batch import build_training_batch
 from gyre.runtime.batch_formation import BatchFormation, Group
 from gyre.runtime.cell_handle import CellHandle, DrivenCell, died, wait_cell_deaths
-from gyre.runtime.loop import pass_rate, pick_tasks
-from gyre.runtime.metrics import StepMetrics
+from gyre.runtime.loop import pick_tasks
 from gyre.runtime.rollout import Rollout
-from gyre.runtime.router import Router, RouterStatistics
+from gyre.runtime.router import Router
 from gyre.runtime.scheduler import (
     CellRole,
     CellView,
@@ -58,10 +56,11 @@ from gyre.runtime.scheduler import (
     SwitchToRollout,
     SwitchToTrain,
 )
+from gyre.runtime.step_ledger import StepLedger, StepRecord, sink_statistics
 from gyre.runtime.weight_version import WeightVersion
 from gyre.tasks.task import Task
 
-__all__ = ["ElasticRuntime", "StepRecord"]
+__all__ = ["ElasticRuntime"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,21 +68,6 @@ _MAX_DECISIONS = 1000
 """Decisions at one instant before the driver calls the policy stuck (it keeps acting)."""
 _WATCH_S = 0.25
 """How often cell processes are checked for death."""
-
-
-class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """What one step of the elastic runtime did (besides its `StepMetrics` line)."""
-
-    step: int
-    version: int
-    end_s: float
-    """Seconds since the run started when the optimizer step was published."""
-    step_s: float
-    """Seconds since the previous step ended (the run start for step 1)."""
-    groups: int
-    executions: int
-    switches: int
-    """Role switches completed during the step."""
 
 
 class ElasticRuntime:
@@ -139,7 +123,6 @@ class ElasticRuntime:
         self.timeline = timeline
         self.metrics = metrics
         self.launch = launch
-        self.clock = clock
         self.B = loop.batch_executions
         self.G = loop.group_size
         self.capacity = config.scheduler.capacity_per_cell
@@ -157,23 +140,17 @@ class ElasticRuntime:
         self.where: dict[str, DrivenCell] = {}
         self.switch_s: list[float] = []
         self.switches_done = 0
-        self.records: list[StepRecord] = []
-        self.train_stats: list[Any] = []
+        self.ledger = StepLedger(router, clock)
+        """The run clock and each step's marks, records and metrics."""
         self._changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._t0 = 0.0
-        self._step_t0 = 0.0
-        self._batch_in_s = math.nan
-        self._trained_s = math.nan
-        self._step_switches = 0
-        self._step_recovered = _recovered(router.statistics())  # counters at the step start
 
     # -- the loop -------------------------------------------------------------------------------
 
     async def run(self, steps: int) -> list[StepRecord]:
         """Run until `steps` optimizer steps are done; returns one `StepRecord` per step.
         Executions still running then are cancelled (their agents are stopped)."""
-        self._t0 = self._step_t0 = self.clock()
+        self.ledger.start()
         for c in self.cells:
             c.since = 0.0
         async with anyio.create_task_group() as tg:
@@ -188,13 +165,13 @@ class ElasticRuntime:
         now = self._now()
         for c in self.cells:
             self._activity(c, "idle", now)
-        return self.records
+        return self.ledger.records
 
     def _notify(self) -> None:
         self._changed.set()
 
     def _now(self) -> float:
-        return self.clock() - self._t0
+        return self.ledger.now()
 
     def _live(self) -> list[DrivenCell]:
         return [c for c in self.cells if c.alive]
@@ -332,7 +309,7 @@ class ElasticRuntime:
                 )
             )
             if self.batches.complete(group, self.steps_done):
-                self._batch_in_s = self._now()
+                self.ledger.mark_batch_in()
         self._notify()
 
     # -- training -------------------------------------------------------------------------------
@@ -362,7 +339,7 @@ class ElasticRuntime:
                     stats = await cell.client.train(
                         group.batch.micro_batches, group.batch.advantages
                     )
-                    self.train_stats.append(stats)
+                    self.ledger.train_stats.append(stats)
                     cell.has_grads = True
                 cell.trained_groups.append(group)
         except GyreError as exc:
@@ -378,7 +355,7 @@ class ElasticRuntime:
         else:
             self.trained += self.G
             if self.batches.full and self.trained >= self.B:
-                self._trained_s = self._now()
+                self.ledger.mark_trained()
         finally:
             self.running -= 1
             cell.busy = False
@@ -435,78 +412,38 @@ class ElasticRuntime:
         self._notify()
 
     def _finish_step(self, result: Any, t_step: float) -> None:
-        now = self._now()
-        step_groups = self.batches.step_groups
-        executed = [m for g in step_groups for m in g.members if m is not None]
-        batches = [g.batch for g in step_groups if g.batch is not None]
-        stats = self.train_stats
-        counted = sum(s.counted for s in stats)
         self.steps_done += 1
-        step_s = now - (self._step_t0 - self._t0)
-        record = StepRecord(
+        record = self.ledger.close(
             step=self.steps_done,
             version=self.weights.version,
-            end_s=now,
-            step_s=step_s,
-            groups=len(step_groups),
-            executions=len(executed),
-            switches=self.switches_done - self._step_switches,
+            groups=self.batches.step_groups,
+            switches=self.switches_done,
+            result=result,
+            t_step=t_step,
+            metrics=self.metrics,
+            statistics=self._statistics,
         )
-        self.records.append(record)
-        if self.metrics is not None:
-            recovered = _recovered(self.router.statistics())
-            self.metrics.write(
-                _step_metrics(
-                    record,
-                    executed,
-                    batches,
-                    stats,
-                    counted,
-                    result,
-                    {
-                        "rollout_s": self._batch_in_s - (self._step_t0 - self._t0),
-                        "train_s": t_step - self._batch_in_s,
-                        "sync_s": now - t_step,
-                        **{k: v - self._step_recovered[k] for k, v in recovered.items()},
-                    },
-                ),
-                self._statistics() if self.metrics.sinks else None,
-            )
-            self._step_recovered = recovered
         logger.info(
             "step %d: version %d, %.1f s, %d executions",
             record.step,
             record.version,
-            step_s,
-            len(executed),
+            record.step_s,
+            record.executions,
         )
-        self._step_t0 = self.clock()
-        self._step_switches = self.switches_done
         self.trained = 0
-        self.train_stats = []
         if self.batches.next_step(self.steps_done):
-            self._batch_in_s = self._now()
+            self.ledger.mark_batch_in()
 
     def _statistics(self) -> dict[str, Any]:
-        """The `statistics()` records the metric sinks stream at each step (`sinks`), and the
-        driver's own counters under `runtime` (water level, cells by role, switches)."""
-        live = self._live()
-        runtime = {
-            "dispatched": self.dispatched,
-            "finished": self.finished,
-            "water_level": self.dispatched - self.finished,
-            "live_cells": len(live),
-            "rollout_cells": sum(c.role == "rollout" for c in live),
-            "train_cells": sum(c.role == "train" for c in live),
-            "switches": self.switches_done,
-        }
-        return {
-            "router": self.router.statistics(),
-            "proxy": self.rollout.proxy.statistics(),
-            "harness": self.rollout.harness.statistics(),
-            "weights": self.weights.statistics(),
-            "runtime": runtime,
-        }
+        return sink_statistics(
+            router=self.router,
+            rollout=self.rollout,
+            weights=self.weights,
+            live=self._live(),
+            dispatched=self.dispatched,
+            finished=self.finished,
+            switches=self.switches_done,
+        )
 
     # -- role switches --------------------------------------------------------------------------
 
@@ -597,42 +534,3 @@ class ElasticRuntime:
         cell.has_grads = False
         self._water()
         self._notify()
-
-
-def _recovered(router: RouterStatistics) -> dict[str, int]:
-    """The router's counters of recovered failures that `StepMetrics` records per step."""
-    return {
-        "requests_redirected": router.requests_redirected,
-        "requests_retried": router.requests_retried,
-        "requests_abandoned": router.requests_abandoned,
-        "aborts_failed": router.aborts_failed,
-    }
-
-
-def _step_metrics(record, executed, batches, stats, counted, result, times) -> StepMetrics:
-    rate, reward = pass_rate(executed)
-    linear = sum(b.linear_tokens for b in batches)
-    packed = sum(b.packed_tokens for b in batches)
-    return StepMetrics(
-        step=record.step,
-        version=record.version,
-        executions=len(executed),
-        pass_rate=rate,
-        mean_reward=reward,
-        finished=sum(ex.outcome.termination == "finished" for ex in executed),
-        partial=sum(ex.outcome.stopped for ex in executed),
-        failed=sum(ex.outcome.failed for ex in executed),
-        truncated=sum(ex.summary.truncated for ex in executed),
-        model_calls=sum(len(ex.calls) for ex in executed),
-        branches=sum(t.branches for b in batches for t in b.trees.values()),
-        policy_tokens=sum(b.policy_tokens for b in batches),
-        packed_tokens=packed,
-        dedup_ratio=linear / packed if packed else math.nan,
-        logprob_abs_diff_mean=sum(s.logprob_abs_diff_sum for s in stats) / counted
-        if counted
-        else math.nan,
-        mean_ratio=sum(s.ratio_sum for s in stats) / counted if counted else math.nan,
-        applied=bool(result.applied),
-        step_s=record.step_s,
-        **times,
-    )

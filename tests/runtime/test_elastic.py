@@ -81,7 +81,7 @@ def group_of(execution_id: str) -> int:
 def check_accounting(runtime, fakes, run_dir: Path) -> list[Counter]:
     core = fakes[0]
     steps = core.steps
-    assert len(steps) == STEPS == len(runtime.records)
+    assert len(steps) == STEPS == len(runtime.ledger.records)
     trained = Counter()
     for grads in steps:
         # one batch per step: B executions of B // G groups, each trained exactly once
