@@ -4,9 +4,10 @@
 call log after a run or a crash. See docs/design.md (data path, invariant 1).
 
 Modules: `proxy` (the ASGI app), `sessions` (keys, executions), `render` (chat to prompt IDs),
-`detok` (token bytes), `reply` (reply parsing), `generation` (driving the engine), `inflight`
-(calls in flight: disconnects, retries, closing), `openai_format` (requests, responses, SSE),
-`recorder` (ModelCall records), `log` (the call log), `records`, `wire`.
+`intake` (requests to started calls), `detok` (token bytes), `reply` (reply parsing), `generation`
+(driving the engine), `inflight` (calls in flight: disconnects, retries, closing), `openai_format`
+(requests, responses, SSE), `recorder` (ModelCall records), `log` (the call log), `records`,
+`wire`.
 """
 
 from gyre.tito.log import CallLog, LogContents, LogCorruptError, LogStatistics, read_log

@@ -1,0 +1,169 @@
+"""Intake: a decoded OpenAI request of an execution to a started `Call`.
+
+Owns `CallIntake`, which renders a chat request's messages to prompt token IDs (on the event loop
+for a few new messages, in a worker thread for much text) or tokenizes a completions prompt (or
+takes its token IDs), links the prompt to the execution's render state, builds its sampling
+parameters and starts its `Call` (refused with 409 if the execution closed meanwhile). Knows
+nothing about HTTP, routes, retries or the call log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from gyre.config import ProxyConfig
+from gyre.engines.protocol import InferenceEngine
+from gyre.errors import ProxyError
+from gyre.tito.generation import Call
+from gyre.tito.openai_format import proxy_error, sampling_params, stop_strings
+from gyre.tito.records import Role
+from gyre.tito.render import ChatRenderer, Rendered
+from gyre.tito.sessions import Execution
+from gyre.tito.wire import ChatCompletionRequest, CompletionRequest, message_text
+
+__all__ = ["CallIntake"]
+
+_INLINE_RENDER_BYTES = 32 * 1024
+"""Chat requests adding up to this much text to a known parent (or whose whole body is this
+small) are rendered on the event loop thread; others in a worker thread."""
+
+
+class CallIntake:
+    """Starts the `Call` of a chat or completions request.
+
+    Args:
+        tokenizer: the served model's `transformers` fast tokenizer.
+        renderer: the proxy's `ChatRenderer` (its `text` interns token IDs).
+        engine_for: the engine serving an execution.
+        config: `ProxyConfig` (the sampling limits).
+    """
+
+    def __init__(
+        self,
+        *,
+        tokenizer: Any,
+        renderer: ChatRenderer,
+        engine_for: Callable[[str], InferenceEngine],
+        config: ProxyConfig,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.renderer = renderer
+        self.text = renderer.text
+        self.engine_for = engine_for
+        self.config = config
+        eos = tokenizer.eos_token_id
+        self.stop_token_ids: tuple[int, ...] = () if eos is None else (eos,)
+
+    @staticmethod
+    def _check_open(ex: Execution) -> None:
+        """409 for a call whose execution was closed while its request was being read or
+        rendered: it would be recorded after the execution's end entry."""
+        if ex.closed:
+            raise proxy_error(f"execution {ex.execution_id!r} was closed", 409, "execution_closed")
+
+    async def chat(
+        self, ex: Execution, role: Role, body: bytes, req: ChatCompletionRequest
+    ) -> Call:
+        """Render a chat request and start its `Call`."""
+        started = time.time()
+        engine = self.engine_for(ex.execution_id)
+        tools = req.tools or None
+        parent = self.renderer.find_parent(ex.render, req.messages, tools, req.chat_template_kwargs)
+
+        def render() -> Rendered:
+            return self.renderer.render_chat(
+                ex.render,
+                req.messages,
+                tools,
+                add_generation_prompt=req.add_generation_prompt,
+                template_kwargs=req.chat_template_kwargs,
+                parent=parent,
+            )
+
+        # Rendering a few new messages takes microseconds, less than a thread hop; rendering
+        # and tokenizing much text (a first call, a full re-render) must not block the loop.
+        new_bytes = (
+            len(body)
+            if parent is None or self.renderer.check_due(ex.render)
+            else sum(
+                len(message_text(m.content) or "") for m in req.messages[len(parent.messages) :]
+            )
+        )
+        try:
+            rendered = (
+                render()
+                if new_bytes <= _INLINE_RENDER_BYTES
+                else await anyio.to_thread.run_sync(render)
+            )
+        except Exception as exc:  # jinja raises its own errors for messages a template rejects
+            if isinstance(exc, ProxyError):
+                raise
+            raise proxy_error(
+                f"the chat template cannot render these messages: {exc}",
+                400,
+                "invalid_messages",
+                param="messages",
+            ) from None
+        max_tokens = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        )
+        sampling = sampling_params(
+            req,
+            max_tokens,
+            len(rendered.prompt_ids),
+            ex,
+            engine,
+            config=self.config,
+            stop_token_ids=self.stop_token_ids,
+        )
+        self._check_open(ex)
+        return Call.start(
+            ex,
+            engine,
+            role,
+            started,
+            rendered,
+            sampling,
+            stop_strings(req.stop),
+            parse_tools=bool(tools) and req.tool_choice != "none",
+            template_kwargs=req.chat_template_kwargs,
+        )
+
+    async def completion(
+        self, ex: Execution, role: Role, prompt: str | list[int], req: CompletionRequest
+    ) -> Call:
+        """Tokenize a completions prompt (or take its token IDs) and start its `Call`."""
+        started = time.time()
+        engine = self.engine_for(ex.execution_id)
+        if isinstance(prompt, str):
+            ids = await anyio.to_thread.run_sync(lambda: self.tokenizer.encode(prompt))
+        ids = self.text.intern(ids if isinstance(prompt, str) else prompt)
+        if not ids:
+            raise proxy_error("prompt must not be empty", 400, "invalid_value", param="prompt")
+        rendered = self.renderer.link_tokens(ex.render, ids)
+        sampling = sampling_params(
+            req,
+            req.max_tokens,
+            len(ids),
+            ex,
+            engine,
+            config=self.config,
+            stop_token_ids=self.stop_token_ids,
+        )
+        self._check_open(ex)
+        return Call.start(
+            ex,
+            engine,
+            role,
+            started,
+            rendered,
+            sampling,
+            stop_strings(req.stop),
+            parse_tools=False,
+            chat=False,
+            template_kwargs=None,
+        )
