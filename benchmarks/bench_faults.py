@@ -45,6 +45,7 @@ AGENT_CALLS = 3
 
 # -- processes ------------------------------------------------------------------------------------
 
+
 def children() -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for p in Path("/proc").iterdir():
@@ -75,6 +76,7 @@ def cmdline(pid: int) -> str:
 
 def cells_of(node_pid: int) -> list[int]:
     """The cell processes of a node, by gradient-group rank (`--rank`; 0 is the core cell)."""
+
     def rank(pid: int) -> int:
         argv = cmdline(pid).split()
         return int(argv[argv.index("--rank") + 1]) if "--rank" in argv else 0
@@ -101,25 +103,40 @@ def wait_for(cond, timeout_s: float, proc: subprocess.Popen | None = None, poll_
 
 # -- runs -----------------------------------------------------------------------------------------
 
+
 def model_dir() -> Path:
     path = ROOT / "model-tiny"
     if not (path / "config.json").exists():
-        subprocess.run([PY, "-m", "gyre.model", "init", str(path), "--seed", "0"], cwd=REPO,
-                       check=True, capture_output=True)
+        subprocess.run(
+            [PY, "-m", "gyre.model", "init", str(path), "--seed", "0"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
     return path
 
 
 def node_config(run_dir: Path, steps: int, *, cells: int = 1, **engine) -> dict:
     config = {
-        "run_dir": str(run_dir), "seed": 5,
+        "run_dir": str(run_dir),
+        "seed": 5,
         "model": {"path": str(model_dir()), "init_if_missing": False},
         "engine": {"backend": "scripted", "max_model_len": 1024, **engine},
-        "loop": {"steps": steps, "batch_executions": 4, "group_size": 2, "heldout_tasks": 0,
-                 "max_concurrent_executions": 4},
-        "tasks": {"suites": [str(REPO / "examples/tasks/learnable")],
-                  "harness": {"agent_command": ["python", str(AGENT)],
-                              "keep_workspaces": True,
-                              "workspace_root": str(run_dir.parent / (run_dir.name + "-ws"))}},
+        "loop": {
+            "steps": steps,
+            "batch_executions": 4,
+            "group_size": 2,
+            "heldout_tasks": 0,
+            "max_concurrent_executions": 4,
+        },
+        "tasks": {
+            "suites": [str(REPO / "examples/tasks/learnable")],
+            "harness": {
+                "agent_command": ["python", str(AGENT)],
+                "keep_workspaces": True,
+                "workspace_root": str(run_dir.parent / (run_dir.name + "-ws")),
+            },
+        },
         "trainer": {"learning_rate": 1e-3},
         "warm_start": {"enabled": False},
     }
@@ -147,8 +164,9 @@ class Node:
         self.launches += 1
         cmd = [PY, "-m", "gyre.node", "--config", str(self.toml)] + (["--resume"] if resume else [])
         log = open(self.dir / f"node-{self.launches}.log", "wb")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         return self.proc
 
     def wait(self, timeout_s: float) -> int | None:
@@ -193,8 +211,11 @@ def audit(node: Node, steps: int, *, before: set[str] = frozenset()) -> dict:
         slots_twice += sum(c - 1 for c in slots.values())
         if s in counts:
             lost += max(0, cfg["batch_executions"] - (len(slots) or executions[s]))
-        failed += [f"{e.outcome.execution_id}: {e.outcome.failure_reason}" for e in entries
-                   if e.outcome.failed]
+        failed += [
+            f"{e.outcome.execution_id}: {e.outcome.failure_reason}"
+            for e in entries
+            if e.outcome.failed
+        ]
     final_ids = {e.outcome.execution_id for e in entries_all}
     not_reused = sorted(before - final_ids)
     log_path = node.run_dir / "calls.log"
@@ -206,8 +227,11 @@ def audit(node: Node, steps: int, *, before: set[str] = frozenset()) -> dict:
             continue
         records = log.for_execution(e.outcome.execution_id)
         out = ws / e.outcome.execution_id / "stdout.log"
-        received = [ln for ln in out.read_text().splitlines() if ln.startswith('{"received"')] \
-            if out.exists() else None
+        received = (
+            [ln for ln in out.read_text().splitlines() if ln.startswith('{"received"')]
+            if out.exists()
+            else None
+        )
         prompts = Counter(tuple(c.prompt_ids) for c in records)
         same_prompt = sum(c - 1 for c in prompts.values())
         if received is None:
@@ -238,6 +262,7 @@ def finished_ids(node: Node, steps: int) -> set[str]:
 
 # -- node faults ----------------------------------------------------------------------------------
 
+
 def fault_agent_tree_kill9() -> dict:
     """kill -9 of one agent's whole process tree mid-execution, after its first reply (1 step)."""
     node = Node("agent-kill9", node_config(ROOT / "agent-kill9" / "run", steps=1))
@@ -250,9 +275,15 @@ def fault_agent_tree_kill9() -> dict:
             except ProcessLookupError:
                 pass
     rc = node.wait(300)
-    return {"fault": "kill -9 of an agent's process tree", "layer": "node (scripted cell)",
-            "injected": bool(victim), "exit_code": rc, "resumed": False,
-            "what_happened": node.log_tail(), **audit(node, 1)}
+    return {
+        "fault": "kill -9 of an agent's process tree",
+        "layer": "node (scripted cell)",
+        "injected": bool(victim),
+        "exit_code": rc,
+        "resumed": False,
+        "what_happened": node.log_tail(),
+        **audit(node, 1),
+    }
 
 
 def _kill_cell_mid_step(name: str, sig: int, *, cont_after_s: float | None, **engine) -> tuple:
@@ -299,28 +330,41 @@ def fault_rollout_cell_kill9() -> dict:
     if rc != 0:
         node.start(resume=True)
         rc2 = node.wait(400)
-    return {"fault": "kill -9 of the rollout cell", "layer": "node (scripted cell)",
-            "injected": injected, "exit_code": rc, "what_happened": first,
-            "resumed": rc2 is not None, "resume_exit_code": rc2,
-            "resume_log": node.log_tail() if rc2 is not None else None,
-            **audit(node, 1, before=before)}
+    return {
+        "fault": "kill -9 of the rollout cell",
+        "layer": "node (scripted cell)",
+        "injected": injected,
+        "exit_code": rc,
+        "what_happened": first,
+        "resumed": rc2 is not None,
+        "resume_exit_code": rc2,
+        "resume_log": node.log_tail() if rc2 is not None else None,
+        **audit(node, 1, before=before),
+    }
 
 
 def fault_cell_sigstop() -> dict:
     """SIGSTOP of the cell mid-step (a hang) with request_timeout_s = 15: the bounded wait must
     fire; SIGCONT after 45 s so the run can go on."""
     node, injected, rc, waited = _kill_cell_mid_step(
-        "cell-sigstop", signal.SIGSTOP, cont_after_s=45.0, request_timeout_s=15.0)
+        "cell-sigstop", signal.SIGSTOP, cont_after_s=45.0, request_timeout_s=15.0
+    )
     first = node.log_tail()
     rc2 = None
     if rc != 0:
         node.start(resume=True)
         rc2 = node.wait(400)
-    return {"fault": "SIGSTOP of the cell (hang), SIGCONT after 45 s",
-            "layer": "node (scripted cell), engine.request_timeout_s = 15",
-            "injected": injected, "exit_code": rc, "what_happened": first,
-            "resumed": rc2 is not None, "resume_exit_code": rc2,
-            "resume_log": node.log_tail() if rc2 is not None else None, **audit(node, 1)}
+    return {
+        "fault": "SIGSTOP of the cell (hang), SIGCONT after 45 s",
+        "layer": "node (scripted cell), engine.request_timeout_s = 15",
+        "injected": injected,
+        "exit_code": rc,
+        "what_happened": first,
+        "resumed": rc2 is not None,
+        "resume_exit_code": rc2,
+        "resume_log": node.log_tail() if rc2 is not None else None,
+        **audit(node, 1),
+    }
 
 
 def _kill_node_mid_step_2(name: str) -> tuple[Node, bool]:
@@ -339,10 +383,15 @@ def fault_node_kill9() -> dict:
     before = finished_ids(node, 2)
     node.start(resume=True)
     rc = node.wait(400)
-    return {"fault": "kill -9 of the node (process group), then --resume",
-            "layer": "node (scripted cell)", "injected": injected, "resumed": True,
-            "resume_exit_code": rc, "what_happened": node.log_tail(),
-            **audit(node, 2, before=before)}
+    return {
+        "fault": "kill -9 of the node (process group), then --resume",
+        "layer": "node (scripted cell)",
+        "injected": injected,
+        "resumed": True,
+        "resume_exit_code": rc,
+        "what_happened": node.log_tail(),
+        **audit(node, 2, before=before),
+    }
 
 
 def fault_corrupt_checkpoint() -> dict:
@@ -364,11 +413,18 @@ def fault_corrupt_checkpoint() -> dict:
     subprocess.run(["rm", "-rf", str(latest), str(node.run_dir / "checkpoints" / "latest")])
     node.start(resume=True)
     rc2 = node.wait(400)
-    return {"fault": "corrupt checkpoint (state.json and a trainer file), then --resume",
-            "layer": "node (scripted cell)", "injected": injected, "corrupted": corrupted,
-            "exit_code": rc, "what_happened": first, "resumed": True,
-            "resume_exit_code": rc2, "resume_log": node.log_tail(),
-            **audit(node, 2, before=before)}
+    return {
+        "fault": "corrupt checkpoint (state.json and a trainer file), then --resume",
+        "layer": "node (scripted cell)",
+        "injected": injected,
+        "corrupted": corrupted,
+        "exit_code": rc,
+        "what_happened": first,
+        "resumed": True,
+        "resume_exit_code": rc2,
+        "resume_log": node.log_tail(),
+        **audit(node, 2, before=before),
+    }
 
 
 def fault_corrupt_trainer_checkpoint() -> dict:
@@ -381,7 +437,7 @@ def fault_corrupt_trainer_checkpoint() -> dict:
     for path in files[:1]:
         data = bytearray(path.read_bytes())
         mid = len(data) // 2
-        data[mid: mid + 4096] = b"\xff" * len(data[mid: mid + 4096])
+        data[mid : mid + 4096] = b"\xff" * len(data[mid : mid + 4096])
         path.write_bytes(bytes(data))
     node.start(resume=True)
     rc = node.wait(400)
@@ -389,12 +445,18 @@ def fault_corrupt_trainer_checkpoint() -> dict:
     subprocess.run(["rm", "-rf", str(latest), str(node.run_dir / "checkpoints" / "latest")])
     node.start(resume=True)
     rc2 = node.wait(400)
-    return {"fault": "corrupt trainer checkpoint file (model states), then --resume",
-            "layer": "node (scripted cell)", "injected": injected and bool(files),
-            "corrupted": [str(p.relative_to(node.run_dir)) for p in files[:1]],
-            "exit_code": rc, "what_happened": first, "resumed": True,
-            "resume_exit_code": rc2, "resume_log": node.log_tail(),
-            **audit(node, 2, before=before)}
+    return {
+        "fault": "corrupt trainer checkpoint file (model states), then --resume",
+        "layer": "node (scripted cell)",
+        "injected": injected and bool(files),
+        "corrupted": [str(p.relative_to(node.run_dir)) for p in files[:1]],
+        "exit_code": rc,
+        "what_happened": first,
+        "resumed": True,
+        "resume_exit_code": rc2,
+        "resume_log": node.log_tail(),
+        **audit(node, 2, before=before),
+    }
 
 
 def _elastic_kill(name: str, index: int) -> dict:
@@ -413,26 +475,37 @@ def _elastic_kill(name: str, index: int) -> dict:
     first = node.log_tail()
     node.start(resume=True)
     rc2 = node.wait(120)
-    return {"injected": injected, "exit_code": rc, "what_happened": first,
-            "resumed": rc2 == 0, "resume_exit_code": rc2, "resume_log": node.log_tail(),
-            **audit(node, 3)}
+    return {
+        "injected": injected,
+        "exit_code": rc,
+        "what_happened": first,
+        "resumed": rc2 == 0,
+        "resume_exit_code": rc2,
+        "resume_log": node.log_tail(),
+        **audit(node, 3),
+    }
 
 
 def fault_satellite_kill9() -> dict:
     """kill -9 of the satellite training cell (cell 1) of a 2-cell elastic run mid-step 1."""
-    return {"fault": "kill -9 of a satellite training cell",
-            "layer": "elastic runtime, 2 scripted cells with DeepSpeed trainers (gloo)",
-            **_elastic_kill("satellite-kill9", 1)}
+    return {
+        "fault": "kill -9 of a satellite training cell",
+        "layer": "elastic runtime, 2 scripted cells with DeepSpeed trainers (gloo)",
+        **_elastic_kill("satellite-kill9", 1),
+    }
 
 
 def fault_core_kill9() -> dict:
     """kill -9 of the core cell (cell 0, rank 0) of a 2-cell elastic run mid-step 1."""
-    return {"fault": "kill -9 of the core cell",
-            "layer": "elastic runtime, 2 scripted cells with DeepSpeed trainers (gloo)",
-            **_elastic_kill("core-kill9", 0)}
+    return {
+        "fault": "kill -9 of the core cell",
+        "layer": "elastic runtime, 2 scripted cells with DeepSpeed trainers (gloo)",
+        **_elastic_kill("core-kill9", 0),
+    }
 
 
 # -- proxy faults ---------------------------------------------------------------------------------
+
 
 def fault_disk_full() -> dict:
     from benchmarks import faults_proxy
@@ -465,25 +538,29 @@ NOTES = {  # what each outcome means for the goals, written after reading the ru
         "The run went on; the killed execution is in the ledger once, as `finished` with exit "
         "status -9 after its first reply, scored 0 by the hidden tests and trained (see "
         "executions_spoiled). Nothing lost or duplicated, but an agent killed from outside is "
-        "not told apart from one that crashed by itself: its reward of 0 is trained."),
+        "not told apart from one that crashed by itself: its reward of 0 is trained."
+    ),
     "rollout_cell_kill9": (
         "The agents' calls in flight got 503 (cell lost the delta stream), the step trained on "
         "what was left, then publishing the weights failed (cell gone): the run stopped with "
         "EngineUnavailableError (a 60-line ExceptionGroup traceback before gyre/node.py's fix "
         "in this sweep, one `gyre: error:` line after) and --resume finished the step with the "
         "ledger's outcomes. No slot lost, nothing duplicated; but the executions the dead cell "
-        "spoiled are kept as failed / scored 0 (executions_spoiled), not re-run on resume."),
+        "spoiled are kept as failed / scored 0 (executions_spoiled), not re-run on resume."
+    ),
     "cell_sigstop": (
         "The bounded wait fired: every call in flight got 504 `cell ... /generate: no answer "
         "within 15.0 s`, the run did not stall, and after SIGCONT it trained and published the "
         "step. Nothing lost or duplicated in the records, but all 4 executions were spoiled "
         "(the agents, max_retries=0, exited 1 on the 504): 1 failed, 3 `finished` with exit 1, "
-        "scored 0 and trained. The reward of a hang leaks into training."),
+        "scored 0 and trained. The reward of a hang leaks into training."
+    ),
     "node_kill9": (
         "Clean: --resume continued at step 2, reused every execution of step 2 that had "
         "finished (none re-run), re-ran the ones in flight under new ids, and finished; each "
         "slot filled once, call log without torn bytes or unresolved records, records equal to "
-        "the replies the agents printed for all 8 trained executions."),
+        "the replies the agents printed for all 8 trained executions."
+    ),
     "corrupt_checkpoint": (
         "--resume stopped with one `gyre: error:` line naming state.json and the way out (a "
         "msgspec DecodeError traceback before gyre/runtime/checkpoint.py's fix in this sweep). "
@@ -491,14 +568,16 @@ NOTES = {  # what each outcome means for the goals, written after reading the ru
         "reused the 4 ledger executions of step 1 (rollout 0 s), retrained step 1 and ran step "
         "2: nothing lost; step 1 appears twice in metrics.jsonl (steps_repeated; the first "
         "training of it was discarded with its checkpoint). gyre does not fall back to an "
-        "older checkpoint by itself."),
+        "older checkpoint by itself."
+    ),
     "corrupt_trainer_checkpoint": (
         "Before gyre/runtime/checkpoint.py's manifest in this sweep: the corrupted model-state "
         "file loaded without an error as NaN weights, --resume exited 0, the engine was given "
         "the NaN snapshot and step 2 was skipped as non-finite (`done: 2 steps, weight version "
         "1`): silent. After: --resume stops with one line naming the file that differs from its "
         "sha256; with the checkpoint removed it starts over, reusing the ledger's executions "
-        "(step 1 trained again: steps_repeated)."),
+        "(step 1 trained again: steps_repeated)."
+    ),
     "satellite_kill9": (
         "The elastic runtime saw the satellite die and dropped it (`its executions move to the "
         "other cells`), but the dead cell stayed a rollout member of the router, so the next "
@@ -506,37 +585,49 @@ NOTES = {  # what each outcome means for the goals, written after reading the ru
         "failed on cells {'cell-1': ... ConnectError}`. Multi-cell runs cannot resume (issue "
         "21): --resume refuses with a clear line; every step and every execution so far is "
         "lost. Bug: a dropped cell should leave the router (gyre/runtime/elastic.py `_lose`, "
-        "being edited by others: not changed here)."),
+        "being edited by others: not changed here)."
+    ),
     "core_kill9": (
         "The run stopped at once with one clear line: `gyre: error: core cell cell-0 died (exit "
         "-9): its weights and optimizer state are lost` (the redirect's failed abort on it was "
         "logged and the cell marked down first). Multi-cell runs cannot resume (issue 21): "
         "--resume refuses with a clear line; every step and every execution so far is lost. "
-        "Meeting the goal needs checkpoints and --resume in the elastic runtime."),
+        "Meeting the goal needs checkpoints and --resume in the elastic runtime."
+    ),
     "disk_full_call_log": (
         "Before gyre/tito/log.py's fix in this sweep: the write that hit ENOSPC was short, the "
         "partial frame stayed, every later frame sat behind it and read_log raised "
         "LogCorruptError: the whole call log unreadable (every execution lost to a resume), "
         "and the agent got a bare 500. After: the partial frame is cut, the call is answered "
         "503 `call_log_unwritable` naming the file (the openai SDK retries 5xx), the retry "
-        "succeeds once space is freed; log readable, records equal to replies received."),
+        "succeeds once space is freed; log readable, records equal to replies received."
+    ),
     "stream_drop": (
         "The dropped stream aborts its engine request at once (disconnect_aborts) and its "
         "partial completion is recorded (finish `abort`); the client's retry is a second "
         "record of the same prompt, so both reach the trajectory tree: 1 duplicate per "
         "variant, with or without an Idempotency-Key (only non-streamed calls are shared with "
         "a retry). Issue 18 item 3 (one logical call per retry) covers it, in gyre/tito/ "
-        "(others' files: not changed here)."),
+        "(others' files: not changed here)."
+    ),
 }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", nargs="*", choices=sorted(FAULTS), help="run these faults only and "
-                   "merge them into an existing faults.json")
+    p.add_argument(
+        "--only",
+        nargs="*",
+        choices=sorted(FAULTS),
+        help="run these faults only and merge them into an existing faults.json",
+    )
     p.add_argument("--name", default="faults")
-    p.add_argument("--summarize", action="store_true", help="rewrite the totals and assessments "
-                   "of an existing faults.json without running anything")
+    p.add_argument(
+        "--summarize",
+        action="store_true",
+        help="rewrite the totals and assessments "
+        "of an existing faults.json without running anything",
+    )
     args = p.parse_args()
     if args.summarize:
         path = REPO / "benchmarks" / "results" / f"{args.name}.json"
@@ -554,8 +645,11 @@ def main() -> None:
         try:
             result = FAULTS[name]()
         except Exception as exc:  # noqa: BLE001 - a scenario that breaks is recorded, not hidden
-            result = {"fault": name, "injected": False,
-                      "what_happened": f"the scenario itself failed: {type(exc).__name__}: {exc}"}
+            result = {
+                "fault": name,
+                "injected": False,
+                "what_happened": f"the scenario itself failed: {type(exc).__name__}: {exc}",
+            }
         result["wall_s"] = round(time.monotonic() - t0, 1)
         result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         results[name] = result
@@ -563,11 +657,16 @@ def main() -> None:
     write(args.name, results)
 
 
-DIRS = {"agent_tree_kill9": "agent-kill9", "rollout_cell_kill9": "cell-kill9",
-        "cell_sigstop": "cell-sigstop", "node_kill9": "node-kill9",
-        "corrupt_checkpoint": "corrupt-ckpt", "corrupt_trainer_checkpoint": "corrupt-trainer",
-        "satellite_kill9": "satellite-kill9",
-        "core_kill9": "core-kill9"}
+DIRS = {
+    "agent_tree_kill9": "agent-kill9",
+    "rollout_cell_kill9": "cell-kill9",
+    "cell_sigstop": "cell-sigstop",
+    "node_kill9": "node-kill9",
+    "corrupt_checkpoint": "corrupt-ckpt",
+    "corrupt_trainer_checkpoint": "corrupt-trainer",
+    "satellite_kill9": "satellite-kill9",
+    "core_kill9": "core-kill9",
+}
 
 
 def hurt(run_dir: Path) -> list[str]:
@@ -581,8 +680,10 @@ def hurt(run_dir: Path) -> list[str]:
         except (ValueError, KeyError):
             continue
         if o["termination"] == "failed" or o.get("exit_code") not in (0, None):
-            out.append(f"{o['execution_id']}: {o['termination']}, exit {o.get('exit_code')}, "
-                       f"{o.get('model_calls')} calls")
+            out.append(
+                f"{o['execution_id']}: {o['termination']}, exit {o.get('exit_code')}, "
+                f"{o.get('model_calls')} calls"
+            )
     return out
 
 
@@ -596,8 +697,10 @@ def step_counts(folder: Path) -> dict:
         done = Counter(r.step for r in read_metrics(folder / "run") if isinstance(r, StepMetrics))
     except FileNotFoundError:
         done = Counter()
-    return {"steps_lost": sum(1 for s in range(1, steps + 1) if s not in done),
-            "steps_repeated": sum(c - 1 for c in done.values())}
+    return {
+        "steps_lost": sum(1 for s in range(1, steps + 1) if s not in done),
+        "steps_repeated": sum(c - 1 for c in done.values()),
+    }
 
 
 def untrained(run_dir: Path) -> int:
@@ -614,6 +717,7 @@ def untrained(run_dir: Path) -> int:
     ids = {c.execution_id for c in read_log(log).calls} if log.exists() else set()
     return max(0, len(ids) - sum(r.executions for r in steps))
 
+
 def write(name: str, results: dict) -> None:
     for fault, note in NOTES.items():
         if fault in results:
@@ -627,8 +731,9 @@ def write(name: str, results: dict) -> None:
 
     numbers = {
         "faults_tried": sum(1 for r in results.values() if r.get("injected")),
-        "executions_spoiled_by_faults": sum(len(r.get("executions_spoiled", ()))
-                                            for r in results.values()),
+        "executions_spoiled_by_faults": sum(
+            len(r.get("executions_spoiled", ())) for r in results.values()
+        ),
         "executions_lost": sum(r.get("executions_lost", 0) for r in results.values()),
         "calls_duplicated": sum(r.get("calls_duplicated", 0) for r in results.values()),
         "steps_lost": sum(r.get("steps_lost", 0) for r in results.values()),
@@ -637,19 +742,32 @@ def write(name: str, results: dict) -> None:
     }
     config = {
         "node_runs": "python -m gyre.node, engine.backend = scripted (cell process), DeepSpeed "
-                     "ZeRO trainer on the tiny model, batch 4 (2 tasks x 2), heldout 0",
+        "ZeRO trainer on the tiny model, batch 4 (2 tasks x 2), heldout 0",
         "agent": "benchmarks/fault_agent.py (3 chained calls, 1 s apart)",
         "runs": "each fault runs alone; `--only` reruns some and merges them into this file "
-                "(wall_s is per fault; on 2 cores shared with other work, load 8-26)",
-        "goals": ["faults_tried >= 8", "executions_lost == 0", "calls_duplicated == 0",
-                  "steps_lost == 0"],
+        "(wall_s is per fault; on 2 cores shared with other work, load 8-26)",
+        "goals": [
+            "faults_tried >= 8",
+            "executions_lost == 0",
+            "calls_duplicated == 0",
+            "steps_lost == 0",
+        ],
     }
     out = write_result(name, config, numbers)
-    print_table("fault sweep", [
-        {"fault": k, "injected": r.get("injected"), "lost": r.get("executions_lost"),
-         "dup": r.get("calls_duplicated"), "steps_lost": r.get("steps_lost"),
-         "wall_s": r.get("wall_s")} for k, r in results.items()
-    ])
+    print_table(
+        "fault sweep",
+        [
+            {
+                "fault": k,
+                "injected": r.get("injected"),
+                "lost": r.get("executions_lost"),
+                "dup": r.get("calls_duplicated"),
+                "steps_lost": r.get("steps_lost"),
+                "wall_s": r.get("wall_s"),
+            }
+            for k, r in results.items()
+        ],
+    )
     print(f"-> {out}")
 
 

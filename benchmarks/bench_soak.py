@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import print_table, write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = ("the file line read write run test pass fail value name path src main def return "
-         "import class").split()
+WORDS = (
+    "the file line read write run test pass fail value name path src main def return import class"
+).split()
 
 
 def words(rng: random.Random, lo: int, hi: int) -> str:
@@ -122,8 +123,10 @@ async def session(sid: int, server: Server, http, url: str, deadline: float, arg
         eid = f"soak-{sid}-{gen}"
         gen += 1
         key = (await server.ask(f"open {eid}")).split()[1]
-        messages = [{"role": "system", "content": "You are a coding agent."},
-                    {"role": "user", "content": words(rng, 20, 60)}]
+        messages = [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": words(rng, 20, 60)},
+        ]
         received = 0
         for _ in range(rng.randint(4, 12)):
             if time.monotonic() >= deadline:
@@ -142,8 +145,10 @@ async def session(sid: int, server: Server, http, url: str, deadline: float, arg
             received += 1
             if tally.measuring:
                 tally.latencies_ms.append(ms)
-            messages += [{"role": "assistant", "content": content},
-                         {"role": "user", "content": words(rng, 5, 40)}]
+            messages += [
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": words(rng, 5, 40)},
+            ]
         recorded = int((await server.ask(f"close {eid}")).split()[1])
         tally.executions += 1
         tally.cycled.add(sid)
@@ -158,8 +163,13 @@ async def main(args) -> None:
     tmp = tempfile.TemporaryDirectory(prefix="gyre-soak-")
     log_path = Path(tmp.name) / "calls.log"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks.soak_server", str(log_path), cwd=REPO,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "benchmarks.soak_server",
+        str(log_path),
+        cwd=REPO,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
     )
     server = Server(proc)
     first = (await proc.stdout.readline()).decode().split()
@@ -186,9 +196,9 @@ async def main(args) -> None:
     timeout = aiohttp.ClientTimeout(total=args.request_timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         sampler = asyncio.create_task(sample_rss())
-        await asyncio.gather(*(
-            session(i, server, http, url, deadline, args, tally) for i in range(args.sessions)
-        ))
+        await asyncio.gather(
+            *(session(i, server, http, url, deadline, args, tally) for i in range(args.sessions))
+        )
         wall_s = time.monotonic() - t_start
         sampler.cancel()
     rss_end = rss_mb(proc.pid)
@@ -240,25 +250,44 @@ async def main(args) -> None:
         "max_tokens": 24,
         "engine": "scripted (in the server process)",
         "transport": "aiohttp client process -> HTTP/1.1 loopback -> Hypercorn (trio) -> "
-                     "TITO proxy",
+        "TITO proxy",
         "request_timeout_s": args.request_timeout_s,
         "goals": ["sessions >= 1000", "errors == 0", "rss_growth_ratio <= 1.2"],
     }
     path = write_result(args.name, config, numbers)
-    print_table("TITO proxy soak (scripted engine)", [{
-        k: numbers[k] for k in ("sessions", "executions", "requests", "errors", "requests_per_s",
-                                "p50_ms", "p99_ms", "rss_after_warmup_mb", "rss_end_mb",
-                                "rss_growth_ratio")
-    }])
+    print_table(
+        "TITO proxy soak (scripted engine)",
+        [
+            {
+                k: numbers[k]
+                for k in (
+                    "sessions",
+                    "executions",
+                    "requests",
+                    "errors",
+                    "requests_per_s",
+                    "p50_ms",
+                    "p99_ms",
+                    "rss_after_warmup_mb",
+                    "rss_end_mb",
+                    "rss_growth_ratio",
+                )
+            }
+        ],
+    )
     print(f"-> {path}")
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration-s", type=float, default=600.0)
-    p.add_argument("--warmup-s", type=float, default=None,
-                   help="RSS baseline and latency start after this and once every session "
-                        "closed an execution (default: 10%% of the run, >= 20 s)")
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=None,
+        help="RSS baseline and latency start after this and once every session "
+        "closed an execution (default: 10%% of the run, >= 20 s)",
+    )
     p.add_argument("--sessions", type=int, default=1000)
     p.add_argument("--stream-every", type=int, default=4)
     p.add_argument("--request-timeout-s", type=float, default=300.0)

@@ -210,19 +210,19 @@ class SimulationStalled(GyreError, RuntimeError):
     code = "simulation_stalled"
 
 
+def _subclasses(cls: type[GyreError]) -> list[type[GyreError]]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
+
+
 _BY_CODE: dict[str, type[GyreError]] = {
     cls.code: cls
-    for cls in (
-        GyreError,
-        EngineError,
-        InvalidRequestError,
-        ContextLengthError,
-        EngineUnavailableError,
-        EngineTimeoutError,
-        WeightSyncError,
-        CellDiedError,
-    )
+    for cls in [GyreError, *_subclasses(GyreError)]
+    if not cls.__name__.startswith("_")
 }
+"""Every public class of the tree by its `code` (a test checks the codes are unique)."""
 
 
 def error_from_code(code: str, message: str) -> GyreError:

@@ -63,7 +63,8 @@ def ensure_model(config: RunConfig) -> Path:
 def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | None:
     """Every check that can fail without building or starting anything, in the order a user would
     fix them: task folders, verifier interpreter, agent program, isolation when required, run
-    folder, warm-start folder, the packages of the metric sinks (`[report] sinks`).
+    folder, warm-start folder, the packages of the metric sinks (`[report] sinks`), the live
+    page's address (`[observe]`).
     Returns the checkpoint a resumed run continues from (None: step 0). Raises `ConfigError` or
     `TaskError` naming the key or path."""
     train, heldout = split_tasks(config)
@@ -89,6 +90,10 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
         except FileExistsError as exc:
             raise ConfigError(f"{key}: {exc}") from None
     check_sinks(config.report)
+    if config.observe.page:
+        from gyre.report.live.server import check_address
+
+        check_address(config.observe.host, config.observe.port)
     return found
 
 
@@ -123,7 +128,9 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
 
         out = output_dir(config.model.path, config.warm_start)
         print(
-            f"warm start: fine-tuning {model_dir} on demonstrations -> {out} (cached)", flush=True
+            f"warm start: fine-tuning {model_dir} on demonstrations -> {out} "
+            "(reused if already there)",
+            flush=True,
         )
         model_dir = warm_start(
             model_dir, out, config.warm_start, log=lambda line: print(f"  {line}", flush=True)

@@ -209,3 +209,41 @@ def test_a_run_killed_in_its_first_evaluation_is_a_run(tmp_path):
     with pytest.raises(ConfigError, match="already holds a run: pass --resume"):
         run(make_config(tmp_path))
     assert nothing_built(tmp_path)
+
+
+def test_a_live_page_that_cannot_listen_is_refused_before_anything(tmp_path):
+    """A host that does not resolve, or a port another process holds, is one `ConfigError`
+    naming `[observe]` before the model is built (it was a traceback after the warm start)."""
+    import socket
+
+    with pytest.raises(ConfigError, match=r"observe.host='not a host!' / observe.port=0"):
+        run(make_config(tmp_path, observe={"page": True, "host": "not a host!"}))
+    assert nothing_built(tmp_path)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    busy = holder.getsockname()[1]
+    try:
+        with pytest.raises(ConfigError, match=rf"observe.port={busy}: .*(in use|Address)"):
+            run(make_config(tmp_path, observe={"page": True, "port": busy}))
+    finally:
+        holder.close()
+    assert nothing_built(tmp_path)
+
+
+def test_report_cli_flags_only_for_serve_and_one_line_errors(tmp_path, capsys):
+    """`--config`/`--host`/`--port` without `--serve` are refused (they were silently ignored);
+    with `--serve` a bad address or a missing config is one `error:` line and exit 2."""
+    from gyre.report.__main__ import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        main([str(run_dir), "--config", "x.toml"])
+    assert exit_.value.code == 2
+    assert "--config is only used with --serve" in capsys.readouterr().err
+    assert main([str(run_dir), "--serve", "--host", "not a host!"]) == 2
+    assert "--host='not a host!' / --port=0: the page cannot listen" in capsys.readouterr().err
+    assert main([str(run_dir), "--serve", "--config", str(tmp_path / "nope.toml")]) == 2
+    assert "cannot read config" in capsys.readouterr().err

@@ -19,12 +19,50 @@ from typing import Any
 import anyio
 import sniffio
 
+from gyre.errors import ConfigError
 from gyre.report.live.app import PageAuth, page_app
 from gyre.report.live.runview import RunView
 
-__all__ = ["serve_page", "open_page", "serve_run_dir", "Page", "view_for", "tokenizer_decode"]
+__all__ = [
+    "serve_page",
+    "open_page",
+    "serve_run_dir",
+    "check_address",
+    "Page",
+    "view_for",
+    "tokenizer_decode",
+]
 
 logger = logging.getLogger(__name__)
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on `host:port` (0: a free port). Raises `OSError` (including
+    `socket.gaierror` for a host that does not resolve) when the address cannot be bound."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def check_address(
+    host: str, port: int, *, names: tuple[str, str] = ("observe.host", "observe.port")
+) -> None:
+    """Bind and release `host:port` once, so a page that cannot be served is refused before a run
+    builds or starts anything. Raises `ConfigError` naming the two settings (`names`: the config
+    keys, or the command-line flags), the address and the system's reason."""
+    try:
+        _bound_socket(host, port).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            f"{names[0]}={host!r} / {names[1]}={port}: the page cannot listen there ({reason})"
+        ) from None
 
 
 async def serve_page(
@@ -38,15 +76,8 @@ async def serve_page(
         from hypercorn.trio import serve as hypercorn_serve
     else:
         from hypercorn.asyncio import serve as hypercorn_serve
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-        bound = sock.getsockname()[1]
-    except BaseException:
-        sock.close()
-        raise
+    sock = _bound_socket(host, port)
+    bound = sock.getsockname()[1]
     hc = HypercornConfig()
     hc.bind = [f"fd://{sock.detach()}"]
     hc.accesslog = None
