@@ -7,9 +7,9 @@ new session; `gyre.sandbox`) with `OPENAI_BASE_URL`, a minted `OPENAI_API_KEY` a
 instruction, stops it at the deadline or when its `ExecutionControl` (`gyre.agents.control`) says
 so (turns, tokens, context), kills its whole tree, runs the verifier on what the workspace holds,
 and returns one `Outcome`. Never raises for an execution's failure: infrastructure problems
-become `termination="failed"` with a reason (DESIGN.md invariant 5). Agents run as their own uids
-in a default-deny mount namespace and a sealed network namespace whose one way out is the proxy,
-where the node allows it (`gyre.agents.isolation` says how). Knows nothing about HTTP, tokens or
+become `termination="failed"` with a reason (docs/design.md invariant 5). Agents run as their
+own uids in a default-deny mount namespace and a sealed network namespace whose one way out is
+the proxy, where the node allows it (`gyre.agents.isolation` says how). Knows nothing about HTTP, tokens or
 the proxy but its URL: whoever watches the model calls feeds `ExecutionControl`.
 """
 
@@ -82,7 +82,7 @@ def _private(path: str, flags: int) -> int:
 
 
 class HarnessStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """Counters of one harness since it was built (STYLE.md rule 6)."""
+    """Counters of one harness since it was built (docs/style.md rule 6)."""
 
     running: int
     """Executions whose agent or verifier runs now."""
@@ -370,7 +370,7 @@ class Harness:
         limits if None); `api_key` defaults to `mint_api_key(execution_id)` (pass the proxy's
         key). The agent runs at most `task.spec.agent.deadline_s` seconds. An execution with no
         model call, or whose calls sampled no token at all, is `failed`: it has nothing to train
-        on (FIELD_CASES B20). Raises `ValueError` for a bad `execution_id` and `FileExistsError`
+        on (field case B20). Raises `ValueError` for a bad `execution_id` and `FileExistsError`
         if it was used before with this harness.
         """
         check_execution_id(execution_id)
@@ -536,7 +536,7 @@ class Harness:
             else:
                 assert reason_before is not None
                 termination = reason_before
-            # Nothing to train on: out of the loss and the group baseline (FIELD_CASES B20).
+            # Nothing to train on: out of the loss and the group baseline (field case B20).
             if control.model_calls == 0:
                 how = (
                     f"agent exited (status {result.exit_code})"

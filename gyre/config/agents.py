@@ -29,7 +29,7 @@ class ProxyConfig(Config):
     """Most choices per request."""
     context_overflow: Literal["clamp", "refuse"] = "clamp"
     """prompt + max_tokens over the engine's max_model_len: clamp max_tokens (finish `length` when
-    reached) or refuse with a `context_length_exceeded` error (FIELD_CASES B15)."""
+    reached) or refuse with a `context_length_exceeded` error (field case B15)."""
     render_check_every: int = 0
     """Cross-check every k-th incrementally rendered prompt against a full render; 0: only the
     first of each execution."""

@@ -121,7 +121,7 @@ class ScriptedEngine:
         )
         n = request.sampling.n
         if self._tombstones.pop(request.request_id, False):
-            for index in range(n):  # aborted before it arrived: 0 tokens (FIELD_CASES B20)
+            for index in range(n):  # aborted before it arrived: 0 tokens (field case B20)
                 self._counts["requests_aborted"] += 1
                 yield TokenDelta(
                     index=index, token_ids=[], logprobs=[], versions=[], finish_reason="abort"

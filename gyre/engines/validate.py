@@ -21,7 +21,7 @@ def validate_request(request: GenerateRequest, *, vocab_size: int, max_model_len
     """Check a request and return the max_tokens the engine will honour.
 
     The completion is clamped to fit: ``min(max_tokens, max_model_len - len(prompt))``; a choice
-    that reaches the clamp ends with `length` (FIELD_CASES B15 (a)).
+    that reaches the clamp ends with `length` (field case B15 (a)).
 
     Raises:
         ContextLengthError: the prompt alone needs all of max_model_len (no room for one token).

@@ -5,7 +5,7 @@ Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node 
 `gyre.runtime.cell_client.CellClient`. Owns how gyre drives vLLM:
 
 - logprobs are vLLM's `processed_logprobs` (after temperature, top-k, top-p: the distribution
-  actually sampled from, FIELD_CASES B05), one per sampled token;
+  actually sampled from, field case B05), one per sampled token;
 - each of the n choices is its own vLLM request with seed `choice_seed(seed, i)` (B22: vLLM's own
   n>1 reuses one seed); EOS is not special: the request's stop IDs decide, the stop token is kept;
 - `load_weights` aborts in-flight requests with their tokens so far, reloads (`reload_weights`),
@@ -199,7 +199,7 @@ class VLLMEngine:
             raise EngineUnavailableError(f"request {request.request_id!r} is already running")
         choices = [_Choice(i) for i in range(request.sampling.n)]
         if self._tombstones.pop(request.request_id, False):
-            for choice in choices:  # aborted before it arrived: 0 tokens (FIELD_CASES B20)
+            for choice in choices:  # aborted before it arrived: 0 tokens (field case B20)
                 self._counts["requests_aborted"] += 1
                 yield TokenDelta(
                     index=choice.index,

@@ -27,7 +27,7 @@ def sampling_logprobs(
     This is vLLM's `processed_logprobs` order and rule (temperature, then top-k, then top-p as in
     vLLM's `apply_top_k_top_p_pytorch`: sorted ascending, tokens whose cumulative mass is
     <= 1 - top_p are dropped, the most likely always kept; then log-softmax over the kept tokens;
-    FIELD_CASES B05: logits [2, 1, 0], T = 0.5 gives log softmax([4, 2, 0])[0] = -0.14293).
+    field case B05: logits [2, 1, 0], T = 0.5 gives log softmax([4, 2, 0])[0] = -0.14293).
     Temperature 0 (greedy) uses the raw logits.
 
     Args:

@@ -55,7 +55,7 @@ class StepMetrics(msgspec.Struct, frozen=True, kw_only=True, tag="step"):
     failed: int
     """Executions failed for infrastructure reasons (out of baseline and loss)."""
     truncated: int
-    """Executions with at least one call cut off by max_tokens or the context (FIELD_CASES B14)."""
+    """Executions with at least one call cut off by max_tokens or the context (field case B14)."""
     model_calls: int
     branches: int = -1
     """Root-to-leaf trajectories (leaves) of the trajectory trees of the step's trained executions,
@@ -77,7 +77,7 @@ class StepMetrics(msgspec.Struct, frozen=True, kw_only=True, tag="step"):
     dedup_ratio: float
     """Tokens of the selected trajectories run one by one / packed tokens (>= 1)."""
     logprob_abs_diff_mean: float
-    """Mean |trainer - behaviour| logprob over loss tokens (off-policy mismatch, FIELD_CASES
+    """Mean |trainer - behaviour| logprob over loss tokens (off-policy mismatch, field case
     B07)."""
     mean_ratio: float
     """Mean importance ratio over loss tokens."""

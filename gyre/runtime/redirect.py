@@ -5,7 +5,7 @@ choice as a chain of n=1 attempts. An attempt stopped on its member (the cell le
 or stalled for `attempt_timeout_s`) keeps its tokens so far; the choice continues on the next
 member from prompt + tokens so far, max_tokens reduced and a seed derived per attempt
 (`choice_seed`), through the `Continuation` seam (KV migrated or recomputed), so the caller sees one
-uninterrupted stream whose tokens carry the versions that sampled them (FIELD_CASES B11). Counts
+uninterrupted stream whose tokens carry the versions that sampled them (field case B11). Counts
 what it did and what it recovered from (`RedirectStatistics`: a member that fails to abort is
 logged once and marked down); every wait is bounded by `RouterConfig`.
 

@@ -49,7 +49,7 @@ async def wait_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]]) -> N
 
 
 class InFlightStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """A snapshot of `InFlight` (STYLE.md rule 6)."""
+    """A snapshot of `InFlight` (docs/style.md rule 6)."""
 
     in_flight: int
     """Calls being generated now (streamed or not)."""

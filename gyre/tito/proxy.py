@@ -71,7 +71,7 @@ CLOSE_WAIT_S = 10.0
 
 
 class ProxyStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """A snapshot of the proxy's counters (STYLE.md rule 6)."""
+    """A snapshot of the proxy's counters (docs/style.md rule 6)."""
 
     open_executions: int
     requests_total: int

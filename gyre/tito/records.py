@@ -70,7 +70,7 @@ class ExecutionSummary(msgspec.Struct, frozen=True, kw_only=True):
     """Model-call records (one per choice)."""
     truncated: bool
     """True if any call was cut off: a choice finished with `length` or a prompt was refused for
-    exceeding the context (FIELD_CASES B14, B15). One flag per execution."""
+    exceeding the context (field case B14, B15). One flag per execution."""
     length_calls: int
     """Records whose finish reason is `length`."""
     context_refusals: int

@@ -111,7 +111,7 @@ async def test_nothing_to_train_on_is_failed(tmp_path: Path, harness: Harness) -
     outcome = await harness.run(task, "hangs", agent_command=["sleep", "60"])
     assert outcome.termination == "failed"
     assert outcome.failure_reason.startswith("agent stopped (timeout) before its first model call")
-    # calls were made, but every one was aborted before its first token (FIELD_CASES B20)
+    # calls were made, but every one was aborted before its first token (field case B20)
     control = ExecutionControl(
         refresh=lambda c: c.observe_totals(model_calls=2, completion_tokens=0)
     )

@@ -218,7 +218,7 @@ def test_main_exits_with_the_malformed_status(
 async def test_b30_malformed_tool_call_is_fed_back_through_the_proxy(
     tmp_path: Path, anyio_backend
 ) -> None:
-    """FIELD_CASES B30: the first reply is a `write_file` call whose JSON lacks its closing brace;
+    """field case B30: the first reply is a `write_file` call whose JSON lacks its closing brace;
     the second a valid `write_file` and `finish`. Buggy: 1 call, the text taken as the answer."""
     from gyre.config import ProxyConfig
     from gyre.engines.scripted import ScriptedEngine, ScriptedReply

@@ -1,7 +1,7 @@
 """The real vLLM engine behind gyre's protocol, through a cell process and its client.
 
 Behaviour logprobs are checked against an independent recompute with transformers on the same
-weights (fp32); FIELD_CASES B05, B07, B12, B20 and B22 are asserted with their stated values.
+weights (fp32); field case B05, B07, B12, B20 and B22 are asserted with their stated values.
 One vLLM cell is shared by the session (`vllm_cell`); the B05 test starts its own 3-token model.
 """
 

@@ -53,7 +53,7 @@ def test_gradcheck_float64():
 
 
 def test_b05_temperature_applies_to_logits():
-    # logits [2, 1, 0] at T = 0.5: log softmax([4, 2, 0])[0] = -0.14293 (FIELD_CASES B05)
+    # logits [2, 1, 0] at T = 0.5: log softmax([4, 2, 0])[0] = -0.14293 (field case B05)
     hidden = torch.tensor([[1.0]], dtype=torch.float64)
     weight = torch.tensor([[2.0], [1.0], [0.0]], dtype=torch.float64)
     lp, _ = selective_logprob_entropy(hidden, weight, torch.tensor([0]), temperature=0.5)

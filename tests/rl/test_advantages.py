@@ -1,4 +1,4 @@
-"""Group-baseline advantages and FIELD_CASES B20 (empty and lone-EOS completions)."""
+"""Group-baseline advantages and field case B20 (empty and lone-EOS completions)."""
 
 from __future__ import annotations
 

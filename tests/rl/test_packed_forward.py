@@ -1,4 +1,4 @@
-"""Trainer-side packed logprobs: FIELD_CASES B07 (batch-composition invariance) and the head
+"""Trainer-side packed logprobs: field case B07 (batch-composition invariance) and the head
 evaluated only at loss positions (B24, CPU half)."""
 
 from __future__ import annotations

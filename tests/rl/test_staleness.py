@@ -1,4 +1,4 @@
-"""FIELD_CASES B11: per-token weight versions across abort and resume; staleness per token."""
+"""field case B11: per-token weight versions across abort and resume; staleness per token."""
 
 from __future__ import annotations
 

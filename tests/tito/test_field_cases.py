@@ -1,4 +1,4 @@
-"""FIELD_CASES B01, B02, B04, B14, B15, B19, B22, B23 through the proxy, each with its stated
+"""field case B01, B02, B04, B14, B15, B19, B22, B23 through the proxy, each with its stated
 values."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Calls in flight: a disconnect aborts the engine request in both modes, closing an execution
-records its calls before its end entry (FIELD_CASES B29), and a client's retry is one call."""
+records its calls before its end entry (field case B29), and a client's retry is one call."""
 
 from __future__ import annotations
 
