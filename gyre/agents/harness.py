@@ -9,8 +9,8 @@ so (turns, tokens, context), kills its whole tree, runs the verifier on what the
 and returns one `Outcome`. Never raises for an execution's failure: infrastructure problems
 become `termination="failed"` with a reason (docs/design.md invariant 5). Agents run as their
 own uids in a default-deny mount namespace and a sealed network namespace whose one way out is
-the proxy, where the node allows it (`gyre.agents.isolation` says how). Knows nothing about HTTP, tokens or
-the proxy but its URL: whoever watches the model calls feeds `ExecutionControl`.
+the proxy, where the node allows it (`gyre.agents.isolation` says how). Knows nothing about HTTP,
+tokens or the proxy but its URL: whoever watches the model calls feeds `ExecutionControl`.
 """
 
 from __future__ import annotations
