@@ -2,13 +2,13 @@
 cells.
 
 Owns `Router` (itself an `InferenceEngine`; `Router.engine_for(execution_id)` gives the
-per-execution view the TITO proxy asks for) and its statistics (`RouterStatistics`, one `CellRecord`
-per cell). An execution's requests stay on one rollout cell while that cell rolls out (prefix-cache
-reuse); a new execution goes to the least-loaded cell. When a cell leaves rollout (`set_role`,
+per-execution view the TITO proxy asks for): request intake, replay of finished requests, aborts,
+and its statistics (`RouterStatistics`). An execution's requests stay on one rollout cell while that
+cell rolls out (prefix-cache reuse); a new execution goes to the least-loaded cell: the cells, their
+roles and that placement are `gyre.runtime.membership`. When a cell leaves rollout (`set_role`,
 `drain`), dies (`EngineUnavailableError`) or stalls, its in-flight attempts move to other cells: the
 driving of attempts is `gyre.runtime.redirect`, how a choice continues there (KV migrated or
-recomputed) is `gyre.runtime.continuation`. Every wait is bounded (`RouterConfig`, docs/design.md
-invariant 7).
+recomputed) is `gyre.runtime.continuation`. Every wait is bounded (`RouterConfig`, invariant 7).
 
 Knows nothing about chat, HTTP, processes, or how a cell changes role inside: whoever switches a
 cell calls `set_role` first and switches the cell after it returns.
@@ -17,7 +17,6 @@ cell calls `set_role` first and switches the cell after it returns.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from typing import get_args
 
 import anyio
 import msgspec
@@ -32,40 +31,16 @@ from gyre.engines.protocol import (
     TokenDelta,
 )
 from gyre.engines.validate import remember_abort, validate_request
-from gyre.errors import (
-    EngineError,
-    EngineTimeoutError,
-    EngineUnavailableError,
-    WeightSyncError,
-)
+from gyre.errors import EngineTimeoutError, EngineUnavailableError, WeightSyncError
 from gyre.runtime.continuation import Continuation, RecomputeContinuation
-from gyre.runtime.redirect import Choice, Leg, Redirector, RequestState, Signal
+from gyre.runtime.membership import CellMember, CellRecord, Membership, check_role
+from gyre.runtime.redirect import Redirector, RequestState
 from gyre.runtime.scheduler import CellRole
 
-__all__ = ["Router", "RouterStatistics", "CellRecord"]
+__all__ = ["Router", "RouterStatistics"]
 
-_ROLES: tuple[str, ...] = get_args(CellRole)
 _ENCODER = msgspec.msgpack.Encoder()
 _COMPLETIONS_DECODER = msgspec.msgpack.Decoder(list[Completion])
-
-
-# -- statistics ----------------------------------------------------------------------------------
-
-
-class CellRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One cell as the router sees it."""
-
-    name: str
-    role: CellRole
-    down: str | None
-    """Why the cell gets no requests (it died, refused, or a weight load failed); None: in
-    service."""
-    running: int
-    """Attempts in flight on the cell."""
-    executions: int
-    """Executions pinned to the cell (session affinity); 0 unless it rolls out."""
-    weight_version: int
-    """Version last loaded through the router (or reported when the cell was added)."""
 
 
 class RouterStatistics(EngineStatistics, frozen=True, kw_only=True):
@@ -113,38 +88,6 @@ class RouterStatistics(EngineStatistics, frozen=True, kw_only=True):
     """Every cell, in the order they were added."""
 
 
-# -- membership ----------------------------------------------------------------------------------
-
-
-class _Member:
-    """One cell as a member of the router: its engine, role, health, pinned executions and the
-    attempts in flight on it (a `gyre.runtime.redirect.Member`)."""
-
-    def __init__(
-        self,
-        name: str,
-        engine: InferenceEngine,
-        role: CellRole,
-        order: int,
-        stats: EngineStatistics,
-    ) -> None:
-        self.name = name
-        self.engine = engine
-        self.role: CellRole = role
-        self.order = order
-        self.down: str | None = None
-        self.legs: set[Leg] = set()
-        self.executions = 0
-        self.weight_version = stats.weight_version
-        self.max_model_len = stats.max_model_len
-        self.vocab_size = stats.vocab_size
-        self.legs_changed = Signal()
-
-    @property
-    def serving(self) -> bool:
-        return self.role == "rollout" and self.down is None
-
-
 # -- the router ----------------------------------------------------------------------------------
 
 
@@ -176,22 +119,20 @@ class Router:
     ) -> None:
         self.config = config
         self.continuation: Continuation = continuation or RecomputeContinuation()
-        self._cells: dict[str, _Member] = {}
-        self._pins: dict[str, _Member] = {}  # execution -> the member it is pinned to
+        self._members = Membership(config)
         self._requests: dict[str, RequestState] = {}
         self._finished: dict[
             str, bytes
         ] = {}  # request ID -> its completions (msgpack: ~15 B/token)
         self._tombstones: dict[str, bool] = {}
-        self._cells_changed = Signal()
         self._tg: TaskGroup | None = None
         self._paused = False
         self._weight_loads = 0
         self._counts = dict(
             requests_total=0, requests_aborted=0, requests_replayed=0, requests_abandoned=0
         )
-        self._redirect: Redirector[_Member] = Redirector(
-            config, self.continuation, place=self._place, mark_down=self._mark_down
+        self._redirect: Redirector[CellMember] = Redirector(
+            config, self.continuation, place=self._members.place, mark_down=self._members.mark_down
         )
         roles = dict(roles or {})
         unknown = set(roles) - set(cells or {})
@@ -220,15 +161,11 @@ class Router:
     def add_cell(self, name: str, engine: InferenceEngine, *, role: CellRole = "rollout") -> None:
         """Add a cell; it serves at once if `role` is `rollout`. Its `statistics()` must answer now
         (a `CellClient` inside `async with`). Raises `ValueError` (duplicate name, unknown role)."""
-        if name in self._cells:
-            raise ValueError(f"cell {name!r} is already in the router")
-        _check_role(role)
-        self._cells[name] = _Member(name, engine, role, len(self._cells), engine.statistics())
-        self._cells_changed.notify()
+        self._members.add(name, engine, role)
 
     def role(self, name: str) -> CellRole:
         """The role of cell `name` (`ValueError` if unknown)."""
-        return self._member(name).role
+        return self._members.member(name).role
 
     async def set_role(self, name: str, role: CellRole) -> int:
         """Give cell `name` a role; returns the in-flight attempts moved off it.
@@ -238,13 +175,13 @@ class Router:
         puts it back into service for new and waiting requests.
         Raises `ValueError` (unknown cell or role), `EngineTimeoutError` (see `drain`).
         """
-        cell = self._member(name)
-        _check_role(role)
+        cell = self._members.member(name)
+        check_role(role)
         moved = 0
         if cell.role == "rollout" and role != "rollout":
             moved = await self.drain(name)
         cell.role = role
-        self._cells_changed.notify()
+        self._members.changed.notify()
         return moved
 
     async def drain(self, name: str) -> int:
@@ -258,11 +195,11 @@ class Router:
         Raises `ValueError` (unknown cell), `EngineTimeoutError` if attempts are still registered
         on the cell after that (an internal fault).
         """
-        cell = self._member(name)
+        cell = self._members.member(name)
         if cell.role == "rollout":
             cell.role = "switching"
-        self._unpin_cell(cell)
-        self._cells_changed.notify()
+        self._members.unpin_cell(cell)
+        self._members.changed.notify()
         legs = list(cell.legs)
         async with anyio.create_task_group() as tg:
             for leg in legs:
@@ -281,31 +218,24 @@ class Router:
         """Drain cell `name` (see `drain`) and forget it; returns the attempts moved off it. A
         restarted cell process comes back with `add_cell` under the same name and its new engine."""
         moved = await self.drain(name)
-        del self._cells[name]
-        self._cells_changed.notify()
+        self._members.remove(name)
         return moved
 
     def mark_down(self, name: str, reason: str) -> None:
         """Take cell `name` out of service (it died or must not serve); its attempts in flight end
         by themselves (their stream fails or stalls) and continue elsewhere; `drain` moves them
         now."""
-        self._mark_down(self._member(name), reason)
+        self._members.mark_down(self._members.member(name), reason)
 
     def mark_up(self, name: str) -> None:
         """Put cell `name` back into service (it gets requests again if its role is `rollout`)."""
-        self._member(name).down = None
-        self._cells_changed.notify()
+        self._members.mark_up(name)
 
     def pin(self, execution_id: str, name: str) -> None:
         """Route the requests of `execution_id` to cell `name` from now on (a driver's placement;
         without one the router places an execution on its first request). Its attempts already
         running stay where they are. Raises `ValueError` (unknown cell)."""
-        cell = self._member(name)
-        old = self._pins.get(execution_id)
-        if old is not None:
-            old.executions -= 1
-        self._pins[execution_id] = cell
-        cell.executions += 1
+        self._members.pin(execution_id, name)
 
     def engine_for(self, execution_id: str) -> InferenceEngine:
         """The router as seen by one execution (pass this method as the proxy's `engine_for`):
@@ -315,9 +245,7 @@ class Router:
     def end_execution(self, execution_id: str) -> None:
         """Forget the cell an execution is pinned to (call when it finishes; unknown IDs are
         ignored)."""
-        cell = self._pins.pop(execution_id, None)
-        if cell is not None:
-            cell.executions -= 1
+        self._members.end_execution(execution_id)
 
     # -- the InferenceEngine protocol -----------------------------------------------------------
 
@@ -387,7 +315,7 @@ class Router:
     async def _abort_request(self, state: RequestState) -> list[Completion]:
         for choice in state.choices:
             choice.user_aborted = True
-        self._cells_changed.notify()  # wakes choices waiting for a cell
+        self._members.changed.notify()  # wakes choices waiting for a cell
         async with anyio.create_task_group() as tg:
             for choice in state.choices:
                 if choice.leg is not None:
@@ -402,25 +330,9 @@ class Router:
     async def load_weights(self, snapshot: str, version: int) -> None:
         """Load `snapshot` as `version` on every `rollout` cell at once (each bounded by its own
         engine's weight-load timeout). A cell that fails is marked down and gets no requests until
-        a later load succeeds on it (FIELD_CASES B17); a down cell whose load succeeds serves again.
+        a later load succeeds on it (field case B17); a down cell whose load succeeds serves again.
         Raises `WeightSyncError` naming every cell that failed and why."""
-        failed: dict[str, str] = {}
-
-        async def load(cell: _Member) -> None:
-            try:
-                await cell.engine.load_weights(snapshot, version)
-            except (EngineError, WeightSyncError) as exc:
-                failed[cell.name] = str(exc)
-                self._mark_down(cell, f"weight load of version {version} failed: {exc}")
-                return
-            cell.weight_version = version
-            cell.down = None
-
-        async with anyio.create_task_group() as tg:
-            for cell in self._cells.values():
-                if cell.role == "rollout":
-                    tg.start_soon(load, cell)
-        self._cells_changed.notify()
+        failed = await self._members.load_weights(snapshot, version)
         if failed:
             raise WeightSyncError(f"weight load of version {version} failed on cells {failed}")
         self._weight_loads += 1
@@ -436,34 +348,14 @@ class Router:
 
     def statistics(self) -> RouterStatistics:
         """A snapshot of the router's counters and of every cell (see `RouterStatistics`)."""
-        cells = tuple(
-            CellRecord(
-                name=c.name,
-                role=c.role,
-                down=c.down,
-                running=len(c.legs),
-                executions=c.executions,
-                weight_version=c.weight_version,
-            )
-            for c in self._cells.values()
-        )
-        serving = [c for c in self._cells.values() if c.serving]
         return RouterStatistics(
-            weight_version=min((c.weight_version for c in serving), default=0),
             running_requests=len(self._requests),
             paused=self._paused,
             weight_loads=self._weight_loads,
             prefix_cache_resets=self._weight_loads,
-            max_model_len=min((c.max_model_len for c in self._cells.values()), default=0),
-            vocab_size=min((c.vocab_size for c in self._cells.values()), default=0),
-            cells_rollout=sum(c.role == "rollout" for c in cells),
-            cells_train=sum(c.role == "train" for c in cells),
-            cells_switching=sum(c.role == "switching" for c in cells),
-            cells_down=sum(c.down is not None for c in cells),
-            executions=len(self._pins),
-            cells=cells,
             **self._counts,
             **msgspec.structs.asdict(self._redirect.statistics()),
+            **msgspec.structs.asdict(self._members.statistics()),
         )
 
     # -- requests -------------------------------------------------------------------------------
@@ -494,16 +386,17 @@ class Router:
             ]
         if self._paused:
             raise EngineUnavailableError(f"request {rid!r} refused: the router is paused")
-        if not self._cells:
+        cells = self._members.cells.values()
+        if not cells:
             raise EngineUnavailableError(f"request {rid!r} refused: the router has no cells")
         max_tokens = validate_request(
             request,
-            vocab_size=min(c.vocab_size for c in self._cells.values()),
-            max_model_len=min(c.max_model_len for c in self._cells.values()),
+            vocab_size=min(c.vocab_size for c in cells),
+            max_model_len=min(c.max_model_len for c in cells),
         )
         if self._tombstones.pop(
             rid, False
-        ):  # aborted before it arrived: 0 tokens (FIELD_CASES B20)
+        ):  # aborted before it arrived: 0 tokens (field case B20)
             self._counts["requests_aborted"] += 1
             return [
                 TokenDelta(index=i, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
@@ -539,61 +432,6 @@ class Router:
             finally:
                 state.served.set()
 
-    async def _place(
-        self, state: RequestState, choice: Choice, avoid: _Member | None
-    ) -> _Member | None:
-        """A rollout member for the choice's next attempt (None once the caller aborted it); waits
-        at most `no_cell_timeout_s` for one. Raises `EngineUnavailableError`."""
-        with anyio.move_on_after(self.config.no_cell_timeout_s):
-            while True:
-                if choice.user_aborted:
-                    return None
-                cell = self._choose(state.session, avoid)
-                if cell is not None:
-                    return cell
-                await self._cells_changed.wait()
-        roles = {
-            c.name: c.role if c.down is None else f"{c.role}, down: {c.down}"
-            for c in self._cells.values()
-        }
-        raise EngineUnavailableError(
-            f"request {state.request.request_id!r}: no rollout cell in service for "
-            f"no_cell_timeout_s={self.config.no_cell_timeout_s}; cells: {roles}"
-        )
-
-    def _choose(self, session: str, avoid: _Member | None) -> _Member | None:
-        serving = [c for c in self._cells.values() if c.serving]
-        if not serving:
-            return None
-        pinned = self._pins.get(session)
-        if pinned is not None and pinned.serving and pinned is not avoid:
-            return pinned
-        pool = [c for c in serving if c is not avoid] or serving
-        best = min(pool, key=lambda c: (len(c.legs), c.executions, c.order))
-        if pinned is not None:
-            pinned.executions -= 1
-        self._pins[session] = best
-        best.executions += 1
-        return best
-
-    # -- helpers --------------------------------------------------------------------------------
-
-    def _member(self, name: str) -> _Member:
-        cell = self._cells.get(name)
-        if cell is None:
-            raise ValueError(f"cell {name!r} is not in the router (cells: {sorted(self._cells)})")
-        return cell
-
-    def _mark_down(self, cell: _Member, reason: str) -> None:
-        cell.down = reason
-        self._unpin_cell(cell)
-        self._cells_changed.notify()
-
-    def _unpin_cell(self, cell: _Member) -> None:
-        for session in [s for s, c in self._pins.items() if c is cell]:
-            del self._pins[session]
-        cell.executions = 0
-
 
 class _ExecutionEngine:
     """The router as one execution sees it (`Router.engine_for`): an `InferenceEngine` whose
@@ -620,8 +458,3 @@ class _ExecutionEngine:
 
     def statistics(self) -> RouterStatistics:
         return self.router.statistics()
-
-
-def _check_role(role: str) -> None:
-    if role not in _ROLES:
-        raise ValueError(f"role={role!r} must be one of {_ROLES}")
