@@ -394,9 +394,7 @@ class Router:
             vocab_size=min(c.vocab_size for c in cells),
             max_model_len=min(c.max_model_len for c in cells),
         )
-        if self._tombstones.pop(
-            rid, False
-        ):  # aborted before it arrived: 0 tokens (field case B20)
+        if self._tombstones.pop(rid, False):  # aborted before it arrived: 0 tokens (field case B20)
             self._counts["requests_aborted"] += 1
             return [
                 TokenDelta(index=i, token_ids=[], logprobs=[], versions=[], finish_reason="abort")
