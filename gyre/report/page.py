@@ -117,7 +117,7 @@ def _markdown(run_dir: Path, s: RunSummary) -> str:
             "n/a" if s.branches is None else f"{s.branches:,}",
         ),
         (
-            "mean dedup ratio",
+            "mean dedup ratio of training batches (selected paths / packed tokens)",
             "n/a" if math.isnan(s.mean_dedup_ratio) else f"{s.mean_dedup_ratio:.2f}x",
         ),
         (
@@ -243,7 +243,7 @@ def trees_section(trees: list[ExecutionTree]) -> str:
         ("executions (training and evaluation)", f"{t.executions}"),
         ("model calls", f"{t.calls:,}"),
         ("tokens in calls / unique tokens", f"{t.tokens_in_calls:,} / {t.unique_tokens:,}"),
-        ("dedup ratio (summed)", _ratio(t.dedup_ratio)),
+        ("dedup ratio of calls (tokens in calls / unique tokens)", _ratio(t.dedup_ratio)),
         (
             "dedup ratio per execution (median / max)",
             f"{_ratio(t.dedup_ratio_median)} / {_ratio(t.dedup_ratio_max)}",

@@ -114,7 +114,7 @@ def test_report_files(run_dir: Path) -> None:
         "| best step (batch pass rate) | 2 (62.5%) |",
         "| training executions | 24 (finished 20, partially scored 3, failed 1) |",
         "| policy tokens trained | 600 |",
-        "| mean dedup ratio | 2.00x |",
+        "| mean dedup ratio of training batches (selected paths / packed tokens) | 2.00x |",
         "| time in steps + evaluations | 1m 10s "
         "(rollout 43%, train 17%, sync 4%, evaluation 34%) |",
     ):

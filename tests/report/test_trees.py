@@ -97,7 +97,7 @@ def test_report_lists_trees_and_branches_heals_suspensions_per_step(tmp_path: Pa
     assert "| trajectories (tree leaves) of trained executions | n/a |" in page
     assert "## Trajectory trees" in page
     assert "| tokens in calls / unique tokens | 19 / 12 |" in page
-    assert "| dedup ratio (summed) | 1.58x |" in page
+    assert "| dedup ratio of calls (tokens in calls / unique tokens) | 1.58x |" in page
     assert "| dedup ratio per execution (median / max) | 1.35x / 1.70x |" in page
     assert "| branches per execution (median / max) | 1.5 / 2 |" in page
     assert "| rewritten-history calls by reason | compaction 1 |" in page
