@@ -97,9 +97,11 @@ def forge():
             except OSError:
                 pass
 """
-# Forged report lines written into every pipe the scorer (the pytest process above this worker)
-# and its other children hold, reopened through /proc/<pid>/fd: the report's own pipe included.
-# Unsigned, they would add 4 passing tests to 4 failing ones (0.5).
+# Forged report lines written into every pipe the judge (the scorer's child running sealed.py)
+# holds, reopened through /proc/<pid>/fd: the write end of the report's own pipe included.
+# Unsigned, they would add 4 passing tests to 4 failing ones (0.5). Only the judge is a target:
+# the first version wrote into every pipe of every process under the pytest process, vLLM
+# engines of other tests included, and crashed the suite (SIGBUS) in a full `make test`.
 _INJECT = """
 import os
 
@@ -134,7 +136,7 @@ def _inject():
         p = int(name)
         while p > 1 and p != scorer:
             p = _ppid(p)
-        if p != scorer:
+        if p != scorer or b"sealed.py" not in _cmdline(int(name)):
             continue
         try:
             fds = os.listdir(f"/proc/{name}/fd")
