@@ -194,7 +194,8 @@ async def _proxy_path(
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     proxy = TitoProxy(tokenizer=tokenizer, engine_for=lambda _: engine, config=ProxyConfig())
-    proxy.intake.stop_token_ids = ()  # decode exactly max_tokens, like `ignore_eos` on vLLM's server
+    # decode exactly max_tokens, like `ignore_eos` on vLLM's server
+    proxy.intake.stop_token_ids = ()
     keys = [proxy.mint_key(f"bench-{i}") for i in range(len(prompts))]
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.serve)
