@@ -111,24 +111,15 @@ class CallIntake:
         max_tokens = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
-        sampling = sampling_params(
-            req,
-            max_tokens,
-            len(rendered.prompt_ids),
-            ex,
-            engine,
-            config=self.config,
-            stop_token_ids=self.stop_token_ids,
-        )
-        self._check_open(ex)
-        return Call.start(
+        return self._start(
             ex,
             engine,
             role,
             started,
             rendered,
-            sampling,
-            stop_strings(req.stop),
+            req,
+            max_tokens,
+            len(rendered.prompt_ids),
             parse_tools=bool(tools) and req.tool_choice != "none",
             template_kwargs=req.chat_template_kwargs,
         )
@@ -145,10 +136,29 @@ class CallIntake:
         if not ids:
             raise proxy_error("prompt must not be empty", 400, "invalid_value", param="prompt")
         rendered = self.renderer.link_tokens(ex.render, ids)
-        sampling = sampling_params(
+        return self._start(
+            ex,
+            engine,
+            role,
+            started,
+            rendered,
             req,
             req.max_tokens,
             len(ids),
+            parse_tools=False,
+            chat=False,
+            template_kwargs=None,
+        )
+
+    def _start(
+        self, ex, engine, role, started, rendered, req, max_tokens, prompt_len, **call_kwargs
+    ) -> Call:
+        """The tail both endpoints share: sampling params, the closed-execution check, the
+        `Call`. Raises what `sampling_params` and `_check_open` raise (400s, 409)."""
+        sampling = sampling_params(
+            req,
+            max_tokens,
+            prompt_len,
             ex,
             engine,
             config=self.config,
@@ -156,14 +166,5 @@ class CallIntake:
         )
         self._check_open(ex)
         return Call.start(
-            ex,
-            engine,
-            role,
-            started,
-            rendered,
-            sampling,
-            stop_strings(req.stop),
-            parse_tools=False,
-            chat=False,
-            template_kwargs=None,
+            ex, engine, role, started, rendered, sampling, stop_strings(req.stop), **call_kwargs
         )
