@@ -21,7 +21,13 @@ class ProxyConfig(Config):
     port: int = 0
     """TCP port; 0 picks a free one (the bound port is reported when serving starts)."""
     model_name: str = "gyre"
-    """Model name served at /v1/models; requests naming another model get 404."""
+    """Model name served at /v1/models and written into responses; requests naming a model that
+    is neither this nor one of `model_aliases` get 404 `model_not_found`."""
+    model_aliases: tuple[str, ...] = ()
+    """More names accepted for the served model (e.g. a client's built-in default such as
+    `gpt-4o` or `claude-sonnet-4-5`); listed at /v1/models."""
+    accept_any_model: bool = False
+    """Accept every model name (for agents whose model name cannot be configured)."""
     max_body_bytes: int = 16 * 2**20
     """Largest request body accepted; larger ones get 413 (a 1M-token history is ~4-5 MB of
     JSON)."""
@@ -48,6 +54,16 @@ class ProxyConfig(Config):
             raise ValueError(f"port={self.port} must be in [0, 65535]")
         if self.render_check_every < 0:
             raise ValueError(f"render_check_every={self.render_check_every} must be >= 0")
+        names = self.served_names
+        if any(not n for n in names) or len(set(names)) != len(names):
+            raise ValueError(
+                f"model_name and model_aliases must be distinct non-empty names, got {names}"
+            )
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """`model_name` then `model_aliases`."""
+        return (self.model_name, *self.model_aliases)
 
 
 class HarnessConfig(Config):

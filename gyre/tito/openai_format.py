@@ -81,11 +81,11 @@ def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise proxy_error(f"malformed JSON body: {exc}", 400, "invalid_json") from None
 
 
-def check_model(model: str, served: str) -> None:
-    """404 unless the request names the served model."""
-    if model != served:
+def check_model(model: str, served: tuple[str, ...]) -> None:
+    """404 unless the request names a served model name."""
+    if model not in served:
         raise proxy_error(
-            f"the model {model!r} does not exist (served: {served!r})",
+            f"the model {model!r} does not exist (served: {', '.join(map(repr, served))})",
             404,
             "model_not_found",
             param="model",

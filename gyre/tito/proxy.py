@@ -30,22 +30,20 @@ from starlette.routing import Route
 from gyre.config import ProxyConfig, RunConfig
 from gyre.engines.protocol import InferenceEngine
 from gyre.errors import EngineError, GyreError, ProxyError
+from gyre.tito.chat_api import ChatApi, OpenAIChat, replies_of
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, engine_events
 from gyre.tito.inflight import Flight, InFlight, SSEResponse
 from gyre.tito.intake import CallIntake
 from gyre.tito.log import CallLog
 from gyre.tito.openai_format import (
-    chat_completion,
     chat_reply,
-    chat_stream,
     check_messages,
     check_model,
     completion_prompt,
     completion_stream,
     decode_request,
     proxy_error,
-    reply_message,
     text_completion,
 )
 from gyre.tito.recorder import Recorder
@@ -53,10 +51,8 @@ from gyre.tito.records import ExecutionSummary, ModelCall
 from gyre.tito.render import ChatRenderer, RenderStatistics
 from gyre.tito.sessions import Execution, Sessions, parse_role
 from gyre.tito.wire import (
-    CHAT_DECODER,
     COMPLETION_DECODER,
     JSON_ENCODER,
-    ChatCompletionRequest,
     CompletionRequest,
     error_body,
 )
@@ -142,11 +138,13 @@ class TitoProxy:
             tokenizer=tokenizer, renderer=self.renderer, engine_for=engine_for, config=config
         )
         self._counts = dict(requests_total=0, requests_refused=0, client_retries=0)
+        self.chat_api = OpenAIChat(text=self.text, model=config.model_name)
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._completions, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/models/{model_id:path}", self._model, methods=["GET"]),
                 Route(
                     "/gyre/v1/executions/{execution_id}/calls", self._list_calls, methods=["GET"]
                 ),
@@ -277,9 +275,10 @@ class TitoProxy:
 
     # -- HTTP plumbing ------------------------------------------------------------------------
 
-    def _error(self, exc: Exception) -> Response:
-        """The OpenAI-shaped error response for `exc`: a `GyreError` carries its own HTTP status
-        and type (`gyre.errors`); anything else is a logged 500."""
+    def _error(self, exc: Exception, shape: Callable[..., bytes] = error_body) -> Response:
+        """The error response for `exc`, in OpenAI's shape unless `shape` (a `ChatApi`'s
+        `error_body`) says otherwise: a `GyreError` carries its own HTTP status and type
+        (`gyre.errors`); anything else is a logged 500."""
         self._counts["requests_refused"] += 1
         status, type_, code, param = 500, "server_error", None, None
         if isinstance(exc, GyreError):
@@ -289,7 +288,7 @@ class TitoProxy:
         if status == 500:
             logger.exception("proxy request failed")
         return Response(
-            error_body(str(exc), type=type_, code=code, param=param),
+            shape(str(exc), type=type_, code=code, param=param),
             status_code=status,
             media_type="application/json",
         )
@@ -331,18 +330,39 @@ class TitoProxy:
         return b"".join(chunks)
 
     def _resolve(self, request: Request) -> Execution:
-        return self.sessions.resolve(
-            request.headers.get("authorization"), request.headers.get("x-gyre-execution")
-        )
+        """The execution of a request's key: `Authorization: Bearer <key>` (OpenAI's clients) or
+        `x-api-key: <key>` (Anthropic's)."""
+        authorization = request.headers.get("authorization")
+        if not authorization and (api_key := request.headers.get("x-api-key")):
+            authorization = f"Bearer {api_key}"
+        return self.sessions.resolve(authorization, request.headers.get("x-gyre-execution"))
+
+    def _check_model(self, model: str) -> None:
+        """404 unless `model` is the served name or one of `model_aliases` (any name under
+        `accept_any_model`)."""
+        if not self.config.accept_any_model:
+            check_model(model, self.config.served_names)
+
+    @staticmethod
+    def _model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "gyre"}
 
     async def _models(self, request: Request) -> Response:
         body = {
             "object": "list",
-            "data": [
-                {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "gyre"}
-            ],
+            "data": [self._model_card(name) for name in self.config.served_names],
         }
         return Response(JSON_ENCODER.encode(body), media_type="application/json")
+
+    async def _model(self, request: Request) -> Response:
+        """`GET /v1/models/{id}`: the model card of a served name (any name under
+        `accept_any_model`), else 404 `model_not_found`."""
+        name = request.path_params["model_id"]
+        try:
+            self._check_model(name)
+        except ProxyError as exc:
+            return self._error(exc)
+        return Response(JSON_ENCODER.encode(self._model_card(name)), media_type="application/json")
 
     async def _list_calls(self, request: Request) -> Response:
         try:
@@ -384,6 +404,7 @@ class TitoProxy:
         role: str,
         body: bytes,
         produce: Callable[[Flight], Any],
+        error: Callable[[Exception], Response] | None = None,
     ) -> Response:
         """A non-streamed call, joined by a client's retry (`InFlight.shared`)."""
         return await self.inflight.shared(
@@ -393,10 +414,10 @@ class TitoProxy:
             request.headers.get("idempotency-key"),
             request.receive,
             produce,
-            self._gone,
+            lambda flight: self._gone(flight, error or self._error),
         )
 
-    def _gone(self, flight: Flight) -> Response:
+    def _gone(self, flight: Flight, error: Callable[[Exception], Response]) -> Response:
         """The answer to a non-streamed call cut short (nobody may be left to read it)."""
         if flight.aborted == "close":
             exc = proxy_error(
@@ -406,7 +427,7 @@ class TitoProxy:
             exc = proxy_error(
                 "the client closed the connection before the response", 499, "client_closed_request"
             )
-        return self._error(exc)
+        return error(exc)
 
     # -- chat completions ---------------------------------------------------------------------
 
@@ -416,43 +437,48 @@ class TitoProxy:
         self._counts["client_retries"] += retry.isdecimal() and int(retry) > 0
 
     async def _chat(self, request: Request) -> Response:
+        return await self._serve_chat(request, self.chat_api)
+
+    async def _serve_chat(self, request: Request, api: ChatApi) -> Response:
+        """One chat call of any API that maps onto chat (`chat_api.ChatApi`): resolve the key,
+        decode, render, generate, record, answer in the API's shape, whole or streamed."""
         self._count_request(request)
+
+        def error(exc: Exception) -> Response:
+            return self._error(exc, api.error_body)
+
         try:
             ex = self._resolve(request)
             role = parse_role(request.headers.get("x-gyre-role"))
             body = await self._body(request)
-            req: ChatCompletionRequest = decode_request(CHAT_DECODER, body)
-            check_model(req.model, self.config.model_name)
+            native, req = api.decode(body, ex)
+            self._check_model(req.model)
             check_messages(req.messages)
             if req.stream:
                 call = await self.intake.chat(ex, role, body, req)
-                model = self.config.model_name
                 return SSEResponse(
                     call,
-                    lambda events: chat_stream(
-                        call, req, events, text=self.text, model=model, recorder=self.recorder
-                    ),
+                    lambda events: api.stream(call, native, events, self.recorder),
                     text=self.text,
                     inflight=self.inflight,
-                    error=self._error,
+                    error=error,
                 )
 
             async def produce(flight: Flight) -> Response:
                 try:
                     call = flight.call = await self.intake.chat(ex, role, body, req)
                     await self._run_to_end(call)
-                    replies = [reply_message(call, ch) for ch in call.choices]
+                    replies = replies_of(call)
                     await self.recorder.record(call, [r[1] for r in replies])
-                    out = chat_completion(
-                        call, req, replies, text=self.text, model=self.config.model_name
+                    return Response(
+                        api.answer(call, native, replies), media_type="application/json"
                     )
-                    return Response(JSON_ENCODER.encode(out), media_type="application/json")
                 except (ProxyError, EngineError) as exc:
-                    return self._error(exc)
+                    return error(exc)
 
-            return await self._shared(request, ex, role, body, produce)
+            return await self._shared(request, ex, role, body, produce, error)
         except (ProxyError, EngineError) as exc:
-            return self._error(exc)
+            return error(exc)
 
     # -- completions --------------------------------------------------------------------------
 
@@ -463,7 +489,7 @@ class TitoProxy:
             role = parse_role(request.headers.get("x-gyre-role"))
             body = await self._body(request)
             req: CompletionRequest = decode_request(COMPLETION_DECODER, body)
-            check_model(req.model, self.config.model_name)
+            self._check_model(req.model)
             prompt = completion_prompt(req.prompt)
             if req.stream:
                 call = await self.intake.completion(ex, role, prompt, req)

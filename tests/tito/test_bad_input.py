@@ -229,3 +229,26 @@ async def test_a_client_gone_mid_body_is_a_refused_request_not_a_crash(tok, anyi
     assert json.loads(sent[1]["body"])["error"]["code"] == "client_closed_request"
     stats = proxy.statistics()
     assert (stats.requests_total, stats.requests_refused, stats.calls_recorded) == (1, 1, 0)
+
+
+async def test_model_aliases_any_model_and_the_model_card(tok, anyio_backend):
+    """A client's built-in default name is accepted when configured as an alias (or under
+    `accept_any_model`), listed at /v1/models, and `GET /v1/models/{id}` answers per name."""
+    engine = ScriptedEngine(eos_token_id=tok.eos_token_id)
+    proxy = make_proxy(tok, engine, model_aliases=("gpt-4o", "org/model:v1"))
+    auth = {"Authorization": f"Bearer {proxy.mint_key('e')}"}
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base, timeout=30) as http:
+        listed = [m["id"] for m in (await http.get("/models")).json()["data"]]
+        assert listed == ["gyre", "gpt-4o", "org/model:v1"]
+        card = (await http.get("/models/org/model:v1")).json()
+        assert card == {"id": "org/model:v1", "object": "model", "created": 0, "owned_by": "gyre"}
+        assert error_of(await http.get("/models/gpt-5"), 404)["code"] == "model_not_found"
+        r = await http.post("/chat/completions", json=dict(GOOD, model="gpt-4o"), headers=auth)
+        assert r.status_code == 200 and r.json()["model"] == "gyre"
+        r = await http.post("/chat/completions", json=dict(GOOD, model="gpt-5"), headers=auth)
+        assert "gpt-4o" in error_of(r, 404)["message"]
+    anything = make_proxy(tok, ScriptedEngine(eos_token_id=tok.eos_token_id), accept_any_model=True)
+    async with serving(anything) as base, httpx.AsyncClient(base_url=base, timeout=30) as http:
+        assert (await http.get("/models/whatever")).json()["id"] == "whatever"
+    with pytest.raises(ValueError, match="distinct non-empty"):
+        make_proxy(tok, engine, model_aliases=("gyre",))
