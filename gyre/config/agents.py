@@ -30,6 +30,14 @@ class ProxyConfig(Config):
     """Accept every model name (for agents whose model name cannot be configured)."""
     max_body_bytes: int = 16 * 2**20
     """Largest request body accepted; larger ones get 413 (a 1M-token history is ~4-5 MB of
+    tool_parser: str = "gyre"
+    """How tool calls are parsed from replies: `gyre` (the tiny model's `<tool_call>{json}`
+    blocks) or the name of one of vLLM's tool parsers (`hermes`, `llama3_json`, `mistral`,
+    `deepseek_v3`, ...: `vllm serve --tool-call-parser`); checked when the proxy starts
+    (`gyre.tito.model_format`)."""
+    reasoning_parser: str = "gyre"
+    """How reasoning is parsed from replies: `gyre` (`<think>...</think>` at the start), `none`,
+    or the name of one of vLLM's reasoning parsers (`qwen3`, `deepseek_r1`, ...)."""
     JSON)."""
     max_n: int = 16
     """Most choices per request."""

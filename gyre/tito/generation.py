@@ -39,6 +39,9 @@ class Choice:
     ids: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     vers: list[int] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    """Per token, the engine's top-k token IDs (empty unless `SamplingParams.top_logprobs`)."""
+    top_lps: list[list[float]] = field(default_factory=list)
     parts: list[str] = field(default_factory=list)
     """Visible text in pieces (joined once, by `text`): stop tokens excluded, cut before a stop
     string."""
@@ -93,6 +96,8 @@ class Call:
     parse_tools: bool
     template_kwargs: dict[str, Any] | None
     choices: list[Choice]
+    reply_parser: Any = None
+    """The proxy's `model_format.ReplyParser` (None: gyre's own format)."""
     chat: bool = True
     recorded: bool = False
     created: int = 0
@@ -116,7 +121,7 @@ class Call:
         **kind: Any,
     ) -> Call:
         """A new call of `execution` (its next call ID), one `Choice` per sample; `kind` sets
-        `parse_tools`, `chat` and `template_kwargs`."""
+        `parse_tools`, `chat`, `template_kwargs` and `reply_parser`."""
         choices = [Choice(index=i, decoder=TokenText.incremental()) for i in range(sampling.n)]
         return cls(
             execution=execution,
@@ -193,6 +198,9 @@ async def _events(
             continue  # cut at a stop string: later tokens are not part of the choice
         start = len(ch.ids)
         added = []
+        if delta.top_ids is not None and delta.top_logprobs is not None:
+            ch.top_ids += delta.top_ids
+            ch.top_lps += delta.top_logprobs
         for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
             ch.ids.append(ints[tok] if 0 <= tok < nints else tok)
             ch.lps.append(lp)

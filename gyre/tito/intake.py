@@ -19,6 +19,7 @@ from gyre.config import ProxyConfig
 from gyre.engines.protocol import InferenceEngine
 from gyre.errors import ProxyError
 from gyre.tito.generation import Call
+from gyre.tito.model_format import ModelFormat
 from gyre.tito.openai_format import proxy_error, sampling_params, stop_strings
 from gyre.tito.records import Role
 from gyre.tito.render import ChatRenderer, Rendered
@@ -55,8 +56,12 @@ class CallIntake:
         self.text = renderer.text
         self.engine_for = engine_for
         self.config = config
-        eos = tokenizer.eos_token_id
-        self.stop_token_ids: tuple[int, ...] = () if eos is None else (eos,)
+        self.model_format = ModelFormat.load(
+            tokenizer, tool_parser=config.tool_parser, reasoning_parser=config.reasoning_parser
+        )
+        """The reply parser and the stop IDs (the tokenizer's EOS + the model's
+        `generation_config.json` end IDs); `ConfigError` for an unknown parser."""
+        self.stop_token_ids: tuple[int, ...] = self.model_format.stop_token_ids
 
     @staticmethod
     def _check_open(ex: Execution) -> None:
@@ -166,5 +171,13 @@ class CallIntake:
         )
         self._check_open(ex)
         return Call.start(
-            ex, engine, role, started, rendered, sampling, stop_strings(req.stop), **call_kwargs
+            ex,
+            engine,
+            role,
+            started,
+            rendered,
+            sampling,
+            stop_strings(req.stop),
+            reply_parser=self.model_format.parser,
+            **call_kwargs,
         )

@@ -22,8 +22,8 @@ from gyre.engines.protocol import InferenceEngine, SamplingParams
 from gyre.errors import EngineError, ProxyError
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
+from gyre.tito.model_format import GyreParser
 from gyre.tito.recorder import Recorder
-from gyre.tito.reply import ReplyStream, parse_reply
 from gyre.tito.sessions import Execution
 from gyre.tito.wire import (
     JSON_ENCODER,
@@ -49,6 +49,10 @@ __all__ = [
     "chat_stream",
     "completion_stream",
 ]
+
+
+_GYRE_PARSER = GyreParser()
+"""Calls started without a parser (tests building a `Call` directly) parse gyre's format."""
 
 
 def proxy_error(
@@ -193,7 +197,8 @@ def reply_message(call: Call, ch: Choice) -> tuple[dict[str, Any], ChatMessage]:
     tool_id = f"call_{call.execution.execution_id}_{call.choice_call_id(ch.index)}".replace(
         "/", "_"
     )
-    parsed = parse_reply(ch.text, tool_id, tools=call.parse_tools)
+    parser = call.reply_parser or _GYRE_PARSER
+    parsed = parser.parse(ch.text, tool_id, tools=call.rendered.tools if call.parse_tools else None)
     calls = list(parsed.tool_calls) or None
     content = parsed.content if parsed.content or not calls else None
     msg = ChatMessage(
@@ -365,7 +370,7 @@ async def chat_stream(
                 delta["role"] = "assistant"
             if ch.finish is None:
                 if ch.stream is None:
-                    ch.stream = ReplyStream(tools=call.parse_tools)
+                    ch.stream = (call.reply_parser or _GYRE_PARSER).stream(tools=call.parse_tools)
                 r, c = ch.stream.feed(ch.release_text(call.stops))
                 if r:
                     delta["reasoning_content"] = r

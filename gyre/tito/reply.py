@@ -1,10 +1,11 @@
-"""Reply parsing: a choice's generated text as reasoning, content and tool calls.
+"""Reply parsing in gyre's own format: a choice's text as reasoning, content and tool calls.
 
-Owns `parse_reply` (the whole text to a `ParsedReply`), `partial_reply` and `ReplyStream` (prefixes
-of that parse, safe to stream while the text is still being generated) and `loads_or_none`. The tags
-are those the chat template renders (`<think>`, `<tool_call>`), and tool-call arguments keep the
-model's exact text, so a reply echoed back re-renders to the tokens the model sampled. Knows nothing
-about tokens, templates, HTTP or engines.
+Owns `parse_reply` (the whole text to a `ParsedReply`; `split_reasoning` and `parse_calls` are its
+two halves), `partial_reply` and `ReplyStream` (prefixes of that parse, safe to stream while the
+text is still being generated) and `loads_or_none`. The tags are those the tiny model's template
+renders (`<think>`, `<tool_call>`), and tool-call arguments keep the model's exact text, so a reply
+echoed back re-renders to the tokens the model sampled. Other models' formats are parsed by vLLM's
+parsers (`gyre.tito.model_format`). Knows nothing about tokens, templates, HTTP or engines.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from typing import Any
 
 from gyre.tito.wire import FunctionCall, ToolCall
 
-__all__ = ["ParsedReply", "parse_reply", "partial_reply", "ReplyStream", "loads_or_none"]
+__all__ = [
+    "ParsedReply",
+    "parse_reply",
+    "split_reasoning",
+    "parse_calls",
+    "partial_reply",
+    "ReplyStream",
+    "loads_or_none",
+]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -43,7 +52,7 @@ def _hold(text: str, tag: str) -> int:
     return 0
 
 
-def _split_reasoning(text: str) -> tuple[str | None, str, bool]:
+def split_reasoning(text: str) -> tuple[str | None, str, bool]:
     """(reasoning, rest, closed): `<think>R</think>\\n` is stripped from the start of `text`."""
     if not text.startswith(THINK_OPEN):
         return None, text, True
@@ -84,40 +93,48 @@ def loads_or_none(text: str) -> Any:
         return None
 
 
-def parse_reply(text: str, call_id: str = "call", *, tools: bool = True) -> ParsedReply:
-    """Split a choice's visible text into reasoning, content and tool calls.
-
-    `<think>R</think>\\n` at the start is reasoning; content runs up to the first `<tool_call>`;
-    the rest must be `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks to the end.
-    Arguments keep the model's exact text when the call is written the way the template renders
-    it. Anything else after `<tool_call>` is malformed: the whole text stays content and
-    `tool_call_error` says why (the agent sees it; nothing is dropped). Tool call IDs are
-    `<call_id>_<i>`. With `tools=False` (no tools offered) nothing is parsed as a tool call.
-    """
-    reasoning, rest, _ = _split_reasoning(text)
-    i = rest.find(CALL_OPEN) if tools else -1
+def parse_calls(rest: str, call_id: str) -> tuple[str, tuple[ToolCall, ...], str | None]:
+    """(content, tool calls, error) of a reasoning-free text in gyre's format (`parse_reply`)."""
+    i = rest.find(CALL_OPEN)
     if i < 0:
-        return ParsedReply(content=rest, reasoning=reasoning, tool_calls=(), tool_call_error=None)
+        return rest, (), None
     calls: list[ToolCall] = []
+    prose = [rest[:i]]
     pos = i
     try:
-        while pos < len(rest):
-            if not rest.startswith(CALL_OPEN, pos):
-                raise ValueError(f"unexpected text after a tool call: {rest[pos : pos + 40]!r}")
+        while pos >= 0:
             end = rest.find(CALL_CLOSE, pos)
             if end < 0:
                 raise ValueError("unterminated <tool_call>")
             calls.append(_parse_call(rest[pos + len(CALL_OPEN) : end], len(calls), call_id))
-            pos = end + len(CALL_CLOSE)
+            after = end + len(CALL_CLOSE)
+            pos = rest.find(CALL_OPEN, after)
+            between = rest[after:] if pos < 0 else rest[after:pos]
+            if between.strip():  # text between or after calls is content (B27)
+                prose.append(between)
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        return ParsedReply(
-            content=rest,
-            reasoning=reasoning,
-            tool_calls=(),
-            tool_call_error=f"malformed tool call: {exc}",
-        )
+        return rest, (), f"malformed tool call: {exc}"
+    return "".join(prose), tuple(calls), None
+
+
+def parse_reply(text: str, call_id: str = "call", *, tools: bool = True) -> ParsedReply:
+    """Split a choice's visible text into reasoning, content and tool calls (gyre's format).
+
+    `<think>R</think>\\n` at the start is reasoning. Every `<tool_call>{"name": ...,
+    "arguments": {...}}</tool_call>` block is a tool call; the text before the first block, and
+    any text between or after blocks that is not only whitespace, is content (field case B27:
+    calls separated by newlines or followed by prose are still calls). Arguments keep the model's
+    exact text when the call is written the way the template renders it. A block that is not
+    such a JSON object, or is unterminated, is malformed: the whole text stays content and
+    `tool_call_error` says why (the agent sees it; nothing is dropped). Tool call IDs are
+    `<call_id>_<i>`. With `tools=False` (no tools offered) nothing is parsed as a tool call.
+    """
+    reasoning, rest, _ = split_reasoning(text)
+    if not tools:
+        return ParsedReply(content=rest, reasoning=reasoning, tool_calls=(), tool_call_error=None)
+    content, calls, error = parse_calls(rest, call_id)
     return ParsedReply(
-        content=rest[:i], reasoning=reasoning, tool_calls=tuple(calls), tool_call_error=None
+        content=content, reasoning=reasoning, tool_calls=calls, tool_call_error=error
     )
 
 
@@ -126,7 +143,7 @@ def partial_reply(text: str, *, tools: bool = True) -> tuple[str, str]:
     return for any continuation, so they can be streamed without ever being taken back."""
     if len(text) < len(THINK_OPEN) and THINK_OPEN.startswith(text):
         return "", ""
-    reasoning, rest, closed = _split_reasoning(text)
+    reasoning, rest, closed = split_reasoning(text)
     if reasoning is not None and not closed:
         return reasoning[: len(reasoning) - _hold(reasoning, THINK_CLOSE)], ""
     if reasoning is not None and text.endswith(THINK_CLOSE):

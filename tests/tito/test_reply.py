@@ -35,7 +35,19 @@ def test_parse_reply_cases():
         and "malformed" in bad.tool_call_error
     )
     trailing = parse_reply('<tool_call>{"name": "run", "arguments": {}}</tool_call> and more')
-    assert trailing.tool_calls == () and trailing.tool_call_error
+    assert trailing.tool_calls == (
+        ToolCall(id="call_0", function=FunctionCall(name="run", arguments="{}")),
+    )
+    assert (trailing.content, trailing.tool_call_error) == (" and more", None)  # B27 (d)
+    two = parse_reply(
+        'a<tool_call>{"name": "f", "arguments": {"n": 1}}</tool_call>\n '
+        '<tool_call>{"name": "g", "arguments": {}}</tool_call>\n'
+    )
+    assert [(c.function.name, c.function.arguments) for c in two.tool_calls] == [
+        ("f", '{"n": 1}'),
+        ("g", "{}"),
+    ]
+    assert two.content == "a"  # whitespace between and after calls is not content
     compact = parse_reply('<tool_call>{"name":"run","arguments":{"n":1}}</tool_call>')
     assert compact.tool_calls[0].function.arguments == '{"n": 1}'  # non-canonical: re-serialised
     assert parse_reply("<think>unfinished").reasoning == "unfinished"

@@ -1,0 +1,245 @@
+"""Model formats: how the served model writes reasoning and tool calls, and which tokens end it.
+
+Owns `ModelFormat` (one per proxy: the reply parser and the stop token IDs), `GyreParser` (gyre's
+own `<think>` + `<tool_call>{json}</tool_call>` format, `gyre.tito.reply`), `VllmParser` (vLLM's
+own tool and reasoning parsers, chosen by name from `vllm.tool_parsers.ToolParserManager` and
+`vllm.reasoning.ReasoningParserManager`: hermes, llama3_json, mistral, deepseek_v3, qwen3,
+deepseek_r1, ...) and `generation_stop_ids` (the model's `generation_config.json` end IDs plus
+the tokenizer's EOS). vLLM is imported only when one of its parsers is configured. Knows nothing
+about HTTP, engines or chat templates.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from gyre.errors import ConfigError
+from gyre.tito.reply import ParsedReply, ReplyStream, parse_calls, parse_reply, split_reasoning
+from gyre.tito.wire import FunctionCall, ToolCall
+
+__all__ = [
+    "ReplyParser",
+    "TextStream",
+    "GyreParser",
+    "VllmParser",
+    "HeldStream",
+    "ModelFormat",
+    "generation_stop_ids",
+]
+
+GYRE = "gyre"
+NONE = "none"
+
+
+class TextStream(Protocol):
+    """Streams one choice's reasoning and content while it is generated (`ReplyStream`)."""
+
+    def feed(self, piece: str) -> tuple[str, str]:
+        """(reasoning, content) newly safe to send after `piece`: always prefixes of what the
+        parser's final `parse` returns for the whole text."""
+        ...
+
+
+class ReplyParser(Protocol):
+    """Parses a choice's visible text into the assistant message the proxy returns."""
+
+    name: str
+
+    def parse(self, text: str, call_id: str, *, tools: list[dict[str, Any]] | None) -> ParsedReply:
+        """The reply of `text`; `tools` is the request's tool list (None: parse no tool call).
+        Tool call IDs are `<call_id>_<i>`."""
+        ...
+
+    def stream(self, *, tools: bool) -> TextStream:
+        """A new stream for one choice (`tools`: tool calls are parsed)."""
+        ...
+
+
+class GyreParser:
+    """gyre's own format (the tiny model's template): `gyre.tito.reply.parse_reply`."""
+
+    name = GYRE
+
+    def parse(self, text: str, call_id: str, *, tools: list[dict[str, Any]] | None) -> ParsedReply:
+        return parse_reply(text, call_id, tools=bool(tools))
+
+    def stream(self, *, tools: bool) -> TextStream:
+        return ReplyStream(tools=tools)
+
+
+class HeldStream:
+    """Sends no text while the choice is generated (every delta still carries its token IDs and
+    logprobs); the whole parse goes out when the choice ends. `passthrough`: nothing is parsed
+    (no tools, no reasoning parser), so the text streams as content unchanged."""
+
+    def __init__(self, *, passthrough: bool) -> None:
+        self.passthrough = passthrough
+
+    def feed(self, piece: str) -> tuple[str, str]:
+        return ("", piece) if self.passthrough else ("", "")
+
+
+class VllmParser:
+    """Reasoning and tool calls parsed by vLLM's own parsers (`vllm serve --tool-call-parser
+    NAME --reasoning-parser NAME`), non-streamed API: `ReasoningParser.extract_reasoning` first,
+    then `ToolParser.extract_tool_calls` on the content.
+
+    Args:
+        tokenizer: the served model's `transformers` tokenizer (vLLM's parsers look their marker
+            tokens up in its vocabulary).
+        tool_parser: a `ToolParserManager` name, or `gyre` for gyre's `<tool_call>` blocks.
+        reasoning_parser: a `ReasoningParserManager` name, `gyre` (`<think>` at the start) or
+            `none`.
+
+    Raises `ConfigError` for an unknown name or a tokenizer the parser cannot use (e.g. one
+    without the parser's marker tokens). Tool-call arguments are vLLM's re-serialisation
+    (`json.dumps(arguments, ensure_ascii=False)`); tool call IDs are gyre's, not vLLM's random
+    ones. Streaming holds text until the choice ends (`HeldStream`).
+    """
+
+    def __init__(self, tokenizer: Any, *, tool_parser: str, reasoning_parser: str) -> None:
+        from vllm.reasoning import ReasoningParserManager
+        from vllm.tool_parsers import ToolParserManager
+
+        self.name = f"{tool_parser}+{reasoning_parser}"
+        self.tokenizer = tokenizer
+        self.tool_cls = None if tool_parser == GYRE else _lookup(ToolParserManager, tool_parser)
+        self.reasoning_name = reasoning_parser
+        self.reasoning = None
+        if reasoning_parser not in (GYRE, NONE):
+            cls = _lookup(ReasoningParserManager, reasoning_parser, kind="reasoning_parser")
+            try:
+                self.reasoning = cls(tokenizer)
+            except Exception as exc:  # vLLM raises several types for a missing marker token
+                raise ConfigError(
+                    f"reasoning_parser={reasoning_parser!r} cannot use this tokenizer: {exc}"
+                ) from None
+        self._requests: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+        self._tools(None)  # fail at start-up, not on the first request, if the parser refuses
+
+    def _tools(self, tools: list[dict[str, Any]] | None) -> tuple[Any, Any]:
+        """(vLLM ChatCompletionRequest, tool parser) for a tool list; the last 32 are kept
+        (a parser looks its markers up in the vocabulary when built)."""
+        key = json.dumps(tools, sort_keys=True)
+        hit = self._requests.get(key)
+        if hit is not None:
+            self._requests.move_to_end(key)
+            return hit
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        request = ChatCompletionRequest(messages=[], model="gyre", tools=tools)
+        parser = None
+        if self.tool_cls is not None:
+            try:
+                parser = self.tool_cls(self.tokenizer, request.tools)
+            except Exception as exc:  # vLLM raises RuntimeError/ValueError for missing markers
+                raise ConfigError(
+                    f"tool_parser {self.tool_cls.__name__} cannot use this tokenizer: {exc}"
+                ) from None
+        self._requests[key] = (request, parser)
+        if len(self._requests) > 32:
+            self._requests.popitem(last=False)
+        return request, parser
+
+    def parse(self, text: str, call_id: str, *, tools: list[dict[str, Any]] | None) -> ParsedReply:
+        request, tool_parser = self._tools(tools or None)
+        if self.reasoning is not None:
+            reasoning, rest = self.reasoning.extract_reasoning(text, request)
+            rest = rest or ""
+        elif self.reasoning_name == GYRE:
+            reasoning, rest, _ = split_reasoning(text)
+        else:
+            reasoning, rest = None, text
+        if not tools:
+            return ParsedReply(
+                content=rest, reasoning=reasoning, tool_calls=(), tool_call_error=None
+            )
+        if tool_parser is None:
+            content, calls, error = parse_calls(rest, call_id)
+            return ParsedReply(
+                content=content, reasoning=reasoning, tool_calls=calls, tool_call_error=error
+            )
+        info = tool_parser.extract_tool_calls(rest, request)
+        calls = tuple(
+            ToolCall(
+                id=f"{call_id}_{i}",
+                type="function",
+                function=FunctionCall(name=tc.function.name, arguments=tc.function.arguments),
+            )
+            for i, tc in enumerate(info.tool_calls if info.tools_called else ())
+        )
+        content = info.content if info.content is not None else ("" if calls else rest)
+        return ParsedReply(
+            content=content, reasoning=reasoning, tool_calls=calls, tool_call_error=None
+        )
+
+    def stream(self, *, tools: bool) -> TextStream:
+        return HeldStream(passthrough=not tools and self.reasoning_name == NONE)
+
+
+def _lookup(manager: Any, name: str, *, kind: str = "tool_parser") -> type:
+    """The parser class registered as `name` in a vLLM parser manager (ConfigError if none)."""
+    get = manager.get_tool_parser if kind == "tool_parser" else manager.get_reasoning_parser
+    try:
+        return get(name)
+    except KeyError:
+        names = ", ".join(sorted({*manager.list_registered(), GYRE}))
+        raise ConfigError(f"{kind}={name!r} is not one of: {names}") from None
+
+
+def generation_stop_ids(tokenizer: Any, model_dir: str | Path | None = None) -> tuple[int, ...]:
+    """The IDs that end a reply: the tokenizer's EOS, then every `eos_token_id` of the model's
+    `generation_config.json` (an int or a list, as transformers' `GenerationConfig` writes it),
+    without repeats. `model_dir` defaults to the folder the tokenizer was loaded from
+    (`tokenizer.name_or_path`); no such folder or file adds nothing. Raises `ConfigError` for
+    an `eos_token_id` that is not IDs >= 0."""
+    ids: list[int] = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    folder = model_dir if model_dir is not None else getattr(tokenizer, "name_or_path", "")
+    path = Path(folder) / "generation_config.json" if folder else None
+    if path is None or not path.is_file():
+        return tuple(ids)
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    for t in eos if isinstance(eos, list) else [] if eos is None else [eos]:
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise ConfigError(f"{path}: eos_token_id={eos!r} must be token IDs >= 0")
+        if t not in ids:
+            ids.append(t)
+    return tuple(ids)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFormat:
+    """What the proxy knows of the served model's output format.
+
+    `parser` turns a choice's text into reasoning, content and tool calls; `stop_token_ids`
+    (`generation_stop_ids`) end every reply before the request's own.
+    """
+
+    parser: ReplyParser
+    stop_token_ids: tuple[int, ...]
+
+    @classmethod
+    def load(
+        cls,
+        tokenizer: Any,
+        *,
+        tool_parser: str = GYRE,
+        reasoning_parser: str = GYRE,
+        model_dir: str | Path | None = None,
+    ) -> ModelFormat:
+        """The format of `tokenizer`'s model. `gyre` + `gyre` is gyre's own parser (no vLLM
+        import); any other name picks vLLM's parser of that name (`VllmParser`). Raises
+        `ConfigError` for an unknown parser name or a tokenizer it cannot use."""
+        if tool_parser == GYRE and reasoning_parser == GYRE:
+            parser: ReplyParser = GyreParser()
+        else:
+            if tool_parser == NONE:
+                raise ConfigError("tool_parser='none' is not a parser; use 'gyre' or a vLLM name")
+            parser = VllmParser(
+                tokenizer, tool_parser=tool_parser, reasoning_parser=reasoning_parser
+            )
+        return cls(parser=parser, stop_token_ids=generation_stop_ids(tokenizer, model_dir))
