@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FinishReason",
+    "StructuredOutput",
     "SamplingParams",
     "GenerateRequest",
     "TokenDelta",
@@ -65,6 +66,42 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """Sampling one of these ends the choice with `stop`; the token is kept with its logprob."""
     n: int = 1
     """Number of independent choices for the prompt."""
+    top_logprobs: int = 0
+    """Also return the k most likely tokens and their logprobs at every position (0: none; at
+    most 20). They come from the same distribution as the behaviour logprobs."""
+    logit_bias: dict[int, float] | None = None
+    """Token ID -> value added to its logit before sampling, in [-100, 100] (OpenAI's
+    `logit_bias`)."""
+    presence_penalty: float = 0.0
+    """Subtracted once from the logit of every token already in the completion, in [-2, 2]."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit per occurrence in the completion so far, in [-2, 2]."""
+    repetition_penalty: float = 1.0
+    """vLLM's multiplicative penalty (> 0; 1 disables it) on tokens in the prompt or completion."""
+    structured: StructuredOutput | None = None
+    """A grammar every completion must match (tokens it forbids are masked before sampling)."""
+
+
+class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """A constraint on the completion's text, enforced by masking tokens before sampling.
+
+    The behaviour logprobs of a constrained request are those of the masked distribution (the one
+    sampled from). `kind` and `spec` follow vLLM's `StructuredOutputsParams`
+    (docs.vllm.ai, "Structured Outputs"):
+
+    - `json_schema`: `spec` is a JSON schema (JSON text); the completion is one JSON value
+      matching it;
+    - `json_object`: any JSON object (`spec` is empty);
+    - `regex`: `spec` is a regular expression the whole completion matches;
+    - `structural_tag`: `spec` is an xgrammar structural tag (JSON text, `{"type":
+      "structural_tag", "format": ...}`; xgrammar docs, "Structural Tag"), e.g. tool calls in a
+      model's own tags.
+
+    Generation ends with a stop token only where the grammar may end.
+    """
+
+    kind: Literal["json_schema", "json_object", "regex", "structural_tag"]
+    spec: str = ""
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,7 +121,8 @@ class TokenDelta(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=
     """New tokens of one choice, streamed as they are sampled.
 
     `token_ids`, `logprobs` and `versions` have equal length (possibly 0 on the final delta);
-    `finish_reason` is set on the last delta of the choice and None before it.
+    `finish_reason` is set on the last delta of the choice and None before it. Without top
+    logprobs their two fields cost one byte each on the wire (msgpack nil).
     """
 
     index: int
@@ -94,6 +132,12 @@ class TokenDelta(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=
     finish_reason: FinishReason | None = None
     cached_tokens: int | None = None
     """On the final delta: prompt tokens served from the prefix cache (None if unknown)."""
+    top_ids: list[list[int]] | None = None
+    """With `SamplingParams.top_logprobs` k > 0: per token, the k most likely token IDs, most
+    likely first (fewer where the constraint allows fewer); None otherwise (nothing on the
+    wire)."""
+    top_logprobs: list[list[float]] | None = None
+    """Their logprobs (nats), shaped like `top_ids`."""
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,6 +148,9 @@ class Completion(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: list[float]
     versions: list[int]
     finish_reason: FinishReason
+    top_ids: list[list[int]] | None = None
+    """As `TokenDelta.top_ids`, for every token."""
+    top_logprobs: list[list[float]] | None = None
 
 
 class EngineStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -251,15 +298,27 @@ async def collect(engine: InferenceEngine, request: GenerateRequest) -> list[Com
     lps: dict[int, list[float]] = {}
     vers: dict[int, list[int]] = {}
     finish: dict[int, FinishReason] = {}
+    top_ids: dict[int, list[list[int]]] = {}
+    top_lps: dict[int, list[list[float]]] = {}
     async for delta in engine.generate(request):
         ids.setdefault(delta.index, []).extend(delta.token_ids)
         lps.setdefault(delta.index, []).extend(delta.logprobs)
         vers.setdefault(delta.index, []).extend(delta.versions)
+        if delta.top_ids is not None and delta.top_logprobs is not None:
+            top_ids.setdefault(delta.index, []).extend(delta.top_ids)
+            top_lps.setdefault(delta.index, []).extend(delta.top_logprobs)
         if delta.finish_reason is not None:
             finish[delta.index] = delta.finish_reason
+    k = request.sampling.top_logprobs
     return [
         Completion(
-            index=i, token_ids=ids[i], logprobs=lps[i], versions=vers[i], finish_reason=finish[i]
+            index=i,
+            token_ids=ids[i],
+            logprobs=lps[i],
+            versions=vers[i],
+            finish_reason=finish[i],
+            top_ids=top_ids.get(i, []) if k else None,
+            top_logprobs=top_lps.get(i, []) if k else None,
         )
         for i in sorted(finish)
     ]

@@ -5,6 +5,14 @@ optionally logprobs and a finish reason) or, when the queue is empty, from a det
 (prompt, seed, choice). The same request rules as the real engine apply: validation errors, stop
 token IDs end a choice with `stop` (token kept), max_tokens and the context limit give `length`,
 abort returns the tokens so far. Runs on anyio, so on the node's trio loop and on asyncio.
+
+Sampling controls are honoured where a script can be checked, never ignored: a structured-output
+constraint is enforced with xgrammar's `GrammarMatcher` over the engine's tokenizer (the same
+grammar engine vLLM uses; without a tokenizer such a request is refused), a token whose
+`logit_bias` is -100 (banned) is never emitted, and `top_logprobs` k lists k tokens per position,
+the sampled one first. A scripted token the constraint or the bias forbids is a broken script:
+`EngineError` names it. Temperature and penalties shape the distribution a script stands for;
+the scripted logprobs are taken as that distribution's.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
 
 import anyio
 import msgspec
@@ -21,11 +30,12 @@ from gyre.engines.protocol import (
     EngineStatistics,
     FinishReason,
     GenerateRequest,
+    StructuredOutput,
     TokenDelta,
     choice_seed,
 )
 from gyre.engines.validate import remember_abort, validate_request
-from gyre.errors import EngineUnavailableError
+from gyre.errors import EngineError, EngineUnavailableError, InvalidRequestError
 
 __all__ = ["ScriptedReply", "ScriptedEngine", "default_reply"]
 
@@ -70,6 +80,8 @@ class ScriptedEngine:
         max_model_len: longest prompt + completion, tokens.
         token_delay_s: sleep before each token (lets tests abort or load weights mid-stream).
         eos_token_id: appended by the default rule when the request lists it as a stop ID.
+        tokenizer: the `transformers` tokenizer of the token IDs; needed to enforce structured
+            outputs (requests carrying one are refused without it).
     """
 
     def __init__(
@@ -82,7 +94,10 @@ class ScriptedEngine:
         token_delay_s: float = 0.0,
         eos_token_id: int | None = None,
         weight_version: int = 0,
+        tokenizer: Any = None,
     ) -> None:
+        self.tokenizer = tokenizer
+        self._compiler: Any = None
         self.replies: deque[ScriptedReply] = deque(replies)
         self.rule = rule
         self.vocab_size = vocab_size
@@ -132,9 +147,12 @@ class ScriptedEngine:
         self._counts["requests_total"] += 1
         self.requests_seen.append(request)
         stop_ids = set(request.sampling.stop_token_ids)
+        s = request.sampling
+        banned = {t for t, b in (s.logit_bias or {}).items() if b <= -100}
         try:
             for index in range(n):
                 reply = self._reply(request, index)
+                matcher = None if s.structured is None else self._matcher(s.structured)
                 lps = reply.logprobs or [-0.5 - 0.01 * i for i in range(len(reply.token_ids))]
                 finish: FinishReason | None = None
                 for tok, lp in zip(reply.token_ids, lps):
@@ -145,12 +163,24 @@ class ScriptedEngine:
                         await anyio.sleep(self.token_delay_s)
                     if state.aborted:
                         break
+                    if tok in banned or (matcher is not None and not matcher.accept_token(tok)):
+                        why = "logit_bias bans it" if tok in banned else "the grammar forbids it"
+                        raise EngineError(
+                            f"request {request.request_id!r}: scripted token {tok} at position "
+                            f"{len(state.ids[index])} cannot be sampled: {why}"
+                        )
                     state.ids[index].append(tok)
                     state.lps[index].append(lp)
                     state.vers[index].append(self.weight_version)
                     self._counts["tokens_generated"] += 1
+                    k = s.top_logprobs
                     yield TokenDelta(
-                        index=index, token_ids=[tok], logprobs=[lp], versions=[self.weight_version]
+                        index=index,
+                        token_ids=[tok],
+                        logprobs=[lp],
+                        versions=[self.weight_version],
+                        top_ids=[[(tok + j) % self.vocab_size for j in range(k)]] if k else None,
+                        top_logprobs=[[lp - j for j in range(k)]] if k else None,
                     )
                     if tok in stop_ids:
                         finish = "stop"
@@ -167,6 +197,37 @@ class ScriptedEngine:
                 )
         finally:
             self._running.pop(request.request_id, None)
+
+    def _matcher(self, structured: StructuredOutput) -> Any:
+        """A fresh xgrammar `GrammarMatcher` for `structured` over the engine's tokenizer
+        (`InvalidRequestError` without a tokenizer, or for a spec xgrammar rejects)."""
+        if self.tokenizer is None:
+            raise InvalidRequestError(
+                f"the scripted engine enforces a {structured.kind!r} constraint only with a "
+                "tokenizer (ScriptedEngine(tokenizer=...))"
+            )
+        import xgrammar as xgr
+
+        if self._compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(
+                self.tokenizer,
+                vocab_size=self.vocab_size,
+                stop_token_ids=None if self.eos_token_id is None else [self.eos_token_id],
+            )
+            self._compiler = xgr.GrammarCompiler(info)
+        c = self._compiler
+        try:
+            if structured.kind == "json_schema":
+                compiled = c.compile_json_schema(structured.spec)
+            elif structured.kind == "json_object":
+                compiled = c.compile_json_schema('{"type": "object"}')
+            elif structured.kind == "regex":
+                compiled = c.compile_regex(structured.spec)
+            else:
+                compiled = c.compile_structural_tag(structured.spec)
+        except (RuntimeError, ValueError) as exc:
+            raise InvalidRequestError(f"invalid {structured.kind} constraint: {exc}") from None
+        return xgr.GrammarMatcher(compiled)
 
     async def abort(self, request_id: str) -> list[Completion]:
         state = self._running.get(request_id)

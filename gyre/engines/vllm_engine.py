@@ -4,8 +4,14 @@ protocol.
 Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node reaches it through
 `gyre.runtime.cell_client.CellClient`. Owns how gyre drives vLLM:
 
-- logprobs are vLLM's `processed_logprobs` (after temperature, top-k, top-p: the distribution
-  actually sampled from, field case B05), one per sampled token;
+- logprobs are vLLM's `processed_logprobs` (after the structured-output mask, logit bias,
+  penalties, temperature, top-k, top-p: the distribution actually sampled from, field case B05;
+  vLLM's `Sampler` docstring lists that order, and the grammar bitmask is applied to the logits
+  before the sampler runs), one per sampled token, plus the top k of the same distribution when
+  asked;
+- a structured-output constraint (`SamplingParams.structured`) becomes vLLM's
+  `StructuredOutputsParams` (xgrammar); a constrained choice is never continued after a weight
+  load (vLLM would restart the grammar mid-completion): it ends with `abort` and its tokens so far;
 - each of the n choices is its own vLLM request with seed `choice_seed(seed, i)` (B22: vLLM's own
   n>1 reuses one seed); EOS is not special: the request's stop IDs decide, the stop token is kept;
 - `load_weights` aborts in-flight requests with their tokens so far, reloads (`reload_weights`),
@@ -24,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -37,6 +44,7 @@ from gyre.engines.protocol import (
     FinishReason,
     GenerateRequest,
     KVExport,
+    StructuredOutput,
     TokenDelta,
     choice_seed,
 )
@@ -72,7 +80,7 @@ def engine_args(model_path: str, config: EngineConfig) -> Any:
         enable_sleep_mode=config.sleep_mode,
         logprobs_mode="processed_logprobs",
         max_logprobs=20,
-        skip_tokenizer_init=True,
+        skip_tokenizer_init=False,  # structured outputs compile grammars over the vocabulary
         seed=0,
         disable_log_stats=True,
         **kv,
@@ -111,6 +119,10 @@ def _coalesce(first: TokenDelta | BaseException, queue: asyncio.Queue) -> list[T
                 versions=prev.versions + item.versions,
                 finish_reason=item.finish_reason,
                 cached_tokens=item.cached_tokens,
+                top_ids=None if prev.top_ids is None else prev.top_ids + (item.top_ids or []),
+                top_logprobs=None
+                if prev.top_logprobs is None
+                else prev.top_logprobs + (item.top_logprobs or []),
             )
             out[out.index(prev)] = item
         else:
@@ -255,7 +267,12 @@ class VLLMEngine:
                     break
                 self._check_serving(request.request_id)
                 finish, cached = await self._attempt(request, choice, max_tokens, attempt, queue)
-                if finish == "abort" and not choice.user_aborted and len(choice.ids) < max_tokens:
+                if (
+                    finish == "abort"
+                    and not choice.user_aborted
+                    and len(choice.ids) < max_tokens
+                    and request.sampling.structured is None  # a grammar cannot resume mid-way
+                ):
                     attempt += 1  # aborted by a weight load: continue from the tokens so far
                     continue
                 break
@@ -310,7 +327,12 @@ class VLLMEngine:
             seed=seed,
             stop_token_ids=list(s.stop_token_ids),
             ignore_eos=True,
-            logprobs=0,
+            logprobs=s.top_logprobs,
+            logit_bias=s.logit_bias,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            repetition_penalty=s.repetition_penalty,
+            structured_outputs=_structured(s.structured),
             detokenize=False,
             skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA,
@@ -345,8 +367,18 @@ class VLLMEngine:
                     choice.lps += lps
                     choice.vers += vers
                     self._counts["tokens_generated"] += len(ids)
+                    top_ids = top_lps = None
+                    if s.top_logprobs:
+                        top_ids, top_lps = _top(c.logprobs, len(ids), s.top_logprobs)
                     queue.put_nowait(
-                        TokenDelta(index=choice.index, token_ids=ids, logprobs=lps, versions=vers)
+                        TokenDelta(
+                            index=choice.index,
+                            token_ids=ids,
+                            logprobs=lps,
+                            versions=vers,
+                            top_ids=top_ids,
+                            top_logprobs=top_lps,
+                        )
                     )
                 if attempt == 0 and out.num_cached_tokens is not None:
                     cached = out.num_cached_tokens
@@ -512,6 +544,37 @@ class VLLMEngine:
             **self._counts,
             **_kv_counts(self.kv),
         )
+
+
+def _structured(c: StructuredOutput | None) -> Any:
+    """vLLM's `StructuredOutputsParams` for a gyre constraint (None for none)."""
+    if c is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if c.kind == "json_schema":
+        return StructuredOutputsParams(json=c.spec)
+    if c.kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if c.kind == "regex":
+        return StructuredOutputsParams(regex=c.spec)
+    return StructuredOutputsParams(structural_tag=c.spec)
+
+
+def _top(positions: Any, count: int, k: int) -> tuple[list[list[int]], list[list[float]]]:
+    """The k most likely tokens of each of the last `count` positions of vLLM's logprobs (a
+    `{token_id: Logprob(logprob, rank)}` per position, holding the top k and the sampled token),
+    by rank; tokens the constraint masked (logprob -inf) are left out."""
+    ids: list[list[int]] = []
+    lps: list[list[float]] = []
+    for pos in positions[len(positions) - count :]:
+        ranked = sorted(
+            ((lp.rank, tok, lp.logprob) for tok, lp in pos.items() if lp.logprob > -math.inf),
+            key=lambda r: (r[0], r[1]),
+        )[:k]
+        ids.append([tok for _, tok, _ in ranked])
+        lps.append([lp for _, _, lp in ranked])
+    return ids, lps
 
 
 def _kv_counts(kv: KVTransport) -> dict[str, int]:

@@ -3,7 +3,9 @@
 Owns the msgspec Structs that request bodies are decoded into (`ChatCompletionRequest`,
 `CompletionRequest`, `ChatMessage`, `ToolCall`, ...), one decoder per request type built once, and
 `error_body`. Unknown fields are ignored (clients send many extras); wrong types are refused by the
-decoder with the offending JSON path. Knows nothing about tokens, engines or executions.
+decoder with the offending JSON path. Every field that changes what is sampled or returned is
+declared here, so it is honoured or refused, never dropped. Knows nothing about tokens, engines or
+executions.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ __all__ = [
     "ContentPart",
     "ChatMessage",
     "StreamOptions",
+    "ResponseFormat",
     "ChatCompletionRequest",
     "CompletionRequest",
     "CHAT_DECODER",
@@ -68,6 +71,14 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     include_usage: bool = False
 
 
+class ResponseFormat(msgspec.Struct, frozen=True, kw_only=True):
+    """`response_format`: `text`, `json_object`, or `json_schema` with
+    `json_schema: {"name", "schema", "strict"}` (OpenAI API reference, Chat, "response_format")."""
+
+    type: str
+    json_schema: dict[str, Any] | None = None
+
+
 class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     """`POST /v1/chat/completions` body (the fields gyre honours; others are ignored)."""
 
@@ -75,6 +86,8 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     messages: list[ChatMessage]
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
@@ -88,6 +101,12 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    logit_bias: dict[str, float] | None = None
+    """Token ID (as a JSON key) -> bias added to its logit, in [-100, 100]."""
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    """vLLM's extra sampling parameter."""
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_ids: bool = False
@@ -112,6 +131,14 @@ class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    best_of: int | None = None
+    """Refused unless equal to `n` (no server-side ranking)."""
+    suffix: str | None = None
+    """Refused (no fill-in-the-middle template)."""
     echo: bool = False
     return_token_ids: bool = False
     """Also return `prompt_token_ids`; per-choice `token_ids` are always returned."""

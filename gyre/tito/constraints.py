@@ -1,0 +1,207 @@
+"""Constraints: what a chat request demands of the reply's shape, as a grammar the engine enforces.
+
+Owns `ToolCallFormat` (how a model writes reasoning and tool calls: its tags; `GYRE_FORMAT` is the
+tiny model's `<think>` + `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) and
+`chat_constraint`, which turns `tool_choice` (`required`, a named function), `parallel_tool_calls`
+false and `response_format` (`json_object`, `json_schema`) into one xgrammar structural tag
+(`StructuredOutput`), or None when the request constrains nothing. An unsatisfiable or malformed
+demand is a 400 naming the parameter. The engine masks the tokens the grammar forbids, so the
+constraint holds in every reply and the recorded behaviour logprobs are those of the masked
+distribution, the one sampled from (docs/design.md invariant 2). Knows nothing about tokens,
+engines or HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gyre.engines.protocol import StructuredOutput
+from gyre.errors import ProxyError
+from gyre.tito.openai_format import proxy_error
+from gyre.tito.wire import ChatCompletionRequest
+
+__all__ = ["ToolCallFormat", "GYRE_FORMAT", "chat_constraint"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallFormat:
+    """How a model writes a reply: an optional reasoning block, then content or tool calls.
+
+    A tool call is `call_begin + {"name": <name>, "arguments": <object>} + call_end`; calls follow
+    each other with `call_separator` between them. `reasoning` is the (open, close) tag pair of a
+    leading reasoning block, or None for a model without one.
+    """
+
+    call_begin: str
+    call_end: str
+    call_separator: str = ""
+    reasoning: tuple[str, str] | None = None
+
+    def call_schema(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        """The JSON schema of the object between the call tags for the function `name`."""
+        return {
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": parameters},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+
+    def call_tag(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        """The structural-tag `tag` format of one call of function `name`."""
+        return {
+            "type": "tag",
+            "begin": self.call_begin,
+            "content": {"type": "json_schema", "json_schema": self.call_schema(name, parameters)},
+            "end": self.call_end,
+        }
+
+
+GYRE_FORMAT = ToolCallFormat(
+    call_begin="<tool_call>", call_end="</tool_call>", reasoning=("<think>", "</think>")
+)
+"""The tiny model's format (`gyre/model/recipe.py` chat template; parsed by `gyre.tito.reply`)."""
+
+
+def _bad(message: str, param: str) -> ProxyError:
+    return proxy_error(message, 400, "invalid_value", param=param)
+
+
+def _functions(req: ChatCompletionRequest) -> dict[str, dict[str, Any]]:
+    """Tool name -> its parameters schema (an absent schema accepts any object)."""
+    out: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(req.tools or ()):
+        fn = tool.get("function") if tool.get("type", "function") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise _bad(f"tools[{i}] must be a function tool with a string name", f"tools[{i}]")
+        params = fn.get("parameters") or {"type": "object"}
+        if not isinstance(params, dict):
+            raise _bad(f"tools[{i}].function.parameters must be a JSON schema", f"tools[{i}]")
+        out[fn["name"]] = params
+    return out
+
+
+def _tool_mode(req: ChatCompletionRequest, functions: dict[str, Any]) -> tuple[str, list[str]]:
+    """(`none` | `auto` | `required`, the functions a call may name)."""
+    choice = req.tool_choice
+    if choice is None:
+        return ("auto" if functions else "none"), list(functions)
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise _bad(
+                f"tool_choice={choice!r} must be 'none', 'auto', 'required' or a named function",
+                "tool_choice",
+            )
+        if choice != "none" and not functions:
+            raise _bad(f"tool_choice={choice!r} needs at least one tool in tools", "tool_choice")
+        return choice, list(functions)
+    fn = choice.get("function") if choice.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise _bad(
+            'a named tool_choice is {"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        )
+    if name not in functions:
+        raise _bad(f"tool_choice names {name!r}, which is not in tools", "tool_choice")
+    return "required", [name]
+
+
+def _content_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The JSON schema `response_format` asks the content to match (None: free text)."""
+    rf = req.response_format
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return {"type": "object"}
+    if rf.type == "json_schema":
+        schema = (rf.json_schema or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise _bad(
+                "response_format json_schema needs json_schema.schema (a JSON schema object)",
+                "response_format",
+            )
+        return schema
+    raise _bad(
+        f"response_format type {rf.type!r} must be 'text', 'json_object' or 'json_schema'",
+        "response_format",
+    )
+
+
+def chat_constraint(
+    req: ChatCompletionRequest, fmt: ToolCallFormat = GYRE_FORMAT
+) -> StructuredOutput | None:
+    """The grammar a chat request's replies must match, in the model's format `fmt`.
+
+    - `tool_choice` `required` (or a named function): the reply, after an optional reasoning
+      block, is one or more calls (exactly one for a named function or
+      `parallel_tool_calls: false`) of the offered functions, arguments matching their schemas;
+    - `tool_choice` `auto` with `parallel_tool_calls: false`: free text with at most one call;
+    - `response_format` `json_object` / `json_schema`: the content is JSON (matching the
+      schema); with tools offered under `auto`, calls are the alternative.
+    Otherwise None (nothing to enforce). Raises `ProxyError` 400 for a demand that names an
+    unknown tool, needs tools that were not offered, or a malformed `response_format`.
+    Format: xgrammar's structural tag (xgrammar docs, "Structural Tag"), which vLLM's
+    `StructuredOutputsParams.structural_tag` takes as is.
+    """
+    functions = _functions(req)
+    mode, names = _tool_mode(req, functions)
+    content = _content_schema(req)
+    single = req.parallel_tool_calls is False
+    tags = [fmt.call_tag(n, functions[n]) for n in names]
+    if mode == "required":
+        if content is not None:
+            raise _bad(
+                "response_format cannot be combined with a required or named tool_choice",
+                "response_format",
+            )
+        body: dict[str, Any] = {
+            "type": "tags_with_separator",
+            "tags": tags,
+            "separator": fmt.call_separator,
+            "at_least_one": True,
+            "stop_after_first": single or isinstance(req.tool_choice, dict),
+        }
+    elif content is not None:
+        body = {"type": "json_schema", "json_schema": content}
+        if mode == "auto":
+            calls = {
+                "type": "tags_with_separator",
+                "tags": tags,
+                "separator": fmt.call_separator,
+                "at_least_one": True,
+                "stop_after_first": single,
+            }
+            body = {"type": "or", "elements": [body, calls]}
+    elif mode == "auto" and single:
+        body = {
+            "type": "triggered_tags",
+            "triggers": [fmt.call_begin],
+            "tags": tags,
+            "stop_after_first": True,
+        }
+    else:
+        return None
+    if fmt.reasoning is not None:
+        think = {
+            "type": "tag",
+            "begin": fmt.reasoning[0],
+            "content": {"type": "any_text"},
+            "end": fmt.reasoning[1],
+        }
+        lead = {"type": "sequence", "elements": [think, {"type": "const_string", "value": "\n"}]}
+        body = {"type": "sequence", "elements": [{"type": "optional", "content": lead}, body]}
+    spec = json.dumps({"type": "structural_tag", "format": body})
+    _check(spec)
+    return StructuredOutput(kind="structural_tag", spec=spec)
+
+
+def _check(spec: str) -> None:
+    """400 for a structural tag xgrammar cannot compile (a malformed client schema)."""
+    import xgrammar as xgr
+
+    try:
+        xgr.Grammar.from_structural_tag(spec)
+    except Exception as exc:  # xgrammar raises RuntimeError, ValueError or pydantic errors
+        raise _bad(f"the requested output format cannot be enforced: {exc}", "tools") from None
