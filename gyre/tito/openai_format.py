@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from gyre.config import ProxyConfig
-from gyre.engines.protocol import InferenceEngine, SamplingParams
+from gyre.engines.protocol import InferenceEngine, SamplingParams, StructuredOutput
 from gyre.errors import EngineError, ProxyError
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
@@ -46,6 +46,7 @@ __all__ = [
     "chat_reply",
     "chat_completion",
     "text_completion",
+    "stream_text",
     "chat_stream",
     "completion_stream",
 ]
@@ -133,11 +134,23 @@ def sampling_params(
     *,
     config: ProxyConfig,
     stop_token_ids: tuple[int, ...],
+    structured: StructuredOutput | None = None,
 ) -> SamplingParams:
     """Sampling params with the context limit applied (B15): clamp or refuse, never a crash.
 
     A refusal marks `ex` truncated and counts it; `stop_token_ids` (the tokenizer's EOS) come
-    before the request's own."""
+    before the request's own; `structured` is the reply's grammar (`constraints.chat_constraint`).
+
+    Every parameter that changes what is sampled is passed to the engine or refused with a 400,
+    never dropped. `logit_bias` and the presence, frequency and repetition penalties are passed
+    to the engine and recorded with the call (`ModelCall.sampling`); the behaviour logprobs are
+    those of the distribution they produce (vLLM's processed logprobs, invariant 2), so the
+    trainer's importance ratio pi_theta / pi_behaviour accounts for them like any off-policy
+    sample. Ranges are OpenAI's (API reference, Chat and Completions): biases in [-100, 100] on
+    token IDs of the vocabulary, presence and frequency penalties in [-2, 2], `top_logprobs` (chat,
+    needs `logprobs: true`) and completions' `logprobs` in [0, 20]; `repetition_penalty` (vLLM's)
+    > 0. Completions: `suffix` is refused (no fill-in-the-middle), `best_of` must equal `n` (no
+    ranking of samples), `echo` with `logprobs` is refused (prompt logprobs are not computed)."""
     if not 1 <= req.n <= config.max_n:
         raise proxy_error(
             f"n={req.n} must be in [1, {config.max_n}]", 400, "invalid_value", param="n"
@@ -157,7 +170,26 @@ def sampling_params(
     top_p = 1.0 if req.top_p is None else req.top_p
     if not 0 < top_p <= 1:
         raise proxy_error(f"top_p={top_p} must be in (0, 1]", 400, "invalid_value", param="top_p")
-    max_model_len = engine.statistics().max_model_len
+    top = _top_logprobs(req)
+    stats = engine.statistics()
+    bias = _logit_bias(req.logit_bias, stats.vocab_size)
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = getattr(req, name)
+        if v is not None and not (math.isfinite(v) and -2 <= v <= 2):
+            raise proxy_error(f"{name}={v} must be in [-2, 2]", 400, "invalid_value", param=name)
+        penalties[name] = v or 0.0
+    rep = 1.0 if req.repetition_penalty is None else req.repetition_penalty
+    if not (math.isfinite(rep) and rep > 0):
+        raise proxy_error(
+            f"repetition_penalty={rep} must be > 0",
+            400,
+            "invalid_value",
+            param="repetition_penalty",
+        )
+    if isinstance(req, CompletionRequest):
+        _check_completion_extras(req)
+    max_model_len = stats.max_model_len
     room = max_model_len - prompt_len
     wanted = room if max_tokens is None else max_tokens
     if room < 1 or (wanted > room and config.context_overflow == "refuse"):
@@ -179,7 +211,83 @@ def sampling_params(
         stop_token_ids=stop_token_ids
         + tuple(t for t in req.stop_token_ids or () if t not in stop_token_ids),
         n=req.n,
+        top_logprobs=top,
+        logit_bias=bias,
+        repetition_penalty=rep,
+        structured=structured,
+        **penalties,
     )
+
+
+def _top_logprobs(req: ChatCompletionRequest | CompletionRequest) -> int:
+    """k of the top-k logprobs asked for: chat `top_logprobs` (with `logprobs: true`), completions
+    `logprobs`; 400 outside [0, 20]."""
+    if isinstance(req, CompletionRequest):
+        k, param = req.logprobs or 0, "logprobs"
+    else:
+        k, param = req.top_logprobs or 0, "top_logprobs"
+        if k and not req.logprobs:
+            raise proxy_error(
+                "top_logprobs needs logprobs: true", 400, "invalid_value", param="top_logprobs"
+            )
+    if not 0 <= k <= 20:
+        raise proxy_error(f"{param}={k} must be in [0, 20]", 400, "invalid_value", param=param)
+    return k
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    """`logit_bias` keyed by token ID; 400 for a key that is not a token ID of the vocabulary or
+    a value outside [-100, 100]."""
+    if not bias:
+        return None
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            tok = int(key)
+        except ValueError:
+            tok = -1
+        if not 0 <= tok < vocab_size:
+            raise proxy_error(
+                f"logit_bias key {key!r} is not a token ID in [0, {vocab_size})",
+                400,
+                "invalid_value",
+                param="logit_bias",
+            )
+        if not (math.isfinite(value) and -100 <= value <= 100):
+            raise proxy_error(
+                f"logit_bias[{key}]={value} must be in [-100, 100]",
+                400,
+                "invalid_value",
+                param="logit_bias",
+            )
+        out[tok] = float(value)
+    return out
+
+
+def _check_completion_extras(req: CompletionRequest) -> None:
+    """400 for the completions parameters gyre cannot honour."""
+    if req.suffix:
+        raise proxy_error(
+            "suffix is not supported (no fill-in-the-middle template)",
+            400,
+            "invalid_value",
+            param="suffix",
+        )
+    if req.best_of is not None and req.best_of != req.n:
+        raise proxy_error(
+            f"best_of={req.best_of} is not supported unless equal to n={req.n} (samples are "
+            "not ranked; ask for n choices instead)",
+            400,
+            "invalid_value",
+            param="best_of",
+        )
+    if req.echo and req.logprobs is not None:
+        raise proxy_error(
+            "echo with logprobs is not supported (prompt logprobs are not computed)",
+            400,
+            "invalid_value",
+            param="echo",
+        )
 
 
 def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -348,6 +456,18 @@ def _chunk(call: Call, model: str, choices: list[dict[str, Any]], **extra: Any) 
     return b"data: " + JSON_ENCODER.encode(body) + b"\n\n"
 
 
+def stream_text(call: Call, ch: Choice) -> tuple[str, str]:
+    """(reasoning, content) of a choice still generating that is newly safe to stream: prefixes
+    of its final parse, never taken back (`ch.emitted_*` count them; the rest is sent from
+    `reply_message` when the choice ends). Every streamed chat-like API uses it."""
+    if ch.stream is None:
+        ch.stream = (call.reply_parser or _GYRE_PARSER).stream(tools=call.parse_tools)
+    r, c = ch.stream.feed(ch.release_text(call.stops))
+    ch.emitted_reasoning += len(r)
+    ch.emitted_content += len(c)
+    return r, c
+
+
 async def chat_stream(
     call: Call,
     req: ChatCompletionRequest,
@@ -369,15 +489,11 @@ async def chat_stream(
                 started.add(ch.index)
                 delta["role"] = "assistant"
             if ch.finish is None:
-                if ch.stream is None:
-                    ch.stream = (call.reply_parser or _GYRE_PARSER).stream(tools=call.parse_tools)
-                r, c = ch.stream.feed(ch.release_text(call.stops))
+                r, c = stream_text(call, ch)
                 if r:
                     delta["reasoning_content"] = r
-                    ch.emitted_reasoning += len(r)
                 if c:
                     delta["content"] = c
-                    ch.emitted_content += len(c)
                 finish = None
             else:
                 msg, _ = reply_message(call, ch)
