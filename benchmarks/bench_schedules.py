@@ -122,7 +122,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--policies", nargs="+", default=["colocate", "async", "elastic"])
     args = parser.parse_args()
-    model = ensure_model(config_from_dict({"model": {"path": "runs/model-tiny"}}))
+    model = ensure_model(
+        config_from_dict({"model": {"path": "runs/model-tiny", "init_if_missing": True}})
+    )
     results = {}
     for policy in args.policies:
         run_dir = REPO / "runs" / f"bench-schedules-{policy}"

@@ -1,8 +1,9 @@
 """The node's job: `run(config)` (re-exported as `gyre.run`).
 
 Owns start-up of one node's work: the preflight (`preflight`: every path, the run folder and the
-agent program checked before anything is built or started), the model folder (`ensure_model`),
-the supervised warm start (`gyre.model.sft`, cached), then the RL loop on one anyio event loop
+agent program checked before anything is built or started), the model folder (`ensure_model`:
+the tiny model is built only when asked), the supervised warm start (`gyre.model.sft`, cached;
+by default only for the tiny model, `warm_start_enabled`), then the RL loop on one anyio event loop
 (trio): with one cell the colocate loop (`gyre.runtime.loop.run_rl`: the trainer in the node,
 checkpoints and `--resume`), with `cells.num_cells > 1` the elastic runtime
 (`gyre.runtime.elastic_job.run_elastic`: roles by `config.scheduler`), and the report at the end.
@@ -28,21 +29,22 @@ from gyre.runtime.rollout import with_interpreter
 from gyre.runtime.sinks import check_sinks
 from gyre.tasks.scorer import check_verifier_python
 
-__all__ = ["run", "preflight", "ensure_model"]
+__all__ = ["run", "preflight", "ensure_model", "check_model", "warm_start_enabled"]
 
 logger = logging.getLogger(__name__)
 
 
-def ensure_model(config: RunConfig) -> Path:
-    """The model folder of `config`, built from the tiny-model recipe if missing and allowed.
+def check_model(config: RunConfig) -> bool:
+    """Whether `model.path` is a model folder already (True) or one `ensure_model` will build
+    the tiny model into (False: missing or empty, and `model.init_if_missing`).
 
-    Raises `FileNotFoundError` when the folder is missing and `init_if_missing` is false, and
-    `ConfigError` when `model.path` is a file, or a non-empty folder with no `config.json` (the
-    recipe never writes over someone else's files).
-    """
+    Raises `ConfigError` (one line naming `model.path`) when it is a file, a non-empty folder
+    with no `config.json` (the recipe never writes over someone else's files), or missing or
+    empty without `model.init_if_missing` (the tiny model is built only when asked, so a
+    mistyped path to one's own model is never replaced by it)."""
     path = Path(config.model.path)
     if (path / "config.json").exists():
-        return path
+        return True
     if path.exists() and not path.is_dir():
         raise ConfigError(f"model.path={str(path)!r} is a file, not a Hugging Face model folder")
     if path.exists() and any(path.iterdir()):
@@ -51,9 +53,34 @@ def ensure_model(config: RunConfig) -> Path:
             "not a Hugging Face model folder, and the tiny model is only built into an empty one"
         )
     if not config.model.init_if_missing:
-        raise FileNotFoundError(
-            f"model.path={str(path)!r} has no config.json and model.init_if_missing is false"
+        state = "is an empty folder" if path.exists() else "does not exist"
+        raise ConfigError(
+            f"model.path={str(path)!r} {state}: point it at a Hugging Face model folder, or set "
+            "[model] init_if_missing = true to build the built-in tiny model there"
         )
+    return False
+
+
+def warm_start_enabled(config: RunConfig) -> bool:
+    """Whether the run fine-tunes on the tiny suite's demonstrations before RL:
+    `warm_start.enabled` when set, else only for the built-in tiny model (`model.path` holds it,
+    `gyre.model.recipe.is_tiny_model`, or `model.init_if_missing` will build it there)."""
+    if config.warm_start.enabled is not None:
+        return config.warm_start.enabled
+    from gyre.model.recipe import is_tiny_model
+
+    path = Path(config.model.path)
+    if (path / "config.json").exists():
+        return is_tiny_model(path)
+    return config.model.init_if_missing
+
+
+def ensure_model(config: RunConfig) -> Path:
+    """The model folder of `config`, built from the tiny-model recipe if missing and
+    `model.init_if_missing`. Raises `ConfigError` as `check_model` does."""
+    path = Path(config.model.path)
+    if check_model(config):
+        return path
     from gyre.model import init_model_dir
 
     logger.info("building the reference tiny model at %s (seed %d)", path, config.model.seed)
@@ -64,12 +91,14 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
     """Every check that can fail without building or starting anything, in the order a user would
     fix them: task folders, verifier interpreter, agent program, isolation when required, run
     folder, warm-start folder, the packages of the metric sinks (`[report] sinks`), the live
-    page's address (`[observe]`).
+    page's address (`[observe]`). The model folder is checked by `ensure_model`, first thing
+    after (a finished run resumed needs none).
     Returns the checkpoint a resumed run continues from (None: step 0). Raises `ConfigError` or
     `TaskError` naming the key or path."""
     train, heldout = split_tasks(config)
     check_verifier_python([*train, *heldout])
-    check_agent_command(with_interpreter(config.tasks.harness).agent_command)
+    harness = config.tasks.harness
+    check_agent_command(with_interpreter(harness).agent_command, path=harness.env.get("PATH"))
     check_isolation(config.tasks.harness)
     found = check_run_dir(
         Path(config.run_dir).resolve(),
@@ -77,7 +106,7 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
         resumable=config.cells.num_cells == 1,
         records=(config.proxy.log_name,),
     )
-    if config.warm_start.enabled:
+    if warm_start_enabled(config):
         from gyre.model.sft import check_output_dir, output_dir
 
         key = (
@@ -105,7 +134,7 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     Returns the final loop state.
 
     Raises `GyreError` subclasses for engine and config failures (config ones, `preflight`'s,
-    before anything is built or started), `FileNotFoundError` for a missing model folder.
+    before anything is built or started; a missing model folder is one of them).
     """
     found = preflight(config, resume=resume)
     if found is not None and _finished(config, found[0]):
@@ -122,8 +151,9 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
             f"(weight version {found[0].version})",
             flush=True,
         )
+    warm = warm_start_enabled(config)  # before ensure_model builds anything
     model_dir = ensure_model(config)
-    if config.warm_start.enabled:
+    if warm:
         from gyre.model.sft import output_dir, warm_start
 
         out = output_dir(config.model.path, config.warm_start)

@@ -22,6 +22,20 @@ def test_example_config_loads() -> None:
     config = load_config("examples/cpu.toml")
     assert config.engine.backend == "vllm" and config.engine.max_model_len == 4096
     assert config.model.path == "runs/model-tiny"
+    assert config.model.init_if_missing and config.warm_start.enabled  # make run builds both
+
+
+def test_harness_env_is_read_as_written(tmp_path) -> None:
+    config = load_config(
+        write(
+            tmp_path,
+            '[tasks.harness]\nenv_passthrough = ["HF_TOKEN"]\n'
+            '[tasks.harness.env]\nMSWEA_MODEL_NAME = "hosted_vllm/gyre"\nPATH = "/opt/x:/bin"\n',
+        )
+    )
+    harness = config.tasks.harness
+    assert harness.env == {"MSWEA_MODEL_NAME": "hosted_vllm/gyre", "PATH": "/opt/x:/bin"}
+    assert harness.env_passthrough == ("HF_TOKEN",)
 
 
 def test_elastic_example_shares_make_runs_warm_start() -> None:
@@ -37,6 +51,10 @@ def test_elastic_example_shares_make_runs_warm_start() -> None:
 def test_defaults_and_frozen() -> None:
     config = RunConfig()
     assert config.engine.block_size == 32 and config.cells.num_cells == 1
+    # nothing built or fine-tuned unless asked: the tiny model only with init_if_missing, the
+    # warm start decided by the model (gyre.job.warm_start_enabled); agents get no extra env
+    assert config.model.init_if_missing is False and config.warm_start.enabled is None
+    assert (config.tasks.harness.env, config.tasks.harness.env_passthrough) == ({}, ())
     with pytest.raises(AttributeError):
         config.seed = 3  # type: ignore[misc]
 
@@ -59,6 +77,22 @@ def test_defaults_and_frozen() -> None:
         ("[model]\nhidden_size = 64\n", "head_dim=16"),
         ("[cells]\nnum_cells = 0\n", "num_cells=0 must be > 0"),
         ("seed = [1\n", "not valid TOML"),
+        (
+            '[tasks.harness.env]\nOPENAI_API_KEY = "sk-mine"\n',
+            "env: 'OPENAI_API_KEY' is set by gyre for each execution and cannot be overridden",
+        ),
+        (
+            '[tasks.harness]\nenv_passthrough = ["GYRE_CELL_SECRET"]\n',
+            "env_passthrough: 'GYRE_CELL_SECRET' is set by gyre for each execution",
+        ),
+        (
+            '[tasks.harness.env]\n"A-B" = "1"\n',
+            "env: 'A-B' is not an environment variable name - at `$.tasks.harness`",
+        ),
+        (
+            '[tasks.harness]\nenv = {HF_HOME = "/x"}\nenv_passthrough = ["HF_HOME"]\n',
+            "env_passthrough=['HF_HOME'] names a variable twice or one `env` sets",
+        ),
     ],
 )
 def test_bad_config_is_one_line_naming_key_and_value(tmp_path, text: str, message: str) -> None:

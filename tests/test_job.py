@@ -247,3 +247,65 @@ def test_report_cli_flags_only_for_serve_and_one_line_errors(tmp_path, capsys):
     assert "--host='not a host!' / --port=0: the page cannot listen" in capsys.readouterr().err
     assert main([str(run_dir), "--serve", "--config", str(tmp_path / "nope.toml")]) == 2
     assert "cannot read config" in capsys.readouterr().err
+
+
+def test_a_missing_model_path_is_one_error_naming_the_key_and_builds_nothing(tmp_path):
+    """A mistyped path to one's own model is an error, never a tiny model built there."""
+    message = (
+        r"model.path='.*/model' does not exist: point it at a Hugging Face model folder, or set "
+        r"\[model\] init_if_missing = true to build the built-in tiny model there$"
+    )
+    with pytest.raises(ConfigError, match=message):
+        run(make_config(tmp_path))
+    assert nothing_built(tmp_path)
+    (tmp_path / "model").mkdir()
+    with pytest.raises(ConfigError, match=r"model.path='.*/model' is an empty folder: point"):
+        run(make_config(tmp_path))
+    assert list((tmp_path / "model").iterdir()) == []
+
+
+def test_warm_start_is_on_for_the_tiny_model_only_unless_set(tmp_path, tiny_model_dir):
+    from gyre.job import warm_start_enabled
+
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "config.json").write_text('{"model_type": "llama"}')
+    other = tmp_path / "other"  # a marker, but not the tiny recipe's
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    (other / "gyre_model.json").write_text('{"recipe": "someone-else"}')
+
+    def enabled(path: Path, **model) -> dict:
+        return {
+            setting: warm_start_enabled(
+                make_config(
+                    tmp_path,
+                    model={"path": str(path), **model},
+                    warm_start={} if setting is None else {"enabled": setting},
+                )
+            )
+            for setting in (None, True, False)
+        }
+
+    # the recipe's own folder (init_model_dir's gyre_model.json) is the tiny model
+    assert enabled(tiny_model_dir) == {None: True, True: True, False: False}
+    # one's own model: off by default, an explicit true is honoured
+    assert enabled(own) == {None: False, True: True, False: False}
+    assert enabled(other) == {None: False, True: True, False: False}
+    # a missing folder is the tiny model when init_if_missing builds it, else nothing
+    missing = tmp_path / "missing"
+    assert enabled(missing, init_if_missing=True) == {None: True, True: True, False: False}
+    assert enabled(missing) == {None: False, True: True, False: False}
+
+
+def test_own_model_skips_the_warm_start_checks_unless_asked(tmp_path):
+    """preflight checks the warm-start folder only when the warm start runs: with one's own
+    model and the default setting a file at `<model.path>-sft` is no error."""
+    from gyre.job import preflight
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "model-sft").write_text("x")
+    assert preflight(make_config(tmp_path), resume=False) is None
+    with pytest.raises(ConfigError, match=r"warm_start.path \(default: model.path \+ '-sft'\)"):
+        preflight(make_config(tmp_path, warm_start={"enabled": True}), resume=False)

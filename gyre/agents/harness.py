@@ -3,7 +3,8 @@
 Owns `Harness`, `HarnessStatistics`, `check_agent_command` and `REACT_AGENT`. `Harness.run(task,
 execution_id)` copies the task's `environment/` into a private per-execution folder (hidden tests
 and solution are never copied), starts the agent command under the supervisor (resource limits,
-new session; `gyre.sandbox`) with `OPENAI_BASE_URL`, a minted `OPENAI_API_KEY` and the
+new session; `gyre.sandbox`) with the proxy's address, a minted key and the model name
+(`gyre.agents.environment`: OpenAI and Anthropic variables, `[tasks.harness] env`) and the
 instruction, stops it at the deadline or when its `ExecutionControl` (`gyre.agents.control`) says
 so (turns, tokens, context), kills its whole tree, runs the verifier on what the workspace holds,
 and returns one `Outcome`. Never raises for an execution's failure: infrastructure problems
@@ -28,6 +29,7 @@ import anyio
 import msgspec
 
 from gyre.agents.control import ExecutionControl, check_execution_id, mint_api_key
+from gyre.agents.environment import agent_environment
 from gyre.agents.isolation import (
     AgentUser,
     agent_namespace,
@@ -43,6 +45,7 @@ from gyre.agents.isolation import (
     warn_once,
 )
 from gyre.config import HarnessConfig
+from gyre.config.agents import check_agent_env
 from gyre.errors import ConfigError, ExecutionError
 from gyre.sandbox import Limits, Mounts, network_namespace_problem, run_supervised, tail
 from gyre.tasks.outcome import Outcome, Termination
@@ -53,8 +56,6 @@ __all__ = ["Harness", "HarnessStatistics", "check_agent_command", "REACT_AGENT"]
 
 REACT_AGENT: tuple[str, ...] = (sys.executable, "-P", "-m", "gyre.agents.react")
 """The reference agent's command line (`-P`: files in the workspace cannot shadow its imports)."""
-
-_ENV_PASSTHROUGH = ("PATH", "LANG", "LC_ALL", "TZ")
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,8 @@ class Harness:
         ),
         kill_grace_s: float = 1.0,
         keep_workspaces: bool = False,
-        extra_env: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
+        env_passthrough: Sequence[str] = (),
         isolate_uid: bool = True,
         agent_uid_base: int = 200_000,
         agent_uid_count: int = 4096,
@@ -140,11 +142,17 @@ class Harness:
         `gyre.agents.isolation`); a warning, once, where it cannot be built (neither root nor
         unprivileged user namespaces).
         `require_isolation`: where any of the three isolations cannot be had, raise `ConfigError`
-        instead of warning.
+        instead of warning. `env`, `env_passthrough`: `HarnessConfig`'s (`agent_environment`).
         Raises `ValueError` for an empty command, a negative grace, an invalid uid range, a
-        relative hidden or visible path or, when sealing, a `base_url` that is not http(s)."""
+        relative hidden or visible path, an `env` name gyre sets (`check_agent_env`) or, when
+        sealing, a `base_url` that is not http(s)."""
         if not agent_command:
             raise ValueError("agent_command must not be empty")
+        self.env, self.env_passthrough = dict(env or {}), tuple(env_passthrough)
+        check_agent_env(self.env, self.env_passthrough)
+        for name in self.env_passthrough:
+            if name not in os.environ:
+                warn_once(f"env:{name}", "env_passthrough: %s is not set on the node", name)
         if kill_grace_s < 0:
             raise ValueError(f"kill_grace_s={kill_grace_s} must be >= 0")
         if agent_uid_base < 1000 or agent_uid_count < 1 or agent_uid_base + agent_uid_count > 2**31:
@@ -217,7 +225,6 @@ class Harness:
         self.verifier_limits = verifier_limits
         self.kill_grace_s = kill_grace_s
         self.keep_workspaces = keep_workspaces
-        self.extra_env = dict(extra_env or {})
         self._running = self._finished = self._stopped = self._failed = self._isolated = 0
         self._sealed = 0
         self._template_ok: dict[str, bool] = {}  # task root -> its verifier works on the template
@@ -314,6 +321,8 @@ class Harness:
             verifier_limits=Limits(**common),
             kill_grace_s=config.kill_grace_s,
             keep_workspaces=config.keep_workspaces,
+            env=config.env,
+            env_passthrough=config.env_passthrough,
             isolate_uid=config.isolate_uid,
             agent_uid_base=config.agent_uid_base,
             agent_uid_count=config.agent_uid_count,
@@ -403,8 +412,13 @@ class Harness:
         command: tuple[str, ...],
     ) -> Outcome:
         """Pick the agent's uid (held until the execution is scored), then `_run_as` it."""
-        env = {k: os.environ[k] for k in _ENV_PASSTHROUGH if k in os.environ}
-        env["OPENAI_API_KEY"] = api_key
+        env = agent_environment(
+            base_url=self.agent_base_url,
+            api_key=api_key,
+            model=self.model,
+            env=self.env,
+            passthrough=self.env_passthrough,
+        )
         user: AgentUser | None = None
         if self._user_for(command, env.get("PATH", os.defpath)):
             try:
@@ -454,14 +468,10 @@ class Harness:
         env.update(
             HOME=str(exec_dir / "home"),
             TMPDIR=str(exec_dir / "tmp"),
-            OPENAI_BASE_URL=self.agent_base_url,
-            GYRE_MODEL=self.model,
             GYRE_EXECUTION_ID=execution_id,
             GYRE_WORKSPACE=str(workspace),
             GYRE_INSTRUCTION_FILE=str(exec_dir / "instruction.md"),
-            PYTHONUNBUFFERED="1",
         )
-        env.update(self.extra_env)
         common = dict(execution_id=execution_id, task_id=task.task_id)
         handed_back = user is None
         agent_mounts = verifier_mounts = None

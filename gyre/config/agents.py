@@ -1,16 +1,18 @@
 """Configs of the agents' side: the TITO proxy, the harness that runs agents, the task suites.
 
-Owns `ProxyConfig`, `HarnessConfig` (commands, limits, isolation) and `TaskConfig` (suites,
+Owns `ProxyConfig`, `HarnessConfig` (commands, limits, isolation, the agents' environment:
+`check_agent_env`, `AGENT_ENV_OWNED`) and `TaskConfig` (suites,
 splits). Knows nothing about cells, training or the file format.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from gyre.config.base import Config, check_positive
 
-__all__ = ["ProxyConfig", "HarnessConfig", "TaskConfig"]
+__all__ = ["ProxyConfig", "HarnessConfig", "TaskConfig", "AGENT_ENV_OWNED", "check_agent_env"]
 
 
 class ProxyConfig(Config):
@@ -28,8 +30,6 @@ class ProxyConfig(Config):
     `gpt-4o` or `claude-sonnet-4-5`); listed at /v1/models."""
     accept_any_model: bool = False
     """Accept every model name (for agents whose model name cannot be configured)."""
-    max_body_bytes: int = 16 * 2**20
-    """Largest request body accepted; larger ones get 413 (a 1M-token history is ~4-5 MB of
     tool_parser: str = "gyre"
     """How tool calls are parsed from replies: `gyre` (the tiny model's `<tool_call>{json}`
     blocks) or the name of one of vLLM's tool parsers (`hermes`, `llama3_json`, `mistral`,
@@ -38,6 +38,8 @@ class ProxyConfig(Config):
     reasoning_parser: str = "gyre"
     """How reasoning is parsed from replies: `gyre` (`<think>...</think>` at the start), `none`,
     or the name of one of vLLM's reasoning parsers (`qwen3`, `deepseek_r1`, ...)."""
+    max_body_bytes: int = 16 * 2**20
+    """Largest request body accepted; larger ones get 413 (a 1M-token history is ~4-5 MB of
     JSON)."""
     max_n: int = 16
     """Most choices per request."""
@@ -74,11 +76,64 @@ class ProxyConfig(Config):
         return (self.model_name, *self.model_aliases)
 
 
+AGENT_ENV_OWNED = frozenset(
+    {
+        "OPENAI_BASE_URL",
+        "OPENAI_API_BASE",
+        "OPENAI_API_KEY",
+        "OPENAI_MODEL",
+        "ANTHROPIC_BASE_URL",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_MODEL",
+        "HOME",
+        "TMPDIR",
+    }
+)
+"""Variables the harness sets for each execution (`gyre.agents.environment`), which
+`HarnessConfig.env` and `env_passthrough` may not name; every `GYRE_*` name is gyre's too."""
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_agent_env(env: dict[str, str], passthrough: tuple[str, ...]) -> None:
+    """Raise `ValueError` naming the key when `env` (variables given to agents) or `passthrough`
+    (names of the node's variables passed on) holds a name that is not a POSIX variable name, one
+    gyre sets (`AGENT_ENV_OWNED`, `GYRE_*`: the proxy's address and key, the execution's
+    folders, the node's secrets), a name in both, or a value with a NUL byte."""
+    for key, names in (("env", tuple(env)), ("env_passthrough", passthrough)):
+        for name in names:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{key}: {name!r} is not an environment variable name")
+            if name in AGENT_ENV_OWNED or name.startswith("GYRE_"):
+                raise ValueError(
+                    f"{key}: {name!r} is set by gyre for each execution and cannot be "
+                    f"overridden (gyre sets {', '.join(sorted(AGENT_ENV_OWNED))} and GYRE_*)"
+                )
+    both = sorted(set(env) & set(passthrough))
+    if both or len(set(passthrough)) != len(passthrough):
+        raise ValueError(
+            f"env_passthrough={list(passthrough)} names a variable twice or one `env` sets"
+        )
+    for name, value in env.items():
+        if "\0" in value:
+            raise ValueError(f"env: the value of {name!r} holds a NUL byte")
+
+
 class HarnessConfig(Config):
-    """Agent processes of executions (`gyre.agents.harness`): command, limits, workspaces."""
+    """Agent processes of executions (`gyre.agents.harness`): command, limits, workspaces, the
+    agents' environment."""
 
     agent_command: tuple[str, ...] = ()
     """Command line of the agent; empty: the reference agent (`python -m gyre.agents.react`)."""
+    env: dict[str, str] = {}
+    """Variables given to every agent process, values as written (`[tasks.harness.env]`), e.g. a
+    provider setting or `MSWEA_MODEL_NAME`. They replace gyre's defaults for known agents and
+    the node's PATH, LANG, LC_ALL and TZ, but may not name what gyre sets for each execution
+    (`AGENT_ENV_OWNED`, `GYRE_*`: a `ValueError` naming it; `gyre.agents.environment`)."""
+    env_passthrough: tuple[str, ...] = ()
+    """Names of the node's environment variables passed to agents as the node has them (one the
+    node lacks is left out, with a warning); the names `env` may not set are refused here too.
+    Beyond these and PATH, LANG, LC_ALL, TZ, agents see nothing of the node's environment."""
     workspace_root: str = ""
     """Folder of the per-execution private folders; empty: `<run_dir>/executions`."""
     kill_grace_s: float = 1.0
@@ -129,6 +184,7 @@ class HarnessConfig(Config):
     def __post_init__(self) -> None:
         if self.kill_grace_s < 0:
             raise ValueError(f"kill_grace_s={self.kill_grace_s} must be >= 0")
+        check_agent_env(self.env, self.env_passthrough)
         if self.require_isolation and not (self.isolate_uid and self.isolate_mounts):
             raise ValueError("require_isolation needs isolate_uid and isolate_mounts to be true")
         if self.require_isolation and not self.isolate_network:

@@ -18,9 +18,11 @@ class ModelConfig(Config):
     """The reference tiny model (`gyre.model`) or any Hugging Face folder vLLM can serve."""
 
     path: str = "runs/model"
-    """Hugging Face model folder; created by `python -m gyre.model init` when `init_if_missing`."""
-    init_if_missing: bool = True
-    """Build the reference tiny model at `path` if the folder does not exist."""
+    """Hugging Face model folder (the tiny model: `python -m gyre.model init DIR`)."""
+    init_if_missing: bool = False
+    """Build the reference tiny model at `path` when the folder does not exist (or is empty).
+    Off by default, so a mistyped path to one's own model is an error, never a tiny model
+    trained in its place (`gyre.job.ensure_model`)."""
     seed: int = 0
     """Seed of the tiny model's weights and tokenizer training."""
     hidden_size: int = 128

@@ -59,8 +59,11 @@ class WarmStartConfig(Config):
     """Supervised warm start (`gyre.model.sft`): the tiny model learns the `learnable` suite's
     demonstrations before RL, so RL starts from a non-zero pass rate."""
 
-    enabled: bool = True
-    """Fine-tune before RL; False starts RL from `model.path` as it is."""
+    enabled: bool | None = None
+    """Fine-tune on the tiny suite's demonstrations before RL. None (the default): only when
+    `model.path` is the built-in tiny model (its `gyre_model.json`, or a folder
+    `model.init_if_missing` builds; `gyre.model.recipe.is_tiny_model`), so one's own model
+    starts RL as it is. True fine-tunes any model (honoured for a foreign one); False never."""
     path: str = ""
     """Output model folder (cached by input hash); empty: `<model.path>-sft`."""
     examples: int = 3072

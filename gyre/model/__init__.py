@@ -8,21 +8,25 @@ load; `sft` fine-tunes it on demonstrations, `demos` writes them as JSON lines.
 from gyre.model.recipe import (
     EOS_TOKEN,
     PAD_TOKEN,
+    RECIPE,
     SPECIAL_TOKENS,
     TAG_TOKENS,
     build_model,
     build_tokenizer,
     chat_template,
     init_model_dir,
+    is_tiny_model,
 )
 
 __all__ = [
     "EOS_TOKEN",
     "PAD_TOKEN",
+    "RECIPE",
     "SPECIAL_TOKENS",
     "TAG_TOKENS",
     "build_model",
     "build_tokenizer",
     "chat_template",
     "init_model_dir",
+    "is_tiny_model",
 ]

@@ -23,8 +23,13 @@ __all__ = [
     "build_tokenizer",
     "build_model",
     "init_model_dir",
+    "RECIPE",
+    "is_tiny_model",
 ]
 
+RECIPE = "gyre-tiny-qwen2"
+"""The `recipe` that `init_model_dir` writes into `<dir>/gyre_model.json` (the warm start copies
+the file into its output folder): how the built-in tiny model is recognised."""
 PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"
 SPECIAL_TOKENS = (PAD_TOKEN, "<|im_start|>", EOS_TOKEN)
@@ -152,6 +157,18 @@ def init_model_dir(path: str | Path, config: ModelConfig = ModelConfig()) -> Pat
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     (path / "gyre_model.json").write_text(
-        json.dumps({"recipe": "gyre-tiny-qwen2", "seed": config.seed}) + "\n"
+        json.dumps({"recipe": RECIPE, "seed": config.seed}) + "\n"
     )
     return path
+
+
+def is_tiny_model(path: str | Path) -> bool:
+    """Whether the folder `path` holds the built-in tiny model (or its warm start): its
+    `gyre_model.json` names `RECIPE`. False for a missing folder, any other model, or a marker
+    that is not a JSON object."""
+    marker = Path(path) / "gyre_model.json"
+    try:
+        found = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and found.get("recipe") == RECIPE
