@@ -36,6 +36,7 @@ from gyre.tito.generation import Call, engine_events
 from gyre.tito.inflight import Flight, InFlight, SSEResponse
 from gyre.tito.intake import CallIntake
 from gyre.tito.log import CallLog
+from gyre.tito.messages_api import AnthropicMessages
 from gyre.tito.openai_format import (
     chat_reply,
     check_messages,
@@ -139,10 +140,16 @@ class TitoProxy:
         )
         self._counts = dict(requests_total=0, requests_refused=0, client_retries=0)
         self.chat_api = OpenAIChat(text=self.text, model=config.model_name)
+        self.messages_api = AnthropicMessages(
+            text=self.text,
+            model=config.model_name,
+            chat_template=getattr(tokenizer, "chat_template", None),
+        )
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/messages", self._messages, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/v1/models/{model_id:path}", self._model, methods=["GET"]),
                 Route(
@@ -438,6 +445,11 @@ class TitoProxy:
 
     async def _chat(self, request: Request) -> Response:
         return await self._serve_chat(request, self.chat_api)
+
+    async def _messages(self, request: Request) -> Response:
+        """`POST /v1/messages`, the Anthropic Messages API (`messages_api`); its
+        `anthropic-version` header is accepted whatever its value."""
+        return await self._serve_chat(request, self.messages_api)
 
     async def _serve_chat(self, request: Request, api: ChatApi) -> Response:
         """One chat call of any API that maps onto chat (`chat_api.ChatApi`): resolve the key,

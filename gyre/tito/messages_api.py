@@ -1,0 +1,458 @@
+"""The Anthropic Messages API (`POST /v1/messages`) as a `ChatApi`: one more shape of a chat call.
+
+Owns the request Structs (`MessagesRequest` and its content blocks), `to_chat` (a Messages request
+to the `ChatCompletionRequest` it means, with the protocol's checks) and `AnthropicMessages`, the
+`ChatApi` (its answers and events are written by `anthropic_format`). The reply the proxy
+records is the chat `ChatMessage` of `openai_format.reply_message`; a history echoed back in this
+API translates to that same message (thinking -> `reasoning_content`, `tool_use` -> a tool call
+with the model's exact argument text), so every API drives one execution path. Protocol reference:
+the Anthropic API reference ("Messages", "Streaming Messages", "Errors") and the `anthropic` SDK's
+types. Knows nothing about routes, keys, engines or the call log.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import msgspec
+
+from gyre.tito.anthropic_format import anthropic_error, message_body, message_stream
+from gyre.tito.chat_api import Reply
+from gyre.tito.detok import TokenText
+from gyre.tito.generation import Call, Choice
+from gyre.tito.openai_format import proxy_error
+from gyre.tito.recorder import Recorder
+from gyre.tito.reply import loads_or_none
+from gyre.tito.sessions import Execution
+from gyre.tito.wire import (
+    JSON_ENCODER,
+    ChatCompletionRequest,
+    ChatMessage,
+    ContentPart,
+    FunctionCall,
+    ToolCall,
+)
+
+__all__ = [
+    "TextBlock",
+    "ImageBlock",
+    "DocumentBlock",
+    "ToolUseBlock",
+    "ToolResultBlock",
+    "ThinkingBlock",
+    "RedactedThinkingBlock",
+    "InputMessage",
+    "Tool",
+    "ToolChoice",
+    "ThinkingConfig",
+    "Metadata",
+    "MessagesRequest",
+    "to_chat",
+    "AnthropicMessages",
+]
+
+TOOL_ERROR_PREFIX = "Error: "
+"""How a `tool_result` with `is_error: true` reaches the chat template, whose tool turn has no
+error flag: its text, after this prefix."""
+
+
+class _Block(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True
+):
+    cache_control: dict[str, Any] | None = None
+    """A prompt-caching breakpoint: accepted and without effect, since the proxy reuses every
+    known prefix of an execution anyway."""
+
+
+class TextBlock(_Block, tag="text"):
+    text: str
+    citations: None = None
+    """Citations are not produced, so an echoed block carries none (null only)."""
+
+
+class ImageBlock(_Block, tag="image", forbid_unknown_fields=False):
+    """Decoded only to be refused with a clear 400 (the served models read text only)."""
+
+
+class DocumentBlock(_Block, tag="document", forbid_unknown_fields=False):
+    """Decoded only to be refused with a clear 400."""
+
+
+class ToolUseBlock(_Block, tag="tool_use"):
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Block, tag="tool_result"):
+    tool_use_id: str
+    content: str | list[TextBlock | ImageBlock | DocumentBlock] | None = None
+    is_error: bool = False
+
+
+class ThinkingBlock(_Block, tag="thinking"):
+    thinking: str
+    signature: str | None = None
+    """Not checked: gyre compares the thinking text itself with what it recorded."""
+
+
+class RedactedThinkingBlock(_Block, tag="redacted_thinking"):
+    data: str
+
+
+Block = (
+    TextBlock
+    | ImageBlock
+    | DocumentBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+)
+
+
+class InputMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class Tool(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A client tool: `{"name", "description", "input_schema"}` (server tools are refused)."""
+
+    name: str
+    input_schema: dict[str, Any]
+    description: str | None = None
+    type: Literal["custom"] | None = None
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolChoice(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class ThinkingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None
+
+
+class Metadata(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    user_id: str | None = None
+    """An opaque end-user ID: accepted, never affects generation."""
+
+
+class MessagesRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/messages` body. Every field is honoured or refused: an unknown field is a 400."""
+
+    model: str
+    max_tokens: int
+    messages: list[InputMessage]
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    temperature: float | None = None
+    """In [0, 1] (the API's range; default 1)."""
+    top_p: float | None = None
+    top_k: int | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    thinking: ThinkingConfig | None = None
+    metadata: Metadata | None = None
+
+
+_DECODER = msgspec.json.Decoder(MessagesRequest)
+_BLOCK_TYPES = "text, tool_use, tool_result, thinking"
+_INVALID_TAG = re.compile(r"Invalid value '(.*)' - at `\$\.(.*\.type)`")
+
+
+def _bad(message: str, param: str | None = None) -> Exception:
+    return proxy_error(message, 400, "invalid_value", param=param, type="invalid_request_error")
+
+
+def _decode(body: bytes) -> MessagesRequest:
+    """The request, or a 400 naming the offending field (msgspec's JSON path)."""
+    try:
+        return _DECODER.decode(body)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if m := _INVALID_TAG.search(text):
+            text = f"content block type {m[1]!r} is not supported (supported: {_BLOCK_TYPES})"
+        elif text.startswith("Object contains unknown field"):
+            text += " (gyre refuses what it cannot honour rather than ignore it)"
+        _, sep, path = str(exc).rpartition("at `")
+        raise _bad(
+            f"invalid request: {text}", path.rstrip("`").removeprefix("$.") or None
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise _bad(f"malformed JSON body: {exc}") from None
+
+
+def _texts(blocks: list, where: str) -> list[str]:
+    """The text of text blocks (a tool result's or the system prompt's); 400 for any other."""
+    out = []
+    for b in blocks:
+        if not isinstance(b, TextBlock):
+            raise _bad(f"{where}: {b.__struct_config__.tag!r} blocks are not supported (text only)")
+        out.append(b.text)
+    return out
+
+
+def _content(texts: list[str]) -> str | list[ContentPart]:
+    """One text as a string, several as text parts (the chat path joins them)."""
+    return texts[0] if len(texts) == 1 else [ContentPart(type="text", text=t) for t in texts]
+
+
+def _assistant(blocks: list, at: str, known_args: dict[str, str]) -> tuple[ChatMessage, list[str]]:
+    """One assistant turn as one chat message, and its tool_use IDs. Blocks must come in the
+    order a reply has them: one thinking block, text, tool_use blocks."""
+    reasoning: str | None = None
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for b in blocks:
+        if isinstance(b, ThinkingBlock):
+            if reasoning is not None or texts or calls:
+                raise _bad(f"{at}: one thinking block per turn, before its text and tool_use", at)
+            reasoning = b.thinking
+        elif isinstance(b, TextBlock):
+            if calls:
+                raise _bad(f"{at}: text after a tool_use block cannot be rendered in order", at)
+            texts.append(b.text)
+        elif isinstance(b, ToolUseBlock):
+            raw = known_args.get(b.id)
+            if raw is None or loads_or_none(raw) != b.input:
+                raw = json.dumps(b.input, ensure_ascii=False)
+            calls.append(ToolCall(id=b.id, function=FunctionCall(name=b.name, arguments=raw)))
+        elif isinstance(b, RedactedThinkingBlock):
+            raise _bad(
+                f"{at}: redacted_thinking holds another model's encrypted reasoning, which "
+                "cannot be rendered for this model",
+                at,
+            )
+        else:
+            raise _bad(f"{at}: {b.__struct_config__.tag} blocks are not allowed from the assistant")
+    text = "".join(texts)
+    message = ChatMessage(
+        role="assistant",
+        content=text if text or not calls else None,  # as `reply_message` writes it
+        reasoning_content=reasoning,
+        tool_calls=calls or None,
+    )
+    return message, [c.id for c in calls]
+
+
+def _user(blocks: list, at: str, pending: list[str]) -> list[ChatMessage]:
+    """One user turn: its tool_result blocks as tool messages in order, then its text. Every
+    tool_use of the turn before must get its result here, and no other."""
+    out: list[ChatMessage] = []
+    texts: list[str] = []
+    answered: list[str] = []
+    for b in blocks:
+        if isinstance(b, ToolResultBlock):
+            if texts:
+                raise _bad(f"{at}: tool_result blocks must come before any text", at)
+            if b.tool_use_id not in pending or b.tool_use_id in answered:
+                raise _bad(
+                    f"{at}: tool_result for {b.tool_use_id!r} answers no tool_use of the "
+                    "assistant turn before it",
+                    at,
+                )
+            answered.append(b.tool_use_id)
+            content = b.content
+            result = "".join(_texts(content, at)) if isinstance(content, list) else content or ""
+            out.append(
+                ChatMessage(
+                    role="tool",
+                    tool_call_id=b.tool_use_id,
+                    content=TOOL_ERROR_PREFIX + result if b.is_error else result,
+                )
+            )
+        elif isinstance(b, TextBlock):
+            texts.append(b.text)
+        else:
+            raise _bad(
+                f"{at}: {b.__struct_config__.tag} blocks are not supported in a user turn "
+                "(text and tool_result only)",
+                at,
+            )
+    missing = [i for i in pending if i not in answered]
+    if missing:
+        raise _bad(f"{at}: tool_use ids {missing} have no tool_result in the next user turn", at)
+    if texts:
+        out.append(ChatMessage(role="user", content=_content(texts)))
+    if not out:
+        raise _bad(f"{at}: a user turn needs content", at)
+    return out
+
+
+def _known_arguments(ex: Execution, ids: set[str]) -> dict[str, str]:
+    """The exact argument text the proxy returned for each of these tool-call IDs (latest calls
+    first), so an echoed `tool_use.input` re-renders to the tokens the model sampled."""
+    found: dict[str, str] = {}
+    for node in reversed(ex.render.nodes):
+        if len(found) == len(ids):
+            break
+        for tc in (node.reply.tool_calls if node.reply is not None else None) or ():
+            if tc.id in ids and isinstance(tc.function.arguments, str):
+                found.setdefault(tc.id, tc.function.arguments)
+    return found
+
+
+def to_chat(req: MessagesRequest, ex: Execution, *, thinking_switch: bool) -> ChatCompletionRequest:
+    """The chat request a Messages request means.
+
+    `system` becomes the first message; each assistant turn one assistant message
+    (thinking -> `reasoning_content`, text -> content, tool_use -> tool calls); each user turn its
+    tool results as tool messages in order, then its text. Raises ProxyError(400) for what the
+    API refuses (an orphan or missing tool_result, an assistant turn last: prefill) and for what
+    gyre cannot honour (images, documents, redacted thinking, server tools, a thinking switch
+    the chat template lacks). `thinking_switch`: the template reads `enable_thinking`.
+    """
+    if not req.messages:
+        raise _bad("messages must not be empty", "messages")
+    if req.messages[-1].role != "user":
+        raise _bad(
+            "the last message must be a user turn (continuing an assistant prefill is not "
+            "supported)",
+            "messages",
+        )
+    if req.temperature is not None and not 0 <= req.temperature <= 1:
+        raise _bad(f"temperature={req.temperature} must be in [0, 1]", "temperature")
+    out: list[ChatMessage] = []
+    if req.system is not None:
+        system = req.system if isinstance(req.system, str) else _texts(req.system, "system")
+        out.append(
+            ChatMessage(
+                role="system", content=system if isinstance(system, str) else _content(system)
+            )
+        )
+    used = {
+        b.id
+        for m in req.messages
+        if m.role == "assistant" and not isinstance(m.content, str)
+        for b in m.content
+        if isinstance(b, ToolUseBlock)
+    }
+    known = _known_arguments(ex, used) if used else {}
+    pending: list[str] = []
+    for i, m in enumerate(req.messages):
+        at = f"messages[{i}]"
+        blocks = [TextBlock(text=m.content)] if isinstance(m.content, str) else m.content
+        if m.role == "assistant":
+            if pending:
+                raise _bad(f"{at}: tool_use ids {pending} have no tool_result before it", at)
+            message, pending = _assistant(blocks, at, known)
+            out.append(message)
+        else:
+            out.extend(_user(blocks, at, pending))
+            pending = []
+    tools = tool_choice = None
+    if req.tools:
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.input_schema,
+                }
+                if t.description is not None
+                else {"name": t.name, "parameters": t.input_schema},
+            }
+            for t in req.tools
+        ]
+    parallel = None
+    if req.tool_choice is not None:
+        tool_choice, parallel = _tool_choice(req.tool_choice, req.tools or [])
+    return ChatCompletionRequest(
+        model=req.model,
+        messages=out,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        stream=req.stream,
+        max_tokens=req.max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        stop=req.stop_sequences,
+        chat_template_kwargs=_thinking_kwargs(req, thinking_switch),
+    )
+
+
+def _tool_choice(choice: ToolChoice, tools: list[Tool]) -> tuple[Any, bool | None]:
+    """(chat `tool_choice`, `parallel_tool_calls`): auto -> auto, any -> required, tool ->
+    the named function, none -> none."""
+    if choice.type in ("any", "tool") and not tools:
+        raise _bad(f"tool_choice {choice.type!r} needs tools", "tool_choice")
+    if choice.type == "tool":
+        if choice.name not in {t.name for t in tools}:
+            raise _bad(f"tool_choice names {choice.name!r}, which is not in tools", "tool_choice")
+        chat: Any = {"type": "function", "function": {"name": choice.name}}
+    else:
+        chat = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+    return chat, (False if choice.disable_parallel_tool_use else None)
+
+
+def _thinking_kwargs(req: MessagesRequest, switch: bool) -> dict[str, Any] | None:
+    """`enable_thinking` for the chat template. `enabled` needs 1024 <= budget_tokens <
+    max_tokens (the API's rule); the budget bounds nothing beyond `max_tokens`, which thinking
+    and text share. `disabled` needs a template that reads `enable_thinking`."""
+    t = req.thinking
+    if t is None:
+        return None
+    if t.type == "enabled":
+        if t.budget_tokens is None or not 1024 <= t.budget_tokens < req.max_tokens:
+            raise _bad(
+                f"thinking.budget_tokens={t.budget_tokens} must be >= 1024 and < max_tokens",
+                "thinking.budget_tokens",
+            )
+    elif t.budget_tokens is not None:
+        raise _bad("thinking.budget_tokens is only for type 'enabled'", "thinking.budget_tokens")
+    if not switch:
+        if t.type == "disabled":
+            raise _bad(
+                "thinking cannot be disabled: this model's chat template has no enable_thinking "
+                "switch",
+                "thinking",
+            )
+        return None
+    return {"enable_thinking": t.type != "disabled"}
+
+
+class AnthropicMessages:
+    """The Anthropic Messages API (`POST /v1/messages`) on the TITO proxy: one choice per call
+    (the API has no `n`).
+
+    Args:
+        text: the proxy's `TokenText` (stop sequences are found in the decoded completion).
+        model: the served model name written into responses.
+        chat_template: the tokenizer's chat template (does it read `enable_thinking`?).
+    """
+
+    def __init__(self, *, text: TokenText, model: str, chat_template: str | None = None) -> None:
+        self.text, self.model = text, model
+        self.thinking_switch = "enable_thinking" in (chat_template or "")
+
+    def decode(self, body: bytes, ex: Execution) -> tuple[MessagesRequest, ChatCompletionRequest]:
+        req = _decode(body)
+        return req, to_chat(req, ex, thinking_switch=self.thinking_switch)
+
+    def answer(self, call: Call, native: MessagesRequest, replies: list[Reply]) -> bytes:
+        body = message_body(call, replies[0][0], text=self.text, model=self.model)
+        return JSON_ENCODER.encode(body)
+
+    def stream(
+        self,
+        call: Call,
+        native: MessagesRequest,
+        events: AsyncIterator[tuple[Choice, int]],
+        recorder: Recorder,
+    ) -> AsyncIterator[bytes]:
+        return message_stream(call, events, text=self.text, model=self.model, recorder=recorder)
+
+    def error_body(self, message: str, *, type: str, code: str | None, param: str | None) -> bytes:
+        return anthropic_error(message, type=type, code=code, param=param)
