@@ -130,9 +130,11 @@ def _content_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
 
 
 def chat_constraint(
-    req: ChatCompletionRequest, fmt: ToolCallFormat = GYRE_FORMAT
+    req: ChatCompletionRequest, fmt: ToolCallFormat | None = GYRE_FORMAT
 ) -> StructuredOutput | None:
-    """The grammar a chat request's replies must match, in the model's format `fmt`.
+    """The grammar a chat request's replies must match, in the model's format `fmt` (None: a
+    format with no `ToolCallFormat` yet, e.g. a vLLM tool parser: demands on tool calls are then
+    refused with a 400, and `response_format` constrains the whole reply to JSON).
 
     - `tool_choice` `required` (or a named function): the reply, after an optional reasoning
       block, is one or more calls (exactly one for a named function or
@@ -149,6 +151,16 @@ def chat_constraint(
     mode, names = _tool_mode(req, functions)
     content = _content_schema(req)
     single = req.parallel_tool_calls is False
+    if fmt is None:
+        if mode == "required" or (mode == "auto" and (single or content is not None)):
+            raise _bad(
+                "tool_choice 'required' / named and parallel_tool_calls false are enforced only "
+                "for gyre's tool-call format (proxy tool_parser 'gyre')",
+                "tool_choice",
+            )
+        if content is None:
+            return None
+        return StructuredOutput(kind="json_schema", spec=json.dumps(content))
     tags = [fmt.call_tag(n, functions[n]) for n in names]
     if mode == "required":
         if content is not None:

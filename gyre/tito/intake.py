@@ -18,6 +18,7 @@ import anyio
 from gyre.config import ProxyConfig
 from gyre.engines.protocol import InferenceEngine
 from gyre.errors import ProxyError
+from gyre.tito.constraints import GYRE_FORMAT, chat_constraint
 from gyre.tito.generation import Call
 from gyre.tito.model_format import ModelFormat
 from gyre.tito.openai_format import proxy_error, sampling_params, stop_strings
@@ -77,6 +78,8 @@ class CallIntake:
         started = time.time()
         engine = self.engine_for(ex.execution_id)
         tools = req.tools or None
+        gyre_format = getattr(self.model_format.parser, "name", "gyre") == "gyre"
+        structured = chat_constraint(req, GYRE_FORMAT if gyre_format else None)
         parent = self.renderer.find_parent(ex.render, req.messages, tools, req.chat_template_kwargs)
 
         def render() -> Rendered:
@@ -127,6 +130,7 @@ class CallIntake:
             len(rendered.prompt_ids),
             parse_tools=bool(tools) and req.tool_choice != "none",
             template_kwargs=req.chat_template_kwargs,
+            structured=structured,
         )
 
     async def completion(
@@ -156,10 +160,21 @@ class CallIntake:
         )
 
     def _start(
-        self, ex, engine, role, started, rendered, req, max_tokens, prompt_len, **call_kwargs
+        self,
+        ex,
+        engine,
+        role,
+        started,
+        rendered,
+        req,
+        max_tokens,
+        prompt_len,
+        structured=None,
+        **call_kwargs,
     ) -> Call:
-        """The tail both endpoints share: sampling params, the closed-execution check, the
-        `Call`. Raises what `sampling_params` and `_check_open` raise (400s, 409)."""
+        """The tail both endpoints share: sampling params (with the reply's grammar,
+        `structured`), the closed-execution check, the `Call`. Raises what `sampling_params` and
+        `_check_open` raise (400s, 409)."""
         sampling = sampling_params(
             req,
             max_tokens,
@@ -168,6 +183,7 @@ class CallIntake:
             engine,
             config=self.config,
             stop_token_ids=self.stop_token_ids,
+            structured=structured,
         )
         self._check_open(ex)
         return Call.start(

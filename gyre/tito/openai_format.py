@@ -98,15 +98,47 @@ def check_model(model: str, served: tuple[str, ...]) -> None:
         )
 
 
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+"""Chat roles of OpenAI's API reference (Chat, "messages"); `function` (deprecated) is not."""
+
+
 def check_messages(messages: list[ChatMessage]) -> None:
-    """400 for an empty conversation or a message content that is not text."""
+    """400 for a history that would go into training data malformed: an empty conversation, a
+    content that is not text, an unknown role, a `tool` message without `tool_call_id` or whose
+    `tool_call_id` names no tool call of an earlier assistant message (an orphan)."""
     if not messages:
         raise proxy_error("messages must not be empty", 400, "invalid_value", param="messages")
-    try:
-        for m in messages:
+    called: set[str] = set()
+    for i, m in enumerate(messages):
+        try:
             message_text(m.content)
-    except ValueError as exc:
-        raise proxy_error(str(exc), 400, "invalid_value", param="messages") from None
+        except ValueError as exc:
+            raise proxy_error(str(exc), 400, "invalid_value", param=f"messages[{i}]") from None
+        if m.role not in _ROLES:
+            raise proxy_error(
+                f"messages[{i}].role={m.role!r} must be one of {', '.join(sorted(_ROLES))}",
+                400,
+                "invalid_value",
+                param=f"messages[{i}].role",
+            )
+        if m.role == "assistant":
+            called.update(tc.id for tc in m.tool_calls or () if tc.id is not None)
+        elif m.role == "tool":
+            if m.tool_call_id is None:
+                raise proxy_error(
+                    f"messages[{i}] (role tool) needs a tool_call_id",
+                    400,
+                    "invalid_value",
+                    param=f"messages[{i}].tool_call_id",
+                )
+            if m.tool_call_id not in called:
+                raise proxy_error(
+                    f"messages[{i}].tool_call_id={m.tool_call_id!r} answers no tool call of an "
+                    "earlier assistant message",
+                    400,
+                    "invalid_value",
+                    param=f"messages[{i}].tool_call_id",
+                )
 
 
 def completion_prompt(prompt: str | list[Any]) -> str | list[int]:
@@ -353,7 +385,7 @@ def chat_completion(
             {
                 "index": ch.index,
                 "message": msg,
-                "logprobs": _logprobs_chat(text, ch.ids, ch.lps, req.top_logprobs)
+                "logprobs": _logprobs_chat(text, ch.ids, ch.lps, ch.top_ids, ch.top_lps)
                 if req.logprobs
                 else None,
                 "finish_reason": "tool_calls" if msg.get("tool_calls") else ch.finish,
@@ -381,8 +413,8 @@ def text_completion(
         "choices": [
             {
                 "index": ch.index,
-                "text": ch.text,
-                "logprobs": _logprobs_text(text, ch.ids, ch.lps, 0)
+                "text": _echo(text, call) + ch.text if req.echo else ch.text,
+                "logprobs": _logprobs_text(text, ch.ids, ch.lps, ch.top_ids, ch.top_lps, 0)
                 if req.logprobs is not None
                 else None,
                 "finish_reason": ch.finish,
@@ -399,33 +431,67 @@ def text_completion(
 
 
 def _logprobs_chat(
-    text: TokenText, ids: list[int], lps: list[float], top: int | None
+    text: TokenText,
+    ids: list[int],
+    lps: list[float],
+    top_ids: list[list[int]],
+    top_lps: list[list[float]],
 ) -> dict[str, Any]:
+    """Chat `logprobs.content`: per token its string, logprob, UTF-8 bytes and `top_logprobs`, the
+    engine's k most likely tokens (empty when none were asked for; OpenAI API reference, Chat,
+    "logprobs")."""
     content = []
-    for t, lp in zip(ids, lps):
-        b = text.token_bytes(t)
-        s = b.decode("utf-8", errors="replace")
-        entry = {"token": s, "logprob": lp, "bytes": list(b), "top_logprobs": []}
-        if top:  # the engine reports only the sampled token's logprob
-            entry["top_logprobs"] = [{"token": s, "logprob": lp, "bytes": list(b)}]
+    for i, (t, lp) in enumerate(zip(ids, lps)):
+        entry = _token_entry(text, t, lp)
+        entry["top_logprobs"] = (
+            [_token_entry(text, a, b) for a, b in zip(top_ids[i], top_lps[i])]
+            if i < len(top_ids)
+            else []
+        )
         content.append(entry)
     return {"content": content}
 
 
+def _token_entry(text: TokenText, token: int, logprob: float) -> dict[str, Any]:
+    b = text.token_bytes(token)
+    return {"token": b.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(b)}
+
+
 def _logprobs_text(
-    text: TokenText, ids: list[int], lps: list[float], offset: int
+    text: TokenText,
+    ids: list[int],
+    lps: list[float],
+    top_ids: list[list[int]],
+    top_lps: list[list[float]],
+    offset: int,
 ) -> dict[str, Any]:
+    """Completions `logprobs`: tokens, their logprobs, per token a `{token: logprob}` of the
+    engine's k most likely tokens (`logprobs: k`; with k = 0 the sampled token alone, as vLLM
+    answers), and each token's character offset in the text."""
     tokens = [text.token_str(t) for t in ids]
     offsets = []
     for s in tokens:
         offsets.append(offset)
         offset += len(s)
+    tops = []
+    for i, (s, lp) in enumerate(zip(tokens, lps)):
+        if i < len(top_ids) and top_ids[i]:
+            tops.append({text.token_str(a): b for a, b in zip(top_ids[i], top_lps[i])})
+        else:
+            tops.append({s: lp})
     return {
         "tokens": tokens,
         "token_logprobs": list(lps),
-        "top_logprobs": [{s: lp} for s, lp in zip(tokens, lps)],
+        "top_logprobs": tops,
         "text_offset": offsets,
     }
+
+
+def _echo(text: TokenText, call: Call) -> str:
+    """`echo: true`: the prompt's text, put before each choice's text (OpenAI API reference,
+    Completions, "echo")."""
+    raw = b"".join(text.token_bytes(t) for t in call.rendered.prompt_ids)
+    return raw.decode("utf-8", errors="replace")
 
 
 def _usage(call: Call) -> dict[str, int]:
@@ -513,7 +579,9 @@ async def chat_stream(
             choice: dict[str, Any] = {
                 "index": ch.index,
                 "delta": delta,
-                "logprobs": _logprobs_chat(text, new_ids, new_lps, req.top_logprobs)
+                "logprobs": _logprobs_chat(
+                    text, new_ids, new_lps, ch.top_ids[start:], ch.top_lps[start:]
+                )
                 if req.logprobs
                 else None,
                 "finish_reason": finish,
@@ -554,6 +622,7 @@ async def completion_stream(
     try:
         first = True
         for_offsets = {ch.index: 0 for ch in call.choices}
+        echo = {ch.index: _echo(text, call) for ch in call.choices} if req.echo else {}
         async for ch, start in events:
             started = True
             new_ids, new_lps = ch.ids[start:], ch.lps[start:]
@@ -564,8 +633,15 @@ async def completion_stream(
             ch.emitted_content += len(piece)
             choice = {
                 "index": ch.index,
-                "text": piece,
-                "logprobs": _logprobs_text(text, new_ids, new_lps, for_offsets[ch.index])
+                "text": echo.pop(ch.index, "") + piece,
+                "logprobs": _logprobs_text(
+                    text,
+                    new_ids,
+                    new_lps,
+                    ch.top_ids[start:],
+                    ch.top_lps[start:],
+                    for_offsets[ch.index],
+                )
                 if req.logprobs is not None
                 else None,
                 "finish_reason": ch.finish,
