@@ -50,6 +50,7 @@ from gyre.tito.openai_format import (
 from gyre.tito.recorder import Recorder
 from gyre.tito.records import ExecutionSummary, ModelCall
 from gyre.tito.render import ChatRenderer, RenderStatistics
+from gyre.tito.responses_api import ResponsesApi
 from gyre.tito.sessions import Execution, Sessions, parse_role
 from gyre.tito.wire import (
     COMPLETION_DECODER,
@@ -140,6 +141,7 @@ class TitoProxy:
         )
         self._counts = dict(requests_total=0, requests_refused=0, client_retries=0)
         self.chat_api = OpenAIChat(text=self.text, model=config.model_name)
+        self.responses_api = ResponsesApi(text=self.text, model=config.model_name)
         self.messages_api = AnthropicMessages(
             text=self.text,
             model=config.model_name,
@@ -149,6 +151,7 @@ class TitoProxy:
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/messages", self._messages, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/v1/models/{model_id:path}", self._model, methods=["GET"]),
@@ -191,6 +194,7 @@ class TitoProxy:
                 CLOSE_WAIT_S,
             )
         ex.closed = True
+        self.responses_api.forget(execution_id)  # after `closed`: no chain is kept past it
         summary = ex.summary()
         if self.log is not None:
             await self.log.append_end(summary)
@@ -301,11 +305,22 @@ class TitoProxy:
         )
 
     async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
-        return self._error(
-            proxy_error(
-                exc.detail, exc.status_code, "not_found" if exc.status_code == 404 else None
+        """Starlette's 404 and 405 in OpenAI's error shape. A 404 names the path, with code
+        `unknown_route`: clients report any 404 as a missing model (LangChain raises
+        `ModelNotFoundError` for every `openai.NotFoundError`), so the message must say it is the
+        route that does not exist."""
+        if exc.status_code == 404:
+            return self._error(
+                proxy_error(
+                    f"no route {request.method} {request.url.path} on this server (it serves "
+                    "/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, "
+                    "/v1/models)",
+                    404,
+                    "unknown_route",
+                    type="invalid_request_error",
+                )
             )
-        )
+        return self._error(proxy_error(exc.detail, exc.status_code, None))
 
     async def _body(self, request: Request) -> bytes:
         """The request body, at most `max_body_bytes`; a larger one is read to its end (up to 8x
@@ -445,6 +460,10 @@ class TitoProxy:
 
     async def _chat(self, request: Request) -> Response:
         return await self._serve_chat(request, self.chat_api)
+
+    async def _responses(self, request: Request) -> Response:
+        """`POST /v1/responses`, the OpenAI Responses API (`responses_api`)."""
+        return await self._serve_chat(request, self.responses_api)
 
     async def _messages(self, request: Request) -> Response:
         """`POST /v1/messages`, the Anthropic Messages API (`messages_api`); its

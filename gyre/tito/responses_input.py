@@ -1,0 +1,351 @@
+"""Responses API requests: the body (`ResponsesRequest`) and the chat request it means.
+
+Owns the request Struct (a field it does not list is refused, never ignored), `input_messages`
+(input items to chat messages: a response echoed back re-renders to the tokens sampled),
+`chat_tools`, `chat_tool_choice` and `chat_request` (the whole `ChatCompletionRequest`).
+Protocol: OpenAI's API reference for Responses, as typed by the official SDK
+(`openai.types.responses`) and vLLM (`vllm/entrypoints/openai/responses/protocol.py`). Knows
+nothing about response chains, calls, HTTP or engines.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from gyre.tito.openai_format import decode_request, proxy_error
+from gyre.tito.wire import (
+    ChatCompletionRequest,
+    ChatMessage,
+    FunctionCall,
+    StreamOptions,
+    ToolCall,
+)
+
+__all__ = [
+    "ResponsesRequest",
+    "ResponsesCall",
+    "RESPONSES_DECODER",
+    "decode_responses",
+    "input_messages",
+    "chat_tools",
+    "chat_tool_choice",
+    "chat_request",
+    "bad_request",
+]
+
+_CHAT_FIELDS = frozenset(ChatCompletionRequest.__struct_fields__)
+_INCLUDES = frozenset({"message.output_text.logprobs"})
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+"""Input message roles to chat roles: `developer` is the system role of chat templates."""
+
+
+class TextConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`text`: the output format (`text`, `json_object`, `json_schema`) and verbosity."""
+
+    format: dict[str, Any] | None = None
+    verbosity: str | None = None
+
+
+class ReasoningConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`reasoning`: the effort asked for (`none` ... `xhigh`); summaries are not produced."""
+
+    effort: str | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
+
+
+class ResponsesRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/responses` body. A field not listed is refused (400), never ignored."""
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = None
+    stream: bool = False
+    text: TextConfig | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    """False: the response is not kept, so no later request can chain onto it."""
+    metadata: dict[str, str] | None = None
+    reasoning: ReasoningConfig | None = None
+    include: list[str] | None = None
+    truncation: str | None = None
+    background: bool | None = None
+    service_tier: str | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    """Identifiers and a cache key: they change nothing that is sampled (prefix caching is
+    automatic), so they are accepted."""
+    # Sampling fields of vLLM's Responses route (as on Chat Completions; checked there).
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_ids: bool = False
+
+
+RESPONSES_DECODER = msgspec.json.Decoder(ResponsesRequest)
+_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`")
+
+
+def decode_responses(body: bytes) -> ResponsesRequest:
+    """The request body decoded; 400 naming the field for a wrong type or a field this server
+    does not support (code `unsupported_parameter`)."""
+    try:
+        return RESPONSES_DECODER.decode(body)
+    except msgspec.ValidationError as exc:
+        m = _UNKNOWN_FIELD.search(str(exc))
+        if m is not None and "at `" not in str(exc):
+            raise bad_request(
+                f"{m.group(1)} is not supported by this server",
+                m.group(1),
+                "unsupported_parameter",
+            ) from None
+    return decode_request(RESPONSES_DECODER, body)  # raises the decoder's 400
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesCall:
+    """A decoded Responses request: what `answer` and `stream` need beside the call."""
+
+    request: ResponsesRequest
+    chat: ChatCompletionRequest
+    history: list[ChatMessage]
+    """The conversation without the instructions (a chained response does not inherit them)."""
+
+
+def bad_request(message: str, param: str | None, code: str = "invalid_value") -> Exception:
+    """A 400 `invalid_request_error` naming the offending `param`."""
+    return proxy_error(message, 400, code, param=param, type="invalid_request_error")
+
+
+def _text_of(content: Any, param: str, kinds: tuple[str, ...]) -> str:
+    """The text of an item's `content`/`output`: a string, or text parts of the `kinds` given."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{param} must be a string or a list of content parts", param)
+    out = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in kinds or not isinstance(part.get("text"), str):
+            raise bad_request(
+                f"content part of type {kind!r} is not supported here (text only: "
+                f"{', '.join(kinds)})",
+                f"{param}[{i}]",
+            )
+        out.append(part["text"])
+    return "".join(out)
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
+    """The chat messages that Responses `input` items mean.
+
+    A string is one user message. `message` items become messages (`developer` as `system`);
+    a `reasoning` item, an assistant `message` and `function_call` items that follow each other
+    form one assistant message (reasoning, content, tool calls: the order the proxy answers
+    them in), so an echoed response re-renders to the tokens that were sampled;
+    `function_call_output` becomes a `tool` message. Raises ProxyError(400) for an item type,
+    role or content part that is not supported, naming it.
+    """
+    if isinstance(items, str):
+        return [ChatMessage(role="user", content=items)]
+    out: list[ChatMessage] = []
+    turn: dict[str, Any] = {}
+
+    def flush() -> None:
+        if turn:
+            calls = turn.get("tool_calls")
+            out.append(
+                ChatMessage(
+                    role="assistant",
+                    content=turn.get("content"),
+                    reasoning_content=turn.get("reasoning"),
+                    tool_calls=calls or None,
+                )
+            )
+            turn.clear()
+
+    for i, item in enumerate(items):
+        param = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad_request(f"{param} must be an object", param, "invalid_type")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = _ROLES.get(item.get("role"))
+            if role is None:
+                raise bad_request(
+                    f"{param}.role {item.get('role')!r} is not one of {list(_ROLES)}", param
+                )
+            if role == "assistant":
+                text = _text_of(item.get("content"), f"{param}.content", ("output_text",))
+                if "content" in turn or "tool_calls" in turn:
+                    flush()
+                turn["content"] = text
+                continue
+            text = _text_of(item.get("content"), f"{param}.content", ("input_text",))
+            flush()
+            out.append(ChatMessage(role=role, content=text))
+        elif kind == "reasoning":
+            if item.get("encrypted_content") is not None:
+                raise bad_request(f"{param}.encrypted_content was not issued by this server", param)
+            parts = item.get("content") or []
+            flush()
+            turn["reasoning"] = _text_of(parts, f"{param}.content", ("reasoning_text",))
+        elif kind == "function_call":
+            name, args, call_id = item.get("name"), item.get("arguments"), item.get("call_id")
+            if not all(isinstance(v, str) for v in (name, args, call_id)):
+                raise bad_request(f"{param} needs string name, arguments and call_id", param)
+            turn.setdefault("tool_calls", []).append(
+                ToolCall(id=call_id, function=FunctionCall(name=name, arguments=args))
+            )
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise bad_request(f"{param}.call_id must be a string", param)
+            text = _text_of(item.get("output"), f"{param}.output", ("input_text",))
+            flush()
+            out.append(ChatMessage(role="tool", content=text, tool_call_id=item["call_id"]))
+        else:
+            raise bad_request(f"input item type {kind!r} is not supported", param)
+    flush()
+    return out
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Flat Responses function tools (`{"type": "function", "name", "parameters", ...}`) as
+    chat tools (`{"type": "function", "function": {...}}`); 400 for any other tool type."""
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+            raise bad_request(
+                f"tool type {tool.get('type')!r} is not supported (function tools only)",
+                f"tools[{i}]",
+            )
+        fn = {k: v for k, v in tool.items() if k != "type"}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """`tool_choice` in chat's shape: `none`/`auto`/`required` as is, `{"type": "function",
+    "name"}` as `{"type": "function", "function": {"name"}}`; 400 for hosted-tool choices."""
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise bad_request(f"tool_choice {choice!r} is not supported", "tool_choice")
+
+
+def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`text.format` as chat's `response_format` (None for plain text)."""
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    if fmt.get("type") == "json_schema":
+        schema = {k: v for k, v in fmt.items() if k != "type"}
+        return {"type": "json_schema", "json_schema": schema}
+    raise bad_request(f"text.format type {fmt.get('type')!r} is not supported", "text.format")
+
+
+def _refuse_unsupported(req: ResponsesRequest) -> None:
+    """400 for a field set to something this proxy cannot do (never accepted and ignored)."""
+    refused = {
+        "truncation": req.truncation not in (None, "disabled"),
+        "background": bool(req.background),
+        "service_tier": req.service_tier not in (None, "auto", "default"),
+        "reasoning.summary": req.reasoning is not None
+        and (req.reasoning.summary or req.reasoning.generate_summary) is not None,
+    }
+    for field, bad in refused.items():
+        if bad:
+            raise bad_request(
+                f"{field} is not supported by this server", field, "unsupported_value"
+            )
+    for name in req.include or ():
+        if name not in _INCLUDES:
+            raise bad_request(
+                f"include {name!r} is not supported (supported: {sorted(_INCLUDES)})",
+                "include",
+                "unsupported_value",
+            )
+    if req.max_output_tokens is not None and req.max_output_tokens < 1:
+        raise bad_request(
+            f"max_output_tokens={req.max_output_tokens} must be >= 1", "max_output_tokens"
+        )
+
+
+def chat_request(req: ResponsesRequest, history: list[ChatMessage]) -> ChatCompletionRequest:
+    """The chat request a Responses request means, `history` (the chained conversation and the
+    new input) after a system message of the `instructions`.
+
+    `reasoning.effort` and `text.verbosity` reach the chat template as `reasoning_effort` /
+    `enable_thinking` and `verbosity` kwargs (as vLLM passes `reasoning_effort`);
+    `max_output_tokens` is `max_completion_tokens`; `text.format` becomes `response_format` and
+    `parallel_tool_calls: false` `parallel_tool_calls`, both refused (400) while the chat request
+    has no such field. Raises ProxyError(400) for what cannot be honoured.
+    """
+    _refuse_unsupported(req)
+    if not history:
+        raise bad_request("input must not be empty", "input")
+    head = (
+        [] if req.instructions is None else [ChatMessage(role="system", content=req.instructions)]
+    )
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning is not None and req.reasoning.effort is not None:
+        kwargs.setdefault("reasoning_effort", req.reasoning.effort)
+        kwargs.setdefault("enable_thinking", req.reasoning.effort != "none")
+    if req.text is not None and req.text.verbosity is not None:
+        kwargs.setdefault("verbosity", req.text.verbosity)
+    chat: dict[str, Any] = dict(
+        model=req.model,
+        messages=head + history,
+        tools=chat_tools(req.tools),
+        tool_choice=chat_tool_choice(req.tool_choice),
+        stream=req.stream,
+        stream_options=StreamOptions(include_usage=True) if req.stream else None,
+        max_completion_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        seed=req.seed,
+        stop=req.stop,
+        logprobs="message.output_text.logprobs" in (req.include or ()),
+        top_logprobs=req.top_logprobs,
+        chat_template_kwargs=kwargs or None,
+        return_token_ids=req.return_token_ids,
+        logit_bias=req.logit_bias,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+    )
+    extra = {
+        "response_format": _response_format(req.text.format if req.text else None),
+        "parallel_tool_calls": None if req.parallel_tool_calls is not False else False,
+    }
+    for field, value in extra.items():
+        if value is None:
+            continue
+        if field not in _CHAT_FIELDS:
+            raise bad_request(
+                f"{field} cannot be enforced by this server yet", field, "unsupported_value"
+            )
+        chat[field] = value
+    return msgspec.convert(chat, ChatCompletionRequest)
