@@ -13,9 +13,12 @@ text is never re-tokenized. Knows nothing about HTTP, engines or logs.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+from tokenizers import Tokenizer
 
 from gyre.tito.detok import TokenText
 from gyre.tito.records import Divergence
@@ -34,9 +37,18 @@ __all__ = [
 _EXTEND_LOCK = threading.Lock()
 
 
-def message_to_template(m: ChatMessage) -> dict[str, Any]:
-    """The dict a Hugging Face chat template sees for one message."""
-    d: dict[str, Any] = {"role": m.role, "content": message_text(m.content)}
+def message_to_template(
+    m: ChatMessage, *, arguments_as: str = "string", content: str | None = None
+) -> dict[str, Any]:
+    """The dict a Hugging Face chat template sees for one message.
+
+    `arguments_as`: tool-call arguments reach the template as the JSON text the client sent
+    (`string`) or, for templates that `tojson` them (Qwen 2.5, Llama 3), as the decoded object
+    (`mapping`; arguments that are not a JSON object stay text). `content`: the message's text
+    replaced (the renderer's placeholders, field case B26).
+    """
+    text = message_text(m.content) if content is None else content
+    d: dict[str, Any] = {"role": m.role, "content": text}
     if m.name is not None:
         d["name"] = m.name
     reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
@@ -47,13 +59,98 @@ def message_to_template(m: ChatMessage) -> dict[str, Any]:
             {
                 "id": tc.id,
                 "type": tc.type,
-                "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+                "function": {
+                    "name": tc.function.name,
+                    "arguments": _arguments(tc.function.arguments, arguments_as),
+                },
             }
             for tc in m.tool_calls
         ]
     if m.tool_call_id is not None:
         d["tool_call_id"] = m.tool_call_id
     return d
+
+
+def _arguments(arguments: Any, arguments_as: str) -> Any:
+    if arguments_as == "mapping" and isinstance(arguments, str):
+        obj = loads_or_none(arguments)
+        return obj if isinstance(obj, dict) else arguments
+    return arguments
+
+
+_PROBE_ARGUMENTS = '{"gyre_probe": "v"}'
+_PLACEHOLDER = re.compile("\ue000([0-9]+)\ue001")
+
+
+def _placeholder(i: int) -> str:
+    """Stands in for message `i`'s text in a locating render (private-use characters)."""
+    return f"\ue000{i}\ue001"
+
+
+class _LiteralText:
+    """Message text holding added-token text (`<|im_end|>`, `<tool_call>`), located in this
+    thread's latest render so that `ChatRenderer.encode` tokenizes it as plain text (field case
+    B26). Renders run on the event loop and in worker threads: one located render per thread."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        backend = tokenizer.backend_tokenizer
+        added = sorted(
+            {t.content for t in backend.get_added_tokens_decoder().values()}, key=len, reverse=True
+        )
+        self.pattern = re.compile("|".join(map(re.escape, added))) if added else None
+        spec = json.loads(backend.to_str())
+        for t in spec.get("added_tokens", ()):
+            t["special"] = True  # every added token, structural tags included, becomes text
+        self.plain = Tokenizer.from_str(json.dumps(spec))
+        """The tokenizer with no added token matched in the input (`encode_special_tokens`)."""
+        self.plain.encode_special_tokens = True
+        self._local = threading.local()
+
+    def forget(self) -> None:
+        self._local.render = None
+
+    def forged(self, messages: list[ChatMessage]) -> dict[int, str]:
+        """{index: text} of the non-assistant messages whose text holds an added token's text
+        (assistant text is the model's own: its tags are real)."""
+        if self.pattern is None:
+            return {}
+        out = {}
+        for i, m in enumerate(messages):
+            if m.role != "assistant":
+                text = message_text(m.content)
+                if text and self.pattern.search(text):
+                    out[i] = text
+        return out
+
+    def locate(self, text: str, template: str, forged: dict[int, str]) -> None:
+        """Remember where `forged` texts lie in `text`, given `template`: the same render with
+        placeholders in their place. Nothing is remembered if the two do not agree."""
+        parts, spans, pos, size, seen = [], [], 0, 0, set()
+        for m in _PLACEHOLDER.finditer(template):
+            i = int(m.group(1))
+            if i not in forged:
+                return
+            seen.add(i)
+            parts.append(template[pos : m.start()])
+            size += m.start() - pos
+            spans.append((size, size + len(forged[i])))
+            parts.append(forged[i])
+            size += len(forged[i])
+            pos = m.end()
+        parts.append(template[pos:])
+        if seen == set(forged) and "".join(parts) == text:
+            self._local.render = (text, spans)
+
+    def spans_of(self, piece: str) -> list[tuple[int, int]]:
+        """The located spans inside `piece`, a suffix of this thread's latest render."""
+        render = getattr(self._local, "render", None)
+        if render is None:
+            return []
+        text, spans = render
+        if not text.endswith(piece):
+            return []
+        off = len(text) - len(piece)
+        return [(max(a - off, 0), b - off) for a, b in spans if b > off]
 
 
 def _reply_key(m: ChatMessage) -> tuple:
@@ -217,16 +314,34 @@ class ChatRenderer:
         self.check_every = check_every
         self.stats = RenderStatistics()
         self._backend = tokenizer.backend_tokenizer
+        self._literal = _LiteralText(tokenizer)
+        self.arguments_as = self._probe_arguments()
+        """How tool-call arguments reach this template: `string` or `mapping` (decided once, by
+        rendering a probe call: `message_to_template`)."""
 
     # -- primitives ---------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        """Token IDs of `text`, no special tokens added (the template already wrote them: B19)."""
-        return (
-            self.text.intern(self._backend.encode(text, add_special_tokens=False).ids)
-            if text
-            else []
-        )
+        """Token IDs of `text`, no special tokens added (the template already wrote them: B19).
+
+        When `text` is (a suffix of) this thread's latest `render_text` and a message's text in
+        it holds special-token text, that text is encoded as plain text (field case B26): only
+        the template's own control tokens become control tokens."""
+        if not text:
+            return []
+        spans = self._literal.spans_of(text)
+        if not spans:
+            return self.text.intern(self._backend.encode(text, add_special_tokens=False).ids)
+        ids: list[int] = []
+        pos = 0
+        for a, b in spans:
+            if a > pos:
+                ids += self._backend.encode(text[pos:a], add_special_tokens=False).ids
+            ids += self._literal.plain.encode(text[a:b], add_special_tokens=False).ids
+            pos = b
+        if pos < len(text):
+            ids += self._backend.encode(text[pos:], add_special_tokens=False).ids
+        return self.text.intern(ids)
 
     def render_text(
         self,
@@ -235,14 +350,60 @@ class ChatRenderer:
         add_generation_prompt: bool,
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        """The chat template's text for `messages` (`apply_chat_template(tokenize=False)`)."""
-        return self.tokenizer.apply_chat_template(
-            [message_to_template(m) for m in messages],
+        """The chat template's text for `messages` (`apply_chat_template(tokenize=False)`).
+
+        A message other than the assistant's whose text holds an added token's text (`<|im_end|>`,
+        `<tool_call>`) is rendered once more with a placeholder in its place, which locates its
+        text; `encode` then tokenizes that text as plain text (field case B26). A template that
+        alters the placeholder (it is then not found exactly once per use, or the texts differ)
+        gets no such spans: its text is encoded as before."""
+        self._literal.forget()
+        kwargs = template_kwargs or {}
+        dicts = [message_to_template(m, arguments_as=self.arguments_as) for m in messages]
+        text = self.tokenizer.apply_chat_template(
+            dicts,
             tools=tools,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
-            **(template_kwargs or {}),
+            **kwargs,
         )
+        forged = self._literal.forged(messages)
+        if forged:
+            marked = [
+                message_to_template(m, arguments_as=self.arguments_as, content=_placeholder(i))
+                if i in forged
+                else d
+                for i, (m, d) in enumerate(zip(messages, dicts))
+            ]
+            template = self.tokenizer.apply_chat_template(
+                marked,
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **kwargs,
+            )
+            self._literal.locate(text, template, forged)
+        return text
+
+    def _probe_arguments(self) -> str:
+        """`mapping` when the template renders a string argument double-encoded (it applies
+        `tojson`) or only renders a mapping; else `string`."""
+        call = {"id": "abcdefghi", "type": "function"}
+        call["function"] = {"name": "gyre_probe", "arguments": _PROBE_ARGUMENTS}
+        conv = [
+            {"role": "user", "content": "p"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+        ]
+        try:
+            text = self.tokenizer.apply_chat_template(conv, tokenize=False)
+        except Exception:  # a template that iterates the arguments' items refuses a string
+            try:
+                call["function"] = {"name": "gyre_probe", "arguments": {"gyre_probe": "v"}}
+                self.tokenizer.apply_chat_template(conv, tokenize=False)
+            except Exception:  # it renders no tool call of this probe at all
+                return "string"
+            return "mapping"
+        return "mapping" if json.dumps(_PROBE_ARGUMENTS) in text else "string"
 
     # -- chat ---------------------------------------------------------------------------------
 
