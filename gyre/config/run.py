@@ -14,6 +14,7 @@ import msgspec
 from gyre.config.agents import ProxyConfig, TaskConfig
 from gyre.config.base import Config, load_toml
 from gyre.config.engine import EngineConfig, ModelConfig, TrainerConfig
+from gyre.config.gateway import GatewayConfig
 from gyre.config.runtime import (
     CellConfig,
     LoopConfig,
@@ -48,6 +49,7 @@ class RunConfig(Config):
     warm_start: WarmStartConfig = WarmStartConfig()
     observe: ObserveConfig = ObserveConfig()
     report: ReportConfig = ReportConfig()
+    gateway: GatewayConfig = GatewayConfig()
 
     def __post_init__(self) -> None:
         if not self.run_dir:

@@ -206,7 +206,7 @@ class _Run:
         return {
             "engine": await self.engine.refresh_statistics(),
             "proxy": self.rollout.proxy.statistics(),
-            "harness": self.rollout.harness.statistics(),
+            "harness": self.rollout.statistics(),
             "trainer": self.trainer.statistics(),
         }
 

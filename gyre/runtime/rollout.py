@@ -11,7 +11,7 @@ trees, losses or training.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import anyio
 import msgspec
 
 from gyre.agents.control import ExecutionControl
-from gyre.agents.harness import Harness
+from gyre.agents.harness import Harness, HarnessStatistics
 from gyre.config import HarnessConfig, RunConfig
 from gyre.engines.protocol import InferenceEngine
 from gyre.tasks.outcome import Outcome
@@ -28,7 +28,7 @@ from gyre.tasks.task import Task
 from gyre.tito.proxy import TitoProxy
 from gyre.tito.records import ExecutionSummary, ModelCall
 
-__all__ = ["Executed", "Rollout", "open_rollout", "with_interpreter"]
+__all__ = ["Executed", "Rollout", "open_rollout", "run_jobs", "with_interpreter"]
 
 _POLL_S = 0.05
 """How often a running execution's limits are checked against the proxy's totals."""
@@ -93,19 +93,31 @@ class Rollout:
     ) -> list[Executed]:
         """Run `(task, execution_id)` jobs concurrently (up to the limiter); results in job order.
         `on_done(job_index, executed)` runs as each one finishes (e.g. to persist it at once)."""
-        results: list[Executed | None] = [None] * len(jobs)
-        async with anyio.create_task_group() as tg:
-            for i, (task, execution_id) in enumerate(jobs):
+        return await run_jobs(self.run, jobs, on_done)
 
-                async def one(
-                    i: int = i, task: Task = task, execution_id: str = execution_id
-                ) -> None:
-                    results[i] = await self.run(task, execution_id)
-                    if on_done is not None:
-                        on_done(i, results[i])
+    def statistics(self) -> HarnessStatistics:
+        """The counters of the executions' source (here the harness's)."""
+        return self.harness.statistics()
 
-                tg.start_soon(one)
-        return [r for r in results if r is not None]
+
+async def run_jobs(
+    run: Callable[[Task, str], Awaitable[Executed]],
+    jobs: Sequence[tuple[Task, str]],
+    on_done: Callable[[int, Executed], None] | None = None,
+) -> list[Executed]:
+    """`await run(task, execution_id)` for every job concurrently; results in job order, and
+    `on_done(job_index, executed)` as each one finishes (`Rollout.run_many`)."""
+    results: list[Executed | None] = [None] * len(jobs)
+    async with anyio.create_task_group() as tg:
+        for i, (task, execution_id) in enumerate(jobs):
+
+            async def one(i: int = i, task: Task = task, execution_id: str = execution_id) -> None:
+                results[i] = await run(task, execution_id)
+                if on_done is not None:
+                    on_done(i, results[i])
+
+            tg.start_soon(one)
+    return [r for r in results if r is not None]
 
 
 def with_interpreter(harness: HarnessConfig) -> HarnessConfig:
@@ -125,7 +137,9 @@ async def open_rollout(
     max_concurrent: int,
 ) -> AsyncIterator[Rollout]:
     """The run's TITO proxy served on a task of its own (call log at `<run_dir>/<proxy.log_name>`),
-    the harness pointed at it, and a `Rollout` over both; the proxy stops on exit."""
+    the harness pointed at it, and a `Rollout` over both; the proxy stops on exit. With
+    `[gateway] enabled`, an `ExternalRollout` (`gyre.runtime.external`) instead of the harness:
+    its execution API is served too and its address written to `<run_dir>/gateway.json`."""
     run_dir = Path(config.run_dir).resolve()  # agents run in their workspaces: no relative paths
     proxy = TitoProxy(
         tokenizer=tokenizer,
@@ -135,6 +149,18 @@ async def open_rollout(
     )
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.serve)
+        if config.gateway.enabled:
+            from gyre.runtime.external import open_gateway
+
+            async with open_gateway(
+                config,
+                proxy,
+                base_url=f"http://{config.proxy.host}:{port}/v1",
+                max_concurrent=max_concurrent,
+            ) as rollout:
+                yield rollout
+            tg.cancel_scope.cancel()
+            return
         harness = Harness.from_config(
             with_interpreter(config.tasks.harness),
             base_url=f"http://{config.proxy.host}:{port}/v1",

@@ -160,7 +160,7 @@ def sink_statistics(
     return {
         "router": router.statistics(),
         "proxy": rollout.proxy.statistics(),
-        "harness": rollout.harness.statistics(),
+        "harness": rollout.statistics(),
         "weights": weights.statistics(),
         "runtime": runtime,
     }
