@@ -23,11 +23,13 @@ NODE_PASSTHROUGH = ("PATH", "LANG", "LC_ALL", "TZ")
 """The node's variables every agent gets (when the node has them)."""
 
 AGENT_DEFAULTS = {
+    "MSWEA_CONFIGURED": "true",
     "MSWEA_COST_TRACKING": "ignore_errors",
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     "PYTHONUNBUFFERED": "1",
 }
-"""Defaults `[tasks.harness] env` may replace. mini-swe-agent raises on a model litellm has no
+"""Defaults `[tasks.harness] env` may replace. mini-swe-agent's `mini` prompts for a setup on
+the terminal unless `MSWEA_CONFIGURED` is set, and raises on a model litellm has no
 price for unless `MSWEA_COST_TRACKING=ignore_errors` (its `LitellmModelConfig.cost_tracking`);
 litellm fetches its price list from the internet at import unless
 `LITELLM_LOCAL_MODEL_COST_MAP` is set, and an agent's network reaches only the proxy.

@@ -44,6 +44,7 @@ def test_agent_environment_layers_node_defaults_user_and_gyre() -> None:
         "PATH": "/opt/tools:/bin",  # the user's value replaces the node's
         "LANG": "C.UTF-8",
         "HF_TOKEN": "hf_x",
+        "MSWEA_CONFIGURED": "true",
         "MSWEA_COST_TRACKING": "ignore_errors",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "PYTHONUNBUFFERED": "1",
