@@ -3,10 +3,11 @@ the harness on one shipped task: the harness launches it with nothing but the en
 gives every agent (`gyre.agents.environment`: `MSWEA_MODEL_NAME=openai/<model>` through litellm
 to `OPENAI_BASE_URL`), the TITO proxy records its calls, and the verifier scores the workspace.
 
-The engine is scripted: it samples, as token IDs, the tiny format's `bash` tool calls that run
-the task's oracle commands, then mini-swe-agent's submit command. mini-swe-agent 2's default
-(`mini.yaml`) asks for actions as tool calls (its `BASH_TOOL`), which the proxy answers as
-OpenAI `tool_calls`.
+The engine is scripted: it samples, as token IDs, actions that run the task's oracle commands,
+then mini-swe-agent's submit command. mini-swe-agent 2's default (`mini.yaml`) asks for actions
+as tool calls (its `BASH_TOOL`; the tiny format's `<tool_call>` blocks, answered as OpenAI
+`tool_calls`); its text-based setting (`mini_textbased.yaml`, `LitellmTextbasedModel`) for bash
+code blocks in the reply text.
 """
 
 from __future__ import annotations
@@ -35,15 +36,34 @@ TASK = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "terminal-mi
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 """mini-swe-agent's end of a task (`mini.yaml`: the first output line of a successful command)."""
 
-MINI = (
-    "/bin/sh",
-    "-c",
-    'exec "$0" -m minisweagent.run.mini --yolo --exit-immediately -c mini.yaml '
-    '-c agent.step_limit=8 -o "$HOME/trajectory.json" -t "$(cat "$GYRE_INSTRUCTION_FILE")"',
-    sys.executable,
-)
-"""`mini` as a user runs it, the task read from the instruction file the harness writes; the
-model is left to `MSWEA_MODEL_NAME`."""
+
+def mini(*options: str) -> tuple[str, ...]:
+    """`mini` as a user runs it, the task read from the instruction file the harness writes; the
+    model is left to `MSWEA_MODEL_NAME`."""
+    return (
+        "/bin/sh",
+        "-c",
+        'exec "$0" -m minisweagent.run.mini --yolo --exit-immediately '
+        f"{' '.join(options)} -c agent.step_limit=8 "
+        '-o "$HOME/trajectory.json" -t "$(cat "$GYRE_INSTRUCTION_FILE")"',
+        sys.executable,
+    )
+
+
+def tool_call(command: str) -> str:
+    return (
+        f"<tool_call>{json.dumps({'name': 'bash', 'arguments': {'command': command}})}</tool_call>"
+    )
+
+
+def code_block(command: str) -> str:
+    return f"THOUGHT: one step.\n\n```mswea_bash_command\n{command}\n```"
+
+
+SETTINGS = {
+    "tool_calls": (mini("-c mini.yaml"), tool_call),
+    "text": (mini("-c mini_textbased.yaml --model-class litellm_textbased"), code_block),
+}
 
 
 @pytest.fixture
@@ -68,16 +88,15 @@ def bash_commands(task) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.anyio
-async def test_mini_swe_agent_solves_a_shipped_task_through_the_harness(tmp_path: Path) -> None:
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+async def test_mini_swe_agent_solves_a_shipped_task_through_the_harness(
+    tmp_path: Path, setting: str
+) -> None:
     tok = build_tokenizer()
     task = load_task(TASK)
     commands = bash_commands(task)
-    texts = [
-        "<tool_call>"
-        + json.dumps({"name": "bash", "arguments": {"command": command}})
-        + "</tool_call>"
-        for command in commands
-    ]
+    command_line, action = SETTINGS[setting]
+    texts = [action(command) for command in commands]
     replies = [
         ScriptedReply(token_ids=tok.encode(text, add_special_tokens=False) + [tok.eos_token_id])
         for text in texts
@@ -102,7 +121,7 @@ async def test_mini_swe_agent_solves_a_shipped_task_through_the_harness(tmp_path
         port = await tg.start(proxy.serve)
         harness = Harness(
             base_url=f"http://127.0.0.1:{port}/v1",
-            agent_command=MINI,
+            agent_command=command_line,
             workspace_root=tmp_path / "executions",
         )
         outcome = await harness.run(task, eid, control=control, api_key=key)
