@@ -24,7 +24,7 @@ import msgspec
 import openai
 import pytest
 
-from gyre.config import GatewayConfig, config_from_dict
+from gyre.config import GatewayConfig, config_from_dict, load_config
 from gyre.engines.scripted import ScriptedEngine
 from gyre.errors import ConfigError
 from gyre.model.recipe import build_tokenizer
@@ -404,6 +404,9 @@ def test_gateway_config_checks(tmp_path):
         )
     check_gateway(config_from_dict({**base, "gateway": {"enabled": True}}))
     assert math.isclose(GatewayConfig().claim_timeout_s, 3600.0)
+    example = load_config(REPO / "examples/gateway-cpu.toml")
+    assert (example.gateway.port, example.loop.heldout_tasks) == (8765, 0)
+    assert [load_suite(s)[0].task_id for s in example.tasks.suites] == ["learnable/000-blue-b-txt"]
 
 
 @pytest.mark.slow
