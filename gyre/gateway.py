@@ -46,10 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             config, gateway=msgspec.structs.replace(config.gateway, enabled=True)
         )
         from gyre.job import run
-        from gyre.runtime.external import check_gateway
 
-        check_gateway(config)
-        run(config, resume=args.resume)
+        run(config, resume=args.resume)  # its preflight checks the gateway (`check_gateway`)
     except (GyreError, FileNotFoundError) as exc:
         print(f"gyre: error: {exc}", file=sys.stderr)
         return 2

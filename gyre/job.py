@@ -89,17 +89,23 @@ def ensure_model(config: RunConfig) -> Path:
 
 def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | None:
     """Every check that can fail without building or starting anything, in the order a user would
-    fix them: task folders, verifier interpreter, agent program, isolation when required, run
-    folder, warm-start folder, the packages of the metric sinks (`[report] sinks`), the live
-    page's address (`[observe]`). The model folder is checked by `ensure_model`, first thing
+    fix them: task folders, verifier interpreter, agent program, isolation when required (with
+    `[gateway] enabled` instead: the execution API's address, `check_gateway`), run folder,
+    warm-start folder, the packages of the metric sinks (`[report] sinks`), the live page's
+    address (`[observe]`). The model folder is checked by `ensure_model`, first thing
     after (a finished run resumed needs none).
     Returns the checkpoint a resumed run continues from (None: step 0). Raises `ConfigError` or
     `TaskError` naming the key or path."""
     train, heldout = split_tasks(config)
     check_verifier_python([*train, *heldout])
     harness = config.tasks.harness
-    check_agent_command(with_interpreter(harness).agent_command, path=harness.env.get("PATH"))
-    check_isolation(config.tasks.harness)
+    if config.gateway.enabled:  # agent loops run elsewhere: no agent program, no isolation
+        from gyre.runtime.external import check_gateway
+
+        check_gateway(config)
+    else:
+        check_agent_command(with_interpreter(harness).agent_command, path=harness.env.get("PATH"))
+        check_isolation(config.tasks.harness)
     found = check_run_dir(
         Path(config.run_dir).resolve(),
         resume=resume,

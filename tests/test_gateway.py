@@ -409,6 +409,29 @@ def test_gateway_config_checks(tmp_path):
     assert [load_suite(s)[0].task_id for s in example.tasks.suites] == ["learnable/000-blue-b-txt"]
 
 
+def test_gateway_preflight_and_cli_errors(tmp_path, capsys):
+    """With the gateway on, the agent program is not checked (no agent is started) but
+    `require_isolation` is refused: `python -m gyre.gateway` says so in one line, exit status 2,
+    before anything is built."""
+    from gyre.gateway import main
+    from gyre.job import preflight
+
+    raw = {
+        "run_dir": str(tmp_path / "run"),
+        "model": {"path": str(tmp_path / "model")},
+        "tasks": {"suites": [str(SUITE)], "harness": {"agent_command": ["no-such-agent"]}},
+        "gateway": {"enabled": True},
+    }
+    assert preflight(config_from_dict(raw), resume=False) is None
+    raw["tasks"]["harness"]["require_isolation"] = True
+    path = tmp_path / "run.toml"
+    path.write_bytes(msgspec.toml.encode({**raw, "gateway": {}}))  # the CLI turns it on
+    assert main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gyre: error: gateway.enabled with tasks.harness.require_isolation")
+    assert not (tmp_path / "model").exists() and not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_gateway_cli_trains_one_step_on_real_engines(tmp_path, tiny_model_dir):
     """`python -m gyre.gateway` on the real engines (vLLM cell + DeepSpeed): this test is the

@@ -22,6 +22,7 @@ import math
 import os
 import secrets
 import shutil
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
@@ -146,8 +147,6 @@ def check_gateway(config: RunConfig) -> None:
             "gateway.enabled with tasks.harness.require_isolation: agent loops of the gateway run "
             "outside gyre's sandbox, so their isolation cannot be required"
         )
-    import socket
-
     try:
         family = socket.AF_INET6 if ":" in gw.host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -728,8 +727,6 @@ async def serve_app(
 ) -> None:
     """Serve the ASGI `app` with Hypercorn on `host:port` (0: a free port) in this event loop
     (trio or asyncio) until cancelled; reports the bound port through `task_status`."""
-    import socket
-
     import sniffio
     from hypercorn.config import Config as HypercornConfig
 
