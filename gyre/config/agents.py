@@ -46,6 +46,11 @@ class ProxyConfig(Config):
     context_overflow: Literal["clamp", "refuse"] = "clamp"
     """prompt + max_tokens over the engine's max_model_len: clamp max_tokens (finish `length` when
     reached) or refuse with a `context_length_exceeded` error (field case B15)."""
+    history: Literal["heal", "as_sent"] = "heal"
+    """A chat history that differs from the recorded calls only by client habits (reasoning
+    dropped, tool-call arguments re-serialised, U+FFFD echoed for invalid UTF-8, the last reply
+    of an abandoned branch left out: `gyre.tito.heal`) reuses the recorded tokens (`heal`), or
+    branches at the first differing token like any other change (`as_sent`)."""
     render_check_every: int = 0
     """Cross-check every k-th incrementally rendered prompt against a full render; 0: only the
     first of each execution."""
@@ -62,6 +67,8 @@ class ProxyConfig(Config):
         )
         if not 0 <= self.port < 65536:
             raise ValueError(f"port={self.port} must be in [0, 65535]")
+        if self.history not in ("heal", "as_sent"):
+            raise ValueError(f"history={self.history!r} must be 'heal' or 'as_sent'")
         if self.render_check_every < 0:
             raise ValueError(f"render_check_every={self.render_check_every} must be >= 0")
         names = self.served_names

@@ -88,6 +88,11 @@ class ProxyStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Incremental renders that disagreed with a full render (then rendered in full)."""
     divergences: int
     """Prompts that branch off their parent's prompt + completion."""
+    heals: int = 0
+    """Chat prompts that extend their parent's prompt + completion because a client habit was
+    healed (`ProxyConfig.history`, `gyre.tito.heal`)."""
+    heal_reasons: dict[str, int] = {}
+    """Those prompts by reason (`gyre.tito.heal.HEAL_REASONS`)."""
     in_flight: int
     """Calls being generated now (streamed or not)."""
     client_retries: int
@@ -131,7 +136,9 @@ class TitoProxy:
         self.tokenizer = tokenizer
         self.engine_for = engine_for
         self.sessions = Sessions()
-        self.renderer = ChatRenderer(tokenizer, check_every=config.render_check_every)
+        self.renderer = ChatRenderer(
+            tokenizer, check_every=config.render_check_every, history=config.history
+        )
         self.text: TokenText = self.renderer.text
         self.log = CallLog(log_path) if log_path is not None else None
         self.recorder = Recorder(self.log, self.text)
@@ -222,6 +229,8 @@ class TitoProxy:
             rendered_full=r.full,
             render_check_failures=r.check_failures,
             divergences=r.divergences,
+            heals=r.heals,
+            heal_reasons=dict(r.heal_reasons),
             calls_recorded=self.recorder.calls_recorded,
             completion_tokens=self.recorder.completion_tokens,
             records_dropped_closed=self.recorder.records_dropped_closed,

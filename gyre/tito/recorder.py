@@ -80,6 +80,7 @@ class Recorder:
                 started_s=call.started_s,
                 finished_s=now,
                 divergence=rendered.divergence,
+                heals=rendered.heals,
             )
             if self.log is not None:
                 await self.log.append_call(mc, base=base)
@@ -95,6 +96,8 @@ class Recorder:
                 stop_string=ch.stop_string,
                 parent=parent,
                 divergence=rendered.divergence,
+                sent=rendered.sent,
+                heals=rendered.heals,
             )
             ex.render.nodes.append(node)
             ex.add(mc, node)

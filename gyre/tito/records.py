@@ -31,7 +31,9 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
     """First token index where the prompt differs from the parent's prompt + completion."""
     reason: str
     """What the agent changed: `history_rewritten`, `template_dropped_reasoning`,
-    `tool_arguments_reserialized`, `message_edited`, `compaction`, ..."""
+    `tool_arguments_reserialized`, `reasoning_dropped`, `invalid_utf8`, `message_edited`,
+    `compaction`, `tools_changed`, ... (with `proxy.history = "heal"` the first four only where
+    healing could not apply: `gyre.tito.heal`)."""
 
 
 class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +62,11 @@ class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
     """Unix time the last token was returned, seconds."""
     divergence: Divergence | None = None
     """Set when the agent rewrote history and the prompt branches off the parent."""
+    heals: tuple[str, ...] = ()
+    """Client habits healed so that this prompt extends its parent's prompt + completion
+    (`gyre.tito.heal.HEAL_REASONS`: `reasoning_dropped`, `tool_arguments_reserialized`,
+    `invalid_utf8`, `reply_dropped`); empty when the history matched as sent. Logs written
+    before the field existed read as empty."""
 
 
 class ExecutionSummary(msgspec.Struct, frozen=True, kw_only=True):

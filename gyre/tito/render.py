@@ -15,12 +15,19 @@ from __future__ import annotations
 import json
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokenizers import Tokenizer
 
 from gyre.tito.detok import TokenText
+from gyre.tito.heal import (
+    HEAL_REASONS,
+    has_invalid_utf8,
+    heal_echo,
+    match_replacements,
+    text_offset,
+)
 from gyre.tito.records import Divergence
 from gyre.tito.reply import loads_or_none
 from gyre.tito.wire import ChatMessage, message_text
@@ -168,6 +175,11 @@ def _reply_key(m: ChatMessage) -> tuple:
     return (m.role, message_text(m.content) or "", reasoning, calls)
 
 
+def _invalid_utf8(text: TokenText, node: Node) -> bool:
+    """Whether `node`'s completion bytes are not UTF-8 (its text then has U+FFFD they lack)."""
+    return "\ufffd" in node.completion_text and has_invalid_utf8(text.bytes_of(node.completion_ids))
+
+
 @dataclass(slots=True, eq=False)
 class Node:
     """One recorded choice, as the renderer needs it to extend later calls.
@@ -199,6 +211,16 @@ class Node:
     divergence: Divergence | None = None
     prompt_len: int = -1
     """Prompt length, tokens (-1 at construction: all of `prompt_ref`)."""
+    sent: list[ChatMessage] | None = None
+    """The request's messages as the client sent them, when healing made `messages` differ (a
+    reply taken back or put back); None: `messages`. Later requests are matched against it."""
+    heals: tuple[str, ...] = ()
+    """Why this prompt extends its parent although the client's history differs (`HEAL_REASONS`)."""
+
+    @property
+    def conversation(self) -> list[ChatMessage] | None:
+        """The messages as the client sent them (what a later request repeats)."""
+        return self.messages if self.sent is None else self.sent
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:
@@ -255,6 +277,11 @@ class RenderStatistics:
     """Cross-checks that disagreed (the execution then renders in full)."""
     divergences: int = 0
     """Prompts that do not extend their parent's prompt + completion."""
+    heals: int = 0
+    """Prompts that extend their parent's prompt + completion only because a client habit was
+    healed (`gyre.tito.heal`)."""
+    heal_reasons: dict[str, int] = field(default_factory=dict)
+    """Those prompts by reason (`HEAL_REASONS`; a prompt healed for two reasons counts in both)."""
 
 
 @dataclass(slots=True)
@@ -280,6 +307,10 @@ class Rendered:
     path: str = "full"
     """`fast` (spliced, anchor render), `full` (whole conversation), `repeat` (the same messages
     as an earlier call: its prompt), or `tokens` (completions API)."""
+    sent: list[ChatMessage] | None = None
+    """The request's messages as sent, when they differ from `messages` (`Node.sent`)."""
+    heals: tuple[str, ...] = ()
+    """The client habits healed to extend the parent (`HEAL_REASONS` order; `Node.heals`)."""
 
 
 def _common_prefix(a: bytes | list, b: bytes | list) -> int:
@@ -304,14 +335,22 @@ class ChatRenderer:
         tokenizer: a `transformers` fast tokenizer with a chat template.
         check_every: cross-check every k-th fast-path prompt of an execution against a full
             render (the first one is always checked); 0 checks only the first.
+        history: `heal` (a history that differs from the recorded calls only by client habits,
+            `gyre.tito.heal`, extends the recorded tokens) or `as_sent` (every difference
+            branches, with its reason).
+
+    Raises ValueError for a negative `check_every` or an unknown `history`.
     """
 
-    def __init__(self, tokenizer: Any, *, check_every: int = 0) -> None:
+    def __init__(self, tokenizer: Any, *, check_every: int = 0, history: str = "heal") -> None:
         if check_every < 0:
             raise ValueError(f"check_every={check_every} must be >= 0")
+        if history not in ("heal", "as_sent"):
+            raise ValueError(f"history={history!r} must be 'heal' or 'as_sent'")
         self.tokenizer = tokenizer
         self.text = TokenText(tokenizer)
         self.check_every = check_every
+        self.history = history
         self.stats = RenderStatistics()
         self._backend = tokenizer.backend_tokenizer
         self._literal = _LiteralText(tokenizer)
@@ -426,6 +465,18 @@ class ChatRenderer:
             parent = self.find_parent(state, messages, tools, template_kwargs)
         if not add_generation_prompt:
             parent = None
+        sent, heals = messages, ()
+        if parent is not None:
+            messages, heals = self._link(parent, messages)
+        rendered = self._render(
+            state, messages, tools, add_generation_prompt, template_kwargs, parent
+        )
+        return self._finish(rendered, sent, heals, parent)
+
+    def _render(
+        self, state, messages, tools, add_generation_prompt, template_kwargs, parent
+    ) -> Rendered:
+        """The prompt of `messages` (healed already) extending `parent` if it can."""
         if parent is not None and len(parent.messages) == len(messages):
             # The same conversation again (a retry, or more samples): the same prompt, a sibling.
             return Rendered(
@@ -471,21 +522,112 @@ class ChatRenderer:
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
     ) -> Node | None:
-        """The most recent choice whose messages + reply are a prefix of `messages`, or whose
-        messages are exactly `messages` (a repeated request). Cost: one C-level comparison of the
-        shared messages."""
+        """The most recent choice whose messages (as sent) + reply are a prefix of `messages`, or
+        whose messages are exactly `messages` (a repeated request). With `history="heal"` the
+        echoed reply may differ by client habits (`gyre.tito.heal.heal_echo`), or be left out
+        when its choice ends a branch no other choice shares (`reply_dropped`; taken when no
+        choice matches more of `messages`). Cost: one C-level comparison of the shared
+        messages."""
         n = len(messages)
-        for node in reversed(state.nodes):
-            if node.messages is None:
+        heal = self.history == "heal"
+        dropped, dropped_k = None, -1
+        nodes = state.nodes
+        for i in range(len(nodes) - 1, -1, -1):
+            node = nodes[i]
+            conv = node.conversation
+            if conv is None:
                 continue
-            k = len(node.messages)
-            if k > n or (k < n and _reply_key(messages[k]) != _reply_key(node.reply)):
+            k = len(conv)
+            if k > n or node.tools != tools or node.template_kwargs != template_kwargs:
                 continue
-            if node.tools != tools or node.template_kwargs != template_kwargs:
-                continue
-            if messages[:k] == node.messages:
-                return node
-        return None
+            healed = False
+            if k < n and _reply_key(messages[k]) != _reply_key(node.reply):
+                echo = messages[k]
+                if not heal or node.reply is None:
+                    continue
+                if echo.role != "assistant":
+                    if k > dropped_k and messages[:k] == conv and self._abandoned(state, i):
+                        dropped, dropped_k = node, k
+                    continue
+                if not heal_echo(echo, node.reply)[1]:
+                    continue
+                healed = True
+            if messages[:k] == conv:
+                if healed and self._heal_echo(messages[k], node.reply) is None:
+                    continue
+                return node if k == n or k + 1 > dropped_k else dropped
+        return dropped
+
+    @staticmethod
+    def _abandoned(state: RenderState, i: int) -> bool:
+        """Whether choice `i` ends a branch: no later choice extends it, and no other choice
+        answered the same request (n > 1, a repeat), so its reply is the one left out."""
+        node = state.nodes[i]
+        if any(other.parent is node for other in state.nodes[i + 1 :]):
+            return False
+        return not any(o is not node and o.messages is node.messages for o in state.nodes)
+
+    def _heal_echo(self, echo: ChatMessage, reply: ChatMessage) -> tuple[str, ...] | None:
+        """The reasons `echo` heals to `reply` for, or None: `heal_echo` takes the habitually
+        changed fields back from `reply`, then nothing the template renders may differ (the
+        same template input; failing that, the same text rendered after one user message)."""
+        fixed, reasons = heal_echo(echo, reply)
+        if not reasons:
+            return None
+        if message_to_template(fixed) == message_to_template(reply):
+            return reasons
+        user = {"role": "user", "content": "x"}
+        texts = []
+        for m in (fixed, reply):
+            d = message_to_template(m, arguments_as=self.arguments_as)
+            try:
+                texts.append(self.tokenizer.apply_chat_template([user, d], tokenize=False))
+            except Exception:  # a template refusing this pair renders nothing to compare
+                return None
+        return reasons if texts[0] == texts[1] else None
+
+    def _link(
+        self, parent: Node, messages: list[ChatMessage]
+    ) -> tuple[list[ChatMessage], tuple[str, ...]]:
+        """`messages` in `parent.messages`' terms (the conversation its tokens render, then the
+        new messages), and the client habits healed on the way (`find_parent` chose `parent`):
+        an echoed reply healed or a dropped one is `parent.reply` again."""
+        conv = parent.conversation
+        k = len(conv)
+        if k == len(messages):
+            return parent.messages, ()
+        echo = messages[k]
+        if self.history == "heal" and _reply_key(echo) != _reply_key(parent.reply):
+            if echo.role != "assistant" and parent.reply is not None:
+                return parent.messages + [parent.reply] + messages[k:], ("reply_dropped",)
+            reasons = self._heal_echo(echo, parent.reply) if parent.reply is not None else None
+            if reasons:
+                return parent.messages + [parent.reply] + messages[k + 1 :], reasons
+        return parent.messages + messages[k:], ()
+
+    def _finish(
+        self, r: Rendered, sent: list[ChatMessage], heals: tuple[str, ...], parent: Node | None
+    ) -> Rendered:
+        """`r` with its heals (kept, and counted, when the prompt extends the parent's tokens)
+        and the client's messages where they differ from `r.messages`."""
+        if parent is None:
+            return r
+        if r.path == "repeat":
+            heals, keep = parent.heals, parent.sent
+        else:
+            keep = sent if heals or parent.sent is not None else None
+            if r.divergence is not None:
+                heals = ()
+            elif self.history == "heal" and _invalid_utf8(self.text, parent):
+                heals = (*heals, "invalid_utf8")
+        if heals:
+            heals = tuple(h for h in HEAL_REASONS if h in heals)
+            self.stats.heals += 1
+            for h in heals:
+                self.stats.heal_reasons[h] = self.stats.heal_reasons.get(h, 0) + 1
+        if not heals and keep is None:
+            return r
+        return replace(r, sent=keep, heals=heals)
 
     @staticmethod
     def _head(messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -495,7 +637,10 @@ class ChatRenderer:
 
     def _render_fast(self, parent: Node, messages, tools, template_kwargs) -> Rendered | None:
         """Render only [head, echoed reply, new messages]; None when the reply does not re-render
-        to exactly the parent's completion text."""
+        to exactly the parent's completion text, or when that text has U+FFFD for invalid bytes
+        and `history="as_sent"` (the echo's U+FFFD is then not what was sampled: a branch)."""
+        if self.history != "heal" and _invalid_utf8(self.text, parent):
+            return None
         k = len(parent.messages)
         head = self._head(messages)
         if parent.head_text is None:
@@ -525,9 +670,9 @@ class ChatRenderer:
         compared by what renders), and that count; ties go to the most recent."""
         best, best_m = None, 0
         for node in reversed(state.nodes[-limit:]):
-            if node.messages is None:
+            conv = node.conversation
+            if conv is None:
                 continue
-            conv = node.messages
             m = 0
             n = min(len(conv), len(messages))
             while m < n and conv[m] == messages[m]:
@@ -557,9 +702,10 @@ class ChatRenderer:
         self.stats.full += 1
         text = self.render_text(messages, tools, add_generation_prompt, template_kwargs)
         if parent is not None:
-            matched = len(parent.messages) + 1
+            conv, matched = parent.messages, len(parent.messages) + 1
         else:
             parent, matched = self._best_candidate(state, messages)
+            conv = None if parent is None else parent.conversation
         if parent is None:
             return Rendered(
                 prompt_ids=self.encode(text),
@@ -572,12 +718,12 @@ class ChatRenderer:
         divergence = None
         if index is not None:
             self.stats.divergences += 1
-            reason = self._reason(parent, messages, matched, tools)
+            reason = self._reason(parent, conv, messages, matched, tools)
             divergence = Divergence(parent_call_id=parent.call_id, index=index, reason=reason)
         shared = (
-            parent.messages[:matched] + messages[matched:]
-            if matched <= len(parent.messages)
-            else parent.messages + messages[len(parent.messages) :]
+            conv[:matched] + messages[matched:]
+            if matched <= len(conv)
+            else conv + messages[len(conv) :]
         )
         return Rendered(
             prompt_ids=ids, parent=parent, divergence=divergence, messages=shared, tools=tools
@@ -589,12 +735,18 @@ class ChatRenderer:
         return self.splice_tokens(parent.known_ids(), text)
 
     def splice_tokens(self, known: list[int], text: str) -> tuple[list[int], int | None]:
-        """(ids, divergence index or None): `known` tokens kept while their bytes prefix `text`."""
+        """(ids, divergence index or None): `known` tokens kept while their bytes prefix `text`;
+        with `history="heal"` an invalid UTF-8 sequence of `known` also matches the U+FFFD that
+        `bytes.decode(errors="replace")` gives for it (`gyre.tito.heal.match_replacements`)."""
         table = self.text.table
         kb = self.text.bytes_of(known)
         tb = text.encode()
         shared = _common_prefix(kb, tb)
-        # Last token boundary inside the shared bytes that also starts a UTF-8 character of text.
+        spans: list[tuple[int, int]] = []
+        if self.history == "heal" and shared < len(tb):
+            shared, _, spans = match_replacements(kb, tb, shared)
+        # Last token boundary inside the shared bytes that is outside every invalid sequence and
+        # starts a UTF-8 character of text.
         pos, j = 0, 0
         ntab = len(table)
         for t in known:
@@ -603,16 +755,20 @@ class ChatRenderer:
                 break
             pos += size
             j += 1
-        while j > 0 and pos < len(tb) and (tb[pos] & 0xC0) == 0x80:
+        at = text_offset(pos, spans)
+        while j > 0 and (at is None or (at < len(tb) and (tb[at] & 0xC0) == 0x80)):
             j -= 1
             pos -= len(table[known[j]]) if 0 <= known[j] < ntab else 0
-        ids = known[:j] + self.encode(tb[pos:].decode())
+            at = text_offset(pos, spans)
+        ids = known[:j] + self.encode(tb[at:].decode())
         if j == len(known):
             return ids, None
         return ids, _common_prefix(ids, known)
 
-    def _reason(self, parent: Node, messages, matched: int, tools) -> str:
-        k = len(parent.messages)
+    def _reason(self, parent: Node, conv, messages, matched: int, tools) -> str:
+        """Why `messages` (sharing `matched` leading messages with `conv`, the messages `parent`
+        answered, counting its reply as one) branch off `parent`'s tokens."""
+        k = len(conv)
         if tools != parent.tools:
             return "tools_changed"
         if matched < k:
@@ -621,17 +777,13 @@ class ChatRenderer:
             echo, reply = messages[k] if k < len(messages) else None, parent.reply
             if echo is None or echo.role != "assistant":
                 return "history_rewritten"
-            e, r = _reply_key(echo), _reply_key(reply)
-            if e[1:3] == r[1:3] and [c[0] for c in e[3]] == [c[0] for c in r[3]]:
-                loads = [(loads_or_none(x[1]), loads_or_none(y[1])) for x, y in zip(e[3], r[3])]
-                if all(a == b for a, b in loads):
-                    return "tool_arguments_reserialized"
-            if e[2] is None and r[2] is not None:
-                return "reasoning_dropped"
-            return "message_edited"
+            reasons = None if reply is None else self._heal_echo(echo, reply)
+            return reasons[0] if reasons else "message_edited"
         if parent.stop_string:
             return "stop_string_trimmed"
         reply = parent.reply
+        if self.history != "heal" and _invalid_utf8(self.text, parent):
+            return "invalid_utf8"
         if reply is not None and reply.reasoning_content is not None:
             return "template_dropped_reasoning"
         return "template_rerendered"

@@ -423,14 +423,14 @@ async def test_b22_n_choices_are_distinct_reproducible_and_aligned(tok, anyio_ba
     )
 
 
-async def run_b23(tok, args_text: str, *, echo_arguments=None):
+async def run_b23(tok, args_text: str, *, echo_arguments=None, **config):
     text = f'<tool_call>{{"name": "ls", "arguments": {args_text}}}</tool_call>'
     c1 = encode(tok, text) + [tok.eos_token_id]
     c2 = encode(tok, "listed the files") + [tok.eos_token_id]
     engine = ScriptedEngine(
         [ScriptedReply(token_ids=c1), ScriptedReply(token_ids=c2)], eos_token_id=tok.eos_token_id
     )
-    proxy = make_proxy(tok, engine)
+    proxy = make_proxy(tok, engine, **config)
     key = proxy.mint_key("b23")
     async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
         msgs = [{"role": "user", "content": "list src"}]
@@ -500,7 +500,11 @@ async def test_b23_reserialized_arguments_branch_inside_the_arguments(tok, anyio
     def compact(a: str) -> str:
         return json.dumps(json.loads(a), separators=(",", ":"))
 
-    proxy, r1, r3, c1 = await run_b23(tok, '{"path": "src", "all": true}', echo_arguments=compact)
+    # As sent: the branch is where the text differs (history healing, the default, extends c_1
+    # instead: tests/tito/test_heal.py).
+    proxy, r1, r3, c1 = await run_b23(
+        tok, '{"path": "src", "all": true}', echo_arguments=compact, history="as_sent"
+    )
     calls = proxy.calls("b23")
     p1, p2 = calls[0].prompt_ids, calls[1].prompt_ids
     div = calls[1].divergence

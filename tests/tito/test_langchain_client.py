@@ -64,16 +64,10 @@ async def test_langchain_chatopenai_multi_turn_tool_task(tok, anyio_backend):
     for prev, call in zip(calls, calls[1:]):
         n = len(prev.prompt_ids) + len(prev.completion_ids)
         assert call.parent_call_id == prev.call_id
-        # LangChain keeps no reasoning_content: the branch is flagged, never silently re-tokenized.
-        if call.divergence is None:
-            assert call.prompt_ids[:n] == prev.prompt_ids + prev.completion_ids
-        else:
-            assert call.divergence.reason == "reasoning_dropped"
-            assert (
-                call.prompt_ids[: call.divergence.index]
-                == (prev.prompt_ids + prev.completion_ids)[: call.divergence.index]
-            )
+        # LangChain keeps no reasoning_content: healed (gyre.tito.heal), never re-tokenized.
+        assert call.divergence is None
+        assert call.prompt_ids[:n] == prev.prompt_ids + prev.completion_ids
     assert [c.completion_ids for c in calls] == [r.token_ids for r in replies]
-    assert calls[1].divergence.reason == "reasoning_dropped"
-    assert "first 6*7" not in proxy.text.decode(calls[1].prompt_ids)
-    assert calls[2].divergence is None  # the second tool call round-trips exactly
+    assert calls[1].heals == ("reasoning_dropped",)
+    assert "first 6*7" in proxy.text.decode(calls[1].prompt_ids)  # the sampled reasoning, kept
+    assert calls[2].heals == ()  # the second tool call round-trips exactly
