@@ -23,7 +23,7 @@ from gyre.tito.heal import heal_echo, invalid_utf8_length, json_equal
 from gyre.tito.records import ModelCall
 from gyre.tito.render import ChatRenderer
 from gyre.tito.wire import ChatMessage, FunctionCall, ToolCall
-from gyre.trajectory import build_tree
+from gyre.trajectory import build_tree, select_trajectories
 from tests.tito.conftest import encode, make_proxy, serving
 
 pytestmark = pytest.mark.anyio
@@ -430,3 +430,146 @@ def test_history_config_is_checked(tok):
         ProxyConfig(history="branch")
     with pytest.raises(ValueError, match="history='x'"):
         ChatRenderer(tok, history="x")
+
+
+# -- acceptance: real clients ------------------------------------------------------------------
+
+TURNS = 20
+
+
+def add_script(tok) -> ScriptedEngine:
+    """20 turns that think and call `add`, then an answer: 21 replies."""
+    texts = [
+        f'<think>total {k}, add one</think>\n<tool_call>{{"name": "add", "arguments": '
+        f'{{"a": {k}, "b": 1}}}}</tool_call>'
+        for k in range(TURNS)
+    ]
+    return engine_for(tok, *texts, "<think>done</think>\nThe total is 20.")
+
+
+def kept_fraction(calls: list[ModelCall], jmax: int = 8) -> tuple[int, int, int]:
+    """(branches, policy tokens kept by Jmax selection, policy tokens in the tree)."""
+    tree = build_tree(calls)
+    stats = tree.statistics()
+    return stats.branches, select_trajectories(tree, jmax).policy_tokens, stats.policy_tokens
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the Agents SDK runs on asyncio only
+@pytest.mark.parametrize("history", ["heal", "as_sent"])
+async def test_reasoning_dropped_agents_sdk_twenty_turns_one_branch(tok, anyio_backend, history):
+    """field "Reasoning dropped" (#17): the OpenAI Agents SDK's Chat Completions model leaves
+    `reasoning_content` out of every echoed turn (it replays it only for DeepSeek models)."""
+    agents = pytest.importorskip("agents", reason="openai-agents is in the [test] extra")
+    import openai
+
+    proxy = make_proxy(tok, add_script(tok), history=history)
+    key = proxy.mint_key("e")
+    seen: list[int] = []
+
+    @agents.function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        seen.append(a)
+        return a + b
+
+    async with serving(proxy) as base:
+        client = openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0)
+        agents.set_tracing_disabled(True)
+        model = agents.OpenAIChatCompletionsModel(model="gyre", openai_client=client)
+        agent = agents.Agent(name="adder", instructions="Add with the tool.", tools=[add])
+        agent = agent.clone(model=model)
+        result = await agents.Runner.run(agent, "Add one 20 times.", max_turns=TURNS + 1)
+        await client.close()
+    assert result.final_output == "The total is 20." and seen == list(range(TURNS))
+    calls = proxy.calls("e")
+    assert len(calls) == TURNS + 1
+    branches, kept, policy = kept_fraction(calls)
+    assert policy == sum(len(c.completion_ids) for c in calls)
+    if history == "heal":
+        assert [c.heals for c in calls] == [()] + [("reasoning_dropped",)] * TURNS
+        assert [c.divergence for c in calls] == [None] * (TURNS + 1)
+        assert (branches, kept) == (1, policy)  # Jmax 8 keeps 100% of policy tokens
+        assert proxy.statistics().heal_reasons == {"reasoning_dropped": TURNS}
+    else:
+        assert [c.divergence.reason for c in calls[1:]] == ["reasoning_dropped"] * TURNS
+        assert branches == TURNS + 1 and kept < policy
+        # Jmax 8 keeps the 8 paths with the most policy tokens; every path holds its own
+        # completion, and all earlier completions up to their <think>.
+        print(f"as_sent: {branches} branches, Jmax 8 keeps {kept} of {policy} policy tokens")
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_reasoning_agents_sdk_default_responses_model_twenty_turns_one_branch(
+    tok, anyio_backend
+):
+    """The Agents SDK's default model (Responses API, `/v1/responses`): 20 tool turns, one
+    branch, Jmax 8 keeps every policy token (its reasoning items come back, so nothing needs
+    healing today; the assertion holds either way)."""
+    agents = pytest.importorskip("agents", reason="openai-agents is in the [test] extra")
+    import openai
+
+    proxy = make_proxy(tok, add_script(tok), accept_any_model=True)
+    key = proxy.mint_key("e")
+
+    @agents.function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    async with serving(proxy) as base:
+        client = openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0)
+        agents.set_tracing_disabled(True)
+        model = agents.OpenAIResponsesModel(model="gyre", openai_client=client)
+        agent = agents.Agent(name="adder", instructions="Add with the tool.", tools=[add])
+        agent = agent.clone(model=model)
+        result = await agents.Runner.run(agent, "Add one 20 times.", max_turns=TURNS + 1)
+        await client.close()
+    assert result.final_output == "The total is 20."
+    calls = proxy.calls("e")
+    assert len(calls) == TURNS + 1
+    assert [c.divergence for c in calls] == [None] * (TURNS + 1)
+    branches, kept, policy = kept_fraction(calls)
+    assert (branches, kept) == (1, policy)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_langchain_reserialized_arguments_and_dropped_reasoning_one_branch(
+    tok, anyio_backend
+):
+    """LangChain's ChatOpenAI drops `reasoning_content` and re-serialises tool-call arguments
+    (`json.dumps` of the parsed dict: spaces after `:` and `,`, non-ASCII escaped)."""
+    lc_openai = pytest.importorskip("langchain_openai", reason="in the [test] extra")
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+
+    @tool
+    def add(a: int, b: str) -> str:
+        """Add a number to a label."""
+        return f"{b}{a + 1}"
+
+    texts = [
+        f'<think>turn {k}</think>\n<tool_call>{{"name": "add", "arguments": '
+        f'{{"a":{k},"b":"é"}}}}</tool_call>'
+        for k in range(3)
+    ]
+    proxy = make_proxy(tok, engine_for(tok, *texts, "Done."))
+    key = proxy.mint_key("e")
+    async with serving(proxy) as base:
+        llm = lc_openai.ChatOpenAI(base_url=base, api_key=key, model="gyre", max_retries=0)
+        llm = llm.bind_tools([add])
+        history: list = [HumanMessage("Add three times.")]
+        for _ in range(5):
+            ai = await llm.ainvoke(history)
+            history.append(ai)
+            if not ai.tool_calls:
+                break
+            for tc in ai.tool_calls:
+                history.append(ToolMessage(add.invoke(tc["args"]), tool_call_id=tc["id"]))
+    assert history[-1].content == "Done."
+    calls = proxy.calls("e")
+    assert len(calls) == 4
+    both = ("reasoning_dropped", "tool_arguments_reserialized")
+    assert [c.heals for c in calls] == [(), both, both, both]
+    assert [c.divergence for c in calls] == [None] * 4
+    branches, kept, policy = kept_fraction(calls)
+    assert (branches, kept) == (1, policy)
