@@ -135,3 +135,34 @@ def test_unknown_parser_is_a_config_error(tok):
         ModelFormat.load(tok, tool_parser="hermes", reasoning_parser="nope")
     with pytest.raises(ConfigError, match="cannot use this tokenizer"):
         ModelFormat.load(tok, tool_parser="deepseek_v3")  # its markers are not in the vocabulary
+
+
+async def test_streamed_reply_equals_the_whole_one(tmp_path, anyio_backend):
+    """vLLM-parsed replies stream their token IDs per delta and their text when the choice
+    ends (`HeldStream`); the streamed message is the non-streamed one."""
+    tok = family_tokenizer("qwen", tmp_path / "qwen")
+    fam = FAMILIES["qwen"]
+    c0 = ids_of(tok, fam.call_reply) + [tok.eos_token_id]
+    engine = ScriptedEngine(
+        [ScriptedReply(token_ids=c0)] * 2, eos_token_id=tok.eos_token_id, vocab_size=len(tok)
+    )
+    proxy = make_proxy(tok, engine, tool_parser="hermes", reasoning_parser="qwen3")
+    body = {"model": "gyre", "messages": [{"role": "user", "content": "Read."}], "tools": TOOLS}
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base) as http:
+        headers = {"Authorization": f"Bearer {proxy.mint_key('w')}"}
+        whole = (await http.post("/chat/completions", json=body, headers=headers)).json()
+        headers = {"Authorization": f"Bearer {proxy.mint_key('s')}"}
+        r = await http.post("/chat/completions", json=body | {"stream": True}, headers=headers)
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    deltas = [c["choices"][0] for c in chunks if c["choices"]]
+    assert sum((d["token_ids"] for d in deltas), []) == c0
+    last = deltas[-1]["delta"]
+    msg = whole["choices"][0]["message"]
+    assert last["reasoning_content"] == msg["reasoning_content"] == fam.reasoning
+    assert [dict(tc, index=0) for tc in msg["tool_calls"]] == [
+        dict(tc, id=msg["tool_calls"][0]["id"]) for tc in last["tool_calls"]
+    ]
+    assert deltas[-1]["finish_reason"] == "tool_calls"
+    assert all(
+        "content" not in d["delta"] and "reasoning_content" not in d["delta"] for d in deltas[:-1]
+    )
