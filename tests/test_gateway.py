@@ -205,6 +205,40 @@ async def test_external_loop_trains_like_the_harness(tmp_path, tok, tasks):
     assert not (tmp_path / "executions" / "s1-t0-g0").exists()  # workspaces are removed
 
 
+async def test_the_anthropic_base_url_serves_the_anthropic_sdk(tmp_path, tok, tasks):
+    """The claimed `anthropic_base_url` and key work with the anthropic SDK as given: two
+    `messages.create` calls are the execution's two recorded calls."""
+    anthropic = pytest.importorskip("anthropic")
+    async with gateway(tmp_path, tok, tasks) as gw:
+        async with anyio.create_task_group() as tg:
+            box = {}
+
+            async def driver():
+                box["ex"] = await gw.rollout.run(tasks[0], "a1")
+
+            tg.start_soon(driver)
+            claimed = (await gw.claim(wait_s=5)).json()
+            client = anthropic.AsyncAnthropic(
+                base_url=claimed["anthropic_base_url"], api_key=claimed["api_key"], max_retries=0
+            )
+            messages = [{"role": "user", "content": claimed["task"]["instruction"]}]
+            for _ in range(2):
+                reply = await client.messages.create(
+                    model=claimed["model"], max_tokens=8, messages=messages
+                )
+                text = "".join(b.text for b in reply.content if b.type == "text")
+                messages += [
+                    {"role": "assistant", "content": text or "ok"},
+                    {"role": "user", "content": "go on"},
+                ]
+            await client.close()
+            assert (await gw.post("a1", "reward", {"reward": 1.0})).status_code == 200
+            assert (await gw.post("a1", "close")).json()["passed"] is True
+    ex = box["ex"]
+    assert len(ex.calls) == 2 and ex.calls == read_log(gw.log).for_execution("a1")
+    assert ex.outcome.reward == 1.0 and ex.outcome.score.all_passed
+
+
 async def test_bad_requests_get_4xx_and_the_run_goes_on(tmp_path, tok, tasks):
     async with gateway(tmp_path, tok, tasks) as gw:
         api = gw.api

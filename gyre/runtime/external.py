@@ -435,7 +435,7 @@ class ExternalRollout:
 
     # -- the agent loop's side -----------------------------------------------------------------
 
-    async def claim(self, *, task_id: str | None = None, wait_s: float = 0.0) -> _External | None:
+    async def _claim(self, *, task_id: str | None = None, wait_s: float = 0.0) -> _External | None:
         """The oldest pending execution (of `task_id`, if given), claimed: its workspace is
         prepared and its deadline starts. Waits up to `wait_s` (capped at `max_claim_wait_s`) for
         one to be published; None if none was."""
@@ -587,7 +587,7 @@ class ExternalRollout:
                         "task_not_found",
                         param="task_id",
                     )
-            ex = await self.claim(task_id=req.task_id, wait_s=req.wait_s)
+            ex = await self._claim(task_id=req.task_id, wait_s=req.wait_s)
         except ProxyError as exc:
             return self._error(exc)
         if ex is None:
