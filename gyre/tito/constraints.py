@@ -53,7 +53,11 @@ class ToolCallFormat:
         return {
             "type": "tag",
             "begin": self.call_begin,
-            "content": {"type": "json_schema", "json_schema": self.call_schema(name, parameters)},
+            "content": {
+                "type": "json_schema",
+                "json_schema": self.call_schema(name, parameters),
+                "max_whitespace_cnt": 1,  # a canonical call needs one space; no runs of blanks
+            },
             "end": self.call_end,
         }
 
@@ -136,12 +140,13 @@ def chat_constraint(
     format with no `ToolCallFormat` yet, e.g. a vLLM tool parser: demands on tool calls are then
     refused with a 400, and `response_format` constrains the whole reply to JSON).
 
-    - `tool_choice` `required` (or a named function): the reply, after an optional reasoning
-      block, is one or more calls (exactly one for a named function or
-      `parallel_tool_calls: false`) of the offered functions, arguments matching their schemas;
+    - `tool_choice` `required` (or a named function): from its first token (no reasoning block,
+      as vLLM's own server forces the call at once) the reply is one or more calls (exactly one
+      for a named function or `parallel_tool_calls: false`) of the offered functions, arguments
+      matching their schemas;
     - `tool_choice` `auto` with `parallel_tool_calls: false`: free text with at most one call;
-    - `response_format` `json_object` / `json_schema`: the content is JSON (matching the
-      schema); with tools offered under `auto`, calls are the alternative.
+    - `response_format` `json_object` / `json_schema`: the reply is JSON (matching the
+      schema) from its first token; with tools offered under `auto`, calls are the alternative.
     Otherwise None (nothing to enforce). Raises `ProxyError` 400 for a demand that names an
     unknown tool, needs tools that were not offered, or a malformed `response_format`.
     Format: xgrammar's structural tag (xgrammar docs, "Structural Tag"), which vLLM's
@@ -195,7 +200,9 @@ def chat_constraint(
         }
     else:
         return None
-    if fmt.reasoning is not None:
+    # A forced call or JSON starts at the first token, as in vLLM's server without a reasoning
+    # parser; only free text with at most one call may open with the reasoning block.
+    if fmt.reasoning is not None and content is None and mode == "auto":
         think = {
             "type": "tag",
             "begin": fmt.reasoning[0],

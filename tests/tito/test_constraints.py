@@ -64,7 +64,8 @@ def test_required_tool_choice_accepts_only_calls_of_offered_tools(tok):
     c = chat_constraint(chat_req(tools=TOOLS, tool_choice="required"))
     assert c is not None and c.kind == "structural_tag"
     assert accepts(tok, c, ADD)
-    assert accepts(tok, c, f"<think>hm</think>\n{LS}{ADD}")  # reasoning, then parallel calls
+    assert accepts(tok, c, LS + ADD)  # parallel calls
+    assert not accepts(tok, c, f"<think>hm</think>\n{LS}")  # a forced call starts at once
     assert not accepts(tok, c, "no call")
     assert not accepts(tok, c, '<tool_call>{"name": "rm", "arguments": {}}</tool_call>')
     assert not accepts(tok, c, '<tool_call>{"name": "add", "arguments": {"a": "x"}}</tool_call>')
@@ -84,6 +85,7 @@ def test_named_choice_and_parallel_false_allow_exactly_one_call(tok):
     auto_single = chat_constraint(chat_req(tools=TOOLS, parallel_tool_calls=False))
     assert accepts(tok, auto_single, "plain text")
     assert accepts(tok, auto_single, "ok " + LS)
+    assert accepts(tok, auto_single, f"<think>hm</think>\n{LS}")
     assert not accepts(tok, auto_single, LS + LS)
 
 
