@@ -308,3 +308,45 @@ async def test_langchain_use_responses_api(tok, anyio_backend):
     calls = proxy.calls("lc")
     assert [c.completion_ids for c in calls] == ids
     assert calls[1].parent_call_id == calls[0].call_id
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # one vLLM cell start is enough
+async def test_streamed_response_with_a_tool_against_vllm(vllm_engine, anyio_backend):
+    """A real vLLM cell (the shared engine of the slow tier): a streamed Responses call with a
+    tool offered is recorded with exactly the tokens and logprobs the final response reports."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(vllm_engine.tokenizer_dir))
+    proxy = make_proxy(tok, vllm_engine)
+    key = proxy.mint_key("v")
+    async with serving(proxy) as base:
+        client = openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0, timeout=300)
+        kinds, text = [], ""
+        async with client.responses.stream(
+            model="gyre",
+            input="Add 2 and 3.",
+            tools=[ADD_TOOL],
+            max_output_tokens=24,
+            temperature=1.0,
+            include=["message.output_text.logprobs"],
+        ) as stream:
+            async for event in stream:
+                EVENTS.validate_python(event.model_dump())
+                kinds.append(event.type)
+                if event.type == "response.output_text.delta":
+                    text += event.delta
+                final = getattr(event, "response", None)  # the last event's: completed or not
+        await client.close()
+    assert kinds[0] == "response.created" and kinds[-1] in (
+        "response.completed",
+        "response.incomplete",
+    )
+    (call,) = proxy.calls("v")
+    assert final.model_extra["token_ids"] == call.completion_ids and call.completion_ids
+    messages = [o for o in final.output if o.type == "message"]
+    if messages:
+        part = messages[0].content[0]
+        assert part.text == text
+        assert [lp.logprob for lp in part.logprobs] == call.logprobs
+    assert final.usage.output_tokens == len(call.completion_ids)
