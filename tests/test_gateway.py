@@ -16,6 +16,7 @@ import math
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -29,6 +30,7 @@ from gyre.engines.scripted import ScriptedEngine
 from gyre.errors import ConfigError
 from gyre.model.recipe import build_tokenizer
 from gyre.runtime.external import ExternalRollout, check_gateway
+from gyre.runtime.external_api import ExecutionApi, serve_app
 from gyre.tasks.task import Task, load_suite
 from gyre.tito.log import read_log
 from tests.tito.conftest import make_proxy, serving
@@ -87,12 +89,12 @@ def gateway(tmp_path: Path, tok, tasks, **config):
                 base_url=base_url,
                 model="gyre",
                 workspace_root=tmp_path / "executions",
-                admin_token=TOKEN,
                 max_concurrent=8,
                 task_ids=[t.task_id for t in tasks],
             )
+            api = ExecutionApi(rollout, admin_token=TOKEN)
             async with anyio.create_task_group() as tg:
-                port = await tg.start(rollout.serve)
+                port = await tg.start(partial(serve_app, api.app, host="127.0.0.1", port=0))
                 async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as api:
                     yield Gateway(rollout, api, log)
                 tg.cancel_scope.cancel()

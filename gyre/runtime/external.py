@@ -1,90 +1,87 @@
-"""External executions: the run's executions handed to agent loops run elsewhere, over HTTP.
+"""External executions: the run's executions handed to agent loops run elsewhere.
 
 Owns `ExternalRollout` (the rollout of the gateway: same contract as `Rollout`, `run(task,
-execution_id) -> Executed`), `GatewayStatistics` and `check_gateway`. When the driver asks for an
-execution, it is published as pending (its proxy key minted); an agent loop claims it with
-`POST /gyre/v1/executions` and gets its key, the proxy's base URLs, the task and a workspace gyre
-prepared; it runs its own agent against the TITO proxy, posts a reward (`.../reward`) or asks for
-the task's sealed verifier (`.../verify`), and closes it (`.../close` or `DELETE`). An execution
-not closed by its task's deadline, or past its turn or token limit, is closed by gyre and scored
-on what its workspace holds (partial scoring, as the harness does); one no loop claims within
-`gateway.claim_timeout_s` fails. The execution API answers only the admin token (never an
-execution's key) and refuses bad input with a JSON error and a 4xx, losing nothing. Knows
-nothing about trees, training or what the agent loop runs.
+execution_id) -> Executed`), `Claimed`, `ClaimedTask`, `GatewayStatistics` and `check_gateway`.
+When the driver asks for an execution, it is published as pending (its proxy key minted); an
+agent loop claims it (`claim`: its key, the proxy's base URLs, the task and a workspace gyre
+prepared), runs its own agent against the TITO proxy, posts a reward (`post_reward`) or has the
+task's sealed verifier score the workspace (`verify`), and closes it (`close`). An execution not
+closed by its task's deadline, or past its turn or token limit, is closed by gyre and scored on
+what its workspace holds (partial scoring, as the harness does); one no loop claims within
+`gateway.claim_timeout_s` fails. Bad calls raise `ProxyError` with their 4xx and change nothing.
+The HTTP routes over these operations are `gyre.runtime.external_api`. Knows nothing about
+trees, training, HTTP or what the agent loop runs.
 """
 
 from __future__ import annotations
 
 import collections
-import hmac
-import logging
 import math
 import os
-import secrets
 import shutil
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from gyre.agents.control import ExecutionControl, check_execution_id
 from gyre.config import GatewayConfig, RunConfig
-from gyre.errors import ConfigError, GyreError, ProxyError, VerifierError
+from gyre.errors import ConfigError, VerifierError
 from gyre.runtime.rollout import Executed, run_jobs
 from gyre.sandbox import Limits
 from gyre.tasks.outcome import Outcome, Score, Termination
 from gyre.tasks.scorer import score_workspace
-from gyre.tasks.task import Task, load_suite
+from gyre.tasks.task import AgentLimits, Task
 from gyre.tito.openai_format import proxy_error
 from gyre.tito.proxy import TitoProxy
-from gyre.tito.wire import error_body
 
 __all__ = [
     "ExternalRollout",
+    "Claimed",
+    "ClaimedTask",
     "GatewayStatistics",
     "check_gateway",
-    "open_gateway",
-    "serve_app",
-    "TOKEN_ENV",
 ]
 
-logger = logging.getLogger(__name__)
-
-TOKEN_ENV = "GYRE_GATEWAY_TOKEN"
-"""Environment variable holding the admin token when `gateway.admin_token` is empty."""
 
 _POLL_S = 0.05
 """How often an open execution's limits are checked against the proxy's totals."""
-_MAX_BODY_BYTES = 64 * 2**10
-_ENCODER = msgspec.json.Encoder()
 
 
-class _ClaimRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    task_id: str | None = None
-    """Claim only an execution of this task (it must be one of the run's tasks)."""
-    wait_s: float = 0.0
-    """Wait up to this long for a pending execution (capped at `gateway.max_claim_wait_s`)."""
+class ClaimedTask(msgspec.Struct, frozen=True, kw_only=True):
+    """The task of a claimed execution, as its agent loop sees it."""
+
+    id: str
+    instruction: str
+    workspace: str
+    """Absolute path of the execution's workspace (a copy of the task's `environment/`): the
+    verifier scores what it holds at the end."""
+    instruction_file: str
+    """Absolute path of `instruction.md` beside the workspace."""
 
 
-class _RewardRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    reward: float
-    """The execution's reward in [0, 1] (`Score.score`)."""
-    passed: bool | None = None
-    """Whether the task counts as solved (the pass rate); default: reward == 1."""
+class Claimed(msgspec.Struct, frozen=True, kw_only=True):
+    """What an agent loop gets when it claims an execution (the body of the 201)."""
 
-
-_CLAIM_DECODER = msgspec.json.Decoder(_ClaimRequest)
-_REWARD_DECODER = msgspec.json.Decoder(_RewardRequest)
+    execution_id: str
+    api_key: str
+    """The execution's key for the proxy (`Authorization: Bearer` or `x-api-key`)."""
+    base_url: str
+    """The proxy's base URL for OpenAI clients (`http://host:port/v1`)."""
+    anthropic_base_url: str
+    """The same without `/v1`: Anthropic's SDK appends `/v1/messages` itself."""
+    model: str
+    """The served model name."""
+    task: ClaimedTask
+    limits: AgentLimits
+    """The task's `deadline_s` (from the claim), `max_turns` and `token_budget`."""
+    deadline_unix_s: float
+    """Unix time past which gyre closes the execution and scores its workspace."""
 
 
 class GatewayStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -159,25 +156,6 @@ def check_gateway(config: RunConfig) -> None:
         ) from None
 
 
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        _ENCODER.encode(body), status_code=status, media_type="application/json", headers=headers
-    )
-
-
-def _outcome_body(outcome: Outcome, calls: int) -> dict[str, Any]:
-    return {
-        "execution_id": outcome.execution_id,
-        "task_id": outcome.task_id,
-        "termination": outcome.termination,
-        "reward": outcome.reward,
-        "passed": None if outcome.score is None else outcome.score.all_passed,
-        "failure_reason": outcome.failure_reason,
-        "model_calls": calls,
-        "completion_tokens": outcome.completion_tokens,
-    }
-
-
 class ExternalRollout:
     """The gateway's rollout: `await rollout.run(task, execution_id)` publishes the execution and
     returns its `Executed` once an agent loop closed it (or gyre did); `run_many` as `Rollout`.
@@ -194,9 +172,8 @@ class ExternalRollout:
         max_concurrent: most executions published or running at once.
         task_ids: the run's task ids (a claim naming another gets 404); None accepts any.
         keep_workspaces: keep each execution's folder after it ended.
-        admin_token: the bearer token of the execution API.
 
-    Serve the execution API with `port = await task_group.start(rollout.serve)`.
+    Its HTTP routes: `gyre.runtime.external_api.ExecutionApi`.
     """
 
     def __init__(
@@ -207,20 +184,16 @@ class ExternalRollout:
         base_url: str,
         model: str,
         workspace_root: str | os.PathLike[str],
-        admin_token: str,
         verifier_limits: Limits = Limits(),
         max_concurrent: int,
         task_ids: Collection[str] | None = None,
         keep_workspaces: bool = False,
     ) -> None:
-        if not admin_token:
-            raise ValueError("admin_token must not be empty")
         self.proxy = proxy
         self.config = config
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.workspace_root = Path(workspace_root)
-        self.admin_token = admin_token
         self.verifier_limits = verifier_limits
         self.limiter = anyio.CapacityLimiter(max_concurrent)
         self.task_ids = None if task_ids is None else frozenset(task_ids)
@@ -228,32 +201,12 @@ class ExternalRollout:
         self._pending: collections.OrderedDict[str, _External] = collections.OrderedDict()
         self._live: dict[str, _External] = {}
         """Every execution published and not ended (pending ones too)."""
-        self._ended: dict[str, tuple[Outcome, int]] = {}
-        """Ended executions: their outcome and call count (for a late request's 409)."""
+        self._ended: dict[str, Outcome] = {}
+        """Ended executions' outcomes (a late request gets 409, not 404)."""
         self._published = anyio.Event()
         """Set (and replaced) whenever an execution is published: wakes waiting claims."""
         self._template_ok: dict[str, bool] = {}
         self._counts = collections.Counter[str]()
-        self.app = Starlette(
-            routes=[
-                Route("/gyre/v1/executions", self._claim_route, methods=["POST"]),
-                Route("/gyre/v1/executions", self._list_route, methods=["GET"]),
-                Route(
-                    "/gyre/v1/executions/{execution_id}/reward",
-                    self._reward_route,
-                    methods=["POST"],
-                ),
-                Route(
-                    "/gyre/v1/executions/{execution_id}/verify",
-                    self._verify_route,
-                    methods=["POST"],
-                ),
-                Route(
-                    "/gyre/v1/executions/{execution_id}/close", self._close_route, methods=["POST"]
-                ),
-                Route("/gyre/v1/executions/{execution_id}", self._close_route, methods=["DELETE"]),
-            ]
-        )
 
     @classmethod
     def from_config(
@@ -267,21 +220,15 @@ class ExternalRollout:
     ) -> ExternalRollout:
         """The gateway of a run: `config.gateway`, workspaces where the harness would put them
         (`tasks.harness.workspace_root`, default `<run_dir>/executions`), the harness's verifier
-        limits; the admin token from the config, else `$GYRE_GATEWAY_TOKEN`, else a random one
-        (printed)."""
+        limits."""
         harness = config.tasks.harness
         run_dir = Path(config.run_dir).resolve()
-        token = config.gateway.admin_token or os.environ.get(TOKEN_ENV, "")
-        if not token:
-            token = secrets.token_urlsafe(24)
-            print(f"gateway: admin token {token} (set gateway.admin_token or ${TOKEN_ENV})")
         return cls(
             proxy,
             config=config.gateway,
             base_url=base_url,
             model=config.proxy.model_name,
             workspace_root=harness.workspace_root or run_dir / "executions",
-            admin_token=token,
             verifier_limits=Limits(
                 memory_bytes=harness.memory_bytes,
                 file_size_bytes=harness.file_size_bytes,
@@ -375,7 +322,7 @@ class ExternalRollout:
             outcome = await self._outcome(ex, termination, summary.num_calls, calls)
             ex.state, ex.outcome = "closed", outcome
             del self._live[ex.execution_id]
-            self._ended[ex.execution_id] = (outcome, len(calls))
+            self._ended[ex.execution_id] = outcome
             ex.ended.set()
         if ex.exec_dir is not None and not self.keep_workspaces:
             exec_dir = ex.exec_dir
@@ -435,10 +382,26 @@ class ExternalRollout:
 
     # -- the agent loop's side -----------------------------------------------------------------
 
-    async def _claim(self, *, task_id: str | None = None, wait_s: float = 0.0) -> _External | None:
-        """The oldest pending execution (of `task_id`, if given), claimed: its workspace is
-        prepared and its deadline starts. Waits up to `wait_s` (capped at `max_claim_wait_s`) for
-        one to be published; None if none was."""
+    async def claim(self, *, task_id: str | None = None, wait_s: float = 0.0) -> Claimed | None:
+        """Claim the oldest pending execution (of `task_id`, if given): its workspace is prepared
+        and its deadline starts. Waits up to `wait_s` (capped at `max_claim_wait_s`) for one to be
+        published; None if none was. Raises `ProxyError`: 400 for a `wait_s` that is not a finite
+        number >= 0, 404 for a `task_id` that is not one of the run's, 500 when the workspace
+        cannot be prepared (the execution then ends `failed`)."""
+        if not (math.isfinite(wait_s) and wait_s >= 0):
+            raise proxy_error(
+                f"wait_s={wait_s} must be a finite number >= 0",
+                400,
+                "invalid_request",
+                param="wait_s",
+            )
+        if task_id is not None and self.task_ids is not None and task_id not in self.task_ids:
+            raise proxy_error(
+                f"task {task_id!r} is not one of this run's tasks",
+                404,
+                "task_not_found",
+                param="task_id",
+            )
         with anyio.move_on_after(min(wait_s, self.config.max_claim_wait_s)):
             while True:
                 published = self._published
@@ -454,14 +417,29 @@ class ExternalRollout:
         ex.state = "open"
         ex.claimed_s = time.time()
         try:
-            ex.exec_dir = await anyio.to_thread.run_sync(self._prepare, ex)
+            exec_dir = ex.exec_dir = await anyio.to_thread.run_sync(self._prepare, ex)
         except OSError as exc:
             ex.failure = f"cannot prepare the workspace: {exc}"
             ex.close_asked.set()  # ended as failed by `run`
             raise proxy_error(ex.failure, 500, "workspace_error") from None
         finally:
             ex.claimed.set()
-        return ex
+        limits = ex.task.spec.agent
+        return Claimed(
+            execution_id=ex.execution_id,
+            api_key=ex.key,
+            base_url=self.base_url,
+            anthropic_base_url=self.base_url.removesuffix("/v1"),
+            model=self.model,
+            task=ClaimedTask(
+                id=ex.task.task_id,
+                instruction=ex.task.instruction,
+                workspace=str(exec_dir / "workspace"),
+                instruction_file=str(exec_dir / "instruction.md"),
+            ),
+            limits=limits,
+            deadline_unix_s=ex.claimed_s + limits.deadline_s,
+        )
 
     def _prepare(self, ex: _External) -> Path:
         """`<workspace_root>/<execution_id>/`: `workspace/` (the task's `environment/`) and
@@ -489,67 +467,70 @@ class ExternalRollout:
             requests_refused=c["requests_refused"],
         )
 
-    # -- HTTP ----------------------------------------------------------------------------------
-
-    async def serve(
-        self,
-        *,
-        host: str | None = None,
-        port: int | None = None,
-        task_status=anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Serve the execution API with Hypercorn in this event loop until cancelled; reports
-        the bound port through `task_status`. Raises `OSError` when the address cannot be bound."""
-        await serve_app(
-            self.app,
-            host=self.config.host if host is None else host,
-            port=self.config.port if port is None else port,
-            task_status=task_status,
-        )
-
-    def _error(self, exc: Exception) -> Response:
-        self._counts["requests_refused"] += 1
-        status, type_, code = 500, "server_error", None
-        if isinstance(exc, GyreError):
-            status, type_ = exc.http_status, exc.http_type
-            code = exc.error_code if isinstance(exc, ProxyError) else exc.code
-        if status == 500:
-            logger.error("gateway request failed: %s", exc)
-        return Response(
-            error_body(str(exc), type=type_, code=code),
-            status_code=status,
-            media_type="application/json",
-        )
-
-    async def _admitted(self, request: Request, decoder: msgspec.json.Decoder | None) -> Any:
-        """Check the admin token and read the body (decoded by `decoder`; empty: its defaults)."""
+    def note_request(self, *, refused: bool) -> None:
+        """Count one request to the execution API (`statistics`)."""
         self._counts["requests_total"] += 1
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), self.admin_token.encode()
-        ):
+        self._counts["requests_refused"] += refused
+
+    def listing(self) -> dict[str, list[dict[str, str]]]:
+        """The pending and the open (claimed) executions: `execution_id` and `task_id` each."""
+
+        def rows(executions) -> list[dict[str, str]]:
+            return [{"execution_id": e.execution_id, "task_id": e.task.task_id} for e in executions]
+
+        return {
+            "pending": rows(self._pending.values()),
+            "open": rows(e for e in self._live.values() if e.state == "open"),
+        }
+
+    def post_reward(self, execution_id: str, reward: float, passed: bool | None = None) -> Score:
+        """Set the reward of a claimed execution: a `Score` of `reward` (in [0, 1]) with
+        `all_passed = passed` (default: reward == 1). Raises `ProxyError`: 400 for a reward that
+        is not a finite number in [0, 1], 404/409 as `_open`, 409 when it has a reward already
+        or is being verified."""
+        ex = self._open(execution_id)
+        if not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
             raise proxy_error(
-                "the execution API needs `Authorization: Bearer <gateway admin token>` "
-                "(an execution's key is not one)",
-                401,
-                "invalid_admin_token",
-                type="authentication_error",
+                f"reward={reward} must be a finite number in [0, 1]",
+                400,
+                "invalid_reward",
+                param="reward",
             )
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > _MAX_BODY_BYTES:
-                raise proxy_error(
-                    f"request body over {_MAX_BODY_BYTES} bytes", 413, "request_too_large"
-                )
-        if decoder is None:
-            return None
-        try:
-            return decoder.decode(body or b"{}")
-        except msgspec.ValidationError as exc:
-            raise proxy_error(f"invalid request: {exc}", 400, "invalid_request") from None
-        except msgspec.DecodeError as exc:
-            raise proxy_error(f"the body is not JSON: {exc}", 400, "invalid_json") from None
+        self._unscored(ex)
+        passed = reward == 1.0 if passed is None else passed
+        ex.score = Score(passed=int(passed), total=1, score=reward, all_passed=passed)
+        self._counts["rewards_posted"] += 1
+        return ex.score
+
+    async def verify(self, execution_id: str) -> Score:
+        """Run the task's sealed verifier on the workspace of a claimed execution now; its score
+        is the execution's reward (once: the verifier is not an oracle to query). Raises
+        `ProxyError` as `post_reward`, `VerifierError` when the verifier itself fails."""
+        ex = self._open(execution_id)
+        self._unscored(ex)
+        async with ex.lock:
+            self._open(execution_id)  # not closed by gyre meanwhile
+            self._counts["verifications"] += 1
+            ex.score = await self._verify(ex)
+        return ex.score
+
+    async def close(self, execution_id: str) -> Outcome:
+        """End a claimed execution (its key stops working) and return its outcome, once scored:
+        the posted reward, else the verifier's score of its workspace. Raises `ProxyError` as
+        `_open` (a second close gets 409)."""
+        ex = self._open(execution_id)
+        ex.close_asked.set()
+        await ex.ended.wait()
+        assert ex.outcome is not None
+        return ex.outcome
+
+    def _unscored(self, ex: _External) -> None:
+        if ex.score is not None or ex.lock.locked():
+            raise proxy_error(
+                f"execution {ex.execution_id!r} already has a reward (or is being verified)",
+                409,
+                "reward_exists",
+            )
 
     def _open(self, execution_id: str) -> _External:
         """The claimed, not yet closing execution `execution_id`; 404 when gyre never published
@@ -568,198 +549,3 @@ class ExternalRollout:
         if ex.state != "open" or ex.close_asked.is_set():
             raise proxy_error(f"execution {execution_id!r} is closed", 409, "execution_closed")
         return ex
-
-    async def _claim_route(self, request: Request) -> Response:
-        try:
-            req: _ClaimRequest = await self._admitted(request, _CLAIM_DECODER)
-            if not (math.isfinite(req.wait_s) and req.wait_s >= 0):
-                raise proxy_error(
-                    f"wait_s={req.wait_s} must be a finite number >= 0",
-                    400,
-                    "invalid_request",
-                    param="wait_s",
-                )
-            if req.task_id is not None and self.task_ids is not None:
-                if req.task_id not in self.task_ids:
-                    raise proxy_error(
-                        f"task {req.task_id!r} is not one of this run's tasks",
-                        404,
-                        "task_not_found",
-                        param="task_id",
-                    )
-            ex = await self._claim(task_id=req.task_id, wait_s=req.wait_s)
-        except ProxyError as exc:
-            return self._error(exc)
-        if ex is None:
-            return Response(status_code=204)
-        assert ex.exec_dir is not None
-        limits = ex.task.spec.agent
-        root = self.base_url.removesuffix("/v1")
-        body = {
-            "execution_id": ex.execution_id,
-            "api_key": ex.key,
-            "base_url": self.base_url,
-            "anthropic_base_url": root,
-            "model": self.model,
-            "task": {
-                "id": ex.task.task_id,
-                "instruction": ex.task.instruction,
-                "workspace": str(ex.exec_dir / "workspace"),
-                "instruction_file": str(ex.exec_dir / "instruction.md"),
-            },
-            "limits": {
-                "deadline_s": limits.deadline_s,
-                "max_turns": limits.max_turns,
-                "token_budget": limits.token_budget,
-            },
-            "deadline_unix_s": ex.claimed_s + limits.deadline_s,
-        }
-        location = f"/gyre/v1/executions/{ex.execution_id}"
-        return _json(body, 201, headers={"location": location})
-
-    async def _list_route(self, request: Request) -> Response:
-        try:
-            await self._admitted(request, None)
-        except ProxyError as exc:
-            return self._error(exc)
-        return _json(
-            {
-                "pending": [
-                    {"execution_id": e.execution_id, "task_id": e.task.task_id}
-                    for e in self._pending.values()
-                ],
-                "open": [
-                    {"execution_id": e.execution_id, "task_id": e.task.task_id}
-                    for e in self._live.values()
-                    if e.state == "open"
-                ],
-                "statistics": self.statistics(),
-            }
-        )
-
-    async def _reward_route(self, request: Request) -> Response:
-        try:
-            req: _RewardRequest = await self._admitted(request, _REWARD_DECODER)
-            ex = self._open(request.path_params["execution_id"])
-            if not (math.isfinite(req.reward) and 0.0 <= req.reward <= 1.0):
-                raise proxy_error(
-                    f"reward={req.reward} must be a finite number in [0, 1]",
-                    400,
-                    "invalid_reward",
-                    param="reward",
-                )
-            if ex.score is not None or ex.lock.locked():
-                raise proxy_error(
-                    f"execution {ex.execution_id!r} already has a reward (or is being verified)",
-                    409,
-                    "reward_exists",
-                )
-            passed = req.reward == 1.0 if req.passed is None else req.passed
-            ex.score = Score(passed=int(passed), total=1, score=req.reward, all_passed=passed)
-            self._counts["rewards_posted"] += 1
-        except ProxyError as exc:
-            return self._error(exc)
-        return _json({"execution_id": ex.execution_id, "reward": req.reward, "passed": passed})
-
-    async def _verify_route(self, request: Request) -> Response:
-        try:
-            await self._admitted(request, None)
-            ex = self._open(request.path_params["execution_id"])
-            if ex.score is not None or ex.lock.locked():
-                raise proxy_error(
-                    f"execution {ex.execution_id!r} already has a reward (or is being verified)",
-                    409,
-                    "reward_exists",
-                )
-            async with ex.lock:
-                self._open(ex.execution_id)  # not closed by gyre meanwhile
-                self._counts["verifications"] += 1
-                score = ex.score = await self._verify(ex)
-        except (ProxyError, VerifierError) as exc:
-            return self._error(exc)
-        return _json(
-            {
-                "execution_id": ex.execution_id,
-                "reward": score.score,
-                "passed": score.all_passed,
-                "tests_passed": score.passed,
-                "tests_total": score.total,
-            }
-        )
-
-    async def _close_route(self, request: Request) -> Response:
-        try:
-            await self._admitted(request, None)
-            ex = self._open(request.path_params["execution_id"])
-            ex.close_asked.set()
-            await ex.ended.wait()
-        except ProxyError as exc:
-            return self._error(exc)
-        assert ex.outcome is not None
-        return _json(_outcome_body(ex.outcome, self._ended[ex.execution_id][1]))
-
-
-@asynccontextmanager
-async def open_gateway(
-    config: RunConfig, proxy: TitoProxy, *, base_url: str, max_concurrent: int
-) -> AsyncIterator[ExternalRollout]:
-    """The run's `ExternalRollout` (`ExternalRollout.from_config`, claims limited to the tasks of
-    `config.tasks.suites`) with its execution API served on `gateway.host:port`; its address and
-    the proxy's are written to `<run_dir>/gateway.json` (`url`, `base_url`; never the token)
-    and printed. Stops serving on exit."""
-    task_ids = [t.task_id for suite in config.tasks.suites for t in load_suite(suite)]
-    rollout = ExternalRollout.from_config(
-        config, proxy, base_url=base_url, max_concurrent=max_concurrent, task_ids=task_ids
-    )
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(rollout.serve)
-        url = f"http://{config.gateway.host}:{port}/gyre/v1"
-        run_dir = Path(config.run_dir).resolve()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "gateway.json").write_bytes(_ENCODER.encode({"url": url, "base_url": base_url}))
-        print(f"gateway: execution API at {url}/executions, proxy at {base_url}", flush=True)
-        yield rollout
-        tg.cancel_scope.cancel()
-
-
-async def serve_app(
-    app: Any, *, host: str, port: int, task_status=anyio.TASK_STATUS_IGNORED
-) -> None:
-    """Serve the ASGI `app` with Hypercorn on `host:port` (0: a free port) in this event loop
-    (trio or asyncio) until cancelled; reports the bound port through `task_status`."""
-    import sniffio
-    from hypercorn.config import Config as HypercornConfig
-
-    if sniffio.current_async_library() == "trio":
-        from hypercorn.trio import serve as hypercorn_serve
-    else:
-        from hypercorn.asyncio import serve as hypercorn_serve
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-        bound = sock.getsockname()[1]
-    except BaseException:
-        sock.close()
-        raise
-    hc = HypercornConfig()
-    hc.bind = [f"fd://{sock.detach()}"]
-    hc.accesslog = None
-    hc.errorlog = logger
-    hc.graceful_timeout = 1.0
-    shutdown = anyio.Event()
-
-    async def run_server() -> None:
-        with anyio.CancelScope(
-            shield=True
-        ):  # Hypercorn stops through its trigger (TitoProxy.serve)
-            await hypercorn_serve(app, hc, shutdown_trigger=shutdown.wait, mode="asgi")
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run_server)
-        task_status.started(bound)
-        try:
-            await anyio.sleep_forever()
-        finally:
-            shutdown.set()

@@ -150,7 +150,7 @@ async def open_rollout(
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.serve)
         if config.gateway.enabled:
-            from gyre.runtime.external import open_gateway
+            from gyre.runtime.external_api import open_gateway
 
             async with open_gateway(
                 config,
