@@ -476,3 +476,61 @@ def test_to_chat_turns_tools_and_choices():
     assert named.parallel_tool_calls is None
     off = _to_chat(thinking={"type": "disabled"}, messages=[{"role": "user", "content": "q"}])
     assert off.chat_template_kwargs == {"enable_thinking": False}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # one backend: the shared cell is the cost
+async def test_stream_with_a_tool_against_vllm(vllm_engine, anyio_backend):
+    """Real vLLM: `tool_choice: any` (enforced by the reply grammar) streams a tool_use block, the
+    tool_result turn streams on; each call's completion IDs are the streamed `gyre.token_ids`."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(vllm_engine.tokenizer_dir))
+    proxy = make_proxy(tok, vllm_engine)
+    key = proxy.mint_key("vllm-messages")
+    schema = {"type": "object", "properties": {}, "additionalProperties": False}
+    tools = [{"name": "ping", "input_schema": schema}]
+    history: list = [{"role": "user", "content": "Call ping."}]
+    streamed = []
+    async with serving(proxy) as base:
+        client = anthropic.AsyncAnthropic(
+            base_url=base.removesuffix("/v1"), api_key=key, max_retries=0, timeout=300
+        )
+        for turn in range(2):
+            choice = {"type": "any"} if turn == 0 else {"type": "none"}
+            async with client.messages.stream(
+                model="gyre",
+                max_tokens=64,
+                tools=tools,
+                tool_choice=choice,
+                messages=history,
+            ) as stream:
+                events = [e async for e in stream]
+                final = await stream.get_final_message()
+            (delta,) = [e for e in events if e.type == "message_delta"]
+            streamed.append(delta.model_extra["gyre"]["token_ids"])
+            if turn == 0:
+                uses = [b for b in final.content if b.type == "tool_use"]
+                assert final.stop_reason == "tool_use", final
+                assert uses and uses[0].name == "ping"
+                assert uses[0].input == {}
+                history += [
+                    {"role": "assistant", "content": final.content},
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": u.id, "content": "pong"}
+                            for u in uses
+                        ],
+                    },
+                ]
+        await client.close()
+    first, second = proxy.calls("vllm-messages")
+    assert [first.completion_ids, second.completion_ids] == streamed
+    known = first.prompt_ids + first.completion_ids
+    assert second.parent_call_id == first.call_id
+    if second.divergence is None:
+        assert second.prompt_ids[: len(known)] == known
+    else:  # sampled text that does not survive decode and re-render: flagged, never silent
+        index = second.divergence.index
+        assert second.prompt_ids[:index] == known[:index]
