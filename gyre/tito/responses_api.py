@@ -41,6 +41,25 @@ __all__ = ["ResponsesApi", "response_id", "output_items"]
 _UNSAFE_ID = re.compile(r"[^A-Za-z0-9_-]")
 
 
+class _Link:
+    """One stored response of a chain: the messages it added (its input and its reply) and the
+    response it continued. A chain of n responses holds each message once (memory linear in the
+    conversation, not n copies of it)."""
+
+    __slots__ = ("parent", "messages")
+
+    def __init__(self, parent: _Link | None, messages: tuple[ChatMessage, ...]) -> None:
+        self.parent, self.messages = parent, messages
+
+    def history(self) -> list[ChatMessage]:
+        """The whole conversation up to and including this response's reply, oldest first."""
+        parts, link = [], self
+        while link is not None:
+            parts.append(link.messages)
+            link = link.parent
+        return [m for part in reversed(parts) for m in part]
+
+
 class ResponsesApi:
     """OpenAI Responses (`POST /v1/responses`), served through the chat path (the request
     mapping: `responses_input.chat_request`). `previous_response_id` names a stored response of
@@ -53,26 +72,27 @@ class ResponsesApi:
 
     def __init__(self, *, text: TokenText, model: str) -> None:
         self.text, self.model = text, model
-        self._chains: dict[str, dict[str, list[ChatMessage]]] = {}
+        self._chains: dict[str, dict[str, _Link]] = {}
 
     # -- requests ------------------------------------------------------------------------------
 
     def decode(self, body: bytes, ex: Execution) -> tuple[ResponsesCall, ChatCompletionRequest]:
         req = decode_responses(body)
         history: list[ChatMessage] = []
+        link = None
         if req.previous_response_id is not None:
-            chain = self._chains.get(ex.execution_id, {}).get(req.previous_response_id)
-            if chain is None:
+            link = self._chains.get(ex.execution_id, {}).get(req.previous_response_id)
+            if link is None:
                 raise bad_request(
                     f"previous_response_id {req.previous_response_id!r} names no stored response "
                     "of this execution",
                     "previous_response_id",
                     "previous_response_not_found",
                 )
-            history = list(chain)
-        history += input_messages(req.input)
-        chat = chat_request(req, history)
-        return ResponsesCall(req, chat, history), chat
+            history = link.history()
+        new = input_messages(req.input)
+        chat = chat_request(req, history + new)
+        return ResponsesCall(req, chat, link, tuple(new)), chat
 
     def forget(self, execution_id: str) -> None:
         """Drop the response chains of a closed execution."""
@@ -82,7 +102,7 @@ class ResponsesApi:
         """Keep a response's conversation (with its reply) for `previous_response_id`."""
         if rc.request.store and not call.execution.closed:
             chains = self._chains.setdefault(call.execution.execution_id, {})
-            chains[response_id(call)] = rc.history + [reply]
+            chains[response_id(call)] = _Link(rc.link, (*rc.new, reply))
 
     # -- responses ------------------------------------------------------------------------------
 

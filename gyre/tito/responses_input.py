@@ -125,8 +125,11 @@ class ResponsesCall:
 
     request: ResponsesRequest
     chat: ChatCompletionRequest
-    history: list[ChatMessage]
-    """The conversation without the instructions (a chained response does not inherit them)."""
+    link: Any
+    """The stored response this one continues (`responses_api._Link`), or None."""
+    new: tuple[ChatMessage, ...]
+    """The messages of this request's `input` (the instructions excluded: a chained response
+    does not inherit them)."""
 
 
 def bad_request(message: str, param: str | None, code: str = "invalid_value") -> Exception:

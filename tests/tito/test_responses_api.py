@@ -350,3 +350,30 @@ async def test_streamed_response_with_a_tool_against_vllm(vllm_engine, anyio_bac
         assert part.text == text
         assert [lp.logprob for lp in part.logprobs] == call.logprobs
     assert final.usage.output_tokens == len(call.completion_ids)
+
+
+async def test_a_chain_holds_each_message_once(tok, anyio_backend):
+    """Three chained responses store what each added (its input + reply) and a link to the
+    response it continued: 6 messages in all, not 2 + 4 + 6 copies; the third call's history is
+    the whole conversation in order."""
+    engine, _ = scripted(tok, "one", "two", "three")
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("c")
+    prev = None
+    for word in ("a", "b", "c"):
+        body = {"model": "gyre", "input": word, **({"previous_response_id": prev} if prev else {})}
+        status, raw = await asgi_post(proxy, "/v1/responses", key, body)
+        assert status == 200, raw
+        prev = json.loads(raw)["id"]
+    links = proxy.responses_api._chains["c"]
+    assert sum(len(link.messages) for link in links.values()) == 6
+    history = links[prev].history()
+    assert [(m.role, m.content) for m in history] == [
+        ("user", "a"),
+        ("assistant", "one"),
+        ("user", "b"),
+        ("assistant", "two"),
+        ("user", "c"),
+        ("assistant", "three"),
+    ]
+    check_extends(proxy.calls("c"))
