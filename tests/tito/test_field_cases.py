@@ -54,7 +54,7 @@ async def test_b01_retokenization_drift(tok, anyio_backend):
             )
         ).json()
         assert r1["choices"][0]["message"]["content"] == word
-        msgs += [r1["choices"][0]["message"], {"role": "tool", "content": "ok"}]
+        msgs += [r1["choices"][0]["message"], {"role": "user", "content": "ok"}]
         r2 = (
             await post(
                 http,
@@ -447,7 +447,13 @@ async def run_b23(tok, args_text: str, *, echo_arguments=None, **config):
         for tc in echo.get("tool_calls") or ():
             if echo_arguments is not None:
                 tc["function"]["arguments"] = echo_arguments(tc["function"]["arguments"])
-        msgs += [echo, {"role": "tool", "tool_call_id": "x", "content": "a.py b.py"}]
+        calls = echo.get("tool_calls")  # none when the call is malformed: a user turn answers
+        msgs += [
+            echo,
+            {"role": "tool", "tool_call_id": calls[0]["id"], "content": "a.py b.py"}
+            if calls
+            else {"role": "user", "content": "a.py b.py"},
+        ]
         r2 = (
             await post(
                 http,
