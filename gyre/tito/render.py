@@ -5,9 +5,12 @@ Owns `ChatRenderer`, `RenderState` (per execution: one `Node` per recorded choic
 messages + returned reply prefix the new messages and the template re-renders that reply as the
 generated text, the prompt is `parent prompt + parent completion + tokens of the new text` (an
 anchor render, checked against a full one on the first call and every `check_every`-th; disagreeing
-templates render in full for good). Otherwise the whole conversation is rendered, the parent's
-tokens kept over the longest shared text and a `Divergence` recorded where they differ. Generated
-text is never re-tokenized. Knows nothing about HTTP, engines or logs.
+templates render in full for good). With `history="heal"` a history that differs from the
+recorded calls only by a client habit (`gyre.tito.heal`) is matched as sent and the recorded reply
+put back, so it extends the parent the same way (`Rendered.heals`). Otherwise the whole
+conversation is rendered, the parent's tokens kept over the longest shared text and a `Divergence`
+recorded where they differ. Generated text is never re-tokenized. Knows nothing about HTTP,
+engines or logs.
 """
 
 from __future__ import annotations
