@@ -489,7 +489,9 @@ async def test_reasoning_dropped_agents_sdk_twenty_turns_one_branch(tok, anyio_b
         assert [c.heals for c in calls] == [()] + [("reasoning_dropped",)] * TURNS
         assert [c.divergence for c in calls] == [None] * (TURNS + 1)
         assert (branches, kept) == (1, policy)  # Jmax 8 keeps 100% of policy tokens
-        assert proxy.statistics().heal_reasons == {"reasoning_dropped": TURNS}
+        stats = proxy.statistics()
+        assert stats.heal_reasons == {"reasoning_dropped": TURNS}
+        assert stats.render_check_failures == 0  # every prompt also checked by a full render
     else:
         assert [c.divergence.reason for c in calls[1:]] == ["reasoning_dropped"] * TURNS
         assert branches == TURNS + 1 and kept < policy
