@@ -1,19 +1,21 @@
 """History healing: which differences between a client's history and the recorded calls are client
 habits the proxy heals by reusing the recorded tokens (docs/design.md invariant 1).
 
-Owns the reasons (`HEAL_REASONS`), `heal_echo` (an echoed assistant message against the reply the
-proxy returned: the echo with the fields a client habitually changes taken back from the reply),
-`json_equal` (two JSON values equal, type for type), `invalid_utf8_length` (how many bytes
-Python's UTF-8 decoder replaces by one U+FFFD at a position) and `has_invalid_utf8`. The rules are
-conservative: a difference heals only when, once the healed fields are the reply's again, nothing
-the chat template sees differs (the renderer checks that). Knows nothing about token IDs,
-templates, HTTP or engines; `gyre.tito.render` applies the rules.
+Owns the reasons (`HEAL_REASONS`); `heal_echo` (an echoed assistant message with the fields a
+client habitually changes taken back from the reply the proxy returned) and `echo_heals` (whether
+the echo then renders as that reply); `json_equal` (two JSON values equal, type for type); and the
+U+FFFD rules: `invalid_utf8_length` (the bytes Python's UTF-8 decoder replaces by one U+FFFD at a
+position), `has_invalid_utf8`, `match_replacements` and `text_offset` (known token bytes matched
+to a text that has U+FFFD in their place). The rules are conservative: a difference heals only
+when, with the healed fields the reply's again, nothing the chat template renders differs. Knows
+nothing about token IDs, HTTP or engines; `gyre.tito.render` applies the rules.
 """
 
 from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -23,6 +25,7 @@ from gyre.tito.wire import ChatMessage, ToolCall
 __all__ = [
     "HEAL_REASONS",
     "heal_echo",
+    "echo_heals",
     "json_equal",
     "invalid_utf8_length",
     "has_invalid_utf8",
@@ -129,6 +132,29 @@ def heal_echo(echo: ChatMessage, reply: ChatMessage | None) -> tuple[ChatMessage
     if not fields:
         return echo, ()
     return msgspec.structs.replace(echo, **fields), tuple(reasons)
+
+
+def echo_heals(
+    echo: ChatMessage,
+    reply: ChatMessage,
+    to_template: Callable[[ChatMessage], dict[str, Any]],
+    render: Callable[[ChatMessage], str],
+) -> tuple[str, ...] | None:
+    """The reasons `echo` heals to `reply` for, or None when it does not: `heal_echo` takes the
+    habitually changed fields back from `reply`, and then nothing the chat template renders may
+    differ: the same template input (`to_template`, gyre's message-to-template dict), or failing
+    that the same text (`render`: the template's text of the message after one user message; a
+    template that raises for either renders nothing to compare)."""
+    fixed, reasons = heal_echo(echo, reply)
+    if not reasons:
+        return None
+    if to_template(fixed) == to_template(reply):
+        return reasons
+    try:
+        same = render(fixed) == render(reply)
+    except Exception:  # jinja raises its own errors for messages a template rejects
+        return None
+    return reasons if same else None
 
 
 def invalid_utf8_length(data: bytes, pos: int) -> int:

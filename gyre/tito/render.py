@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 from gyre.tito.detok import TokenText
 from gyre.tito.heal import (
     HEAL_REASONS,
+    echo_heals,
     has_invalid_utf8,
     heal_echo,
     match_replacements,
@@ -571,23 +572,14 @@ class ChatRenderer:
         return not any(o is not node and o.messages is node.messages for o in state.nodes)
 
     def _heal_echo(self, echo: ChatMessage, reply: ChatMessage) -> tuple[str, ...] | None:
-        """The reasons `echo` heals to `reply` for, or None: `heal_echo` takes the habitually
-        changed fields back from `reply`, then nothing the template renders may differ (the
-        same template input; failing that, the same text rendered after one user message)."""
-        fixed, reasons = heal_echo(echo, reply)
-        if not reasons:
-            return None
-        if message_to_template(fixed) == message_to_template(reply):
-            return reasons
-        user = {"role": "user", "content": "x"}
-        texts = []
-        for m in (fixed, reply):
+        """`gyre.tito.heal.echo_heals` with this template (its arguments' form)."""
+
+        def render(m: ChatMessage) -> str:
             d = message_to_template(m, arguments_as=self.arguments_as)
-            try:
-                texts.append(self.tokenizer.apply_chat_template([user, d], tokenize=False))
-            except Exception:  # a template refusing this pair renders nothing to compare
-                return None
-        return reasons if texts[0] == texts[1] else None
+            user = {"role": "user", "content": "x"}
+            return self.tokenizer.apply_chat_template([user, d], tokenize=False)
+
+        return echo_heals(echo, reply, message_to_template, render)
 
     def _link(
         self, parent: Node, messages: list[ChatMessage]

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from gyre.config import ProxyConfig
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
-from gyre.tito.heal import heal_echo, invalid_utf8_length, json_equal
+from gyre.tito.heal import echo_heals, heal_echo, invalid_utf8_length, json_equal
 from gyre.tito.records import ModelCall
-from gyre.tito.render import ChatRenderer
+from gyre.tito.render import ChatRenderer, message_to_template
 from gyre.tito.wire import ChatMessage, FunctionCall, ToolCall
 from gyre.trajectory import build_tree, select_trajectories
 from tests.tito.conftest import encode, make_proxy, serving
@@ -356,6 +356,26 @@ def test_heal_echo_takes_back_only_the_habitual_fields():
     assert heal_echo(reply, reply) == (reply, ())
     other_reasoning = msgspec.structs.replace(reply, reasoning_content="s")
     assert heal_echo(other_reasoning, reply) == (other_reasoning, ())
+
+
+def test_echo_heals_falls_back_to_the_rendered_text(tok):
+    """Content "" against None is another template input; the tiny template renders both as
+    nothing (`content is string`), so the echo heals; a render that shows them apart does not."""
+    call = ToolCall(id="c1", function=FunctionCall(name="add", arguments='{"a": 1}'))
+    reply = ChatMessage(role="assistant", reasoning_content="r", tool_calls=[call])
+    echo = ChatMessage(role="assistant", content="", tool_calls=[call])
+    assert message_to_template(echo) != message_to_template(
+        msgspec.structs.replace(reply, reasoning_content=None)
+    )
+
+    def render(m: ChatMessage) -> str:
+        user = {"role": "user", "content": "x"}
+        return tok.apply_chat_template([user, message_to_template(m)], tokenize=False)
+
+    assert echo_heals(echo, reply, message_to_template, render) == ("reasoning_dropped",)
+    assert echo_heals(echo, reply, message_to_template, lambda m: repr(m.content)) is None
+    edited = msgspec.structs.replace(echo, content="y")
+    assert echo_heals(edited, reply, message_to_template, render) is None
 
 
 @settings(max_examples=300, deadline=None)
