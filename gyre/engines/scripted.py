@@ -217,10 +217,12 @@ class ScriptedEngine:
             self._compiler = xgr.GrammarCompiler(info)
         c = self._compiler
         try:
+            # JSON compact, as `vllm_engine` compiles it (`disable_any_whitespace`)
+            compact = dict(any_whitespace=False, separators=(",", ":"))
             if structured.kind == "json_schema":
-                compiled = c.compile_json_schema(structured.spec)
+                compiled = c.compile_json_schema(structured.spec, **compact)
             elif structured.kind == "json_object":
-                compiled = c.compile_json_schema('{"type": "object"}')
+                compiled = c.compile_json_schema('{"type": "object"}', **compact)
             elif structured.kind == "regex":
                 compiled = c.compile_regex(structured.spec)
             else:

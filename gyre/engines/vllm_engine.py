@@ -66,6 +66,7 @@ _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort":
 
 def engine_args(model_path: str, config: EngineConfig) -> Any:
     """vLLM `AsyncEngineArgs` for a gyre rollout engine (token IDs in, processed logprobs out)."""
+    from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     kv = kv_transport(config).engine_args()
@@ -81,6 +82,11 @@ def engine_args(model_path: str, config: EngineConfig) -> Any:
         logprobs_mode="processed_logprobs",
         max_logprobs=20,
         skip_tokenizer_init=False,  # structured outputs compile grammars over the vocabulary
+        # xgrammar (structural tags need it); JSON constraints compile compact: with any
+        # whitespace allowed, an untrained policy can spend max_tokens on whitespace in `{`.
+        structured_outputs_config=StructuredOutputsConfig(
+            backend="xgrammar", disable_any_whitespace=True
+        ),
         seed=0,
         disable_log_stats=True,
         **kv,

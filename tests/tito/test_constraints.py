@@ -52,7 +52,14 @@ def accepts(tok, spec: StructuredOutput, text: str) -> bool:
     """Whether xgrammar's matcher takes `text` + EOS to the grammar's end (the same check vLLM's
     xgrammar backend masks with)."""
     info = xgr.TokenizerInfo.from_huggingface(tok, stop_token_ids=[tok.eos_token_id])
-    m = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_structural_tag(spec.spec))
+    compiler = xgr.GrammarCompiler(info)
+    if spec.kind == "json_schema":  # as vLLM's xgrammar backend with disable_any_whitespace
+        compiled = compiler.compile_json_schema(
+            spec.spec, any_whitespace=False, separators=(",", ":")
+        )
+    else:
+        compiled = compiler.compile_structural_tag(spec.spec)
+    m = xgr.GrammarMatcher(compiled)
     ids = enc(tok, text) + [tok.eos_token_id]
     return all(m.accept_token(t) for t in ids) and m.is_terminated()
 
@@ -94,10 +101,12 @@ def test_response_format_json_schema_and_json_object(tok):
     c = chat_constraint(
         chat_req(response_format={"type": "json_schema", "json_schema": {"schema": schema}})
     )
-    assert accepts(tok, c, '{"n": 3}')
-    assert not accepts(tok, c, '{"n": "three"}') and not accepts(tok, c, "sure")
+    assert c.kind == "json_schema"
+    assert accepts(tok, c, '{"n":3}')
+    assert not accepts(tok, c, '{"n": 3}')  # compact: no whitespace run for a policy to fill
+    assert not accepts(tok, c, '{"n":"three"}') and not accepts(tok, c, "sure")
     obj = chat_constraint(chat_req(response_format={"type": "json_object"}))
-    assert accepts(tok, obj, '{"x": [1]}') and not accepts(tok, obj, "[1]")
+    assert accepts(tok, obj, '{"x":[1]}') and not accepts(tok, obj, "[1]")
     assert chat_constraint(chat_req(response_format={"type": "text"})) is None
     assert chat_constraint(chat_req(tools=TOOLS)) is None  # auto, parallel: nothing to enforce
 
@@ -141,12 +150,13 @@ async def test_required_tool_call_is_enforced_end_to_end(tok, anyio_backend):
 
 async def test_response_format_json_schema_end_to_end(tok, anyio_backend):
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    engine, proxy, key = setup(tok, '{"n": 7}')
+    engine, proxy, key = setup(tok, '{"n":7}')
     fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
     status, body = await post(proxy, key, response_format=fmt, max_tokens=32)
     assert status == 200, body
     assert json.loads(body["choices"][0]["message"]["content"]) == {"n": 7}
-    assert json.loads(engine.requests_seen[-1].sampling.structured.spec)["type"] == "structural_tag"
+    sent = engine.requests_seen[-1].sampling.structured
+    assert sent.kind == "json_schema" and json.loads(sent.spec) == schema
 
 
 @pytest.mark.parametrize(
