@@ -37,7 +37,7 @@ from gyre.sandbox import Limits
 from gyre.tasks.outcome import Outcome, Score, Termination
 from gyre.tasks.scorer import score_workspace
 from gyre.tasks.task import AgentLimits, Task
-from gyre.tito.openai_format import proxy_error
+from gyre.tito.openai_requests import proxy_error
 from gyre.tito.proxy import TitoProxy
 
 __all__ = [

@@ -40,7 +40,7 @@ from gyre.errors import GyreError, ProxyError
 from gyre.runtime.external import ExternalRollout
 from gyre.tasks.outcome import Outcome
 from gyre.tasks.task import load_suite
-from gyre.tito.openai_format import proxy_error
+from gyre.tito.openai_requests import proxy_error
 from gyre.tito.proxy import TitoProxy
 from gyre.tito.wire import error_body
 

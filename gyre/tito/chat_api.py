@@ -15,12 +15,8 @@ from typing import Any, Protocol
 
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
-from gyre.tito.openai_format import (
-    chat_completion,
-    chat_stream,
-    decode_request,
-    reply_message,
-)
+from gyre.tito.openai_format import chat_completion, chat_stream, reply_message
+from gyre.tito.openai_requests import decode_request
 from gyre.tito.recorder import Recorder
 from gyre.tito.sessions import Execution
 from gyre.tito.wire import (

@@ -20,7 +20,7 @@ from typing import Any
 
 from gyre.engines.protocol import StructuredOutput
 from gyre.errors import ProxyError
-from gyre.tito.openai_format import proxy_error
+from gyre.tito.openai_requests import proxy_error
 from gyre.tito.wire import ChatCompletionRequest
 
 __all__ = ["ToolCallFormat", "GYRE_FORMAT", "chat_constraint"]

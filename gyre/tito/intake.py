@@ -21,7 +21,7 @@ from gyre.errors import ProxyError
 from gyre.tito.constraints import GYRE_FORMAT, chat_constraint
 from gyre.tito.generation import Call
 from gyre.tito.model_format import ModelFormat
-from gyre.tito.openai_format import proxy_error, sampling_params, stop_strings
+from gyre.tito.openai_requests import proxy_error, sampling_params, stop_strings
 from gyre.tito.records import Role
 from gyre.tito.render import ChatRenderer, Rendered
 from gyre.tito.sessions import Execution

@@ -23,7 +23,7 @@ from gyre.tito.anthropic_format import anthropic_error, message_body, message_st
 from gyre.tito.chat_api import Reply
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
-from gyre.tito.openai_format import proxy_error
+from gyre.tito.openai_requests import proxy_error
 from gyre.tito.recorder import Recorder
 from gyre.tito.reply import loads_or_none
 from gyre.tito.sessions import Execution

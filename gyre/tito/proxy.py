@@ -37,15 +37,13 @@ from gyre.tito.inflight import Flight, InFlight, SSEResponse
 from gyre.tito.intake import CallIntake
 from gyre.tito.log import CallLog
 from gyre.tito.messages_api import AnthropicMessages
-from gyre.tito.openai_format import (
-    chat_reply,
+from gyre.tito.openai_format import chat_reply, completion_stream, text_completion
+from gyre.tito.openai_requests import (
     check_messages,
     check_model,
     completion_prompt,
-    completion_stream,
     decode_request,
     proxy_error,
-    text_completion,
 )
 from gyre.tito.recorder import Recorder
 from gyre.tito.records import ExecutionSummary, ModelCall

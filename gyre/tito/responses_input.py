@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from gyre.tito.openai_format import decode_request, proxy_error
+from gyre.tito.openai_requests import decode_request, proxy_error
 from gyre.tito.wire import (
     ChatCompletionRequest,
     ChatMessage,

@@ -1,0 +1,313 @@
+"""OpenAI-format requests in: decode, check and translate one request of an execution.
+
+Owns `proxy_error` (the `ProxyError` of a refused request), `decode_request` (a body to its
+msgspec request type, every decode error a 400 naming the field), the checks of a request's model
+name and chat history (`check_model`, `check_messages`: roles, tool-call pairing), the one prompt
+of a completions request (`completion_prompt`), and its `SamplingParams` with the context limit
+and every sampling parameter checked, passed on or refused (`sampling_params`, `stop_strings`).
+Responses and streams are `openai_format`'s. Knows nothing about routes, keys or engines' work.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+from gyre.config import ProxyConfig
+from gyre.engines.protocol import InferenceEngine, SamplingParams, StructuredOutput
+from gyre.errors import ProxyError
+from gyre.tito.sessions import Execution
+from gyre.tito.wire import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    message_text,
+)
+
+__all__ = [
+    "proxy_error",
+    "decode_request",
+    "check_model",
+    "check_messages",
+    "completion_prompt",
+    "sampling_params",
+    "stop_strings",
+]
+
+
+def proxy_error(
+    message: str,
+    status: int,
+    code: str | None,
+    *,
+    param: str | None = None,
+    type: str | None = None,
+) -> ProxyError:
+    """A `ProxyError` answered in OpenAI's error shape (`status`, `code`, `param`, `type`)."""
+    return ProxyError(message, status=status, type=type, error_code=code, param=param)
+
+
+def _param_of(message: str) -> str | None:
+    """The JSON path msgspec names in a validation error (`... - at `$.messages[0].role``)."""
+    _, sep, path = message.rpartition("at `")
+    return path.rstrip("`").removeprefix("$.") if sep else None
+
+
+def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+    """The request `body` decoded and validated by `decoder` (400 naming the offending field)."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise proxy_error(
+            f"invalid request: {exc}", 400, "invalid_type", param=_param_of(str(exc))
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise proxy_error(f"malformed JSON body: {exc}", 400, "invalid_json") from None
+
+
+def check_model(model: str, served: tuple[str, ...]) -> None:
+    """404 unless the request names a served model name."""
+    if model not in served:
+        raise proxy_error(
+            f"the model {model!r} does not exist (served: {', '.join(map(repr, served))})",
+            404,
+            "model_not_found",
+            param="model",
+            type="invalid_request_error",
+        )
+
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+"""Chat roles of OpenAI's API reference (Chat, "messages"); `function` (deprecated) is not."""
+
+
+def check_messages(messages: list[ChatMessage]) -> None:
+    """400 for a history that would go into training data malformed: an empty conversation, a
+    content that is not text, an unknown role, a `tool` message without `tool_call_id` or whose
+    `tool_call_id` names no tool call of an earlier assistant message (an orphan)."""
+    if not messages:
+        raise proxy_error("messages must not be empty", 400, "invalid_value", param="messages")
+    called: set[str] = set()
+    for i, m in enumerate(messages):
+        try:
+            message_text(m.content)
+        except ValueError as exc:
+            raise proxy_error(str(exc), 400, "invalid_value", param=f"messages[{i}]") from None
+        if m.role not in _ROLES:
+            raise proxy_error(
+                f"messages[{i}].role={m.role!r} must be one of {', '.join(sorted(_ROLES))}",
+                400,
+                "invalid_value",
+                param=f"messages[{i}].role",
+            )
+        if m.role == "assistant":
+            called.update(tc.id for tc in m.tool_calls or () if tc.id is not None)
+        elif m.role == "tool":
+            if m.tool_call_id is None:
+                raise proxy_error(
+                    f"messages[{i}] (role tool) needs a tool_call_id",
+                    400,
+                    "invalid_value",
+                    param=f"messages[{i}].tool_call_id",
+                )
+            if m.tool_call_id not in called:
+                raise proxy_error(
+                    f"messages[{i}].tool_call_id={m.tool_call_id!r} answers no tool call of an "
+                    "earlier assistant message",
+                    400,
+                    "invalid_value",
+                    param=f"messages[{i}].tool_call_id",
+                )
+
+
+def completion_prompt(prompt: str | list[Any]) -> str | list[int]:
+    """The one prompt of a completions request: a string or a list of token IDs (a batch of one
+    is unwrapped; more than one is refused)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise proxy_error(
+                "one prompt per request is supported", 400, "invalid_value", param="prompt"
+            )
+        prompt = prompt[0]
+    if isinstance(prompt, list) and not all(type(t) is int for t in prompt):
+        raise proxy_error(
+            "prompt must be a string or a list of token IDs", 400, "invalid_type", param="prompt"
+        )
+    return prompt
+
+
+def sampling_params(
+    req: ChatCompletionRequest | CompletionRequest,
+    max_tokens: int | None,
+    prompt_len: int,
+    ex: Execution,
+    engine: InferenceEngine,
+    *,
+    config: ProxyConfig,
+    stop_token_ids: tuple[int, ...],
+    structured: StructuredOutput | None = None,
+) -> SamplingParams:
+    """Sampling params with the context limit applied (B15): clamp or refuse, never a crash.
+
+    A refusal marks `ex` truncated and counts it; `stop_token_ids` (the tokenizer's EOS) come
+    before the request's own; `structured` is the reply's grammar (`constraints.chat_constraint`).
+
+    Every parameter that changes what is sampled is passed to the engine or refused with a 400,
+    never dropped. `logit_bias` and the presence, frequency and repetition penalties are passed
+    to the engine and recorded with the call (`ModelCall.sampling`); the behaviour logprobs are
+    those of the distribution they produce (vLLM's processed logprobs, invariant 2), so the
+    trainer's importance ratio pi_theta / pi_behaviour accounts for them like any off-policy
+    sample. Ranges are OpenAI's (API reference, Chat and Completions): biases in [-100, 100] on
+    token IDs of the vocabulary, presence and frequency penalties in [-2, 2], `top_logprobs` (chat,
+    needs `logprobs: true`) and completions' `logprobs` in [0, 20]; `repetition_penalty` (vLLM's)
+    > 0. Completions: `suffix` is refused (no fill-in-the-middle), `best_of` must equal `n` (no
+    ranking of samples), `echo` with `logprobs` is refused (prompt logprobs are not computed)."""
+    if not 1 <= req.n <= config.max_n:
+        raise proxy_error(
+            f"n={req.n} must be in [1, {config.max_n}]", 400, "invalid_value", param="n"
+        )
+    if max_tokens is not None and max_tokens < 1:
+        raise proxy_error(
+            f"max_tokens={max_tokens} must be >= 1", 400, "invalid_value", param="max_tokens"
+        )
+    temperature = 1.0 if req.temperature is None else req.temperature
+    if not (math.isfinite(temperature) and 0 <= temperature <= 2):
+        raise proxy_error(
+            f"temperature={temperature} must be in [0, 2]",
+            400,
+            "invalid_value",
+            param="temperature",
+        )
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if not 0 < top_p <= 1:
+        raise proxy_error(f"top_p={top_p} must be in (0, 1]", 400, "invalid_value", param="top_p")
+    top = _top_logprobs(req)
+    stats = engine.statistics()
+    bias = _logit_bias(req.logit_bias, stats.vocab_size)
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = getattr(req, name)
+        if v is not None and not (math.isfinite(v) and -2 <= v <= 2):
+            raise proxy_error(f"{name}={v} must be in [-2, 2]", 400, "invalid_value", param=name)
+        penalties[name] = v or 0.0
+    rep = 1.0 if req.repetition_penalty is None else req.repetition_penalty
+    if not (math.isfinite(rep) and rep > 0):
+        raise proxy_error(
+            f"repetition_penalty={rep} must be > 0",
+            400,
+            "invalid_value",
+            param="repetition_penalty",
+        )
+    if isinstance(req, CompletionRequest):
+        _check_completion_extras(req)
+    max_model_len = stats.max_model_len
+    room = max_model_len - prompt_len
+    wanted = room if max_tokens is None else max_tokens
+    if room < 1 or (wanted > room and config.context_overflow == "refuse"):
+        ex.truncated = True
+        ex.context_refusals += 1
+        raise proxy_error(
+            f"this model's maximum context length is {max_model_len} tokens; the prompt has "
+            f"{prompt_len} tokens and {wanted} completion tokens were requested",
+            400,
+            "context_length_exceeded",
+            param="messages",
+        )
+    return SamplingParams(
+        max_tokens=min(wanted, room),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=req.top_k or 0,
+        seed=req.seed,
+        stop_token_ids=stop_token_ids
+        + tuple(t for t in req.stop_token_ids or () if t not in stop_token_ids),
+        n=req.n,
+        top_logprobs=top,
+        logit_bias=bias,
+        repetition_penalty=rep,
+        structured=structured,
+        **penalties,
+    )
+
+
+def _top_logprobs(req: ChatCompletionRequest | CompletionRequest) -> int:
+    """k of the top-k logprobs asked for: chat `top_logprobs` (with `logprobs: true`), completions
+    `logprobs`; 400 outside [0, 20]."""
+    if isinstance(req, CompletionRequest):
+        k, param = req.logprobs or 0, "logprobs"
+    else:
+        k, param = req.top_logprobs or 0, "top_logprobs"
+        if k and not req.logprobs:
+            raise proxy_error(
+                "top_logprobs needs logprobs: true", 400, "invalid_value", param="top_logprobs"
+            )
+    if not 0 <= k <= 20:
+        raise proxy_error(f"{param}={k} must be in [0, 20]", 400, "invalid_value", param=param)
+    return k
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    """`logit_bias` keyed by token ID; 400 for a key that is not a token ID of the vocabulary or
+    a value outside [-100, 100]."""
+    if not bias:
+        return None
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            tok = int(key)
+        except ValueError:
+            tok = -1
+        if not 0 <= tok < vocab_size:
+            raise proxy_error(
+                f"logit_bias key {key!r} is not a token ID in [0, {vocab_size})",
+                400,
+                "invalid_value",
+                param="logit_bias",
+            )
+        if not (math.isfinite(value) and -100 <= value <= 100):
+            raise proxy_error(
+                f"logit_bias[{key}]={value} must be in [-100, 100]",
+                400,
+                "invalid_value",
+                param="logit_bias",
+            )
+        out[tok] = float(value)
+    return out
+
+
+def _check_completion_extras(req: CompletionRequest) -> None:
+    """400 for the completions parameters gyre cannot honour."""
+    if req.suffix:
+        raise proxy_error(
+            "suffix is not supported (no fill-in-the-middle template)",
+            400,
+            "invalid_value",
+            param="suffix",
+        )
+    if req.best_of is not None and req.best_of != req.n:
+        raise proxy_error(
+            f"best_of={req.best_of} is not supported unless equal to n={req.n} (samples are "
+            "not ranked; ask for n choices instead)",
+            400,
+            "invalid_value",
+            param="best_of",
+        )
+    if req.echo and req.logprobs is not None:
+        raise proxy_error(
+            "echo with logprobs is not supported (prompt logprobs are not computed)",
+            400,
+            "invalid_value",
+            param="echo",
+        )
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    """The request's stop strings: at most 16, none empty."""
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(stops) > 16 or any(not s for s in stops):
+        raise proxy_error(
+            "stop must be at most 16 non-empty strings", 400, "invalid_value", param="stop"
+        )
+    return stops
