@@ -40,6 +40,7 @@ __all__ = [
     "TextBlock",
     "ImageBlock",
     "DocumentBlock",
+    "DirectCaller",
     "ToolUseBlock",
     "ToolResultBlock",
     "ThinkingBlock",
@@ -81,10 +82,22 @@ class DocumentBlock(_Block, tag="document", forbid_unknown_fields=False):
     """Decoded only to be refused with a clear 400."""
 
 
+class DirectCaller(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`{"type": "direct"}`: the model itself called the tool (the only caller this server
+    produces; a server-tool caller is refused)."""
+
+    type: Literal["direct"]
+
+
 class ToolUseBlock(_Block, tag="tool_use"):
     id: str
     name: str
     input: dict[str, Any]
+    caller: DirectCaller | None = None
+    """Echoed by the anthropic SDK (`ToolUseBlock.caller`, null or direct)."""
+    toolset_name: None = None
+    """Echoed by the anthropic SDK (`ToolUseBlock.toolset_name`); toolsets are not served, so
+    null only."""
 
 
 class ToolResultBlock(_Block, tag="tool_result"):

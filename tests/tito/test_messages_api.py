@@ -94,7 +94,10 @@ def _check_one_path(proxy, tok, execution: str, ids: list[list[int]]) -> None:
     assert proxy.statistics().divergences == 0
 
 
-async def test_create_tool_use_then_tool_result_is_recorded_exactly(tok, anyio_backend):
+@pytest.mark.parametrize("echo", ["sdk_objects", "model_dump"])
+async def test_create_tool_use_then_tool_result_is_recorded_exactly(tok, anyio_backend, echo):
+    """The reply's blocks echoed as the SDK's objects, or as `model_dump()` dicts (every field,
+    `tool_use.caller: null` and `text.citations: null` included), extend the recorded path."""
     engine, ids = _scripted(tok)
     proxy = make_proxy(tok, engine)
     key = proxy.mint_key("am")
@@ -108,7 +111,12 @@ async def test_create_tool_use_then_tool_result_is_recorded_exactly(tok, anyio_b
                 if result is not None:
                     tool_use = out[-1].content[-1]
                     history += [
-                        {"role": "assistant", "content": out[-1].content},
+                        {
+                            "role": "assistant",
+                            "content": out[-1].content
+                            if echo == "sdk_objects"
+                            else [b.model_dump() for b in out[-1].content],
+                        },
                         {
                             "role": "user",
                             "content": [
