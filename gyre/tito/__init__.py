@@ -13,7 +13,8 @@ Modules: `proxy` (the ASGI app), `sessions` (keys, executions), `render` (chat t
 from gyre.tito.log import CallLog, LogContents, LogCorruptError, LogStatistics, read_log
 from gyre.tito.proxy import ProxyStatistics, TitoProxy
 from gyre.tito.records import ROLES, Divergence, ExecutionSummary, ModelCall, Role
-from gyre.tito.render import ChatRenderer, RenderStatistics
+from gyre.tito.render import ChatRenderer
+from gyre.tito.render_state import RenderStatistics
 
 __all__ = [
     "TitoProxy",

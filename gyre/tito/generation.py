@@ -23,7 +23,7 @@ from gyre.engines.protocol import FinishReason, GenerateRequest, InferenceEngine
 from gyre.errors import EngineError
 from gyre.tito.detok import TokenText
 from gyre.tito.records import Role
-from gyre.tito.render import Rendered
+from gyre.tito.render_state import Rendered
 from gyre.tito.reply import ReplyStream
 from gyre.tito.sessions import Execution
 

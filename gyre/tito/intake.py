@@ -23,7 +23,8 @@ from gyre.tito.generation import Call
 from gyre.tito.model_format import ModelFormat
 from gyre.tito.openai_requests import proxy_error, sampling_params, stop_strings
 from gyre.tito.records import Role
-from gyre.tito.render import ChatRenderer, Rendered
+from gyre.tito.render import ChatRenderer
+from gyre.tito.render_state import Rendered
 from gyre.tito.sessions import Execution
 from gyre.tito.wire import ChatCompletionRequest, CompletionRequest, message_text
 

@@ -47,7 +47,8 @@ from gyre.tito.openai_requests import (
 )
 from gyre.tito.recorder import Recorder
 from gyre.tito.records import ExecutionSummary, ModelCall
-from gyre.tito.render import ChatRenderer, RenderStatistics
+from gyre.tito.render import ChatRenderer
+from gyre.tito.render_state import RenderStatistics
 from gyre.tito.responses_api import ResponsesApi
 from gyre.tito.sessions import Execution, Sessions, parse_role
 from gyre.tito.wire import (

@@ -22,7 +22,7 @@ from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
 from gyre.tito.log import CallLog
 from gyre.tito.records import ModelCall
-from gyre.tito.render import Node
+from gyre.tito.render_state import Node
 from gyre.tito.wire import ChatMessage
 
 __all__ = ["Recorder"]

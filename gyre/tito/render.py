@@ -1,7 +1,7 @@
 """Incremental chat rendering: chat messages to exact prompt token IDs, reusing every known token.
 
-Owns `ChatRenderer`, `RenderState` (per execution: one `Node` per recorded choice), `Rendered`,
-`RenderStatistics` and `message_to_template`. The rule (docs/design.md invariant 1): when a call's
+Owns `ChatRenderer` (what it remembers per execution is `render_state`'s; what a template sees,
+`template_input`'s). The rule (docs/design.md invariant 1): when a call's
 messages + returned reply prefix the new messages and the template re-renders that reply as the
 generated text, the prompt is `parent prompt + parent completion + tokens of the new text` (an
 anchor render, checked against a full one on the first call and every `check_every`-th; disagreeing
@@ -16,12 +16,8 @@ engines or logs.
 from __future__ import annotations
 
 import json
-import re
-import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
-
-from tokenizers import Tokenizer
 
 from gyre.tito.detok import TokenText
 from gyre.tito.heal import (
@@ -33,135 +29,16 @@ from gyre.tito.heal import (
     text_offset,
 )
 from gyre.tito.records import Divergence
-from gyre.tito.reply import loads_or_none
+from gyre.tito.render_state import Node, Rendered, RenderState, RenderStatistics
+from gyre.tito.template_input import (
+    PROBE_ARGUMENTS,
+    LiteralText,
+    message_to_template,
+    placeholder,
+)
 from gyre.tito.wire import ChatMessage, message_text
 
-__all__ = [
-    "Node",
-    "RenderState",
-    "Rendered",
-    "RenderStatistics",
-    "ChatRenderer",
-    "message_to_template",
-]
-
-_EXTEND_LOCK = threading.Lock()
-
-
-def message_to_template(
-    m: ChatMessage, *, arguments_as: str = "string", content: str | None = None
-) -> dict[str, Any]:
-    """The dict a Hugging Face chat template sees for one message.
-
-    `arguments_as`: tool-call arguments reach the template as the JSON text the client sent
-    (`string`) or, for templates that `tojson` them (Qwen 2.5, Llama 3), as the decoded object
-    (`mapping`; arguments that are not a JSON object stay text). `content`: the message's text
-    replaced (the renderer's placeholders, field case B26).
-    """
-    text = message_text(m.content) if content is None else content
-    d: dict[str, Any] = {"role": m.role, "content": text}
-    if m.name is not None:
-        d["name"] = m.name
-    reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
-    if reasoning is not None:
-        d["reasoning_content"] = reasoning
-    if m.tool_calls is not None:
-        d["tool_calls"] = [
-            {
-                "id": tc.id,
-                "type": tc.type,
-                "function": {
-                    "name": tc.function.name,
-                    "arguments": _arguments(tc.function.arguments, arguments_as),
-                },
-            }
-            for tc in m.tool_calls
-        ]
-    if m.tool_call_id is not None:
-        d["tool_call_id"] = m.tool_call_id
-    return d
-
-
-def _arguments(arguments: Any, arguments_as: str) -> Any:
-    if arguments_as == "mapping" and isinstance(arguments, str):
-        obj = loads_or_none(arguments)
-        return obj if isinstance(obj, dict) else arguments
-    return arguments
-
-
-_PROBE_ARGUMENTS = '{"gyre_probe": "v"}'
-_PLACEHOLDER = re.compile("\ue000([0-9]+)\ue001")
-
-
-def _placeholder(i: int) -> str:
-    """Stands in for message `i`'s text in a locating render (private-use characters)."""
-    return f"\ue000{i}\ue001"
-
-
-class _LiteralText:
-    """Message text holding added-token text (`<|im_end|>`, `<tool_call>`), located in this
-    thread's latest render so that `ChatRenderer.encode` tokenizes it as plain text (field case
-    B26). Renders run on the event loop and in worker threads: one located render per thread."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        backend = tokenizer.backend_tokenizer
-        added = sorted(
-            {t.content for t in backend.get_added_tokens_decoder().values()}, key=len, reverse=True
-        )
-        self.pattern = re.compile("|".join(map(re.escape, added))) if added else None
-        spec = json.loads(backend.to_str())
-        for t in spec.get("added_tokens", ()):
-            t["special"] = True  # every added token, structural tags included, becomes text
-        self.plain = Tokenizer.from_str(json.dumps(spec))
-        """The tokenizer with no added token matched in the input (`encode_special_tokens`)."""
-        self.plain.encode_special_tokens = True
-        self._local = threading.local()
-
-    def forget(self) -> None:
-        self._local.render = None
-
-    def forged(self, messages: list[ChatMessage]) -> dict[int, str]:
-        """{index: text} of the non-assistant messages whose text holds an added token's text
-        (assistant text is the model's own: its tags are real)."""
-        if self.pattern is None:
-            return {}
-        out = {}
-        for i, m in enumerate(messages):
-            if m.role != "assistant":
-                text = message_text(m.content)
-                if text and self.pattern.search(text):
-                    out[i] = text
-        return out
-
-    def locate(self, text: str, template: str, forged: dict[int, str]) -> None:
-        """Remember where `forged` texts lie in `text`, given `template`: the same render with
-        placeholders in their place. Nothing is remembered if the two do not agree."""
-        parts, spans, pos, size, seen = [], [], 0, 0, set()
-        for m in _PLACEHOLDER.finditer(template):
-            i = int(m.group(1))
-            if i not in forged:
-                return
-            seen.add(i)
-            parts.append(template[pos : m.start()])
-            size += m.start() - pos
-            spans.append((size, size + len(forged[i])))
-            parts.append(forged[i])
-            size += len(forged[i])
-            pos = m.end()
-        parts.append(template[pos:])
-        if seen == set(forged) and "".join(parts) == text:
-            self._local.render = (text, spans)
-
-    def spans_of(self, piece: str) -> list[tuple[int, int]]:
-        """The located spans inside `piece`, a suffix of this thread's latest render."""
-        render = getattr(self._local, "render", None)
-        if render is None:
-            return []
-        text, spans = render
-        if not text.endswith(piece):
-            return []
-        off = len(text) - len(piece)
-        return [(max(a - off, 0), b - off) for a, b in spans if b > off]
+__all__ = ["ChatRenderer"]
 
 
 def _reply_key(m: ChatMessage) -> tuple:
@@ -182,139 +59,6 @@ def _reply_key(m: ChatMessage) -> tuple:
 def _invalid_utf8(text: TokenText, node: Node) -> bool:
     """Whether `node`'s completion bytes are not UTF-8 (its text then has U+FFFD they lack)."""
     return "\ufffd" in node.completion_text and has_invalid_utf8(text.bytes_of(node.completion_ids))
-
-
-@dataclass(slots=True, eq=False)
-class Node:
-    """One recorded choice, as the renderer needs it to extend later calls.
-
-    Memory stays O(history) per execution, not O(history x calls): the prompt is the first
-    `prompt_len` IDs of `prompt_ref`, a list that descendants extend in place (`extend_ids`) or,
-    for a branch, a copy that this node then points at (`lend_prefix`). A linear conversation
-    holds one list, appended to call after call; nothing but `prompt_len` views reads it.
-    """
-
-    call_id: str
-    prompt_ref: list[int]
-    """A list whose first `prompt_len` IDs are this prompt (this node's own, or a descendant's)."""
-    completion_ids: list[int]
-    completion_text: str
-    """Decoded completion, special tokens included (the text the template must reproduce)."""
-    messages: list[ChatMessage] | None = None
-    """The request's messages (chat calls); shared with the parent's list objects where equal."""
-    reply: ChatMessage | None = None
-    """The assistant message the proxy returned for this choice."""
-    tools: list[dict[str, Any]] | None = None
-    template_kwargs: dict[str, Any] | None = None
-    stop_string: bool = False
-    """The completion was cut at a stop string (its text is not what the reply re-renders to)."""
-    head_text: str | None = None
-    """Cache: the template's render of the first message with the generation prompt."""
-    parent: Node | None = None
-    """The node this one's prompt extends (or diverges from)."""
-    divergence: Divergence | None = None
-    prompt_len: int = -1
-    """Prompt length, tokens (-1 at construction: all of `prompt_ref`)."""
-    sent: list[ChatMessage] | None = None
-    """The request's messages as the client sent them, when healing made `messages` differ (a
-    reply taken back or put back); None: `messages`. Later requests are matched against it."""
-    heals: tuple[str, ...] = ()
-    """Why this prompt extends its parent although the client's history differs (`HEAL_REASONS`)."""
-
-    @property
-    def conversation(self) -> list[ChatMessage] | None:
-        """The messages as the client sent them (what a later request repeats)."""
-        return self.messages if self.sent is None else self.sent
-
-    def __post_init__(self) -> None:
-        if self.prompt_len < 0:
-            self.prompt_len = len(self.prompt_ref)
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        """A copy of the prompt (O(prompt); the proxy itself works on `prompt_ref` views)."""
-        return self.prompt_ref[: self.prompt_len]
-
-    def known_ids(self) -> list[int]:
-        """A new list: prompt + completion (one copy)."""
-        out = self.prompt_ref[: self.prompt_len]
-        out += self.completion_ids
-        return out
-
-    def extend_ids(self) -> list[int]:
-        """prompt + completion as a list the caller may append to: `prompt_ref` itself, extended
-        in place, when nothing has extended it yet (the linear case: no copy, no new large list
-        for the garbage collector to scan); otherwise a copy (a branch)."""
-        with _EXTEND_LOCK:  # renders run on the loop and in worker threads: one extender per list
-            ref = self.prompt_ref
-            if len(ref) != self.prompt_len:
-                return self.known_ids()
-            ref += self.completion_ids
-            return ref
-
-    def lend_prefix(self, ids: list[int]) -> None:
-        """`ids` starts with this node's prompt + completion: keep it instead of this prompt, and
-        so do the ancestors that kept this node's list (it is a prefix of `ids` too)."""
-        n = self.prompt_len
-        assert ids[n : n + len(self.completion_ids)] == self.completion_ids, (
-            "lend_prefix: not an extension"
-        )
-        old, node = self.prompt_ref, self
-        if ids is old:  # extended in place: every view of it already sees the new prompt
-            return
-        while node is not None and node.prompt_ref is old:
-            node.prompt_ref = ids
-            node = node.parent
-
-
-@dataclass(slots=True)
-class RenderStatistics:
-    """Counters of one renderer (docs/style.md rule 6); all are counts of calls."""
-
-    fast: int = 0
-    """Prompts built from the parent's tokens plus the anchor-rendered new messages."""
-    full: int = 0
-    """Prompts rendered from the whole conversation."""
-    checks: int = 0
-    """Fast-path prompts cross-checked against a full render."""
-    check_failures: int = 0
-    """Cross-checks that disagreed (the execution then renders in full)."""
-    divergences: int = 0
-    """Prompts that do not extend their parent's prompt + completion."""
-    heals: int = 0
-    """Prompts that extend their parent's prompt + completion only because a client habit was
-    healed (`gyre.tito.heal`)."""
-    heal_reasons: dict[str, int] = field(default_factory=dict)
-    """Those prompts by reason (`HEAL_REASONS`; a prompt healed for two reasons counts in both)."""
-
-
-@dataclass(slots=True)
-class RenderState:
-    """What one execution's renderer remembers: its recorded choices, oldest first."""
-
-    nodes: list[Node] = field(default_factory=list)
-    anchor_ok: bool | None = None
-    """None until the anchor render is checked against a full render; False: render in full."""
-    fast_since_check: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Rendered:
-    """A prompt ready for the engine, with where it came from."""
-
-    prompt_ids: list[int]
-    parent: Node | None
-    divergence: Divergence | None
-    messages: list[ChatMessage] | None = None
-    """The messages to store on the new node (prefix objects shared with the parent)."""
-    tools: list[dict[str, Any]] | None = None
-    path: str = "full"
-    """`fast` (spliced, anchor render), `full` (whole conversation), `repeat` (the same messages
-    as an earlier call: its prompt), or `tokens` (completions API)."""
-    sent: list[ChatMessage] | None = None
-    """The request's messages as sent, when they differ from `messages` (`Node.sent`)."""
-    heals: tuple[str, ...] = ()
-    """The client habits healed to extend the parent (`HEAL_REASONS` order; `Node.heals`)."""
 
 
 def _common_prefix(a: bytes | list, b: bytes | list) -> int:
@@ -357,8 +101,8 @@ class ChatRenderer:
         self.history = history
         self.stats = RenderStatistics()
         self._backend = tokenizer.backend_tokenizer
-        self._literal = _LiteralText(tokenizer)
-        self.arguments_as = self._probe_arguments()
+        self._literal = LiteralText(tokenizer)
+        self.arguments_as = self._probearguments_for()
         """How tool-call arguments reach this template: `string` or `mapping` (decided once, by
         rendering a probe call: `message_to_template`)."""
 
@@ -413,7 +157,7 @@ class ChatRenderer:
         forged = self._literal.forged(messages)
         if forged:
             marked = [
-                message_to_template(m, arguments_as=self.arguments_as, content=_placeholder(i))
+                message_to_template(m, arguments_as=self.arguments_as, content=placeholder(i))
                 if i in forged
                 else d
                 for i, (m, d) in enumerate(zip(messages, dicts))
@@ -428,11 +172,11 @@ class ChatRenderer:
             self._literal.locate(text, template, forged)
         return text
 
-    def _probe_arguments(self) -> str:
+    def _probearguments_for(self) -> str:
         """`mapping` when the template renders a string argument double-encoded (it applies
         `tojson`) or only renders a mapping; else `string`."""
         call = {"id": "abcdefghi", "type": "function"}
-        call["function"] = {"name": "gyre_probe", "arguments": _PROBE_ARGUMENTS}
+        call["function"] = {"name": "gyre_probe", "arguments": PROBE_ARGUMENTS}
         conv = [
             {"role": "user", "content": "p"},
             {"role": "assistant", "content": "", "tool_calls": [call]},
@@ -446,7 +190,7 @@ class ChatRenderer:
             except Exception:  # it renders no tool call of this probe at all
                 return "string"
             return "mapping"
-        return "mapping" if json.dumps(_PROBE_ARGUMENTS) in text else "string"
+        return "mapping" if json.dumps(PROBE_ARGUMENTS) in text else "string"
 
     # -- chat ---------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import msgspec
 
 from gyre.errors import ProxyError
 from gyre.tito.records import ROLES, ExecutionSummary, ModelCall, Role
-from gyre.tito.render import Node, RenderState
+from gyre.tito.render_state import Node, RenderState
 
 __all__ = ["Execution", "Sessions", "parse_role"]
 

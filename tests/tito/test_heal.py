@@ -21,7 +21,8 @@ from gyre.config import ProxyConfig
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
 from gyre.tito.heal import echo_heals, heal_echo, invalid_utf8_length, json_equal
 from gyre.tito.records import ModelCall
-from gyre.tito.render import ChatRenderer, message_to_template
+from gyre.tito.render import ChatRenderer
+from gyre.tito.template_input import message_to_template
 from gyre.tito.wire import ChatMessage, FunctionCall, ToolCall
 from gyre.trajectory import build_tree, select_trajectories
 from tests.tito.conftest import encode, make_proxy, serving

@@ -7,7 +7,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre.tito.render import ChatRenderer, Node, RenderState
+from gyre.tito.render import ChatRenderer
+from gyre.tito.render_state import Node, RenderState
 from gyre.tito.reply import parse_reply
 from gyre.tito.wire import ChatMessage
 from tests.tito.conftest import encode
@@ -98,6 +99,6 @@ def test_fast_render_equals_full_render(tok, turns, system):
 
 
 def full_dict(m: ChatMessage) -> dict:
-    from gyre.tito.render import message_to_template
+    from gyre.tito.template_input import message_to_template
 
     return message_to_template(m)
