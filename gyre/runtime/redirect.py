@@ -111,6 +111,9 @@ class Choice:
         self.ids: list[int] = []
         self.lps: list[float] = []
         self.vers: list[int] = []
+        self.top_ids: list[list[int]] = []
+        self.top_lps: list[list[float]] = []
+        """Per token, the k most likely IDs and their logprobs (`SamplingParams.top_logprobs`)."""
         self.finish: FinishReason | None = None
         self.cached: int | None = None
         self.leg: Leg | None = None
@@ -125,6 +128,8 @@ class Choice:
             logprobs=list(self.lps),
             versions=list(self.vers),
             finish_reason=self.finish or "abort",
+            top_ids=list(self.top_ids) if self.top_ids else None,
+            top_logprobs=list(self.top_lps) if self.top_lps else None,
         )
 
 
@@ -363,6 +368,8 @@ class Redirector(Generic[M]):
                                     delta.token_ids,
                                     delta.logprobs,
                                     delta.versions,
+                                    delta.top_ids,
+                                    delta.top_logprobs,
                                 )
                                 if delta.finish_reason is not None:
                                     leg.finish = delta.finish_reason
@@ -381,7 +388,14 @@ class Redirector(Generic[M]):
             done = leg.abort_result[0]  # what the member sampled that its stream did not bring
             tail = slice(leg.streamed, None)
             self._take(
-                state, choice, leg, done.token_ids[tail], done.logprobs[tail], done.versions[tail]
+                state,
+                choice,
+                leg,
+                done.token_ids[tail],
+                done.logprobs[tail],
+                done.versions[tail],
+                None if done.top_ids is None else done.top_ids[tail],
+                None if done.top_logprobs is None else done.top_logprobs[tail],
             )
             if done.finish_reason != "abort":
                 leg.finish = done.finish_reason
@@ -394,7 +408,10 @@ class Redirector(Generic[M]):
         ids: list[int],
         lps: list[float],
         vers: list[int],
+        top_ids: list[list[int]] | None = None,
+        top_lps: list[list[float]] | None = None,
     ) -> None:
+        """Pass a delta of an attempt on to the caller, top-k entries included."""
         if not ids:
             return
         now = anyio.current_time()
@@ -407,13 +424,21 @@ class Redirector(Generic[M]):
         choice.ids += ids
         choice.lps += lps
         choice.vers += vers
+        if top_ids is not None and top_lps is not None:
+            choice.top_ids += top_ids
+            choice.top_lps += top_lps
         leg.streamed += len(ids)
         leg.last_token_s = now
         self._counts["tokens_generated"] += len(ids)
         _send(
             state,
             TokenDelta(
-                index=choice.index, token_ids=list(ids), logprobs=list(lps), versions=list(vers)
+                index=choice.index,
+                token_ids=list(ids),
+                logprobs=list(lps),
+                versions=list(vers),
+                top_ids=None if top_ids is None else list(top_ids),
+                top_logprobs=None if top_lps is None else list(top_lps),
             ),
         )
 

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 import anyio
+import msgspec
 import pytest
 
 from gyre.config import RouterConfig
@@ -966,3 +967,31 @@ async def test_vllm_cell_killed_mid_request_continues_on_another_cell(
         )
     assert stats.requests_redirected == 1 and stats.cells_down == 1
     assert stats.cells[0].down is not None and stats.cells[1].down is None
+
+
+async def test_top_logprobs_pass_through_the_router_across_a_redirect() -> None:
+    """`top_logprobs` k: every token's k entries reach the caller as the cell produced them,
+    before and after a switch moves the request to another cell (the scripted engine lists
+    `tok, tok+1, ...` with logprobs `lp, lp-1, ...`: checked against a run on one engine)."""
+    cells = {"a": scripted(2, 0.01), "b": scripted(4, 0.01)}
+    base = request("t/1", [5, 6], 12)
+    req = GenerateRequest(
+        request_id=base.request_id,
+        prompt_ids=base.prompt_ids,
+        sampling=msgspec.structs.replace(base.sampling, top_logprobs=3),
+    )
+    async with Router(cells, roles={"b": "train"}) as router:
+        consumer = Consumer()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.run, router, req)
+            await consumer.wait_tokens(3)
+            await router.set_role("b", "rollout")
+            await router.set_role("a", "train")
+        stats = router.statistics()
+    want = (await reference(req))[0]
+    assert stats.requests_redirected == 1 and consumer.error is None
+    deltas = consumer.deltas
+    assert [i for d in deltas for i in d.token_ids] == want.token_ids
+    assert [t for d in deltas for t in d.top_ids or ()] == want.top_ids
+    assert [t for d in deltas for t in d.top_logprobs or ()] == want.top_logprobs
+    assert all(len(t) == 3 and t[0] == i for t, i in zip(want.top_ids, want.token_ids))
