@@ -49,10 +49,6 @@ TREES_CSV = "trees.csv"
 """Every execution's trajectory-tree statistics, one row each, written when the run has a call
 log (the page lists the largest `TREES_SHOWN`)."""
 TREES_SHOWN = 20
-HEALS_NOTE = (
-    'History healing is not built yet (docs/design.md, "Not built yet"): no call is healed, so '
-    "every step has 0 heals."
-)
 SUSPENSIONS_NOTE = (
     "The runtimes never suspend an execution yet: the one-cell loop rolls out before it trains, "
     "and the elastic runtime moves a leaving cell's executions to the other rollout cells "
@@ -211,17 +207,18 @@ def _timeline_section(run_dir: Path, out: Path) -> str:
 
 def steps_table(steps: list[StepMetrics]) -> str:
     """Markdown table, one row per step: executions, pass rate, model calls, branches (tree
-    leaves of the trained executions; n/a in records from before the count), heals and
-    suspensions (0: neither exists yet, `HEALS_NOTE`, `SUSPENSIONS_NOTE`)."""
+    leaves of the trained executions), heals (calls whose history the proxy healed; n/a in
+    records from before either count) and suspensions (0: none exist yet, `SUSPENSIONS_NOTE`)."""
     lines = [
         "| step | executions | pass rate | model calls | branches | heals | suspensions |",
         "|" + " --- |" * 7,
     ]
     for s in steps:
         branches = "n/a" if s.branches < 0 else str(s.branches)
+        heals = "n/a" if s.heals < 0 else str(s.heals)
         lines.append(
             f"| {s.step} | {s.executions} | {_pct(s.pass_rate)} | {s.model_calls} | "
-            f"{branches} | 0 | 0 |"
+            f"{branches} | {heals} | 0 |"
         )
     return "\n".join(lines)
 
@@ -335,8 +332,6 @@ def write_report(run_dir: str | os.PathLike[str], *, log_name: str = CALL_LOG) -
             "## Steps",
             "",
             steps_table(steps),
-            "",
-            HEALS_NOTE,
             "",
             SUSPENSIONS_NOTE,
             "",

@@ -186,6 +186,7 @@ class _Run:
                 truncated=sum(ex.summary.truncated for ex in executed),
                 model_calls=sum(len(ex.calls) for ex in executed),
                 branches=sum(t.branches for t in batch.trees.values()) if batch else 0,
+                heals=sum(bool(c.heals) for ex in executed for c in ex.calls),
                 policy_tokens=batch.policy_tokens if batch else 0,
                 packed_tokens=batch.packed_tokens if batch else 0,
                 dedup_ratio=batch.linear_tokens / batch.packed_tokens if batch else math.nan,

@@ -60,6 +60,10 @@ class StepMetrics(msgspec.Struct, frozen=True, kw_only=True, tag="step"):
     branches: int = -1
     """Root-to-leaf trajectories (leaves) of the trajectory trees of the step's trained executions,
     before Jmax selection; -1 in records written before it was recorded."""
+    heals: int = -1
+    """Model calls of the step's executions whose history the proxy healed back onto the recorded
+    tokens (`ModelCall.heals` non-empty, `gyre.tito.heal`); -1 in records written before it was
+    recorded."""
     requests_redirected: int = -1
     """Failures the router recovered from during the step, from its `RouterStatistics`: attempts
     moved to another cell because theirs left rollout or went down. -1 when not recorded (records

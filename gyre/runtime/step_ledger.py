@@ -192,6 +192,7 @@ def _step_metrics(record, executed, batches, stats, counted, result, times) -> S
         truncated=sum(ex.summary.truncated for ex in executed),
         model_calls=sum(len(ex.calls) for ex in executed),
         branches=sum(t.branches for b in batches for t in b.trees.values()),
+        heals=sum(bool(c.heals) for ex in executed for c in ex.calls),
         policy_tokens=sum(b.policy_tokens for b in batches),
         packed_tokens=packed,
         dedup_ratio=linear / packed if packed else math.nan,

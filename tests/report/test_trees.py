@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.report.page import HEALS_NOTE, SUSPENSIONS_NOTE, TREES_CSV, write_report
+from gyre.report.page import SUSPENSIONS_NOTE, TREES_CSV, write_report
 from gyre.report.summary import summarize
 from gyre.report.trees import execution_trees, tree_totals
 from gyre.runtime.metrics import MetricsWriter, read_metrics
@@ -82,7 +82,7 @@ def test_report_lists_trees_and_branches_heals_suspensions_per_step(tmp_path: Pa
         f.write(
             '{"type":"step","step":2,"version":2,"executions":8,"pass_rate":0.5,'
             '"mean_reward":0.5,"finished":8,"partial":0,"failed":0,"truncated":0,'
-            '"model_calls":16,"branches":11,"policy_tokens":100,"packed_tokens":200,'
+            '"model_calls":16,"branches":11,"heals":3,"policy_tokens":100,"packed_tokens":200,'
             '"dedup_ratio":1.5,"logprob_abs_diff_mean":1e-06,"mean_ratio":1.0,"applied":true,'
             '"rollout_s":10.0,"train_s":4.0,"sync_s":1.0,"step_s":15.5}\n'
         )
@@ -91,9 +91,9 @@ def test_report_lists_trees_and_branches_heals_suspensions_per_step(tmp_path: Pa
     assert summarize(records).branches is None  # a step predates the count
     assert summarize(records[1:]).branches == 11
     page = write_report(tmp_path).read_text()
-    assert "| 1 | 8 | 25.0% | 16 | n/a | 0 | 0 |" in page
-    assert "| 2 | 8 | 50.0% | 16 | 11 | 0 | 0 |" in page
-    assert HEALS_NOTE in page and SUSPENSIONS_NOTE in page
+    assert "| 1 | 8 | 25.0% | 16 | n/a | n/a | 0 |" in page
+    assert "| 2 | 8 | 50.0% | 16 | 11 | 3 | 0 |" in page
+    assert SUSPENSIONS_NOTE in page and "healing is not built" not in page
     assert "| trajectories (tree leaves) of trained executions | n/a |" in page
     assert "## Trajectory trees" in page
     assert "| tokens in calls / unique tokens | 19 / 12 |" in page
