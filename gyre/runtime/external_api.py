@@ -21,7 +21,6 @@ import hmac
 import logging
 import os
 import secrets
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -35,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gyre._asgi import serve_asgi
 from gyre.config import GatewayConfig, RunConfig
 from gyre.errors import GyreError, ProxyError
 from gyre.runtime.external import ExternalRollout
@@ -259,41 +259,7 @@ async def open_gateway(
 async def serve_app(
     app: Any, *, host: str, port: int, task_status=anyio.TASK_STATUS_IGNORED
 ) -> None:
-    """Serve the ASGI `app` with Hypercorn on `host:port` (0: a free port) in this event loop
-    (trio or asyncio) until cancelled; reports the bound port through `task_status`. Raises
-    `OSError` when the address cannot be bound."""
-    import sniffio
-    from hypercorn.config import Config as HypercornConfig
-
-    if sniffio.current_async_library() == "trio":
-        from hypercorn.trio import serve as hypercorn_serve
-    else:
-        from hypercorn.asyncio import serve as hypercorn_serve
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-        bound = sock.getsockname()[1]
-    except BaseException:
-        sock.close()
-        raise
-    hc = HypercornConfig()
-    hc.bind = [f"fd://{sock.detach()}"]
-    hc.accesslog = None
-    hc.errorlog = logger
-    hc.graceful_timeout = 1.0
-    shutdown = anyio.Event()
-
-    async def run_server() -> None:
-        # Hypercorn stops through its trigger, not by cancellation (see `TitoProxy.serve`)
-        with anyio.CancelScope(shield=True):
-            await hypercorn_serve(app, hc, shutdown_trigger=shutdown.wait, mode="asgi")
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run_server)
-        task_status.started(bound)
-        try:
-            await anyio.sleep_forever()
-        finally:
-            shutdown.set()
+    """Serve the ASGI `app` on `host:port` (0: a free port) until cancelled (`gyre._asgi`);
+    reports the bound port through `task_status`. Raises `OSError` when the address cannot be
+    bound."""
+    await serve_asgi(app, host=host, port=port, log=logger, task_status=task_status)

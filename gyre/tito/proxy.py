@@ -13,20 +13,20 @@ answered in OpenAI's format (`openai_format`) and recorded as one `ModelCall` pe
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
-import sniffio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gyre._asgi import serve_asgi
 from gyre.config import ProxyConfig, RunConfig
 from gyre.engines.protocol import InferenceEngine
 from gyre.errors import EngineError, GyreError, ProxyError
@@ -250,47 +250,20 @@ class TitoProxy:
         `port = await tg.start(proxy.serve)` can connect at once). Also runs the log's fsync timer.
         Raises OSError if the address cannot be bound.
         """
-        from hypercorn.config import Config as HypercornConfig
-
-        if sniffio.current_async_library() == "trio":
-            from hypercorn.trio import serve as hypercorn_serve
-        else:
-            from hypercorn.asyncio import serve as hypercorn_serve
-        host = self.config.host if host is None else host
-        port = self.config.port if port is None else port
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.bind((host, port))
-            sock.listen(1024)
-            bound = sock.getsockname()[1]
-        except BaseException:
-            sock.close()
-            raise
-        hc = HypercornConfig()
-        hc.bind = [f"fd://{sock.detach()}"]  # Hypercorn owns and closes the socket from here
-        hc.accesslog = None
-        hc.errorlog = logger
-        hc.graceful_timeout = 1.0
-        shutdown = anyio.Event()
-
-        async def run_server() -> None:
-            # Hypercorn shuts down through its trigger, not by cancellation (its asyncio worker
-            # mishandles CancelledError); the shield lasts for the graceful period at most.
-            with anyio.CancelScope(shield=True):
-                await hypercorn_serve(self.app, hc, shutdown_trigger=shutdown.wait, mode="asgi")
-
-        async with anyio.create_task_group() as tg:
-            if self.log is not None:
-                tg.start_soon(self.log.run_flusher, self.config.flush_interval_s)
-            tg.start_soon(run_server)
-            task_status.started(bound)
-            try:
-                await anyio.sleep_forever()
-            finally:
-                shutdown.set()
-                tg.cancel_scope.cancel()
+        flusher = (
+            []
+            if self.log is None
+            else [partial(self.log.run_flusher, self.config.flush_interval_s)]
+        )
+        await serve_asgi(
+            self.app,
+            host=self.config.host if host is None else host,
+            port=self.config.port if port is None else port,
+            backlog=1024,
+            alongside=flusher,
+            log=logger,
+            task_status=task_status,
+        )
 
     # -- HTTP plumbing ------------------------------------------------------------------------
 

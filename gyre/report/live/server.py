@@ -11,14 +11,13 @@ how the run is produced.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import sniffio
 
+from gyre._asgi import listening_socket, serve_asgi
 from gyre.errors import ConfigError
 from gyre.report.live.app import PageAuth, page_app
 from gyre.report.live.runview import RunView
@@ -36,20 +35,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def _bound_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on `host:port` (0: a free port). Raises `OSError` (including
-    `socket.gaierror` for a host that does not resolve) when the address cannot be bound."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 def check_address(
     host: str, port: int, *, names: tuple[str, str] = ("observe.host", "observe.port")
 ) -> None:
@@ -57,7 +42,7 @@ def check_address(
     builds or starts anything. Raises `ConfigError` naming the two settings (`names`: the config
     keys, or the command-line flags), the address and the system's reason."""
     try:
-        _bound_socket(host, port).close()
+        listening_socket(host, port).close()
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise ConfigError(
@@ -68,36 +53,9 @@ def check_address(
 async def serve_page(
     app: Any, *, host: str, port: int, task_status=anyio.TASK_STATUS_IGNORED
 ) -> None:
-    """Serve `app` on `host:port` (0: a free port) until cancelled. Raises `OSError` when the
-    address cannot be bound."""
-    from hypercorn.config import Config as HypercornConfig
-
-    if sniffio.current_async_library() == "trio":
-        from hypercorn.trio import serve as hypercorn_serve
-    else:
-        from hypercorn.asyncio import serve as hypercorn_serve
-    sock = _bound_socket(host, port)
-    bound = sock.getsockname()[1]
-    hc = HypercornConfig()
-    hc.bind = [f"fd://{sock.detach()}"]
-    hc.accesslog = None
-    hc.errorlog = logger
-    hc.graceful_timeout = 1.0
-    shutdown = anyio.Event()
-
-    async def run_server() -> None:
-        with anyio.CancelScope(
-            shield=True
-        ):  # Hypercorn stops through its trigger (see TitoProxy.serve)
-            await hypercorn_serve(app, hc, shutdown_trigger=shutdown.wait, mode="asgi")
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run_server)
-        task_status.started(bound)
-        try:
-            await anyio.sleep_forever()
-        finally:
-            shutdown.set()
+    """Serve `app` on `host:port` (0: a free port) until cancelled (`gyre._asgi`). Raises
+    `OSError` when the address cannot be bound."""
+    await serve_asgi(app, host=host, port=port, log=logger, task_status=task_status)
 
 
 class Page:

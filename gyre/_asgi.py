@@ -1,0 +1,86 @@
+"""Serving an ASGI app with Hypercorn inside the caller's event loop (trio or asyncio).
+
+Owns `listening_socket` (bind first, so a port that cannot be had fails before anything is served)
+and `serve_asgi`, which every gyre HTTP server uses: the TITO proxy, the gateway's execution API and
+the live run page. Knows nothing about what the apps serve.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+import sniffio
+
+__all__ = ["listening_socket", "serve_asgi"]
+
+logger = logging.getLogger("gyre.http")
+
+
+def listening_socket(host: str, port: int, *, backlog: int = 128) -> socket.socket:
+    """A listening TCP socket on `host:port` (0: a free port; an IPv6 host if it holds `:`), with
+    `SO_REUSEADDR` and `TCP_NODELAY`. Raises `OSError` (including `socket.gaierror` for a host that
+    does not resolve) when the address cannot be bound."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_asgi(
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    backlog: int = 128,
+    alongside: Sequence[Callable[[], Awaitable[None]]] = (),
+    log: logging.Logger = logger,
+    task_status=anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `app` on `host:port` until cancelled; binds first, then reports the bound port
+    through `task_status` (so `port = await tg.start(...)` can connect at once). `alongside`:
+    coroutine functions run for as long as the server (e.g. the call log's fsync timer).
+    Raises `OSError` when the address cannot be bound.
+
+    Hypercorn stops through its shutdown trigger, not by cancellation (its asyncio worker
+    mishandles `CancelledError`): on cancellation the trigger fires and the server gets its
+    graceful period (1 s) inside a shielded scope.
+    """
+    from hypercorn.config import Config as HypercornConfig
+
+    if sniffio.current_async_library() == "trio":
+        from hypercorn.trio import serve as hypercorn_serve
+    else:
+        from hypercorn.asyncio import serve as hypercorn_serve
+    sock = listening_socket(host, port, backlog=backlog)
+    bound = sock.getsockname()[1]
+    hc = HypercornConfig()
+    hc.bind = [f"fd://{sock.detach()}"]  # Hypercorn owns and closes the socket from here
+    hc.accesslog = None
+    hc.errorlog = log
+    hc.graceful_timeout = 1.0
+    shutdown = anyio.Event()
+
+    async def run_server() -> None:
+        with anyio.CancelScope(shield=True):
+            await hypercorn_serve(app, hc, shutdown_trigger=shutdown.wait, mode="asgi")
+
+    async with anyio.create_task_group() as tg:
+        for fn in alongside:
+            tg.start_soon(fn)
+        tg.start_soon(run_server)
+        task_status.started(bound)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            shutdown.set()
+            tg.cancel_scope.cancel()
