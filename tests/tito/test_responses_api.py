@@ -245,6 +245,22 @@ async def test_refusals_are_400_and_record_nothing(tok, anyio_backend, body, par
     assert proxy.calls("e") == []
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"{bad", b'{"model": "gyre", "input": "\xff"}', b'{"model": "gyre", "temperature": NaN}'],
+    ids=["empty", "not_json", "not_utf8", "nan"],
+)
+async def test_a_body_that_is_not_json_is_400_and_records_nothing(tok, anyio_backend, raw):
+    """Was a 500 with a traceback: only msgspec's ValidationError was caught."""
+    engine, _ = scripted(tok, "x")
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("j")
+    status, body = await asgi_post(proxy, "/v1/responses", key, raw)
+    assert status == 400, body
+    assert json.loads(body)["error"]["code"] == "invalid_json"
+    assert proxy.calls("j") == [] and proxy.statistics().requests_refused == 1
+
+
 async def test_chain_is_per_execution_and_dropped_at_close(tok, anyio_backend):
     engine, _ = scripted(tok, "one", "two")
     proxy = make_proxy(tok, engine)
