@@ -522,7 +522,7 @@ class ElasticRuntime:
             code,
         )
         cell.alive = False
-        self.router.mark_down(cell.name, f"process exited with {code}")
+        self.router.retire(cell.name, f"process exited with {code}")
         self._activity(cell, "idle")
         for execution_id in sorted(cell.executions):
             self._pin(execution_id, self._place(avoid=cell))

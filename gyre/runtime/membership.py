@@ -75,6 +75,8 @@ class CellMember:
         self.role: CellRole = role
         self.order = order
         self.down: str | None = None
+        self.retired = False
+        """Its process is gone for good: down, and never offered a weight load again."""
         self.legs: set[Leg] = set()
         self.executions = 0
         self.weight_version = stats.weight_version
@@ -129,9 +131,19 @@ class Membership:
         self.changed.notify()
 
     def mark_up(self, name: str) -> None:
-        """Put cell `name` back into service."""
-        self.member(name).down = None
+        """Put cell `name` back into service. Raises `ValueError` for a retired cell."""
+        cell = self.member(name)
+        if cell.retired:
+            raise ValueError(f"cell {name!r} is retired (its process died): add it again")
+        cell.down = None
         self.changed.notify()
+
+    def retire(self, name: str, reason: str) -> None:
+        """Take cell `name` out of service for good (its process died): down, unpinned, and left
+        out of every later weight load, so a dead cell cannot fail one (`Router.retire`)."""
+        cell = self.member(name)
+        cell.retired = True
+        self.mark_down(cell, reason)
 
     def unpin_cell(self, cell: CellMember) -> None:
         """Unpin every execution pinned to `cell`."""
@@ -208,7 +220,7 @@ class Membership:
 
         async with anyio.create_task_group() as tg:
             for cell in self.cells.values():
-                if cell.role == "rollout":
+                if cell.role == "rollout" and not cell.retired:
                     tg.start_soon(load, cell)
         self.changed.notify()
         return failed

@@ -227,6 +227,13 @@ class Router:
         now."""
         self._members.mark_down(self._members.member(name), reason)
 
+    def retire(self, name: str, reason: str) -> None:
+        """Take cell `name` out of service for good: its process died. Like `mark_down`, and no
+        later `load_weights` is tried on it (a dead cell would fail every load and stop the run);
+        `add_cell` after `remove_cell` brings a restarted process back. Raises `ValueError`
+        (unknown cell)."""
+        self._members.retire(name, reason)
+
     def mark_up(self, name: str) -> None:
         """Put cell `name` back into service (it gets requests again if its role is `rollout`)."""
         self._members.mark_up(name)
@@ -328,10 +335,10 @@ class Router:
         return [c.completion() for c in state.choices]
 
     async def load_weights(self, snapshot: str, version: int) -> None:
-        """Load `snapshot` as `version` on every `rollout` cell at once (each bounded by its own
-        engine's weight-load timeout). A cell that fails is marked down and gets no requests until
-        a later load succeeds on it (field case B17); a down cell whose load succeeds serves again.
-        Raises `WeightSyncError` naming every cell that failed and why."""
+        """Load `snapshot` as `version` on every `rollout` cell at once, retired ones excepted
+        (each bounded by its own engine's weight-load timeout). A cell that fails is marked down and
+        gets no requests until a later load succeeds on it (field case B17); a down cell whose load
+        succeeds serves again. Raises `WeightSyncError` naming every cell that failed and why."""
         failed = await self._members.load_weights(snapshot, version)
         if failed:
             raise WeightSyncError(f"weight load of version {version} failed on cells {failed}")

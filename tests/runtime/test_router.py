@@ -723,6 +723,35 @@ async def test_weight_load_failure_takes_the_cell_out_until_a_load_succeeds() ->
         assert stats.cells_down == 0 and stats.weight_version == 2 and stats.weight_loads == 1
 
 
+async def test_a_retired_cell_is_left_out_of_weight_loads_and_requests() -> None:
+    """A cell whose process died is retired: later loads skip it (a dead cell fails every load,
+    which stopped the run: faults.json `satellite_kill9`), it gets no requests, `mark_up` refuses
+    it, and `remove_cell` + `add_cell` bring a restarted process back under the same name."""
+
+    class Dead(LoggingEngine):
+        async def load_weights(self, snapshot: str, version: int) -> None:
+            from gyre.errors import WeightSyncError
+
+            raise WeightSyncError("connection refused")
+
+    dead = Dead("a", scripted(0), [])
+    good = scripted(0)
+    async with Router({"a": dead, "b": good}) as router:
+        router.retire("a", "process exited with -9")
+        await router.load_weights("snap1", 1)  # no WeightSyncError: `a` is not tried
+        stats = router.statistics()
+        assert stats.cells_down == 1 and stats.weight_loads == 1 and good.weight_version == 1
+        await collect(router, request("e/1", [1], 4))
+        assert dead.inner.requests_seen == [] and len(good.requests_seen) == 1
+        with pytest.raises(ValueError, match="retired"):
+            router.mark_up("a")
+        await router.remove_cell("a")
+        restarted = scripted(1)
+        router.add_cell("a", restarted)
+        await router.load_weights("snap2", 2)
+        assert restarted.weight_version == 2 and router.statistics().cells_down == 0
+
+
 async def test_invalid_requests_fail_at_once() -> None:
     async with Router({"a": scripted(1)}) as router:
         with pytest.raises(InvalidRequestError, match="outside"):
