@@ -145,6 +145,13 @@ class TrainerConfig(Config):
     tests only; vLLM does not serve it)."""
     keep_snapshots: int = 2
     """Weight snapshots kept on disk for the engines (older ones are deleted)."""
+    attention: Literal["sdpa", "flex"] = "sdpa"
+    """Tree attention of the training forward (`gyre.rl.packed_forward`): `sdpa` (CPU and GPU;
+    query blocks of a chunk, checkpointed) or `flex` (a FlexAttention BlockMask per chunk; CUDA
+    only, refused at trainer start elsewhere)."""
+    logprob_impl: Literal["torch", "triton"] = "torch"
+    """Selective logprob + entropy kernel (`gyre.kernels.selective_logprob`): `torch` (anywhere)
+    or `triton` (CUDA only, refused at trainer start elsewhere)."""
     train_timeout_s: float = 600.0
     """Longest a cell's training call may take (`/train`, `/step`, a gradient send or receive, a
     checkpoint); the gradient exchange fails with a clear error after it (docs/design.md
@@ -153,6 +160,12 @@ class TrainerConfig(Config):
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2):
             raise ValueError(f"zero_stage={self.zero_stage} must be 0, 1 or 2")
+        if self.attention not in ("sdpa", "flex"):
+            raise ValueError(f"trainer.attention={self.attention!r} must be 'sdpa' or 'flex'")
+        if self.logprob_impl not in ("torch", "triton"):
+            raise ValueError(
+                f"trainer.logprob_impl={self.logprob_impl!r} must be 'torch' or 'triton'"
+            )
         check_positive(
             learning_rate=self.learning_rate,
             keep_snapshots=self.keep_snapshots,

@@ -369,11 +369,14 @@ class Objective(Protocol):
         advantages: Mapping[str, float | None],
         *,
         version: int,
+        attention: str = "sdpa",
+        logprob_impl: str = "torch",
     ) -> tuple[torch.Tensor, ObjectiveStatistics]:
         """Loss of one micro-batch `batch` (a `MicroBatch`) under `model`: a differentiable scalar
         tensor whose gradients add up over a batch's micro-batches, and its statistics.
         `advantages` maps each execution id to its advantage (None: no loss); `version` is the
-        trainer's weight version (the staleness reference). Raises `ValueError` on bad input."""
+        trainer's weight version (the staleness reference); `attention` and `logprob_impl` are
+        the trainer's kernels (`TrainerConfig`). Raises `ValueError` on bad input."""
         ...
 
 

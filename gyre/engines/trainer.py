@@ -161,6 +161,21 @@ class DeepSpeedTrainer:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
+        from gyre.errors import ConfigError
+        from gyre.kernels.cached_tree_attention import (
+            check_attention_backend,
+            check_logprob_backend,
+        )
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # DeepSpeed's accelerator
+        for key, check, value in (
+            ("attention", check_attention_backend, config.attention),
+            ("logprob_impl", check_logprob_backend, config.logprob_impl),
+        ):
+            try:
+                check(value, device)
+            except ValueError as exc:
+                raise ConfigError(f"trainer.{key}={value!r}: {exc}") from None
         init_process_group()
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[
             config.dtype
@@ -270,7 +285,14 @@ class DeepSpeedTrainer:
         abs_diff_sum, ratio_sum, counted = 0.0, 0.0, 0
         finite = True
         for batch in micro_batches:
-            loss, stats = self.objective(self.model, batch, advantages, version=self.version)
+            loss, stats = self.objective(
+                self.model,
+                batch,
+                advantages,
+                version=self.version,
+                attention=self.config.attention,
+                logprob_impl=self.config.logprob_impl,
+            )
             tokens += batch.num_tokens
             policy_tokens += stats.tokens
             if stats.tokens:

@@ -11,7 +11,7 @@ about optimizers or DeepSpeed.
 from gyre.rl.advantages import GroupAdvantages, group_advantages, reward_of
 from gyre.rl.loss import LossStatistics, masked_token_mean, policy_loss
 from gyre.rl.objective import PolicyObjective, microbatch_loss
-from gyre.rl.packed_forward import packed_logprobs
+from gyre.rl.packed_forward import check_context, packed_logprobs
 from gyre.rl.staleness import mixed_version_calls, stale_token_mask
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "group_advantages",
     "reward_of",
     "packed_logprobs",
+    "check_context",
     "LossStatistics",
     "policy_loss",
     "masked_token_mean",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from gyre.config import RLConfig
+from gyre.kernels.cached_tree_attention import ChunkAttention
 from gyre.kernels.selective_logprob import LogprobImpl
 from gyre.rl.loss import LossStatistics, policy_loss
 from gyre.rl.packed_forward import packed_logprobs
@@ -38,14 +39,17 @@ def microbatch_loss(
     temperature: float | None = None,
     chunk_size: int = 1024,
     impl: LogprobImpl = "torch",
+    attention: ChunkAttention | None = None,
 ) -> tuple[torch.Tensor, LossStatistics]:
     """Loss of one packed micro-batch (scalar tensor) and its statistics.
 
     `advantages` maps every execution id of the batch to its advantage (None: failed, no loss).
     Tokens older than `max_staleness` versions (or newer than the trainer) are masked out by
     selection; their loss weight is not redistributed. Tokens are scored at their own sampling
-    temperature unless `temperature` overrides it. Raises `ValueError` when an execution of the
-    batch has no entry in `advantages` (and whatever `packed_logprobs` raises).
+    temperature unless `temperature` overrides it. `chunk_size` and `impl` (logprob kernel) and
+    `attention` (tree attention; None: from the model) go to `packed_logprobs`. Raises
+    `ValueError` when an execution of the batch has no entry in `advantages` (and whatever
+    `packed_logprobs` raises).
     """
     missing = [e for e in batch.execution_ids if e not in advantages]
     if missing:
@@ -58,6 +62,7 @@ def microbatch_loss(
         temperature=temperature,
         chunk_size=chunk_size,
         impl=impl,
+        attention=attention,
     )
     device, dtype = logprob_N.device, logprob_N.dtype
     adv_E = torch.tensor(
@@ -97,9 +102,12 @@ class PolicyObjective:
         advantages: Mapping[str, float | None],
         *,
         version: int,
+        attention: ChunkAttention = "sdpa",
+        logprob_impl: LogprobImpl = "torch",
     ) -> tuple[torch.Tensor, LossStatistics]:
         """`microbatch_loss(model, batch, advantages, trainer_version=version, ...)`: a scalar loss
-        tensor (the model's float dtype) and its `LossStatistics`; raises what it raises."""
+        tensor (the model's float dtype) and its `LossStatistics`; the trainer's `attention` and
+        `logprob_impl` (`TrainerConfig`) choose the kernels. Raises what it raises."""
         return microbatch_loss(
             model,
             batch,
@@ -109,4 +117,6 @@ class PolicyObjective:
             clip_eps=self.rl.clip_eps,
             is_cap=self.rl.is_cap,
             chunk_size=self.rl.logprob_chunk_size,
+            impl=logprob_impl,
+            attention=attention,
         )

@@ -1,24 +1,76 @@
 """The packed forward: the trainer's differentiable logprobs of a packed micro-batch.
 
-Owns `packed_logprobs`, what the objective trains on: one forward of a Hugging Face causal LM's
-decoder over the packed tree (tree mask, tree position ids), then the fused selective logprob +
-entropy kernel (`gyre.kernels.selective_logprob`) at the loss positions only, each predicted from
-its parent's hidden state. Not the behaviour-logprob reference of `gyre.model.behaviour_logprobs`
-(one unpacked sequence, no gradient). Knows nothing about rewards or optimizers; knows the Hugging
-Face layout `model.model` (returns `last_hidden_state`) and `model.lm_head` (no bias), as Qwen2.
+Owns `packed_logprobs`, what the objective trains on: a Hugging Face causal LM's decoder run over
+the packed tree chunk by chunk (`PackedBatch.chunk_start_C`, DFS order, tree position ids), each
+chunk attending to its ancestors' cached K/V (`gyre.kernels.cached_tree_attention.TreeKVCache`,
+through an attention function registered with transformers' `AttentionInterface` as
+`gyre_tree`), then the fused selective logprob + entropy kernel
+(`gyre.kernels.selective_logprob`) at the loss positions only, each predicted from its parent's
+hidden state. No T x T mask is built; memory is linear in the tree's tokens and one backward over
+the result is exact. Not the behaviour-logprob reference of `gyre.model.behaviour_logprobs` (one
+unpacked sequence, no gradient). Knows nothing about rewards or optimizers; knows the Hugging Face
+layout `model.model` (returns `last_hidden_state`, passes extra keyword arguments down to its
+attention function) and `model.lm_head` (no bias), as Qwen2.
 Shape suffix legend: `T` packed tokens, `N` loss positions, `H` hidden size, `V` vocabulary.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
+from transformers import AttentionInterface
 
+from gyre.errors import ContextLengthError
+from gyre.kernels.cached_tree_attention import ChunkAttention, TreeKVCache
 from gyre.kernels.selective_logprob import LogprobImpl, selective_logprob_entropy
-from gyre.kernels.tree_attention import model_attention_mask
 from gyre.trajectory.pack import PackedBatch
 
-__all__ = ["packed_logprobs"]
+__all__ = ["packed_logprobs", "check_context"]
+
+_ATTENTION_NAME = "gyre_tree"
+_MODEL_ATTENTION = {"sdpa": "sdpa", "flex_attention": "flex"}
+
+
+def _tree_attention_forward(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """transformers attention function: q [1, H, Q, D], k/v [1, G, Q, D] -> ([1, Q, H, D], None)."""
+    cache: TreeKVCache = kwargs["gyre_tree_cache"]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out_BHQD = cache.attend(module.layer_idx, query, key, value, scale)
+    return out_BHQD.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(_ATTENTION_NAME, _tree_attention_forward)
+
+
+@contextlib.contextmanager
+def _tree_attention(model: torch.nn.Module):
+    """The model's attention layers call `_tree_attention_forward` inside the block."""
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = _ATTENTION_NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def check_context(model: torch.nn.Module, batch: PackedBatch) -> None:
+    """Raise `ContextLengthError` (a `ValueError`, HTTP 400) naming the execution and the lengths
+    when a root path of `batch` holds more tokens than the model's `max_position_embeddings`."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is None or batch.num_tokens == 0:
+        return
+    longest_E = np.zeros(len(batch.execution_ids), dtype=np.int64)
+    np.maximum.at(longest_E, batch.execution_T, batch.position_ids_T + 1)
+    over = np.flatnonzero(longest_E > limit)
+    if over.size:
+        e = int(over[0])
+        raise ContextLengthError(
+            f"execution {batch.execution_ids[e]!r} has a path of {int(longest_E[e])} tokens, "
+            f"longer than the model's context (max_position_embeddings={limit})"
+        )
 
 
 def packed_logprobs(
@@ -29,17 +81,30 @@ def packed_logprobs(
     temperature: float | None = None,
     chunk_size: int = 1024,
     impl: LogprobImpl = "torch",
+    attention: ChunkAttention | None = None,
+    query_block: int = 512,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprob_N, entropy_N) of the tokens at packed indices `positions_N` (int [N]; default: the
     loss positions), in nats, float32 (float64 for a float64 model), differentiable w.r.t. the
     model's parameters. `chunk_size` and `impl` go to `selective_logprob_entropy`.
 
-    The model must use `attn_implementation` "sdpa" or "flex_attention" (`ValueError` otherwise:
-    eager attention mishandles boolean 4D masks). Each token is scored at the temperature its
-    call sampled with (`batch.temperature_T`, B05), unless `temperature` overrides it for all.
-    Raises `ValueError` for a position with no parent (a root token has nothing to predict it)
-    or a position sampled greedily (temperature 0: no distribution to train).
+    `attention`: `sdpa` (any device; query blocks of `query_block` rows, checkpointed) or `flex`
+    (FlexAttention BlockMask per chunk; CUDA for training). None takes it from the model's
+    `attn_implementation` ("sdpa" or "flex_attention"; `ValueError` otherwise, e.g. "eager").
+    Each token is scored at the temperature its call sampled with (`batch.temperature_T`, B05),
+    unless `temperature` overrides it for all. Raises `ValueError` for a position with no parent
+    (a root token has nothing to predict it) or sampled greedily (temperature 0), and
+    `ContextLengthError` for a path longer than the model's context (`check_context`).
     """
+    if attention is None:
+        attn = model.config._attn_implementation
+        if attn not in _MODEL_ATTENTION:
+            raise ValueError(
+                f"attn_implementation={attn!r} is not supported for tree attention: use 'sdpa' "
+                "or 'flex_attention' (or pass attention='sdpa' | 'flex'); 'eager' treats a "
+                "boolean 4D mask as additive and is silently wrong"
+            )
+        attention = _MODEL_ATTENTION[attn]
     if positions_N is None:
         positions = batch.loss_positions()
     else:
@@ -49,17 +114,6 @@ def packed_logprobs(
         raise ValueError(
             f"positions {positions[parents < 0].tolist()} are roots: no logits predict them"
         )
-    device = model.lm_head.weight.device
-    attn = model.config._attn_implementation
-    dfs_out_T = torch.as_tensor(batch.dfs_out_T, device=device)
-    mask = model_attention_mask(dfs_out_T, attn)
-    input_ids = torch.as_tensor(batch.input_ids_T, device=device)[None]
-    position_ids = torch.as_tensor(batch.position_ids_T, device=device)[None]
-    hidden_TH = model.model(
-        input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state[0]
-    hidden_NH = hidden_TH[torch.as_tensor(parents, device=device)]
-    labels_N = torch.as_tensor(batch.input_ids_T[positions], device=device)
     if temperature is None:
         temps = batch.temperature_T[positions]
         bad = ~(temps > 0)
@@ -69,7 +123,34 @@ def packed_logprobs(
                 f"{temps[bad].tolist()[:8]}: "
                 "only tokens sampled at a temperature > 0 can be trained"
             )
-        temp = torch.as_tensor(temps, device=device)
+    check_context(model, batch)
+    device = model.lm_head.weight.device
+    cache = TreeKVCache(
+        torch.as_tensor(batch.dfs_out_T, device=device),
+        batch.chunk_start_C.tolist(),
+        attention=attention,
+        query_block=query_block,
+    )
+    input_ids_T = torch.as_tensor(batch.input_ids_T, device=device)
+    position_ids_T = torch.as_tensor(batch.position_ids_T, device=device)
+    no_mask = {"full_attention": None, "sliding_attention": None}
+    hidden = []
+    with _tree_attention(model):
+        for c in range(len(cache.bounds)):
+            lo, hi = cache.begin_chunk(c)
+            out = model.model(
+                input_ids=input_ids_T[None, lo:hi],
+                position_ids=position_ids_T[None, lo:hi],
+                attention_mask=no_mask,
+                use_cache=False,
+                gyre_tree_cache=cache,
+            )
+            hidden.append(out.last_hidden_state[0])
+    hidden_TH = hidden[0] if len(hidden) == 1 else torch.cat(hidden)
+    hidden_NH = hidden_TH[torch.as_tensor(parents, device=device)]
+    labels_N = torch.as_tensor(batch.input_ids_T[positions], device=device)
+    if temperature is None:
+        temp = torch.as_tensor(batch.temperature_T[positions], device=device)
     else:
         temp = temperature
     return selective_logprob_entropy(

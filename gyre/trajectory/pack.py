@@ -7,7 +7,9 @@ the loss of a token is predicted from its *parent's* packed position (not the pr
 Loss weight = 1 / (selected policy tokens of its execution) / (executions in the batch) on selected
 policy tokens, each shared node once (docs/design.md invariant 3), 0 elsewhere. Several trees share
 a micro-batch up to a token budget; their intervals never overlap, so they never attend to each
-other.
+other. A tree over the budget gets a micro-batch of its own, cut along the tree into DFS chunks of
+at most the budget (`chunk_start_C`): the trainer forwards the chunks in order, each attending to
+its ancestors' cached K/V (`gyre.rl.packed_forward`), and backpropagates once.
 
 Knows nothing about models, attention kernels or advantages (`execution_T` indexes the batch's
 executions; the RL loss maps that to an advantage).
@@ -40,6 +42,8 @@ class PackedBatch(msgspec.Struct, frozen=True, kw_only=True):
       context tokens), `temperature_T` float64 (sampling temperature; NaN on context tokens),
       `policy_T` bool (policy token of a selected trajectory).
     - `execution_T` int32 index into `execution_ids`; `node_T` int64 node id in its tree.
+    - `chunk_start_C` int64, ascending, first 0: where each DFS chunk of the forward begins (one
+      chunk unless a tree was larger than the token budget).
     """
 
     execution_ids: tuple[str, ...]
@@ -54,6 +58,7 @@ class PackedBatch(msgspec.Struct, frozen=True, kw_only=True):
     policy_T: np.ndarray
     execution_T: np.ndarray
     node_T: np.ndarray
+    chunk_start_C: np.ndarray
 
     @property
     def num_tokens(self) -> int:
@@ -147,6 +152,7 @@ def pack_tree(
         policy_T=policy_T,
         execution_T=np.full(node_T.shape[0], execution_index, dtype=np.int32),
         node_T=node_T,
+        chunk_start_C=np.zeros(1, dtype=np.int64),
     )
 
 
@@ -169,6 +175,7 @@ def _concat(parts: Sequence[PackedBatch]) -> PackedBatch:
             [np.full(p.num_tokens, i, np.int32) for i, p in enumerate(parts)]
         ),
         node_T=np.concatenate([p.node_T for p in parts]),
+        chunk_start_C=np.zeros(1, dtype=np.int64),
     )
 
 
@@ -181,7 +188,8 @@ def pack_batch(
     """Pack the selected trees of one batch into micro-batches of at most `token_budget` tokens.
 
     Trees are taken in order and a micro-batch is closed when the next tree would overflow it; a
-    tree larger than the budget on its own gets a micro-batch to itself (trees are never split).
+    tree larger than the budget gets a micro-batch to itself, cut into DFS chunks of `token_budget`
+    tokens (`PackedBatch.chunk_start_C`; the last chunk may be shorter).
     `num_executions` defaults to `len(items)` (every execution of the batch is in `items`).
     Raises `ValueError` for an empty `items` or `token_budget < 1`.
     """
@@ -195,10 +203,18 @@ def pack_batch(
     used = 0
     for tree, selection in items:
         packed = pack_tree(tree, selection, num_executions=total)
+        if packed.num_tokens > token_budget:
+            if current:
+                batches.append(_concat(current))
+                current, used = [], 0
+            starts = np.arange(0, packed.num_tokens, token_budget, dtype=np.int64)
+            batches.append(msgspec.structs.replace(packed, chunk_start_C=starts))
+            continue
         if current and used + packed.num_tokens > token_budget:
             batches.append(_concat(current))
             current, used = [], 0
         current.append(packed)
         used += packed.num_tokens
-    batches.append(_concat(current))
+    if current:
+        batches.append(_concat(current))
     return batches
