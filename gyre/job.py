@@ -4,9 +4,10 @@ Owns start-up of one node's work: the preflight (`preflight`: every path, the ru
 agent program checked before anything is built or started), the model folder (`ensure_model`:
 the tiny model is built only when asked), the supervised warm start (`gyre.model.sft`, cached;
 by default only for the tiny model, `warm_start_enabled`), then the RL loop on one anyio event loop
-(trio): with one cell the colocate loop (`gyre.runtime.loop.run_rl`: the trainer in the node,
-checkpoints and `--resume`), with `cells.num_cells > 1` the elastic runtime
-(`gyre.runtime.elastic_job.run_elastic`: roles by `config.scheduler`), and the report at the end.
+(trio): with one cell on one host the colocate loop (`gyre.runtime.loop.run_rl`: the trainer in
+the node, checkpoints and `--resume`), with `cells.num_cells > 1` or `cluster.workers` the elastic
+runtime (`gyre.runtime.elastic_job.run_elastic`: roles by `config.scheduler`), and the report at
+the end.
 Top level, above the runtime, the model and the report it ties together. Knows nothing about how
 an engine samples or how a cell hosts it.
 """
@@ -91,7 +92,8 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
     """Every check that can fail without building or starting anything, in the order a user would
     fix them: task folders, verifier interpreter, agent program, isolation when required (with
     `[gateway] enabled` instead: the execution API's address, `check_gateway`), run folder,
-    warm-start folder, the packages of the metric sinks (`[report] sinks`), the live page's
+    warm-start folder, the packages of the metric sinks (`[report] sinks`), the join secret of
+    a head with workers (`[cluster]`), the live page's
     address (`[observe]`). The model folder is checked by `ensure_model`, first thing
     after (a finished run resumed needs none).
     Returns the checkpoint a resumed run continues from (None: step 0). Raises `ConfigError` or
@@ -109,7 +111,7 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
     found = check_run_dir(
         Path(config.run_dir).resolve(),
         resume=resume,
-        resumable=config.cells.num_cells == 1,
+        resumable=config.cells.num_cells == 1 and not config.cluster.workers,
         records=(config.proxy.log_name,),
     )
     if warm_start_enabled(config):
@@ -125,6 +127,11 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
         except FileExistsError as exc:
             raise ConfigError(f"{key}: {exc}") from None
     check_sinks(config.report)
+    if config.cluster.workers and not config.cluster.join_secret():
+        raise ConfigError(
+            f"cluster.workers={config.cluster.workers} needs a join secret: set [cluster] secret "
+            "or $GYRE_JOIN_SECRET (workers join with the same value)"
+        )
     if config.observe.page:
         from gyre.report.live.server import check_address
 
@@ -174,7 +181,7 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     from gyre.report import write_report
     from gyre.runtime.progress import Progress
 
-    if config.cells.num_cells > 1:
+    if config.cells.num_cells > 1 or config.cluster.workers:
         from gyre.runtime.elastic_job import run_elastic
 
         runtime = anyio.run(partial(_observed, config, model_dir, run_elastic), backend="trio")
@@ -219,7 +226,7 @@ async def _observed(config: RunConfig, model_dir: Path, job):
         snapshot=feed.snapshot,
         poll_interval_s=obs.poll_interval_s,
     ):
-        if config.cells.num_cells > 1:
+        if config.cells.num_cells > 1 or config.cluster.workers:
             return await job(config, model_dir, on_runtime=feed.attach)
         return await job(config, model_dir)
 

@@ -3,10 +3,10 @@
 Owns `RunConfig`, `load_config` and `config_from_dict`; the nested Struct per component lives in
 the module of its side: `engine` (model, engine, KV transfer, trainer), `runtime` (cells,
 scheduler, router, loop, observe, report), `training` (trajectory, RL, warm start), `agents`
-(proxy, harness, tasks) and `gateway` (external agent loops), all on `base.Config`. Every field
-has a unit in its name where it has one and is validated at construction with
-`ValueError(f"{field=} ...")`; `load_config` turns
-unknown keys, wrong types and bad values into one `ConfigError` line naming the key path
+(proxy, harness, tasks), `gateway` (external agent loops) and `cluster` (several hosts), all on
+`base.Config`. Every field has a unit in its name where it has one and is validated at
+construction with `ValueError(f"{field=} ...")`; `load_config` turns unknown keys, wrong types
+and bad values into one `ConfigError` line naming the key path
 (``$.engine.max_model_len``) and the value. Components receive their own Struct and know
 nothing about the file format.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from gyre.config.agents import HarnessConfig, ProxyConfig, TaskConfig
 from gyre.config.base import load_toml
+from gyre.config.cluster import ClusterConfig
 from gyre.config.engine import EngineConfig, KVTransferConfig, ModelConfig, TrainerConfig
 from gyre.config.gateway import GatewayConfig
 from gyre.config.run import RunConfig, config_from_dict, load_config
@@ -46,6 +47,7 @@ __all__ = [
     "ObserveConfig",
     "ReportConfig",
     "GatewayConfig",
+    "ClusterConfig",
     "RunConfig",
     "load_config",
     "load_toml",

@@ -13,6 +13,7 @@ import msgspec
 
 from gyre.config.agents import ProxyConfig, TaskConfig
 from gyre.config.base import Config, load_toml
+from gyre.config.cluster import ClusterConfig
 from gyre.config.engine import EngineConfig, ModelConfig, TrainerConfig
 from gyre.config.gateway import GatewayConfig
 from gyre.config.runtime import (
@@ -50,6 +51,7 @@ class RunConfig(Config):
     observe: ObserveConfig = ObserveConfig()
     report: ReportConfig = ReportConfig()
     gateway: GatewayConfig = GatewayConfig()
+    cluster: ClusterConfig = ClusterConfig()
 
     def __post_init__(self) -> None:
         if not self.run_dir:

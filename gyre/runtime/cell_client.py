@@ -1,6 +1,7 @@
 """The node's view of a cell: `CellClient` (the `InferenceEngine` protocol over HTTP) and start-up.
 
-Owns `CellClient`, `open_cell`, `open_cells` (n cells around a node-hosted gradient-group store);
+Owns `CellClient`, `open_cell`, `open_cells` (n cells around a gradient-group store, with other
+hosts' cells when the head of several hosts, `gyre.runtime.join`);
 re-exports `cell_process`'s `spawn_cell`, `wait_cell_ready`, `CellProcess`. On anyio + httpx: the
 node's trio loop and asyncio alike; code above it cannot tell a cell from the scripted engine.
 Besides the `InferenceEngine` protocol it drives the cell's role and trainer (`switch_role`,
@@ -17,9 +18,10 @@ import math
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -463,21 +465,44 @@ async def open_cells(
     trainer_config: TrainerConfig | None = None,
     rl_config: RLConfig | None = None,
     host: str = "127.0.0.1",
+    first_rank: int = 0,
+    world_size: int | None = None,
+    group_store: str | None = None,
+    store_host: str | None = None,
+    store_port: int = 0,
+    remote: Callable[[str], Awaitable[Sequence[tuple[int, str, Any]]]] | None = None,
 ) -> AsyncIterator[list[CellClient]]:
-    """Start `n` cells at once around a gradient-group store hosted here; yield their clients in
-    rank order (`client.rank` = 0..n-1; logs at `log_dir/cell-<rank>.log`). Without
-    `trainer_config` the cells have no trainer and no group. Every process is stopped on exit; a
-    cell that fails to start stops the others and raises as `wait_cell_ready` does."""
+    """Start `n` cells at once on this host; yield their clients in rank order (logs at
+    `log_dir/cell-<rank>.log`). Without `trainer_config` the cells have no trainer and no group.
+    Every process is stopped on exit; a cell that fails to start stops the others and raises as
+    `wait_cell_ready` does.
+
+    The gradient group has `world_size` ranks (default `n`); these cells are ranks `first_rank`
+    .. `first_rank + n - 1`. Its TCPStore is hosted here at `store_host` (default `host`; port
+    `store_port`, 0: a free one) unless `group_store` ("HOST:PORT") names one elsewhere (a worker
+    host's cells: `gyre.runtime.join`). `remote` (the head of several hosts) is awaited with the
+    store's address, while the local cells start, for the other hosts' ready cells as (rank, base
+    URL, process-like with `poll()`); their clients are yielded with the local ones, all in rank
+    order, so `clients[i].rank == i` over the whole group."""
     if n < 1:
         raise ValueError(f"n={n} must be >= 1")
+    world_size = n if world_size is None else world_size
+    if first_rank < 0 or first_rank + n > world_size:
+        raise ValueError(f"ranks {first_rank}..{first_rank + n - 1} must be in [0, {world_size})")
     store = None
-    if trainer_config is not None:
+    address = group_store
+    if trainer_config is not None and group_store is None:
         from gyre.runtime.grad_group import host_group_store
 
+        store_host = store_host or host
         store = host_group_store(
-            host, timeout_s=max(config.startup_timeout_s, trainer_config.train_timeout_s)
+            store_host,
+            timeout_s=max(config.startup_timeout_s, trainer_config.train_timeout_s),
+            port=store_port,
         )
-    address = None if store is None else f"{host}:{store.port}"
+        address = f"{store_host}:{store.port}"
+    if trainer_config is None:
+        address = None
     processes = [
         spawn_cell(
             model_dir,
@@ -486,13 +511,14 @@ async def open_cells(
             host=host,
             trainer_config=trainer_config,
             rl_config=rl_config,
-            rank=None if store is None else rank,
-            world_size=None if store is None else n,
+            rank=None if address is None else rank,
+            world_size=None if address is None else world_size,
             group_store=address,
-            env=_cpu_binding(rank, n),
+            env=_cpu_binding(rank, world_size),
         )
-        for rank in range(n)
+        for rank in range(first_rank, first_rank + n)
     ]
+    remote_cells: list[tuple[int, str, Any]] = []
     try:
         urls: list[str | None] = [None] * n
 
@@ -507,10 +533,16 @@ async def open_cells(
                 abandon_on_cancel=True,
             )
 
+        async def wait_remote() -> None:
+            assert remote is not None
+            remote_cells.extend(await remote(address or ""))
+
         try:
             async with anyio.create_task_group() as tg:
                 for rank in range(n):
                     tg.start_soon(wait, rank)
+                if remote is not None:
+                    tg.start_soon(wait_remote)
         except BaseExceptionGroup as group:
             if all(isinstance(e, EngineError) for e in group.exceptions):
                 raise group.exceptions[
@@ -518,11 +550,15 @@ async def open_cells(
                 ] from None  # the first failure, as `wait_cell_ready` raises it
             raise
         async with AsyncExitStack() as stack:
+            cells = [
+                (first_rank + i, url, process.process)  # the node watches it for death
+                for i, (url, process) in enumerate(zip(urls, processes, strict=True))
+            ]
             clients = []
-            for rank, url in enumerate(urls):
+            for rank, url, process in sorted([*cells, *remote_cells], key=lambda c: c[0]):
                 client = await stack.enter_async_context(CellClient(url, config, trainer_config))
                 client.rank = rank
-                client.process = processes[rank].process  # the node watches it for death
+                client.process = process
                 clients.append(client)
             yield clients
     finally:

@@ -2,7 +2,8 @@
 
 Owns `run_cells` (given open cells: the TITO proxy over a `Router` of them, the harness, the
 timeline and metrics files in `run_dir`, and the driver with the configured policy) and
-`run_elastic` (starts `cells.num_cells` cell processes, then `run_cells` on the training tasks).
+`run_elastic` (starts `cells.num_cells` cell processes, and with `[cluster] workers` takes the
+worker hosts' cells too, `gyre.runtime.join`; then `run_cells` on the training tasks).
 Knows nothing about how the driver moves cells (`gyre.runtime.elastic`) or what a cell runs
 inside (`gyre.runtime.cell`).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from gyre.runtime.cell_client import open_cells
 from gyre.runtime.cell_handle import CellHandle
 from gyre.runtime.checkpoint import check_run_dir
 from gyre.runtime.elastic import ElasticRuntime
+from gyre.runtime.join import JoinServer, open_join_server
 from gyre.runtime.loop import split_tasks
 from gyre.runtime.metrics import MetricsWriter
 from gyre.runtime.rollout import open_rollout
@@ -93,7 +96,9 @@ async def run_elastic(
     on_runtime: Callable[[ElasticRuntime], None] | None = None,
 ) -> ElasticRuntime:
     """The multi-cell job: start `config.cells.num_cells` cells (each a vLLM engine and a DeepSpeed
-    trainer on `model_dir`, one run-wide gradient group), then `run_cells` on the training tasks.
+    trainer on `model_dir`, one run-wide gradient group; with `cluster.workers`, the head of
+    several hosts: the workers' cells join the group and are driven as local ones), then
+    `run_cells` on the training tasks.
     Raises `ConfigError` when `run_dir` already holds a run (multi-cell runs do not resume yet)."""
     from transformers import AutoTokenizer
 
@@ -101,15 +106,25 @@ async def run_elastic(
     train, _heldout = split_tasks(config)
     check_run_dir(run_dir, resume=False, resumable=False, records=(config.proxy.log_name,))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    async with open_cells(
-        config.cells.num_cells,
-        model_dir,
-        config.engine,
-        log_dir=run_dir / "cells",
-        trainer_config=config.trainer,
-        rl_config=config.rl,
-        host=config.cells.host,
-    ) as clients:
+    async with AsyncExitStack() as stack:
+        joins = None
+        if config.cluster.workers:  # the head of several hosts: workers offer their cells
+            joins = await stack.enter_async_context(open_join_server(config, model_dir))
+        clients = await stack.enter_async_context(
+            open_cells(
+                config.cells.num_cells,
+                model_dir,
+                config.engine,
+                log_dir=run_dir / "cells",
+                trainer_config=config.trainer,
+                rl_config=config.rl,
+                host=config.cells.host,
+                world_size=config.cells.num_cells * (config.cluster.workers + 1),
+                store_host=config.cluster.host if joins else None,
+                store_port=config.cluster.store_port if joins else 0,
+                remote=None if joins is None else _offered(joins),
+            )
+        )
         cells = [
             CellHandle(name=f"cell-{i}", client=c, process=c.process) for i, c in enumerate(clients)
         ]
@@ -123,3 +138,13 @@ async def run_elastic(
             launch=launch or secrets.token_hex(3),
             on_runtime=on_runtime,
         )
+
+
+def _offered(joins: JoinServer):
+    """`open_cells`'s `remote`: announce the store to joining workers, then wait for their cells."""
+
+    async def remote(store: str):
+        joins.set_store(store)
+        return await joins.wait_offers()
+
+    return remote

@@ -1,37 +1,69 @@
 """The run-wide gradient group: point-to-point gradient exchange between training cells.
 
-Owns `host_group_store` (the node side: a `torch.distributed.TCPStore` that every cell meets at)
-and `GradientGroup` (the cell side: a gloo process group over that store, formed once at start
-and kept for the run, separate from each cell's own DeepSpeed group). A satellite `send`s its
-flat gradient to the core, the core `recv`s it; both are bounded by a timeout (docs/design.md
-invariant 7). Knows nothing about trainers, roles or HTTP; blocking: call from a worker thread.
+Owns `host_group_store` (the head node's side: a `torch.distributed.TCPStore` that every cell of
+every host meets at, torchrun's rendezvous), `local_address_for` (this host's address on the
+route to another) and `GradientGroup` (the cell side: a gloo process group over that store, formed
+once at start and kept for the run, separate from each cell's own DeepSpeed group). A satellite
+`send`s its flat gradient to the core, the core `recv`s it; both are bounded by a timeout
+(docs/design.md invariant 7). Knows nothing about trainers, roles or HTTP; blocking: call from a
+worker thread.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
+import socket
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["GradientGroup", "host_group_store", "GRADIENT_TAG"]
+__all__ = ["GradientGroup", "host_group_store", "local_address_for", "GRADIENT_TAG"]
 
 GRADIENT_TAG = 7
 """gloo tag of a flat-gradient message."""
 _PREFIX = "gyre-grad"
 
 
-def host_group_store(host: str = "127.0.0.1", timeout_s: float = 300.0) -> dist.TCPStore:
-    """Start the run's rendezvous store on the node (a free port; read it from `.port`).
+def host_group_store(
+    host: str = "127.0.0.1", timeout_s: float = 300.0, *, port: int = 0
+) -> dist.TCPStore:
+    """Start the run's rendezvous store on the node at `port` (0: a free one; read it from `.port`).
+    The store listens on every interface of the host; cells on other hosts reach it at an address
+    of this one (`[cluster] host`).
 
     Keep the returned object alive for the whole run: the store lives in this process."""
     return dist.TCPStore(
         host,
-        0,
+        port,
         is_master=True,
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+
+
+def local_address_for(host: str) -> str:
+    """This host's IPv4 address on the route to `host` (the kernel's choice of source address; no
+    packet is sent): the address other hosts reach this one at. Raises `OSError` when `host` does
+    not resolve or no route leads to it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))  # UDP connect only picks the route
+        return probe.getsockname()[0]
+
+
+def _gloo_options(store_host: str, timeout: datetime.timedelta) -> dist.ProcessGroupGloo._Options:
+    """Gloo's device: on `$GLOO_SOCKET_IFNAME` when set (torch's own convention), else on this
+    host's address on the route to the store. gloo's default (the address the hostname resolves
+    to, loopback when it cannot bind it) is unreachable from other hosts or network namespaces."""
+    options = dist.ProcessGroupGloo._Options()
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")
+    if interface:
+        options._devices = [dist.ProcessGroupGloo.create_device(interface=interface)]
+    else:
+        address = local_address_for(store_host)
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+    options._timeout = timeout
+    return options
 
 
 class GradientGroup:
@@ -60,7 +92,7 @@ class GradientGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
         self._group = dist.ProcessGroupGloo(
-            dist.PrefixStore(_PREFIX, store), rank, world_size, timeout
+            dist.PrefixStore(_PREFIX, store), rank, world_size, _gloo_options(host, timeout)
         )
         self.sent = 0
         """Gradient vectors sent so far."""
