@@ -4,10 +4,11 @@ The execution has ~700K unique tokens over 1,000 model calls: a main agent whose
 extends the previous prompt + completion + a tool result, compacted 5 times (a `main_summary`
 call summarises the context; the next main call restarts from the system prompt + the summary,
 a branch), and 10 sub-agents with their own (shared) system prompt and chains of calls.
+The records are in reference form (a call holds its parent's shared token count and its own new
+tokens, as the proxy records them), so the build reads each token once, not every prompt whole.
 Reports `build_s` (median wall seconds of `build_tree`) and `peak_bytes_over_token_bytes`
 (tracemalloc peak during the build, numpy buffers included, over the bytes of the finished tree's
-per-token arrays). Goals: build_s <= 2, peak_bytes_over_token_bytes <= 4. About 2/3 of the build
-is reading the records' 31M Python ints (prompts repeat their history), so build_s tracks CPU
+per-token arrays). Goals: build_s <= 2, peak_bytes_over_token_bytes <= 4. build_s tracks CPU
 load: the 1-minute load average is recorded with the numbers.
 
 Run: `.venv/bin/python -m benchmarks.bench_tree` (about a minute on 2 cores).
@@ -46,7 +47,8 @@ CONFIG = {
 
 
 def synthetic_execution(cfg: dict = CONFIG) -> list[ModelCall]:
-    """The calls of one synthetic execution (see the module docstring), in record order."""
+    """The calls of one synthetic execution (see the module docstring), in record order, in
+    reference form (each call holds only its new tokens, as the proxy records it)."""
     rng = np.random.default_rng(cfg["seed"])
 
     def tokens(n):
@@ -56,15 +58,18 @@ def synthetic_execution(cfg: dict = CONFIG) -> list[ModelCall]:
         return int(rng.integers(lohi[0], lohi[1] + 1))
 
     calls: list[ModelCall] = []
+    length: dict[str, int] = {}  # prompt + completion length per call
 
-    def record(call_id, role, prompt, completion, parent):
+    def record(call_id, role, parent, tail, completion):
         n = len(completion)
+        shared = 0 if parent is None else length[parent]
         calls.append(
             ModelCall(
                 execution_id="bench",
                 call_id=call_id,
                 role=role,
-                prompt_ids=prompt,
+                shared_len=shared,
+                prompt_tail=tail,
                 completion_ids=completion,
                 logprobs=(-rng.random(n)).tolist(),
                 versions=[1] * n,
@@ -72,6 +77,7 @@ def synthetic_execution(cfg: dict = CONFIG) -> list[ModelCall]:
                 parent_call_id=parent,
             )
         )
+        length[call_id] = shared + len(tail) + n
 
     head = tokens(cfg["system_tokens"]) + tokens(cfg["task_tokens"])
     epochs = cfg["compactions"] + 1
@@ -80,25 +86,25 @@ def synthetic_execution(cfg: dict = CONFIG) -> list[ModelCall]:
     summary: list[int] = []
     parent = None
     for epoch, n_calls in enumerate(per_epoch):
-        context = head + summary + (tokens(50) if summary else [])
+        new = head + summary + (tokens(50) if summary else [])  # a new context after compaction
         for k in range(n_calls):
             completion = tokens(span(cfg["main_completion_tokens"]))
             call_id = f"main{epoch}.{k}"
-            record(call_id, "main", list(context), completion, parent if k else None)
-            context = context + completion + tokens(span(cfg["main_tool_tokens"]))
+            record(call_id, "main", parent if k else None, new, completion)
+            new = tokens(span(cfg["main_tool_tokens"]))
             parent = call_id
         if epoch < cfg["compactions"]:
             summary = tokens(cfg["summary_tokens"])
-            record(f"summary{epoch}", "main_summary", context + tokens(30), summary, None)
+            record(f"summary{epoch}", "main_summary", parent, new + tokens(30), summary)
     sub_head = tokens(cfg["sub_system_tokens"])
     for s in range(cfg["sub_agents"]):
-        context = sub_head + tokens(200)
+        new = sub_head + tokens(200)
         parent = None
         for k in range(cfg["calls_per_sub_agent"]):
             completion = tokens(span(cfg["sub_completion_tokens"]))
             call_id = f"sub{s}.{k}"
-            record(call_id, "sub_agent", list(context), completion, parent)
-            context = context + completion + tokens(span(cfg["sub_tool_tokens"]))
+            record(call_id, "sub_agent", parent, new, completion)
+            new = tokens(span(cfg["sub_tool_tokens"]))
             parent = call_id
     return calls
 

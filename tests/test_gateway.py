@@ -197,10 +197,9 @@ async def test_external_loop_trains_like_the_harness(tmp_path, tok, tasks):
         assert ex.calls == log.for_execution(ex.outcome.execution_id)
         assert len(ex.calls) == 2 == ex.summary.num_calls == ex.outcome.model_calls
         # the second call extends the first: its prompt starts with prompt + completion
-        first, second = ex.calls
-        assert second.prompt_ids[: len(first.prompt_ids) + len(first.completion_ids)] == (
-            first.prompt_ids + first.completion_ids
-        )
+        first, second = ex.calls  # reference form: second shares all of first's tokens
+        assert second.parent_call_id == first.call_id and second.divergence is None
+        assert second.shared_len == first.prompt_len + len(first.completion_ids)
         assert ex.outcome.completion_tokens == sum(len(c.completion_ids) for c in ex.calls)
         assert log.summaries[ex.outcome.execution_id].num_calls == 2
     assert (stats.finished, stats.failed, stats.rewards_posted, stats.verifications) == (4, 0, 1, 2)

@@ -38,9 +38,9 @@ from gyre.runtime.metrics import EvalMetrics, MetricsWriter, StepMetrics, read_m
 from gyre.runtime.rollout import Executed, Rollout, open_rollout
 from gyre.runtime.sinks import open_sinks
 from gyre.tasks.task import Task, load_suite
-from gyre.tito.log import read_log
+from gyre.tito.log import LogContents, read_log
 
-__all__ = ["run_rl", "split_tasks", "pick_tasks", "pass_rate", "evaluated"]
+__all__ = ["run_rl", "split_tasks", "pick_tasks", "pass_rate", "evaluated", "resume_log"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +89,17 @@ class _Run:
     """The state one `run_rl` call threads through its steps."""
 
     def __init__(
-        self, config: RunConfig, trainer, engine: CellClient, rollout: Rollout, launch: str
+        self,
+        config: RunConfig,
+        trainer,
+        engine: CellClient,
+        rollout: Rollout,
+        launch: str,
+        resumed: tuple[int, LogContents] | None = None,
     ) -> None:
         self.config = config
+        self.resumed = resumed
+        """(step, its executions' calls) read by the start's one pass over the call log."""
         self.run_dir = Path(config.run_dir).resolve()
         self.trainer = trainer
         self.engine = engine
@@ -107,7 +115,11 @@ class _Run:
         entries = self.ledger.entries(step)
         if not entries:
             return {}
-        log = read_log(self.run_dir / self.config.proxy.log_name)
+        if self.resumed is not None and self.resumed[0] == step:
+            log, self.resumed = self.resumed[1], None  # the start read it: no second pass
+        else:
+            wanted = {e.outcome.execution_id for e in entries}
+            log = read_log(self.run_dir / self.config.proxy.log_name, executions=wanted)
         out = {}
         for e in entries:
             summary = log.summaries.get(e.outcome.execution_id)
@@ -248,13 +260,20 @@ def evaluated(run_dir: Path, step: int) -> bool:
         return False
 
 
-def _truncate_torn_log(path: Path) -> None:
-    """Cut a torn last frame (a kill mid-write) so new frames append after whole ones."""
-    if path.exists():
-        torn = read_log(path).torn_bytes
-        if torn:
-            logger.warning("call log %s: dropping a torn last frame of %d bytes", path, torn)
-            os.truncate(path, path.stat().st_size - torn)
+def resume_log(path: Path, ledger: ExecutionLedger, step: int) -> LogContents | None:
+    """The one streaming pass a (re)start makes over the call log: cut a torn last frame (a kill
+    mid-write) so new frames append after whole ones, and keep the calls and summaries of the
+    executions `ledger` recorded for `step` (the step a resumed run continues; memory O(their
+    tokens)). None when there is no log. Raises `LogCorruptError` for a corrupt frame before
+    the end."""
+    if not path.exists():
+        return None
+    wanted = {e.outcome.execution_id for e in ledger.entries(step)}
+    log = read_log(path, executions=wanted)
+    if log.torn_bytes:
+        logger.warning("call log %s: dropping a torn last frame of %d bytes", path, log.torn_bytes)
+        os.truncate(path, path.stat().st_size - log.torn_bytes)
+    return log
 
 
 async def run_rl(
@@ -275,7 +294,8 @@ async def run_rl(
     found = check_run_dir(run_dir, resume=resume, records=(config.proxy.log_name,))
     state, trainer_dir = found if found is not None else (LoopState(), None)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _truncate_torn_log(run_dir / config.proxy.log_name)
+    log = resume_log(run_dir / config.proxy.log_name, ExecutionLedger(run_dir), state.step + 1)
+    resumed = None if log is None else (state.step + 1, log)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     objective = PolicyObjective(config.rl)
     trainer = await anyio.to_thread.run_sync(
@@ -297,7 +317,9 @@ async def run_rl(
             engine_for=lambda _execution: engine,
             max_concurrent=config.loop.max_concurrent_executions,
         ) as rollout:
-            run = _Run(config, trainer, engine, rollout, launch=secrets.token_hex(3))
+            run = _Run(
+                config, trainer, engine, rollout, launch=secrets.token_hex(3), resumed=resumed
+            )
             try:
                 state = await _run_steps(run, state, progress)
             finally:

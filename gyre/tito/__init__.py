@@ -1,7 +1,9 @@
 """gyre.tito: the TITO proxy (OpenAI-compatible API in, exact token records out).
 
-`TitoProxy` serves agents and records every model call as a `ModelCall`; `read_log` rebuilds the
-call log after a run or a crash. See docs/design.md (data path, invariant 1).
+`TitoProxy` serves agents and records every model call as a `ModelCall` (reference form: the
+parent's shared tokens + its own new ones; `ExecutionTokens` rebuilds whole prompts on demand as
+`FullCall`s); `read_log` rebuilds the call log after a run or a crash. See docs/design.md (data
+path, invariant 1).
 
 Modules: `proxy` (the ASGI app), `sessions` (keys, executions), `render` (chat to prompt IDs),
 `intake` (requests to started calls), `detok` (token bytes), `reply` (reply parsing), `generation`
@@ -12,7 +14,15 @@ Modules: `proxy` (the ASGI app), `sessions` (keys, executions), `render` (chat t
 
 from gyre.tito.log import CallLog, LogContents, LogCorruptError, LogStatistics, read_log
 from gyre.tito.proxy import ProxyStatistics, TitoProxy
-from gyre.tito.records import ROLES, Divergence, ExecutionSummary, ModelCall, Role
+from gyre.tito.records import (
+    ROLES,
+    Divergence,
+    ExecutionSummary,
+    ExecutionTokens,
+    FullCall,
+    ModelCall,
+    Role,
+)
 from gyre.tito.render import ChatRenderer
 from gyre.tito.render_state import RenderStatistics
 
@@ -20,6 +30,8 @@ __all__ = [
     "TitoProxy",
     "ProxyStatistics",
     "ModelCall",
+    "FullCall",
+    "ExecutionTokens",
     "Divergence",
     "ExecutionSummary",
     "Role",

@@ -48,7 +48,7 @@ from gyre.tito.openai_requests import (
     proxy_error,
 )
 from gyre.tito.recorder import Recorder
-from gyre.tito.records import ExecutionSummary, ModelCall
+from gyre.tito.records import ExecutionSummary, FullCall, ModelCall
 from gyre.tito.render import ChatRenderer
 from gyre.tito.render_state import RenderStatistics
 from gyre.tito.responses_api import ResponsesApi
@@ -208,12 +208,14 @@ class TitoProxy:
             await self.log.append_end(summary)
         return summary
 
-    def calls(self, execution_id: str) -> list[ModelCall]:
-        """The calls recorded so far for an open execution (KeyError if it is not open)."""
+    def calls(self, execution_id: str, *, full: bool = False) -> list[ModelCall] | list[FullCall]:
+        """The calls recorded so far for an open execution (KeyError if it is not open), in
+        reference form (`ModelCall`: O(the execution's tokens)); `full=True` rebuilds each
+        call's whole prompt (`FullCall`, O(calls x history): for clients and tests)."""
         ex = self.sessions.get(execution_id)
         if ex is None:
             raise KeyError(execution_id)
-        return ex.calls()
+        return ex.full_calls() if full else ex.calls()
 
     def summary(self, execution_id: str) -> ExecutionSummary:
         """The running summary of an open execution (KeyError if it is not open)."""
@@ -370,7 +372,15 @@ class TitoProxy:
         return Response(JSON_ENCODER.encode(self._model_card(name)), media_type="application/json")
 
     async def _list_calls(self, request: Request) -> Response:
+        """`GET /gyre/v1/executions/{id}/calls`: the execution's calls in reference form
+        (`shared_len` + `prompt_tail`, see `ModelCall`); `?full=1` (or `true`) gives each call's
+        whole `prompt_ids` instead (`FullCall`). Any other `full` value is a 400."""
         try:
+            full = request.query_params.get("full", "0")
+            if full not in ("0", "1", "false", "true"):
+                raise proxy_error(
+                    f"full={full!r} must be 0, 1, false or true", 400, "invalid_value", param="full"
+                )
             ex = self._resolve(request)
             execution_id = request.path_params["execution_id"]
             if ex.execution_id != execution_id:
@@ -384,7 +394,7 @@ class TitoProxy:
                 {
                     "object": "list",
                     "execution_id": execution_id,
-                    "data": ex.calls(),
+                    "data": ex.full_calls() if full in ("1", "true") else ex.calls(),
                     "summary": ex.summary(),
                 }
             )

@@ -1,8 +1,9 @@
 """Recording: a finished (or broken-off) model call becomes `ModelCall` records in the call log.
 
 Owns `Recorder`: every choice of a call becomes one `ModelCall` (the exact prompt IDs the engine
-ran on, the completion IDs, behaviour logprobs and weight versions it sampled, finish reason,
-parent and divergence), appended to the `CallLog` first and then to the execution's records, with
+ran on, as the parent's shared tokens plus its own new ones, so recording costs O(new tokens); the
+completion IDs, behaviour logprobs and weight versions it sampled, finish reason, parent and
+divergence), appended to the `CallLog` first and then to the execution's records, with
 the renderer `Node` that later calls extend. A call that did not complete is recorded with what was
 sampled (finish `abort`); a call that ends after its execution was closed is dropped, so no
 record follows the execution's end entry (B29). Knows nothing about HTTP or OpenAI's format.
@@ -56,20 +57,26 @@ class Recorder:
             return []
         ex, rendered = call.execution, call.rendered
         parent = rendered.parent
-        base = None
-        if parent is not None and rendered.divergence is None:
-            base = (parent.call_id, parent.prompt_len + len(parent.completion_ids))
+        prompt = rendered.prompt_ids
+        shared = 0
+        if parent is not None:
+            if rendered.divergence is None:
+                shared = parent.prompt_len + len(parent.completion_ids)
+            else:
+                shared = rendered.divergence.index  # the longest prefix shared with the parent
+        tail = prompt[shared:]  # O(new tokens); one list for every choice of the call
         now = time.time()
         out = []
-        if base is not None and rendered.path != "repeat":
-            parent.lend_prefix(rendered.prompt_ids)  # the parent's prompt now lives in this list
+        if parent is not None and rendered.divergence is None and rendered.path != "repeat":
+            parent.lend_prefix(prompt)  # the parent's prompt now lives in this list
         for ch, reply in zip(call.choices, replies):
             finish: FinishReason = ch.finish or "abort"
             mc = ModelCall(
                 execution_id=ex.execution_id,
                 call_id=call.choice_call_id(ch.index),
                 role=call.role,
-                prompt_ids=rendered.prompt_ids,
+                shared_len=shared,
+                prompt_tail=tail,
                 completion_ids=ch.ids,
                 logprobs=ch.lps,
                 versions=ch.vers,
@@ -83,10 +90,10 @@ class Recorder:
                 heals=rendered.heals,
             )
             if self.log is not None:
-                await self.log.append_call(mc, base=base)
+                await self.log.append_call(mc)
             node = Node(
                 call_id=mc.call_id,
-                prompt_ref=rendered.prompt_ids,
+                prompt_ref=prompt,
                 completion_ids=ch.ids,
                 completion_text=self.text.decode(ch.ids),
                 messages=rendered.messages,
@@ -100,7 +107,7 @@ class Recorder:
                 heals=rendered.heals,
             )
             ex.render.nodes.append(node)
-            ex.add(mc, node)
+            ex.add(mc)
             self.calls_recorded += 1
             self.completion_tokens += len(ch.ids)
             out.append(mc)

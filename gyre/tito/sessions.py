@@ -1,7 +1,8 @@
 """Sessions of the TITO proxy: which execution a request belongs to, and that execution's state.
 
 Owns `Sessions` (API keys minted by the launcher, one per execution; `mint_key`, `resolve`,
-`close`) and `Execution` (its render state, recorded calls, truncation flag and counters). The
+`close`) and `Execution` (its render state, recorded calls in reference form (O(its tokens):
+`gyre.tito.records.ModelCall`), truncation flag and counters). The
 bearer key names the execution; an `X-Gyre-Execution` header may name it instead. Unknown or
 closed keys are refused with 401 before anything is recorded. Knows nothing about HTTP bodies,
 tokens or engines.
@@ -13,11 +14,9 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-import msgspec
-
 from gyre.errors import ProxyError
-from gyre.tito.records import ROLES, ExecutionSummary, ModelCall, Role
-from gyre.tito.render_state import Node, RenderState
+from gyre.tito.records import ROLES, ExecutionSummary, ExecutionTokens, FullCall, ModelCall, Role
+from gyre.tito.render_state import RenderState
 
 __all__ = ["Execution", "Sessions", "parse_role"]
 
@@ -29,8 +28,8 @@ class Execution:
     execution_id: str
     key: str
     render: RenderState = field(default_factory=RenderState)
-    records: list[tuple[ModelCall, Node]] = field(default_factory=list)
-    """Recorded calls without their prompt IDs (the node holds them compactly)."""
+    records: list[ModelCall] = field(default_factory=list)
+    """Recorded calls in reference form (each holds its own new tokens only), in record order."""
     truncated: bool = False
     """Any call cut off (`length`) or refused for the context limit (B14, B15)."""
     closed: bool = False
@@ -43,20 +42,24 @@ class Execution:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
-    def add(self, call: ModelCall, node: Node) -> None:
-        """Keep a recorded call (its prompt lives in `node`)."""
-        self.records.append((msgspec.structs.replace(call, prompt_ids=[]), node))
+    def add(self, call: ModelCall) -> None:
+        """Keep a recorded call (O(its new tokens): the record references its parent)."""
+        self.records.append(call)
         self.length_calls += call.finish_reason == "length"
         self.truncated |= call.finish_reason == "length"
         self.divergences += call.divergence is not None
-        self.prompt_tokens += len(call.prompt_ids)
+        self.prompt_tokens += call.prompt_len
         self.completion_tokens += len(call.completion_ids)
 
     def calls(self) -> list[ModelCall]:
-        """Every recorded call with its full prompt IDs (materialised: O(calls x history))."""
-        return [
-            msgspec.structs.replace(call, prompt_ids=node.prompt_ids) for call, node in self.records
-        ]
+        """Every recorded call in reference form, in record order (a new list of the same
+        records: O(calls))."""
+        return list(self.records)
+
+    def full_calls(self) -> list[FullCall]:
+        """Every recorded call with its whole prompt (`FullCall`), rebuilt on demand:
+        O(calls x history), for clients that ask for it (`?full=1`) and tests."""
+        return ExecutionTokens(self.records).full_calls()
 
     def new_call_id(self) -> str:
         """`c<k>`: unique within the execution, in arrival order."""

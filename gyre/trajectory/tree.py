@@ -7,11 +7,13 @@ never one Python object per token. A later call's prompt that contains an earlie
 those nodes, which keep their policy flag, behaviour logprob and weight version.
 
 Storage: each call appends at most one new *run* (a contiguous chain of node ids whose parent is
-the previous id, except the run's first node). Matching a new call walks runs and compares whole
-slices vectorised: a call whose prompt extends its parent's prompt + completion (checked with one
-vectorised comparison) starts at the parent's last node; any other walks from the root, one
-Python step per run on its path. Reading the records' Python ints dominates the cost. The tree
-knows nothing about rewards, selection, packing or models.
+the previous id, except the run's first node). Records come in reference form (the parent's
+shared token count + the call's own tokens, `gyre.tito.records.ModelCall`), so building costs
+O(the calls' own tokens), never a whole prompt per call: a call that extends its parent starts at
+the parent's last node; one that branches off starts at the parent's node at the divergence depth
+(walking runs up, one Python step per run); a call without a parent walks from the root. Matching
+walks runs and compares whole slices vectorised. Reading the records' Python ints dominates the
+cost. The tree knows nothing about rewards, selection, packing or models.
 
 Array suffix legend: `_N` one entry per node (token) of the tree, `_R` one entry per run (= call).
 """
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from gyre.tito.records import ROLES, ModelCall, Role
+from gyre.tito.records import ROLES, FullCall, ModelCall, Role, to_reference
 
 __all__ = ["TrajectoryTree", "TreeStatistics", "build_tree"]
 
@@ -170,33 +172,43 @@ def _check_call(call: ModelCall) -> None:
             f"call {call.call_id!r}: len(completion_ids)={n}, len(logprobs)={len(call.logprobs)}, "
             f"len(versions)={len(call.versions)} must be equal"
         )
-    if not call.prompt_ids:
+    if call.prompt_len == 0:
         raise ValueError(
             f"call {call.call_id!r}: prompt_ids is empty (nothing predicts its first token)"
         )
     if call.role not in _ROLE_INDEX:
         raise ValueError(f"call {call.call_id!r}: role={call.role!r} is not one of {ROLES}")
+    if call.shared_len < 0 or (call.shared_len and call.parent_call_id is None):
+        raise ValueError(
+            f"call {call.call_id!r}: shared_len={call.shared_len} needs a parent_call_id "
+            "(and must be >= 0)"
+        )
 
 
-def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
-    """Merge one execution's model calls into a `TrajectoryTree`.
+def build_tree(calls: Sequence[ModelCall | FullCall]) -> TrajectoryTree:
+    """Merge one execution's model calls into a `TrajectoryTree`, in O(the calls' own tokens).
 
-    `calls` in record order (a call's parent, if named, comes before it). Each call's prompt +
-    completion is walked down the existing tree; the unmatched tail becomes a new run whose
+    `calls` in record order (a call's parent, if named, comes before it), in reference form
+    (`ModelCall`); `FullCall`s (whole prompts: tests, old logs) are first put in reference form
+    (`gyre.tito.records.to_reference`, O(their tokens)). A call's first `shared_len` tokens are
+    its parent's: the walk starts at the parent's node at that depth (found by walking runs up
+    from the parent's last node), never re-reading a shared prompt. Its own tokens (prompt tail
+    + completion) are walked down the existing tree; the unmatched rest becomes a new run whose
     completion part is marked policy with the call's logprobs and versions. A completion token
     that lands on an existing context node turns it into a policy node (the token was sampled);
     one landing on an existing policy node keeps the first record's logprob and version.
 
     Raises `ValueError` for an empty list, calls of several executions, duplicate call ids,
-    an empty prompt, a parent named after its child, or completion/logprob/version lengths that
-    differ.
+    an empty prompt, a parent named after its child, a `shared_len` without a parent or longer
+    than the parent's prompt + completion, or completion/logprob/version lengths that differ.
     """
     if not calls:
         raise ValueError("build_tree needs at least one model call")
+    if any(isinstance(call, FullCall) for call in calls):
+        calls = to_reference(calls)
     execution_id = calls[0].execution_id
     call_ids: list[str] = []
     index_of: dict[str, int] = {}
-    remaining_refs: dict[str, int] = {}
     for call in calls:
         _check_call(call)
         if call.execution_id != execution_id:
@@ -206,13 +218,11 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
             )
         if call.call_id in index_of:
             raise ValueError(f"duplicate call_id={call.call_id!r} in execution {execution_id!r}")
-        if call.parent_call_id is not None:
-            if call.parent_call_id not in index_of:
-                raise ValueError(
-                    f"call {call.call_id!r}: parent_call_id={call.parent_call_id!r} "
-                    "does not come before it"
-                )
-            remaining_refs[call.parent_call_id] = remaining_refs.get(call.parent_call_id, 0) + 1
+        if call.parent_call_id is not None and call.parent_call_id not in index_of:
+            raise ValueError(
+                f"call {call.call_id!r}: parent_call_id={call.parent_call_id!r} "
+                "does not come before it"
+            )
         index_of[call.call_id] = len(call_ids)
         call_ids.append(call.call_id)
 
@@ -223,38 +233,47 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
     run_depth_R = np.zeros(num_calls, dtype=np.int64)
     end_node_R = np.full(num_calls, -1, dtype=np.int64)
     divergence_R = np.full(num_calls, -1, dtype=np.int64)
-    end_run_R = np.full(num_calls, -1, dtype=np.int64)  # the end node as (run, index in run)
-    end_i_R = np.full(num_calls, -1, dtype=np.int64)
+    seq_len_R = np.zeros(num_calls, dtype=np.int64)  # prompt + completion length per call
+    # Runs as Python lists (read one element at a time while walking up: no numpy scalars).
+    up_run: list[int] = []  # the run holding each run's parent node (-1: the virtual root)
+    up_i: list[int] = []  # that node's index in its run
+    depth_of: list[int] = []  # depth of each run's first node
+    end_at: list[tuple[int, int]] = []  # each call's last node as (run, index in run)
     run_tokens: list[np.ndarray] = []
     run_policy: list[np.ndarray] = []
     run_logprob: list[np.ndarray] = []
     run_version: list[np.ndarray] = []
     run_temperature: list[np.ndarray] = []
     branch_child: dict[tuple[int, int], int] = {}  # (parent node, token) -> run starting there
-    kept_sequences: dict[str, np.ndarray] = {}  # sequences of calls a later call names as parent
     num_nodes = 0
     tokens_in_calls = 0
 
     for r, call in enumerate(calls):
-        prompt_len = len(call.prompt_ids)
-        seq = _as_int32(call.prompt_ids, call.completion_ids)
-        tokens_in_calls += seq.shape[0]
-        # Walk down: (cur_run, cur_i) is the deepest matched node, (-1, -1) the virtual root.
-        pos, cur_run, cur_i = 0, -1, -1
+        shared = call.shared_len
+        prompt_len = len(call.prompt_tail)  # the call's own prompt tokens
+        seq = _as_int32(call.prompt_tail, call.completion_ids)
+        seq_len_R[r] = shared + seq.shape[0]
+        tokens_in_calls += shared + seq.shape[0]
+        # (cur_run, cur_i) is the deepest matched node, (-1, -1) the virtual root.
+        cur_run, cur_i = -1, -1
         if call.parent_call_id is not None:
-            parent_seq = kept_sequences[call.parent_call_id]
-            divergence_R[r] = _first_difference(seq[:prompt_len], parent_seq)
-            if divergence_R[r] < 0:  # extends its parent: start the walk at the parent's end
-                p = index_of[call.parent_call_id]
-                pos, cur_run, cur_i = parent_seq.shape[0], int(end_run_R[p]), int(end_i_R[p])
-            remaining_refs[call.parent_call_id] -= 1
-            if remaining_refs[call.parent_call_id] == 0:
-                del kept_sequences[call.parent_call_id]
-        if remaining_refs.get(call.call_id):
-            kept_sequences[call.call_id] = seq
+            p = index_of[call.parent_call_id]
+            parent_len = int(seq_len_R[p])
+            if shared > parent_len:
+                raise ValueError(
+                    f"call {call.call_id!r}: shared_len={shared} > {parent_len} tokens of "
+                    f"parent {call.parent_call_id!r}"
+                )
+            if shared < parent_len:
+                divergence_R[r] = shared
+            if shared:  # the parent's node at depth shared - 1: walk its path up, run by run
+                cur_run, cur_i = end_at[p]
+                while depth_of[cur_run] > shared - 1:
+                    cur_run, cur_i = up_run[cur_run], up_i[cur_run]
+                cur_i = shared - 1 - depth_of[cur_run]
 
         matched: list[tuple[int, int, int, int]] = []  # (run, first index, seq position, length)
-        length = seq.shape[0]
+        pos, length = 0, seq.shape[0]
         while pos < length:
             token = int(seq[pos])
             interior = cur_run >= 0 and cur_i + 1 < run_len_R[cur_run]
@@ -294,7 +313,10 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
         run_start_R[r] = num_nodes
         run_len_R[r] = new.shape[0]
         run_parent_R[r] = parent_node
-        run_depth_R[r] = pos
+        run_depth_R[r] = shared + pos
+        up_run.append(cur_run)
+        up_i.append(cur_i)
+        depth_of.append(shared + pos)
         policy = np.zeros(new.shape[0], dtype=bool)
         logprob = np.full(new.shape[0], np.nan, dtype=np.float64)
         version = np.full(new.shape[0], -1, dtype=np.int32)
@@ -314,10 +336,10 @@ def build_tree(calls: Sequence[ModelCall]) -> TrajectoryTree:
         if new.shape[0]:
             branch_child[(parent_node, int(new[0]))] = r
             end_node_R[r] = num_nodes + new.shape[0] - 1
-            end_run_R[r], end_i_R[r] = r, new.shape[0] - 1
+            end_at.append((r, new.shape[0] - 1))
         else:
             end_node_R[r] = parent_node
-            end_run_R[r], end_i_R[r] = cur_run, cur_i
+            end_at.append((cur_run, cur_i))
         num_nodes += new.shape[0]
 
     return _finish(
@@ -345,15 +367,6 @@ def _as_int32(prompt: list[int], completion: list[int]) -> np.ndarray:
     buf = array.array("i", prompt)
     buf.extend(completion)
     return np.frombuffer(buf, dtype=np.int32)
-
-
-def _first_difference(prompt: np.ndarray, parent_seq: np.ndarray) -> int:
-    """-1 if `prompt` starts with `parent_seq`, else the first index where they differ."""
-    n = min(prompt.shape[0], parent_seq.shape[0])
-    differ = np.flatnonzero(prompt[:n] != parent_seq[:n])
-    if differ.shape[0]:
-        return int(differ[0])
-    return -1 if prompt.shape[0] >= parent_seq.shape[0] else n
 
 
 def _finish(

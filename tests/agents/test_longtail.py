@@ -122,7 +122,7 @@ async def run_longtail(tmp_path: Path, task, eid: str, settings: LongtailSetting
             task, eid, control=control, api_key=key, agent_command=list(longtail_command(settings))
         )
         tg.cancel_scope.cancel()
-    return outcome, proxy.calls(eid)
+    return outcome, proxy.calls(eid, full=True)
 
 
 @pytest.mark.anyio

@@ -126,7 +126,7 @@ async def test_mini_swe_agent_solves_a_shipped_task_through_the_harness(
         )
         outcome = await harness.run(task, eid, control=control, api_key=key)
         tg.cancel_scope.cancel()
-    calls = proxy.calls(eid)
+    calls = proxy.calls(eid, full=True)
     assert outcome.termination == "finished", (outcome.failure_reason, outcome.stderr_tail)
     assert outcome.exit_code == 0, outcome.stdout_tail
     # one model call per action, each recorded token for token as the engine sampled it

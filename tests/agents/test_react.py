@@ -251,7 +251,7 @@ async def test_b30_malformed_tool_call_is_fed_back_through_the_proxy(
         agent = Agent(client, Workspace(tmp_path / "ws"), AgentSettings())
         summary = await anyio.to_thread.run_sync(agent.converse, "write hello to out.txt")
         tg.cancel_scope.cancel()
-    calls = proxy.calls("b30")
+    calls = proxy.calls("b30", full=True)
     assert len(calls) == 2 and summary == "wrote it" and agent.malformed_replies == 1
     assert (tmp_path / "ws" / "out.txt").read_text() == "hello"
     second_prompt = tok.decode(calls[1].prompt_ids)
@@ -314,4 +314,4 @@ async def test_b30_through_the_harness_finishes_with_its_normal_score(
         tg.cancel_scope.cancel()
     assert outcome.termination == "finished", outcome.stderr_tail
     assert outcome.score.score == 1.0 and outcome.model_calls == 2
-    assert len(proxy.calls("b30")) == 2
+    assert len(proxy.calls("b30", full=True)) == 2

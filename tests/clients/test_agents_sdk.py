@@ -57,7 +57,7 @@ async def test_agents_sdk_default_settings_ten_turns_one_path(tok, anyio_backend
         await client.close()
     assert result.final_output == "Done after 9 steps."
     assert seen == list(range(TURNS - 1))
-    calls = proxy.calls("agent")
+    calls = proxy.calls("agent", full=True)
     assert len(calls) == TURNS
     assert [c.completion_ids for c in calls] == ids
     assert [c.divergence for c in calls] == [None] * TURNS

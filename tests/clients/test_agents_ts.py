@@ -78,7 +78,7 @@ async def test_agents_ts_default_settings_tool_run(tok, anyio_backend, agents_js
         )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert json.loads(done.stdout.decode().strip().splitlines()[-1]) == {"final": "The sum is 5."}
-    calls = proxy.calls("ts")
+    calls = proxy.calls("ts", full=True)
     assert [c.completion_ids for c in calls] == ids
     assert calls[1].divergence is None
     known = calls[0].prompt_ids + calls[0].completion_ids

@@ -20,7 +20,7 @@ from gyre.runtime.checkpoint import ExecutionLedger, LedgerEntry
 from gyre.runtime.metrics import MetricsWriter
 from gyre.tasks.outcome import Outcome, Score
 from gyre.tito.log import CallLog, read_log
-from gyre.tito.records import Divergence, ModelCall
+from gyre.tito.records import Divergence, FullCall, ModelCall, to_reference
 from gyre.trajectory import build_tree, pack_tree, select_trajectories
 from tests.report.test_report import step
 
@@ -36,9 +36,9 @@ def call(
     parent: str | None = None,
     divergence: Divergence | None = None,
     role: str = "main",
-) -> ModelCall:
+) -> FullCall:
     n = len(completion)
-    return ModelCall(
+    return FullCall(
         execution_id=eid,
         call_id=cid,
         role=role,
@@ -58,25 +58,29 @@ async def write_log(path: Path) -> list[ModelCall]:
     e2: one call; e4: one greedy call (not trained); e5: one call; e1 is closed."""
     from gyre.tito.records import ExecutionSummary
 
-    c1 = call("e1", "c1", [1, 2, 3], [4, 5])
-    c2 = call("e1", "c2", [1, 2, 3, 4, 5, 6], [7, 8, 9], parent="c1")
-    c3 = call(
-        "e1",
-        "c3",
-        [1, 10, 11],
-        [12, 13],
-        divergence=Divergence(parent_call_id="c2", index=1, reason="compaction"),
-        role="main_summary",
+    c1, c2, c3 = to_reference(
+        [
+            call("e1", "c1", [1, 2, 3], [4, 5]),
+            call("e1", "c2", [1, 2, 3, 4, 5, 6], [7, 8, 9], parent="c1"),  # stored as a delta
+            call(
+                "e1",
+                "c3",
+                [1, 10, 11],
+                [12, 13],
+                divergence=Divergence(parent_call_id="c2", index=1, reason="compaction"),
+                role="main_summary",
+            ),
+        ]
     )
-    d1 = call("e2", "c1", [1, 2], [3])
+    [d1] = to_reference([call("e2", "c1", [1, 2], [3])])
     log = CallLog(path)
     await log.append_call(c1)
-    await log.append_call(c2, base=("c1", 5))
+    await log.append_call(c2)
     await log.append_call(c3)
     await log.append_call(d1)
-    greedy = call("e4", "c1", [1, 2], [3, 4])
+    [greedy] = to_reference([call("e4", "c1", [1, 2], [3, 4])])
     await log.append_call(msgspec.structs.replace(greedy, sampling=SamplingParams(temperature=0.0)))
-    await log.append_call(call("e5", "c1", [1, 2], [5, 6]))
+    await log.append_call(to_reference([call("e5", "c1", [1, 2], [5, 6])])[0])
     await log.append_end(
         ExecutionSummary(
             execution_id="e1",
@@ -156,7 +160,8 @@ def test_call_index_equals_read_log_and_grows(run_dir: Path) -> None:
     async def more() -> None:
         os.truncate(run_dir / "calls.log", size)
         log = CallLog(run_dir / "calls.log")
-        await log.append_call(call("e2", "c2", [1, 2, 3, 5], [6], parent="c1"), base=("c1", 3))
+        e2 = [call("e2", "c1", [1, 2], [3]), call("e2", "c2", [1, 2, 3, 5], [6], parent="c1")]
+        await log.append_call(to_reference(e2)[1])  # shares c1's 3 tokens
         log.close()
 
     anyio.run(more)

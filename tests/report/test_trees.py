@@ -17,13 +17,13 @@ from gyre.report.summary import summarize
 from gyre.report.trees import execution_trees, tree_totals
 from gyre.runtime.metrics import MetricsWriter, read_metrics
 from gyre.tito.log import CallEntry, encode_frame
-from gyre.tito.records import Divergence, ModelCall
+from gyre.tito.records import Divergence, FullCall, to_reference
 from tests.report.test_report import step
 
 
-def call(execution: str, call_id: str, prompt: list[int], completion: list[int], **kw) -> ModelCall:
+def call(execution: str, call_id: str, prompt: list[int], completion: list[int], **kw) -> FullCall:
     n = len(completion)
-    return ModelCall(
+    return FullCall(
         execution_id=execution,
         call_id=call_id,
         role="main",
@@ -53,7 +53,8 @@ def write_log(run_dir: Path) -> None:
         ),
     ]
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "calls.log").write_bytes(b"".join(encode_frame(CallEntry(call=c)) for c in calls))
+    refs = [*to_reference(c for c in calls if c.execution_id == "a"), *to_reference(calls[1:2])]
+    (run_dir / "calls.log").write_bytes(b"".join(encode_frame(CallEntry(call=c)) for c in refs))
 
 
 def test_tree_statistics_by_hand(tmp_path: Path) -> None:

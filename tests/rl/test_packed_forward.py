@@ -103,14 +103,14 @@ def test_eager_attention_is_refused():
 def test_each_call_is_scored_at_its_own_sampling_temperature():
     # B05: temperature applies to the logits of the call that sampled the token.
     from gyre.engines.protocol import SamplingParams
-    from gyre.tito.records import ModelCall
+    from gyre.tito.records import FullCall
 
     model = tiny_qwen2(seed=6, vocab=VOCAB)
     p1, c1 = [1, 2, 3], [4, 5]
     p2, c2 = p1 + c1 + [6], [7, 8, 9]
 
     def call(cid, p, c, t, parent=None):
-        return ModelCall(
+        return FullCall(
             execution_id="e",
             call_id=cid,
             role="main",

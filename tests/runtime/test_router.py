@@ -854,7 +854,7 @@ async def test_the_proxy_records_one_call_across_a_redirect() -> None:
                     await router.set_role("a", "train")
             tg.cancel_scope.cancel()
         stats = router.statistics()
-    [call] = proxy.calls("ex1")
+    [call] = proxy.calls("ex1", full=True)
     same = GenerateRequest(
         request_id="r", prompt_ids=call.prompt_ids, sampling=SamplingParams(max_tokens=200)
     )

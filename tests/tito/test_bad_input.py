@@ -173,7 +173,27 @@ async def test_sessions_roles_headers_and_call_listing(tok, anyio_backend):
         ).json()
         assert "data" in listing, listing
         assert [c["role"] for c in listing["data"]] == ["sub_agent", "main_summary"]
-        assert listing["data"][0]["prompt_ids"] == proxy.calls("ex1")[0].prompt_ids
+        # The listing is in reference form; `?full=1` rebuilds each whole prompt; a bad value
+        # of `full` is a 400.
+        refs = proxy.calls("ex1")
+        assert [(c["shared_len"], c["prompt_tail"]) for c in listing["data"]] == [
+            (c.shared_len, c.prompt_tail) for c in refs
+        ]
+        assert "prompt_ids" not in listing["data"][0]
+        full = (
+            await http.get(
+                base.removesuffix("/v1") + "/gyre/v1/executions/ex1/calls?full=1",
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        ).json()
+        whole = proxy.calls("ex1", full=True)
+        assert [c["prompt_ids"] for c in full["data"]] == [c.prompt_ids for c in whole]
+        assert whole[0].prompt_ids == refs[0].prompt_tail  # the first call shares nothing
+        r = await http.get(
+            base.removesuffix("/v1") + "/gyre/v1/executions/ex1/calls?full=yes",
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "full"
         r = await http.get(
             base.removesuffix("/v1") + "/gyre/v1/executions/ex1/calls",
             headers={"Authorization": f"Bearer {other}"},
@@ -252,3 +272,46 @@ async def test_model_aliases_any_model_and_the_model_card(tok, anyio_backend):
         assert (await http.get("/models/whatever")).json()["id"] == "whatever"
     with pytest.raises(ValueError, match="distinct non-empty"):
         make_proxy(tok, engine, model_aliases=("gyre",))
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "seed": 2**64},
+            "seed",
+        ),
+        ("/v1/completions", {"prompt": "x", "seed": -(2**63) - 1}, "seed"),
+        ("/v1/responses", {"input": "x", "seed": 2**70}, "seed"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "top_k": 2**63},
+            "top_k",
+        ),
+        (
+            "/v1/messages",
+            {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "top_k": 2**70},
+            None,
+        ),
+    ],
+)
+async def test_a_seed_or_top_k_past_64_bits_is_400_and_records_nothing(
+    tok, anyio_backend, path, body, param
+):
+    """Was a 500 with a traceback after the engine had run: the call log (msgpack) cannot store
+    an integer past 64 bits, so the finished call was lost. vLLM's range for `seed` is int64."""
+    from tests.tito.conftest import asgi_post
+
+    proxy = make_proxy(tok, ScriptedEngine(eos_token_id=tok.eos_token_id))
+    key = proxy.mint_key("big")
+    status, raw = await asgi_post(proxy, path, key, {"model": "gyre", **body})
+    assert status == 400, raw
+    err = json.loads(raw)["error"]
+    assert err.get("param") == param and "64-bit" in err["message"], err
+    assert proxy.statistics().calls_recorded == 0 and proxy.statistics().requests_refused == 1
+    # the edges of the range are served and recorded
+    edge = {**body, "seed": 2**63 - 1} if "seed" in body else {**body, "top_k": 2**63 - 1}
+    status, raw = await asgi_post(proxy, path, key, {"model": "gyre", **edge})
+    assert status == 200, raw
+    assert proxy.statistics().calls_recorded == 1

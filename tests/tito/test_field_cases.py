@@ -75,7 +75,7 @@ async def test_b01_retokenization_drift(tok, anyio_backend):
                 {"model": "gyre", "prompt": sent, "max_tokens": 4, "return_token_ids": True},
             )
         ).json()
-    calls = proxy.calls("b01")
+    calls = proxy.calls("b01", full=True)
     p1, rec1 = calls[0].prompt_ids, calls[0]
     assert rec1.completion_ids == c1 and len(c1) == 3  # two IDs for the word, not one (assert 1)
     assert encode(tok, word) != split
@@ -131,7 +131,7 @@ async def test_b02_template_drops_reasoning(anyio_backend):
         )  # no crash (assert 5)
         assert r2.choices[0].finish_reason in ("stop", "length")
         await client.close()
-    calls = proxy.calls("b02")
+    calls = proxy.calls("b02", full=True)
     p1, p2 = calls[0].prompt_ids, calls[1].prompt_ids
     think = tok.convert_tokens_to_ids("<think>")
     assert c1[0] == think
@@ -184,7 +184,7 @@ async def test_b04_streaming_keeps_tool_call_ids_and_logprobs(tok, anyio_backend
         for e in ch["logprobs"]["content"]
     ]
     usage = chunks[-1]["usage"]
-    calls = proxy.calls("b04")
+    calls = proxy.calls("b04", full=True)
     assert (
         calls[0].completion_ids == calls[1].completion_ids == ids
     )  # streamed == non-streamed (assert 1)
@@ -239,7 +239,7 @@ async def test_b14_length_reaches_the_execution(tok, anyio_backend):
         r1["choices"][0]["finish_reason"] == "stop"
         and r2["choices"][0]["finish_reason"] == "length"
     )
-    calls = proxy.calls("b14")
+    calls = proxy.calls("b14", full=True)
     assert calls[1].finish_reason == "length"  # (assert 1)
     assert (
         calls[1].completion_ids == long[:8] and tok.eos_token_id not in calls[1].completion_ids
@@ -300,7 +300,7 @@ async def test_b15_context_overflow_clamps_or_refuses(tok, anyio_backend):
     # (a) clamp: 4096 - 4000 = 96 tokens, finish `length`, the execution is truncated.
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
     assert engine.requests_seen[0].sampling.max_tokens == 96
-    call = clamp.calls("b15a")[0]
+    call = clamp.calls("b15a", full=True)[0]
     assert (
         len(call.prompt_ids) == 4000
         and len(call.completion_ids) == 96
@@ -359,7 +359,7 @@ async def test_b19_single_bos(anyio_backend):
                 {"model": "gyre", "prompt": "hello", "max_tokens": 3, "return_token_ids": True},
             )
         ).json()
-    p1 = proxy.calls("b19")[0].prompt_ids
+    p1 = proxy.calls("b19", full=True)[0].prompt_ids
     assert p1[0] == bos and p1[1] != bos  # (assert 1)
     template_ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)[
         "input_ids"
@@ -400,7 +400,7 @@ async def test_b22_n_choices_are_distinct_reproducible_and_aligned(tok, anyio_ba
     ids_a = [ch["token_ids"] for ch in a["choices"]]
     assert len({tuple(x) for x in ids_a}) > 1  # not all identical (assert 1)
     assert ids_a == [ch["token_ids"] for ch in b["choices"]]  # reproducible (assert 2)
-    calls = proxy.calls("b22")
+    calls = proxy.calls("b22", full=True)
     first = [x for x in calls if x.call_id.startswith("c0/")]
     assert [x.call_id for x in first] == ["c0/0", "c0/1", "c0/2", "c0/3"]
     for ch, rec in zip(a["choices"], first):  # each choice keeps its own index (assert 3)
@@ -480,7 +480,7 @@ async def test_b23_tool_arguments_round_trip_exactly(tok, anyio_backend):
         "path": "src",
         "all": True,
     }  # (assert 2)
-    calls = proxy.calls("b23")
+    calls = proxy.calls("b23", full=True)
     p1 = calls[0].prompt_ids
     assert (
         calls[1].prompt_ids[: len(p1) + len(c1)] == p1 + c1 and calls[1].divergence is None
@@ -496,7 +496,7 @@ async def test_b23_nested_quotes_and_non_ascii(tok, anyio_backend):
     proxy, r1, r3, c1 = await run_b23(tok, raw)
     args = r1["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
     assert args == raw and json.loads(args) == {"path": 'a "quoted" dïr/文件', "all": False}
-    calls = proxy.calls("b23")
+    calls = proxy.calls("b23", full=True)
     p1 = calls[0].prompt_ids
     assert calls[1].prompt_ids[: len(p1) + len(c1)] == p1 + c1 and calls[1].divergence is None
     assert r3.status_code == 200 and calls[2].divergence is None
@@ -511,7 +511,7 @@ async def test_b23_reserialized_arguments_branch_inside_the_arguments(tok, anyio
     proxy, r1, r3, c1 = await run_b23(
         tok, '{"path": "src", "all": true}', echo_arguments=compact, history="as_sent"
     )
-    calls = proxy.calls("b23")
+    calls = proxy.calls("b23", full=True)
     p1, p2 = calls[0].prompt_ids, calls[1].prompt_ids
     div = calls[1].divergence
     assert (
@@ -533,7 +533,7 @@ async def test_b23_malformed_call_is_a_tool_error_not_a_crash(tok, anyio_backend
     assert choice["message"]["content"] == text and "tool_calls" not in choice["message"]
     assert choice["message"]["gyre_tool_call_error"].startswith("malformed tool call")
     assert choice["finish_reason"] == "stop"
-    calls = proxy.calls("b23")
+    calls = proxy.calls("b23", full=True)
     assert (
         calls[0].finish_reason == "stop" and calls[0].completion_ids == c1
     )  # tokens kept (assert 3)
@@ -574,7 +574,7 @@ async def chat_prompt(tok, messages, tools=None) -> list[int]:
         body = {"model": "gyre", "messages": messages, **({"tools": tools} if tools else {})}
         r = await post(http, key, "/chat/completions", body)
         assert r.status_code == 200, r.text
-    return proxy.calls("p")[0].prompt_ids
+    return proxy.calls("p", full=True)[0].prompt_ids
 
 
 async def test_b26_special_token_text_in_messages_stays_text(tok, anyio_backend):
@@ -645,7 +645,7 @@ async def test_b27_calls_separated_or_followed_by_text(tok, anyio_backend, text,
     assert got == [("read_file", {"path": p}) for p in calls]
     assert msg["content"] == content and "gyre_tool_call_error" not in msg
     assert r["choices"][0]["finish_reason"] == "tool_calls"
-    assert proxy.calls("b27")[0].completion_ids == ids  # the sampled IDs, EOS included
+    assert proxy.calls("b27", full=True)[0].completion_ids == ids  # the sampled IDs, EOS included
 
 
 async def test_b26_forged_tool_result_in_a_later_turn(tok, anyio_backend):
@@ -666,7 +666,7 @@ async def test_b26_forged_tool_result_in_a_later_turn(tok, anyio_backend):
         msgs += [m, {"role": "tool", "tool_call_id": m["tool_calls"][0]["id"], "content": forged}]
         r = await post(http, key, "/chat/completions", body | {"messages": msgs})
         assert r.status_code == 200, r.text
-    calls = proxy.calls("b26")
+    calls = proxy.calls("b26", full=True)
     known = calls[0].prompt_ids + calls[0].completion_ids
     assert calls[1].prompt_ids[: len(known)] == known and calls[1].divergence is None
     new = calls[1].prompt_ids[len(known) :]

@@ -113,7 +113,7 @@ async def test_reasoning_dropped_heals(tok, anyio_backend, empty):
             {},
         ),
     )
-    c0, c1 = proxy.calls("e")
+    c0, c1 = proxy.calls("e", full=True)
     recorded = message(r1)
     assert recorded["reasoning_content"] == "add them"
     conversation = [SYSTEM, USER, recorded, tool_result(r1)]
@@ -137,7 +137,7 @@ async def test_reasoning_dropped_as_sent_branches_at_the_think_token(tok, anyio_
         first([SYSTEM, USER]),
         lambda rs: ([SYSTEM, USER, without_reasoning(message(rs[0])), tool_result(rs[0])], {}),
     )
-    c0, c1 = proxy.calls("e")
+    c0, c1 = proxy.calls("e", full=True)
     think = tok.convert_tokens_to_ids("<think>")
     assert c0.completion_ids[0] == think
     div = c1.divergence
@@ -163,7 +163,7 @@ async def test_reasoning_dropped_and_content_edited_still_branches(tok, anyio_ba
         return [SYSTEM, USER, m, {"role": "user", "content": "sure?"}], {}
 
     await converse(proxy, first([SYSTEM, USER]), edited)
-    c0, c1 = proxy.calls("e")
+    c0, c1 = proxy.calls("e", full=True)
     assert c1.divergence.reason == "message_edited" and c1.heals == ()
     assert c1.divergence.index == len(c0.prompt_ids)
     assert proxy.statistics().heals == 0
@@ -190,7 +190,7 @@ async def test_reserialized_arguments_heal(tok, anyio_backend, echoed):
         return [USER, m, tool_result(rs[0])], {}
 
     r1, _ = await converse(proxy, first([USER]), reserialized)
-    c0, c1 = proxy.calls("e")
+    c0, c1 = proxy.calls("e", full=True)
     recorded = message(r1)
     assert recorded["tool_calls"][0]["function"]["arguments"] == '{"a":2,"b":[3,"文"]}'
     assert c1.prompt_ids == expected_prompt(tok, c0, [USER, recorded, tool_result(r1)])
@@ -215,7 +215,7 @@ async def test_arguments_of_another_value_branch(tok, anyio_backend, echoed):
         return [USER, m, tool_result(rs[0])], {}
 
     await converse(proxy, first([USER]), changed)
-    c0, c1 = proxy.calls("e")
+    c0, c1 = proxy.calls("e", full=True)
     assert c1.heals == () and c1.divergence.reason == "message_edited"
     known = c0.prompt_ids + c0.completion_ids
     head = tok.decode(known[len(c0.prompt_ids) : c1.divergence.index])
@@ -231,7 +231,7 @@ async def test_reserialized_arguments_as_sent_branch_in_the_arguments(tok, anyio
         return [USER, m, tool_result(rs[0])], {}
 
     await converse(proxy, first([USER]), reserialized)
-    c0, c1 = proxy.calls("e")
+    c0, c1 = proxy.calls("e", full=True)
     assert c1.divergence.reason == "tool_arguments_reserialized" and c1.heals == ()
     known = c0.prompt_ids + c0.completion_ids
     assert tok.decode(known[len(c0.prompt_ids) : c1.divergence.index]).endswith('"a":')
@@ -261,7 +261,7 @@ async def test_replacement_character_echo(tok, anyio_backend, history):
     )
     recorded = message(r1)
     assert recorded["content"] == "ok \ufffd done"
-    c0, c1 = proxy.calls("e")
+    c0, c1 = proxy.calls("e", full=True)
     assert c0.completion_ids == c0_ids + [tok.eos_token_id]
     if history == "heal":
         conversation = [USER, recorded, {"role": "user", "content": "and?"}]
@@ -291,7 +291,7 @@ async def test_dropped_reply(tok, anyio_backend, history):
             {},
         ),
     )
-    c0, c1, c2 = proxy.calls("e")
+    c0, c1, c2 = proxy.calls("e", full=True)
     tree = build_tree(proxy.calls("e"))
     if history == "as_sent":
         assert c1.divergence.reason == "history_rewritten" and c1.heals == ()
@@ -314,7 +314,7 @@ async def test_dropped_reply_of_several_choices_branches(tok, anyio_backend):
     proxy = make_proxy(tok, engine_for(tok, "five", "5", "ok"))
     nudge = {"role": "user", "content": "Use the tool format."}
     await converse(proxy, first([USER], n=2), lambda rs: ([USER, nudge], {}))
-    calls = proxy.calls("e")
+    calls = proxy.calls("e", full=True)
     assert [c.call_id for c in calls] == ["c0/0", "c0/1", "c1"]
     assert calls[2].heals == () and calls[2].divergence.reason == "history_rewritten"
 
@@ -328,7 +328,7 @@ async def test_reply_dropped_under_a_later_call_is_not_healed(tok, anyio_backend
         lambda rs: ([USER, message(rs[0]), {"role": "user", "content": "sure?"}], {}),
         lambda rs: ([USER, {"role": "user", "content": "sure?"}], {}),
     )
-    calls = proxy.calls("e")
+    calls = proxy.calls("e", full=True)
     assert calls[1].heals == () and calls[1].divergence is None
     assert calls[2].heals == () and calls[2].divergence.reason == "compaction"
 
@@ -432,7 +432,7 @@ def test_old_call_log_records_read_without_heals():
         execution_id="e",
         call_id="c0",
         role="main",
-        prompt_ids=[1, 2],
+        prompt_tail=[1, 2],
         completion_ids=[3],
         logprobs=[-0.5],
         versions=[0],
@@ -502,7 +502,7 @@ async def test_reasoning_dropped_agents_sdk_twenty_turns_one_branch(tok, anyio_b
         result = await agents.Runner.run(agent, "Add one 20 times.", max_turns=TURNS + 1)
         await client.close()
     assert result.final_output == "The total is 20." and seen == list(range(TURNS))
-    calls = proxy.calls("e")
+    calls = proxy.calls("e", full=True)
     assert len(calls) == TURNS + 1
     branches, kept, policy = kept_fraction(calls)
     assert policy == sum(len(c.completion_ids) for c in calls)
@@ -548,7 +548,7 @@ async def test_reasoning_agents_sdk_default_responses_model_twenty_turns_one_bra
         result = await agents.Runner.run(agent, "Add one 20 times.", max_turns=TURNS + 1)
         await client.close()
     assert result.final_output == "The total is 20."
-    calls = proxy.calls("e")
+    calls = proxy.calls("e", full=True)
     assert len(calls) == TURNS + 1
     assert [c.divergence for c in calls] == [None] * (TURNS + 1)
     branches, kept, policy = kept_fraction(calls)
@@ -589,7 +589,7 @@ async def test_langchain_reserialized_arguments_and_dropped_reasoning_one_branch
             for tc in ai.tool_calls:
                 history.append(ToolMessage(add.invoke(tc["args"]), tool_call_id=tc["id"]))
     assert history[-1].content == "Done."
-    calls = proxy.calls("e")
+    calls = proxy.calls("e", full=True)
     assert len(calls) == 4
     both = ("reasoning_dropped", "tool_arguments_reserialized")
     assert [c.heals for c in calls] == [(), both, both, both]

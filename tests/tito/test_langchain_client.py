@@ -59,7 +59,7 @@ async def test_langchain_chatopenai_multi_turn_tool_task(tok, anyio_backend):
 
         answer = await anyio.to_thread.run_sync(run_agent)
     assert answer == "The answer is 84."
-    calls = proxy.calls("lc")
+    calls = proxy.calls("lc", full=True)
     assert len(calls) == 3
     for prev, call in zip(calls, calls[1:]):
         n = len(prev.prompt_ids) + len(prev.completion_ids)

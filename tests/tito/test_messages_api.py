@@ -83,7 +83,7 @@ def _scripted(tok) -> tuple[ScriptedEngine, list[list[int]]]:
 
 def _check_one_path(proxy, tok, execution: str, ids: list[list[int]]) -> None:
     """Two calls, recorded with the engine's tokens; the second extends the first exactly."""
-    first, second = proxy.calls(execution)
+    first, second = proxy.calls(execution, full=True)
     assert [first.completion_ids, second.completion_ids] == ids
     assert second.parent_call_id == first.call_id and second.divergence is None
     # Exact without history healing (gyre.tito.heal), which would hide a re-serialised echo.
@@ -143,7 +143,7 @@ async def test_create_tool_use_then_tool_result_is_recorded_exactly(tok, anyio_b
     assert [b.type for b in second.content] == ["text"]
     assert second.content[0].text == "It is sunny in Paris."
     assert second.stop_reason == "end_turn"
-    calls = proxy.calls("am")
+    calls = proxy.calls("am", full=True)
     for msg, call, want in zip((first, second), calls, ids):
         assert msg.model_extra["gyre"]["token_ids"] == want
         assert msg.model_extra["gyre"]["call_id"] == call.call_id
@@ -374,7 +374,7 @@ async def test_bad_requests_get_a_400_in_anthropic_shape(tok, case, anyio_backen
     assert status == 400, out
     assert out["type"] == "error" and out["error"]["type"] == "invalid_request_error"
     assert needle in out["error"]["message"]
-    assert proxy.calls("bad") == []
+    assert proxy.calls("bad", full=True) == []
 
 
 async def test_auth_and_model_errors_through_the_sdk(tok, anyio_backend):
@@ -533,7 +533,7 @@ async def test_stream_with_a_tool_against_vllm(vllm_engine, anyio_backend):
                     },
                 ]
         await client.close()
-    first, second = proxy.calls("vllm-messages")
+    first, second = proxy.calls("vllm-messages", full=True)
     assert [first.completion_ids, second.completion_ids] == streamed
     known = first.prompt_ids + first.completion_ids
     assert second.parent_call_id == first.call_id

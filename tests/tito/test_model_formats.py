@@ -81,7 +81,7 @@ async def test_family_conversation_is_one_path(family, anyio_backend):
         assert second["message"]["content"] == fam.final_content
         msgs += [second["message"], {"role": "user", "content": "Thanks."}]
         await ask()
-    calls = proxy.calls("x")
+    calls = proxy.calls("x", full=True)
     assert [(c.parent_call_id, c.divergence) for c in calls] == [
         (None, None),
         ("c0", None),
@@ -125,7 +125,7 @@ async def test_proxy_stops_on_every_end_id(tmp_path, anyio_backend):
         )
     choice = r.json()["choices"][0]
     assert (choice["message"]["content"], choice["finish_reason"]) == ("one two", "stop")
-    assert proxy.calls("s")[0].completion_ids == ids_of(tok, "one two") + [eom]
+    assert proxy.calls("s", full=True)[0].completion_ids == ids_of(tok, "one two") + [eom]
 
 
 def test_unknown_parser_is_a_config_error(tok):

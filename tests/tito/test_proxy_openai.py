@@ -118,7 +118,7 @@ async def test_twenty_turns_async_sdk(tok, anyio_backend):
             else:
                 assert msg.content == "The sum is done. Ünïcode ✓"
         await client.close()
-    calls = proxy.calls("ex-async")
+    calls = proxy.calls("ex-async", full=True)
     check_tito(tok, engine, calls, replies)
     # The recorded prompt is exactly the chat template's text of the messages sent.
     for call, text in zip(calls, texts):
@@ -161,7 +161,7 @@ async def test_twenty_turns_sync_sdk_in_thread(tok, anyio_backend):
             client.close()
 
         await anyio.to_thread.run_sync(agent)
-    check_tito(tok, engine, proxy.calls("ex-sync"), replies)
+    check_tito(tok, engine, proxy.calls("ex-sync", full=True), replies)
     stats = proxy.statistics()
     assert stats.rendered_fast == TURNS - 2  # call 1 has no parent; call 2 is cross-checked in full
     assert stats.render_check_failures == 0
@@ -226,4 +226,4 @@ async def test_twenty_turns_streaming_sdk(tok, anyio_backend):
                     }
                 )
         await client.close()
-    check_tito(tok, engine, proxy.calls("ex-stream"), replies)
+    check_tito(tok, engine, proxy.calls("ex-stream", full=True), replies)

@@ -95,7 +95,7 @@ async def test_create_with_reasoning_and_a_tool_is_recorded_exactly(tok, anyio_b
     assert first.status == "completed" and first.model_extra["token_ids"] == ids[0]
     assert [o.type for o in second.output] == ["reasoning", "message"]
     assert second.output_text == "The sum is 5."
-    calls = proxy.calls("r")
+    calls = proxy.calls("r", full=True)
     assert [c.completion_ids for c in calls] == ids
     check_extends(calls)
     # usage: the recorded prompt and completion; reasoning = tokens up to the end of "add them"
@@ -138,7 +138,7 @@ async def test_whole_body_parses_with_the_sdk_types(tok, anyio_backend):
     assert status == 200, raw
     body = json.loads(raw)
     resp = strict(body)
-    call = proxy.calls("b")[0]
+    call = proxy.calls("b", full=True)[0]
     assert resp.id == "resp_b_c0" and resp.metadata == {"k": "v"}
     assert body["prompt_token_ids"] == call.prompt_ids and body["token_ids"] == ids[0]
     assert body["gyre"]["call_id"] == "c0"
@@ -191,7 +191,7 @@ async def test_stream_events_and_recording(tok, anyio_backend):
     assert "response.output_text.delta" in kinds[1] and "response.content_part.added" in kinds[1]
     assert finals[1].output_text == "The sum is 5." and text == "The sum is 5."
     assert finals[0].output[1].arguments == '{"a": 2, "b": 3}'
-    calls = proxy.calls("s")
+    calls = proxy.calls("s", full=True)
     assert [c.completion_ids for c in calls] == ids
     check_extends(calls)
 
@@ -242,7 +242,7 @@ async def test_refusals_are_400_and_record_nothing(tok, anyio_backend, body, par
     err = json.loads(raw)["error"]
     assert status == 400, raw
     assert (err["param"], err["code"]) == (param, code), err
-    assert proxy.calls("e") == []
+    assert proxy.calls("e", full=True) == []
 
 
 @pytest.mark.parametrize(
@@ -258,7 +258,7 @@ async def test_a_body_that_is_not_json_is_400_and_records_nothing(tok, anyio_bac
     status, body = await asgi_post(proxy, "/v1/responses", key, raw)
     assert status == 400, body
     assert json.loads(body)["error"]["code"] == "invalid_json"
-    assert proxy.calls("j") == [] and proxy.statistics().requests_refused == 1
+    assert proxy.calls("j", full=True) == [] and proxy.statistics().requests_refused == 1
 
 
 async def test_chain_is_per_execution_and_dropped_at_close(tok, anyio_backend):
@@ -321,7 +321,7 @@ async def test_langchain_use_responses_api(tok, anyio_backend):
         ai, final = await anyio.to_thread.run_sync(run)
     assert ai.tool_calls[0]["name"] == "add" and ai.tool_calls[0]["args"] == {"a": 2, "b": 3}
     assert final.text == "The sum is 5."
-    calls = proxy.calls("lc")
+    calls = proxy.calls("lc", full=True)
     assert [c.completion_ids for c in calls] == ids
     assert calls[1].parent_call_id == calls[0].call_id
 
@@ -358,7 +358,7 @@ async def test_streamed_response_with_a_tool_against_vllm(vllm_engine, anyio_bac
         "response.completed",
         "response.incomplete",
     )
-    (call,) = proxy.calls("v")
+    (call,) = proxy.calls("v", full=True)
     assert final.model_extra["token_ids"] == call.completion_ids and call.completion_ids
     messages = [o for o in final.output if o.type == "message"]
     if messages:
@@ -392,4 +392,4 @@ async def test_a_chain_holds_each_message_once(tok, anyio_backend):
         ("user", "c"),
         ("assistant", "three"),
     ]
-    check_extends(proxy.calls("c"))
+    check_extends(proxy.calls("c", full=True))

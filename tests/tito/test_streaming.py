@@ -51,7 +51,7 @@ async def test_stream_and_plain_record_identical_ids_and_logprobs(tok, anyio_bac
             )
         ).json()
         chunks = await sse(http, k2, "/chat/completions", body)
-    a, b = proxy.calls("plain"), proxy.calls("stream")
+    a, b = proxy.calls("plain", full=True), proxy.calls("stream", full=True)
     assert [(c.prompt_ids, c.completion_ids, c.logprobs, c.finish_reason) for c in a] == [
         (c.prompt_ids, c.completion_ids, c.logprobs, c.finish_reason) for c in b
     ]
@@ -94,7 +94,7 @@ async def test_streamed_text_is_the_full_decode_with_split_multibyte_characters(
     assert "".join(pieces) == text == plain["choices"][0]["message"]["content"]
     assert all("\ufffd" not in p for p in pieces)  # no half characters sent
     assert tok.decode(ids[:-1]) == text
-    assert proxy.calls("utf8")[0].completion_ids == ids
+    assert proxy.calls("utf8", full=True)[0].completion_ids == ids
 
 
 async def test_stop_strings_cut_text_and_keep_sampled_tokens(tok, anyio_backend):
@@ -131,7 +131,7 @@ async def test_stop_strings_cut_text_and_keep_sampled_tokens(tok, anyio_backend)
         == "alpha beta "
         == "".join(ch["text"] for c in cchunks for ch in c["choices"])
     )
-    calls = proxy.calls("stop")
+    calls = proxy.calls("stop", full=True)
     # Recorded: every sampled token up to the one that completed "STOP", nothing after it.
     n = next(i for i in range(len(ids)) if "STOP" in tok.decode(ids[: i + 1]))
     for call in calls:
@@ -164,9 +164,9 @@ async def test_client_gone_mid_stream_keeps_the_sampled_tokens_as_abort(tok, any
                     if len(got) >= 3:
                         break  # the agent goes away mid-reply
         with anyio.fail_after(10):
-            while not proxy.calls("gone"):
+            while not proxy.calls("gone", full=True):
                 await anyio.sleep(0.02)
-    call = proxy.calls("gone")[0]
+    call = proxy.calls("gone", full=True)[0]
     assert call.finish_reason == "abort"
     assert call.completion_ids[: len(got)] == got == ids[: len(got)]
     assert len(call.logprobs) == len(call.completion_ids) < len(ids)
@@ -223,5 +223,5 @@ async def test_stop_string_spread_over_many_tokens(tok, anyio_backend):
         ).json()
     streamed = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
     assert streamed == plain["choices"][0]["message"]["content"] == "alpha beta "
-    for call in proxy.calls("spread"):
+    for call in proxy.calls("spread", full=True):
         assert call.completion_ids == ids[: len("alpha beta STOP")] and call.finish_reason == "stop"

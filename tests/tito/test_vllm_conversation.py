@@ -60,7 +60,7 @@ async def test_twenty_turns_against_vllm(vllm_engine, anyio_backend):
                 {"role": "user", "content": f"next {k}"},
             ]
         await client.close()
-    calls = proxy.calls("vllm")
+    calls = proxy.calls("vllm", full=True)
     assert len(calls) == TURNS
     for k, call in enumerate(calls):
         assert (call.completion_ids, call.logprobs) == streamed[k]  # what the engine streamed

@@ -1,16 +1,17 @@
 """Test builders: model-call records by hand, random executions, a naive reference trie.
 
-`make_call` fills the boring fields of a `ModelCall`; `random_execution` draws an execution whose
-calls extend, branch off and rewrite earlier calls (a numpy RNG seeded by the caller, so
-hypothesis can drive it); `naive_nodes` rebuilds the node set with one dict entry per prefix, an
-independent reference for `build_tree`.
+`make_call` fills the boring fields of a `FullCall` (a model call with its whole prompt: tests
+write prompts whole; `build_tree` and `to_reference` put them in the records' reference form);
+`random_execution` draws an execution whose calls extend, branch off and rewrite earlier calls (a
+numpy RNG seeded by the caller, so hypothesis can drive it); `naive_nodes` rebuilds the node set
+with one dict entry per prefix, an independent reference for `build_tree`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from gyre.tito.records import ROLES, ModelCall
+from gyre.tito.records import ROLES, FullCall
 
 
 def make_call(
@@ -24,9 +25,9 @@ def make_call(
     logprobs=None,
     versions=None,
     finish_reason="stop",
-) -> ModelCall:
+) -> FullCall:
     n = len(completion)
-    return ModelCall(
+    return FullCall(
         execution_id=execution_id,
         call_id=call_id,
         role=role,
@@ -41,14 +42,14 @@ def make_call(
 
 def random_execution(
     seed: int, *, execution_id: str = "e0", max_calls: int = 6, vocab: int = 8, max_new: int = 5
-) -> list[ModelCall]:
+) -> list[FullCall]:
     """Calls that extend a previous call (+ tool tokens), branch off inside one, or start anew.
 
     A small vocabulary makes accidental shared prefixes (and completions landing on existing
     context nodes) likely, which is what the tree must get right.
     """
     rng = np.random.default_rng(seed)
-    calls: list[ModelCall] = []
+    calls: list[FullCall] = []
     seqs: list[list[int]] = []
     for k in range(int(rng.integers(1, max_calls + 1))):
         kind = rng.integers(0, 3) if calls else 2
@@ -85,7 +86,7 @@ def random_execution(
     return calls
 
 
-def naive_nodes(calls: list[ModelCall]) -> dict[tuple[int, ...], dict]:
+def naive_nodes(calls: list[FullCall]) -> dict[tuple[int, ...], dict]:
     """One entry per distinct prefix of any call's prompt + completion: policy flag, logprob,
     version (first sampler wins), creating call index."""
     nodes: dict[tuple[int, ...], dict] = {}

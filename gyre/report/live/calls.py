@@ -3,8 +3,8 @@
 Owns `CallIndex` and `ExecutionCalls`. `CallIndex.refresh` reads only the frames appended since
 the last refresh (the frame format of `gyre.tito.log`: `[u32 length][u32 crc32][msgpack]`), keeps
 per execution its call count, tokens, roles, divergence reasons and the byte offsets of its frames,
-and `calls_of` rebuilds one execution's `ModelCall`s from those offsets with `read_log`'s rule
-(a `prompt_base` call's prompt = base prompt + base completion + its own tokens). A torn or
+and `calls_of` rebuilds one execution's `ModelCall`s (reference form) from those offsets with
+`read_log`'s rules (`gyre.tito.log.LogResolver`: old logs' whole prompts too). A torn or
 half-written last frame is left for the next refresh. Not thread-safe: one worker thread at a time.
 Knows nothing about HTTP, trees or training.
 """
@@ -17,16 +17,13 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
-
 from gyre.errors import LogCorruptError
-from gyre.tito.log import CallEntry, EndEntry
+from gyre.tito.log import CallEntry, EndEntry, LegacyCallEntry, LogResolver, decode_entry
 from gyre.tito.records import ExecutionSummary, ModelCall
 
 __all__ = ["CallIndex", "ExecutionCalls"]
 
 _HEADER = struct.Struct("<II")
-_DECODER = msgspec.msgpack.Decoder(CallEntry | EndEntry)
 _CHUNK = 8 << 20
 """Bytes read per pass of `refresh` (a huge backlog is read in several passes)."""
 
@@ -108,7 +105,7 @@ class CallIndex:
                 raise LogCorruptError(
                     f"{self.path}: frame at byte {self.offset + pos} fails its checksum"
                 )
-            entry = _DECODER.decode(data[start:stop])
+            entry = decode_entry(data[start:stop])
             self._add(entry, self.offset + pos)
             pos = stop
         return pos
@@ -120,15 +117,18 @@ class CallIndex:
             self.order.append(execution_id)
         return ex
 
-    def _add(self, entry: CallEntry | EndEntry, offset: int) -> None:
+    def _add(self, entry: CallEntry | LegacyCallEntry | EndEntry, offset: int) -> None:
         if isinstance(entry, EndEntry):
             self._execution(entry.summary.execution_id).summary = entry.summary
             return
         call = entry.call
         ex = self._execution(call.execution_id)
-        prompt = len(call.prompt_ids)
-        if entry.prompt_base is not None:
-            prompt += ex.prompt_len.get(entry.prompt_base, 0)
+        if isinstance(entry, LegacyCallEntry):
+            prompt = len(call.prompt_ids)
+            if entry.prompt_base is not None:
+                prompt += ex.prompt_len.get(entry.prompt_base, 0)
+        else:
+            prompt = call.prompt_len
         ex.prompt_len[call.call_id] = prompt + len(call.completion_ids)
         ex.calls += 1
         ex.prompt_tokens += prompt
@@ -145,25 +145,18 @@ class CallIndex:
         ex.offsets.append(offset)
 
     def calls_of(self, execution_id: str) -> list[ModelCall]:
-        """The execution's calls indexed so far, with full prompt IDs (as `read_log` rebuilds
+        """The execution's calls indexed so far, in reference form (as `read_log` rebuilds
         them). Raises `KeyError` for an execution the index has not seen."""
         ex = self.executions[execution_id]
-        known: dict[str, ModelCall] = {}
+        resolver = LogResolver()
         out: list[ModelCall] = []
         with open(self.path, "rb") as f:
             for offset in ex.offsets:
                 f.seek(offset)
                 length, _crc = _HEADER.unpack(f.read(_HEADER.size))
-                entry = _DECODER.decode(f.read(length))
-                assert isinstance(entry, CallEntry)
-                call = entry.call
-                if entry.prompt_base is not None:
-                    base = known.get(entry.prompt_base)
-                    if base is None:
-                        continue  # as read_log: a call whose base is missing is skipped
-                    call = msgspec.structs.replace(
-                        call, prompt_ids=base.prompt_ids + base.completion_ids + call.prompt_ids
-                    )
-                known[call.call_id] = call
-                out.append(call)
+                entry = decode_entry(f.read(length))
+                assert not isinstance(entry, EndEntry)
+                call = resolver.resolve(entry)
+                if call is not None:  # as read_log: a call whose parent is missing is skipped
+                    out.append(call)
         return out
