@@ -162,8 +162,10 @@ def sampling_params(
     sample. Ranges are OpenAI's (API reference, Chat and Completions): biases in [-100, 100] on
     token IDs of the vocabulary, presence and frequency penalties in [-2, 2], `top_logprobs` (chat,
     needs `logprobs: true`) and completions' `logprobs` in [0, 20]; `repetition_penalty` (vLLM's)
-    > 0. Completions: `suffix` is refused (no fill-in-the-middle), `best_of` must equal `n` (no
-    ranking of samples), `echo` with `logprobs` is refused (prompt logprobs are not computed)."""
+    > 0; `seed` a signed 64-bit integer and `top_k` in [0, 2**63) (vLLM's ranges; larger ones
+    cannot be recorded). Completions: `suffix` is refused (no fill-in-the-middle), `best_of` must
+    equal `n` (no ranking of samples), `echo` with `logprobs` is refused (prompt logprobs are not
+    computed)."""
     if not 1 <= req.n <= config.max_n:
         raise proxy_error(
             f"n={req.n} must be in [1, {config.max_n}]", 400, "invalid_value", param="n"
@@ -183,6 +185,18 @@ def sampling_params(
     top_p = 1.0 if req.top_p is None else req.top_p
     if not 0 < top_p <= 1:
         raise proxy_error(f"top_p={top_p} must be in (0, 1]", 400, "invalid_value", param="top_p")
+    if req.seed is not None and not _INT64_MIN <= req.seed <= _INT64_MAX:
+        raise proxy_error(
+            f"seed={req.seed} must be a 64-bit signed integer", 400, "invalid_value", param="seed"
+        )
+    top_k = req.top_k or 0
+    if not 0 <= top_k <= _INT64_MAX:
+        raise proxy_error(
+            f"top_k={top_k} must be 0 (off) or a positive 64-bit integer",
+            400,
+            "invalid_value",
+            param="top_k",
+        )
     top = _top_logprobs(req)
     stats = engine.statistics()
     bias = _logit_bias(req.logit_bias, stats.vocab_size)
@@ -219,7 +233,7 @@ def sampling_params(
         max_tokens=min(wanted, room),
         temperature=temperature,
         top_p=top_p,
-        top_k=req.top_k or 0,
+        top_k=top_k,
         seed=req.seed,
         stop_token_ids=stop_token_ids
         + tuple(t for t in req.stop_token_ids or () if t not in stop_token_ids),
@@ -230,6 +244,10 @@ def sampling_params(
         structured=structured,
         **penalties,
     )
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+"""vLLM's range for `seed` (its OpenAI protocol), also what the call log can store."""
 
 
 def _top_logprobs(req: ChatCompletionRequest | CompletionRequest) -> int:
