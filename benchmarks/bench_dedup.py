@@ -28,7 +28,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from benchmarks.common import print_table, summarize, write_result
 from gyre.kernels import selective_logprob_entropy
 from gyre.rl import microbatch_loss, policy_loss
-from gyre.tito.records import ModelCall
+from gyre.tito.records import FullCall
 from gyre.trajectory import build_tree, pack_batch, select_trajectories
 
 CONFIG = {
@@ -53,17 +53,17 @@ CONFIG = {
 }
 
 
-def synthetic_calls(paths: int, cfg: dict = CONFIG) -> list[ModelCall]:
+def synthetic_calls(paths: int, cfg: dict = CONFIG) -> list[FullCall]:
     rng = np.random.default_rng(cfg["seed"])
     vocab = cfg["model"]["vocab_size"]
     length = cfg["path_tokens"]
     shared = int(round(cfg["shared_fraction"] * length))
-    calls: list[ModelCall] = []
+    calls: list[FullCall] = []
 
     def call(call_id, prompt, completion, parent):
         n = len(completion)
         calls.append(
-            ModelCall(
+            FullCall(
                 execution_id="bench",
                 call_id=call_id,
                 role="main",

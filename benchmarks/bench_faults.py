@@ -232,7 +232,7 @@ def audit(node: Node, steps: int, *, before: set[str] = frozenset()) -> dict:
             if out.exists()
             else None
         )
-        prompts = Counter(tuple(c.prompt_ids) for c in records)
+        prompts = Counter((c.parent_call_id, c.shared_len, tuple(c.prompt_tail)) for c in records)
         same_prompt = sum(c - 1 for c in prompts.values())
         if received is None:
             unmatched.append(e.outcome.execution_id)

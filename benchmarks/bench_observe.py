@@ -203,39 +203,37 @@ def big_run(run_dir: Path, executions: int) -> dict:
     from gyre.engines.protocol import SamplingParams
     from gyre.report.live import PageAuth, RunView, page_app
     from gyre.tito.log import CallEntry, encode_frame
-    from gyre.tito.records import Divergence, ModelCall
+    from gyre.tito.records import Divergence, FullCall, to_reference
 
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     frames = bytearray()
     for e in range(executions):
         eid = f"x{e}"
-        for k, (prompt, div) in enumerate(
-            [
-                (list(range(200)), None),
-                (list(range(250)), None),
-                (list(range(100)) + [7] * 50, "compaction"),
-            ]
-        ):
-            frames += encode_frame(
-                CallEntry(
-                    call=ModelCall(
-                        execution_id=eid,
-                        call_id=f"c{k}",
-                        role="main",
-                        prompt_ids=prompt,
-                        completion_ids=list(range(300, 350)),
-                        logprobs=[-1.0] * 50,
-                        versions=[1] * 50,
-                        finish_reason="stop",
-                        parent_call_id=f"c{k - 1}" if k else None,
-                        sampling=SamplingParams(),
-                        divergence=Divergence(parent_call_id="c1", index=100, reason=div)
-                        if div
-                        else None,
-                    )
-                )
+        calls = [
+            FullCall(
+                execution_id=eid,
+                call_id=f"c{k}",
+                role="main",
+                prompt_ids=prompt,
+                completion_ids=list(range(300, 350)),
+                logprobs=[-1.0] * 50,
+                versions=[1] * 50,
+                finish_reason="stop",
+                parent_call_id=f"c{k - 1}" if k else None,
+                sampling=SamplingParams(),
+                divergence=Divergence(parent_call_id="c1", index=100, reason=div) if div else None,
             )
+            for k, (prompt, div) in enumerate(
+                [
+                    (list(range(200)), None),
+                    (list(range(250)), None),
+                    (list(range(100)) + [7] * 50, "compaction"),
+                ]
+            )
+        ]
+        for call in to_reference(calls):  # as the proxy records them
+            frames += encode_frame(CallEntry(call=call))
     (run_dir / "calls.log").write_bytes(bytes(frames))
     view = RunView(run_dir)
     t0 = time.perf_counter()

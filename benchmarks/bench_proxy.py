@@ -30,6 +30,7 @@ from gyre.engines.protocol import GenerateRequest, SamplingParams, collect  # no
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply  # noqa: E402
 from gyre.model.recipe import build_tokenizer  # noqa: E402
 from gyre.tito.proxy import TitoProxy  # noqa: E402
+from gyre.tito.records import ExecutionTokens  # noqa: E402
 
 SIZES = {"1k": 1_000, "100k": 100_000, "700k": 700_000}
 ROUNDS = 25
@@ -105,7 +106,7 @@ async def main() -> None:
             engine_s: dict[str, list[float]] = {name: [] for name in SIZES}
             for rnd in range(ROUNDS):
                 for name in SIZES:
-                    if len(proxy.calls(name)[-1].prompt_ids) > 1.25 * SIZES[name] + 2000:
+                    if proxy.calls(name)[-1].prompt_len > 1.25 * SIZES[name] + 2000:
                         # Keep the history at its size: start the execution over (untimed).
                         await proxy.close(name)
                         convs[name] = Conversation(tok, SIZES[name], seed=SIZES[name] + rnd)
@@ -135,7 +136,8 @@ async def main() -> None:
                         conv.extend(msgspec.json.decode(raw))
                     # The engine alone on a prompt of the same length (its own per-token
                     # validation).
-                    prompt = proxy.calls(name)[-1].prompt_ids
+                    refs = proxy.calls(name)
+                    prompt = ExecutionTokens(refs).prompt_ids(refs[-1].call_id)
                     req = GenerateRequest(
                         request_id=f"bench-{name}-{rnd}",
                         prompt_ids=prompt,
@@ -151,7 +153,7 @@ async def main() -> None:
                     await collect(engine, req)
                     engine_s[name].append(time.perf_counter() - t0)
             for name in SIZES:
-                prompt_len = len(proxy.calls(name)[-1].prompt_ids)
+                prompt_len = proxy.calls(name)[-1].prompt_len
                 await proxy.close(name)
                 ms_total = statistics.median(total[name]) * 1e3
                 ms_engine = statistics.median(engine_s[name]) * 1e3

@@ -53,7 +53,10 @@ def _log_audit(log_path: Path, eid: str) -> dict:
         "closed_in_log": eid in log.summaries,
         "finish_reasons": dict(Counter(r.finish_reason for r in records)),
         "same_prompt_records": sum(
-            c - 1 for c in Counter(tuple(r.prompt_ids) for r in records).values()
+            c - 1
+            for c in Counter(
+                (r.parent_call_id, r.shared_len, tuple(r.prompt_tail)) for r in records
+            ).values()
         ),
     }
 
