@@ -34,7 +34,11 @@ price for unless `MSWEA_COST_TRACKING=ignore_errors` (its `LitellmModelConfig.co
 litellm fetches its price list from the internet at import unless
 `LITELLM_LOCAL_MODEL_COST_MAP` is set, and an agent's network reaches only the proxy.
 `MSWEA_MODEL_NAME` (mini-swe-agent's model when none is configured) is added as
-`openai/<model>`: litellm's OpenAI provider, which reads `OPENAI_BASE_URL`."""
+`openai/<model>`: litellm's OpenAI provider, which reads `OPENAI_BASE_URL`; and
+`OPENAI_DEFAULT_MODEL` as `<model>`: the OpenAI Agents SDK's model when an agent names none
+(`agents.models.get_default_model`; otherwise its own default, a name the proxy refuses, with
+that model's default settings). The SDK lower-cases it, so a served name with capitals needs a
+lower-case alias (`[proxy] model_aliases`)."""
 
 
 def anthropic_base_url(base_url: str) -> str:
@@ -67,7 +71,7 @@ def agent_environment(
     env = env or {}
     assert not (set(env) & AGENT_ENV_OWNED), sorted(set(env) & AGENT_ENV_OWNED)
     out = {k: node_env[k] for k in (*NODE_PASSTHROUGH, *passthrough) if k in node_env}
-    out.update(AGENT_DEFAULTS, MSWEA_MODEL_NAME=f"openai/{model}")
+    out.update(AGENT_DEFAULTS, MSWEA_MODEL_NAME=f"openai/{model}", OPENAI_DEFAULT_MODEL=model)
     out.update(env)
     out.update(
         OPENAI_BASE_URL=base_url,

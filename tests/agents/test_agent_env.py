@@ -49,6 +49,7 @@ def test_agent_environment_layers_node_defaults_user_and_gyre() -> None:
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "PYTHONUNBUFFERED": "1",
         "MSWEA_MODEL_NAME": "hosted_vllm/qwen",  # the user's replaces gyre's default
+        "OPENAI_DEFAULT_MODEL": "qwen",  # the OpenAI Agents SDK's model when none is named
         "X": "1",
         "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
         "OPENAI_API_BASE": "http://127.0.0.1:9/v1",
@@ -61,6 +62,19 @@ def test_agent_environment_layers_node_defaults_user_and_gyre() -> None:
     }
     default = agent_environment(base_url="http://h/v1", api_key="k", model="gyre", node_env={})
     assert default["MSWEA_MODEL_NAME"] == "openai/gyre"
+    assert default["OPENAI_DEFAULT_MODEL"] == "gyre"
+
+
+def test_the_agents_sdk_default_model_is_the_served_one(monkeypatch) -> None:
+    """An OpenAI Agents SDK agent that names no model uses `OPENAI_DEFAULT_MODEL`; without it the
+    SDK asks for its own default (a name the proxy refuses, with reasoning settings for it)."""
+    models = pytest.importorskip("agents.models", reason="openai-agents is a [test] dependency")
+    monkeypatch.delenv("OPENAI_DEFAULT_MODEL", raising=False)
+    assert models.get_default_model() != "gyre"
+    env = agent_environment(base_url="http://h/v1", api_key="k", model="gyre", node_env={})
+    monkeypatch.setenv("OPENAI_DEFAULT_MODEL", env["OPENAI_DEFAULT_MODEL"])
+    assert models.get_default_model() == "gyre"
+    assert models.get_default_model_settings().reasoning is None
 
 
 @pytest.mark.parametrize(
@@ -123,6 +137,7 @@ async def test_agent_sees_exactly_its_environment(
         "HF_TOKEN": "hf_from_node",
         **AGENT_DEFAULTS,
         "MSWEA_MODEL_NAME": "openai/tiny",
+        "OPENAI_DEFAULT_MODEL": "tiny",
         "PROVIDER_REGION": "eu",
         "OPENAI_BASE_URL": base,
         "OPENAI_API_BASE": base,
