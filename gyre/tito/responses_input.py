@@ -238,11 +238,13 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         return None
     out = []
     for i, tool in enumerate(tools):
-        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+        if tool.get("type") != "function":
             raise bad_request(
                 f"tool type {tool.get('type')!r} is not supported (function tools only)",
                 f"tools[{i}]",
             )
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise bad_request(f"tools[{i}].name must be a non-empty string", f"tools[{i}].name")
         fn = {k: v for k, v in tool.items() if k != "type"}
         out.append({"type": "function", "function": fn})
     return out
