@@ -148,12 +148,14 @@ def _text_of(content: Any, param: str, kinds: tuple[str, ...]) -> str:
     out = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in kinds or not isinstance(part.get("text"), str):
+        if kind not in kinds:
             raise bad_request(
                 f"content part of type {kind!r} is not supported here (text only: "
                 f"{', '.join(kinds)})",
                 f"{param}[{i}]",
             )
+        if not isinstance(part.get("text"), str):
+            raise bad_request(f"{param}[{i}].text must be a string", f"{param}[{i}].text")
         out.append(part["text"])
     return "".join(out)
 

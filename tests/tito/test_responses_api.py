@@ -226,6 +226,11 @@ async def test_max_output_tokens_gives_incomplete(tok, anyio_backend):
         ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]", "invalid_value"),
         ({"tools": [{"type": "function"}]}, "tools[0].name", "invalid_value"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": {"x": 1}}]}]},
+            "input[0].content[0].text",
+            "invalid_value",
+        ),
         ({"tools": [{"type": "function", "name": 5}]}, "tools[0].name", "invalid_value"),
         ({"truncation": "auto"}, "truncation", "unsupported_value"),
         ({"reasoning": {"summary": "auto"}}, "reasoning.summary", "unsupported_value"),
