@@ -9,8 +9,8 @@ Numbers:
 - `step_s_ratio_2hosts_over_1host`: mean step seconds (steps 2 and 3) of 2 cells split over 2
   hosts (head + 1 worker, 1 cell each) over the same 2 cells on one host (goal <= 1.15);
 - `worker_kill_lost_executions`: head + 2 workers, kill -9 of one worker (its cell dies with it)
-  once step 2 is written, mid-step 3; the audit of `bench_faults.audit` over the run folder
-  (goal 0, with 0 calls duplicated and 3 steps done);
+  once step 2 is written, mid-step 3; the call log held against what the agents received
+  (`audit_calls`: goal 0, with 0 calls duplicated and 3 steps done);
 - `join_s`: seconds from starting the workers until the head holds all their ready cells.
 
 Run: `.venv/bin/python -m benchmarks.bench_multinode` (root) -> benchmarks/results/multinode.json
@@ -126,6 +126,52 @@ class ClusterRun(bench_faults.Node):
         return codes
 
 
+def audit_calls(run: ClusterRun, steps: int) -> dict:
+    """The elastic runtime keeps no execution ledger: every execution folder the harness kept is
+    held against the call log. `calls_duplicated`: call-log records beyond the replies its agent
+    printed (or repeated prompts); `executions_lost`: batch slots of the steps written that no
+    finished execution filled, plus executions with records and no agent output."""
+    from collections import Counter
+
+    from gyre.runtime.metrics import StepMetrics, read_metrics
+    from gyre.tito.log import read_log
+
+    B = run.config["loop"]["batch_executions"]
+    records = [r for r in read_metrics(run.run_dir) if isinstance(r, StepMetrics)]
+    lost = sum(max(0, B - (r.executions - r.failed)) for r in records)
+    log = read_log(run.run_dir / "calls.log")
+    ws = Path(run.config["tasks"]["harness"]["workspace_root"])
+    duplicated, checked, without = 0, 0, 0
+    for folder in sorted(p for p in ws.iterdir() if p.is_dir()):
+        calls = log.for_execution(folder.name)
+        out = folder / "stdout.log"
+        if not out.exists():
+            without += bool(calls)
+            continue
+        received = [ln for ln in out.read_text().splitlines() if ln.startswith('{"received"')]
+        prompts = Counter(_prompt_key(c) for c in calls)
+        duplicated += max(len(calls) - len(received), sum(c - 1 for c in prompts.values()))
+        checked += 1
+    return {
+        "steps_done": [r.step for r in records],
+        "executions_trained": sum(r.executions for r in records),
+        "executions_failed": sum(r.failed for r in records),
+        "executions_lost": lost + without,
+        "calls_duplicated": duplicated,
+        "executions_checked_against_agents": checked,
+        "log_torn_bytes": log.torn_bytes,
+        "log_unresolved": log.unresolved,
+    }
+
+
+def _prompt_key(call) -> tuple:
+    """What identifies a call's prompt: its whole token IDs, or in reference form (`ModelCall`:
+    parent, shared prefix length, own tail) the same thing without rebuilding it."""
+    if hasattr(call, "prompt_ids"):
+        return tuple(call.prompt_ids)
+    return (call.parent_call_id, call.shared_len, tuple(call.prompt_tail))
+
+
 def wrong_secret_join(hosts) -> dict:
     """A worker with a wrong secret against a head waiting for 1 worker: both sides' lines."""
     run = ClusterRun("multinode-refused", hosts[:2], steps=1, cells_per_host=1, workers=1)
@@ -179,7 +225,7 @@ def cluster_run(hosts, name: str, *, cells_per_host: int, kill_worker: int | Non
         "groups_trained_again": len(re.findall(r"died while training group", log)),
         "worker_lost_lines": len(re.findall(r"went away: its cells are lost", log)),
         "what_happened": run.log_tail(),
-        **bench_faults.audit(run, 3),
+        **audit_calls(run, 3),
     }
 
 

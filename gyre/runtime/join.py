@@ -159,6 +159,8 @@ class JoinServer:
         self.secret = secret
         self.cells_per_host = config.cells.num_cells
         self.world_size = self.cells_per_host * (config.cluster.workers + 1)
+        self.port = 0
+        """The port the endpoint is bound to (`cluster.port`, or the free one 0 picked)."""
         self.store: str | None = None
         self._store_set = anyio.Event()
         self.joined = 0
@@ -334,13 +336,13 @@ async def open_join_server(config: RunConfig, model_dir: str | Path) -> AsyncIte
     server = JoinServer(config, model_dir, config.cluster.join_secret())
     cluster = config.cluster
     async with anyio.create_task_group() as tg:
-        await tg.start(
+        server.port = await tg.start(
             lambda task_status: serve_asgi(
                 server, host=cluster.host, port=cluster.port, task_status=task_status
             )
         )
         logger.info(
-            "head: waiting for %d workers at %s:%d", cluster.workers, cluster.host, cluster.port
+            "head: waiting for %d workers at %s:%d", cluster.workers, cluster.host, server.port
         )
         try:
             yield server

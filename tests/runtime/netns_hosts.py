@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,9 +59,15 @@ def _pids_in(namespace: str) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def namespace_hosts(n: int) -> Iterator[list[Host]]:
     """n hosts (namespaces with addresses 10.200.0.1 ..) on a private bridge; deleted on exit."""
+    if threading.current_thread() is threading.main_thread():  # SIGTERM still cleans up
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     tag = f"g{os.getpid() % 100000}"
     switch = f"{tag}-sw"
     made: list[str] = []
