@@ -74,7 +74,7 @@ class ProxyStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
     open_executions: int
     requests_total: int
-    """HTTP requests to the OpenAI routes."""
+    """HTTP requests to the proxy (unknown routes included)."""
     requests_refused: int
     """Requests answered with a 4xx or 5xx error."""
     calls_recorded: int
@@ -294,6 +294,7 @@ class TitoProxy:
         `unknown_route`: clients report any 404 as a missing model (LangChain raises
         `ModelNotFoundError` for every `openai.NotFoundError`), so the message must say it is the
         route that does not exist."""
+        self._count_request(request)
         if exc.status_code == 404:
             return self._error(
                 proxy_error(
@@ -355,6 +356,7 @@ class TitoProxy:
         return {"id": name, "object": "model", "created": 0, "owned_by": "gyre"}
 
     async def _models(self, request: Request) -> Response:
+        self._count_request(request)
         body = {
             "object": "list",
             "data": [self._model_card(name) for name in self.config.served_names],
@@ -364,6 +366,7 @@ class TitoProxy:
     async def _model(self, request: Request) -> Response:
         """`GET /v1/models/{id}`: the model card of a served name (any name under
         `accept_any_model`), else 404 `model_not_found`."""
+        self._count_request(request)
         name = request.path_params["model_id"]
         try:
             self._check_model(name)
@@ -375,6 +378,7 @@ class TitoProxy:
         """`GET /gyre/v1/executions/{id}/calls`: the execution's calls in reference form
         (`shared_len` + `prompt_tail`, see `ModelCall`); `?full=1` (or `true`) gives each call's
         whole `prompt_ids` instead (`FullCall`). Any other `full` value is a 400."""
+        self._count_request(request)
         try:
             full = request.query_params.get("full", "0")
             if full not in ("0", "1", "false", "true"):

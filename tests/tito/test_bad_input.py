@@ -315,3 +315,26 @@ async def test_a_seed_or_top_k_past_64_bits_is_400_and_records_nothing(
     status, raw = await asgi_post(proxy, path, key, {"model": "gyre", **edge})
     assert status == 200, raw
     assert proxy.statistics().calls_recorded == 1
+
+
+async def test_every_refused_request_is_counted_as_a_request(tok, anyio_backend):
+    """Unknown routes, the model card and the call listing were counted refused but not as
+    requests, so `requests_refused` could exceed `requests_total`."""
+    from tests.tito.conftest import asgi_post
+
+    proxy = make_proxy(tok, ScriptedEngine(eos_token_id=tok.eos_token_id))
+    key = proxy.mint_key("n")
+    auth = {"Authorization": f"Bearer {key}"}
+    async with serving(proxy) as base, httpx.AsyncClient(timeout=30) as http:
+        root = base.removesuffix("/v1")
+        statuses = [
+            (await http.get(base + "/models/nope", headers=auth)).status_code,
+            (await http.get(base + "/models/gyre", headers=auth)).status_code,
+            (await http.get(base + "/models", headers=auth)).status_code,
+            (await http.get(root + "/gyre/v1/executions/n/calls?full=x", headers=auth)).status_code,
+            (await http.post(base + "/nothing", headers=auth, json={})).status_code,
+        ]
+    statuses.append((await asgi_post(proxy, "/v1/nothing/else", key, {}))[0])
+    assert statuses == [404, 200, 200, 400, 404, 404]
+    stats = proxy.statistics()
+    assert (stats.requests_total, stats.requests_refused) == (6, 4)
