@@ -29,6 +29,7 @@ from gyre.runtime.loop import evaluated, run_rl, split_tasks
 from gyre.runtime.rollout import with_interpreter
 from gyre.runtime.sinks import check_sinks
 from gyre.tasks.scorer import check_verifier_python
+from gyre.tito.model_format import check_parser_names
 
 __all__ = ["run", "preflight", "ensure_model", "check_model", "warm_start_enabled"]
 
@@ -92,7 +93,8 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
     """Every check that can fail without building or starting anything, in the order a user would
     fix them: task folders, verifier interpreter, agent program, isolation when required (with
     `[gateway] enabled` instead: the execution API's address, `check_gateway`), run folder,
-    warm-start folder, the packages of the metric sinks (`[report] sinks`), the join secret of
+    warm-start folder, the packages of the metric sinks (`[report] sinks`), the names of
+    `[proxy] tool_parser` and `reasoning_parser`, the join secret of
     a head with workers (`[cluster]`), the live page's
     address (`[observe]`). The model folder is checked by `ensure_model`, first thing
     after (a finished run resumed needs none).
@@ -127,6 +129,7 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
         except FileExistsError as exc:
             raise ConfigError(f"{key}: {exc}") from None
     check_sinks(config.report)
+    check_parser_names(config.proxy.tool_parser, config.proxy.reasoning_parser)
     if config.cluster.workers and not config.cluster.join_secret():
         raise ConfigError(
             f"cluster.workers={config.cluster.workers} needs a join secret: set [cluster] secret "

@@ -29,6 +29,7 @@ __all__ = [
     "HeldStream",
     "ModelFormat",
     "generation_stop_ids",
+    "check_parser_names",
 ]
 
 GYRE = "gyre"
@@ -191,6 +192,23 @@ def _lookup(manager: Any, name: str, *, kind: str = "tool_parser") -> type:
         raise ConfigError(f"{kind}={name!r} is not one of: {names}") from None
 
 
+def check_parser_names(tool_parser: str, reasoning_parser: str) -> None:
+    """Raise `ConfigError` unless `tool_parser` is `gyre` or a name registered in vLLM's
+    `ToolParserManager` and `reasoning_parser` is `gyre`, `none` or one registered in its
+    `ReasoningParserManager`: the names alone, before a model or tokenizer exists (the run's
+    preflight). `ModelFormat.load` checks them again with the tokenizer's marker tokens."""
+    if tool_parser == NONE:
+        raise ConfigError("tool_parser='none' is not a parser; use 'gyre' or a vLLM name")
+    if tool_parser != GYRE:
+        from vllm.tool_parsers import ToolParserManager
+
+        _lookup(ToolParserManager, tool_parser)
+    if reasoning_parser not in (GYRE, NONE):
+        from vllm.reasoning import ReasoningParserManager
+
+        _lookup(ReasoningParserManager, reasoning_parser, kind="reasoning_parser")
+
+
 def generation_stop_ids(tokenizer: Any, model_dir: str | Path | None = None) -> tuple[int, ...]:
     """The IDs that end a reply: the tokenizer's EOS, then every `eos_token_id` of the model's
     `generation_config.json` (an int or a list, as transformers' `GenerationConfig` writes it),
@@ -237,8 +255,7 @@ class ModelFormat:
         if tool_parser == GYRE and reasoning_parser == GYRE:
             parser: ReplyParser = GyreParser()
         else:
-            if tool_parser == NONE:
-                raise ConfigError("tool_parser='none' is not a parser; use 'gyre' or a vLLM name")
+            check_parser_names(tool_parser, reasoning_parser)
             parser = VllmParser(
                 tokenizer, tool_parser=tool_parser, reasoning_parser=reasoning_parser
             )
