@@ -41,6 +41,20 @@ from gyre.tito.wire import ChatMessage, message_text
 __all__ = ["ChatRenderer"]
 
 
+_GIL_FREE_CHARS = 32 * 1024
+"""Texts longer than this are tokenized with `encode_batch`, which releases the GIL (the Rust
+`Tokenizer.encode` holds it: a 10 MB prompt rendered in a worker thread stalled every other
+request of the node for ~30 s); shorter ones with `encode`, which costs less per call."""
+
+
+def _encode(backend: Any, text: str) -> list[int]:
+    """Token IDs of `text` from a `tokenizers.Tokenizer`, no special tokens added; the same IDs
+    either way (`encode_batch` of one text is that text's `encode`)."""
+    if len(text) > _GIL_FREE_CHARS:
+        return backend.encode_batch([text], add_special_tokens=False)[0].ids
+    return backend.encode(text, add_special_tokens=False).ids
+
+
 def _reply_key(m: ChatMessage) -> tuple:
     """What of an assistant message a template renders: echoes that differ elsewhere still match."""
     reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
@@ -118,16 +132,16 @@ class ChatRenderer:
             return []
         spans = self._literal.spans_of(text)
         if not spans:
-            return self.text.intern(self._backend.encode(text, add_special_tokens=False).ids)
+            return self.text.intern(_encode(self._backend, text))
         ids: list[int] = []
         pos = 0
         for a, b in spans:
             if a > pos:
-                ids += self._backend.encode(text[pos:a], add_special_tokens=False).ids
-            ids += self._literal.plain.encode(text[a:b], add_special_tokens=False).ids
+                ids += _encode(self._backend, text[pos:a])
+            ids += _encode(self._literal.plain, text[a:b])
             pos = b
         if pos < len(text):
-            ids += self._backend.encode(text[pos:], add_special_tokens=False).ids
+            ids += _encode(self._backend, text[pos:])
         return self.text.intern(ids)
 
     def render_text(
