@@ -3,7 +3,8 @@
 Owns `ToolCallFormat` (how a model writes reasoning and tool calls: its tags; `GYRE_FORMAT` is the
 tiny model's `<think>` + `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) and
 `chat_constraint`, which turns `tool_choice` (`required`, a named function), `parallel_tool_calls`
-false and `response_format` (`json_object`, `json_schema`) into one xgrammar structural tag
+false, `strict` function tools and `response_format` (`json_object`, `json_schema`) into one
+xgrammar structural tag
 (`StructuredOutput`), or None when the request constrains nothing. An unsatisfiable or malformed
 demand is a 400 naming the parameter. The engine masks the tokens the grammar forbids, so the
 constraint holds in every reply and the recorded behaviour logprobs are those of the masked
@@ -87,6 +88,19 @@ def _functions(req: ChatCompletionRequest) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _strict(req: ChatCompletionRequest) -> bool:
+    """Whether a function tool asks for `strict: true` (its calls' arguments must match its
+    parameters schema: OpenAI API reference, Chat, "tools"); 400 for a `strict` that is not a
+    boolean."""
+    found = False
+    for i, tool in enumerate(req.tools or ()):
+        strict = tool["function"].get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise _bad(f"tools[{i}].function.strict={strict!r} must be a boolean", f"tools[{i}]")
+        found = found or strict is True
+    return found
+
+
 def _tool_mode(req: ChatCompletionRequest, functions: dict[str, Any]) -> tuple[str, list[str]]:
     """(`none` | `auto` | `required`, the functions a call may name)."""
     choice = req.tool_choice
@@ -139,13 +153,17 @@ def chat_constraint(
 ) -> StructuredOutput | None:
     """The grammar a chat request's replies must match, in the model's format `fmt` (None: a
     format with no `ToolCallFormat` yet, e.g. a vLLM tool parser: demands on tool calls are then
-    refused with a 400, and `response_format` constrains the whole reply to JSON).
+    refused with a 400, `strict` tools are served unenforced (the OpenAI Agents SDK marks every
+    tool strict; docs/design.md "Not built yet"), and `response_format` constrains the whole
+    reply to JSON).
 
     - `tool_choice` `required` (or a named function): from its first token (no reasoning block,
       as vLLM's own server forces the call at once) the reply is one or more calls (exactly one
       for a named function or `parallel_tool_calls: false`) of the offered functions, arguments
       matching their schemas;
     - `tool_choice` `auto` with `parallel_tool_calls: false`: free text with at most one call;
+    - `tool_choice` `auto` with a `strict` tool: free text and calls, each call of an offered
+      function with arguments matching its schema;
     - `response_format` `json_object` / `json_schema`: the reply is JSON (matching the
       schema) from its first token; with tools offered under `auto`, calls are the alternative.
     Otherwise None (nothing to enforce). Raises `ProxyError` 400 for a demand that names an
@@ -157,6 +175,7 @@ def chat_constraint(
     mode, names = _tool_mode(req, functions)
     content = _content_schema(req)
     single = req.parallel_tool_calls is False
+    strict = _strict(req)
     if fmt is None:
         if mode == "required" or (mode == "auto" and (single or content is not None)):
             raise _bad(
@@ -197,12 +216,12 @@ def chat_constraint(
                 "stop_after_first": single,
             }
             body = {"type": "or", "elements": [body, calls]}
-    elif mode == "auto" and single:
+    elif mode == "auto" and (single or strict):
         body = {
             "type": "triggered_tags",
             "triggers": [fmt.call_begin],
             "tags": tags,
-            "stop_after_first": True,
+            "stop_after_first": single,
         }
     else:
         return None

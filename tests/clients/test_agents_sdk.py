@@ -35,8 +35,11 @@ def script(tok) -> list[list[int]]:
 
 async def test_agents_sdk_default_settings_ten_turns_one_path(tok, anyio_backend):
     ids = script(tok)
-    engine = ScriptedEngine(
-        [ScriptedReply(token_ids=i) for i in ids], eos_token_id=tok.eos_token_id
+    engine = ScriptedEngine(  # the tokenizer: the SDK's strict tools are a grammar to enforce
+        [ScriptedReply(token_ids=i) for i in ids],
+        eos_token_id=tok.eos_token_id,
+        tokenizer=tok,
+        vocab_size=len(tok),
     )
     proxy = make_proxy(tok, engine, accept_any_model=True)  # the SDK's own default model name
     key = proxy.mint_key("agent")

@@ -66,7 +66,9 @@ async def test_agents_ts_default_settings_tool_run(tok, anyio_backend, agents_js
         "The sum is 5.",
     ]
     ids = [encode(tok, t) + [eos] for t in texts]
-    engine = ScriptedEngine([ScriptedReply(token_ids=i) for i in ids], eos_token_id=eos)
+    engine = ScriptedEngine(  # the tokenizer: the SDK's strict tools are a grammar to enforce
+        [ScriptedReply(token_ids=i) for i in ids], eos_token_id=eos, tokenizer=tok
+    )
     proxy = make_proxy(tok, engine, accept_any_model=True)
     key = proxy.mint_key("ts")
     async with serving(proxy) as base:

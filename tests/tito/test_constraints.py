@@ -16,6 +16,7 @@ import xgrammar as xgr
 from gyre.engines.protocol import GenerateRequest, SamplingParams, StructuredOutput, TokenDelta
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
 from gyre.engines.vllm_engine import _top
+from gyre.errors import ProxyError
 from gyre.runtime.cell_wire import Frame, FrameBatch, StreamedGenerate, decode, encode
 from gyre.tito.constraints import chat_constraint
 from gyre.tito.wire import CHAT_DECODER
@@ -375,3 +376,37 @@ def test_vllm_top_k_is_ranked_and_drops_masked_tokens():
     ids, lps = _top(positions, 2, 3)
     assert ids == [[1, 2, 3], [4]]
     assert lps == [[-0.2, -1.9, -2.5], [-0.0]]
+
+
+def strict_tools() -> list[dict]:
+    return [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+
+
+def test_a_strict_tool_under_auto_constrains_calls_and_leaves_text_free(tok):
+    """`strict: true` (the OpenAI Agents SDK sets it on every tool) was accepted and ignored: a
+    call's arguments could break the schema."""
+    c = chat_constraint(chat_req(tools=strict_tools()))
+    assert c is not None and c.kind == "structural_tag"
+    assert accepts(tok, c, "plain text")
+    assert accepts(tok, c, f"<think>hm</think>\nok {ADD}")
+    assert accepts(tok, c, ADD + LS + " done")  # parallel calls, text after a call (B27)
+    assert not accepts(tok, c, '<tool_call>{"name": "add", "arguments": {"a": "x"}}</tool_call>')
+    assert not accepts(tok, c, '<tool_call>{"name": "rm", "arguments": {}}</tool_call>')
+    lax = [{**t, "function": {**t["function"], "strict": False}} for t in TOOLS]
+    assert chat_constraint(chat_req(tools=lax)) is None
+    with pytest.raises(ProxyError, match=r"tools\[0\].function.strict='yes' must be a boolean"):
+        chat_constraint(chat_req(tools=[{**TOOLS[0], "function": {"name": "a", "strict": "yes"}}]))
+    # a vLLM-parsed format has no call grammar yet: served, not enforced (documented)
+    assert chat_constraint(chat_req(tools=strict_tools()), None) is None
+
+
+async def test_a_strict_tool_is_enforced_through_the_responses_api(tok, anyio_backend):
+    bad = '<tool_call>{"name": "add", "arguments": {"a": "x"}}</tool_call>'
+    engine, proxy, key = setup(tok, ADD, bad)
+    tools = [{"type": "function", **t["function"]} for t in strict_tools()]
+    status, body = await post(proxy, key, "/v1/responses", input="go", tools=tools)
+    assert status == 200, body
+    assert json.loads(body["output"][-1]["arguments"]) == {"a": 1}
+    assert engine.requests_seen[-1].sampling.structured.kind == "structural_tag"
+    status, body = await post(proxy, key, "/v1/responses", input="go", tools=tools)
+    assert status >= 500 and "grammar forbids" in body["error"]["message"]

@@ -40,7 +40,7 @@ def engine_for(tok, *texts: str | list[int]) -> ScriptedEngine:
         ScriptedReply(token_ids=(encode(tok, t) if isinstance(t, str) else t) + [eos])
         for t in texts
     ]
-    return ScriptedEngine(replies, eos_token_id=eos)
+    return ScriptedEngine(replies, eos_token_id=eos, tokenizer=tok, vocab_size=len(tok))
 
 
 async def converse(proxy, *turns) -> list[dict]:
