@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre.config import TrainerConfig
+from gyre.config import RLConfig, TrainerConfig
 from gyre.errors import ContextLengthError
 from gyre.kernels import TreeKVCache, ancestor_paths, check_attention_backend
 from gyre.kernels.cached_tree_attention import check_logprob_backend
@@ -211,3 +211,18 @@ def test_flex_chunks_forward_equals_sdpa_chunks_on_cpu():
         ref, _ = packed_logprobs(model, batch, attention="sdpa")
         out, _ = packed_logprobs(model, batch, attention="flex")
     assert (out - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.slow  # imports DeepSpeed (~10 s)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal needs a machine without CUDA")
+def test_trainer_start_refuses_gpu_kernels_without_cuda(tiny_model_dir, monkeypatch):
+    from gyre.engines.trainer import DeepSpeedTrainer
+    from gyre.errors import ConfigError
+    from gyre.rl import PolicyObjective
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    objective = PolicyObjective(RLConfig())
+    with pytest.raises(ConfigError, match="trainer.attention='flex': .*CUDA"):
+        DeepSpeedTrainer(tiny_model_dir, TrainerConfig(attention="flex"), objective)
+    with pytest.raises(ConfigError, match="trainer.logprob_impl='triton': .*CUDA"):
+        DeepSpeedTrainer(tiny_model_dir, TrainerConfig(logprob_impl="triton"), objective)
