@@ -117,9 +117,12 @@ def test_split_trees_train_exactly_like_separate_trajectories(
     )
     assert abs(loss_sep.item() - loss_packed.item()) <= 1e-6 * max(abs(loss_sep.item()), 1e-12)
     grads_sep = _grads(MODEL, loss_sep)
+    # a tensor whose true gradient is 0 (q of a query that sees one key) gets rounding noise:
+    # its floor is relative to the largest gradient of the model
+    floor = 1e-12 * max(g.abs().max().item() for g in grads_sep.values())
     for name, g in grads_sep.items():
         scale = g.abs().max().item()
-        assert (grads_packed[name] - g).abs().max().item() <= 1e-6 * scale + 1e-15, name
+        assert (grads_packed[name] - g).abs().max().item() <= 1e-6 * scale + floor, name
 
 
 def test_ancestor_paths_equal_brute_force_on_a_hand_tree():
