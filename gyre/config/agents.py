@@ -7,6 +7,7 @@ splits). Knows nothing about cells, training or the file format.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal
 
@@ -54,6 +55,11 @@ class ProxyConfig(Config):
     render_check_every: int = 0
     """Cross-check every k-th incrementally rendered prompt against a full render; 0: only the
     first of each execution."""
+    retry_window_s: float = 30.0
+    """A call whose clients all left (a timeout, a dropped stream) waits this long, in seconds,
+    for the client's retry of the same request: a retry within it is one logical call, and the
+    partial sample is not recorded (`Recorder.record_partial`); 0 records it at once. The openai
+    SDK retries after 0.5-8 s of backoff."""
     flush_interval_s: float = 5.0
     """fsync the call log this often (calls reach the OS before each response completes)."""
     log_name: str = "calls.log"
@@ -71,6 +77,8 @@ class ProxyConfig(Config):
             raise ValueError(f"history={self.history!r} must be 'heal' or 'as_sent'")
         if self.render_check_every < 0:
             raise ValueError(f"render_check_every={self.render_check_every} must be >= 0")
+        if not (math.isfinite(self.retry_window_s) and self.retry_window_s >= 0):
+            raise ValueError(f"retry_window_s={self.retry_window_s} must be a finite number >= 0")
         names = self.served_names
         if any(not n for n in names) or len(set(names)) != len(names):
             raise ValueError(

@@ -100,6 +100,13 @@ class Call:
     """The proxy's `model_format.ReplyParser` (None: gyre's own format)."""
     chat: bool = True
     recorded: bool = False
+    request_key: bytes | None = None
+    """Digest of the request (route, role, body) that started this call: a client's retry of it
+    carries the same one (`Recorder.settle`)."""
+    disconnected: bool = False
+    """Aborted because every client waiting for it left (`InFlight.watch`)."""
+    held: bool = False
+    """Its partial records wait for a retry of the same request (`Recorder.record_partial`)."""
     created: int = 0
     producer: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     """Cancel scope of the task that iterates the engine (cancelled to stop generating)."""

@@ -127,6 +127,8 @@ class InFlight:
             await anyio.sleep(RETRY_GRACE_S)  # a retry with the same key may join meanwhile
         if flight.waiters == 0 and flight.generating() and not flight.scope.cancel_called:
             flight.aborted = "disconnect"
+            if flight.call is not None:
+                flight.call.disconnected = True
             self.disconnect_aborts += 1
             flight.scope.cancel()
 

@@ -14,6 +14,7 @@ Knows nothing about trees, scoring or training.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -108,6 +109,10 @@ class ProxyStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Calls aborted because their execution was closed while they were generating."""
     records_dropped_closed: int
     """Records of calls that finished after their execution's end entry: dropped, not written."""
+    retries_superseded: int
+    """Calls whose clients all left (timeout, dropped stream) and whose partial sample was not
+    recorded because the client sent the same request again within `retry_window_s`: the retry
+    is the one logical call."""
 
 
 class TitoProxy:
@@ -142,7 +147,7 @@ class TitoProxy:
         )
         self.text: TokenText = self.renderer.text
         self.log = CallLog(log_path) if log_path is not None else None
-        self.recorder = Recorder(self.log, self.text)
+        self.recorder = Recorder(self.log, self.text, retry_window_s=config.retry_window_s)
         self.inflight = InFlight()
         self.intake = CallIntake(
             tokenizer=tokenizer, renderer=self.renderer, engine_for=engine_for, config=config
@@ -201,6 +206,7 @@ class TitoProxy:
                 left,
                 CLOSE_WAIT_S,
             )
+        await self.recorder.settle(execution_id)  # held partial calls: no retry can come now
         ex.closed = True
         self.responses_api.forget(execution_id)  # after `closed`: no chain is kept past it
         summary = ex.summary()
@@ -237,6 +243,7 @@ class TitoProxy:
             calls_recorded=self.recorder.calls_recorded,
             completion_tokens=self.recorder.completion_tokens,
             records_dropped_closed=self.recorder.records_dropped_closed,
+            retries_superseded=self.recorder.retries_superseded,
             **msgspec.structs.asdict(self.inflight.statistics()),
             **self._counts,
         )
@@ -254,11 +261,9 @@ class TitoProxy:
         `port = await tg.start(proxy.serve)` can connect at once). Also runs the log's fsync timer.
         Raises OSError if the address cannot be bound.
         """
-        flusher = (
-            []
-            if self.log is None
-            else [partial(self.log.run_flusher, self.config.flush_interval_s)]
-        )
+        flusher = [self.recorder.run_expiry]
+        if self.log is not None:
+            flusher.append(partial(self.log.run_flusher, self.config.flush_interval_s))
         await serve_asgi(
             self.app,
             host=self.config.host if host is None else host,
@@ -467,6 +472,18 @@ class TitoProxy:
         `anthropic-version` header is accepted whatever its value."""
         return await self._serve_chat(request, self.messages_api)
 
+    async def _start_request(
+        self, request: Request, ex: Execution, role: str, body: bytes
+    ) -> bytes:
+        """The request's key (`Call.request_key`: route, role and body); the held partial calls
+        of the execution are settled first (`Recorder.settle`), so a client's retry of a call it
+        left is one logical call and records stay in request order."""
+        key = hashlib.blake2b(
+            b"\0".join((request.url.path.encode(), role.encode(), body)), digest_size=16
+        ).digest()
+        await self.recorder.settle(ex.execution_id, key)
+        return key
+
     async def _serve_chat(self, request: Request, api: ChatApi) -> Response:
         """One chat call of any API that maps onto chat (`chat_api.ChatApi`): resolve the key,
         decode, render, generate, record, answer in the API's shape, whole or streamed."""
@@ -482,8 +499,10 @@ class TitoProxy:
             native, req = api.decode(body, ex)
             self._check_model(req.model)
             check_messages(req.messages)
+            key = await self._start_request(request, ex, role, body)
             if req.stream:
                 call = await self.intake.chat(ex, role, body, req)
+                call.request_key = key
                 return SSEResponse(
                     call,
                     lambda events: api.stream(call, native, events, self.recorder),
@@ -495,6 +514,7 @@ class TitoProxy:
             async def produce(flight: Flight) -> Response:
                 try:
                     call = flight.call = await self.intake.chat(ex, role, body, req)
+                    call.request_key = key
                     await self._run_to_end(call)
                     replies = replies_of(call)
                     await self.recorder.record(call, [r[1] for r in replies])
@@ -519,8 +539,10 @@ class TitoProxy:
             req: CompletionRequest = decode_request(COMPLETION_DECODER, body)
             self._check_model(req.model)
             prompt = completion_prompt(req.prompt)
+            key = await self._start_request(request, ex, role, body)
             if req.stream:
                 call = await self.intake.completion(ex, role, prompt, req)
+                call.request_key = key
                 model = self.config.model_name
                 return SSEResponse(
                     call,
@@ -535,6 +557,7 @@ class TitoProxy:
             async def produce(flight: Flight) -> Response:
                 try:
                     call = flight.call = await self.intake.completion(ex, role, prompt, req)
+                    call.request_key = key
                     await self._run_to_end(call)
                     await self.recorder.record(call, [None] * len(call.choices))
                     out = text_completion(call, req, text=self.text, model=self.config.model_name)

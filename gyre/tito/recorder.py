@@ -37,9 +37,18 @@ class Recorder:
         text: the tokenizer's `TokenText` (a node keeps its completion's text).
     """
 
-    def __init__(self, log: CallLog | None, text: TokenText) -> None:
+    def __init__(
+        self, log: CallLog | None, text: TokenText, *, retry_window_s: float = 0.0
+    ) -> None:
         self.log = log
         self.text = text
+        self.retry_window_s = retry_window_s
+        """How long the partial records of a call its client left wait for a retry of the same
+        request (`record_partial`); 0 records them at once."""
+        self._held: dict[str, list[tuple[float, Call, list[ChatMessage | None]]]] = {}
+        """Execution -> (deadline, call, replies) of the held partial calls, oldest first."""
+        self.retries_superseded = 0
+        """Held partial calls dropped because their client sent the same request again."""
         self.calls_recorded = 0
         """ModelCall records written (one per choice)."""
         self.completion_tokens = 0
@@ -119,10 +128,57 @@ class Recorder:
         """A response that did not complete (client gone, engine error): abort, keep the tokens.
         A request that produced no token records nothing. `reply` makes a chat choice's assistant
         message (None: a completions call)."""
-        if call.recorded or not any(ch.ids for ch in call.choices):
+        if call.recorded or call.held or not any(ch.ids for ch in call.choices):
             return
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(EngineError):
                 await call.engine.abort(call.request_id)
             replies = [None if reply is None else reply(call, ch) for ch in call.choices]
+            if call.disconnected and call.request_key is not None and self.retry_window_s > 0:
+                # Its client left mid-call: a retry of the same request within the window is the
+                # same logical call, and this partial sample is dropped for it (`settle`).
+                call.held = True
+                deadline = anyio.current_time() + self.retry_window_s
+                self._held.setdefault(call.execution.execution_id, []).append(
+                    (deadline, call, replies)
+                )
+                return
             await self.record(call, replies)
+
+    async def settle(self, execution_id: str, request_key: bytes | None = None) -> None:
+        """Before a request of `execution_id` starts (and when it closes: `request_key` None):
+        the held partial calls of the same request are dropped (the client retried: one logical
+        call, counted in `retries_superseded`), the others are recorded now, in order."""
+        held = self._held.pop(execution_id, None)
+        if not held:
+            return
+        with anyio.CancelScope(shield=True):
+            for _, call, replies in held:
+                if request_key is not None and call.request_key == request_key:
+                    call.recorded = True
+                    self.retries_superseded += 1
+                else:
+                    await self.record(call, replies)
+
+    async def record_expired(self) -> None:
+        """Record every held partial call whose retry window has passed (oldest first)."""
+        now = anyio.current_time()
+        with anyio.CancelScope(shield=True):
+            for execution_id in list(self._held):
+                held = self._held[execution_id]
+                while held and held[0][0] <= now:
+                    _, call, replies = held.pop(0)
+                    await self.record(call, replies)
+                if not held:
+                    self._held.pop(execution_id, None)
+
+    async def run_expiry(self, interval_s: float = 1.0) -> None:
+        """Record expired held calls every `interval_s` until cancelled; then record the rest."""
+        try:
+            while True:
+                await anyio.sleep(interval_s)
+                await self.record_expired()
+        finally:
+            with anyio.CancelScope(shield=True):
+                for execution_id in list(self._held):
+                    await self.settle(execution_id)

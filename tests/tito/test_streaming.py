@@ -149,7 +149,7 @@ async def test_client_gone_mid_stream_keeps_the_sampled_tokens_as_abort(tok, any
     engine = ScriptedEngine(
         [ScriptedReply(token_ids=ids)], eos_token_id=tok.eos_token_id, token_delay_s=0.01
     )
-    proxy = make_proxy(tok, engine)
+    proxy = make_proxy(tok, engine, retry_window_s=0.2)  # no retry comes: recorded after 0.2 s
     key = proxy.mint_key("gone")
     body = {"model": "gyre", "messages": [{"role": "user", "content": "x"}], "stream": True}
     async with serving(proxy) as base:
@@ -170,6 +170,70 @@ async def test_client_gone_mid_stream_keeps_the_sampled_tokens_as_abort(tok, any
     assert call.finish_reason == "abort"
     assert call.completion_ids[: len(got)] == got == ids[: len(got)]
     assert len(call.logprobs) == len(call.completion_ids) < len(ids)
+
+
+async def _drop_after(base: str, key: str, body: dict, tokens: int) -> list[int]:
+    """Stream `body` and go away after `tokens` tokens (a client timeout, a dropped connection)."""
+    async with httpx.AsyncClient(base_url=base) as http:
+        async with http.stream(
+            "POST", "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as r:
+            got: list[int] = []
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    got += json.loads(line[6:])["choices"][0]["token_ids"]
+                if len(got) >= tokens:
+                    return got
+    return got
+
+
+async def test_a_retry_of_a_dropped_stream_is_one_logical_call(tok, anyio_backend):
+    """Issue 18 (faults.json `stream_drop`): the stream drops after 3 tokens and the client sends
+    the same request again: one record, the retry's, and no partial sibling in the tree. A drop
+    followed by a different request records the partial call first, in request order."""
+    import anyio
+
+    first = encode(tok, "word " * 40) + [tok.eos_token_id]
+    again = encode(tok, "done now") + [tok.eos_token_id]
+    other = encode(tok, "other") + [tok.eos_token_id]
+    engine = ScriptedEngine(
+        [ScriptedReply(token_ids=t) for t in (first, again, first, other)],
+        eos_token_id=tok.eos_token_id,
+        token_delay_s=0.01,
+    )
+    proxy = make_proxy(tok, engine)  # the default window, 30 s
+    body = {"model": "gyre", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    retry, ex2 = proxy.mint_key("retry"), proxy.mint_key("moved-on")
+    async with serving(proxy) as base:
+        assert await _drop_after(base, retry, body, 3) == first[:3]
+        with anyio.fail_after(10):
+            while proxy.statistics().disconnect_aborts < 1:
+                await anyio.sleep(0.02)
+        async with httpx.AsyncClient(base_url=base) as http:
+            r = await http.post(
+                "/chat/completions",
+                json=dict(body, stream=False),
+                headers={"Authorization": f"Bearer {retry}"},
+            )
+            assert r.status_code == 200, r.text
+        # the non-streamed body differs from the dropped one (not a retry of it): the held
+        # partial call is recorded first, then this one, in request order
+        calls = proxy.calls("retry")
+        assert [c.finish_reason for c in calls] == ["abort", "stop"]
+        assert calls[0].completion_ids == first[: len(calls[0].completion_ids)]
+        assert calls[1].completion_ids == again
+
+        assert await _drop_after(base, ex2, body, 3) == first[:3]
+        with anyio.fail_after(10):
+            while proxy.statistics().disconnect_aborts < 2:
+                await anyio.sleep(0.02)
+        assert proxy.calls("moved-on") == []  # held for a retry
+        got = await _drop_after(base, ex2, body, 10**6)  # the same request again, read to the end
+        assert got == other
+    (call,) = proxy.calls("moved-on")
+    assert call.finish_reason == "stop" and call.completion_ids == other
+    stats = proxy.statistics()
+    assert (stats.disconnect_aborts, stats.retries_superseded) == (2, 1)
 
 
 class ScopedEngine(ScriptedEngine):
