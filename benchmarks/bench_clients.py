@@ -196,7 +196,9 @@ def new_proxy(tok, engine: ScriptedEngine) -> TitoProxy:
 
 
 async def run_client(tok, name: str, fn: Callable[[str, str], None]) -> dict[str, Any]:
-    engine = ScriptedEngine(script(tok), eos_token_id=tok.eos_token_id, max_model_len=65536)
+    engine = ScriptedEngine(
+        script(tok), eos_token_id=tok.eos_token_id, max_model_len=65536, tokenizer=tok
+    )  # the tokenizer: strict tools (the Agents SDK's) are enforced by a grammar
     proxy = new_proxy(tok, engine)
     key = proxy.mint_key(name)
     error = None
@@ -304,6 +306,7 @@ async def time_apis(tok) -> dict[str, Any]:
         rule=lambda req, i, v: ScriptedReply(token_ids=reply),
         eos_token_id=tok.eos_token_id,
         max_model_len=65536,
+        tokenizer=tok,
     )
     proxy = new_proxy(tok, engine)
     bodies = histories(tok)
