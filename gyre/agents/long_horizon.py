@@ -214,7 +214,8 @@ class LongHorizonAgent:
 
     `client` is an `openai.OpenAI` (or the slice of it the agent uses: `chat.completions.create`
     returning choices with `message` and `usage`). Raises `openai.APIError` when a call fails
-    (the result file then holds the progress so far).
+    (the result file then holds the progress so far) and `ValueError` for a reply without
+    `usage`.
     """
 
     def __init__(
@@ -289,6 +290,8 @@ class LongHorizonAgent:
             ]
         history.messages.append(assistant)
         usage = response.usage
+        if usage is None:
+            raise ValueError("the server's reply has no `usage`: the agent counts tokens from it")
         p = self.progress
         p.calls += 1
         p.calls_by_role[role] = p.calls_by_role.get(role, 0) + 1
