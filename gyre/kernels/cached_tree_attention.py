@@ -110,16 +110,21 @@ def _block_attention(q_BHQD, k_parts, v_parts, picks, key_K, dfs_out_T, lo, scal
     )
 
 
-_compiled_flex = None
+_compiled_flex: dict[bool, object] = {}
+"""`flex_attention` compiled with dynamic shapes (CUDA: one kernel for every chunk length) and
+with static ones (CPU: inductor's C++ code for dynamic flex shapes does not compile in torch
+2.13, `cur_kvSplitSize` undeclared; the trainer refuses flex without CUDA, so the CPU path only
+checks parity in tests)."""
 
 
 def _flex(q, k, v, block_mask, scale):
-    global _compiled_flex
-    if _compiled_flex is None:
+    dynamic = q.is_cuda
+    compiled = _compiled_flex.get(dynamic)
+    if compiled is None:
         from torch.nn.attention.flex_attention import flex_attention
 
-        _compiled_flex = torch.compile(flex_attention, dynamic=True)
-    return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+        compiled = _compiled_flex[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
+    return compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
 
 
 class TreeKVCache:
