@@ -38,6 +38,7 @@ __all__ = [
     "ObjectiveStatistics",
     "Objective",
     "AccumulateStatistics",
+    "mismatch_split",
     "StepStatistics",
     "TrainStatistics",
     "TrainerStatistics",
@@ -396,8 +397,28 @@ class AccumulateStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Sum over counted loss tokens of the importance ratio pi_trainer / pi_behaviour."""
     counted: int
     """Loss tokens in the two sums above (divide by it for means)."""
+    same_version_abs_diff_sum: float = 0.0
+    """The part of `logprob_abs_diff_sum` over tokens sampled by the trainer's own weight
+    version (numerics, not staleness)."""
+    same_version_counted: int = 0
+    """Loss tokens in `same_version_abs_diff_sum`."""
     finite: bool
     """False when a micro-batch loss was non-finite (the next `apply_step` will skip)."""
+
+
+def mismatch_split(stats: Sequence[AccumulateStatistics]) -> dict[str, float]:
+    """`same_version_abs_diff_mean` and `stale_abs_diff_mean` of one or more `accumulate` calls:
+    the mean |trainer - behaviour logprob| over tokens sampled by the trainer's own weight version
+    (numerics) and over older ones (numerics plus off-policy drift); NaN where no token was."""
+    total = sum(s.logprob_abs_diff_sum for s in stats)
+    counted = sum(s.counted for s in stats)
+    same = sum(s.same_version_abs_diff_sum for s in stats)
+    same_counted = sum(s.same_version_counted for s in stats)
+    stale_counted = counted - same_counted
+    return {
+        "same_version_abs_diff_mean": same / same_counted if same_counted else float("nan"),
+        "stale_abs_diff_mean": (total - same) / stale_counted if stale_counted else float("nan"),
+    }
 
 
 class StepStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -431,6 +452,11 @@ class TrainStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Global gradient norm before clipping (None when skipped)."""
     logprob_abs_diff_mean: float
     """Mean |trainer logprob - behaviour logprob| over loss tokens (the off-policy mismatch)."""
+    same_version_abs_diff_mean: float = float("nan")
+    """The same over tokens sampled by the trainer's own weight version: numerics (engine against
+    trainer on the same weights); NaN when there were none."""
+    stale_abs_diff_mean: float = float("nan")
+    """The same over older tokens: numerics plus off-policy drift; NaN when there were none."""
     mean_ratio: float
     """Mean importance ratio pi_trainer / pi_behaviour over loss tokens (1 when on-policy)."""
 

@@ -31,6 +31,7 @@ from gyre.engines.protocol import (
     StepStatistics,
     TrainerStatistics,
     TrainStatistics,
+    mismatch_split,
 )
 
 __all__ = [
@@ -253,6 +254,7 @@ class DeepSpeedTrainer:
             logprob_abs_diff_mean=acc.logprob_abs_diff_sum / acc.counted
             if acc.counted
             else float("nan"),
+            **mismatch_split([acc]),
             mean_ratio=acc.ratio_sum / acc.counted if acc.counted else float("nan"),
         )
 
@@ -283,6 +285,7 @@ class DeepSpeedTrainer:
         self.engine.train()
         total_loss, tokens, policy_tokens = 0.0, 0, 0
         abs_diff_sum, ratio_sum, counted = 0.0, 0.0, 0
+        same_sum, same_counted = 0.0, 0
         finite = True
         for batch in micro_batches:
             loss, stats = self.objective(
@@ -299,6 +302,10 @@ class DeepSpeedTrainer:
                 abs_diff_sum += stats.mean_abs_logprob_diff * stats.tokens
                 ratio_sum += stats.mean_ratio * stats.tokens
                 counted += stats.tokens
+            same = getattr(stats, "same_version_tokens", 0)  # an Objective may not report it
+            if same:
+                same_sum += stats.same_version_abs_logprob_diff * same
+                same_counted += same
             # backward even on a non-finite loss: every rank runs the same collectives, and the
             # all-reduced finite check in apply_step skips the step everywhere
             finite = finite and bool(torch.isfinite(loss))
@@ -317,6 +324,8 @@ class DeepSpeedTrainer:
             logprob_abs_diff_sum=abs_diff_sum,
             ratio_sum=ratio_sum,
             counted=counted,
+            same_version_abs_diff_sum=same_sum,
+            same_version_counted=same_counted,
             finite=finite,
         )
 

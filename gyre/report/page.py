@@ -60,6 +60,10 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
 
 
+def _nats(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.2e} nats"
+
+
 def _duration(s: float) -> str:
     m, sec = divmod(round(s), 60)
     h, m = divmod(m, 60)
@@ -121,6 +125,10 @@ def _markdown(run_dir: Path, s: RunSummary) -> str:
             "n/a"
             if math.isnan(s.mean_logprob_abs_diff)
             else f"{s.mean_logprob_abs_diff:.2e} / {s.max_logprob_abs_diff:.2e} nats",
+        ),
+        (
+            "worst step's mismatch: same weight version (numerics) / stale tokens (drift)",
+            f"{_nats(s.max_same_version_mismatch)} / {_nats(s.max_stale_mismatch)}",
         ),
         ("skipped optimizer steps", f"{s.skipped_steps}"),
     ]

@@ -51,6 +51,12 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     """Mean over steps of the behaviour-vs-trainer mismatch; NaN with no steps."""
     max_logprob_abs_diff: float
     """Largest per-step mean mismatch; NaN with no steps."""
+    max_same_version_mismatch: float = math.nan
+    """Largest per-step mismatch over tokens the trainer's own weight version sampled (numerics
+    alone); NaN when no step recorded one."""
+    max_stale_mismatch: float = math.nan
+    """Largest per-step mismatch over older tokens (numerics plus off-policy drift); NaN when no
+    step recorded one."""
     eval_split: str | None
     """Split used for before/after: `heldout` when there is one, else `train`, else None."""
     pass_before: float | None
@@ -86,6 +92,11 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
+def _max(xs: list[float]) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return max(xs) if xs else math.nan
+
+
 def summarize(records: list[StepMetrics | EvalMetrics]) -> RunSummary:
     """The summary numbers of a run's records (as `read_metrics` returns them).
 
@@ -116,6 +127,8 @@ def summarize(records: list[StepMetrics | EvalMetrics]) -> RunSummary:
         mean_dedup_ratio=_mean([s.dedup_ratio for s in steps]),
         mean_logprob_abs_diff=_mean([s.logprob_abs_diff_mean for s in steps]),
         max_logprob_abs_diff=max((s.logprob_abs_diff_mean for s in steps), default=math.nan),
+        max_same_version_mismatch=_max([s.same_version_mismatch_mean for s in steps]),
+        max_stale_mismatch=_max([s.stale_mismatch_mean for s in steps]),
         eval_split=split,
         pass_before=chosen[0].pass_rate if chosen else None,
         pass_before_step=chosen[0].step if chosen else None,

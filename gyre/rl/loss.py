@@ -39,6 +39,11 @@ class LossStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Mean importance ratio pi_theta / pi_behaviour over loss tokens (after `log_ratio_bound`)."""
     mean_abs_logprob_diff: float
     """Mean |trainer logprob - behaviour logprob| over loss tokens: the B07 mismatch metric."""
+    same_version_tokens: int = 0
+    """Loss tokens sampled by the trainer's own weight version (`same_version_N`)."""
+    same_version_abs_logprob_diff: float = float("nan")
+    """Mean |trainer logprob - behaviour logprob| over those: numerics alone (engine against
+    trainer on the same weights), apart from the drift of stale tokens (off-policy)."""
 
 
 def masked_token_mean(loss_N: torch.Tensor, mask_N: torch.Tensor) -> torch.Tensor:
@@ -86,6 +91,7 @@ def policy_loss(
     *,
     clip_eps: float = 0.2,
     is_cap: float = 2.0,
+    same_version_N: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStatistics]:
     """Weighted sum over selected tokens of the dual-clipped PPO term; returns (loss, statistics).
 
@@ -94,7 +100,9 @@ def policy_loss(
     (PPO-clip, Schulman et al. 2017; the truncated IS cap bounds r for negative advantages as in
     dual-clip PPO, Ye et al. 2020). loss = sum over mask_N of weight_N * term: the weights already
     hold the per-execution and per-batch means (`gyre.trajectory.pack`), so summing micro-batch
-    losses gives the batch loss. All inputs are [N]; `mask_N` bool; logprobs in nats. The
+    losses gives the batch loss. All inputs are [N]; `mask_N` bool; logprobs in nats;
+    `same_version_N` (bool [N], optional) marks the tokens sampled by the trainer's weight version,
+    whose mismatch is reported apart (`LossStatistics.same_version_abs_logprob_diff`). The
     log-ratio is bounded above by `log_ratio_bound` before `exp`: loss and gradients are finite for
     any finite logprobs (and a behaviour logprob of -inf, whose ratio is then capped), and equal
     the unbounded formula's wherever that one is finite.
@@ -139,12 +147,19 @@ def policy_loss(
         return float(x.double().mean()) if tokens else float("nan")
 
     with torch.no_grad():
+        diff = (lp - blp).abs()
+        same = None if same_version_N is None else same_version_N.to(mask_N.device)[mask_N]
+        same_tokens = 0 if same is None else int(same.sum())
         stats = LossStatistics(
             tokens=tokens,
             masked_tokens=int(mask_N.numel()) - tokens,
             clip_fraction=mean(clipped < unclipped),
             is_capped_fraction=mean(ratio > is_cap),
             mean_ratio=mean(ratio),
-            mean_abs_logprob_diff=mean((lp - blp).abs()),
+            mean_abs_logprob_diff=mean(diff),
+            same_version_tokens=same_tokens,
+            same_version_abs_logprob_diff=float(diff[same].double().mean())
+            if same_tokens
+            else float("nan"),
         )
     return loss, stats

@@ -83,6 +83,7 @@ def microbatch_loss(
         mask_N,
         clip_eps=clip_eps,
         is_cap=is_cap,
+        same_version_N=version_N == trainer_version,
     )
 
 

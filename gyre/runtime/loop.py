@@ -204,6 +204,8 @@ class _Run:
                 dedup_ratio=batch.linear_tokens / batch.packed_tokens if batch else math.nan,
                 logprob_abs_diff_mean=stats.logprob_abs_diff_mean if stats else math.nan,
                 mean_ratio=stats.mean_ratio if stats else math.nan,
+                same_version_mismatch_mean=stats.same_version_abs_diff_mean if stats else math.nan,
+                stale_mismatch_mean=stats.stale_abs_diff_mean if stats else math.nan,
                 applied=bool(stats and stats.applied),
                 rollout_s=rollout_s,
                 train_s=train_s,

@@ -85,6 +85,11 @@ class StepMetrics(msgspec.Struct, frozen=True, kw_only=True, tag="step"):
     B07)."""
     mean_ratio: float
     """Mean importance ratio over loss tokens."""
+    same_version_mismatch_mean: float = math.nan
+    """The mismatch over loss tokens sampled by the trainer's own weight version: numerics alone
+    (engine against trainer on the same weights); NaN when none (or not recorded)."""
+    stale_mismatch_mean: float = math.nan
+    """The mismatch over older loss tokens: numerics plus off-policy drift; NaN when none."""
     applied: bool
     """False when the optimizer step was skipped (non-finite loss or gradient)."""
     rollout_s: float

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from gyre.engines.protocol import mismatch_split
 from gyre.runtime.batch_formation import Group
 from gyre.runtime.cell_handle import DrivenCell
 from gyre.runtime.loop import pass_rate
@@ -176,6 +177,15 @@ def _recovered(router: RouterStatistics) -> dict[str, int]:
     }
 
 
+def _mismatch(stats) -> dict[str, float]:
+    """`StepMetrics`' same-version and stale mismatch from the step's `AccumulateStatistics`."""
+    split = mismatch_split(stats)
+    return {
+        "same_version_mismatch_mean": split["same_version_abs_diff_mean"],
+        "stale_mismatch_mean": split["stale_abs_diff_mean"],
+    }
+
+
 def _step_metrics(record, executed, batches, stats, counted, result, times) -> StepMetrics:
     rate, reward = pass_rate(executed)
     linear = sum(b.linear_tokens for b in batches)
@@ -200,6 +210,7 @@ def _step_metrics(record, executed, batches, stats, counted, result, times) -> S
         if counted
         else math.nan,
         mean_ratio=sum(s.ratio_sum for s in stats) / counted if counted else math.nan,
+        **_mismatch(stats),
         applied=bool(result.applied),
         step_s=record.step_s,
         **times,

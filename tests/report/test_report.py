@@ -239,3 +239,27 @@ def test_a_step_whose_executions_all_failed_reads_back_as_nan(tmp_path: Path) ->
     )
     assert (fine.step, fine.pass_rate, fine.mean_reward) == (2, 0.5, 0.6)
     assert write_report(tmp_path).exists()
+
+
+def test_the_mismatch_is_split_into_numerics_and_stale_drift(tmp_path: Path) -> None:
+    """The summary shows the worst step's same-version mismatch (numerics) beside the stale one
+    (off-policy drift); records without the split (NaN) count as absent."""
+    import msgspec
+
+    with MetricsWriter(tmp_path) as w:
+        w.write(step(1, pass_rate=0.5))  # no split recorded: NaN, NaN
+        for n, same, stale in ((2, 3e-7, 2e-3), (3, 1e-7, 5e-3)):
+            w.write(
+                msgspec.structs.replace(
+                    step(n, pass_rate=0.5),
+                    same_version_mismatch_mean=same,
+                    stale_mismatch_mean=stale,
+                )
+            )
+    s = summarize(read_metrics(tmp_path))
+    assert (s.max_same_version_mismatch, s.max_stale_mismatch) == (3e-7, 5e-3)
+    page = write_report(tmp_path).read_text()
+    assert (
+        "| worst step's mismatch: same weight version (numerics) / stale tokens (drift) | "
+        "3.00e-07 nats / 5.00e-03 nats |" in page
+    )

@@ -91,3 +91,42 @@ def test_bad_arguments():
         policy_loss(x, x, x, x, m, is_cap=1.1)
     with pytest.raises(ValueError, match="mask_N must be bool"):
         policy_loss(x, x, x, x, torch.ones(2))
+
+
+def test_same_version_mismatch_is_reported_apart_from_stale_drift():
+    """Four loss tokens (the fifth masked): |lp - blp| = 0.1, 0.2 sampled by the trainer's own
+    version, 0.5, 1.0 by older ones. Same-version mean 0.15 (numerics), all 0.45; the stale part
+    (0.75) is what `mismatch_split` derives from the sums."""
+    from gyre.engines.protocol import AccumulateStatistics, mismatch_split
+
+    lp = torch.tensor([-1.0, -1.0, -1.0, -1.0, -1.0], dtype=torch.float64)
+    blp = torch.tensor([-1.1, -0.8, -1.5, -2.0, -9.0], dtype=torch.float64)
+    ones = torch.ones(5, dtype=torch.float64)
+    mask = torch.tensor([True, True, True, True, False])
+    same = torch.tensor([True, True, False, False, True])
+    _, stats = policy_loss(lp, blp, ones, ones, mask, same_version_N=same)
+    assert stats.tokens == 4 and stats.same_version_tokens == 2
+    assert math.isclose(stats.mean_abs_logprob_diff, 0.45)
+    assert math.isclose(stats.same_version_abs_logprob_diff, 0.15)
+    _, none = policy_loss(lp, blp, ones, ones, mask)
+    assert none.same_version_tokens == 0 and math.isnan(none.same_version_abs_logprob_diff)
+
+    def acc(total, counted, same_sum, same_counted):
+        return AccumulateStatistics(
+            micro_batches=1,
+            tokens=counted,
+            policy_tokens=counted,
+            loss=0.0,
+            logprob_abs_diff_sum=total,
+            ratio_sum=float(counted),
+            counted=counted,
+            same_version_abs_diff_sum=same_sum,
+            same_version_counted=same_counted,
+            finite=True,
+        )
+
+    split = mismatch_split([acc(1.8, 4, 0.3, 2), acc(0.4, 2, 0.4, 2)])
+    assert math.isclose(split["same_version_abs_diff_mean"], 0.7 / 4)
+    assert math.isclose(split["stale_abs_diff_mean"], 1.5 / 2)
+    only_same = mismatch_split([acc(0.4, 2, 0.4, 2)])
+    assert math.isnan(only_same["stale_abs_diff_mean"])
