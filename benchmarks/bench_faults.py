@@ -579,13 +579,11 @@ NOTES = {  # what each outcome means for the goals, written after reading the ru
         "(step 1 trained again: steps_repeated)."
     ),
     "satellite_kill9": (
-        "The elastic runtime saw the satellite die and dropped it (`its executions move to the "
-        "other cells`), but the dead cell stayed a rollout member of the router, so the next "
-        "weight load failed on it and the run stopped: `gyre: error: weight load of version 1 "
-        "failed on cells {'cell-1': ... ConnectError}`. Multi-cell runs cannot resume (issue "
-        "21): --resume refuses with a clear line; every step and every execution so far is "
-        "lost. Bug: a dropped cell should leave the router (gyre/runtime/elastic.py `_lose`, "
-        "being edited by others: not changed here)."
+        "The elastic runtime saw the satellite die, retired it in the router (`Router.retire`: "
+        "no later weight load is tried on it) and moved its executions to the core; the run "
+        "finished all 3 steps (exit 0), nothing lost or duplicated. Before (stop 15) the dead "
+        "cell stayed a router member, the next weight load failed on it and the run stopped "
+        "with every execution lost."
     ),
     "core_kill9": (
         "The run stopped at once with one clear line: `gyre: error: core cell cell-0 died (exit "
@@ -603,12 +601,11 @@ NOTES = {  # what each outcome means for the goals, written after reading the ru
         "succeeds once space is freed; log readable, records equal to replies received."
     ),
     "stream_drop": (
-        "The dropped stream aborts its engine request at once (disconnect_aborts) and its "
-        "partial completion is recorded (finish `abort`); the client's retry is a second "
-        "record of the same prompt, so both reach the trajectory tree: 1 duplicate per "
-        "variant, with or without an Idempotency-Key (only non-streamed calls are shared with "
-        "a retry). Issue 18 item 3 (one logical call per retry) covers it, in gyre/tito/ "
-        "(others' files: not changed here)."
+        "The dropped stream aborts its engine request (disconnect_aborts) and its partial "
+        "sample is held for `[proxy] retry_window_s`; the client's retry of the same request "
+        "drops it (`retries_superseded`): one record per variant, the retry's, with or without "
+        "an Idempotency-Key. Before (stop 15) both the partial and the retry were recorded: 1 "
+        "duplicate per variant."
     ),
 }
 
