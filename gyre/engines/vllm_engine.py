@@ -64,12 +64,25 @@ logger = logging.getLogger(__name__)
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
+def _on_cpu() -> bool:
+    """Whether vLLM runs on its CPU backend here."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def engine_args(model_path: str, config: EngineConfig) -> Any:
     """vLLM `AsyncEngineArgs` for a gyre rollout engine (token IDs in, processed logprobs out)."""
     from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     kv = kv_transport(config).engine_args()
+    if _on_cpu():
+        # No chunked prefill on CPU: a seeded request whose uncached prompt spans two prefill
+        # chunks makes vLLM rewind its random generator, which a CPU generator refuses ("CPU
+        # Generator does not use offset"), and the engine core dies (found by the long-context
+        # benchmark). One chunk holds any prompt: max_num_batched_tokens >= max_model_len.
+        kv.setdefault("max_num_batched_tokens", max(config.max_model_len, 2048))
     return AsyncEngineArgs(
         model=model_path,
         dtype=config.dtype,

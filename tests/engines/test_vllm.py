@@ -371,3 +371,29 @@ async def test_b05_behaviour_logprob_is_after_temperature(tmp_path) -> None:
     for lp in zeros:
         assert lp == pytest.approx(-0.14293, abs=1e-4)
         assert lp != pytest.approx(-0.40761, abs=1e-3) and lp != pytest.approx(-0.81521, abs=1e-3)
+
+
+@pytest.mark.slow
+async def test_a_seeded_prompt_longer_than_a_prefill_chunk_does_not_kill_the_cpu_engine(
+    tiny_model_dir, tokenizer, tmp_path
+) -> None:
+    """vLLM's CPU backend: a seeded request whose prompt spans two prefill chunks (vLLM's
+    default chunk is 2,048 tokens) made the engine rewind a CPU random generator and die. The
+    engine now prefills any prompt in one chunk: the same seed gives the same tokens twice, and
+    an unseeded request still works after."""
+    from gyre.runtime.cell_client import CellClient
+
+    process, cell = start_vllm_cell(tiny_model_dir, tmp_path / "cell.log", max_model_len=8192)
+    try:
+        async with CellClient(cell.url, cell.config) as engine:
+            ids = prompt(tokenizer, "word " * 3000)
+            assert len(ids) > 2048
+            runs = [
+                await collect(engine, req(f"seeded-{i}", ids, max_tokens=8, seed=7))
+                for i in range(2)
+            ]
+            assert runs[0][0].token_ids == runs[1][0].token_ids and len(runs[0][0].token_ids) == 8
+            [c] = await collect(engine, req("unseeded", ids[:100], max_tokens=4))
+            assert len(c.token_ids) == 4
+    finally:
+        process.stop()
