@@ -22,6 +22,8 @@ class FakeStats(msgspec.Struct, frozen=True, kw_only=True):
     counted: int
     logprob_abs_diff_sum: float = 0.0
     ratio_sum: float = 0.0
+    same_version_abs_diff_sum: float = 0.0
+    same_version_counted: int = 0
 
 
 class FakeStep(msgspec.Struct, frozen=True, kw_only=True):
