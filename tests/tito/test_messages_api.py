@@ -505,7 +505,13 @@ async def test_stream_with_a_tool_against_vllm(vllm_engine, anyio_backend):
             base_url=base.removesuffix("/v1"), api_key=key, max_retries=0, timeout=300
         )
         for turn in range(2):
-            choice = {"type": "any"} if turn == 0 else {"type": "none"}
+            # one call: with parallel calls allowed the untrained model chains calls until
+            # max_tokens (the grammar permits it), and the reply ends `max_tokens`
+            choice = (
+                {"type": "any", "disable_parallel_tool_use": True}
+                if turn == 0
+                else {"type": "none"}
+            )
             async with client.messages.stream(
                 model="gyre",
                 max_tokens=64,
