@@ -284,7 +284,7 @@ async def _vllm_server_path(
 async def main_async(repeats: int, max_tokens: int) -> None:
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from gyre.engines.vllm_engine import engine_args
+    from gyre.engines.vllm_params import engine_args
     from gyre.model import init_model_dir
     from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
 

@@ -22,7 +22,8 @@ Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node 
   runs the export request the transport asks for (`run_export_request`), and loads an import only
   if it was computed with the weights it serves now (else it prefills: `kv_imports_refused`).
 
-It knows nothing about chat messages, executions or HTTP.
+The engine settings and each choice's sampling parameters in vLLM's terms are
+`gyre.engines.vllm_params`'. It knows nothing about chat messages, executions or HTTP.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -44,11 +44,11 @@ from gyre.engines.protocol import (
     FinishReason,
     GenerateRequest,
     KVExport,
-    StructuredOutput,
     TokenDelta,
     choice_seed,
 )
 from gyre.engines.validate import remember_abort, validate_request
+from gyre.engines.vllm_params import engine_args, sampling_params, top_entries
 from gyre.errors import (
     EngineError,
     EngineTimeoutError,
@@ -57,53 +57,11 @@ from gyre.errors import (
     WeightSyncError,
 )
 
-__all__ = ["VLLMEngine", "engine_args"]
+__all__ = ["VLLMEngine"]
 
 logger = logging.getLogger(__name__)
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
-
-
-def _on_cpu() -> bool:
-    """Whether vLLM runs on its CPU backend here."""
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-def engine_args(model_path: str, config: EngineConfig) -> Any:
-    """vLLM `AsyncEngineArgs` for a gyre rollout engine (token IDs in, processed logprobs out)."""
-    from vllm.config import StructuredOutputsConfig
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    kv = kv_transport(config).engine_args()
-    if _on_cpu():
-        # No chunked prefill on CPU: a seeded request whose uncached prompt spans two prefill
-        # chunks makes vLLM rewind its random generator, which a CPU generator refuses ("CPU
-        # Generator does not use offset"), and the engine core dies (found by the long-context
-        # benchmark). One chunk holds any prompt: max_num_batched_tokens >= max_model_len.
-        kv.setdefault("max_num_batched_tokens", max(config.max_model_len, 2048))
-    return AsyncEngineArgs(
-        model=model_path,
-        dtype=config.dtype,
-        max_model_len=config.max_model_len,
-        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
-        block_size=config.block_size,
-        enable_prefix_caching=config.enable_prefix_caching,
-        enforce_eager=config.enforce_eager,
-        enable_sleep_mode=config.sleep_mode,
-        logprobs_mode="processed_logprobs",
-        max_logprobs=20,
-        skip_tokenizer_init=False,  # structured outputs compile grammars over the vocabulary
-        # xgrammar (structural tags need it); JSON constraints compile compact: with any
-        # whitespace allowed, an untrained policy can spend max_tokens on whitespace in `{`.
-        structured_outputs_config=StructuredOutputsConfig(
-            backend="xgrammar", disable_any_whitespace=True
-        ),
-        seed=0,
-        disable_log_stats=True,
-        **kv,
-    )
 
 
 class _Choice:
@@ -325,9 +283,7 @@ class VLLMEngine:
         attempt: int,
         queue: asyncio.Queue,
     ) -> tuple[FinishReason, int | None]:
-        from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
 
         s = request.sampling
         seed = choice_seed(s.seed, choice.index)
@@ -337,25 +293,8 @@ class VLLMEngine:
         if request.kv_import is not None and attempt == 0:  # never after a weight load
             pull = self.kv.import_params(request.kv_import, weight_version=self.weight_version)
         importing = pull is not None
-        params = VSamplingParams(
-            n=1,
-            max_tokens=max_tokens - len(choice.ids),
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            seed=seed,
-            stop_token_ids=list(s.stop_token_ids),
-            ignore_eos=True,
-            logprobs=s.top_logprobs,
-            logit_bias=s.logit_bias,
-            presence_penalty=s.presence_penalty,
-            frequency_penalty=s.frequency_penalty,
-            repetition_penalty=s.repetition_penalty,
-            structured_outputs=_structured(s.structured),
-            detokenize=False,
-            skip_special_tokens=False,
-            output_kind=RequestOutputKind.DELTA,
-            extra_args={"kv_transfer_params": pull} if pull else None,
+        params = sampling_params(
+            s, max_tokens=max_tokens - len(choice.ids), seed=seed, kv_transfer=pull
         )
         sub_id = f"{request.request_id}/{choice.index}/{attempt}"
         choice.sub_id = sub_id
@@ -388,7 +327,7 @@ class VLLMEngine:
                     self._counts["tokens_generated"] += len(ids)
                     top_ids = top_lps = None
                     if s.top_logprobs:
-                        top_ids, top_lps = _top(c.logprobs, len(ids), s.top_logprobs)
+                        top_ids, top_lps = top_entries(c.logprobs, len(ids), s.top_logprobs)
                     queue.put_nowait(
                         TokenDelta(
                             index=choice.index,
@@ -563,37 +502,6 @@ class VLLMEngine:
             **self._counts,
             **_kv_counts(self.kv),
         )
-
-
-def _structured(c: StructuredOutput | None) -> Any:
-    """vLLM's `StructuredOutputsParams` for a gyre constraint (None for none)."""
-    if c is None:
-        return None
-    from vllm.sampling_params import StructuredOutputsParams
-
-    if c.kind == "json_schema":
-        return StructuredOutputsParams(json=c.spec)
-    if c.kind == "json_object":
-        return StructuredOutputsParams(json_object=True)
-    if c.kind == "regex":
-        return StructuredOutputsParams(regex=c.spec)
-    return StructuredOutputsParams(structural_tag=c.spec)
-
-
-def _top(positions: Any, count: int, k: int) -> tuple[list[list[int]], list[list[float]]]:
-    """The k most likely tokens of each of the last `count` positions of vLLM's logprobs (a
-    `{token_id: Logprob(logprob, rank)}` per position, holding the top k and the sampled token),
-    by rank; tokens the constraint masked (logprob -inf) are left out."""
-    ids: list[list[int]] = []
-    lps: list[list[float]] = []
-    for pos in positions[len(positions) - count :]:
-        ranked = sorted(
-            ((lp.rank, tok, lp.logprob) for tok, lp in pos.items() if lp.logprob > -math.inf),
-            key=lambda r: (r[0], r[1]),
-        )[:k]
-        ids.append([tok for _, tok, _ in ranked])
-        lps.append([lp for _, _, lp in ranked])
-    return ids, lps
 
 
 def _kv_counts(kv: KVTransport) -> dict[str, int]:

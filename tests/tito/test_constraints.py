@@ -15,7 +15,7 @@ import xgrammar as xgr
 
 from gyre.engines.protocol import GenerateRequest, SamplingParams, StructuredOutput, TokenDelta
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
-from gyre.engines.vllm_engine import _top
+from gyre.engines.vllm_params import top_entries
 from gyre.errors import ProxyError
 from gyre.runtime.cell_wire import Frame, FrameBatch, StreamedGenerate, decode, encode
 from gyre.tito.constraints import chat_constraint
@@ -373,7 +373,7 @@ def test_vllm_top_k_is_ranked_and_drops_masked_tokens():
         {9: lp(-3.0, 5), 1: lp(-0.2, 1), 2: lp(-1.9, 2), 3: lp(-2.5, 3)},  # sampled 9, rank 5
         {4: lp(-0.0, 1), 5: lp(-math.inf, 2), 6: lp(-math.inf, 3)},  # the grammar masked 5, 6
     ]
-    ids, lps = _top(positions, 2, 3)
+    ids, lps = top_entries(positions, 2, 3)
     assert ids == [[1, 2, 3], [4]]
     assert lps == [[-0.2, -1.9, -2.5], [-0.0]]
 
