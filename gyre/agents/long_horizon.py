@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import openai
 
+from gyre.agents.longtail import instruction_and_seed
+
 __all__ = [
     "LONG_HORIZON_AGENT",
     "RESULT_FILE",
@@ -35,7 +36,6 @@ __all__ = [
     "LongHorizonSettings",
     "ToolScript",
     "Progress",
-    "execution_seed",
     "LongHorizonAgent",
     "long_horizon_command",
     "main",
@@ -102,11 +102,6 @@ class LongHorizonSettings:
             raise ValueError(f"max_calls={self.max_calls} must be >= min_calls={self.min_calls}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens} must be >= 1")
-
-
-def execution_seed(text: str) -> int:
-    """The seed of an execution named `text`: the first 8 bytes of its SHA-256, big-endian."""
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
 
 
 class ToolScript:
@@ -374,18 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    instruction = args.instruction
-    if instruction is None:
-        path = os.environ.get("GYRE_INSTRUCTION_FILE")
-        if not path:
-            parser.error("give --instruction or set GYRE_INSTRUCTION_FILE")
-        instruction = Path(path).read_text(encoding="utf-8")
-    seed = args.seed
-    if seed is None:
-        name = os.environ.get("GYRE_EXECUTION_ID") or os.environ.get("OPENAI_API_KEY")
-        if not name:
-            parser.error("give --seed or set GYRE_EXECUTION_ID or OPENAI_API_KEY")
-        seed = execution_seed(name)
+    instruction, seed = instruction_and_seed(args, parser)
     client = openai.OpenAI(timeout=args.request_timeout_s, max_retries=2)
     agent = LongHorizonAgent(client, instruction, Path(args.workspace), settings, seed)
     try:

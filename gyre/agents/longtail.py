@@ -1,6 +1,7 @@
 """`python -m gyre.agents.longtail`: a synthetic long-horizon agent on the official `openai` SDK.
 
-Owns `LongtailSettings`, `Plan`, `draw_plan`, `plan_seed`, `run_plan`, `longtail_command` and
+Owns `LongtailSettings`, `Plan`, `draw_plan`, `plan_seed`, `instruction_and_seed` (the
+scripted agents' command line), `run_plan`, `longtail_command` and
 `main`. It stands in for hours-long agent executions in the schedule benchmark (issue 7): most of
 its wall time is spent in "tool calls". It draws its number of turns K from a lognormal (median,
 sigma, capped by `max_turns`) and a lognormal tool time per turn, seeded by a hash of its
@@ -35,6 +36,7 @@ __all__ = [
     "Plan",
     "draw_plan",
     "plan_seed",
+    "instruction_and_seed",
     "run_plan",
     "longtail_command",
     "main",
@@ -100,6 +102,28 @@ class Plan:
 def plan_seed(text: str) -> int:
     """The seed of an execution named `text`: the first 8 bytes of its SHA-256, big-endian."""
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+def instruction_and_seed(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> tuple[str, int]:
+    """A scripted agent's task text and seed from its command line (`--instruction`, `--seed`)
+    or, as the harness launches it, from `GYRE_INSTRUCTION_FILE` and the execution's name
+    (`GYRE_EXECUTION_ID`, else its API key; `plan_seed`). Exits through `parser.error` (status 2)
+    when neither is given."""
+    instruction = args.instruction
+    if instruction is None:
+        path = os.environ.get("GYRE_INSTRUCTION_FILE")
+        if not path:
+            parser.error("give --instruction or set GYRE_INSTRUCTION_FILE")
+        instruction = Path(path).read_text(encoding="utf-8")
+    seed = args.seed
+    if seed is None:
+        name = os.environ.get("GYRE_EXECUTION_ID") or os.environ.get("OPENAI_API_KEY")
+        if not name:
+            parser.error("give --seed or set GYRE_EXECUTION_ID or OPENAI_API_KEY")
+        seed = plan_seed(name)
+    return instruction, seed
 
 
 def draw_plan(seed: int, settings: LongtailSettings) -> Plan:
@@ -245,18 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    instruction = args.instruction
-    if instruction is None:
-        path = os.environ.get("GYRE_INSTRUCTION_FILE")
-        if not path:
-            parser.error("give --instruction or set GYRE_INSTRUCTION_FILE")
-        instruction = Path(path).read_text(encoding="utf-8")
-    seed = args.seed
-    if seed is None:
-        name = os.environ.get("GYRE_EXECUTION_ID") or os.environ.get("OPENAI_API_KEY")
-        if not name:
-            parser.error("give --seed or set GYRE_EXECUTION_ID or OPENAI_API_KEY")
-        seed = plan_seed(name)
+    instruction, seed = instruction_and_seed(args, parser)
     plan = draw_plan(seed, settings)
     logger.info("plan: %d turns, %.1f s of tool time", plan.turns, sum(plan.tool_s))
     client = openai.OpenAI(timeout=args.request_timeout_s, max_retries=2)
