@@ -51,11 +51,15 @@ _BEAT = b".\n"
 
 
 class JoinRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A worker's `POST /join` body (with the join secret in its header)."""
+
     host: str
     """The worker's address as the head reaches it (its cells bind there)."""
 
 
 class JoinReply(msgspec.Struct, frozen=True, kw_only=True):
+    """The head's answer to an accepted join: what the worker's cells need to start."""
+
     worker: int
     """1-based index of the worker (the head is 0)."""
     config: dict[str, Any]
@@ -65,23 +69,32 @@ class JoinReply(msgspec.Struct, frozen=True, kw_only=True):
     store: str
     """"HOST:PORT" of the gradient group's TCPStore on the head."""
     first_rank: int
+    """The run-wide rank of the worker's first cell (its others follow)."""
     world_size: int
+    """Ranks in the run-wide gradient group (every cell of every host)."""
     cell_secret: str
     """The head's cell secret: every cell request carries it (`GYRE_CELL_SECRET`)."""
     heartbeat_s: float
+    """Seconds between the head's heartbeats on the offer connection."""
 
 
 class OfferedCell(msgspec.Struct, frozen=True, kw_only=True):
+    """One started cell of a worker: its run-wide rank and HTTP base URL."""
+
     rank: int
     url: str
 
 
 class Offer(msgspec.Struct, frozen=True, kw_only=True):
+    """A worker's `POST /offer` body: its started cells (the connection then stays open)."""
+
     worker: int
     cells: list[OfferedCell]
 
 
 class CellExit(msgspec.Struct, frozen=True, kw_only=True):
+    """A worker's `POST /cell_exit` body: a cell of it exited with `code`."""
+
     worker: int
     rank: int
     code: int

@@ -201,6 +201,7 @@ class LogContents:
     log."""
 
     def for_execution(self, execution_id: str) -> list[ModelCall]:
+        """The calls of one execution, in log order (reference form)."""
         return [c for c in self.calls if c.execution_id == execution_id]
 
 

@@ -69,6 +69,8 @@ class _Block(
 
 
 class TextBlock(_Block, tag="text"):
+    """A `text` content block."""
+
     text: str
     citations: None = None
     """Citations are not produced, so an echoed block carries none (null only)."""
@@ -90,6 +92,8 @@ class DirectCaller(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 class ToolUseBlock(_Block, tag="tool_use"):
+    """A `tool_use` block the assistant sent: the call `id`, tool `name` and its `input` object."""
+
     id: str
     name: str
     input: dict[str, Any]
@@ -101,18 +105,25 @@ class ToolUseBlock(_Block, tag="tool_use"):
 
 
 class ToolResultBlock(_Block, tag="tool_result"):
+    """A `tool_result` block of a user turn: the result of call `tool_use_id` (`is_error`: reaches
+    the model with `TOOL_ERROR_PREFIX`)."""
+
     tool_use_id: str
     content: str | list[TextBlock | ImageBlock | DocumentBlock] | None = None
     is_error: bool = False
 
 
 class ThinkingBlock(_Block, tag="thinking"):
+    """A `thinking` block the assistant sent (its text is compared with the recorded reasoning)."""
+
     thinking: str
     signature: str | None = None
     """Not checked: gyre compares the thinking text itself with what it recorded."""
 
 
 class RedactedThinkingBlock(_Block, tag="redacted_thinking"):
+    """Decoded only to be refused with a clear 400 (gyre never redacts what it recorded)."""
+
     data: str
 
 
@@ -128,6 +139,8 @@ Block = (
 
 
 class InputMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One turn of `messages`: its role and a string or a list of blocks."""
+
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
@@ -143,17 +156,25 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 
 
 class ToolChoice(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`tool_choice`: `auto`, `any`, `tool` (with `name`) or `none`, as chat auto / required /
+    named / none."""
+
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool = False
 
 
 class ThinkingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`thinking`: `enabled` with `budget_tokens` (checked against the API's rules, not enforced),
+    `adaptive` or `disabled`."""
+
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = None
 
 
 class Metadata(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`metadata`: the caller's `user_id`, accepted and not used for generation."""
+
     user_id: str | None = None
     """An opaque end-user ID: accepted, never affects generation."""
 

@@ -211,6 +211,8 @@ def output_items(
 
 
 def reasoning_item(base: str, text: str | None, status: str = "completed") -> dict[str, Any]:
+    """The Responses API `reasoning` output item of response `base` (`resp_...`): its text as
+    one `reasoning_text` part (none when `text` is None)."""
     content = [] if text is None else [{"type": "reasoning_text", "text": text}]
     return {
         "type": "reasoning",
@@ -222,6 +224,8 @@ def reasoning_item(base: str, text: str | None, status: str = "completed") -> di
 
 
 def message_item(base: str, content: list, status: str = "completed") -> dict[str, Any]:
+    """The Responses API assistant `message` output item of response `base` with `content`
+    parts (`output_text`)."""
     return {
         "type": "message",
         "id": f"msg_{base.removeprefix('resp_')}",
