@@ -5,8 +5,10 @@ ran on, as the parent's shared tokens plus its own new ones, so recording costs 
 completion IDs, behaviour logprobs and weight versions it sampled, finish reason, parent and
 divergence), appended to the `CallLog` first and then to the execution's records, with
 the renderer `Node` that later calls extend. A call that did not complete is recorded with what was
-sampled (finish `abort`); a call that ends after its execution was closed is dropped, so no
-record follows the execution's end entry (B29). Knows nothing about HTTP or OpenAI's format.
+sampled (finish `abort`); one whose clients all left is held for `retry_window_s` first, and
+dropped if the client sends the same request again (`settle`: one logical call); a call that ends
+after its execution was closed is dropped, so no record follows the execution's end entry (B29).
+Knows nothing about HTTP or OpenAI's format.
 """
 
 from __future__ import annotations
