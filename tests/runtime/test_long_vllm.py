@@ -1,10 +1,11 @@
-"""A 128K-token execution on the real engines (issue 16): the tiny model served with a 131072-token
-context by a vLLM cell; the scripted long-horizon agent's execution (300+ calls, compactions,
-sub-agents) goes proxy -> tree -> select -> pack (DFS chunks) -> one DeepSpeed step -> snapshot ->
-the cell, and the cell then samples a full-context prompt at the new version.
+"""A long execution on the real engines (issue 16): the tiny model served with a 131072-token
+context by a vLLM cell; the scripted long-horizon agent's execution (compactions, sub-agents)
+goes proxy -> tree -> select -> pack (DFS chunks) -> one DeepSpeed step -> snapshot -> the cell,
+and the cell then samples a prompt past the 32K mark at the new version.
 
-Slow tier: one cell start, about 300 calls and one 128K-token step (`benchmarks/bench_long.py`
-runs the same pieces and writes their numbers).
+Slow tier: one cell start and a 32K-token execution (about 75 calls, one step): the 128K run (300+
+calls, about 7 minutes of this 2-core machine) is `benchmarks/bench_long.py`'s, which runs the same
+pieces and writes their numbers.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from benchmarks.bench_long import (
 )
 from gyre.config import ProxyConfig, RLConfig, TrainerConfig
 from tests.conftest import require_vllm
+
+TARGET = 32768
+"""The slow test's execution: tokens in its tree (the engine still serves `LONG_CONTEXT`)."""
 
 
 @pytest.fixture
@@ -51,7 +55,7 @@ def test_long_model_keeps_the_tiny_models_weights(tiny_model_dir: Path, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.anyio
-async def test_128k_execution_trains_and_syncs_on_real_engines(tmp_path: Path) -> None:
+async def test_32k_execution_trains_and_syncs_on_a_128k_engine(tmp_path: Path) -> None:
     require_vllm()
     from transformers import AutoTokenizer
 
@@ -69,29 +73,27 @@ async def test_128k_execution_trains_and_syncs_on_real_engines(tmp_path: Path) -
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     async with open_cell(model_dir, long_engine_config(), log_path=tmp_path / "cell.log") as engine:
         proxy = TitoProxy(tokenizer=tokenizer, engine_for=lambda _e: engine, config=ProxyConfig())
-        eid = "long-128k"
-        outcome, calls, _ = await run_execution(
-            proxy, eid, agent_settings(LONG_CONTEXT), tmp_path / "x"
-        )
+        eid = "long-32k"
+        outcome, calls, _ = await run_execution(proxy, eid, agent_settings(TARGET), tmp_path / "x")
         await proxy.close(eid)
         assert outcome.termination == "finished", outcome
         assert outcome.score is not None and outcome.score.score == 1.0
-        assert len(calls) >= 300
+        assert len(calls) >= TARGET * 300 // LONG_CONTEXT  # agent_settings: 300 calls per 128K
         roles = {r: sum(c.role == r for c in calls) for r in ("main", "main_summary", "sub_agent")}
-        assert roles["main_summary"] >= 5  # a compaction per ~16K tokens of main context
+        assert roles["main_summary"] >= 1  # a compaction per ~16K tokens of main context
         assert roles["sub_agent"] == 5 * (roles["main"] // 25)  # 5 calls per 25 main turns
         assert all(c.versions == [0] * len(c.completion_ids) for c in calls)
 
         step = await train_and_sync(
             trainer, engine, calls, snapshots=tmp_path / "snapshots", micro_batch_tokens=16384
         )
-        assert step["tree_tokens"] >= 128_000
+        assert step["tree_tokens"] >= TARGET
         assert step["selected_paths"] == step["leaves"] > roles["main_summary"]
         assert step["packed_tokens"] == step["tree_tokens"]  # every path: the whole tree, once
         assert step["applied"] and step["version"] == 1 == trainer.version
         # the trainer's logprobs of the sampled tokens are vLLM's (float32 on both sides)
         assert step["logprob_abs_diff_mean"] < 1e-4
 
-        full = await full_context_call(engine, calls, LONG_CONTEXT - 8)
-        assert full["prompt_tokens"] == LONG_CONTEXT - 8
+        full = await full_context_call(engine, calls, TARGET + 8)
+        assert full["prompt_tokens"] == TARGET + 8
         assert full["tokens"] >= 1 and full["versions"] == [1] * full["tokens"]  # synced
