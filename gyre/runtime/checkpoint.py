@@ -1,13 +1,13 @@
 """Step checkpoints and the record of finished executions, for `--resume` after a kill.
 
-Owns `LoopState` (step, weight version, data position), `save_checkpoint` / `latest_checkpoint`
-(a folder per step: the trainer's DeepSpeed checkpoint, a sha256 manifest of its files and
-`state.json`, published by rewriting `checkpoints/latest` last, so a kill mid-save leaves the
-previous one in force) and
-`ExecutionLedger` (`executions.jsonl`: every finished execution with its step, task and group
-slot, so a resumed step reuses what already ran and trains nothing twice), and `check_run_dir`
-(the preflight: whether a folder holds a run, and whether it may be resumed). Knows nothing about
-engines, trees or HTTP.
+Owns `LoopState` (step, weight version, data position, the groups not yet trained and the
+executions in flight), `save_checkpoint` / `save_checkpoint_async` / `latest_checkpoint` (a
+folder per step: the trainer side's files, a sha256 manifest of them and `state.json`, published
+by rewriting `checkpoints/latest` last, so a kill mid-save leaves the previous one in force),
+`ExecutionLedger` (`executions.jsonl`: every finished execution with its task, group and member,
+so a resumed run reuses what already ran and trains nothing twice), and `check_run_dir` (the
+preflight: whether a folder holds a run, and whether it may be resumed). Knows nothing about
+engines, trees or HTTP; `gyre.runtime.elastic_resume` ties these to the elastic runtime.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+import anyio
 import msgspec
 
 from gyre.errors import ConfigError, RunDirError
@@ -27,6 +28,7 @@ from gyre.tasks.outcome import Outcome
 __all__ = [
     "LoopState",
     "save_checkpoint",
+    "save_checkpoint_async",
     "latest_checkpoint",
     "check_run_dir",
     "LedgerEntry",
@@ -48,7 +50,16 @@ class LoopState(msgspec.Struct, frozen=True, kw_only=True):
     """Weight version after `step` steps."""
     task_cursor: int = 0
     """Training tasks consumed so far (the data position; the order is a seeded shuffle per
-    epoch)."""
+    epoch): in the elastic runtime, the groups begun (`ceil(dispatched / group_size)`)."""
+    dispatched: int = 0
+    """Executions dispatched so far; the k-th is member `k % group_size` of group
+    `k // group_size` (the elastic runtime)."""
+    open_groups: tuple[int, ...] = ()
+    """Groups begun (index < `task_cursor`) and not yet trained by a step up to `step`: every
+    other group below `task_cursor` was trained and is never trained again."""
+    in_flight: tuple[str, ...] = ()
+    """Execution IDs dispatched and not finished when the checkpoint was taken (a resumed run
+    reuses those the ledger holds as finished and runs the others again)."""
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -65,11 +76,37 @@ def save_checkpoint(
 ) -> Path:
     """Write `checkpoints/step-<k>/` (trainer state via `save_trainer`, then `state.json`), then
     point `checkpoints/latest` at it; delete all but the newest `keep`. Returns the folder."""
-    root = run_dir / "checkpoints"
-    folder = root / f"step-{state.step}"
+    folder = _begin(run_dir, state.step)
+    save_trainer(folder / "trainer")
+    return _publish(run_dir, folder, state, keep)
+
+
+async def save_checkpoint_async(
+    run_dir: Path,
+    state: LoopState,
+    save_trainer: Callable[[Path], Awaitable[None]],
+    *,
+    keep: int,
+) -> Path:
+    """`save_checkpoint` with an awaitable `save_trainer` (a cell's RPC); the file work runs in a
+    worker thread. Returns the folder."""
+    folder = await anyio.to_thread.run_sync(_begin, run_dir, state.step)
+    await save_trainer(folder / "trainer")
+    return await anyio.to_thread.run_sync(lambda: _publish(run_dir, folder, state, keep))
+
+
+def _begin(run_dir: Path, step: int) -> Path:
+    """An empty `checkpoints/step-<step>/` (a torn one from a kill mid-save is removed)."""
+    folder = run_dir / "checkpoints" / f"step-{step}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    save_trainer(folder / "trainer")
+    return folder
+
+
+def _publish(run_dir: Path, folder: Path, state: LoopState, keep: int) -> Path:
+    """Manifest, `state.json`, then `checkpoints/latest` -> `folder`; all but the newest `keep`
+    checkpoints deleted."""
+    root = run_dir / "checkpoints"
     _write_atomic(folder / MANIFEST_FILE, msgspec.json.encode(_digests(folder / "trainer")))
     _write_atomic(folder / "state.json", msgspec.json.encode(state))
     _write_atomic(root / "latest", folder.name.encode())
@@ -133,7 +170,7 @@ def check_run_dir(
     A folder holds a run when it has a checkpoint, `metrics.jsonl`, `executions.jsonl` or one of
     `records` (the call log: a run killed in its first evaluation has nothing else). Raises
     `ConfigError` when `run_dir` exists and is not a folder, and when it holds a run that is not
-    to be resumed: `resume` is False, or the job cannot resume (`resumable=False`: multi-cell runs).
+    to be resumed: `resume` is False, or the job cannot resume (`resumable=False`).
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run_dir={str(run_dir)!r} is not a folder")
@@ -144,8 +181,8 @@ def check_run_dir(
         return None
     if not resumable:
         raise ConfigError(
-            f"run_dir={str(run_dir)!r} already holds a run and multi-cell runs "
-            "(cells.num_cells > 1) cannot resume yet: remove it or choose another run_dir"
+            f"run_dir={str(run_dir)!r} already holds a run and this job cannot resume one: "
+            "remove it or choose another run_dir"
         )
     if not resume:
         raise ConfigError(
@@ -156,13 +193,17 @@ def check_run_dir(
 
 
 class LedgerEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """A finished execution: which step, task and group slot it filled."""
+    """A finished execution: which step, task, group and group slot it filled."""
 
     step: int
+    """The step it was run for (the elastic runtime: the step in progress when it finished; the
+    step that trains its group may be a later one)."""
     task_id: str
     slot: int
-    """Index within its task's group (0 .. group_size - 1)."""
+    """Index within its task's group (0 .. group_size - 1): the group member."""
     outcome: Outcome
+    group: int = -1
+    """The group's index in dispatch order (the elastic runtime; -1: a one-cell loop entry)."""
 
 
 class ExecutionLedger:
@@ -175,8 +216,9 @@ class ExecutionLedger:
     def append(self, entry: LedgerEntry) -> None:
         append_line(self.path, self._encoder.encode(entry))
 
-    def entries(self, step: int) -> list[LedgerEntry]:
-        """The entries of `step` (a torn last line from a kill is skipped)."""
+    def entries(self, step: int | None = None) -> list[LedgerEntry]:
+        """The entries of `step` (None: every entry), in the order written; a torn last line
+        from a kill is skipped."""
         if not self.path.exists():
             return []
         decoder = msgspec.json.Decoder(LedgerEntry)
@@ -186,6 +228,6 @@ class ExecutionLedger:
                 entry = decoder.decode(line)
             except msgspec.DecodeError:
                 continue  # only a torn tail can fail: each line is written whole and fsynced
-            if entry.step == step:
+            if step is None or entry.step == step:
                 out.append(entry)
         return out
