@@ -24,6 +24,7 @@ MIN_TASKS = {
     "terminal-mini": 30,
     "multiagent-mini": 20,
     "learnable": 30,
+    "learnable-long": 32,
     "longtail": 16,
 }
 
@@ -105,7 +106,9 @@ async def test_oracle_scores_one(name, harness, server, bridge) -> None:
         assert outcome.score is not None and outcome.score.score == 1.0 and outcome.score.all_passed
         assert outcome.model_calls == len(server.calls_for_execution(f"{name}-oracle-{i}"))
         roles = {c.role for c in server.calls_for_execution(f"{name}-oracle-{i}")}
-        assert roles == ({"main", "sub_agent"} if name == "multiagent-mini" else {"main"})
+        assert roles == (
+            {"main", "sub_agent"} if name in ("multiagent-mini", "learnable-long") else {"main"}
+        )
 
 
 @pytest.mark.slow

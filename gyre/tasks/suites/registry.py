@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gyre.tasks.suites.files import TaskFiles, write_task
 from gyre.tasks.suites.learnable import learnable_suite
+from gyre.tasks.suites.learnable_long import learnable_long_suite
 from gyre.tasks.suites.longtail import longtail_task
 from gyre.tasks.suites.nl2repo import nl2repo_task
 from gyre.tasks.suites.terminal import terminal_task
@@ -27,6 +28,7 @@ SUITES: dict[str, Callable[[int], list[TaskFiles]]] = {
         nl2repo_task(i, seed, "multiagent-mini", True) for i in range(21)
     ],
     "learnable": learnable_suite,
+    "learnable-long": learnable_long_suite,
     "longtail": lambda seed: [longtail_task(i, seed) for i in range(16)],
 }
 """Suite name -> generator of its tasks from a seed."""

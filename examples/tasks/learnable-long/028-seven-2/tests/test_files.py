@@ -1,0 +1,21 @@
+"""Hidden tests (generated): one per file, so the score is the share of files right."""
+
+
+def test_file_0():
+    import os
+    assert os.path.isfile('x.txt') and open('x.txt').read().strip() == 'seven'
+
+
+def test_file_1():
+    import os
+    assert os.path.isfile('out.txt') and open('out.txt').read().strip() == 'tiger'
+
+
+def test_file_2():
+    import os
+    assert os.path.isfile('a.txt') and open('a.txt').read().strip() == 'blue'
+
+
+def test_file_3():
+    import os
+    assert os.path.isfile('note.txt') and open('note.txt').read().strip() == 'sugar'
