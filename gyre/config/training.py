@@ -8,6 +8,8 @@ the file format.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from gyre.config.base import Config, check_positive
 
 __all__ = ["TrajectoryConfig", "RLConfig", "WarmStartConfig"]
@@ -83,6 +85,11 @@ class WarmStartConfig(Config):
     """Seed of the demonstrations and of the batch order; keep it unlike the suite's seed."""
     heldout_suite_seed: int = 0
     """Seed of the shipped `learnable` suite whose instructions are never used as demonstrations."""
+    suite: Literal["learnable", "learnable-long"] = "learnable"
+    """Which kind of demonstrations: `learnable` (one write per conversation) or `learnable-long`
+    (chains of notes: many calls, a compaction summary and a sub-agent per chain, played as
+    `gyre.agents.react --compact-chars` with the suite's `COMPACT_CHARS`;
+    `gyre.model.demonstrations.chain_conversations`). `examples` counts chains then."""
     slip_fraction: float = 0.0
     """Share of demonstrations in which the teacher slips: the written word ends with a full stop
     (`pearl.`), a prose habit the hidden test (exact word) rejects. The warm-started policy
@@ -97,6 +104,8 @@ class WarmStartConfig(Config):
             batch_size=self.batch_size,
             learning_rate=self.learning_rate,
         )
+        if self.suite not in ("learnable", "learnable-long"):
+            raise ValueError(f"suite={self.suite!r} must be 'learnable' or 'learnable-long'")
         if not 0 <= self.slip_fraction < 1:
             raise ValueError(f"slip_fraction={self.slip_fraction} must be in [0, 1)")
         if self.warmup_steps < 0 or self.weight_decay < 0:

@@ -3,8 +3,9 @@
 Owns `offline_pass_rate` and its result `OfflineEval`: each `learnable` task is played as the
 reference agent would (its system prompt, tools and message format), prompts encoded like
 `gyre.model.demonstrations.generation_prompt`, tool calls run on a temporary workspace, and the
-written file scored as the hidden tests do. A quick check, not the proxy: replies are
-re-rendered. Knows nothing about engines, the proxy or RL.
+written file scored as the hidden tests do; `offline_chain_eval` and its `OfflineChainEval` do
+the same for `learnable-long` chains (sub-agents, compaction, partial credit per file). A quick
+check, not the proxy: replies are re-rendered. Knows nothing about engines, the proxy or RL.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import msgspec
 
 from gyre.model.demonstrations import generation_prompt
 
-__all__ = ["OfflineEval", "offline_pass_rate"]
+__all__ = ["OfflineChainEval", "OfflineEval", "offline_chain_eval", "offline_pass_rate"]
 
 
 class OfflineEval(msgspec.Struct, frozen=True, kw_only=True):
@@ -200,3 +201,201 @@ def _loads(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return None
+
+
+class OfflineChainEval(msgspec.Struct, frozen=True, kw_only=True):
+    """Result of `offline_chain_eval`."""
+
+    tasks: int
+    samples: int
+    """Executions played (tasks x samples per task)."""
+    passed: int
+    """Executions after which every file held its word."""
+    pass_rate: float
+    mean_reward: float
+    """Mean share of files right (the hidden tests' partial credit)."""
+    mean_calls: float
+    """Model calls per execution: main, sub-agent and summary calls."""
+    delegated: float
+    """Share of executions that ran a sub-agent."""
+    compacted: float
+    """Share of executions that compacted their main history at least once."""
+    finished: float
+    """Share of executions whose main conversation ended with a `finish` call."""
+
+
+class _ChainPlayer:
+    """The reference agent's rules (`gyre.agents.react`) played with transformers on one
+    workspace: tools, `delegate` to a sub-agent, compaction past `compact_chars`."""
+
+    def __init__(self, model, tokenizer, ws, *, compact_chars, max_calls, sample) -> None:
+        self.model, self.tokenizer, self.ws = model, tokenizer, ws
+        self.compact_chars, self.max_calls, self.sample = compact_chars, max_calls, sample
+        self.calls = 0
+        self.delegated = self.compacted = False
+
+    def _reply(self, messages: list[dict], tools: list[dict] | None):
+        from gyre.tito.reply import parse_reply
+
+        self.calls += 1
+        out = self.sample(generation_prompt(self.tokenizer, messages, tools))
+        eos = self.tokenizer.eos_token
+        text = self.tokenizer.decode(out, skip_special_tokens=False).removesuffix(eos)
+        return parse_reply(text, f"call_{self.calls}")
+
+    def converse(self, task: str, *, sub_agent: bool) -> tuple[str, bool]:
+        """One conversation to `finish`, a reply without a call or the call limit: (summary,
+        finished?)."""
+        from gyre.agents.react import COMPACT_PROMPT
+        from gyre.agents.tools import (
+            SUB_AGENT_PROMPT,
+            SUB_AGENT_TOOL_SCHEMAS,
+            SYSTEM_PROMPT,
+            TOOL_SCHEMAS,
+        )
+
+        system = SUB_AGENT_PROMPT if sub_agent else SYSTEM_PROMPT
+        tools = SUB_AGENT_TOOL_SCHEMAS if sub_agent else TOOL_SCHEMAS
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
+        while self.calls < self.max_calls:
+            if self.compact_chars and len(json.dumps(messages)) > self.compact_chars:
+                ask = [*messages, {"role": "user", "content": COMPACT_PROMPT}]
+                summary = self._reply(ask, None).content or ""
+                self.compacted = self.compacted or not sub_agent
+                progress = f"{task}\n\nProgress so far:\n{summary}"
+                messages = [messages[0], {"role": "user", "content": progress}]
+                continue
+            reply = self._reply(messages, tools)
+            calls = reply.tool_calls
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": reply.content,
+                    "tool_calls": [
+                        {"id": c.id, "type": "function", "function": _function(c)} for c in calls
+                    ]
+                    or None,
+                }
+            )
+            if not calls:
+                return reply.content or "", False
+            for c in calls:
+                result, done = self._tool(c.function.name, _loads(c.function.arguments), sub_agent)
+                if done:
+                    return result, True
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
+        return "stopped at the call limit", False
+
+    def _tool(self, name: str, args: Any, sub_agent: bool) -> tuple[str, bool]:
+        from gyre.agents.tools import ToolError
+
+        if not isinstance(args, dict) or not all(isinstance(v, str) for v in args.values()):
+            return f"error: invalid arguments for {name}", False
+        try:
+            if name == "finish":
+                return args.get("summary", ""), True
+            if name == "delegate" and not sub_agent and "task" in args:
+                self.delegated = True
+                return self.converse(args["task"], sub_agent=True)[0], False
+            if name == "write_file":
+                return self.ws.write_file(args.get("path", ""), args.get("content", "")), False
+            if name == "read_file":
+                return self.ws.read_file(args.get("path", "")), False
+            if name == "list_dir":
+                return self.ws.list_dir(args.get("path", ".")), False
+            return f"error: {name!r} is not available in the offline check", False
+        except ToolError as exc:
+            return f"error: {exc}", False
+        except OSError as exc:
+            return f"error: {exc.strerror or exc}", False
+
+
+def offline_chain_eval(
+    model_dir: str | os.PathLike[str],
+    chores: Sequence[Any],
+    *,
+    samples: int = 1,
+    temperature: float = 0.0,
+    max_calls: int = 14,
+    max_new_tokens: int = 64,
+    compact_chars: int = 0,
+    seed: int = 0,
+) -> OfflineChainEval:
+    """Play the reference agent on `learnable-long` chains with transformers and score them.
+
+    Each execution follows `gyre.agents.react`'s rules: the main conversation with its tools,
+    `delegate` running a sub-agent conversation, the history compacted past `compact_chars`
+    (0: the suite's `COMPACT_CHARS`) with a summary call; prompts encoded like
+    `generation_prompt` (re-rendered: an estimate, not the proxy). `write_file`, `read_file` and
+    `list_dir` run on a temporary workspace holding the chain's notes; `run` is answered with an
+    error. An execution ends at the main `finish`, a main reply without a call, or after
+    `max_calls` model calls in all (the suite's `max_turns`); its reward is the share of files
+    holding their word (whitespace stripped), as the hidden tests check.
+
+    Args:
+        chores: `gyre.tasks.suites.learnable_long.LongChore`s (e.g. `learnable_long_chores(0)`).
+        samples: executions per chain; temperature: 0 is greedy, else plain softmax sampling.
+    Raises:
+        ValueError: samples < 1, temperature < 0, max_calls < 1 or no chores.
+    """
+    if samples < 1 or temperature < 0 or max_calls < 1 or not chores:
+        raise ValueError(
+            f"{samples=} must be >= 1, {temperature=} >= 0, {max_calls=} >= 1, "
+            f"chores={len(chores)} > 0"
+        )
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gyre.agents.tools import Workspace
+    from gyre.tasks.suites.learnable_long import COMPACT_CHARS, INSTRUCTION
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+
+    def sample(prompt_ids: list[int]) -> list[int]:
+        eos = tokenizer.eos_token_id
+        return _sample(model, prompt_ids, eos, max_new_tokens, temperature, gen)
+
+    passed = calls = delegated = compacted = finished = 0
+    reward = 0.0
+    for chore in chores:
+        for _ in range(samples):
+            with tempfile.TemporaryDirectory(prefix="gyre-chain-eval-") as tmp:
+                ws = Workspace(tmp)
+                for name, text in chore.environment().items():
+                    ws.write_file(name, text)
+                player = _ChainPlayer(
+                    model,
+                    tokenizer,
+                    ws,
+                    compact_chars=compact_chars or COMPACT_CHARS,
+                    max_calls=max_calls,
+                    sample=sample,
+                )
+                finished += player.converse(INSTRUCTION, sub_agent=False)[1]
+                right = 0
+                for word, path in zip(chore.words, chore.files):
+                    target = Path(tmp) / path
+                    right += target.is_file() and target.read_text(errors="replace").strip() == word
+                passed += right == len(chore.words)
+                reward += right / len(chore.words)
+                calls += player.calls
+                delegated += player.delegated
+                compacted += player.compacted
+    n = len(chores) * samples
+    return OfflineChainEval(
+        tasks=len(chores),
+        samples=n,
+        passed=passed,
+        pass_rate=passed / n,
+        mean_reward=reward / n,
+        mean_calls=calls / n,
+        delegated=delegated / n,
+        compacted=compacted / n,
+        finished=finished / n,
+    )
+
+
+def _function(call: Any) -> dict:
+    return {"name": call.function.name, "arguments": call.function.arguments}

@@ -69,7 +69,8 @@ class SFTResult(msgspec.Struct, frozen=True, kw_only=True):
     losses: list[float]
     """Mean loss per assistant token (nats) of every step."""
     tokens_per_step: float
-    """Mean packed tokens forwarded per step (the shared prompt prefix counted once)."""
+    """Mean tokens forwarded per step, the shared prompt prefix counted once (`learnable-long`:
+    plus rows x the longest rest, padding included)."""
     wall_s: float
     """Seconds spent training (demonstrations, encoding and saving included)."""
     cpu_s: float
@@ -127,6 +128,59 @@ def _packed_loss(model: Any, batch: list[Encoded], prefix_len: int):
     ).last_hidden_state[0]
     logits_NV = model.lm_head(hidden_TH[torch.tensor(parents)])
     return F.cross_entropy(logits_NV, torch.tensor(labels)), total
+
+
+def _cached_prefix_loss(model: Any, batch: list[Encoded], prefix_len: int):
+    """Mean NLL (nats) over the batch's loss tokens: the shared prompt prefix forwarded once, its
+    K/V repeated for each conversation (in the autograd graph), each conversation's rest on its
+    own row, right-padded to the longest (causal attention over prefix + row: no real token sees
+    the padding). Equal to the mean over separate forwards; for long conversations, where the
+    packed tree's T x T mask grows with the square of the whole batch, this grows with one row's.
+    `prefix_len` must lie before every loss token's predecessor (< first loss index)."""
+    import torch
+    import torch.nn.functional as F
+
+    p = prefix_len
+    assert p >= 1, "a shared prefix of at least one token"
+    cache = model.model(input_ids=torch.tensor(batch[0].ids[:p])[None], use_cache=True)
+    cache = cache.past_key_values
+    cache.batch_repeat_interleave(len(batch))
+    width = max(len(ex.ids) for ex in batch) - p
+    ids_BS = torch.zeros(len(batch), width, dtype=torch.long)
+    rows: list[int] = []
+    cols: list[int] = []
+    labels: list[int] = []
+    for b, ex in enumerate(batch):
+        ids_BS[b, : len(ex.ids) - p] = torch.tensor(ex.ids[p:])
+        for j, m in enumerate(ex.loss_mask):
+            if m:
+                assert j - 1 >= p, "loss tokens lie after the shared prefix"
+                rows.append(b)
+                cols.append(j - 1 - p)
+                labels.append(ex.ids[j])
+    position_ids_BS = torch.arange(p, p + width)[None].expand(len(batch), width)
+    hidden_BSH = model.model(
+        input_ids=ids_BS, past_key_values=cache, position_ids=position_ids_BS, use_cache=True
+    ).last_hidden_state
+    logits_NV = model.lm_head(hidden_BSH[torch.tensor(rows), torch.tensor(cols)])
+    return F.cross_entropy(logits_NV, torch.tensor(labels)), p + len(batch) * width
+
+
+def _batches(encoded: list[Encoded], size: int, rng: random.Random, end_id: int) -> list[list[int]]:
+    """One epoch's batches for long conversations: conversations with the same first message (up
+    to the first `end_id`: system prompt and tools) batched together so they share a long prefix,
+    batches shuffled."""
+    kinds: dict[tuple[int, ...], list[int]] = {}
+    for i, ex in enumerate(encoded):
+        first = ex.ids.index(end_id) if end_id in ex.ids else len(ex.ids)
+        kinds.setdefault(tuple(ex.ids[:first]), []).append(i)
+    out: list[list[int]] = []
+    for key in sorted(kinds):
+        members = kinds[key]
+        rng.shuffle(members)
+        out += [members[k : k + size] for k in range(0, len(members), size)]
+    rng.shuffle(out)
+    return out
 
 
 def _hash_inputs(model_dir: Path, settings: WarmStartConfig, demos: list[dict]) -> str:
@@ -244,7 +298,10 @@ def _train(model_dir: Path, settings: WarmStartConfig, demos: list[dict], input_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    encoded = [encode_conversation(tokenizer, d["messages"], d["tools"]) for d in demos]
+    encoded = [
+        encode_conversation(tokenizer, d["messages"], d["tools"], last_only=d.get("loss") == "last")
+        for d in demos
+    ]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
         model = AutoModelForCausalLM.from_pretrained(
@@ -257,20 +314,26 @@ def _train(model_dir: Path, settings: WarmStartConfig, demos: list[dict], input_
             weight_decay=settings.weight_decay,
             betas=(0.9, 0.95),
         )
-        per_epoch = math.ceil(len(encoded) / settings.batch_size)
-        total_steps = per_epoch * settings.epochs
         rng = random.Random(f"{settings.seed}:sft-order")
+        end_id = tokenizer.eos_token_id
+        if settings.suite == "learnable":
+            per_epoch = math.ceil(len(encoded) / settings.batch_size)
+        else:
+            per_epoch = len(_batches(encoded, settings.batch_size, random.Random(0), end_id))
+        total_steps = per_epoch * settings.epochs
         losses: list[float] = []
         tokens = 0
         step = 0
         for _ in range(settings.epochs):
-            order = list(range(len(encoded)))
-            rng.shuffle(order)
-            for b in range(per_epoch):
-                batch = [
-                    encoded[i]
-                    for i in order[b * settings.batch_size : (b + 1) * settings.batch_size]
-                ]
+            if settings.suite == "learnable":
+                order = list(range(len(encoded)))
+                rng.shuffle(order)
+                size = settings.batch_size
+                epoch = [order[b * size : (b + 1) * size] for b in range(per_epoch)]
+            else:
+                epoch = _batches(encoded, settings.batch_size, rng, end_id)
+            for indices in epoch:
+                batch = [encoded[i] for i in indices]
                 prefix = min(
                     _common_prefix([e.ids for e in batch]),
                     *(e.loss_mask.index(True) for e in batch),
@@ -278,7 +341,10 @@ def _train(model_dir: Path, settings: WarmStartConfig, demos: list[dict], input_
                 lr = _lr(step, total_steps, settings)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                loss, packed = _packed_loss(model, batch, prefix)
+                if settings.suite == "learnable":
+                    loss, packed = _packed_loss(model, batch, prefix)
+                else:
+                    loss, packed = _cached_prefix_loss(model, batch, max(prefix - 1, 1))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
