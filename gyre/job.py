@@ -3,11 +3,10 @@
 Owns start-up of one node's work: the preflight (`preflight`: every path, the run folder and the
 agent program checked before anything is built or started), the model folder (`ensure_model`:
 the tiny model is built only when asked), the supervised warm start (`gyre.model.sft`, cached;
-by default only for the tiny model, `warm_start_enabled`), then the RL loop on one anyio event loop
-(trio): with one cell on one host the colocate loop (`gyre.runtime.loop.run_rl`: the trainer in
-the node, checkpoints and `--resume`), with `cells.num_cells > 1` or `cluster.workers` the elastic
-runtime (`gyre.runtime.elastic_job.run_elastic`: roles by `config.scheduler`), and the report at
-the end.
+by default only for the tiny model, `warm_start_enabled`), the check that some task fits the
+context (`check_context_fit`), then the RL runtime on one anyio event loop (trio) for every cell
+count (`gyre.runtime.elastic_job.run_elastic`: roles by `config.scheduler`, `auto` = colocate on
+one cell, elastic on more), and the report at the end.
 Top level, above the runtime, the model and the report it ties together. Knows nothing about how
 an engine samples or how a cell hosts it.
 """
@@ -25,13 +24,20 @@ from gyre.agents.isolation import check_isolation
 from gyre.config import RunConfig
 from gyre.errors import ConfigError
 from gyre.runtime.checkpoint import LoopState, check_run_dir
-from gyre.runtime.loop import evaluated, run_rl, split_tasks
+from gyre.runtime.data_stream import evaluated, split_tasks
 from gyre.runtime.rollout import with_interpreter
 from gyre.runtime.sinks import check_sinks
 from gyre.tasks.scorer import check_verifier_python
 from gyre.tito.model_format import check_parser_names
 
-__all__ = ["run", "preflight", "ensure_model", "check_model", "warm_start_enabled"]
+__all__ = [
+    "run",
+    "preflight",
+    "ensure_model",
+    "check_model",
+    "check_context_fit",
+    "warm_start_enabled",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +95,28 @@ def ensure_model(config: RunConfig) -> Path:
     return init_model_dir(path, config.model)
 
 
+def check_context_fit(config: RunConfig, model_dir: Path) -> None:
+    """Raise `ConfigError` naming `engine.max_model_len` and `tasks.suites` when no training task
+    fits the context: every instruction alone, tokenized by `model_dir`'s tokenizer, already takes
+    `max_model_len` tokens or more (the prompt around it only adds to that)."""
+    from transformers import AutoTokenizer
+
+    train, _ = split_tasks(config)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    shortest = min(len(tokenizer(t.instruction)["input_ids"]) for t in train)
+    limit = config.engine.max_model_len
+    if shortest >= limit:
+        raise ConfigError(
+            f"engine.max_model_len={limit}: no training task of tasks.suites="
+            f"{list(config.tasks.suites)} fits (the shortest instruction alone is {shortest} "
+            "tokens); raise engine.max_model_len or choose a suite with shorter tasks"
+        )
+
+
 def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | None:
     """Every check that can fail without building or starting anything, in the order a user would
-    fix them: task folders, verifier interpreter, agent program, isolation when required (with
+    fix them: the scheduler policy for the run's cells (`SchedulerConfig.policy_for`), task
+    folders, verifier interpreter, agent program, isolation when required (with
     `[gateway] enabled` instead: the execution API's address, `check_gateway`), run folder,
     warm-start folder, the packages of the metric sinks (`[report] sinks`), the names of
     `[proxy] tool_parser` and `reasoning_parser`, the join secret of
@@ -100,6 +125,7 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
     after (a finished run resumed needs none).
     Returns the checkpoint a resumed run continues from (None: step 0). Raises `ConfigError` or
     `TaskError` naming the key or path."""
+    config.scheduler.policy_for(config.cells.num_cells * (config.cluster.workers + 1))
     train, heldout = split_tasks(config)
     check_verifier_python([*train, *heldout])
     harness = config.tasks.harness
@@ -113,7 +139,6 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
     found = check_run_dir(
         Path(config.run_dir).resolve(),
         resume=resume,
-        resumable=config.cells.num_cells == 1 and not config.cluster.workers,
         records=(config.proxy.log_name,),
     )
     if warm_start_enabled(config):
@@ -169,6 +194,7 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
         )
     warm = warm_start_enabled(config)  # before ensure_model builds anything
     model_dir = ensure_model(config)
+    check_context_fit(config, model_dir)
     if warm:
         from gyre.model.sft import output_dir, warm_start
 
@@ -182,36 +208,27 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
             model_dir, out, config.warm_start, log=lambda line: print(f"  {line}", flush=True)
         )
     from gyre.report import write_report
+    from gyre.runtime.elastic_job import run_elastic
     from gyre.runtime.progress import Progress
 
-    if config.cells.num_cells > 1 or config.cluster.workers:
-        from gyre.runtime.elastic_job import run_elastic
-
-        runtime = anyio.run(partial(_observed, config, model_dir, run_elastic), backend="trio")
-        summary = write_report(config.run_dir, log_name=config.proxy.log_name)
-        print(
-            f"done: {runtime.steps_done} steps, weight version {runtime.weights.version}; "
-            f"report: {summary}",
-            flush=True,
-        )
-        return LoopState(
-            step=runtime.steps_done,
-            version=runtime.weights.version,
-            task_cursor=-(-runtime.dispatched // runtime.G),
-        )
     with Progress(total_steps=config.loop.steps) as progress:
-        job = partial(run_rl, resume=resume, progress=progress)
-        state = anyio.run(partial(_observed, config, model_dir, job), backend="trio")
+        job = partial(run_elastic, progress=progress, resume=resume)
+        runtime = anyio.run(partial(_observed, config, model_dir, job), backend="trio")
         summary = write_report(config.run_dir, log_name=config.proxy.log_name)
         progress.message(
-            f"done: {state.step} steps, weight version {state.version}; report: {summary}"
+            f"done: {runtime.steps_done} steps, weight version {runtime.weights.version}; "
+            f"report: {summary}"
         )
-    return state
+    return LoopState(
+        step=runtime.steps_done,
+        version=runtime.weights.version,
+        task_cursor=-(-runtime.dispatched // runtime.G),
+    )
 
 
 async def _observed(config: RunConfig, model_dir: Path, job):
     """`await job(config, model_dir)`, with the live run page served beside it when
-    `[observe] page` is on (the elastic runtime's feed attached); off, no port is opened."""
+    `[observe] page` is on (the runtime's feed attached); off, no port is opened."""
     if not config.observe.page:
         return await job(config, model_dir)
     from gyre.report.live import RuntimeFeed, open_page
@@ -229,9 +246,7 @@ async def _observed(config: RunConfig, model_dir: Path, job):
         snapshot=feed.snapshot,
         poll_interval_s=obs.poll_interval_s,
     ):
-        if config.cells.num_cells > 1 or config.cluster.workers:
-            return await job(config, model_dir, on_runtime=feed.attach)
-        return await job(config, model_dir)
+        return await job(config, model_dir, on_runtime=feed.attach)
 
 
 def _finished(config: RunConfig, state: LoopState) -> bool:

@@ -83,13 +83,8 @@ def test_run_dir_that_holds_a_run_or_is_a_file(tmp_path):
         ConfigError, match="already holds a run: pass --resume to continue it, remove it"
     ):
         run(make_config(tmp_path))
-    for resume in (False, True):
-        with pytest.raises(
-            ConfigError,
-            match=r"already holds a run and multi-cell runs \(cells.num_cells > 1\) "
-            "cannot resume yet: remove it",
-        ):
-            run(make_config(tmp_path, cells={"num_cells": 2}), resume=resume)
+    with pytest.raises(ConfigError, match="already holds a run: pass --resume"):
+        run(make_config(tmp_path, cells={"num_cells": 2}))  # one runtime for every cell count
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="run_dir='.*file' is not a folder"):
         run(make_config(tmp_path, run_dir=str(tmp_path / "file")), resume=True)
@@ -332,3 +327,58 @@ def test_known_parser_names_pass_the_preflight(tmp_path):
 
     config = make_config(tmp_path, proxy={"tool_parser": "hermes", "reasoning_parser": "qwen3"})
     assert preflight(config, resume=False) is None
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"cells": {"num_cells": 0}}, r"num_cells=0 must be > 0 - at `\$.cells`"),
+        ({"cells": {"num_cells": -2}}, r"num_cells=-2 must be > 0 - at `\$.cells`"),
+        ({"scheduler": {"policy": "fifo"}}, r"'fifo' - at `\$.scheduler.policy`"),
+        (
+            {"scheduler": {"capacity_per_cell": 0}},
+            r"capacity_per_cell=0 must be > 0 - at `\$.scheduler`",
+        ),
+    ],
+)
+def test_bad_cells_policy_or_capacity_is_one_error_naming_the_key(tmp_path, sections, message):
+    with pytest.raises(ConfigError, match=message):
+        make_config(tmp_path, **sections)
+
+
+def test_the_policy_is_resolved_for_the_cell_count_before_anything(tmp_path):
+    sched = make_config(tmp_path).scheduler
+    assert sched.policy == "auto"
+    assert [sched.policy_for(n) for n in (1, 2, 4)] == ["colocate", "elastic", "elastic"]
+    with pytest.raises(ConfigError, match="scheduler.async_train_cells=1 .* leaves no rollout"):
+        run(make_config(tmp_path, scheduler={"policy": "async"}))  # one cell: nothing rolls out
+    assert nothing_built(tmp_path)
+    two = make_config(tmp_path, scheduler={"policy": "async"}, cells={"num_cells": 2}).scheduler
+    assert two.policy_for(2) == "async"
+
+
+def test_a_suite_with_no_task_that_fits_the_context_stops_before_anything(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from gyre.runtime.data_stream import split_tasks
+
+    sections = {
+        "model": {"path": str(tiny_model_dir), "init_if_missing": False},
+        "warm_start": {"enabled": False},
+    }
+    config = make_config(tmp_path, **sections)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    train, _ = split_tasks(config)
+    shortest = min(len(tok(t.instruction)["input_ids"]) for t in train)
+    too_small = make_config(tmp_path, engine={"max_model_len": shortest}, **sections)
+    with pytest.raises(
+        ConfigError,
+        match=rf"engine.max_model_len={shortest}: no training task .* is {shortest} tokens",
+    ):
+        run(too_small)
+    assert not (tmp_path / "run" / "cells").exists()  # no cell was started
+    from gyre.job import check_context_fit
+
+    check_context_fit(
+        make_config(tmp_path, engine={"max_model_len": shortest + 1}, **sections), tiny_model_dir
+    )  # one token more: the shortest fits

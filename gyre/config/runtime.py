@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Literal
 
 from gyre.config.base import Config, check_positive
+from gyre.errors import ConfigError
 
 __all__ = [
     "CellConfig",
@@ -29,22 +30,26 @@ class CellConfig(Config):
     """Address the cells' token-level API binds to (loopback unless the node spans hosts)."""
     base_port: int = 0
     """First port for cell APIs; 0 picks free ports."""
+    devices_per_cell: int = 1
+    """k: devices (ranks) per cell. A cell of k > 1 is k processes: its trainer one DeepSpeed
+    ZeRO-3 group over them (`trainer.zero_stage = 3`), its engine vLLM tensor-parallel over them
+    on GPU; on CPU, k gloo ranks (`gyre.runtime.cell_ranks`)."""
 
     def __post_init__(self) -> None:
-        check_positive(num_cells=self.num_cells)
+        check_positive(num_cells=self.num_cells, devices_per_cell=self.devices_per_cell)
         if not 0 <= self.base_port < 65536:
             raise ValueError(f"base_port={self.base_port} must be in [0, 65535]")
 
 
 class SchedulerConfig(Config):
     """Which cells roll out and which train (`gyre.runtime.scheduler`, driven by
-    `gyre.runtime.elastic`).
+    `gyre.runtime.elastic`, the one RL driver for every cell count)."""
 
-    Used when the node runs more than one cell (`cells.num_cells > 1`)."""
-
-    policy: Literal["colocate", "async", "elastic"] = "elastic"
-    """`colocate`: every cell rolls out, then every cell trains; `async`: a fixed split of
-    `async_train_cells` training cells; `elastic`: cells move between roles by the water level."""
+    policy: Literal["auto", "colocate", "async", "elastic"] = "auto"
+    """`colocate`: every cell rolls out, then every cell trains (one cell: it switches between
+    rollout and training inside its process); `async`: a fixed split of `async_train_cells`
+    training cells; `elastic`: cells move between roles by the water level; `auto` (default):
+    `colocate` when the run has one cell in all, `elastic` with more (`policy_for`)."""
     capacity_per_cell: int = 4
     """Concurrent executions one rollout cell hosts (bounded by its KV memory)."""
     async_train_cells: int = 1
@@ -63,6 +68,22 @@ class SchedulerConfig(Config):
         )
         if self.max_staleness_steps < 0:
             raise ValueError(f"max_staleness_steps={self.max_staleness_steps} must be >= 0")
+
+    def policy_for(self, num_cells: int) -> Literal["colocate", "async", "elastic"]:
+        """The policy a run of `num_cells` cells in all (every host's) drives: `policy`, with
+        `auto` resolved (`colocate` for one cell, `elastic` for more). Raises `ConfigError`
+        naming the key when `num_cells < 1`, or `async` on one cell (a fixed split needs a
+        rollout cell besides its `async_train_cells` training cells)."""
+        if num_cells < 1:
+            raise ConfigError(f"cells.num_cells: {num_cells} cells in all, need at least 1")
+        if self.policy == "auto":
+            return "colocate" if num_cells == 1 else "elastic"
+        if self.policy == "async" and self.async_train_cells >= num_cells:
+            raise ConfigError(
+                f"scheduler.async_train_cells={self.async_train_cells} with "
+                f"scheduler.policy='async' leaves no rollout cell of {num_cells} cells"
+            )
+        return self.policy
 
 
 class RouterConfig(Config):
@@ -99,7 +120,7 @@ class RouterConfig(Config):
 
 
 class LoopConfig(Config):
-    """The RL loop (`gyre.runtime.loop`): steps, batches, groups, held-out evaluation."""
+    """The RL run (`gyre.runtime.elastic`): steps, batches, groups, held-out evaluation."""
 
     steps: int = 8
     """Optimizer steps to run (a resumed run continues to this total)."""
@@ -112,9 +133,13 @@ class LoopConfig(Config):
     eval_group_size: int = 2
     """Executions per held-out task in an evaluation."""
     eval_every: int = 0
-    """Evaluate every N steps (0: only before the first and after the last step)."""
+    """Evaluate every N steps (0: only before the first and after the last step). Each
+    evaluation runs on rollout cells at one published weight version: no step publishes while
+    its executions run."""
     max_concurrent_executions: int = 8
-    """Agent processes running at once."""
+    """Agent processes running at once, training and evaluation executions together; an execution
+    the policy placed beyond it waits for a free one (keep it at least
+    `scheduler.capacity_per_cell` x the run's cells to use every rollout slot)."""
     keep_checkpoints: int = 2
     """Step checkpoints kept on disk (weights, optimizer, loop state)."""
 

@@ -1,8 +1,9 @@
 """Batch formation for the elastic driver: which finished groups make up each step's batch.
 
 Owns `Group` (the `group_size` executions of one task in one step, their `TrainingBatch` once
-all finished) and `BatchFormation` (every group by index, the groups of the current step's batch,
-those ready for training and not yet handed to a cell, and those finished for a later step).
+all finished) and `BatchFormation` (the groups still being dispatched, the groups of the current
+step's batch, those ready for training and not yet handed to a cell, and those finished for a
+later step; a trained group is released with its step).
 Streaming: a step's batch is the first `groups_per_batch` groups to finish; a group finishing
 after its step's batch is full carries over. Not streaming: step s trains groups
 s*groups_per_batch .. (s+1)*groups_per_batch - 1, once all of them finished.
@@ -39,8 +40,11 @@ class BatchFormation:
     def __init__(self, *, groups_per_batch: int, streaming: bool) -> None:
         self.groups_per_batch = groups_per_batch
         self.streaming = streaming
-        self.groups: dict[int, Group] = {}
-        """Every group dispatched, by index."""
+        self.dispatching: dict[int, Group] = {}
+        """Groups some of whose members are still to be dispatched, by index; the driver drops a
+        group when its last member starts. From then on only its executions, this formation
+        (queue, step, backlog) and the trainers' bookkeeping hold it, and the step that trained
+        it lets go of it (`next_step`): memory is bounded by the work in flight."""
         self.queue: deque[Group] = deque()
         """Groups of the current step's batch ready for training and not handed to a cell."""
         self.backlog: deque[Group] = deque()
@@ -64,8 +68,8 @@ class BatchFormation:
         return self._admit_whole_batch(steps_done)
 
     def next_step(self, steps_done: int) -> bool:
-        """Start the batch of the step after `steps_done` steps from the carried-over groups; True
-        when that batch is already full."""
+        """Start the batch of the step after `steps_done` steps from the carried-over groups (the
+        groups of the step done are released); True when that batch is already full."""
         self.step_groups = []
         if not self.streaming:
             return self._admit_whole_batch(steps_done)

@@ -1,4 +1,4 @@
-"""The multi-cell node runtime: identical cells move between rollout and training by a policy.
+"""The node runtime, for every cell count: cells move between rollout and training by a policy.
 
 Owns `ElasticRuntime` (the driver); `gyre.runtime.elastic_job` starts cells and runs it, and
 `gyre.runtime.step_ledger` keeps its run clock, step records, metrics and statistics. The driver
@@ -24,6 +24,11 @@ core. A cell whose process dies is dropped: its executions move to the survivors
 capacity until they finish), groups its trainer held are trained again; losing the core stops the
 run with `CellDiedError`.
 
+Held-out evaluations run on rollout cells; while one is due or running the driver holds the step
+(`gyre.runtime.evaluation`). Trained groups are released when their step ends. One cell is the
+colocate policy on it (the cell switches roles inside its process). `statistics()`: a frozen
+`RuntimeStatistics`.
+
 Every role change and activity interval goes to the run's timeline (`gyre.runtime.timeline`).
 Knows nothing about HTTP, vLLM or DeepSpeed internals.
 """
@@ -43,7 +48,9 @@ from gyre.errors import CellDiedError, GyreError
 from gyre.runtime.batch import build_training_batch
 from gyre.runtime.batch_formation import BatchFormation, Group
 from gyre.runtime.cell_handle import CellHandle, DrivenCell, died, wait_cell_deaths
-from gyre.runtime.loop import pick_tasks
+from gyre.runtime.cell_training import send_gradients, train_group
+from gyre.runtime.data_stream import pick_tasks
+from gyre.runtime.evaluation import HeldoutEvaluation, hold
 from gyre.runtime.rollout import Rollout
 from gyre.runtime.router import Router
 from gyre.runtime.scheduler import (
@@ -56,7 +63,13 @@ from gyre.runtime.scheduler import (
     SwitchToRollout,
     SwitchToTrain,
 )
-from gyre.runtime.step_ledger import StepLedger, StepRecord, sink_statistics
+from gyre.runtime.step_ledger import (
+    RuntimeStatistics,
+    StepLedger,
+    StepRecord,
+    runtime_statistics,
+    sink_statistics,
+)
 from gyre.runtime.weight_version import WeightVersion
 from gyre.tasks.task import Task
 
@@ -80,10 +93,14 @@ class ElasticRuntime:
         rollout: runs executions (proxy + harness); its limiter must admit every rollout slot.
         policy: a `SchedulerPolicy` (pure; see `gyre.runtime.scheduler`).
         tasks: the training tasks (the data stream is `pick_tasks` over them).
+        heldout: the held-out tasks, evaluated as `config.loop` says (none: no evaluation).
         snapshot: the weights the cells start from (a Hugging Face folder), at `version`.
         timeline: a `TimelineWriter` (or None).
         metrics: a `MetricsWriter` (or None).
+        progress: a `gyre.runtime.progress.Progress` shown each step and evaluation (or None).
         launch: part of every execution id (a restarted run never reuses one).
+        journal: a `gyre.runtime.elastic_resume.RunJournal` (the ledger, a checkpoint after each
+            step, the position of a resumed run), or None.
     """
 
     def __init__(
@@ -97,9 +114,12 @@ class ElasticRuntime:
         tasks: Sequence[Task],
         snapshot: str,
         version: int = 0,
+        heldout: Sequence[Task] = (),
         timeline: Any = None,
         metrics: Any = None,
+        progress: Any = None,
         launch: str = "0",
+        journal: Any = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         loop = config.loop
@@ -118,11 +138,14 @@ class ElasticRuntime:
         self.rollout = rollout
         self.policy = policy
         self.tasks = list(tasks)
+        self.heldout = list(heldout)
+        self.progress = progress
         self.weights = WeightVersion(version, snapshot)
         """The published weights: the step bumps them, switches and trainers read them."""
         self.timeline = timeline
         self.metrics = metrics
         self.launch = launch
+        self.journal = journal
         self.B = loop.batch_executions
         self.G = loop.group_size
         self.capacity = config.scheduler.capacity_per_cell
@@ -138,6 +161,12 @@ class ElasticRuntime:
             groups_per_batch=self.B // self.G, streaming=config.scheduler.streaming
         )
         self.where: dict[str, DrivenCell] = {}
+        self.steps_target = loop.steps
+        """The step `run` ends after (its argument)."""
+        self.evaluation: HeldoutEvaluation | None = None
+        self.eval_due: int | None = None
+        """The step whose weights wait for their evaluation (it starts on a rollout cell)."""
+        self.evaluating = False
         self.switch_s: list[float] = []
         self.switches_done = 0
         self.ledger = StepLedger(router, clock)
@@ -149,15 +178,24 @@ class ElasticRuntime:
 
     async def run(self, steps: int) -> list[StepRecord]:
         """Run until `steps` optimizer steps are done; returns one `StepRecord` per step.
+        The held-out evaluations due run too, the last one after the last step.
         Executions still running then are cancelled (their agents are stopped)."""
+        self.steps_target = steps
+        self.evaluation = HeldoutEvaluation.of(self.config, self.heldout, steps, self.launch)
         self.ledger.start()
+        if self.journal is not None:  # a resumed run's clock continues its timeline
+            self.journal.continue_clock(self.ledger)
         for c in self.cells:
-            c.since = 0.0
+            c.since = self._now()
         async with anyio.create_task_group() as tg:
             self._tg = tg
             await self._initial_roles()
+            if self.journal is not None:  # a resumed run: its groups, executions to run again
+                await self.journal.begin(self)
             tg.start_soon(self._watch)
-            while self.steps_done < steps:
+            if self.evaluation.due(self.steps_done):  # before the first (or resumed) step
+                self.eval_due = self.steps_done
+            while self.steps_done < steps or self.eval_due is not None or self.evaluating:
                 self._decide()
                 await self._changed.wait()
                 self._changed = anyio.Event()
@@ -181,10 +219,8 @@ class ElasticRuntime:
         return self.cells[0]
 
     def _state(self) -> SchedulerState:
-        live = self._live()
-        capacity = max(
-            [self.capacity, *(len(c.executions) for c in live)]
-        )  # survivors of a lost cell
+        live = self._live()  # survivors of a lost cell may hold more than their capacity
+        capacity = max([self.capacity, *(len(c.executions) for c in live)])
         views = tuple(
             CellView(
                 index=i,
@@ -212,7 +248,13 @@ class ElasticRuntime:
     def _decide(self) -> None:
         for _ in range(_MAX_DECISIONS):
             self._assign_training()
-            actions = self.policy.decide(self._state())
+            self._start_evaluation()
+            actions = hold(
+                self.policy.decide(self._state()),
+                evaluation=self.eval_due is not None or self.evaluating,
+                over=self.steps_done >= self.steps_target,
+                rollout_cells=sum(c.role == "rollout" for c in self._live()),
+            )
             if not actions:
                 return
             live = self._live()
@@ -244,7 +286,8 @@ class ElasticRuntime:
 
     def _rollout_activity(self, cell: DrivenCell) -> None:
         if cell.role == "rollout":
-            self._activity(cell, "rollout" if cell.executions else "idle")
+            busy = cell.executions or (self.evaluation and self.evaluation.load(cell))
+            self._activity(cell, "rollout" if busy else "idle")
 
     def _water(self) -> None:
         if self.timeline is not None:
@@ -281,10 +324,12 @@ class ElasticRuntime:
         for _ in range(n):
             k = self.dispatched
             g, j = divmod(k, self.G)
-            group = self.batches.groups.get(g)
+            group = self.batches.dispatching.get(g)
             if group is None:
                 task = pick_tasks(self.tasks, g, 1, self.config.seed)[0]
-                group = self.batches.groups[g] = Group(g, task, self.G)
+                group = self.batches.dispatching[g] = Group(g, task, self.G)
+            if j == self.G - 1:  # its last member: the group lives on in its executions
+                del self.batches.dispatching[g]
             execution_id = f"x{k}-{self.launch}-t{g}-g{j}"
             self._pin(execution_id, self._place())
             self.dispatched += 1
@@ -293,6 +338,8 @@ class ElasticRuntime:
 
     async def _execute(self, group: Group, member: int, execution_id: str) -> None:
         executed = await self.rollout.run(group.task, execution_id)
+        if self.journal is not None:  # in the ledger before its group can train
+            self.journal.finished(self, group, member, executed)
         cell = self.where.pop(execution_id)
         cell.executions.discard(execution_id)
         self.router.end_execution(execution_id)
@@ -328,20 +375,7 @@ class ElasticRuntime:
 
     async def _train(self, cell: DrivenCell, group: Group) -> None:
         try:
-            async with cell.lock:
-                weights = self.weights
-                if weights.is_stale(cell.trainer_version):
-                    self._activity(cell, "load")
-                    await cell.client.load_trainer_weights(weights.snapshot, weights.version)
-                    cell.trainer_version = weights.version
-                self._activity(cell, "train")
-                if group.batch is not None:
-                    stats = await cell.client.train(
-                        group.batch.micro_batches, group.batch.advantages
-                    )
-                    self.ledger.train_stats.append(stats)
-                    cell.has_grads = True
-                cell.trained_groups.append(group)
+            trained = await train_group(cell, group, self.weights, self._activity)
         except GyreError as exc:
             if cell.alive and not died(cell):
                 raise
@@ -353,6 +387,7 @@ class ElasticRuntime:
             )
             self.batches.queue.appendleft(group)
         else:
+            self.ledger.train_stats.extend(trained)
             self.trained += self.G
             if self.batches.full and self.trained >= self.B:
                 self.ledger.mark_trained()
@@ -363,26 +398,12 @@ class ElasticRuntime:
                 self._activity(cell, "idle")
             self._notify()
 
-    async def _send_gradients(self, satellite: DrivenCell) -> None:
-        """Move a satellite's accumulated gradient into the core's (both trainers locked)."""
-        core = self.core
-        async with satellite.lock, core.lock:
-            if not satellite.has_grads:
-                return
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(satellite.client.send_gradients, core.index)
-                tg.start_soon(core.client.receive_gradients, satellite.index)
-            satellite.has_grads = False
-            core.has_grads = True
-            core.trained_groups += satellite.trained_groups
-            satellite.trained_groups = []
-
     async def _step(self) -> None:
         core = self.core
         for cell in self._live():
             if cell is not core and cell.has_grads:
                 try:
-                    await self._send_gradients(cell)
+                    await send_gradients(cell, self.core)
                 except GyreError:
                     if not died(cell):
                         raise
@@ -406,7 +427,10 @@ class ElasticRuntime:
                 if cell.role == "rollout":
                     cell.engine_version = weights.version
         self._activity(core, "idle")
+        trained = [g.index for g in self.batches.step_groups]
         self._finish_step(result, t_step)
+        if self.journal is not None:  # before the next step can start or train
+            await self.journal.checkpoint(self, trained)
         self.step_running = False
         core.busy = False
         self._notify()
@@ -423,27 +447,63 @@ class ElasticRuntime:
             metrics=self.metrics,
             statistics=self._statistics,
         )
+        r = record
         logger.info(
-            "step %d: version %d, %.1f s, %d executions",
-            record.step,
-            record.version,
-            record.step_s,
-            record.executions,
+            "step %d: v%d, %.1f s, %d executions", r.step, r.version, r.step_s, r.executions
         )
         self.trained = 0
-        if self.batches.next_step(self.steps_done):
+        if self.batches.next_step(self.steps_done):  # the step's groups are released here
             self.ledger.mark_batch_in()
+        if self.progress is not None and self.ledger.last_metrics is not None:
+            self.progress.step(self.ledger.last_metrics)
+        if self.evaluation is not None and self.evaluation.due(self.steps_done):
+            self.eval_due = self.steps_done  # its weights wait for their evaluation
 
     def _statistics(self) -> dict[str, Any]:
         return sink_statistics(
             router=self.router,
             rollout=self.rollout,
             weights=self.weights,
-            live=self._live(),
-            dispatched=self.dispatched,
-            finished=self.finished,
-            switches=self.switches_done,
+            runtime=self.statistics(),
         )
+
+    def statistics(self) -> RuntimeStatistics:
+        """What the runtime is doing now, as a frozen record (see `RuntimeStatistics`)."""
+        return runtime_statistics(self)
+
+    # -- held-out evaluation --------------------------------------------------------------------
+
+    def _start_evaluation(self) -> None:
+        """Start the due evaluation on the rollout cells; with none, bring a cell back for it."""
+        if self.eval_due is None or self.evaluating or self.step_running:
+            return
+        if any(c.role == "rollout" for c in self._live()):
+            step, self.eval_due = self.eval_due, None
+            self.evaluating = True
+            self._spawn(self._evaluate, step)
+        elif cell := HeldoutEvaluation.recall(
+            self.cells, core_may_leave=not (self.core.has_grads or self.trained)
+        ):
+            self._begin_switch(cell, "rollout")
+
+    async def _evaluate(self, step: int) -> None:
+        """Run the evaluation of `step` on the rollout cells (`HeldoutEvaluation.run`)."""
+        assert self.evaluation is not None
+        version = self.weights.version
+        await self.evaluation.run(
+            step,
+            version=version,
+            cells=self.cells,
+            rollout=self.rollout,
+            router=self.router,
+            clock=self._now,
+            on_change=self._rollout_activity,
+            metrics=self.metrics,
+            progress=self.progress,
+        )
+        assert self.weights.version == version, "a step published during an evaluation"
+        self.evaluating = False
+        self._notify()
 
     # -- role switches --------------------------------------------------------------------------
 
@@ -456,6 +516,8 @@ class ElasticRuntime:
             for execution_id in sorted(cell.executions):
                 self._pin(execution_id, self._place(avoid=cell))
             cell.executions.clear()
+            if self.evaluation is not None:
+                self.evaluation.move_off(cell, self.cells, self.router)
         self._set_role(cell, "switching", role)
         self._spawn(self._switch, cell, role)
 
@@ -474,7 +536,7 @@ class ElasticRuntime:
                     cell.trainer_version = weights.version
         else:
             if cell is not self.core:
-                await self._send_gradients(cell)
+                await send_gradients(cell, self.core)
             weights = self.weights
             async with cell.lock:
                 version = weights.version
@@ -527,6 +589,8 @@ class ElasticRuntime:
         for execution_id in sorted(cell.executions):
             self._pin(execution_id, self._place(avoid=cell))
         cell.executions.clear()
+        if self.evaluation is not None:
+            self.evaluation.move_off(cell, self.cells, self.router)
         for group in cell.trained_groups:  # its gradients died with it
             self.trained -= self.G
             self.batches.queue.appendleft(group)

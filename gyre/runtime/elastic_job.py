@@ -1,16 +1,19 @@
-"""The multi-cell job: start the cells, wire the run around an `ElasticRuntime`, drive it.
+"""The RL job, for every cell count: start the cells, wire the run around an `ElasticRuntime`,
+drive it.
 
-Owns `run_cells` (given open cells: the TITO proxy over a `Router` of them, the harness, the
-timeline and metrics files in `run_dir`, and the driver with the configured policy) and
-`run_elastic` (starts `cells.num_cells` cell processes, and with `[cluster] workers` takes the
-worker hosts' cells too, `gyre.runtime.join`; then `run_cells` on the training tasks).
+Owns `run_cells` (given open cells: the TITO proxy over a `Router` of them, the router's
+continuation for redirected requests (`continuation_for`: KV migration when
+`[engine.kv_transfer]` names a connector, recompute otherwise), the harness, the timeline and
+metrics files in `run_dir`, and the driver with the configured policy, `auto` resolved by the
+cell count) and `run_elastic` (starts `cells.num_cells` cell processes, and with `[cluster]
+workers` takes the worker hosts' cells too, `gyre.runtime.join`; then `run_cells` on the
+training and held-out tasks).
 Knows nothing about how the driver moves cells (`gyre.runtime.elastic`) or what a cell runs
 inside (`gyre.runtime.cell`).
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -20,9 +23,11 @@ from gyre.config import RunConfig
 from gyre.runtime.cell_client import open_cells
 from gyre.runtime.cell_handle import CellHandle
 from gyre.runtime.checkpoint import check_run_dir
+from gyre.runtime.continuation import Continuation, MigrateContinuation, RecomputeContinuation
+from gyre.runtime.data_stream import split_tasks
 from gyre.runtime.elastic import ElasticRuntime
+from gyre.runtime.elastic_resume import LAUNCHES_FILE, RunJournal
 from gyre.runtime.join import JoinServer, open_join_server
-from gyre.runtime.loop import split_tasks
 from gyre.runtime.metrics import MetricsWriter
 from gyre.runtime.rollout import open_rollout
 from gyre.runtime.router import Router
@@ -31,7 +36,17 @@ from gyre.runtime.sinks import open_sinks
 from gyre.runtime.timeline import TimelineWriter
 from gyre.tasks.task import Task
 
-__all__ = ["run_cells", "run_elastic"]
+__all__ = ["run_cells", "run_elastic", "continuation_for"]
+
+
+def continuation_for(config: RunConfig) -> Continuation:
+    """How the router continues a request redirected off a cell (`gyre.runtime.continuation`):
+    `MigrateContinuation` (the KV cache moves, recompute as its fallback) when
+    `engine.kv_transfer.connector` is not `none`, else `RecomputeContinuation`. The export's
+    timeout is half `router.abort_timeout_s` (a drain waits for it)."""
+    if config.engine.kv_transfer.connector == "none":
+        return RecomputeContinuation()
+    return MigrateContinuation(export_timeout_s=min(20.0, config.router.abort_timeout_s / 2))
 
 
 async def run_cells(
@@ -41,30 +56,44 @@ async def run_cells(
     tokenizer: Any,
     tasks: Sequence[Task],
     snapshot: str,
+    heldout: Sequence[Task] = (),
     version: int = 0,
     policy: SchedulerPolicy | None = None,
     launch: str = "0",
     on_runtime: Callable[[ElasticRuntime], None] | None = None,
+    progress: Any = None,
+    journal: RunJournal | None = None,
 ) -> ElasticRuntime:
     """Run `config.loop.steps` steps on `cells` (open clients; `cells[0]` is the core): the TITO
-    proxy over a `Router` of the cells, the harness, and an `ElasticRuntime` with `policy` (default:
-    `config.scheduler`'s). Metrics and the timeline go to `config.run_dir`; `on_runtime` sees the
-    runtime before it runs (the live run page's feed). Returns the runtime (its `records`, ...)."""
+    proxy over a `Router` of the cells (its continuation: `continuation_for`), the harness, and an
+    `ElasticRuntime` with `policy` (default: `config.scheduler`'s, `policy_for(len(cells))`),
+    evaluating `heldout` as `config.loop` says. Metrics and the timeline go to `config.run_dir`;
+    `on_runtime` sees the runtime before it runs (the live run page's feed); `progress` (a
+    `gyre.runtime.progress.Progress`) shows each step and evaluation. Returns the runtime (its
+    `records`, `statistics()`, ...). With a `journal` the run keeps its ledger and a checkpoint
+    per step, and a resumed one first loads its checkpoint into the cells. Raises `ConfigError`
+    from `SchedulerConfig.policy_for` before anything starts."""
     run_dir = Path(config.run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
     sched = config.scheduler
     if policy is None:
         policy = make_policy(
-            sched.policy,
+            sched.policy_for(len(cells)),
             max_staleness_steps=sched.max_staleness_steps,
             async_train_cells=sched.async_train_cells,
         )
-    async with Router({c.name: c.client for c in cells}, config=config.router) as router:
+    if journal is not None:  # a resumed run's weights, in the core's trainer and every engine
+        snapshot, version = await journal.restore_cells(
+            [c.client for c in cells], snapshot, version
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    routed = {c.name: c.client for c in cells}
+    continuation = continuation_for(config)
+    async with Router(routed, config=config.router, continuation=continuation) as router:
         async with open_rollout(
             config,
             tokenizer=tokenizer,
             engine_for=router.engine_for,
-            max_concurrent=sched.capacity_per_cell * len(cells),
+            max_concurrent=config.loop.max_concurrent_executions,
         ) as rollout:
             metrics = MetricsWriter(run_dir, open_sinks(config, run_dir))
             with TimelineWriter(run_dir) as timeline, metrics:
@@ -75,11 +104,14 @@ async def run_cells(
                     rollout=rollout,
                     policy=policy,
                     tasks=tasks,
+                    heldout=heldout,
                     snapshot=snapshot,
                     version=version,
                     timeline=timeline,
                     metrics=metrics,
+                    progress=progress,
                     launch=launch,
+                    journal=journal,
                 )
                 if on_runtime is not None:
                     on_runtime(runtime)
@@ -94,17 +126,25 @@ async def run_elastic(
     policy: SchedulerPolicy | None = None,
     launch: str | None = None,
     on_runtime: Callable[[ElasticRuntime], None] | None = None,
+    progress: Any = None,
+    resume: bool = False,
 ) -> ElasticRuntime:
-    """The multi-cell job: start `config.cells.num_cells` cells (each a vLLM engine and a DeepSpeed
+    """The RL job: start `config.cells.num_cells` cells (each a vLLM engine and a DeepSpeed
     trainer on `model_dir`, one run-wide gradient group; with `cluster.workers`, the head of
     several hosts: the workers' cells join the group and are driven as local ones), then
-    `run_cells` on the training tasks.
-    Raises `ConfigError` when `run_dir` already holds a run (multi-cell runs do not resume yet)."""
+    `run_cells` on the training and held-out tasks (`split_tasks`), with a `RunJournal` (the
+    ledger, a checkpoint per step). `resume=True` continues the run in `run_dir` from its newest
+    checkpoint and ledger (`gyre.runtime.elastic_resume`); `launch` (default: drawn) must not be
+    one an earlier start of the run used. Raises `ConfigError` when `run_dir` already holds a run
+    and `resume` is False, `RunDirError` for a checkpoint or ledger that cannot be used."""
     from transformers import AutoTokenizer
 
     run_dir = Path(config.run_dir).resolve()
-    train, _heldout = split_tasks(config)
-    check_run_dir(run_dir, resume=False, resumable=False, records=(config.proxy.log_name,))
+    train, heldout = split_tasks(config)
+    found = check_run_dir(run_dir, resume=resume, records=(config.proxy.log_name, LAUNCHES_FILE))
+    journal = await RunJournal.open(
+        config, run_dir, found, tasks=train, resume=resume, launch=launch
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     async with AsyncExitStack() as stack:
         joins = None
@@ -133,10 +173,13 @@ async def run_elastic(
             cells,
             tokenizer=tokenizer,
             tasks=train,
+            heldout=heldout,
             snapshot=str(model_dir),
             policy=policy,
-            launch=launch or secrets.token_hex(3),
+            launch=journal.launch,
             on_runtime=on_runtime,
+            progress=progress,
+            journal=journal,
         )
 
 

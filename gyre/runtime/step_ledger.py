@@ -1,11 +1,13 @@
 """The elastic runtime's per-step bookkeeping: the run clock, what each step did and its metrics.
 
-Owns `StepRecord` (what one step did) and `StepLedger`: the run's clock (seconds since the run
-started), the marks of the current step (its start, when its batch was in, when it was trained),
-the trainers' statistics of its groups, the router's recovered-failure counters at its start, and
-the `StepRecord`s of the steps done. Closing a step appends its record and writes its
-`StepMetrics` line with the statistics records the metric sinks stream (`sink_statistics`). Knows
-nothing about scheduling or how cells move: the driver (`gyre.runtime.elastic`) says what happened.
+Owns `StepRecord` (what one step did), `RuntimeStatistics` (the frozen record
+`ElasticRuntime.statistics()` returns: roles, water level, switches, redirections, migrations,
+suspensions, queue depths) and `StepLedger`: the run's clock (seconds since the run started), the
+marks of the current step (its start, when its batch was in, when it was trained), the trainers'
+statistics of its groups, the router's recovered-failure counters at its start, and the
+`StepRecord`s of the steps done. Closing a step appends its record and writes its `StepMetrics`
+line with the statistics records the metric sinks stream (`sink_statistics`). Knows nothing about
+scheduling or how cells move: the driver (`gyre.runtime.elastic`) says what happened.
 """
 
 from __future__ import annotations
@@ -18,14 +20,19 @@ import msgspec
 
 from gyre.engines.protocol import mismatch_split
 from gyre.runtime.batch_formation import Group
-from gyre.runtime.cell_handle import DrivenCell
-from gyre.runtime.loop import pass_rate
+from gyre.runtime.data_stream import pass_rate
 from gyre.runtime.metrics import StepMetrics
 from gyre.runtime.rollout import Rollout
 from gyre.runtime.router import Router, RouterStatistics
 from gyre.runtime.weight_version import WeightVersion
 
-__all__ = ["StepLedger", "StepRecord", "sink_statistics"]
+__all__ = [
+    "StepLedger",
+    "StepRecord",
+    "RuntimeStatistics",
+    "runtime_statistics",
+    "sink_statistics",
+]
 
 
 class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,6 +50,58 @@ class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Role switches completed during the step."""
 
 
+class RuntimeStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What the elastic runtime is doing now (`ElasticRuntime.statistics()`); counters since the
+    run started unless named otherwise. Metrics, the report, the live page and tests read this
+    record, never the driver's internals."""
+
+    steps_done: int
+    weight_version: int
+    """The published weight version."""
+    roles: tuple[str, ...]
+    """Each cell's role, in cell order (`rollout`, `train`, `switching`, or `dead`)."""
+    cells_rollout: int
+    cells_train: int
+    cells_switching: int
+    cells_dead: int
+    dispatched: int
+    """Training executions started."""
+    finished: int
+    """Training executions ended (finished, stopped or failed)."""
+    water_level: int
+    """Unfinished training executions: ``dispatched - finished``."""
+    rollout_capacity: int
+    """``capacity_per_cell`` x live rollout cells."""
+    switches: int
+    """Role switches completed (the initial roles are not switches)."""
+    switch_s_total: float
+    """Seconds spent in completed switches, all cells together."""
+    switch_s_max: float
+    redirections: int
+    """Requests moved off a cell that left rollout or went down (`Router` statistics)."""
+    migrations: int
+    """Redirected requests whose KV cache moved with them instead of being recomputed."""
+    tokens_migrated: int
+    tokens_recomputed: int
+    """Tokens prefilled again on the target of a redirect."""
+    suspensions: int = 0
+    """Executions suspended for lack of a rollout cell (always 0: suspension is not built,
+    docs/design.md "Not built yet")."""
+    train_queue: int
+    """Groups of the current step's batch ready for training and not handed to a cell."""
+    train_running: int
+    """Groups being trained now."""
+    backlog: int
+    """Finished groups waiting for a later step's batch."""
+    groups_held: int
+    """Groups the driver holds (dispatching, in the current batch, or in the backlog); trained
+    groups are released when their step ends, so this is bounded by the work in flight."""
+    evaluating: bool
+    """A held-out evaluation is running (no step publishes meanwhile)."""
+    eval_executions: int
+    """Evaluation executions in flight."""
+
+
 class StepLedger:
     """The run clock and the current step's marks; `close` turns them into a `StepRecord`.
 
@@ -55,6 +114,8 @@ class StepLedger:
         self.router = router
         self.clock = clock
         self.records: list[StepRecord] = []
+        self.last_metrics: StepMetrics | None = None
+        """The `StepMetrics` of the last step closed (what the progress display shows)."""
         self.train_stats: list[Any] = []
         """The trainers' statistics of the current step's groups."""
         self.t0 = 0.0
@@ -111,53 +172,70 @@ class StepLedger:
             switches=switches - self.step_switches,
         )
         self.records.append(record)
+        recovered = _recovered(self.router.statistics())
+        self.last_metrics = _step_metrics(
+            record,
+            executed,
+            batches,
+            stats,
+            counted,
+            result,
+            {
+                "rollout_s": self.batch_in_s - (self.step_t0 - self.t0),
+                "train_s": t_step - self.batch_in_s,
+                "sync_s": now - t_step,
+                **{k: v - self.step_recovered[k] for k, v in recovered.items()},
+            },
+        )
+        self.step_recovered = recovered
         if metrics is not None:
-            recovered = _recovered(self.router.statistics())
-            metrics.write(
-                _step_metrics(
-                    record,
-                    executed,
-                    batches,
-                    stats,
-                    counted,
-                    result,
-                    {
-                        "rollout_s": self.batch_in_s - (self.step_t0 - self.t0),
-                        "train_s": t_step - self.batch_in_s,
-                        "sync_s": now - t_step,
-                        **{k: v - self.step_recovered[k] for k, v in recovered.items()},
-                    },
-                ),
-                statistics() if metrics.sinks else None,
-            )
-            self.step_recovered = recovered
+            metrics.write(self.last_metrics, statistics() if metrics.sinks else None)
         self.step_t0 = self.clock()
         self.step_switches = switches
         self.train_stats = []
         return record
 
 
+def runtime_statistics(rt: Any) -> RuntimeStatistics:
+    """The `RuntimeStatistics` of the elastic runtime `rt` (`ElasticRuntime.statistics()`)."""
+    router = rt.router.statistics()
+    roles = tuple(c.role if c.alive else "dead" for c in rt.cells)
+    batches = rt.batches
+    groups = {id(g) for g in (*batches.dispatching.values(), *batches.step_groups)}
+    groups.update(id(g) for g in batches.backlog)
+    return RuntimeStatistics(
+        steps_done=rt.steps_done,
+        weight_version=rt.weights.version,
+        roles=roles,
+        cells_rollout=roles.count("rollout"),
+        cells_train=roles.count("train"),
+        cells_switching=roles.count("switching"),
+        cells_dead=roles.count("dead"),
+        dispatched=rt.dispatched,
+        finished=rt.finished,
+        water_level=rt.dispatched - rt.finished,
+        rollout_capacity=rt.capacity * roles.count("rollout"),
+        switches=rt.switches_done,
+        switch_s_total=sum(rt.switch_s),
+        switch_s_max=max(rt.switch_s, default=0.0),
+        redirections=router.requests_redirected,
+        migrations=router.requests_migrated,
+        tokens_migrated=router.tokens_migrated,
+        tokens_recomputed=router.tokens_recomputed,
+        train_queue=len(batches.queue),
+        train_running=rt.running,
+        backlog=len(batches.backlog),
+        groups_held=len(groups),
+        evaluating=rt.evaluating,
+        eval_executions=len(rt.evaluation.where) if rt.evaluation is not None else 0,
+    )
+
+
 def sink_statistics(
-    *,
-    router: Router,
-    rollout: Rollout,
-    weights: WeightVersion,
-    live: Sequence[DrivenCell],
-    dispatched: int,
-    finished: int,
-    switches: int,
+    *, router: Router, rollout: Rollout, weights: WeightVersion, runtime: RuntimeStatistics
 ) -> dict[str, Any]:
-    """The `statistics()` records the metric sinks stream at each step (`sinks`), and the
-    driver's own counters under `runtime` (water level, cells by role, switches)."""
-    runtime = {
-        "dispatched": dispatched,
-        "finished": finished,
-        "water_level": dispatched - finished,
-        "live_cells": len(live),
-        "rollout_cells": sum(c.role == "rollout" for c in live),
-        "train_cells": sum(c.role == "train" for c in live),
-        "switches": switches,
-    }
+    """The `statistics()` records the metric sinks stream at each step (`sinks`): the router's,
+    the proxy's, the harness's, the published weights' and the runtime's own."""
     return {
         "router": router.statistics(),
         "proxy": rollout.proxy.statistics(),

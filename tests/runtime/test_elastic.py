@@ -20,6 +20,7 @@ from gyre.agents.longtail import LongtailSettings, draw_plan, longtail_command, 
 from gyre.config import config_from_dict
 from gyre.engines.scripted import ScriptedEngine
 from gyre.model.recipe import build_tokenizer
+from gyre.report.live import RuntimeFeed
 from gyre.runtime.cell_handle import CellHandle
 from gyre.runtime.elastic_job import run_cells
 from gyre.runtime.metrics import StepMetrics, read_metrics
@@ -250,7 +251,13 @@ async def test_hundred_forced_switches_during_long_executions_lose_nothing(tmp_p
         {
             "run_dir": str(tmp_path / "run"),
             "seed": 1,
-            "loop": {"steps": STORM_STEPS, "batch_executions": B, "group_size": G},
+            "loop": {
+                "steps": STORM_STEPS,
+                "batch_executions": B,
+                "group_size": G,
+                "heldout_tasks": 0,
+                "max_concurrent_executions": 16,
+            },
             "scheduler": {"policy": "elastic", "capacity_per_cell": 4},
             "tasks": {
                 "suites": [str(REPO / "examples/tasks/longtail")],
@@ -261,6 +268,7 @@ async def test_hundred_forced_switches_during_long_executions_lose_nothing(tmp_p
     )
     chaos = ChaosPolicy(budget=100, steps=STORM_STEPS)
     cells = [CellHandle(name=f"cell-{i}", client=f) for i, f in enumerate(fakes)]
+    feed = RuntimeFeed()  # every outcome the rollout returned (the runtime keeps none it trained)
     runtime = await run_cells(
         cfg,
         cells,
@@ -269,19 +277,17 @@ async def test_hundred_forced_switches_during_long_executions_lose_nothing(tmp_p
         snapshot="model",
         policy=chaos,
         launch="L",
+        on_runtime=feed.attach,
     )
     assert chaos.forced == 100
     assert runtime.switches_done >= 100
     log = read_log(tmp_path / "run" / "calls.log")
-    ended = [m for g in runtime.batches.groups.values() for m in g.members if m is not None]
+    ended = feed.outcomes
     assert len(ended) >= STORM_STEPS * B
-    for ex in ended:
-        eid = ex.outcome.execution_id
+    for outcome in ended:
+        eid = outcome.execution_id
         planned = draw_plan(plan_seed(eid), settings).turns
-        assert ex.outcome.termination == "finished" and ex.outcome.score.score == 1.0, (
-            eid,
-            ex.outcome,
-        )
+        assert outcome.termination == "finished" and outcome.score.score == 1.0, (eid, outcome)
         assert len(log.for_execution(eid)) == planned  # no call lost, none duplicated
         assert all(c.completion_ids for c in log.for_execution(eid))  # every response complete
     trained = Counter()

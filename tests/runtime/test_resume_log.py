@@ -1,16 +1,15 @@
 """A resumed run reads the call log once, streaming (issue #16): `resume_log` cuts a torn tail and
-keeps the calls of the step being resumed; the loop's recovery reuses that pass."""
+keeps the calls of the step being resumed."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import anyio
 
 import gyre.tito.log as log_module
 from gyre.runtime.checkpoint import ExecutionLedger, LedgerEntry
-from gyre.runtime.loop import _Run, resume_log
+from gyre.runtime.data_stream import resume_log
 from gyre.tasks.outcome import Outcome, Score
 from gyre.tito.log import CallLog
 from gyre.tito.records import ExecutionSummary, ModelCall, to_reference
@@ -78,12 +77,3 @@ def test_a_resume_reads_the_call_log_once(tmp_path: Path, monkeypatch) -> None:
     assert log is not None and passes == [str(path)]
     assert path.stat().st_size == whole  # the torn frame is cut
     assert log.calls == done + open_ and list(log.summaries) == ["s3-a"]
-
-    # The step's recovery uses that pass: no second read of the log.
-    config = SimpleNamespace(proxy=SimpleNamespace(log_name="calls.log"))
-    run = SimpleNamespace(ledger=ledger, resumed=(3, log), run_dir=tmp_path, config=config)
-    recovered = _Run._recovered(run, 3)
-    assert passes == [str(path)] and run.resumed is None
-    assert list(recovered) == [("t", 0)]  # only the closed execution is recovered
-    assert recovered[("t", 0)].calls == done
-    assert recovered[("t", 0)].summary == log.summaries["s3-a"]

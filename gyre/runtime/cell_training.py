@@ -1,0 +1,60 @@
+"""The elastic driver's training operations on its cells: train one group, move a gradient.
+
+Owns `train_group` (a training cell takes one finished group's micro-batches, loading the
+published weights first when its trainer is behind) and `send_gradients` (a satellite's
+accumulated gradient into the core's). Both hold the cells' trainer locks (a trainer is not
+reentrant) and update the driver's `DrivenCell` bookkeeping. Knows nothing about scheduling,
+batch formation or steps: the driver (`gyre.runtime.elastic`) decides which cell does what.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from gyre.runtime.batch_formation import Group
+from gyre.runtime.cell_handle import DrivenCell
+from gyre.runtime.weight_version import WeightVersion
+
+__all__ = ["train_group", "send_gradients"]
+
+
+async def train_group(
+    cell: DrivenCell,
+    group: Group,
+    weights: WeightVersion,
+    activity: Callable[[DrivenCell, str], None],
+) -> list[Any]:
+    """Train `group`'s batch on `cell` (a training cell), loading `weights` into its trainer
+    first when it holds an older version (`activity(cell, "load" | "train")` marks the
+    timeline). Returns the trainer's statistics (one record; none for a group with nothing to
+    train). Raises what the cell's client raises (`GyreError`), with nothing recorded."""
+    async with cell.lock:
+        if weights.is_stale(cell.trainer_version):
+            activity(cell, "load")
+            await cell.client.load_trainer_weights(weights.snapshot, weights.version)
+            cell.trainer_version = weights.version
+        activity(cell, "train")
+        stats = []
+        if group.batch is not None:
+            stats.append(await cell.client.train(group.batch.micro_batches, group.batch.advantages))
+            cell.has_grads = True
+        cell.trained_groups.append(group)
+        return stats
+
+
+async def send_gradients(satellite: DrivenCell, core: DrivenCell) -> None:
+    """Move `satellite`'s accumulated gradient into `core`'s (both trainers locked; nothing to
+    do when it has none); the groups it trained go with it."""
+    async with satellite.lock, core.lock:
+        if not satellite.has_grads:
+            return
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(satellite.client.send_gradients, core.index)
+            tg.start_soon(core.client.receive_gradients, satellite.index)
+        satellite.has_grads = False
+        core.has_grads = True
+        core.trained_groups += satellite.trained_groups
+        satellite.trained_groups = []
