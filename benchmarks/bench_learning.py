@@ -1,27 +1,40 @@
-"""Learning: held-out pass rate of the `learnable` suite before and after N RL steps, 3 seeds.
+"""Learning of the main job: held-out pass rate before and after `make run`'s RL, 3 seeds.
 
-Each seed runs the `make run` job (examples/cpu.toml: cached warm start, then RL on the real
-engines) in its own run folder with `seed` = the seed; the held-out evaluations before the first
-and after the last step come from its metrics. Writes benchmarks/results/learning.json with
-`gain_points` (after - before, percentage points, per seed), `gain_points_mean`, the pass rates
-with their binomial standard errors (sqrt(p (1 - p) / n), n = held-out executions of that
-evaluation; the gain's is sqrt(se_before^2 + se_after^2), the two evaluations being independent
-draws), the number of steps and the wall time per seed. Goal: mean gain >= 15 points, every
-seed > 0. N defaults to 16 steps (6 tasks x 4 executions each: 4 passes over the 24 training tasks);
-`make run` itself stops at the config's 8 to stay within 20 minutes, so each seed is also evaluated
-there (`make_run_gain_points`; seed 0's first steps are the `make run` job's).
+Each seed runs the `make run` job (examples/cpu.toml: the cached warm start, then the elastic
+runtime on 2 cells on `learnable-long`) in its own run folder with `seed` = the seed, at the
+config's own steps unless `--steps` says otherwise. Everything is read back from the run folder:
+the held-out evaluations before the first and after the last step (`metrics.jsonl`, `eval`
+records), the trained steps (`step` records: model calls, partially scored executions, dedup,
+same-version mismatch), the cells' role changes (`timeline.jsonl`) and which executions ran a
+sub-agent or compacted (`calls.log`, roles of the calls). Writes
+benchmarks/results/main_job.json (after every seed, so a bench stopped early keeps the seeds it
+finished) with the keys of issue 21's acceptance:
+
+- `gain_points` (after - before, percentage points, per seed), `gain_points_mean`: goal mean >= 15
+  and every seed > 0; the pass rates' binomial standard errors sqrt(p (1 - p) / n) beside them;
+- `wall_s` (per seed, the whole job: warm start or its cache, evaluations, steps);
+- `calls_per_execution_mean` (model calls / trained executions, goal >= 8), `dedup_ratio_mean`
+  (mean of the steps' selected tokens one by one / packed, goal >= 1.5), `partial_fraction`
+  (trained executions stopped at a limit and partially scored, goal > 0), `subagent_fraction` and
+  `compaction_fraction` (executions of the call log with a `sub_agent` / `main_summary` call,
+  goal > 0), `role_switches_per_step_mean` (a cell taking a new role, its first role not counted,
+  per step, goal > 0), `same_version_mismatch_max` (worst step, goal <= 1e-5);
+- `warm_start_sha256` (sha256 of the warm-started `model.safetensors`) and
+  `warm_start_heldout_pass_rate` (the first held-out evaluation: the warm-started model).
 
 Run: .venv/bin/python -m benchmarks.bench_learning [--config examples/cpu.toml] [--seeds 0 1 2]
-     [--steps 16]
+     [--steps N]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import shutil
 import statistics
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import msgspec
@@ -29,7 +42,20 @@ import msgspec
 from benchmarks.common import print_table, write_result
 from gyre.config import load_config
 from gyre.job import run
-from gyre.runtime.metrics import EvalMetrics, read_metrics
+from gyre.model.sft import output_dir
+from gyre.runtime.metrics import EvalMetrics, StepMetrics, read_metrics
+from gyre.runtime.timeline import read_timeline
+from gyre.tito.log import read_log
+
+GOALS = {
+    "gain_points_mean": ">= 15, every seed > 0",
+    "calls_per_execution_mean": ">= 8",
+    "dedup_ratio_mean": ">= 1.5",
+    "partial_fraction": "> 0",
+    "subagent_fraction": "> 0",
+    "role_switches_per_step_mean": "> 0",
+    "same_version_mismatch_max": "<= 1e-5",
+}
 
 
 def binomial_se(p: float, n: int) -> float:
@@ -37,7 +63,59 @@ def binomial_se(p: float, n: int) -> float:
     return math.sqrt(p * (1.0 - p) / n)
 
 
-def _numbers(per_seed: list[dict], base) -> dict:
+def role_switches(run_dir: Path) -> int:
+    """Role changes of the run's cells: a cell taking `rollout` or `train` after its first role
+    (`switching` records in between are not counted apart)."""
+    last: dict[int, str] = {}
+    switches = 0
+    for change in read_timeline(run_dir).roles:
+        if change.role == "switching":
+            continue
+        if change.cell in last and last[change.cell] != change.role:
+            switches += 1
+        last[change.cell] = change.role
+    return switches
+
+
+def seed_numbers(run_dir: Path, wall_s: float) -> dict:
+    """One finished run's numbers, read from its folder."""
+    records = read_metrics(run_dir)
+    evals = [r for r in records if isinstance(r, EvalMetrics) and r.split == "heldout"]
+    steps = [r for r in records if isinstance(r, StepMetrics)]
+    if not evals or not steps:
+        raise RuntimeError(f"{run_dir}: {len(evals)} held-out evaluations, {len(steps)} steps")
+    before, after = evals[0], evals[-1]
+    se_before = binomial_se(before.pass_rate, before.executions)
+    se_after = binomial_se(after.pass_rate, after.executions)
+    roles: dict[str, set[str]] = defaultdict(set)
+    for call in read_log(run_dir / "calls.log").calls:
+        roles[call.execution_id].add(str(call.role))
+    executions = sum(s.executions for s in steps)
+    mismatches = [s.same_version_mismatch_mean for s in steps]
+    return {
+        "before": before.pass_rate,
+        "after": after.pass_rate,
+        "before_mean_reward": before.mean_reward,
+        "after_mean_reward": after.mean_reward,
+        "gain_points": 100.0 * (after.pass_rate - before.pass_rate),
+        "gain_se_points": 100.0 * math.hypot(se_before, se_after),
+        "eval_executions": after.executions,
+        "steps": len(steps),
+        "wall_s": wall_s,
+        "trained_executions": executions,
+        "calls_per_execution": sum(s.model_calls for s in steps) / executions,
+        "dedup_ratio": statistics.fmean(s.dedup_ratio for s in steps),
+        "partial_fraction": sum(s.partial for s in steps) / executions,
+        "subagent_fraction": sum("sub_agent" in r for r in roles.values()) / len(roles),
+        "compaction_fraction": sum("main_summary" in r for r in roles.values()) / len(roles),
+        "role_switches_per_step": role_switches(run_dir) / len(steps),
+        "same_version_mismatch_max": max(
+            (m for m in mismatches if not math.isnan(m)), default=math.nan
+        ),
+    }
+
+
+def numbers(per_seed: list[dict], warm_start_sha256: str) -> dict:
     gains = [r["gain_points"] for r in per_seed]
     return {
         "gain_points": gains,
@@ -46,88 +124,65 @@ def _numbers(per_seed: list[dict], base) -> dict:
         "gain_se_points_mean": math.sqrt(sum(r["gain_se_points"] ** 2 for r in per_seed))
         / len(per_seed),
         "every_seed_positive": all(g > 0 for g in gains),
-        # the held-out pass rate where `make run` (the config's loop.steps) stops, minus before
-        "make_run_gain_points": [100.0 * (r["make_run_after"] - r["before"]) for r in per_seed],
+        "wall_s": [r["wall_s"] for r in per_seed],
+        "calls_per_execution_mean": statistics.fmean(r["calls_per_execution"] for r in per_seed),
+        "dedup_ratio_mean": statistics.fmean(r["dedup_ratio"] for r in per_seed),
+        "partial_fraction": statistics.fmean(r["partial_fraction"] for r in per_seed),
+        "subagent_fraction": statistics.fmean(r["subagent_fraction"] for r in per_seed),
+        "compaction_fraction": statistics.fmean(r["compaction_fraction"] for r in per_seed),
+        "role_switches_per_step_mean": statistics.fmean(
+            r["role_switches_per_step"] for r in per_seed
+        ),
+        "same_version_mismatch_max": max(r["same_version_mismatch_max"] for r in per_seed),
+        "warm_start_sha256": warm_start_sha256,
+        "warm_start_heldout_pass_rate": statistics.fmean(r["before"] for r in per_seed),
+        "goals": GOALS,
         "per_seed": per_seed,
-        "steps": base.loop.steps,
-        "wall_s_per_seed": [r["wall_s"] for r in per_seed],
     }
-
-
-def _write(args, base, per_seed: list[dict]) -> Path:
-    config = {
-        "config": args.config,
-        "seeds": args.seeds,
-        "seeds_done": [r["seed"] for r in per_seed],
-        "loop": msgspec.to_builtins(base.loop),
-        "trainer": msgspec.to_builtins(base.trainer),
-        "warm_start": msgspec.to_builtins(base.warm_start),
-        "agent_command": list(base.tasks.harness.agent_command),
-    }
-    return write_result("learning", config, _numbers(per_seed, base))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="examples/cpu.toml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument(
-        "--steps", type=int, default=16, help="RL steps N (0: the config's loop.steps)"
-    )
+    parser.add_argument("--steps", type=int, default=0, help="RL steps (0: the config's own)")
     args = parser.parse_args()
     base = load_config(args.config)
-    make_run_steps = base.loop.steps
-    if (
-        make_run_steps < args.steps
-    ):  # also evaluate where `make run` stops: its result on every seed
-        base = msgspec.structs.replace(
-            base, loop=msgspec.structs.replace(base.loop, eval_every=make_run_steps)
-        )
     if args.steps:
         base = msgspec.structs.replace(
             base, loop=msgspec.structs.replace(base.loop, steps=args.steps)
         )
-    rows, per_seed = [], []
+    config = {
+        "config": args.config,
+        "seeds": args.seeds,
+        "loop": msgspec.to_builtins(base.loop),
+        "cells": msgspec.to_builtins(base.cells),
+        "scheduler": msgspec.to_builtins(base.scheduler),
+        "trainer": msgspec.to_builtins(base.trainer),
+        "warm_start": msgspec.to_builtins(base.warm_start),
+        "suites": list(base.tasks.suites),
+        "agent_command": list(base.tasks.harness.agent_command),
+    }
+    per_seed: list[dict] = []
     for seed in args.seeds:
         run_dir = Path("runs") / f"bench-learning-seed{seed}"
         shutil.rmtree(run_dir, ignore_errors=True)
-        config = msgspec.structs.replace(base, run_dir=str(run_dir), seed=seed)
         t0 = time.perf_counter()
-        run(config)
-        wall_s = time.perf_counter() - t0
-        evals = [r for r in read_metrics(run_dir) if isinstance(r, EvalMetrics)]
-        before, after = evals[0], evals[-1]
-        at_make_run = next((e for e in evals if e.step == make_run_steps), after)
-        gain = 100.0 * (after.pass_rate - before.pass_rate)
-        se_before, se_after = (
-            binomial_se(before.pass_rate, before.executions),
-            binomial_se(after.pass_rate, after.executions),
+        run(msgspec.structs.replace(base, run_dir=str(run_dir), seed=seed))
+        per_seed.append({"seed": seed, **seed_numbers(run_dir, time.perf_counter() - t0)})
+        weights = output_dir(base.model.path, base.warm_start) / "model.safetensors"
+        sha = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else ""
+        result = numbers(per_seed, sha)
+        path = write_result(
+            "main_job", {**config, "seeds_done": [r["seed"] for r in per_seed]}, result
         )
-        per_seed.append(
-            {
-                "seed": seed,
-                "before": before.pass_rate,
-                "after": after.pass_rate,
-                "gain_points": gain,
-                "gain_se_points": 100.0 * math.hypot(se_before, se_after),
-                "before_se": se_before,
-                "after_se": se_after,
-                "steps": after.step,
-                "eval_executions": after.executions,
-                "wall_s": wall_s,
-                "make_run_steps": at_make_run.step,
-                "make_run_after": at_make_run.pass_rate,
-            }
-        )
-        rows.append(per_seed[-1])
-        path = _write(
-            args, base, per_seed
-        )  # after every seed: a bench stopped early keeps the seeds it finished
-    numbers = _numbers(per_seed, base)
-    print_table("held-out pass rate before / after RL", rows)
+    print_table(
+        "held-out pass rate before / after RL",
+        [{k: r[k] for k in ("seed", "before", "after", "gain_points", "wall_s")} for r in per_seed],
+    )
     print(
-        f"mean gain {numbers['gain_points_mean']:.1f} "
-        f"+- {numbers['gain_se_points_mean']:.1f} points; wrote {path}"
+        f"mean gain {result['gain_points_mean']:.1f} "
+        f"+- {result['gain_se_points_mean']:.1f} points; wrote {path}"
     )
 
 
