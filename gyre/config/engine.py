@@ -132,8 +132,9 @@ class TrainerConfig(Config):
     """The DeepSpeed trainer (`gyre.engines.trainer`)."""
 
     zero_stage: int = 1
-    """DeepSpeed ZeRO stage: 0, 1 or 2 (stage 3 shards parameters, which the packed-tree forward
-    reads directly; not supported yet)."""
+    """DeepSpeed ZeRO stage: 0-3. Stage 3 shards parameters, gradients and Adam state over a
+    cell's `cells.devices_per_cell` ranks (`gyre.engines.zero3`; each pass gathers the whole
+    parameters once); a cell of several devices needs it."""
     learning_rate: float = 1e-5
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
@@ -158,8 +159,8 @@ class TrainerConfig(Config):
     invariant 7)."""
 
     def __post_init__(self) -> None:
-        if self.zero_stage not in (0, 1, 2):
-            raise ValueError(f"zero_stage={self.zero_stage} must be 0, 1 or 2")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
         if self.attention not in ("sdpa", "flex"):
             raise ValueError(f"trainer.attention={self.attention!r} must be 'sdpa' or 'flex'")
         if self.logprob_impl not in ("torch", "triton"):

@@ -516,10 +516,16 @@ class Trainer(Protocol):
         ...
 
     def accumulate(
-        self, micro_batches: Sequence[MicroBatch], advantages: Mapping[str, float | None]
+        self,
+        micro_batches: Sequence[MicroBatch],
+        advantages: Mapping[str, float | None],
+        *,
+        passes: int | None = None,
     ) -> AccumulateStatistics:
         """Forward/backward every micro-batch under the trainer's objective, adding its gradient to
-        the accumulation; no step. `ValueError` for no micro-batches or a missing advantage."""
+        the accumulation; no step. `passes` (one rank of a ZeRO-3 group): run that many, the rest
+        zero, so every rank runs the same collectives. `ValueError` for no micro-batches or a
+        missing advantage."""
         ...
 
     def gradient_vector(self) -> torch.Tensor:

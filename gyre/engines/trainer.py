@@ -1,13 +1,16 @@
 """The DeepSpeed trainer, and the guarded step: skip the update when any gradient is non-finite.
 
 Owns `DeepSpeedTrainer` (the `gyre.engines.protocol.Trainer`: a Hugging Face causal LM under a
-DeepSpeed ZeRO 0-2 engine, gloo on CPU, NCCL on GPU, with a torch AdamW client optimizer,
-bit-identical to plain AdamW in fp32), `grads_finite` / `step_if_finite`, and DeepSpeed start-up
-(`init_process_group`, `prepare_extensions_dir`, `build_ops`). A step is `accumulate`
-(micro-batches forward/backward; DeepSpeed's accumulation unmanaged) or `add_gradient_vector` (a
-satellite's flat gradient, added exactly), then `apply_step`. Blocking: call it from a worker
-thread. Knows nothing about engines, HTTP, trees or the loss: a batch is a `MicroBatch`, its loss
-comes from the caller's `Objective`; weight snapshots are Hugging Face folders vLLM reloads.
+DeepSpeed ZeRO 0-3 engine, gloo on CPU, NCCL on GPU, with a torch AdamW client optimizer,
+bit-identical to plain AdamW in fp32) and `grads_finite` / `step_if_finite`; re-exports DeepSpeed
+start-up (`init_process_group`, `prepare_extensions_dir`, `build_ops`: `gyre.engines.ds_setup`).
+A step is `accumulate` (micro-batches forward/backward; DeepSpeed's accumulation unmanaged) or
+`add_gradient_vector` / `add_gradient_shard` (a satellite's gradient, added exactly), then
+`apply_step`. Its group is torch.distributed's default group: one rank, or the k ranks of a
+multi-device cell at ZeRO-3 (`gyre.engines.zero3`; every rank runs every call). Blocking: call it
+from a worker thread.
+Knows nothing about engines, HTTP, trees or the loss: a batch is a `MicroBatch`, its loss comes
+from the caller's `Objective`; weight snapshots are Hugging Face folders vLLM reloads.
 """
 
 from __future__ import annotations
@@ -15,15 +18,19 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
-import sys
-import time
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from gyre.config import TrainerConfig
+from gyre.engines.ds_setup import (
+    STALE_BUILD_LOCK_S,
+    build_ops,
+    init_process_group,
+    prepare_extensions_dir,
+)
 from gyre.engines.protocol import (
     AccumulateStatistics,
     MicroBatch,
@@ -33,6 +40,7 @@ from gyre.engines.protocol import (
     TrainStatistics,
     mismatch_split,
 )
+from gyre.engines.zero3 import ZERO3_CONFIG, Zero3
 
 __all__ = [
     "DeepSpeedTrainer",
@@ -41,6 +49,7 @@ __all__ = [
     "init_process_group",
     "prepare_extensions_dir",
     "build_ops",
+    "STALE_BUILD_LOCK_S",
 ]
 
 logger = logging.getLogger(__name__)
@@ -49,14 +58,16 @@ logger = logging.getLogger(__name__)
 def grads_finite(params: Iterable[torch.nn.Parameter]) -> bool:
     """True when every existing `.grad` of `params` is finite, on this rank and (if
     torch.distributed is initialised) on every rank of the default group (an all-reduce of one
-    int32 flag, so every rank agrees to step or to skip)."""
+    int32 flag on the parameters' device, so every rank agrees to step or to skip)."""
     ok = True
+    device = None
     for p in params:
+        device = p.device
         if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
             ok = False
             break
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
         ok = bool(flag.item())
     return ok
@@ -72,72 +83,6 @@ def step_if_finite(optimizer: torch.optim.Optimizer) -> bool:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return ok
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-STALE_BUILD_LOCK_S = 600.0
-"""Age (seconds) past which a JIT-build lock counts as left by a killed build. DeepSpeed's
-`deepspeed_shm_comm` build takes about 55 s on the 2-core CPU machine (shared/notes)."""
-
-_JIT_OPS = ("deepspeed_shm_comm",)
-"""DeepSpeed ops that `deepspeed.init_distributed` JIT-builds on the CPU accelerator."""
-
-
-def prepare_extensions_dir() -> Path:
-    """The folder torch JIT-builds C++ extensions into, made this environment's own.
-
-    Sets TORCH_EXTENSIONS_DIR to `<sys.prefix>/torch_extensions` when unset: an op is compiled
-    against this environment's torch, so the build belongs with it rather than in the user-wide
-    `~/.cache/torch_extensions` that every environment shares. Then removes a build lock of
-    `_JIT_OPS` older than `STALE_BUILD_LOCK_S`, with a warning: torch's FileBaton waits forever on
-    a lock whose builder was killed (one killed trainer start would hang every later one).
-    """
-    root = Path(
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-    )
-    for op in _JIT_OPS:
-        lock = root / op / "lock"
-        try:
-            age = time.time() - lock.stat().st_mtime
-        except FileNotFoundError:
-            continue
-        if age > STALE_BUILD_LOCK_S:
-            logger.warning("removing %s, left %.0f s ago by a build that never finished", lock, age)
-            lock.unlink(missing_ok=True)
-    return root
-
-
-def build_ops() -> None:
-    """JIT-build, once, the DeepSpeed ops that trainer start-up needs (`make` runs this after the
-    install, so no trainer start, possibly killed, is the one that builds). A no-op where the
-    accelerator has no such op or it is already built."""
-    prepare_extensions_dir()
-    from deepspeed.comm.torch import build_shm_op
-
-    build_shm_op()
-
-
-def init_process_group() -> None:
-    """Join (or form) torch.distributed for DeepSpeed: from RANK/WORLD_SIZE/MASTER_* when a
-    launcher set them, else a one-process group on a free loopback port. No rendezvous variable is
-    written to the environment, so child processes (agents, other nodes) never inherit a stale one
-    (only LOCAL_RANK=0, which DeepSpeed requires, and TORCH_EXTENSIONS_DIR:
-    `prepare_extensions_dir`)."""
-    prepare_extensions_dir()
-    import deepspeed
-
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if not torch.distributed.is_initialized() and "WORLD_SIZE" not in os.environ:
-        torch.distributed.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-        )
-    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine asserts it; harmless to children
-    deepspeed.init_distributed(dist_backend=backend)  # adopts an existing group
 
 
 class DeepSpeedTrainer:
@@ -185,6 +130,22 @@ class DeepSpeedTrainer:
         model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=load_dtype, attn_implementation="sdpa"
         )
+        if dtype == torch.float64 and (
+            config.zero_stage != 0 or torch.distributed.get_world_size() != 1
+        ):
+            # DeepSpeed has no float64 path: its all-reduce asserts on fp64 grads (ZeRO 0), its
+            # ZeRO 1-2 partitions give wrong updates and ZeRO-3 asserts on the dtype. On one rank
+            # that all-reduce is a no-op, so float64 (exactness tests) runs ZeRO 0 on a one-rank
+            # group without it.
+            raise ValueError(
+                "dtype='float64' needs zero_stage=0 on a one-rank group, "
+                f"got zero_stage={config.zero_stage}, "
+                f"world size {torch.distributed.get_world_size()}"
+            )
+        if config.zero_stage == 3:
+            from deepspeed.utils import set_z3_leaf_module
+
+            set_z3_leaf_module(model, True)  # no per-module hooks: `gyre.engines.zero3`
         optimizer = torch.optim.AdamW(
             model.parameters(),
             lr=config.learning_rate,
@@ -195,7 +156,9 @@ class DeepSpeedTrainer:
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": 1,
             "managed_gradient_accumulation": False,
-            "zero_optimization": {"stage": config.zero_stage},
+            "zero_optimization": dict(ZERO3_CONFIG)
+            if config.zero_stage == 3
+            else {"stage": config.zero_stage},
             "zero_allow_untested_optimizer": True,
             "gradient_clipping": config.grad_clip,
             "bf16": {"enabled": dtype == torch.bfloat16},
@@ -205,16 +168,13 @@ class DeepSpeedTrainer:
             model=model, optimizer=optimizer, config=ds_config
         )
         if dtype == torch.float64:
-            # DeepSpeed has no float64 path: its all-reduce asserts on fp64 grads (ZeRO 0) and
-            # its ZeRO 1-2 partitions give wrong updates. On one rank that all-reduce is a no-op,
-            # so float64 (exactness tests) runs ZeRO 0 on a one-rank group without it.
-            if config.zero_stage != 0 or torch.distributed.get_world_size() != 1:
-                raise ValueError(
-                    "dtype='float64' needs zero_stage=0 on a one-rank group, "
-                    f"got zero_stage={config.zero_stage}, "
-                    f"world size {torch.distributed.get_world_size()}"
-                )
             self.engine.enable_backward_allreduce = False
+        self.ranks = torch.distributed.get_world_size()
+        """k: the ranks of the trainer's group (a cell's devices); each call runs on all."""
+        self.rank = torch.distributed.get_rank()
+        self.device = self.engine.device
+        """The parameters' device (the rank's local device on GPU)."""
+        self._zero3 = Zero3(self.engine, self.ranks) if config.zero_stage == 3 else None
         self.config = config
         self.objective = objective
         self.version = version
@@ -229,7 +189,8 @@ class DeepSpeedTrainer:
 
     @property
     def model(self) -> torch.nn.Module:
-        """The Hugging Face model (full parameters at ZeRO stages 0-2)."""
+        """The Hugging Face model (full parameters at ZeRO stages 0-2; at ZeRO-3 each holds an
+        empty tensor outside a pass: `gyre.engines.zero3`)."""
         return self.engine.module
 
     def train_batch(
@@ -265,19 +226,34 @@ class DeepSpeedTrainer:
         return self._has_gradients
 
     def accumulate(
-        self, micro_batches: Sequence[MicroBatch], advantages: Mapping[str, float | None]
+        self,
+        micro_batches: Sequence[MicroBatch],
+        advantages: Mapping[str, float | None],
+        *,
+        passes: int | None = None,
     ) -> AccumulateStatistics:
         """Forward/backward every micro-batch under the objective, adding its gradient to the
         accumulation; no step.
 
         The objective's losses already normalise per execution and per batch (the policy loss's
         weights do), so the gradients of a batch's micro-batches simply add up, on one trainer or
-        spread over several.
-        Raises `ValueError` for no micro-batches or an execution without an advantage (checked
-        for every micro-batch before any backward, so a refused call adds nothing).
+        spread over several (over k ranks, each loss is multiplied by k: DeepSpeed averages over
+        its group). `passes` (ZeRO-3 on several ranks: each rank runs this rank's share) is how
+        many passes to run, at least `len(micro_batches)`: the rest add a zero gradient, so every
+        rank runs the same collectives. Raises `ValueError` for no micro-batches and no `passes`,
+        `passes` below the micro-batches or (not ZeRO-3) above them, or an execution without an
+        advantage (checked for every micro-batch before any backward: a refused call adds
+        nothing).
         """
-        if not micro_batches:
+        if not micro_batches and passes is None:
             raise ValueError("accumulate needs at least one micro-batch")
+        passes = len(micro_batches) if passes is None else passes
+        if passes < max(len(micro_batches), 1):
+            raise ValueError(
+                f"passes={passes} must be >= 1 and >= the {len(micro_batches)} micro-batches"
+            )
+        if passes > len(micro_batches) and self._zero3 is None:
+            raise ValueError(f"passes={passes} > {len(micro_batches)} micro-batches needs ZeRO-3")
         for batch in micro_batches:
             missing = [e for e in batch.execution_ids if e not in advantages]
             if missing:
@@ -288,14 +264,23 @@ class DeepSpeedTrainer:
         same_sum, same_counted = 0.0, 0
         finite = True
         for batch in micro_batches:
-            loss, stats = self.objective(
-                self.model,
-                batch,
-                advantages,
-                version=self.version,
-                attention=self.config.attention,
-                logprob_impl=self.config.logprob_impl,
-            )
+
+            def forward(batch=batch):
+                return self.objective(
+                    self.model,
+                    batch,
+                    advantages,
+                    version=self.version,
+                    attention=self.config.attention,
+                    logprob_impl=self.config.logprob_impl,
+                )
+
+            if self._zero3 is not None:
+                loss, stats = self._zero3.backward_pass(forward)
+            else:
+                loss, stats = forward()
+                scaled = loss * self.ranks if self.ranks > 1 else loss
+                self.engine.backward(scaled, scale_wrt_gas=False)
             tokens += batch.num_tokens
             policy_tokens += stats.tokens
             if stats.tokens:
@@ -309,10 +294,13 @@ class DeepSpeedTrainer:
             # backward even on a non-finite loss: every rank runs the same collectives, and the
             # all-reduced finite check in apply_step skips the step everywhere
             finite = finite and bool(torch.isfinite(loss))
-            self.engine.backward(loss, scale_wrt_gas=False)
             self._has_gradients = True
             self._vector = None
             total_loss += float(loss.detach())
+        for _ in range(passes - len(micro_batches)):
+            self._zero3.zero_pass()
+            self._has_gradients = True  # zeros: the same on every rank
+            self._vector = None
         self._finite = self._finite and finite
         self._micro_batches += len(micro_batches)
         self._tokens += tokens
@@ -331,52 +319,96 @@ class DeepSpeedTrainer:
 
     def gradient_vector(self) -> torch.Tensor:
         """The accumulated gradient as one flat tensor (shape [P], P = total parameter count, the
-        gradient dtype: fp32, or fp64 for a float64 model), in `model.parameters()` order; zeros
-        where nothing was accumulated.
+        gradient dtype: fp32, or fp64 for a float64 model, on the parameters' device), in
+        `model.parameters()` order; zeros where nothing was accumulated.
 
-        Read through `deepspeed.utils.safe_get_full_grad`; at ZeRO stage 2 the accumulation is
-        first finalised (as `step()` would), so follow this call with `zero_grad()` (a satellite
-        sends, then zeroes) or `apply_step()`, not with more `accumulate`. A second call before
-        the gradients change returns the same tensor (a retried send).
+        Read through `deepspeed.utils.safe_get_full_grad` (at ZeRO-3 an all-gather of the
+        shards: every rank calls it); at ZeRO stage 2 the accumulation is first finalised (as
+        `step()` would), so follow this call with `zero_grad()` (a satellite sends, then zeroes)
+        or `apply_step()`, not with more `accumulate`. A second call before the gradients change
+        returns the same tensor (a retried send).
         """
         from deepspeed.utils import safe_get_full_grad
 
         if not self._has_gradients:  # nothing accumulated since the last step / zero_grad
-            return torch.zeros(self.num_parameters, dtype=self._grad_dtype)
+            return torch.zeros(self.num_parameters, dtype=self._grad_dtype, device=self.device)
         if self._vector is not None:  # read already (a retried send): ZeRO 2 finalises only once
             return self._vector
         if self.config.zero_stage == 2:
             self.optimizer.finalize_gradient_accumulation_boundary()
         parts = []
         for p in self.model.parameters():
-            if self.config.zero_stage == 2 or p.grad is not None:
+            if self.config.zero_stage in (2, 3) or p.grad is not None:
                 grad = safe_get_full_grad(p)
             else:
                 grad = None  # stage 0/1 after zero_grad: no backward since, the gradient is 0
-            parts.append(
-                torch.zeros(p.numel(), dtype=self._grad_dtype) if grad is None else grad.reshape(-1)
-            )
-        self._vector = torch.cat(parts).to(self._grad_dtype)
+            if grad is None:
+                grad = torch.zeros(Zero3.numel(p), dtype=self._grad_dtype, device=self.device)
+            parts.append(grad.reshape(-1).to(self.device, self._grad_dtype))
+        self._vector = torch.cat(parts)
         return self._vector
 
     @property
     def num_parameters(self) -> int:
-        """P: the length of `gradient_vector()`."""
-        return sum(p.numel() for p in self.model.parameters())
+        """P: the length of `gradient_vector()` (whole parameters, also when sharded)."""
+        return sum(Zero3.numel(p) for p in self.model.parameters())
 
     @property
     def grad_dtype(self) -> torch.dtype:
-        """dtype of `gradient_vector()` (fp32, or fp64 for a float64 model)."""
+        """dtype of `gradient_vector()` and `gradient_shard()` (fp32, or fp64 for a float64
+        model)."""
         return self._grad_dtype
 
-    def add_gradient_vector(self, vec: torch.Tensor) -> None:
-        """Add a flat gradient (shape [P], as `gradient_vector` returns) into DeepSpeed's
-        accumulation, at any ZeRO stage 0-2, so that the next `apply_step` sees it.
+    @property
+    def shard_numel(self) -> int:
+        """Length of `gradient_shard()`: this rank's partitions at ZeRO-3 (about P / k), else P."""
+        return self.num_parameters if self._zero3 is None else self._zero3.shard_numel
 
-        Done as one `engine.backward` of sum_i (p_i * g_i).sum(): d/dp of p.g is g, exactly (the
-        autograd seed is 1 and each product's gradient is 1 * g), and DeepSpeed adds it to what
-        it holds as for any micro-batch. Raises `ValueError` on a wrong shape or a non-float
-        tensor; a non-finite entry makes the next `apply_step` skip.
+    def gradient_shard(self) -> torch.Tensor:
+        """This rank's part of the accumulated gradient (shape [shard_numel], `grad_dtype`, on
+        the parameters' device): at ZeRO-3 its partition of every parameter in parameter order,
+        the same layout on rank r of every group of k ranks over the same model (what the
+        core/satellite exchange moves, rank r to rank r); else `gradient_vector()`. Zeros when
+        nothing is held."""
+        if self._zero3 is None:
+            return self.gradient_vector()
+        if not self._has_gradients:
+            return torch.zeros(self.shard_numel, dtype=self._grad_dtype, device=self.device)
+        return self._zero3.local_shard().to(self._grad_dtype)
+
+    def add_gradient_shard(self, shard: torch.Tensor) -> None:
+        """Add rank r's `gradient_shard()` of another trainer of the same model and group size
+        (moved to this trainer's device first) to this rank's accumulation; the next
+        `apply_step` sees it. Every rank of the group calls it (ZeRO-3: with nothing held, a
+        zero pass first). Raises `ValueError` on a wrong shape or a non-float tensor; a
+        non-finite entry makes the next `apply_step` skip."""
+        if self._zero3 is None:
+            self.add_gradient_vector(shard)
+            return
+        if shard.dim() != 1 or shard.shape[0] != self.shard_numel or not shard.is_floating_point():
+            raise ValueError(
+                f"gradient shard of shape {tuple(shard.shape)} and dtype {shard.dtype}: "
+                f"expected a float vector of {self.shard_numel} entries"
+            )
+        shard = shard.to(self.device)
+        if not self._has_gradients:
+            self._zero3.zero_pass()  # the shards are zero and later passes add to them
+        self._zero3.add_local_shard(shard)
+        self._has_gradients = True
+        self._vector = None
+        self._finite = self._finite and bool(torch.isfinite(shard).all())
+        self._vectors_added += 1
+
+    def add_gradient_vector(self, vec: torch.Tensor) -> None:
+        """Add a flat gradient (shape [P], as `gradient_vector` returns; moved to the parameters'
+        device first) into DeepSpeed's accumulation, at any ZeRO stage, so that the next
+        `apply_step` sees it. On k ranks, every rank adds the same vector.
+
+        Stages 0-2: one `engine.backward` of sum_i (p_i * g_i).sum(): d/dp of p.g is g, exactly
+        (the autograd seed is 1 and each product's gradient is 1 * g), and DeepSpeed adds it to
+        what it holds as for any micro-batch (averaging k equal copies). ZeRO-3: this rank's
+        partition of each parameter's slice, added to its shard. Raises `ValueError` on a wrong
+        shape or a non-float tensor; a non-finite entry makes the next `apply_step` skip.
         """
         if vec.dim() != 1 or vec.shape[0] != self.num_parameters or not vec.is_floating_point():
             raise ValueError(
@@ -384,6 +416,10 @@ class DeepSpeedTrainer:
                 "expected a float "
                 f"vector of {self.num_parameters} entries"
             )
+        vec = vec.to(self.device)
+        if self._zero3 is not None:
+            self.add_gradient_shard(self._shard_of(vec))
+            return
         self.engine.train()
         terms = []
         offset = 0
@@ -398,6 +434,29 @@ class DeepSpeedTrainer:
         self._finite = self._finite and bool(torch.isfinite(vec).all())
         self._vectors_added += 1
 
+    def _shard_of(self, vec: torch.Tensor) -> torch.Tensor:
+        """ZeRO-3: this rank's partition of each parameter's slice of a whole flat vector,
+        zero-padded as DeepSpeed pads the last partition."""
+        parts, offset = [], 0
+        for p in self.model.parameters():
+            n, part = Zero3.numel(p), int(p.ds_tensor.numel())
+            flat = vec[offset : offset + n]
+            offset += n
+            piece = flat[self.rank * part : (self.rank + 1) * part]
+            parts.append(torch.nn.functional.pad(piece, (0, part - piece.numel())))
+        return torch.cat(parts)
+
+    def optimizer_state_numel(self) -> int:
+        """Elements of optimizer state this rank holds (Adam's two moments: 2 x its parameter
+        shard; 2P on one rank or below ZeRO-1)."""
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        return sum(
+            int(t.numel())
+            for state in inner.state.values()
+            for t in state.values()
+            if isinstance(t, torch.Tensor) and t.dim() > 0
+        )
+
     def apply_step(self, *, finite: bool = True) -> StepStatistics:
         """One optimizer step on what was accumulated, then `zero_grad()`.
 
@@ -405,7 +464,13 @@ class DeepSpeedTrainer:
         accumulated since the last step, the `finite` argument, or any gradient is non-finite on
         any rank of the trainer's own group.
         """
-        finite = finite and self._finite and grads_finite(self.model.parameters())
+        if self._zero3 is None:
+            finite = finite and self._finite and grads_finite(self.model.parameters())
+        else:  # the gradients live in the shards: all-reduce of this rank's verdict
+            ok = finite and self._finite and bool(torch.isfinite(self.gradient_shard()).all())
+            flag = torch.tensor([int(ok)], dtype=torch.int32, device=self.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+            finite = bool(flag.item())
         grad_norm = None
         if finite:
             self.engine.step()
@@ -435,15 +500,19 @@ class DeepSpeedTrainer:
         )
 
     def zero_grad(self) -> None:
-        """Drop the accumulated gradients (frees their memory: grads are set to None)."""
+        """Drop the accumulated gradients (frees their memory: grads are set to None; at ZeRO-3
+        the next pass overwrites the shards instead of adding to them)."""
         self.engine.zero_grad()
+        if self._zero3 is not None:
+            self.optimizer.zero_grad()  # the engine's only drops `.grad`s
         self._has_gradients = False
         self._finite = True
         self._vector = None
 
     def load_weights(self, snapshot_dir: str | Path, version: int) -> None:
         """Load a Hugging Face safetensors snapshot (as `save_snapshot` writes) into the module and
-        tag it `version`. The optimizer state (and, at ZeRO 1-2, its master copy of the weights) is
+        tag it `version` (every rank reads the files; at ZeRO-3 rank 0's copy is partitioned to
+        all). The optimizer state (and, at ZeRO 1-3, its master copy of the weights) is
         untouched: a satellite that loads snapshots computes gradients and never steps.
 
         Raises `FileNotFoundError` when the folder has no safetensors file, `ValueError` when a
@@ -469,17 +538,18 @@ class DeepSpeedTrainer:
                 f"snapshot {str(snapshot_dir)!r} does not match the model: missing {missing}, "
                 f"unknown {unknown}"
             )
-        with torch.no_grad():
+        for name, p in params.items():
+            if name in state and state[name].shape != Zero3.shape(p):
+                raise ValueError(
+                    f"snapshot tensor {name!r} has shape {tuple(state[name].shape)}, "
+                    f"the model {tuple(Zero3.shape(p))}"
+                )
+        # ZeRO-3: gathered whole, rank 0's copy re-partitioned to every rank (a collective)
+        gathered = nullcontext() if self._zero3 is None else self._zero3.gathered(modifier_rank=0)
+        with gathered, torch.no_grad():
             for name, p in params.items():
-                if name not in state:
-                    continue
-                t = state[name]
-                if t.shape != p.shape:
-                    raise ValueError(
-                        f"snapshot tensor {name!r} has shape {tuple(t.shape)}, "
-                        f"the model {tuple(p.shape)}"
-                    )
-                p.copy_(t.to(p.dtype))
+                if name in state:
+                    p.copy_(state[name].to(p.device, p.dtype))
         self.version = version
 
     def save_snapshot(self, root: str | Path) -> Path:
@@ -487,6 +557,15 @@ class DeepSpeedTrainer:
         engines; keeps the newest `keep_snapshots` and deletes older ones. Returns the folder."""
         root = Path(root)
         path = root / f"v{self.version}"
+        if self._zero3 is not None:  # every rank gathers the parameters, rank 0 writes them
+            with self._zero3.gathered():
+                if self.rank == 0:
+                    self._write_snapshot(root, path)
+        else:
+            self._write_snapshot(root, path)
+        return path
+
+    def _write_snapshot(self, root: Path, path: Path) -> None:
         tmp = root / f".v{self.version}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         self.model.save_pretrained(tmp, safe_serialization=True)
@@ -497,7 +576,6 @@ class DeepSpeedTrainer:
         )
         for old in snapshots[: -self.config.keep_snapshots]:
             shutil.rmtree(old, ignore_errors=True)
-        return path
 
     def save_checkpoint(self, path: str | Path) -> None:
         """Weights, optimizer state and version (DeepSpeed's checkpoint format) at `path`."""
