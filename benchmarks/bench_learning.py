@@ -17,8 +17,8 @@ finished) with the keys of issue 21's acceptance:
   (mean of the steps' selected tokens one by one / packed, goal >= 1.5), `partial_fraction`
   (trained executions stopped at a limit and partially scored, goal > 0), `subagent_fraction` and
   `compaction_fraction` (executions of the call log with a `sub_agent` / `main_summary` call,
-  goal > 0), `role_switches_per_step_mean` (a cell taking a new role, its first role not counted,
-  per step, goal > 0), `same_version_mismatch_max` (worst step, goal <= 1e-5);
+  goal > 0), `role_switches_per_step_mean` (a cell entering `switching`, per step, goal > 0),
+  `same_version_mismatch_max` (worst step, goal <= 1e-5);
 - `warm_start_sha256` (sha256 of the warm-started `model.safetensors`) and
   `warm_start_heldout_pass_rate` (the first held-out evaluation: the warm-started model).
 
@@ -64,17 +64,9 @@ def binomial_se(p: float, n: int) -> float:
 
 
 def role_switches(run_dir: Path) -> int:
-    """Role changes of the run's cells: a cell taking `rollout` or `train` after its first role
-    (`switching` records in between are not counted apart)."""
-    last: dict[int, str] = {}
-    switches = 0
-    for change in read_timeline(run_dir).roles:
-        if change.role == "switching":
-            continue
-        if change.cell in last and last[change.cell] != change.role:
-            switches += 1
-        last[change.cell] = change.role
-    return switches
+    """Role switches of the run's cells: each cell leaving its role enters `switching` first
+    (`timeline.jsonl`'s role records)."""
+    return sum(change.role == "switching" for change in read_timeline(run_dir).roles)
 
 
 def seed_numbers(run_dir: Path, wall_s: float) -> dict:
