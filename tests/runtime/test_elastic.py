@@ -120,11 +120,14 @@ async def test_each_policy_trains_every_batch_once(policy: str, tmp_path: Path) 
     timeline = read_timeline(tmp_path / "run")
     kinds = {iv.kind for iv in timeline.intervals}
     assert {"rollout", "train", "step"} <= kinds
+    stats = runtime.statistics()
+    assert stats.steps_done == stats.weight_version == STEPS and stats.cells_dead == 0
     if policy == "async":  # a fixed split: the core trains from the start, nothing ever switches
-        assert runtime.switch_s == [] and fakes[0].switches == ["train"]
+        assert stats.switches == 0 and fakes[0].switches == ["train"]
+        assert stats.roles == ("train", "rollout", "rollout")
         assert all(f.switches == [] for f in fakes[1:])
     else:  # colocate and elastic move cells, and every switch shows in the timeline
-        assert runtime.switches_done == len(runtime.switch_s) > 0
+        assert stats.switches == len(runtime.switch_s) > 0
         assert {rc.role for rc in timeline.roles} >= {"switching", "train", "rollout"}
     if policy == "colocate":  # every cell trains every batch: satellites join the accumulation
         assert all(f.switches[:2] == ["train", "rollout"] for f in fakes)
@@ -280,7 +283,7 @@ async def test_hundred_forced_switches_during_long_executions_lose_nothing(tmp_p
         on_runtime=feed.attach,
     )
     assert chaos.forced == 100
-    assert runtime.switches_done >= 100
+    assert runtime.statistics().switches >= 100
     log = read_log(tmp_path / "run" / "calls.log")
     ended = feed.outcomes
     assert len(ended) >= STORM_STEPS * B

@@ -86,7 +86,7 @@ def test_two_real_cells_colocate_two_steps(tmp_path: Path, tiny_model_dir: Path)
     assert all(m.pass_rate == 0.5 for m in metrics)  # the coin agent: odd slots solve their task
     assert all(m.policy_tokens > 0 and m.logprob_abs_diff_mean < 1e-4 for m in metrics)
     assert (run_dir / "snapshots" / "v2" / "model.safetensors").exists()
-    assert runtime.weights.version == 2
+    assert runtime.statistics().weight_version == 2
     core, satellite = stats
     assert core.trainer_version == 2
     # a step's 2 groups go to whichever training cell is idle first (under load the core, switched
@@ -102,7 +102,7 @@ def test_two_real_cells_colocate_two_steps(tmp_path: Path, tiny_model_dir: Path)
     for rc in timeline.roles:
         completed += last_role.get(rc.cell) == "switching"
         last_role[rc.cell] = rc.role
-    assert completed == runtime.switches_done >= 4
+    assert completed == runtime.statistics().switches >= 4
     assert {"rollout", "train", "step", "switch"} <= {iv.kind for iv in timeline.intervals}
 
 
