@@ -27,8 +27,10 @@ def on_cpu() -> bool:
     return current_platform.is_cpu()
 
 
-def engine_args(model_path: str, config: EngineConfig) -> Any:
-    """vLLM `AsyncEngineArgs` for a gyre rollout engine (token IDs in, processed logprobs out)."""
+def engine_args(model_path: str, config: EngineConfig, *, tensor_parallel_size: int = 1) -> Any:
+    """vLLM `AsyncEngineArgs` for a gyre rollout engine (token IDs in, processed logprobs out),
+    tensor-parallel over `tensor_parallel_size` devices (a cell's `cells.devices_per_cell` on
+    GPU; vLLM's CPU backend runs 1 here)."""
     from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -48,6 +50,7 @@ def engine_args(model_path: str, config: EngineConfig) -> Any:
         enable_prefix_caching=config.enable_prefix_caching,
         enforce_eager=config.enforce_eager,
         enable_sleep_mode=config.sleep_mode,
+        tensor_parallel_size=tensor_parallel_size,
         logprobs_mode="processed_logprobs",
         max_logprobs=20,
         skip_tokenizer_init=False,  # structured outputs compile grammars over the vocabulary

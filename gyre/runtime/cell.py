@@ -3,11 +3,14 @@
 `python -m gyre.runtime.cell --model DIR --engine-config JSON --port-file FILE` binds the cell's
 aiohttp server (`gyre.runtime.cell_api`) first (the port goes to FILE), then starts the engine
 (`VLLMEngine`, or the scripted fake when `backend = "scripted"`); with `--trainer-config JSON
-[--rl-config JSON]` also a `DeepSpeedTrainer` on the same model folder (its own world-size-1
-DeepSpeed group), and with `--rank I --world-size N --group-store HOST:PORT` it joins the run-wide
-gradient group (`grad_group`), both held by the cell's `CellRoles` (`gyre.runtime.cell_roles`). It
-serves until `POST /shutdown` or SIGTERM (during start-up SIGTERM exits at once, with the cell's
-process group). Owns `serve` and `main`; knows nothing about the routes' bodies or the roles.
+[--rl-config JSON]` also a trainer on the same model folder: with `--devices-per-cell K` (default
+1) a DeepSpeed group of K ranks, this process rank 0 and K - 1 worker processes it starts
+(`gyre.runtime.cell_ranks`), and with `--rank I --world-size N --group-store HOST:PORT` (I: this
+cell of N) its ranks join the run-wide gradient group (`grad_group`) as ranks I*K .. I*K + K - 1;
+both held by the cell's `CellRoles` (`gyre.runtime.cell_roles`). It serves until
+`POST /shutdown` or SIGTERM (during start-up SIGTERM exits at once, with the cell's process
+group, the worker ranks included). Owns `serve` and `main`; knows nothing about the routes'
+bodies or the roles.
 
 Serving at engine speed (measured 2026-12-01, 2 cores; shared/notes/cell-serving.md): a cell in
 a session of its own is a scheduling autogroup of its own, and while vLLM's queue readers spin
@@ -43,21 +46,34 @@ __all__ = ["serve", "main"]
 logger = logging.getLogger(__name__)
 
 
-async def _start_engine(model: str, config: EngineConfig):
+async def _start_engine(model: str, config: EngineConfig, devices: int):
+    """The cell's engine: vLLM tensor-parallel over the cell's `devices` on GPU; on CPU one
+    engine process (tensor parallelism is GPU-only here: the cell's k ranks are the trainer's)."""
     if config.backend == "scripted":
         from gyre.engines.scripted import ScriptedEngine
 
         return ScriptedEngine(max_model_len=config.max_model_len)
+    import torch
+
     from gyre.engines.vllm_engine import VLLMEngine
 
-    return await VLLMEngine.start(model, config)
+    tensor_parallel = devices if torch.cuda.is_available() else 1
+    return await VLLMEngine.start(model, config, tensor_parallel_size=tensor_parallel)
 
 
-async def _start_trainer(model: str, trainer: TrainerConfig, rl: RLConfig):
-    from gyre.engines.trainer import DeepSpeedTrainer
-    from gyre.rl import PolicyObjective
+async def _start_trainer(
+    model: str,
+    trainer: TrainerConfig,
+    rl: RLConfig,
+    ranks: int,
+    group: tuple[str, int, int] | None,
+):
+    """The cell's `CellTrainer` and its rank 0's `GradientGroup` (None without `group`)."""
+    from gyre.runtime.cell_ranks import start_cell_trainer
 
-    return await asyncio.to_thread(DeepSpeedTrainer, model, trainer, PolicyObjective(rl))
+    return await asyncio.to_thread(
+        lambda: start_cell_trainer(model, trainer, rl, ranks=ranks, group=group)
+    )
 
 
 async def serve(
@@ -70,10 +86,12 @@ async def serve(
     trainer: TrainerConfig | None = None,
     rl: RLConfig | None = None,
     group: tuple[str, int, int] | None = None,
+    devices_per_cell: int = 1,
 ) -> None:
     """Serve one cell until shutdown; writes the bound port to `port_file` before starting the
-    engine, then the trainer (`trainer` given) and the gradient group (`group` = (store address,
-    rank, world size)); `/health` says ready once all three are up."""
+    engine, then the trainer (`trainer` given; over `devices_per_cell` ranks) and the gradient
+    group (`group` = (store address, this cell's index, the number of cells)); `/health` says
+    ready once all three are up."""
     cell = CellAPI()
     app = cell_app(cell)
     runner = web.AppRunner(app, access_log=None)
@@ -87,16 +105,21 @@ async def serve(
     previous = signal.signal(signal.SIGTERM, _exit_while_starting)
     try:
         try:
-            cell.engine = await _start_engine(model, config)
+            cell.engine = await _start_engine(model, config, devices_per_cell)
             if trainer is not None:
-                cell.roles.trainer = await _start_trainer(model, trainer, rl or RLConfig())
-            if group is not None:
+                cell.roles.trainer, cell.roles.group = await _start_trainer(
+                    model, trainer, rl or RLConfig(), devices_per_cell, group
+                )
+            elif group is not None:
                 from gyre.runtime.grad_group import GradientGroup
 
                 address, rank, world_size = group
-                timeout_s = (trainer or TrainerConfig()).train_timeout_s
                 cell.roles.group = await asyncio.to_thread(
-                    GradientGroup, address, rank, world_size, timeout_s=timeout_s
+                    GradientGroup,
+                    address,
+                    rank,
+                    world_size,
+                    timeout_s=TrainerConfig().train_timeout_s,
                 )
             cell.health = Health(state="ready")
             logger.info("cell ready on %s:%d (backend %s)", host, bound, config.backend)
@@ -112,6 +135,8 @@ async def serve(
         signal.signal(signal.SIGTERM, previous)
         cell.streams.close_all()
         await runner.cleanup()
+        if cell.roles.trainer is not None:
+            await asyncio.to_thread(cell.roles.trainer.close)
         if cell.engine is not None and hasattr(cell.engine, "shutdown"):
             cell.engine.shutdown()
 
@@ -146,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--group-store", default=None, help="HOST:PORT of the node's gradient-group TCPStore"
     )
+    parser.add_argument(
+        "--devices-per-cell", type=int, default=1, help="ranks of the cell's trainer (K >= 1)"
+    )
     args = parser.parse_args(argv)
     if not os.environ.get(CELL_SECRET_ENV):
         parser.error(
@@ -167,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     group_args = (args.rank, args.world_size, args.group_store)
     if any(a is not None for a in group_args) and any(a is None for a in group_args):
         parser.error("--rank, --world-size and --group-store go together")
+    if args.devices_per_cell < 1:
+        parser.error(f"--devices-per-cell {args.devices_per_cell} must be >= 1")
     group = None if args.group_store is None else (args.group_store, args.rank, args.world_size)
     asyncio.run(
         serve(
@@ -178,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer=trainer,
             rl=rl,
             group=group,
+            devices_per_cell=args.devices_per_cell,
         )
     )
     return 0

@@ -44,7 +44,13 @@ from gyre.errors import (
     WeightSyncError,
     error_from_code,
 )
-from gyre.runtime.cell_process import CellProcess, _cpu_binding, spawn_cell, wait_cell_ready
+from gyre.runtime.cell_process import (
+    CellProcess,
+    _cpu_binding,
+    cell_devices,
+    spawn_cell,
+    wait_cell_ready,
+)
 from gyre.runtime.cell_wire import (
     AbortRequest,
     CellStatistics,
@@ -432,8 +438,11 @@ async def open_cell(
     rank: int | None = None,
     world_size: int | None = None,
     group_store: str | None = None,
+    devices_per_cell: int = 1,
 ) -> AsyncIterator[CellClient]:
-    """Spawn a cell, wait until it serves, yield its client; stop the process on exit."""
+    """Spawn a cell (its trainer over `devices_per_cell` ranks; on GPU it sees the first
+    `devices_per_cell` devices), wait until it serves, yield its client; stop the process on
+    exit."""
     cell = spawn_cell(
         model_dir,
         config,
@@ -444,6 +453,8 @@ async def open_cell(
         rank=rank,
         world_size=world_size,
         group_store=group_store,
+        env=cell_devices(0, devices_per_cell),
+        devices_per_cell=devices_per_cell,
     )
     try:
         url = await anyio.to_thread.run_sync(wait_cell_ready, cell, config.startup_timeout_s, host)
@@ -471,6 +482,7 @@ async def open_cells(
     store_host: str | None = None,
     store_port: int = 0,
     remote: Callable[[str], Awaitable[Sequence[tuple[int, str, Any]]]] | None = None,
+    devices_per_cell: int = 1,
 ) -> AsyncIterator[list[CellClient]]:
     """Start `n` cells at once on this host; yield their clients in rank order (logs at
     `log_dir/cell-<rank>.log`). Without `trainer_config` the cells have no trainer and no group.
@@ -483,9 +495,23 @@ async def open_cells(
     host's cells: `gyre.runtime.join`). `remote` (the head of several hosts) is awaited with the
     store's address, while the local cells start, for the other hosts' ready cells as (rank, base
     URL, process-like with `poll()`); their clients are yielded with the local ones, all in rank
-    order, so `clients[i].rank == i` over the whole group."""
+    order, so `clients[i].rank == i` over the whole group.
+
+    `devices_per_cell` (k, `cells.devices_per_cell`): each cell's trainer is k ranks (ZeRO-3,
+    `gyre.runtime.cell_ranks`), and on GPU the i-th local cell sees only devices i*k .. i*k+k-1
+    (`cell_devices`); `rank` stays the cell's index, its ranks in the gradient group are
+    rank*k .. rank*k + k - 1. Raises `ValueError` for k < 1, k > 1 with a trainer below ZeRO-3,
+    or too few devices."""
     if n < 1:
         raise ValueError(f"n={n} must be >= 1")
+    if devices_per_cell < 1:
+        raise ValueError(f"devices_per_cell={devices_per_cell} must be >= 1")
+    if devices_per_cell > 1 and trainer_config is not None and trainer_config.zero_stage != 3:
+        raise ValueError(
+            f"devices_per_cell={devices_per_cell} needs trainer.zero_stage=3, "
+            f"got {trainer_config.zero_stage}"
+        )
+    devices = [cell_devices(i, devices_per_cell) for i in range(n)]
     world_size = n if world_size is None else world_size
     if first_rank < 0 or first_rank + n > world_size:
         raise ValueError(f"ranks {first_rank}..{first_rank + n - 1} must be in [0, {world_size})")
@@ -514,7 +540,8 @@ async def open_cells(
             rank=None if address is None else rank,
             world_size=None if address is None else world_size,
             group_store=address,
-            env=_cpu_binding(rank, world_size),
+            env={**(_cpu_binding(rank, world_size) or {}), **(devices[rank - first_rank] or {})},
+            devices_per_cell=devices_per_cell,
         )
         for rank in range(first_rank, first_rank + n)
     ]

@@ -4,7 +4,8 @@ A cell runs in its own process group, so stopping it takes vLLM's engine-core an
 processes with it, but in the node's session: a new session is a new scheduling autogroup, and
 the spinning vLLM processes of a cell in a group of its own starved the node's client (see the
 `gyre.runtime.cell` docstring). A cell also gets SIGTERM when the node dies (`PR_SET_PDEATHSIG`).
-Knows nothing about the cell's HTTP API beyond `/health`.
+`cell_devices` gives each cell of k devices its own (`CUDA_VISIBLE_DEVICES`); its worker ranks
+are in its process group. Knows nothing about the cell's HTTP API beyond `/health`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gyre.config import EngineConfig, RLConfig, TrainerConfig
 from gyre.errors import EngineTimeoutError, EngineUnavailableError
 from gyre.runtime.cell_wire import Health, cell_secret, decode
 
-__all__ = ["CellProcess", "spawn_cell", "wait_cell_ready"]
+__all__ = ["CellProcess", "spawn_cell", "wait_cell_ready", "cell_devices"]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -86,11 +87,13 @@ def spawn_cell(
     world_size: int | None = None,
     group_store: str | None = None,
     env: dict[str, str] | None = None,
+    devices_per_cell: int = 1,
 ) -> CellProcess:
     """Start a cell worker process (returns at once; see `wait_cell_ready`). With `trainer_config`
-    the cell also holds a trainer on `model_dir`; with `rank`, `world_size` and `group_store`
-    ("HOST:PORT" of `host_group_store`) it joins the run-wide gradient group. `env` adds to the
-    environment it inherits."""
+    the cell also holds a trainer on `model_dir`, over `devices_per_cell` ranks (processes); with
+    `rank` (this cell's index), `world_size` (cells) and `group_store` ("HOST:PORT" of
+    `host_group_store`) it joins the run-wide gradient group. `env` adds to the environment it
+    inherits (`cell_devices`: its devices)."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     port_file = Path(tempfile.mkdtemp(prefix=_PORT_DIR_PREFIX)) / "port"
@@ -115,6 +118,8 @@ def spawn_cell(
         cmd += ["--rl-config", msgspec.json.encode(rl_config).decode()]
     if group_store is not None:
         cmd += ["--rank", str(rank), "--world-size", str(world_size), "--group-store", group_store]
+    if devices_per_cell != 1:
+        cmd += ["--devices-per-cell", str(devices_per_cell)]
     cell_secret()  # in our environment before the cell inherits it
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
@@ -142,6 +147,30 @@ def _cpu_binding(rank: int, n: int) -> dict[str, str] | None:
         return None
     cores = sorted(os.sched_getaffinity(0))
     return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[rank % len(cores)])}
+
+
+def cell_devices(index: int, devices_per_cell: int) -> dict[str, str] | None:
+    """The environment that gives this host's `index`-th cell its own `devices_per_cell` GPUs:
+    `CUDA_VISIBLE_DEVICES` of devices index*k .. index*k + k - 1 (of the node's own
+    `CUDA_VISIBLE_DEVICES` when set), so its ranks take `cuda:0` .. `cuda:k-1`. None without a
+    GPU. Raises `ValueError` when the host has too few devices."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = (
+        [d.strip() for d in visible.split(",") if d.strip()]
+        if visible
+        else [str(d) for d in range(torch.cuda.device_count())]
+    )
+    first = index * devices_per_cell
+    if first + devices_per_cell > len(devices):
+        raise ValueError(
+            f"cell {index} needs devices {first}..{first + devices_per_cell - 1}: this host has "
+            f"{len(devices)} ({devices_per_cell} per cell)"
+        )
+    return {"CUDA_VISIBLE_DEVICES": ",".join(devices[first : first + devices_per_cell])}
 
 
 def _die_with_parent() -> None:

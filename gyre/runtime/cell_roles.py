@@ -39,7 +39,7 @@ class CellRoles:
     def __init__(self, engine: Callable[[], object], inflight: set[str]) -> None:
         self._engine = engine
         self._inflight = inflight
-        self.trainer = None  # DeepSpeedTrainer, with --trainer-config
+        self.trainer = None  # CellTrainer (gyre.runtime.cell_ranks), with --trainer-config
         self.group = None  # GradientGroup, with --rank/--world-size/--group-store
         self.role = "rollout"
         self._switch_lock = asyncio.Lock()
@@ -145,26 +145,25 @@ class CellRoles:
         await self._torch(trainer.load_weights, req.snapshot, req.version)
 
     async def send_gradients(self, req: SendGradientsRequest) -> None:
-        trainer, group = self._need_trainer(), self._need_group()
+        trainer = self._need_trainer()
+        peer = _peer(self._need_group(), req.dst)
         self._need_role("train", "/send_gradients")
 
-        def send() -> None:
-            group.send(trainer.gradient_vector(), req.dst)
-            trainer.zero_grad()  # only once delivered: a failed send keeps the gradients
-
-        await self._torch(_exchange, send, f"send of gradients to rank {req.dst}")
+        # every rank of the cell sends its shard to the core's matching rank, then zeroes it (only
+        # once delivered: a failed send keeps the gradients); `gyre.runtime.cell_ranks`
+        await self._torch(
+            _exchange, trainer.send_gradients, req.dst, f"send of gradients to {peer}"
+        )
 
     async def receive_gradients(self, req: ReceiveGradientsRequest) -> None:
-        trainer, group = self._need_trainer(), self._need_group()
+        trainer = self._need_trainer()
+        peer = _peer(self._need_group(), req.src)
         self._need_role("train", "/receive_gradients")
 
-        def receive() -> None:
-            import torch
-
-            vec = group.recv(torch.empty(trainer.num_parameters, dtype=trainer.grad_dtype), req.src)
-            trainer.add_gradient_vector(vec)
-
-        await self._torch(_exchange, receive, f"receive of gradients from rank {req.src}")
+        # every rank of the cell adds the matching rank of cell `src`'s shard to its own
+        await self._torch(
+            _exchange, trainer.receive_gradients, req.src, f"receive of gradients from {peer}"
+        )
 
     async def step(self, req: StepRequest) -> StepResult:
         trainer = self._need_trainer()
@@ -191,11 +190,20 @@ class CellRoles:
         await self._torch(self._need_trainer().load_checkpoint, req.path)
 
 
-def _exchange(fn, what: str):
-    """Run a gradient send/receive; gloo's errors (a peer that never came, or went) become
-    `EngineTimeoutError` / `EngineError` naming the exchange."""
+def _peer(group, cell: int) -> str:
+    """How an exchange names its peer cell: "rank R (cell C)", R the rank of cell C that this
+    rank 0 exchanges with. `InvalidRequestError` for a cell outside the group."""
     try:
-        return fn()
+        return f"rank {group.rank_in(cell)} (cell {cell})"
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
+def _exchange(fn, cell: int, what: str):
+    """Run a gradient send/receive with cell `cell`; gloo's errors (a peer that never came, or
+    went) become `EngineTimeoutError` / `EngineError` naming the exchange."""
+    try:
+        return fn(cell)
     except RuntimeError as exc:
         text = str(exc)
         if (

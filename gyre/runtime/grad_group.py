@@ -1,12 +1,15 @@
-"""The run-wide gradient group: point-to-point gradient exchange between training cells.
+"""The run-wide gradient group: gradient exchange between training cells, shard by shard.
 
 Owns `host_group_store` (the head node's side: a `torch.distributed.TCPStore` that every cell of
 every host meets at, torchrun's rendezvous), `local_address_for` (this host's address on the
-route to another) and `GradientGroup` (the cell side: a gloo process group over that store, formed
-once at start and kept for the run, separate from each cell's own DeepSpeed group). A satellite
-`send`s its flat gradient to the core, the core `recv`s it; both are bounded by a timeout
-(docs/design.md invariant 7). Knows nothing about trainers, roles or HTTP; blocking: call from a
-worker thread.
+route to another) and `GradientGroup` (one rank's side: a process group over that store, gloo on
+CPU, NCCL on GPU, formed once at start and kept for the run, separate from each cell's own
+DeepSpeed group). Every rank of every cell is a member: a cell of k devices is ranks
+cell * k .. cell * k + k - 1. A satellite's rank r sends its gradient shard to rank r of the core
+(`send_shard`), which adds it to its own (`recv_shard`): the reduce of the two cells' shards,
+rank by rank, never a whole vector to one rank. Tensors may live on any device: gloo's wire is
+CPU, NCCL's the device. Each send / receive is bounded by a timeout (docs/design.md invariant 7).
+Knows nothing about trainers, roles or HTTP; blocking: call from a worker thread.
 """
 
 from __future__ import annotations
@@ -67,33 +70,62 @@ def _gloo_options(store_host: str, timeout: datetime.timedelta) -> dist.ProcessG
 
 
 class GradientGroup:
-    """One cell's membership in the run-wide gloo group (`rank` of `world_size`).
+    """One rank's membership in the run-wide group (`rank` of `world_size`).
 
     Args:
         address: "HOST:PORT" of the node's store (`host_group_store`).
-        rank, world_size: this cell's rank; every rank must join before any returns.
+        rank, world_size: this rank; every rank must join before any returns.
         timeout_s: bound on joining and on each send / receive.
+        ranks_per_cell: k, the ranks of each cell (`cells.devices_per_cell`); `world_size` is a
+            multiple of it.
+        backend: "gloo" or "nccl"; default NCCL where CUDA is available (the tensors exchanged
+            then stay on this rank's device, `torch.cuda.current_device()`), else gloo.
 
-    Raises `ValueError` for a bad rank or address, `TimeoutError`/`RuntimeError` (from gloo)
-    when the other ranks do not join within `timeout_s`.
+    Raises `ValueError` for a bad rank, address or backend, `TimeoutError`/`RuntimeError` (from
+    the backend) when the other ranks do not join within `timeout_s`.
     """
 
     def __init__(
-        self, address: str, rank: int, world_size: int, *, timeout_s: float = 300.0
+        self,
+        address: str,
+        rank: int,
+        world_size: int,
+        *,
+        timeout_s: float = 300.0,
+        ranks_per_cell: int = 1,
+        backend: str | None = None,
     ) -> None:
         host, sep, port = address.rpartition(":")
         if not sep or not port.isdigit():
             raise ValueError(f"group store address {address!r} must be HOST:PORT")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        if ranks_per_cell < 1 or world_size % ranks_per_cell:
+            raise ValueError(
+                f"world_size={world_size} must be a multiple of ranks_per_cell={ranks_per_cell}"
+            )
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend={backend!r} must be 'gloo' or 'nccl'")
         self.rank = rank
         self.world_size = world_size
+        self.ranks_per_cell = ranks_per_cell
+        self.cell, self.local_rank = divmod(rank, ranks_per_cell)
+        """This rank's cell (its index in the run) and its rank within the cell."""
+        self.backend = backend
         self.timeout_s = timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-        self._group = dist.ProcessGroupGloo(
-            dist.PrefixStore(_PREFIX, store), rank, world_size, _gloo_options(host, timeout)
+        store = dist.PrefixStore(
+            _PREFIX, dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
         )
+        if backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self._group = dist.ProcessGroupNCCL(store, rank, world_size, options)
+        else:
+            self._group = dist.ProcessGroupGloo(
+                store, rank, world_size, _gloo_options(host, timeout)
+            )
         self.sent = 0
         """Gradient vectors sent so far."""
         self.received = 0
@@ -106,19 +138,46 @@ class GradientGroup:
                 f"(this is {self.rank})"
             )
 
+    def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` as the backend moves it: contiguous, on CPU for gloo (a copy when it is on a
+        device), where it is for NCCL."""
+        wire = tensor.contiguous()
+        return wire if self.backend == "nccl" else wire.cpu()
+
     def send(self, tensor: torch.Tensor, dst: int) -> None:
-        """Send a contiguous CPU tensor to rank `dst`; returns once delivered. Raises `ValueError`
-        for a bad peer, `RuntimeError` from gloo when `dst` does not receive within `timeout_s`."""
+        """Send `tensor` (any device) to rank `dst`; returns once delivered. Raises `ValueError`
+        for a bad peer, `RuntimeError` from the backend when `dst` does not receive within
+        `timeout_s`."""
         self._check_peer(dst)
-        work = self._group.send([tensor.contiguous()], dst, GRADIENT_TAG)
+        work = self._group.send([self._wire(tensor)], dst, GRADIENT_TAG)
         work.wait(datetime.timedelta(seconds=self.timeout_s))
         self.sent += 1
 
     def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        """Receive into `tensor` (contiguous, the sender's shape and dtype) from rank `src`.
+        """Receive into `tensor` (the sender's shape and dtype, any device) from rank `src`.
         Raises as `send` does when `src` sends nothing within `timeout_s`."""
         self._check_peer(src)
-        work = self._group.recv([tensor], src, GRADIENT_TAG)
+        wire = self._wire(tensor)
+        work = self._group.recv([wire], src, GRADIENT_TAG)
         work.wait(datetime.timedelta(seconds=self.timeout_s))
+        if wire is not tensor:
+            tensor.copy_(wire)
         self.received += 1
         return tensor
+
+    def rank_in(self, cell: int) -> int:
+        """The rank of cell `cell` that matches this one (the same rank within its cell)."""
+        if not 0 <= cell < self.world_size // self.ranks_per_cell:
+            raise ValueError(
+                f"cell {cell} must be in [0, {self.world_size // self.ranks_per_cell})"
+            )
+        return cell * self.ranks_per_cell + self.local_rank
+
+    def send_shard(self, shard: torch.Tensor, cell: int) -> None:
+        """Send this rank's gradient shard to the matching rank of cell `cell` (the core);
+        raises as `send`."""
+        self.send(shard, self.rank_in(cell))
+
+    def recv_shard(self, shard: torch.Tensor, cell: int) -> torch.Tensor:
+        """Receive the matching rank of cell `cell`'s shard into `shard`; raises as `recv`."""
+        return self.recv(shard, self.rank_in(cell))
