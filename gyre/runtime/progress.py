@@ -1,11 +1,11 @@
 """Live progress of a run: a rich table on a terminal, one plain line per event otherwise.
 
 Owns `Progress`, which the runtime (`gyre.runtime.elastic`) feeds with the records it writes to
-`metrics.jsonl` (`StepMetrics`, `EvalMetrics`) and the job with free-text messages. On a terminal it keeps a live table
-of the latest steps under a header with the held-out pass rate; when the output is not a
-terminal (CI, `make run | tee log`) it prints one self-contained line per step, evaluation or
-message, flushed at once. Knows nothing about how the numbers were produced; never raises on a
-NaN.
+`metrics.jsonl` (`StepMetrics`, `EvalMetrics`) and the job with free-text messages. On a terminal
+it keeps a live table of the latest steps under a header with the held-out pass rate; when the
+output is not a terminal (CI, `make run | tee log`) it prints one self-contained line per step,
+evaluation or message, flushed at once. Knows nothing about how the numbers were produced; never
+raises on a NaN.
 """
 
 from __future__ import annotations
