@@ -64,6 +64,10 @@ def rank_main(rank: int, port: int, model_dir: str, out: str) -> None:
         stats = trainer.accumulate(mine, advantages, passes=2)
         assert stats.micro_batches == len(mine)
         shard = trainer.gradient_shard()
+        # on the parameters' device (CPU here; `cuda:<rank>` on a GPU cell), whole or in shards
+        device = trainer.engine.module.lm_head.weight.device
+        assert shard.device == trainer.device == device
+        assert trainer.gradient_vector().device == device  # an all-gather of the shards
         torch.save(shard, out_dir / f"shard-{step}-rank{rank}.pt")
         if step == 0:  # out and back in: what a core's rank receives into an empty accumulation
             trainer.zero_grad()
