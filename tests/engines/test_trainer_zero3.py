@@ -9,9 +9,10 @@ process that trains the whole batch (fp32: 1e-5 relative, over two steps, Adam s
 - a shard read out and added back (`add_gradient_shard` into an empty accumulation: what a
   core's rank receives) steps to the reference's weights;
 - each rank holds half of the optimizer state: 2 x its shard, and its shards sum to P (+ pad).
-Without gradient clipping: DeepSpeed's ZeRO-3 global norm (4.48101 on this batch) is not
-ZeRO-0's clip norm (4.48062), and Adam's second step turns that 9e-5 into 5e-4 of the
-near-zero bias tensors (measured), which is DeepSpeed's norm, not the sharding under test.
+Without gradient clipping: the clip factor comes from each stage's own global norm, and
+the fp32 norm of this batch's gradient (4.48062, as torch sums it) is not its exact norm
+(4.48101, in fp64, which ZeRO-3 reports); Adam's second step turns that 9e-5 into 5e-4 of the
+near-zero bias tensors (measured), which is the norm's rounding, not the sharding under test.
 float64 is refused at ZeRO-3 with a clear error: DeepSpeed's ZeRO-3 asserts half, bfloat16 or
 float32 (`deepspeed/runtime/zero/partition_parameters.py`), so the fp64 1e-9 check of issue 19
 is not reachable on DeepSpeed; fp64 exactness stays on the one-rank ZeRO-0 trainer.
