@@ -183,7 +183,8 @@ class Node:
         errors = [ln for ln in lines if "error" in ln.lower()]
         return " | ".join((errors or lines)[-n:])[:600]
 
-    def ledger(self, step: int):
+    def ledger(self, step: int | None):
+        """The ledger's entries of `step` (None: all)."""
         from gyre.runtime.checkpoint import ExecutionLedger
 
         return ExecutionLedger(self.run_dir).entries(step)
@@ -204,20 +205,25 @@ def audit(node: Node, steps: int, *, before: set[str] = frozenset()) -> dict:
     steps_lost = sum(1 for s in range(1, steps + 1) if s not in counts)
     steps_twice = sum(c - 1 for c in counts.values())
     lost, failed, slots_twice, entries_all = 0, [], 0, []
-    for s in range(1, steps + 1):
+    grouped = any(e.group >= 0 for e in node.ledger(None))
+    for s in range(1, steps + 1) if not grouped else ():
         entries = node.ledger(s)
         entries_all += entries
         slots = Counter((e.task_id, e.slot) for e in entries)
         slots_twice += sum(c - 1 for c in slots.values())
         if s in counts:
             lost += max(0, cfg["batch_executions"] - (len(slots) or executions[s]))
-        failed += [
-            f"{e.outcome.execution_id}: {e.outcome.failure_reason}"
-            for e in entries
-            if e.outcome.failed
-        ]
-    final_ids = {e.outcome.execution_id for e in entries_all}
-    not_reused = sorted(before - final_ids)
+    if grouped:  # the elastic runtime: a group is trained by whichever step admits it
+        entries_all = node.ledger(None)
+        lost, slots_twice, not_reused = audit_groups(node, counts, executions, before)
+    else:
+        final_ids = {e.outcome.execution_id for e in entries_all}
+        not_reused = sorted(before - final_ids)
+    failed += [
+        f"{e.outcome.execution_id}: {e.outcome.failure_reason}"
+        for e in entries_all
+        if e.outcome.failed
+    ]
     log_path = node.run_dir / "calls.log"
     log = read_log(log_path) if log_path.exists() else None
     duplicated, unmatched, checked = 0, [], 0
@@ -256,8 +262,33 @@ def audit(node: Node, steps: int, *, before: set[str] = frozenset()) -> dict:
     }
 
 
+def audit_groups(node: Node, counts: Counter, executions: dict, before: set[str]) -> tuple:
+    """The elastic runtime's ledger against its newest checkpoint: every group the checkpoint
+    counts as trained (begun, not open) must have each of its members once in the ledger; every
+    step in `metrics.jsonl` trained `batch_executions`; an execution finished before the fault
+    must not have been run again (its group and member filled by another ID).
+    Returns (executions_lost, members_filled_twice, finished_before_fault_not_reused)."""
+    from gyre.runtime.checkpoint import latest_checkpoint
+
+    cfg = node.config["loop"]
+    G = cfg["group_size"]
+    entries = node.ledger(None)
+    members = Counter((e.group, e.slot) for e in entries)
+    twice = sum(c - 1 for c in members.values())
+    found = latest_checkpoint(node.run_dir)
+    lost = sum(max(0, cfg["batch_executions"] - executions[s]) for s in counts)
+    if found is not None:
+        state = found[0]
+        trained = set(range(state.task_cursor)) - set(state.open_groups)
+        lost += sum(1 for g in trained for m in range(G) if (g, m) not in members)
+    last = {(e.group, e.slot): e.outcome.execution_id for e in entries}  # the one reused
+    by_id = {e.outcome.execution_id: (e.group, e.slot) for e in entries}
+    not_reused = sorted(eid for eid in before if last.get(by_id.get(eid)) != eid)
+    return lost, twice, not_reused
+
+
 def finished_ids(node: Node, steps: int) -> set[str]:
-    return {e.outcome.execution_id for s in range(1, steps + 1) for e in node.ledger(s)}
+    return {e.outcome.execution_id for e in node.ledger(None)}
 
 
 # -- node faults ----------------------------------------------------------------------------------
@@ -459,13 +490,25 @@ def fault_corrupt_trainer_checkpoint() -> dict:
     }
 
 
-def _elastic_kill(name: str, index: int) -> dict:
-    node = Node(name, node_config(ROOT / name / "run", steps=3, cells=2))
+def _elastic_kill(name: str, index: int, *, mid_step_2: bool) -> dict:
+    config = node_config(ROOT / name / "run", steps=3, cells=2)
+    if mid_step_2:  # members 1 start 10 s after members 0: a kill finds some finished, some not
+        later = f'case "$GYRE_EXECUTION_ID" in *-g1) sleep 10;; esac; exec {PY} {AGENT}'
+        config["tasks"]["harness"]["agent_command"] = ["sh", "-c", later]
+        config["tasks"]["harness"]["visible_paths"] = [str(AGENT)]  # named inside a string
+    node = Node(name, config)
     proc = node.start()
-    log = node.run_dir / "calls.log"
-    # mid step 1: once a few model calls are in the call log (the elastic runtime keeps no
-    # ledger, and a step takes ~15 s once the cells are up)
-    ok = wait_for(lambda: log.exists() and log.stat().st_size > 2000, 600, proc, poll_s=0.05)
+    if mid_step_2:  # step 1 checkpointed, some executions finished since, others in flight
+        latest = node.run_dir / "checkpoints" / "latest"
+
+        def mid_step() -> bool:
+            at_1 = latest.exists() and latest.read_text() == "step-1"
+            return at_1 and len(node.ledger(2)) in (1, 2, 3) and bool(agents_of(proc.pid))
+
+        ok = wait_for(mid_step, 600, proc, poll_s=0.05)
+    else:  # mid step 1: once a few model calls are in the call log
+        log = node.run_dir / "calls.log"
+        ok = wait_for(lambda: log.exists() and log.stat().st_size > 2000, 600, proc, poll_s=0.05)
     cells = cells_of(proc.pid)
     injected = bool(ok and len(cells) == 2)
     if injected:
@@ -473,8 +516,9 @@ def _elastic_kill(name: str, index: int) -> dict:
         os.kill(cells[index], signal.SIGKILL)
     rc = node.wait(400)
     first = node.log_tail()
+    before = finished_ids(node, 3)
     node.start(resume=True)
-    rc2 = node.wait(120)
+    rc2 = node.wait(600)
     return {
         "injected": injected,
         "exit_code": rc,
@@ -482,8 +526,15 @@ def _elastic_kill(name: str, index: int) -> dict:
         "resumed": rc2 == 0,
         "resume_exit_code": rc2,
         "resume_log": node.log_tail(),
-        **audit(node, 3),
+        "launches": _launches(node),
+        **audit(node, 3, before=before),
     }
+
+
+def _launches(node: Node) -> list[dict]:
+    """`launches.jsonl`: each start's launch ID, what it reused and what it ran again, why."""
+    path = node.run_dir / "launches.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
 
 
 def fault_satellite_kill9() -> dict:
@@ -491,16 +542,17 @@ def fault_satellite_kill9() -> dict:
     return {
         "fault": "kill -9 of a satellite training cell",
         "layer": "elastic runtime, 2 scripted cells with DeepSpeed trainers (gloo)",
-        **_elastic_kill("satellite-kill9", 1),
+        **_elastic_kill("satellite-kill9", 1, mid_step_2=False),
     }
 
 
 def fault_core_kill9() -> dict:
-    """kill -9 of the core cell (cell 0, rank 0) of a 2-cell elastic run mid-step 1."""
+    """kill -9 of the core cell (cell 0, rank 0) of a 2-cell elastic run mid-step 2 (step 1
+    checkpointed, executions finished and in flight), then --resume."""
     return {
         "fault": "kill -9 of the core cell",
         "layer": "elastic runtime, 2 scripted cells with DeepSpeed trainers (gloo)",
-        **_elastic_kill("core-kill9", 0),
+        **_elastic_kill("core-kill9", 0, mid_step_2=True),
     }
 
 
@@ -586,11 +638,17 @@ NOTES = {  # what each outcome means for the goals, written after reading the ru
         "with every execution lost."
     ),
     "core_kill9": (
-        "The run stopped at once with one clear line: `gyre: error: core cell cell-0 died (exit "
-        "-9): its weights and optimizer state are lost` (the redirect's failed abort on it was "
-        "logged and the cell marked down first). Multi-cell runs cannot resume (issue 21): "
-        "--resume refuses with a clear line; every step and every execution so far is lost. "
-        "Meeting the goal needs checkpoints and --resume in the elastic runtime."
+        "Killed mid-step 2 (step 1 checkpointed; members 1 of each group start 10 s after members "
+        "0, so 2 executions had finished and others ran). The run stopped at once with one "
+        "line: `gyre: error: core cell cell-0 died (exit -9): its weights and optimizer state are "
+        "lost`. --resume (gyre/runtime/elastic_resume.py, issue 21) loaded step 1's checkpoint "
+        "into the core and both cells' engines, reused the 2 finished executions from the "
+        "ledger and call log (x4, x6), ran x5 (group 2's other member) again once under the new "
+        "launch's ID (launches.jsonl names it and why), dispatched x7 anew (after the last "
+        "finished one in dispatch order), and trained "
+        "steps 2 and 3: metrics.jsonl holds steps 1-3 once each, each group member once in the "
+        "ledger, the call log without torn bytes, records equal to the replies agents printed. "
+        "Before (stop 15): multi-cell runs could not resume; 4 executions and 3 steps lost."
     ),
     "disk_full_call_log": (
         "Before gyre/tito/log.py's fix in this sweep: the write that hit ENOSPC was short, the "
