@@ -1,14 +1,17 @@
 """The run-wide group with 2 ranks per cell: shards go rank r to rank r, on the tensors' device.
 
-Four processes are two cells of two ranks (cell c: ranks 2c, 2c + 1). Cell 1's ranks send each a
-shard of their own to cell 0 (`send_shard`), whose ranks receive them into a buffer on their
-device (`recv_shard`): rank 0 gets rank 2's shard, rank 1 gets rank 3's, nothing crosses. On CPU
-over gloo here; the same exchange over NCCL with each rank on its own GPU is marked `gpu`.
+Four ranks (threads here, processes on GPU) are two cells of two ranks (cell c: ranks 2c and
+2c + 1). Cell 1's ranks each send a shard of their own to cell 0 (`send_shard`), whose ranks
+receive them into a buffer on their device (`recv_shard`): rank 0 gets rank 2's shard, rank 1
+gets rank 3's, nothing crosses. On CPU over gloo here; the same exchange over NCCL with each
+rank on its own GPU is marked `gpu`.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import queue
+import threading
 
 import pytest
 import torch
@@ -40,20 +43,31 @@ def rank_main(address: str, rank: int, backend: str, results) -> None:
 
 
 def exchange(backend: str) -> dict[int, tuple[int, torch.Tensor | None]]:
+    """Run the 4 ranks: threads of this process for gloo, processes (one GPU each) for NCCL."""
     store = host_group_store()
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
     address = f"127.0.0.1:{store.port}"
-    procs = [ctx.Process(target=rank_main, args=(address, r, backend, results)) for r in range(4)]
-    for p in procs:
-        p.start()
+    if backend == "gloo":
+        results = queue.Queue()
+        ranks = [
+            threading.Thread(target=rank_main, args=(address, r, backend, results))
+            for r in range(4)
+        ]
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        results = ctx.Queue()
+        ranks = [
+            ctx.Process(target=rank_main, args=(address, r, backend, results)) for r in range(4)
+        ]
+    for r in ranks:
+        r.start()
     out = {}
     for _ in range(4):
         rank, count, tensor = results.get(timeout=120)
         out[rank] = (count, tensor)
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    for r in ranks:
+        r.join(60)
+    if backend != "gloo":
+        assert [r.exitcode for r in ranks] == [0, 0, 0, 0]
     del store
     return out
 
@@ -66,7 +80,6 @@ def check(out) -> None:
         assert torch.equal(tensor, shard_of(sender))
 
 
-@pytest.mark.slow  # four spawned processes importing torch: ~30-90 s on 2 loaded cores
 def test_shards_go_to_the_matching_rank_over_gloo() -> None:
     check(exchange("gloo"))
 
