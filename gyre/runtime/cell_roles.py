@@ -170,6 +170,11 @@ class CellRoles:
         self._need_role("train", "/step")
 
         def step() -> StepResult:
+            if not trainer.has_gradients:  # a step whose groups had nothing to learn from: no
+                # update (DeepSpeed's ZeRO step without a backward raises IndexError)
+                return StepResult(
+                    version=trainer.version, applied=False, grad_norm=None, snapshot=None
+                )
             stats = trainer.apply_step()
             snapshot = str(trainer.save_snapshot(req.snapshot_root)) if stats.applied else None
             return StepResult(

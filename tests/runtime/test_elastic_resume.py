@@ -478,3 +478,26 @@ async def test_a_run_stopped_mid_step_resumes_without_training_a_group_twice(
     last = msgspec.json.decode((run_dir / LAUNCHES_FILE).read_bytes().splitlines()[-1], type=Launch)
     assert (last.resumed_from_step, last.recovered, last.rerun) == (3, [], [])
     assert (run_dir / "metrics.jsonl").stat().st_size == size
+
+
+class _TrainerWithoutGradients:
+    has_gradients = False
+    version = 2
+
+    def apply_step(self):
+        raise AssertionError("DeepSpeed's ZeRO step without a backward raises IndexError")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the cell's side runs on asyncio
+async def test_a_step_with_nothing_trained_is_skipped_not_an_error(tmp_path: Path) -> None:
+    """Every group of a step without a trainable token (all failed, or equal rewards): the core's
+    step is no update (version kept, nothing published) rather than DeepSpeed's IndexError."""
+    from gyre.runtime.cell_roles import CellRoles
+    from gyre.runtime.cell_wire import StepRequest, StepResult
+
+    roles = CellRoles(lambda: None, set())
+    roles.trainer, roles.role = _TrainerWithoutGradients(), "train"
+    result = await roles.step(StepRequest(snapshot_root=str(tmp_path)))
+    assert result == StepResult(version=2, applied=False, grad_norm=None, snapshot=None)
+    assert roles.counts["steps_applied"] == 0 and not any(tmp_path.iterdir())
