@@ -162,7 +162,7 @@ def _digests(folder: Path) -> dict[str, str]:
 
 
 def check_run_dir(
-    run_dir: Path, *, resume: bool, resumable: bool = True, records: Sequence[str] = ()
+    run_dir: Path, *, resume: bool, records: Sequence[str] = ()
 ) -> tuple[LoopState, Path] | None:
     """Preflight of a run folder, before anything is built or started: the newest checkpoint to
     resume from (None: the run starts at step 0; `resume` on a folder without a run starts one).
@@ -170,7 +170,7 @@ def check_run_dir(
     A folder holds a run when it has a checkpoint, `metrics.jsonl`, `executions.jsonl` or one of
     `records` (the call log: a run killed in its first evaluation has nothing else). Raises
     `ConfigError` when `run_dir` exists and is not a folder, and when it holds a run that is not
-    to be resumed: `resume` is False, or the job cannot resume (`resumable=False`).
+    to be resumed (`resume` is False).
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run_dir={str(run_dir)!r} is not a folder")
@@ -179,11 +179,6 @@ def check_run_dir(
         (run_dir / name).exists() for name in (METRICS_FILE, LEDGER_FILE, *records)
     ):
         return None
-    if not resumable:
-        raise ConfigError(
-            f"run_dir={str(run_dir)!r} already holds a run and this job cannot resume one: "
-            "remove it or choose another run_dir"
-        )
     if not resume:
         raise ConfigError(
             f"run_dir={str(run_dir)!r} already holds a run: pass --resume to continue it, "
