@@ -6,7 +6,8 @@ ranks, cell c's ranks at 2c and 2c + 1. The core trains micro-batches 0 and 1 (o
 the satellite micro-batch 2 (rank 1 runs a zero pass); the satellite's rank r sends its shard to
 the core's rank r, and the core's step equals a 1-rank ZeRO-0 trainer in this process on the
 whole batch (fp32, 1e-5 relative, two steps, the satellite reloading the core's snapshot); bad
-input is refused with a 4xx error on every rank alike and the ranks stay in step. The
+input is refused with a 4xx error on every rank alike and the ranks stay in step; a checkpoint
+(every rank's shards) restored and the step replayed gives the same weights bit for bit. The
 GPU twins (device placement per cell, the exchange over NCCL) skip here with the reason.
 """
 
@@ -56,7 +57,7 @@ async def two_cells_two_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
             await satellite.load_trainer_weights(str(tmp_path / "nowhere"), 1)
         with pytest.raises(InvalidRequestError, match="have no advantage"):
             await core.train(batch_of_three(0)[0][:2], {})
-        snapshot = None
+        snapshot, snapshots = None, []
         for step in range(2):
             micro_batches, advantages = batch_of_three(reference.version)
             if snapshot is not None:
@@ -73,13 +74,31 @@ async def two_cells_two_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
             assert ours.policy_tokens + theirs.policy_tokens == expected.policy_tokens == 12
             assert ours.loss + theirs.loss == pytest.approx(expected.loss, rel=1e-6, abs=1e-9)
             snapshot = result.snapshot
+            snapshots.append(snapshot)
             assert_close(reference.model, snapshot_state(Path(snapshot)), 1e-5)
+            if step == 0:  # every rank writes its shards of the weights and Adam state
+                await core.save_checkpoint(str(tmp_path / "checkpoint"))
         core_stats, sat_stats = await core.cell_statistics(), await satellite.cell_statistics()
         # rank 0 of cell 0 and of cell 1 in the run-wide group of 2 x 2 ranks
         assert (core_stats.group_rank, sat_stats.group_rank) == (0, 2)
         assert (sat_stats.gradients_sent, sat_stats.has_gradients) == (2, False)
         assert (core_stats.gradients_received, core_stats.steps_applied) == (2, 2)
         assert core_stats.trainer_version == 2
+
+        # back to the checkpoint of version 1: the second step again gives the same weights
+        await core.load_checkpoint(str(tmp_path / "checkpoint"))
+        assert (await core.cell_statistics()).trainer_version == 1
+        micro_batches, advantages = batch_of_three(1)
+        await satellite.load_trainer_weights(snapshots[0], 1)
+        await core.train(micro_batches[:2], advantages)
+        await satellite.train(micro_batches[2:], advantages)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(satellite.send_gradients, core.rank)
+            tg.start_soon(core.receive_gradients, satellite.rank)
+        replay = await core.step(str(tmp_path / "replay"))
+        assert replay.version == 2
+        again, before = snapshot_state(Path(replay.snapshot)), snapshot_state(Path(snapshots[1]))
+        assert all(torch.equal(again[name], before[name]) for name in before)
 
 
 @pytest.mark.slow  # 4 DeepSpeed ZeRO-3 ranks in processes: ~1-2 min on 2 cores
