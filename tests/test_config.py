@@ -76,6 +76,11 @@ def test_defaults_and_frozen() -> None:
         ('[engine]\nbackend = "tgi"\n', "Invalid enum value 'tgi' - at `$.engine.backend`"),
         ("[model]\nhidden_size = 64\n", "head_dim=16"),
         ("[cells]\nnum_cells = 0\n", "num_cells=0 must be > 0"),
+        ("[cells]\ndevices_per_cell = 0\n", "devices_per_cell=0 must be > 0"),
+        (
+            "[cells]\ndevices_per_cell = 2\n",
+            "cells.devices_per_cell=2 needs trainer.zero_stage = 3 (got 1)",
+        ),
         ("seed = [1\n", "not valid TOML"),
         (
             '[tasks.harness.env]\nOPENAI_API_KEY = "sk-mine"\n',

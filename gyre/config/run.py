@@ -56,6 +56,12 @@ class RunConfig(Config):
     def __post_init__(self) -> None:
         if not self.run_dir:
             raise ValueError(f"run_dir={self.run_dir!r} must not be empty")
+        k = self.cells.devices_per_cell
+        if k > 1 and self.trainer.zero_stage != 3:  # a cell's k ranks shard only under ZeRO-3
+            raise ValueError(
+                f"cells.devices_per_cell={k} needs trainer.zero_stage = 3 "
+                f"(got {self.trainer.zero_stage})"
+            )
 
 
 def config_from_dict(data: dict) -> RunConfig:

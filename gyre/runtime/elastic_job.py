@@ -163,6 +163,7 @@ async def run_elastic(
                 store_host=config.cluster.host if joins else None,
                 store_port=config.cluster.store_port if joins else 0,
                 remote=None if joins is None else _offered(joins),
+                devices_per_cell=config.cells.devices_per_cell,
             )
         )
         cells = [

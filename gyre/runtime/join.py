@@ -430,6 +430,7 @@ async def run_worker(head: str, *, secret: str | None = None) -> int:
             first_rank=reply.first_rank,
             world_size=reply.world_size,
             group_store=reply.store,
+            devices_per_cell=config.cells.devices_per_cell,
         ) as clients:
             offer = Offer(
                 worker=reply.worker,
