@@ -191,9 +191,9 @@ def test_the_documented_elastic_config_shrunk_runs_the_elastic_policy(
     tmp_path, tiny_model_dir
 ) -> None:
     """`examples/elastic-cpu.toml` as documented (2 cells, the elastic policy, the reference
-    agent), shrunk: 2 steps of 4 executions, 2 held-out tasks, no warm start. It runs through
-    `gyre.job.run` (what `python -m gyre.node --config` does): both steps publish, the held-out
-    evaluations run before and after, and the policy moved cells between roles."""
+    agent, its suite), shrunk: 2 steps of 4 executions, 2 held-out tasks, no warm start. It runs
+    through `gyre.job.run` (what `python -m gyre.node --config` does): both steps publish, the
+    held-out evaluations run before and after, and the policy moved cells between roles."""
     require_vllm()
     pytest.importorskip("deepspeed")
     import msgspec
@@ -207,7 +207,7 @@ def test_the_documented_elastic_config_shrunk_runs_the_elastic_policy(
     data["run_dir"] = str(tmp_path / "run")
     data["model"].update(path=str(tiny_model_dir), init_if_missing=False)
     data["warm_start"]["enabled"] = False
-    data["tasks"]["suites"] = [str(REPO / "examples/tasks/learnable")]
+    data["tasks"]["suites"] = [str(REPO / suite) for suite in data["tasks"]["suites"]]
     data["loop"].update(steps=2, batch_executions=4, group_size=2, heldout_tasks=2)
     data["loop"].update(eval_group_size=1)
     data["scheduler"]["capacity_per_cell"] = 2
