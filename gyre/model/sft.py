@@ -24,6 +24,12 @@ wrong paths 16/128. With a slipping teacher (`slip_fraction` 0.4; the loop's 8 h
 (4 epochs, `examples/cpu.toml`): path and word 256/256, stop 33%, so a pass rate of 67% that
 only the habit holds down; 184 s wall. At `slip_fraction` 0.6 (`examples/cpu.toml`) the same
 1536 steps leave held-out pass rates of 38-55% before RL (3 loop seeds, 64 executions each).
+`learnable-long` chains (`suite`; about 4 conversations a chain, each with the 776-token system
+prompt and tools; batches of one kind, that prefix forwarded once): 160 chains x 3 epochs at 5e-3
+(240 steps of 8, final loss 0.0015; 1101 s at load 6-20, 0.2 s a step when the machine is quiet)
+and 480 x 1 (240 steps, loss 0.13) learn the chain's format (read, write or delegate, the
+summary, finish) but not to copy the note's word into the call (held-out greedy: `stone` for
+`maple`, `ligar` for `tiger`): held-out pass rate 0% on the real engines, so RL has no reward.
 
 Shape suffix legend: `T` packed tokens, `N` loss positions, `H` hidden size.
 """
