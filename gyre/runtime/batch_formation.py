@@ -4,15 +4,20 @@ Owns `Group` (the `group_size` executions of one task in one step, their `Traini
 all finished) and `BatchFormation` (the groups still being dispatched, the groups of the current
 step's batch, those ready for training and not yet handed to a cell, and those finished for a
 later step; a trained group is released with its step).
-Streaming: a step's batch is the first `groups_per_batch` groups to finish; a group finishing
-after its step's batch is full carries over. Not streaming: step s trains groups
-s*groups_per_batch .. (s+1)*groups_per_batch - 1, once all of them finished.
-Knows nothing about cells, clocks or training; the driver (`gyre.runtime.elastic`) moves groups.
+Streaming: a step's batch is the first `groups_per_batch` groups to finish, each trainable as
+soon as it finishes; a group finishing after its step's batch is full carries over. Not streaming,
+`unstreamed = "dispatched"` (the runtime's `scheduler.streaming = false`): step s trains groups
+s*groups_per_batch .. (s+1)*groups_per_batch - 1, once all of them finished. Not streaming,
+`"first_finished"` (AReaL's buffer; the simulator's Async baseline): the streaming batch, trainable
+once it is full. Both drivers use it: the runtime (`gyre.runtime.elastic`) on `Group`s, the
+simulator (`gyre.sim.engine`) on its own groups; only `.index` is read. Knows nothing about cells,
+clocks or training; the driver moves groups.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import Literal
 
 from gyre.runtime.batch import TrainingBatch
 from gyre.runtime.rollout import Executed
@@ -37,9 +42,21 @@ class Group:
 class BatchFormation:
     """The groups of a run and how they form each step's batch (see the module docstring)."""
 
-    def __init__(self, *, groups_per_batch: int, streaming: bool) -> None:
+    def __init__(
+        self,
+        *,
+        groups_per_batch: int,
+        streaming: bool,
+        unstreamed: Literal["dispatched", "first_finished"] = "dispatched",
+    ) -> None:
+        if groups_per_batch < 1:
+            raise ValueError(f"{groups_per_batch=} must be >= 1")
+        if unstreamed not in ("dispatched", "first_finished"):
+            raise ValueError(f"{unstreamed=} must be 'dispatched' or 'first_finished'")
         self.groups_per_batch = groups_per_batch
         self.streaming = streaming
+        self.by_dispatch = not streaming and unstreamed == "dispatched"
+        """The batch is the groups dispatched for the step (else the first to finish)."""
         self.dispatching: dict[int, Group] = {}
         """Groups some of whose members are still to be dispatched, by index; the driver drops a
         group when its last member starts. From then on only its executions, this formation
@@ -59,19 +76,19 @@ class BatchFormation:
 
     def complete(self, group: Group, steps_done: int) -> bool:
         """Take in `group`, all of whose members finished; True when this filled the batch."""
-        if self.streaming:
-            if len(self.step_groups) < self.groups_per_batch:
-                return self._admit(group)
+        if self.by_dispatch:
             self.backlog.append(group)
-            return False
+            return self._admit_whole_batch(steps_done)
+        if len(self.step_groups) < self.groups_per_batch:
+            return self._admit(group)
         self.backlog.append(group)
-        return self._admit_whole_batch(steps_done)
+        return False
 
     def next_step(self, steps_done: int) -> bool:
         """Start the batch of the step after `steps_done` steps from the carried-over groups (the
         groups of the step done are released); True when that batch is already full."""
         self.step_groups = []
-        if not self.streaming:
+        if self.by_dispatch:
             return self._admit_whole_batch(steps_done)
         filled = False
         while self.backlog and len(self.step_groups) < self.groups_per_batch:
@@ -79,8 +96,13 @@ class BatchFormation:
         return filled
 
     def _admit(self, group: Group) -> bool:
+        """`group` joins the step's batch: trainable now when streaming, else (and by dispatch,
+        where the batch is admitted whole) once the batch is full."""
         self.step_groups.append(group)
-        self.queue.append(group)
+        if self.streaming:
+            self.queue.append(group)
+        elif self.full:
+            self.queue.extend(self.step_groups)
         return self.full
 
     def _admit_whole_batch(self, steps_done: int) -> bool:

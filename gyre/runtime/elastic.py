@@ -2,13 +2,13 @@
 
 Owns `ElasticRuntime` (the driver); `gyre.runtime.elastic_job` starts cells and runs it, and
 `gyre.runtime.step_ledger` keeps its run clock, step records, metrics and statistics. The driver
-owns the mechanics the pure scheduler policies (`gyre.runtime.scheduler`) leave out, exactly as
-the simulator does for the same policy objects: it places dispatched executions on rollout cells
+owns the mechanics the pure scheduler policies (`gyre.runtime.scheduler`) leave out, with the
+simulator's own code for placement, training assignment and the decide loop
+(`gyre.runtime.mechanics`) and batch formation: it places dispatched executions on rollout cells
 (pinned in the `Router`), moves them off a cell that leaves rollout (the router redirects their
-in-flight requests), forms each step's batch from finished groups, hands a group's micro-batches
-to an idle training cell, gathers the satellites' gradients on the core cell before its optimizer
-step, and publishes the new weights to the rollout cells. It calls `policy.decide` after every
-change until no action is left.
+in-flight requests), hands a finished group to an idle training cell, gathers the satellites'
+gradients on the core before its optimizer step, publishes the new weights to the rollout cells,
+and calls `policy.decide` after every change until no action is left.
 
 Batches (docs/design.md "step"): executions are dispatched in order, `group_size` per task; which
 finished groups form each step's batch (streaming or not, `SchedulerConfig.streaming`) is
@@ -51,18 +51,10 @@ from gyre.runtime.cell_handle import CellHandle, DrivenCell, died, wait_cell_dea
 from gyre.runtime.cell_training import send_gradients, train_group
 from gyre.runtime.data_stream import pick_tasks
 from gyre.runtime.evaluation import HeldoutEvaluation, hold
+from gyre.runtime.mechanics import assign_training, decide_until_idle, least_loaded
 from gyre.runtime.rollout import Rollout
 from gyre.runtime.router import Router
-from gyre.runtime.scheduler import (
-    CellRole,
-    CellView,
-    Dispatch,
-    SchedulerPolicy,
-    SchedulerState,
-    StartStep,
-    SwitchToRollout,
-    SwitchToTrain,
-)
+from gyre.runtime.scheduler import CellRole, CellView, SchedulerPolicy, SchedulerState
 from gyre.runtime.step_ledger import (
     RuntimeStatistics,
     StepLedger,
@@ -77,8 +69,6 @@ __all__ = ["ElasticRuntime"]
 
 logger = logging.getLogger(__name__)
 
-_MAX_DECISIONS = 1000
-"""Decisions at one instant before the driver calls the policy stuck (it keeps acting)."""
 _WATCH_S = 0.25
 """How often cell processes are checked for death."""
 
@@ -246,32 +236,37 @@ class ElasticRuntime:
         )
 
     def _decide(self) -> None:
-        for _ in range(_MAX_DECISIONS):
-            self._assign_training()
-            self._start_evaluation()
-            actions = hold(
-                self.policy.decide(self._state()),
+        live = self._live  # the policy numbers the live cells
+        decide_until_idle(
+            self.policy,
+            prepare=self._prepare,
+            state=self._state,
+            hold=lambda actions: hold(
+                actions,
                 evaluation=self.eval_due is not None or self.evaluating,
                 over=self.steps_done >= self.steps_target,
-                rollout_cells=sum(c.role == "rollout" for c in self._live()),
-            )
-            if not actions:
-                return
-            live = self._live()
-            for act in actions:
-                if isinstance(act, Dispatch):
-                    self._dispatch(act.n)
-                elif isinstance(act, SwitchToTrain):
-                    self._begin_switch(live[act.cell], "train")
-                elif isinstance(act, SwitchToRollout):
-                    self._begin_switch(live[act.cell], "rollout")
-                elif isinstance(act, StartStep):
-                    self.step_running = True
-                    self.core.busy = True
-                    self._spawn(self._step)
-                else:
-                    raise TypeError(f"{self.policy.name}: unknown action {act!r}")
-        raise RuntimeError(f"{self.policy.name}: still acting after {_MAX_DECISIONS} decisions")
+                rollout_cells=sum(c.role == "rollout" for c in live()),
+            ),
+            dispatch=self._dispatch,
+            switch_to_train=lambda i, out: self._begin_switch(
+                live()[i], "train", frozenset(live()[j].index for j in out)
+            ),
+            switch_to_rollout=lambda i: self._begin_switch(live()[i], "rollout"),
+            start_step=self._start_step,
+        )
+
+    def _prepare(self) -> None:
+        """What happens without the policy: ready groups go to idle trainers, a due evaluation
+        starts."""
+        assign_training(
+            self._live(), self.batches.queue, step_running=self.step_running, start=self._train_on
+        )
+        self._start_evaluation()
+
+    def _start_step(self) -> None:
+        self.step_running = True
+        self.core.busy = True
+        self._spawn(self._step)
 
     def _spawn(self, fn, *args) -> None:
         assert self._tg is not None
@@ -306,13 +301,15 @@ class ElasticRuntime:
 
     # -- executions -----------------------------------------------------------------------------
 
-    def _place(self, avoid: DrivenCell | None = None) -> DrivenCell:
-        pool = [c for c in self._live() if c.role == "rollout" and c is not avoid]
-        if not pool:
+    def _place(self, avoid: frozenset[int] = frozenset()) -> DrivenCell:
+        """The least loaded live rollout cell (index not in `avoid`) with room, else the least
+        loaded one beyond its capacity (the survivors of a lost cell take its executions)."""
+        live = self._live()
+        cell = least_loaded(live, capacity=self.capacity, avoid=avoid)
+        cell = cell or least_loaded(live, capacity=None, avoid=avoid)
+        if cell is None:
             raise RuntimeError(f"{self.policy.name}: no rollout cell to place an execution on")
-        return min(
-            pool, key=lambda c: (len(c.executions) >= self.capacity, len(c.executions), c.index)
-        )
+        return cell
 
     def _pin(self, execution_id: str, cell: DrivenCell) -> None:
         self.router.pin(execution_id, cell.name)
@@ -340,38 +337,31 @@ class ElasticRuntime:
         executed = await self.rollout.run(group.task, execution_id)
         if self.journal is not None:  # in the ledger before its group can train
             self.journal.finished(self, group, member, executed)
-        cell = self.where.pop(execution_id)
-        cell.executions.discard(execution_id)
-        self.router.end_execution(execution_id)
-        self._rollout_activity(cell)
-        self.finished += 1
-        self._water()
         group.members[member] = executed
         group.left -= 1
-        if group.left == 0:
+        if group.left == 0:  # its batch first: the policy sees the finish and the group at once
             members = [m for m in group.members if m is not None]
             group.batch = await anyio.to_thread.run_sync(
                 lambda: build_training_batch(
                     [members], trajectory=self.config.trajectory, num_executions=self.B
                 )
             )
-            if self.batches.complete(group, self.steps_done):
-                self.ledger.mark_batch_in()
+        cell = self.where.pop(execution_id)
+        cell.executions.discard(execution_id)
+        self.router.end_execution(execution_id)
+        self._rollout_activity(cell)
+        self.finished += 1
+        self._water()
+        if group.left == 0 and self.batches.complete(group, self.steps_done):
+            self.ledger.mark_batch_in()
         self._notify()
 
     # -- training -------------------------------------------------------------------------------
 
-    def _assign_training(self) -> None:
-        if self.step_running:
-            return
-        for cell in self._live():
-            if not self.batches.queue:
-                return
-            if cell.role != "train" or cell.busy:
-                continue
-            cell.busy = True
-            self.running += 1
-            self._spawn(self._train, cell, self.batches.queue.popleft())
+    def _train_on(self, cell: DrivenCell, group: Group) -> None:
+        cell.busy = True
+        self.running += 1
+        self._spawn(self._train, cell, group)
 
     async def _train(self, cell: DrivenCell, group: Group) -> None:
         try:
@@ -507,14 +497,18 @@ class ElasticRuntime:
 
     # -- role switches --------------------------------------------------------------------------
 
-    def _begin_switch(self, cell: DrivenCell, role: CellRole) -> None:
+    def _begin_switch(
+        self, cell: DrivenCell, role: CellRole, leaving: frozenset[int] = frozenset()
+    ) -> None:
+        """Start `cell`'s switch to `role`; one leaving rollout moves its executions to the least
+        loaded rollout cells outside `leaving` (the cells this decision moves out of rollout)."""
         if cell.role == role or cell.role == "switching":
             raise RuntimeError(
                 f"{self.policy.name}: switch of cell {cell.name} ({cell.role}) to {role}"
             )
         if role == "train":
             for execution_id in sorted(cell.executions):
-                self._pin(execution_id, self._place(avoid=cell))
+                self._pin(execution_id, self._place(avoid=leaving | {cell.index}))
             cell.executions.clear()
             if self.evaluation is not None:
                 self.evaluation.move_off(cell, self.cells, self.router)
@@ -587,7 +581,7 @@ class ElasticRuntime:
         self.router.retire(cell.name, f"process exited with {code}")
         self._activity(cell, "idle")
         for execution_id in sorted(cell.executions):
-            self._pin(execution_id, self._place(avoid=cell))
+            self._pin(execution_id, self._place(avoid=frozenset({cell.index})))
         cell.executions.clear()
         if self.evaluation is not None:
             self.evaluation.move_off(cell, self.cells, self.router)

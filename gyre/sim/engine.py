@@ -7,14 +7,16 @@ every instant the simulator snapshots the cluster into the runtime's `SchedulerS
 calls the policy's `decide` (the real objects from `gyre.runtime.scheduler`, never a copy of their
 logic) and applies the returned actions until the policy has nothing more to do.
 
-The simulator owns the mechanics the runtime will own too: placing executions on rollout cells
-(least loaded first), migrating the executions of a cell leaving rollout (delayed by KV bytes /
-bandwidth) or, when no rollout cell that stays has room, suspending them (partial rollouts: an
-execution's clock stops until a rollout slot is free again, then it resumes after restoring its KV),
-forming batches (streaming, first finished or dispatched; `PolicyConfig`), handing the largest
-ready execution to an idle training cell, weight loads after each update. It knows nothing about
-engines or processes. Every execution index draws the same duration under every policy (common
-random numbers).
+The mechanics it shares with the node runtime are the runtime's own code: batch formation
+(`gyre.runtime.batch_formation`: streaming, first finished or dispatched; `PolicyConfig`), the
+decide loop, placement (least loaded first, within capacity) and handing ready groups to idle
+training cells in order, a group at a time, loading the published weights first when the cell's
+trainer is behind (`gyre.runtime.mechanics`). Its own: the clock, migrating the executions of a
+cell leaving rollout (delayed by KV bytes / bandwidth) or, when no rollout cell that stays has
+room, suspending them (partial rollouts: an execution's clock stops until a rollout slot is free
+again, then it resumes after restoring its KV), weight loads on rollout cells after each update.
+It knows nothing about engines or processes. Every execution index draws the same duration under
+every policy (common random numbers).
 """
 
 from __future__ import annotations
@@ -27,24 +29,16 @@ import msgspec
 import numpy as np
 
 from gyre.errors import SimulationStalled
-from gyre.runtime.scheduler import (
-    CellRole,
-    CellView,
-    Dispatch,
-    SchedulerPolicy,
-    SchedulerState,
-    StartStep,
-    SwitchToRollout,
-    SwitchToTrain,
-)
+from gyre.runtime.batch_formation import BatchFormation
+from gyre.runtime.mechanics import assign_training, decide_until_idle, least_loaded
+from gyre.runtime.scheduler import CellRole, CellView, SchedulerPolicy, SchedulerState
 from gyre.runtime.timeline import Interval, Timeline
 from gyre.runtime.weight_version import WeightVersion
 from gyre.sim.config import SimConfig
 
 __all__ = ["SimResult", "Workload", "simulate", "SimulationStalled"]
 
-_FINISH, _SWITCH, _TRAIN, _LOAD, _STEP = range(5)
-_MAX_DECISIONS_PER_INSTANT = 10_000
+_FINISH, _SWITCH, _TRAIN, _STEP = range(4)
 
 
 class SimResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,6 +64,9 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     dispatched: int
     trained_executions: int
     """Executions whose gradients went into a completed step (each exactly once)."""
+    step_groups: tuple[tuple[int, ...], ...]
+    """The groups (index = execution index // group_size) of each completed step's batch, in the
+    order they joined it."""
     max_staleness_steps: int
     """Largest (step that trained it - weight version it started with) over trained executions."""
     timeline: Timeline
@@ -98,16 +95,39 @@ class Workload:
                 self.train_s.append(self._config.train_s(tok))
 
 
+class _SimGroup:
+    """The `size` executions of group `index` (indices ``index*size ..``), trained as one unit."""
+
+    __slots__ = ("index", "members", "train_s", "left")
+
+    def __init__(self, index: int, size: int, train_s: float):
+        self.index = index
+        self.members = range(index * size, (index + 1) * size)
+        self.train_s = train_s
+        """Seconds one training cell needs for all its members' micro-batches."""
+        self.left = size
+        """Members still running."""
+
+
 class _SimCell:
     """One simulated cell: its role, executions, busy flag and the weight version it holds."""
 
-    __slots__ = ("index", "role", "target", "execs", "busy", "held_version", "since", "sync_until")
+    __slots__ = (
+        "index",
+        "role",
+        "target",
+        "executions",
+        "busy",
+        "held_version",
+        "since",
+        "sync_until",
+    )
 
     def __init__(self, index: int, role: CellRole):
         self.index = index
         self.role = role
         self.target: CellRole | None = None
-        self.execs: set[int] = set()
+        self.executions: set[int] = set()
         self.busy = False
         self.held_version = 0
         self.since = 0.0
@@ -143,9 +163,12 @@ class _Sim:
         self.cap = config.capacity_per_cell()
         self.B = w.batch_executions
         self.G = w.group_size
-        self.gpb = self.B // self.G
-        self.streaming = streaming
-        self.dispatched_batches = not streaming and config.policies.unstreamed_batch == "dispatched"
+        self.batches = BatchFormation(
+            groups_per_batch=self.B // self.G,
+            streaming=streaming,
+            unstreamed=config.policies.unstreamed_batch,
+        )
+        self.groups: list[_SimGroup] = []
         self.sync_s = config.weight_sync_s()
         self.opt_s = config.costs.optimizer_step_s
         roles = policy.initial_roles(self.C, 0)
@@ -170,22 +193,16 @@ class _Sim:
         self.left_s: dict[int, float] = {}  # a suspended execution's remaining seconds
         self.dispatched = 0
         self.finished = 0
-        self.group_done: list[int] = []
         # batches
         self.weights = WeightVersion()
         """Published weight version (no folder: nothing is saved); the step bumps it."""
         self.trained = 0
         self.running = 0
         self.step_running = False
-        self.queue: list[tuple[float, int]] = []  # (-train_s, exec) for the current step
-        self.step_groups = 0  # first finished: groups taken into the current step
-        self.held: list[int] = []  # first finished, not streaming: taken, trained once the batch is
-        self.backlog: deque[int] = deque()  # first finished: complete groups for a later step
-        self.batch_complete: dict[int, int] = {}  # dispatched batches: complete groups per batch
-        self.step_members: list[int] = []
         self.trained_execs: list[tuple[int, int]] = []  # (exec, step)
         self.trained_set: set[int] = set()
         self.step_end: list[float] = []
+        self.step_groups: list[tuple[int, ...]] = []
         # records
         self.intervals: list[Interval] = []
         self.water_t: list[float] = [0.0]
@@ -233,7 +250,7 @@ class _Sim:
                     role=c.role,
                     is_core=c.index == 0,
                     switching_to=c.target,
-                    executions=len(c.execs),
+                    executions=len(c.executions),
                     busy=c.busy,
                 )
         return SchedulerState(
@@ -243,21 +260,15 @@ class _Sim:
             dispatched=self.dispatched,
             finished=self.finished,
             weight_version=self.weights.version,
-            train_ready=len(self.queue),
+            train_ready=self.G * len(self.batches.queue),
             train_running=self.running,
             trained=self.trained,
             step_running=self.step_running,
             suspended=len(self.suspended),
         )
 
-    def _least_loaded(self, exclude: frozenset[int] = frozenset()) -> _SimCell | None:
-        """The rollout cell outside `exclude` with the fewest executions and a free slot."""
-        best = None
-        for c in self.cells:
-            if c.role == "rollout" and c.index not in exclude and len(c.execs) < self.cap:
-                if best is None or len(c.execs) < len(best.execs):
-                    best = c
-        return best
+    def _least_loaded(self, avoid: frozenset[int] = frozenset()) -> _SimCell | None:
+        return least_loaded(self.cells, capacity=self.cap, avoid=avoid)
 
     def _done_tokens(self, e: int, left_s: float) -> float:
         """Context tokens execution `e` holds with `left_s` of its duration still to run."""
@@ -273,15 +284,12 @@ class _Sim:
     # ---- actions -------------------------------------------------------------------------------
 
     def _dispatch(self, n: int) -> None:
-        free = self._rollout_capacity() - (self.dispatched - self.finished)
-        if n > free:
-            raise ValueError(f"{self.policy.name}: Dispatch(n={n}) exceeds free slots {free}")
         self.wl.ensure(self.dispatched + n)
         for _ in range(n):
             e = self.dispatched
             cell = self._least_loaded()
             assert cell is not None, "no rollout cell has a free slot"
-            cell.execs.add(e)
+            cell.executions.add(e)
             self.views[cell.index] = None
             end = max(self.t, cell.sync_until) + self.wl.duration_s[e]
             self.ex_cell.append(cell.index)
@@ -291,7 +299,10 @@ class _Sim:
             self.ex_version.append(self.weights.version)
             self.ex_paused_s.append(0.0)
             if e % self.G == 0:
-                self.group_done.append(0)
+                g = e // self.G
+                self.wl.ensure(e + self.G)
+                train_s = sum(self.wl.train_s[m] for m in range(e, e + self.G))
+                self.groups.append(_SimGroup(g, self.G, train_s))
             self.dispatched += 1
             self._push(end, _FINISH, e, 0)
         self._trace()
@@ -302,16 +313,14 @@ class _Sim:
         Its executions migrate to rollout cells that stay; those that find no room are suspended.
         """
         cell = self.cells[i]
-        if cell.role != "rollout":
-            raise ValueError(f"{self.policy.name}: SwitchToTrain({i}) but the cell is {cell.role}")
-        moving = sorted(cell.execs)
-        cell.execs.clear()
+        moving = sorted(cell.executions)
+        cell.executions.clear()
         for e in moving:
-            dest = self._least_loaded(exclude=leaving | {i})
+            dest = self._least_loaded(avoid=leaving | {i})
             if dest is None:
                 self._suspend(e)
                 continue
-            dest.execs.add(e)
+            dest.executions.add(e)
             self.views[dest.index] = None
             self.ex_cell[e] = dest.index
             d = self.wl.duration_s[e]
@@ -346,7 +355,7 @@ class _Sim:
             e = self.suspended.popleft()
             left = self.left_s.pop(e)
             self.ex_paused_s[e] += self.t - self.suspended_at.pop(e)
-            cell.execs.add(e)
+            cell.executions.add(e)
             self.views[cell.index] = None
             self.ex_cell[e] = cell.index
             restore = self.cfg.migration_s(self._done_tokens(e, left))
@@ -358,20 +367,11 @@ class _Sim:
 
     def _switch_to_rollout(self, i: int) -> None:
         cell = self.cells[i]
-        if cell.role != "train" or cell.busy:
-            raise ValueError(
-                f"{self.policy.name}: SwitchToRollout({i}) but the cell is {cell.role}, "
-                f"busy={cell.busy}"
-            )
         self.switches += 1
         self._set_role(cell, "switching", "rollout")
         self._push(self.t + self.cfg.costs.switch_to_rollout_s, _SWITCH, i)
 
-    def _start_step(self, state: SchedulerState) -> None:
-        if not state.step_ready:
-            raise ValueError(
-                f"{self.policy.name}: StartStep before the batch is trained ({state.trained=})"
-            )
+    def _start_step(self) -> None:
         core = self.cells[0]
         core.busy = True
         self.views[0] = None
@@ -379,51 +379,22 @@ class _Sim:
         self.intervals.append(Interval(0, self.t, self.t + self.opt_s, "step"))
         self._push(self.t + self.opt_s, _STEP)
 
-    # ---- batches -------------------------------------------------------------------------------
+    # ---- training ------------------------------------------------------------------------------
 
-    def _enqueue_group(self, g: int) -> None:
-        for e in range(g * self.G, (g + 1) * self.G):
-            heapq.heappush(self.queue, (-self.wl.train_s[e], e))
-            self.step_members.append(e)
-
-    def _on_group_complete(self, g: int) -> None:
-        if self.dispatched_batches:
-            b = g // self.gpb
-            self.batch_complete[b] = self.batch_complete.get(b, 0) + 1
-            if b == self.weights.version:
-                self._maybe_enqueue_batch()
-        elif self.step_groups < self.gpb:
-            self._take(g)
-        else:
-            self.backlog.append(g)
-
-    def _take(self, g: int) -> None:
-        """Group `g` joins the current step's batch: trainable now when streaming, else once the
-        batch is full."""
-        self.step_groups += 1
-        if self.streaming:
-            self._enqueue_group(g)
-            return
-        self.held.append(g)
-        if self.step_groups == self.gpb:
-            for h in self.held:
-                self._enqueue_group(h)
-            self.held = []
-
-    def _maybe_enqueue_batch(self) -> None:
-        b = self.weights.version
-        if self.batch_complete.get(b, 0) == self.gpb and not self.step_members:
-            for g in range(b * self.gpb, (b + 1) * self.gpb):
-                self._enqueue_group(g)
-
-    def _begin_step(self) -> None:
-        self.step_members = []
-        if self.dispatched_batches:
-            self._maybe_enqueue_batch()
-            return
-        self.step_groups = 0
-        while self.backlog and self.step_groups < self.gpb:
-            self._take(self.backlog.popleft())
+    def _train(self, cell: _SimCell, group: _SimGroup) -> None:
+        """`cell` trains `group`, after loading the published weights if its trainer is behind
+        (as `gyre.runtime.cell_training.train_group` does)."""
+        cell.busy = True
+        self.views[cell.index] = None
+        start = self.t
+        if self.weights.is_stale(cell.held_version):
+            start += self.sync_s
+            self.intervals.append(Interval(cell.index, self.t, start, "load"))
+            cell.held_version = self.weights.version
+        self.running += 1
+        self.train_busy_s += group.train_s
+        self.intervals.append(Interval(cell.index, start, start + group.train_s, "train"))
+        self._push(start + group.train_s, _TRAIN, cell.index, group.index)
 
     # ---- events --------------------------------------------------------------------------------
 
@@ -433,13 +404,13 @@ class _Sim:
             if b != self.ex_gen[a]:
                 return False
             cell = self.cells[self.ex_cell[a]]
-            cell.execs.discard(a)
+            cell.executions.discard(a)
             self.views[cell.index] = None
             self.finished += 1
-            g = a // self.G
-            self.group_done[g] += 1
-            if self.group_done[g] == self.G:
-                self._on_group_complete(g)
+            group = self.groups[a // self.G]
+            group.left -= 1
+            if group.left == 0:
+                self.batches.complete(group, self.weights.version)
             self._trace()
         elif kind == _SWITCH:
             cell = self.cells[a]
@@ -451,15 +422,11 @@ class _Sim:
             cell.busy = False
             self.views[a] = None
             self.running -= 1
-            self.trained += 1
-            assert b not in self.trained_set, f"execution {b} trained twice"
-            self.trained_set.add(b)
-            self.trained_execs.append((b, self.weights.version))
-        elif kind == _LOAD:
-            cell = self.cells[a]
-            cell.busy = False
-            cell.held_version = self.weights.version
-            self.views[a] = None
+            self.trained += self.G
+            for e in self.groups[b].members:
+                assert e not in self.trained_set, f"execution {e} trained twice"
+                self.trained_set.add(e)
+                self.trained_execs.append((e, self.weights.version))
         elif kind == _STEP:
             self.cells[0].busy = False
             self.cells[0].held_version = self.weights.version + 1
@@ -468,60 +435,37 @@ class _Sim:
             self.weights.publish(self.weights.version + 1)
             self.trained = 0
             self.step_end.append(self.t)
+            self.step_groups.append(tuple(g.index for g in self.batches.step_groups))
             for cell in self.cells:
                 if cell.role == "rollout":
                     cell.sync_until = self.t + self.sync_s
                     self.intervals.append(Interval(cell.index, self.t, cell.sync_until, "load"))
-                    for e in cell.execs:
+                    for e in cell.executions:
                         self._reschedule(e, self.sync_s)
-            self._begin_step()
+            self.batches.next_step(self.weights.version)
         return True
 
-    def _assign_training(self) -> None:
-        if self.step_running or not self.queue:
-            return
-        for cell in self.cells:
-            if not self.queue:
-                return
-            if cell.role != "train" or cell.busy:
-                continue
-            cell.busy = True
-            self.views[cell.index] = None
-            if self.weights.is_stale(cell.held_version):
-                self.intervals.append(Interval(cell.index, self.t, self.t + self.sync_s, "load"))
-                self._push(self.t + self.sync_s, _LOAD, cell.index)
-                continue
-            _, e = heapq.heappop(self.queue)
-            dt = self.wl.train_s[e]
-            self.running += 1
-            self.train_busy_s += dt
-            self.intervals.append(Interval(cell.index, self.t, self.t + dt, "train"))
-            self._push(self.t + dt, _TRAIN, cell.index, e)
+    def _prepare(self) -> None:
+        """What happens without the policy: suspended executions resume, ready groups train."""
+        self._resume()
+        assign_training(
+            self.cells, self.batches.queue, step_running=self.step_running, start=self._train
+        )
 
     def _decide(self) -> None:
-        for _ in range(_MAX_DECISIONS_PER_INSTANT):
-            self._resume()
-            self._assign_training()
-            state = self._state()
-            actions = self.policy.decide(state)
-            if not actions:
-                return
-            leaving = frozenset(a.cell for a in actions if isinstance(a, SwitchToTrain))
-            for act in actions:
-                if isinstance(act, Dispatch):
-                    self._dispatch(act.n)
-                elif isinstance(act, SwitchToTrain):
-                    self._switch_to_train(act.cell, leaving)
-                elif isinstance(act, SwitchToRollout):
-                    self._switch_to_rollout(act.cell)
-                elif isinstance(act, StartStep):
-                    self._start_step(state)
-                else:
-                    raise TypeError(f"{self.policy.name}: unknown action {act!r}")
-        raise SimulationStalled(
-            f"{self.policy.name}: still acting after {_MAX_DECISIONS_PER_INSTANT} decisions "
-            f"at t={self.t}"
-        )
+        try:
+            decide_until_idle(
+                self.policy,
+                prepare=self._prepare,
+                state=self._state,
+                dispatch=self._dispatch,
+                switch_to_train=self._switch_to_train,
+                switch_to_rollout=self._switch_to_rollout,
+                start_step=self._start_step,
+                stalled=SimulationStalled,
+            )
+        except SimulationStalled as exc:
+            raise SimulationStalled(f"{exc} at t={self.t}") from None
 
     def run(self) -> SimResult:
         steps = self.cfg.workload.num_steps
@@ -575,6 +519,7 @@ class _Sim:
             suspensions=self.suspensions,
             dispatched=self.dispatched,
             trained_executions=len(self.trained_execs),
+            step_groups=tuple(self.step_groups),
             max_staleness_steps=staleness,
             timeline=Timeline(
                 intervals=tuple(self.intervals),

@@ -1,0 +1,153 @@
+"""The driver mechanics the node runtime and the cluster simulator share, written once.
+
+Owns what the pure scheduler policies (`gyre.runtime.scheduler`) leave to a driver, apart from
+batch formation (`gyre.runtime.batch_formation`): `least_loaded` (placement of an execution on a
+rollout cell, with the capacity rule), `assign_training` (ready groups to idle training cells,
+in queue order) and `decide_until_idle` (call `policy.decide` and apply its actions through the
+driver's callbacks until it returns none, checking each action against the snapshot it came
+from; one stall rule, `MAX_DECISIONS`). `gyre.runtime.elastic.ElasticRuntime` (real cells, wall
+clock) and `gyre.sim.engine` (simulated cells, event queue) both call these functions on their own
+cell objects. Knows nothing about clocks, engines, processes or what a group holds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Sequence, Sized
+from typing import Any, Protocol, TypeVar
+
+from gyre.runtime.scheduler import (
+    Action,
+    CellRole,
+    Dispatch,
+    SchedulerPolicy,
+    SchedulerState,
+    StartStep,
+    SwitchToRollout,
+    SwitchToTrain,
+)
+
+__all__ = ["MAX_DECISIONS", "least_loaded", "assign_training", "decide_until_idle"]
+
+MAX_DECISIONS = 1000
+"""Decisions at one instant after which a policy that still acts is stalled (an error): every
+shipped policy settles within a few decisions per change (one switch at a time)."""
+
+
+class _Placeable(Protocol):
+    index: int
+    role: CellRole
+    executions: Sized
+
+
+class _Trainable(Protocol):
+    role: CellRole
+    busy: bool
+
+
+P = TypeVar("P", bound=_Placeable)
+T = TypeVar("T", bound=_Trainable)
+G = TypeVar("G")
+
+
+def least_loaded(
+    cells: Iterable[P], *, capacity: int | None, avoid: Collection[int] = ()
+) -> P | None:
+    """The rollout cell of `cells` (index not in `avoid`) with the fewest executions, the lowest
+    index among equals; None when there is none, or when `capacity` is given and even that cell
+    holds `capacity` executions or more (no rollout cell has room). `capacity=None` places beyond
+    capacity (the runtime's survivors of a dead cell)."""
+    best = None
+    for c in cells:
+        if c.role != "rollout" or c.index in avoid:
+            continue
+        if best is None or (len(c.executions), c.index) < (len(best.executions), best.index):
+            best = c
+    if best is None or (capacity is not None and len(best.executions) >= capacity):
+        return None
+    return best
+
+
+def assign_training(
+    cells: Iterable[T], queue: deque[G], *, step_running: bool, start: Callable[[T, G], None]
+) -> None:
+    """Hand the groups of `queue` (first in, first out) to the idle training cells of `cells`, in
+    cell order, one group each: `start(cell, group)` must mark the cell busy. Nothing moves while
+    the optimizer step runs (its batch is closed)."""
+    if step_running:
+        return
+    for cell in cells:
+        if not queue:
+            return
+        if cell.role == "train" and not cell.busy:
+            start(cell, queue.popleft())
+            assert cell.busy, "start() must mark the training cell busy"
+
+
+def decide_until_idle(
+    policy: SchedulerPolicy,
+    *,
+    prepare: Callable[[], None],
+    state: Callable[[], SchedulerState],
+    dispatch: Callable[[int], None],
+    switch_to_train: Callable[[int, frozenset[int]], None],
+    switch_to_rollout: Callable[[int], None],
+    start_step: Callable[[], None],
+    hold: Callable[[Sequence[Action]], Sequence[Action]] = lambda actions: actions,
+    stalled: type[Exception] = RuntimeError,
+    max_decisions: int = MAX_DECISIONS,
+) -> int:
+    """Call `policy.decide` until it returns no action; returns the decisions that acted.
+
+    Each round: `prepare()` (training assignment, resumptions, anything the driver does without the
+    policy), `state()` (the snapshot), the policy's actions less what `hold` keeps back, each
+    applied in order: `dispatch(n)`, `switch_to_train(cell, leaving)` (`leaving`: every cell this
+    decision moves out of rollout, so no execution is placed on one of them), `switch_to_rollout
+    (cell)`, `start_step()`. Cells are positions in `SchedulerState.cells`.
+
+    Raises:
+        ValueError: an action the snapshot does not allow (a `Dispatch` beyond the free slots,
+            a switch of a cell not in the role it leaves or of a busy trainer, a `StartStep`
+            before the batch is trained).
+        TypeError: an unknown action.
+        stalled: the policy still acts after `max_decisions` decisions.
+    """
+    for decisions in range(max_decisions):
+        prepare()
+        snapshot = state()
+        actions = hold(policy.decide(snapshot))
+        if not actions:
+            return decisions
+        leaving = frozenset(a.cell for a in actions if isinstance(a, SwitchToTrain))
+        for act in actions:
+            _check(policy.name, act, snapshot)
+            if isinstance(act, Dispatch):
+                dispatch(act.n)
+            elif isinstance(act, SwitchToTrain):
+                switch_to_train(act.cell, leaving)
+            elif isinstance(act, SwitchToRollout):
+                switch_to_rollout(act.cell)
+            else:
+                start_step()
+    raise stalled(f"{policy.name}: still acting after {max_decisions} decisions")
+
+
+def _check(name: str, act: Any, state: SchedulerState) -> None:
+    if isinstance(act, Dispatch):
+        if act.n > state.free_slots:
+            raise ValueError(f"{name}: Dispatch(n={act.n}) exceeds free slots {state.free_slots}")
+    elif isinstance(act, SwitchToTrain | SwitchToRollout):
+        if not 0 <= act.cell < len(state.cells):
+            raise ValueError(f"{name}: {act!r} names no cell of {len(state.cells)}")
+        cell = state.cells[act.cell]
+        if isinstance(act, SwitchToTrain) and cell.role != "rollout":
+            raise ValueError(f"{name}: SwitchToTrain({act.cell}) but the cell is {cell.role}")
+        if isinstance(act, SwitchToRollout) and (cell.role != "train" or cell.busy):
+            raise ValueError(
+                f"{name}: SwitchToRollout({act.cell}) but the cell is {cell.role}, busy={cell.busy}"
+            )
+    elif isinstance(act, StartStep):
+        if not state.step_ready:
+            raise ValueError(f"{name}: StartStep before the batch is trained ({state.trained=})")
+    else:
+        raise TypeError(f"{name}: unknown action {act!r}")
