@@ -1,8 +1,9 @@
 """Cell membership: the router's cells, their roles and health, session affinity and placement.
 
-Owns `Membership` (the named cells in the order added, the execution -> cell pins, `place`: the
-rollout cell for a choice's next attempt, its execution's pinned cell or the least-loaded one, and
-weight loads on the rollout cells, marking down those that fail), `CellMember` (one cell: engine,
+Owns `Membership` (the named cells in the order added, the execution -> cell pins, the held
+(suspended) executions, `place`: the rollout cell for a choice's next attempt, its execution's
+pinned cell or the least-loaded one, none while its execution is held, and weight loads on the
+rollout cells, marking down those that fail), `CellMember` (one cell: engine,
 role, health, attempts in flight) and its records (`CellRecord`, `MembershipStatistics`).
 
 Knows nothing about requests beyond their affinity key, nor how attempts are driven or moved off a
@@ -55,6 +56,7 @@ class MembershipStatistics(msgspec.Struct, frozen=True, kw_only=True):
     cells_switching: int
     cells_down: int
     executions: int
+    executions_held: int
     cells: tuple[CellRecord, ...]
 
 
@@ -101,6 +103,7 @@ class Membership:
         self.config = config
         self.cells: dict[str, CellMember] = {}
         self.pins: dict[str, CellMember] = {}  # execution -> the member it is pinned to
+        self.held: set[str] = set()  # suspended executions: their choices wait for a pin
         self.changed = Signal()
 
     def add(self, name: str, engine: InferenceEngine, role: CellRole) -> None:
@@ -152,16 +155,26 @@ class Membership:
         cell.executions = 0
 
     def pin(self, execution_id: str, name: str) -> None:
-        """Pin `execution_id` to cell `name` (see `Router.pin`)."""
+        """Pin `execution_id` to cell `name` (see `Router.pin`); a held execution is released."""
         cell = self.member(name)
         old = self.pins.get(execution_id)
         if old is not None:
             old.executions -= 1
         self.pins[execution_id] = cell
         cell.executions += 1
+        if execution_id in self.held:
+            self.held.discard(execution_id)
+            self.changed.notify()  # its waiting choices go to the cell
+
+    def hold(self, execution_id: str) -> None:
+        """Unpin `execution_id` and hold it: `place` gives its choices no cell until `pin`."""
+        self.end_execution(execution_id)
+        self.held.add(execution_id)
+        self.changed.notify()
 
     def end_execution(self, execution_id: str) -> None:
-        """Forget the cell an execution is pinned to (unknown IDs are ignored)."""
+        """Forget the cell an execution is pinned to, or its hold (unknown IDs are ignored)."""
+        self.held.discard(execution_id)
         cell = self.pins.pop(execution_id, None)
         if cell is not None:
             cell.executions -= 1
@@ -170,15 +183,26 @@ class Membership:
         self, state: RequestState, choice: Choice, avoid: CellMember | None
     ) -> CellMember | None:
         """A rollout member for the choice's next attempt (None once the caller aborted it); waits
-        at most `no_cell_timeout_s` for one. Raises `EngineUnavailableError`."""
+        at most `no_cell_timeout_s` for one. While the choice's execution is held (`hold`) it waits
+        for the execution's next pin with no bound of its own: the request's deadline
+        (`request_timeout_s`) or its caller's abort ends that wait. Raises
+        `EngineUnavailableError`."""
+        while state.session in self.held:
+            if choice.user_aborted:
+                return None
+            await self.changed.wait()
         with anyio.move_on_after(self.config.no_cell_timeout_s):
             while True:
                 if choice.user_aborted:
                     return None
+                if state.session in self.held:  # suspended while it waited for a cell
+                    break
                 cell = self._choose(state.session, avoid)
                 if cell is not None:
                     return cell
                 await self.changed.wait()
+        if state.session in self.held:
+            return await self.place(state, choice, avoid)
         roles = {
             c.name: c.role if c.down is None else f"{c.role}, down: {c.down}"
             for c in self.cells.values()
@@ -248,6 +272,7 @@ class Membership:
             cells_switching=sum(c.role == "switching" for c in cells),
             cells_down=sum(c.down is not None for c in cells),
             executions=len(self.pins),
+            executions_held=len(self.held),
             cells=cells,
         )
 

@@ -8,7 +8,9 @@ cell rolls out (prefix-cache reuse); a new execution goes to the least-loaded ce
 roles and that placement are `gyre.runtime.membership`. When a cell leaves rollout (`set_role`,
 `drain`), dies (`EngineUnavailableError`) or stalls, its in-flight attempts move to other cells: the
 driving of attempts is `gyre.runtime.redirect`, how a choice continues there (KV migrated or
-recomputed) is `gyre.runtime.continuation`. Every wait is bounded (`RouterConfig`, invariant 7).
+recomputed) is `gyre.runtime.continuation`. A held (suspended) execution's attempts are stopped
+with their tokens kept and its requests wait, unanswered, until a `pin` names its next cell
+(`hold`). Every wait is bounded (`RouterConfig`, invariant 7).
 
 Knows nothing about chat, HTTP, processes, or how a cell changes role inside: whoever switches a
 cell calls `set_role` first and switches the cell after it returns.
@@ -84,6 +86,8 @@ class RouterStatistics(EngineStatistics, frozen=True, kw_only=True):
     """Cells out of service (any role)."""
     executions: int = 0
     """Executions pinned to a cell."""
+    executions_held: int = 0
+    """Executions held now (`Router.hold`): their requests wait for their next pin."""
     cells: tuple[CellRecord, ...] = ()
     """Every cell, in the order they were added."""
 
@@ -241,8 +245,30 @@ class Router:
     def pin(self, execution_id: str, name: str) -> None:
         """Route the requests of `execution_id` to cell `name` from now on (a driver's placement;
         without one the router places an execution on its first request). Its attempts already
-        running stay where they are. Raises `ValueError` (unknown cell)."""
+        running stay where they are; a held execution (`hold`) resumes there. Raises `ValueError`
+        (unknown cell)."""
         self._members.pin(execution_id, name)
+
+    def hold(self, execution_id: str) -> int:
+        """Suspend `execution_id`: unpin it, stop its attempts in flight (aborted on their cells,
+        the tokens sampled so far kept, as `drain` does) and hold its choices and new requests,
+        unanswered, until `pin` names its next cell; there they continue from their tokens so far
+        like a redirected choice (`requests_redirected`; each token keeps the version that sampled
+        it). A held request still ends at its own deadline (`request_timeout_s`) or when its
+        caller aborts it. Returns the attempts being stopped (the stops run in the router's task
+        group)."""
+        self._members.hold(execution_id)
+        legs = [
+            choice.leg
+            for state in self._requests.values()
+            if state.session == execution_id
+            for choice in state.choices
+            if choice.leg is not None
+        ]
+        for leg in legs:
+            assert self._tg is not None, "a request in flight outside `async with router:`"
+            self._tg.start_soon(self._redirect.stop_leg, leg, "redirect")
+        return len(legs)
 
     def engine_for(self, execution_id: str) -> InferenceEngine:
         """The router as seen by one execution (pass this method as the proxy's `engine_for`):
@@ -250,8 +276,8 @@ class Router:
         return _ExecutionEngine(self, execution_id)
 
     def end_execution(self, execution_id: str) -> None:
-        """Forget the cell an execution is pinned to (call when it finishes; unknown IDs are
-        ignored)."""
+        """Forget the cell an execution is pinned to, or its hold (call when it finishes; unknown
+        IDs are ignored)."""
         self._members.end_execution(execution_id)
 
     # -- the InferenceEngine protocol -----------------------------------------------------------

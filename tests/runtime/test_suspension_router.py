@@ -1,0 +1,84 @@
+"""The router's half of suspension (`Router.hold`): a held execution's attempts stop with their
+tokens kept, its requests wait unanswered (never failed), and everything continues on the cell
+its next `pin` names, token for token what an uninterrupted run gives.
+
+The cells are `ScriptedEngine`s under `prefix_rule` (the next token is a function of the prefix,
+like greedy sampling), each with its own weight version, so a token's version names the cell
+that sampled it (field case B11)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from gyre.config import RouterConfig
+from gyre.errors import EngineTimeoutError
+from gyre.runtime import Router
+from tests.runtime.test_router import Consumer, reference, request, scripted, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_held_execution_waits_then_continues_on_its_next_cell() -> None:
+    cells = {"a": scripted(1, delay_s=0.005), "b": scripted(2, delay_s=0.005)}
+    req = request("x1/c1", [7, 8, 9], 40)
+    later = request("x1/c2", [7, 8, 9, 10], 6)  # the agent's next call, made while held
+    other = request("x2/c1", [4, 4], 6)  # another execution on the same cell is not held
+    async with Router(cells, config=RouterConfig(no_cell_timeout_s=0.05)) as router:
+        router.pin("x1", "a")
+        router.pin("x2", "a")
+        first, second, third = Consumer(), Consumer(), Consumer()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first.run, router, req)
+            await first.wait_tokens(10)
+            assert router.hold("x1") == 1  # one attempt in flight, being stopped
+            tg.start_soon(second.run, router, later)
+            tg.start_soon(third.run, router, other)
+            await third.finished.wait()
+            # held well past no_cell_timeout_s: nothing fails, nothing streams
+            stopped = len(first.tokens())
+            await anyio.sleep(0.3)
+            assert len(first.tokens()) == stopped and second.tokens() == []
+            assert first.error is None and second.error is None and not second.finished.is_set()
+            stats = router.statistics()
+            assert stats.executions_held == 1 and stats.running_requests == 2
+            assert {c.name: c.running for c in stats.cells} == {"a": 0, "b": 0}
+            router.pin("x1", "b")
+        stats = router.statistics()
+    assert third.error is None and set(third.versions()) == {1}
+    expected = (await reference(req))[0]
+    assert first.tokens() == expected.token_ids and first.finish() == "length"
+    # tokens sampled before the suspension carry cell a's version, those after cell b's
+    assert first.versions() == [1] * stopped + [2] * (40 - stopped)
+    assert 10 <= stopped < 40
+    assert second.tokens() == (await reference(later))[0].token_ids
+    assert set(second.versions()) == {2}
+    assert stats.requests_redirected == 1 and stats.executions_held == 0
+    assert {c.name: c.executions for c in stats.cells} == {"a": 1, "b": 1}
+
+
+async def test_a_held_request_ends_at_its_own_deadline_or_its_callers_abort() -> None:
+    cells = {"a": scripted(1, delay_s=0.005)}
+    config = RouterConfig(no_cell_timeout_s=0.05, request_timeout_s=0.4)
+    async with Router(cells, config=config) as router:
+        router.pin("x1", "a")
+        router.hold("x1")
+        waiting = Consumer()
+        with anyio.fail_after(5):
+            await waiting.run(router, request("x1/c1", [1, 2], 8))
+        assert isinstance(waiting.error, EngineTimeoutError)
+        assert "request_timeout_s=0.4" in str(waiting.error)
+        # the caller aborts a held request: its tokens so far come back, finish `abort`
+        streaming = Consumer()
+        router.pin("x1", "a")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(streaming.run, router, request("x1/c2", [3, 4], 30))
+            await streaming.wait_tokens(5)
+            router.hold("x1")
+            await wait_until(lambda: router.statistics().cells[0].running == 0)
+            kept = streaming.tokens()
+            (done,) = await router.abort("x1/c2")
+        assert done.finish_reason == "abort" and done.token_ids == kept and len(kept) >= 5
+        assert streaming.finish() == "abort" and streaming.error is None
+        router.end_execution("x1")
+        assert router.statistics().executions_held == 0
