@@ -6,9 +6,10 @@ owns the mechanics the pure scheduler policies (`gyre.runtime.scheduler`) leave 
 simulator's own code for placement, training assignment and the decide loop
 (`gyre.runtime.mechanics`) and batch formation: it places dispatched executions on rollout cells
 (pinned in the `Router`), moves them off a cell that leaves rollout (the router redirects their
-in-flight requests), hands a finished group to an idle training cell, gathers the satellites'
-gradients on the core before its optimizer step, publishes the new weights to the rollout cells,
-and calls `policy.decide` after every change until no action is left.
+in-flight requests) or suspends those no cell has room for (`gyre.runtime.suspension`), hands a
+finished group to an idle training cell, gathers the satellites' gradients on the core before its
+optimizer step, publishes the new weights to the rollout cells, and calls `policy.decide` after
+every change until no action is left.
 
 Batches (docs/design.md "step"): executions are dispatched in order, `group_size` per task; which
 finished groups form each step's batch (streaming or not, `SchedulerConfig.streaming`) is
@@ -62,6 +63,7 @@ from gyre.runtime.step_ledger import (
     runtime_statistics,
     sink_statistics,
 )
+from gyre.runtime.suspension import Suspension
 from gyre.runtime.weight_version import WeightVersion
 from gyre.tasks.task import Task
 
@@ -150,7 +152,8 @@ class ElasticRuntime:
         self.batches = BatchFormation(
             groups_per_batch=self.B // self.G, streaming=config.scheduler.streaming
         )
-        self.where: dict[str, DrivenCell] = {}
+        self.where: dict[str, DrivenCell] = {}  # a suspended execution: the cell it left
+        self.suspension = Suspension(router)
         self.steps_target = loop.steps
         """The step `run` ends after (its argument)."""
         self.evaluation: HeldoutEvaluation | None = None
@@ -233,6 +236,7 @@ class ElasticRuntime:
             train_running=self.running,
             trained=self.trained,
             step_running=self.step_running,
+            suspended=len(self.suspension.queue),
         )
 
     def _decide(self) -> None:
@@ -256,8 +260,9 @@ class ElasticRuntime:
         )
 
     def _prepare(self) -> None:
-        """What happens without the policy: ready groups go to idle trainers, a due evaluation
-        starts."""
+        """What happens without the policy: suspended executions resume, ready groups go to idle
+        trainers, a due evaluation starts."""
+        self.suspension.resume(self._live(), capacity=self.capacity, pin=self._pin)
         assign_training(
             self._live(), self.batches.queue, step_running=self.step_running, start=self._train_on
         )
@@ -347,6 +352,7 @@ class ElasticRuntime:
                 )
             )
         cell = self.where.pop(execution_id)
+        self.suspension.ended(execution_id)
         cell.executions.discard(execution_id)
         self.router.end_execution(execution_id)
         self._rollout_activity(cell)
@@ -501,15 +507,15 @@ class ElasticRuntime:
         self, cell: DrivenCell, role: CellRole, leaving: frozenset[int] = frozenset()
     ) -> None:
         """Start `cell`'s switch to `role`; one leaving rollout moves its executions to the least
-        loaded rollout cells outside `leaving` (the cells this decision moves out of rollout)."""
+        loaded rollout cells with room outside `leaving` (the cells this decision moves out of
+        rollout), suspending those none has room for."""
         if cell.role == role or cell.role == "switching":
             raise RuntimeError(
                 f"{self.policy.name}: switch of cell {cell.name} ({cell.role}) to {role}"
             )
         if role == "train":
-            for execution_id in sorted(cell.executions):
-                self._pin(execution_id, self._place(avoid=leaving | {cell.index}))
-            cell.executions.clear()
+            out = leaving | {cell.index}  # no execution lands on a cell leaving rollout
+            self.suspension.move_off(cell, self._live(), self.capacity, out, self._pin)
             if self.evaluation is not None:
                 self.evaluation.move_off(cell, self.cells, self.router)
         self._set_role(cell, "switching", role)

@@ -2,7 +2,9 @@
 
 Owns what the pure scheduler policies (`gyre.runtime.scheduler`) leave to a driver, apart from
 batch formation (`gyre.runtime.batch_formation`): `least_loaded` (placement of an execution on a
-rollout cell, with the capacity rule), `assign_training` (ready groups to idle training cells,
+rollout cell, with the capacity rule), `move_off` and `resume_suspended` (the executions of a cell
+leaving rollout move to cells with room, or are suspended; the suspended resume first in, first
+out, when room returns), `assign_training` (ready groups to idle training cells,
 in queue order) and `decide_until_idle` (call `policy.decide` and apply its actions through the
 driver's callbacks until it returns none, checking each action against the snapshot it came
 from; one stall rule, `MAX_DECISIONS`). `gyre.runtime.elastic.ElasticRuntime` (real cells, wall
@@ -27,7 +29,14 @@ from gyre.runtime.scheduler import (
     SwitchToTrain,
 )
 
-__all__ = ["MAX_DECISIONS", "least_loaded", "assign_training", "decide_until_idle"]
+__all__ = [
+    "MAX_DECISIONS",
+    "least_loaded",
+    "move_off",
+    "resume_suspended",
+    "assign_training",
+    "decide_until_idle",
+]
 
 MAX_DECISIONS = 1000
 """Decisions at one instant after which a policy that still acts is stalled (an error): every
@@ -48,6 +57,7 @@ class _Trainable(Protocol):
 P = TypeVar("P", bound=_Placeable)
 T = TypeVar("T", bound=_Trainable)
 G = TypeVar("G")
+E = TypeVar("E")
 
 
 def least_loaded(
@@ -66,6 +76,44 @@ def least_loaded(
     if best is None or (capacity is not None and len(best.executions) >= capacity):
         return None
     return best
+
+
+def move_off(
+    executions: Iterable[E],
+    cells: Sequence[P],
+    *,
+    capacity: int,
+    avoid: Collection[int],
+    move: Callable[[E, P], None],
+    suspend: Callable[[E], None],
+) -> None:
+    """The executions of a cell leaving rollout, in the order given: each goes to the least loaded
+    rollout cell outside `avoid` (the leaving cells) with room, `move(execution, cell)`, which must
+    add it to that cell's executions; when no such cell has room, `suspend(execution)` (partial
+    rollouts: it resumes by `resume_suspended`)."""
+    for execution in executions:
+        cell = least_loaded(cells, capacity=capacity, avoid=avoid)
+        if cell is None:
+            suspend(execution)
+        else:
+            move(execution, cell)
+
+
+def resume_suspended(
+    suspended: deque[E], cells: Sequence[P], *, capacity: int, resume: Callable[[E, P], None]
+) -> int:
+    """Resume suspended executions, first suspended first, each on the least loaded rollout cell
+    with room, while one has room: `resume(execution, cell)` must add it to that cell's
+    executions. Returns how many resumed. A driver calls it before the policy decides, so the
+    suspended resume before any new dispatch (`SchedulerState.free_slots`)."""
+    resumed = 0
+    while suspended:
+        cell = least_loaded(cells, capacity=capacity)
+        if cell is None:
+            break
+        resume(suspended.popleft(), cell)
+        resumed += 1
+    return resumed
 
 
 def assign_training(

@@ -85,8 +85,12 @@ class RuntimeStatistics(msgspec.Struct, frozen=True, kw_only=True):
     tokens_recomputed: int
     """Tokens prefilled again on the target of a redirect."""
     suspensions: int = 0
-    """Executions suspended for lack of a rollout cell (always 0: suspension is not built,
-    docs/design.md "Not built yet")."""
+    """Times an execution was suspended: its cell left rollout and no rollout cell that stays had
+    room (`gyre.runtime.suspension`)."""
+    resumptions: int = 0
+    """Times a suspended execution was pinned to a rollout cell again."""
+    suspended: int = 0
+    """Executions suspended now (in the water level, on no cell)."""
     train_queue: int
     """Groups of the current step's batch ready for training and not handed to a cell."""
     train_running: int
@@ -222,6 +226,9 @@ def runtime_statistics(rt: Any) -> RuntimeStatistics:
         migrations=router.requests_migrated,
         tokens_migrated=router.tokens_migrated,
         tokens_recomputed=router.tokens_recomputed,
+        suspensions=rt.suspension.suspensions,
+        resumptions=rt.suspension.resumptions,
+        suspended=len(rt.suspension.queue),
         train_queue=len(batches.queue),
         train_running=rt.running,
         backlog=len(batches.backlog),
