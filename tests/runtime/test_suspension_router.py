@@ -82,3 +82,71 @@ async def test_a_held_request_ends_at_its_own_deadline_or_its_callers_abort() ->
         assert streaming.finish() == "abort" and streaming.error is None
         router.end_execution("x1")
         assert router.statistics().executions_held == 0
+
+
+async def test_a_held_execution_past_its_deadline_is_stopped_and_partially_scored(
+    tmp_path,  # noqa: ANN001
+) -> None:
+    """The coin agent through the real proxy and harness: its execution is held once its first
+    call is recorded, so its second call (in flight or not yet sent) waits until the agent's
+    deadline stops it; the execution ends `timeout` with a partial score, and the held request is
+    abandoned, not failed."""
+    from pathlib import Path
+
+    import msgspec
+
+    from gyre.config import config_from_dict
+    from gyre.engines.scripted import ScriptedEngine
+    from gyre.model.recipe import build_tokenizer
+    from gyre.runtime.rollout import open_rollout
+    from gyre.tasks.task import load_suite
+
+    repo = Path(__file__).resolve().parents[2]
+    suite = repo / "examples/tasks/learnable"
+    agent = Path(__file__).with_name("coin_agent.py")
+    config = config_from_dict(
+        {
+            "run_dir": str(tmp_path),
+            "tasks": {"suites": [str(suite)], "harness": {"agent_command": ["python", str(agent)]}},
+        }
+    )
+    task = load_suite(suite)[0]
+    spec = task.spec
+    agent_limits = msgspec.structs.replace(spec.agent, deadline_s=8.0)
+    task = msgspec.structs.replace(task, spec=msgspec.structs.replace(spec, agent=agent_limits))
+    tok = build_tokenizer()
+    cell = ScriptedEngine(
+        eos_token_id=tok.eos_token_id, vocab_size=len(tok), max_model_len=4096, token_delay_s=0.2
+    )
+    async with Router({"a": cell}, config=config.router) as router:
+        async with open_rollout(
+            config, tokenizer=tok, engine_for=router.engine_for, max_concurrent=1
+        ) as rollout:
+            eid = "x0-L-t0-g1"
+            router.pin(eid, "a")
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    done = {}
+
+                    async def run() -> None:
+                        done["executed"] = await rollout.run(task, eid)
+
+                    tg.start_soon(run)
+
+                    def one_call() -> bool:
+                        try:
+                            return rollout.proxy.summary(eid).num_calls == 1
+                        except KeyError:  # its key is not minted yet
+                            return False
+
+                    await wait_until(one_call)
+                    router.hold(eid)
+            executed = done["executed"]
+        stats = router.statistics()
+    outcome = executed.outcome
+    assert outcome.termination == "timeout", outcome
+    assert outcome.score is not None
+    assert outcome.score.passed == 0  # the odd slot would have solved it after its second call
+    assert len(executed.calls) == 1 and stats.requests_total == 2
+    assert stats.requests_abandoned == 1  # the held call: stopped with its agent, not failed
+    assert stats.running_requests == 0 and stats.executions_held == 1
