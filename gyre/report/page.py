@@ -50,9 +50,8 @@ TREES_CSV = "trees.csv"
 log (the page lists the largest `TREES_SHOWN`)."""
 TREES_SHOWN = 20
 SUSPENSIONS_NOTE = (
-    "The runtimes never suspend an execution yet: the one-cell loop rolls out before it trains, "
-    "and the elastic runtime moves a leaving cell's executions to the other rollout cells "
-    "(beyond their capacity if need be), so every step has 0 suspensions."
+    "Suspensions: executions whose cell left rollout when no rollout cell that stays had room; "
+    "they waited, their calls held, until a rollout slot freed (n/a: not recorded)."
 )
 
 
@@ -216,7 +215,8 @@ def _timeline_section(run_dir: Path, out: Path) -> str:
 def steps_table(steps: list[StepMetrics]) -> str:
     """Markdown table, one row per step: executions, pass rate, model calls, branches (tree
     leaves of the trained executions), heals (calls whose history the proxy healed; n/a in
-    records from before either count) and suspensions (0: none exist yet, `SUSPENSIONS_NOTE`)."""
+    records from before either count) and suspensions (`SUSPENSIONS_NOTE`; n/a in records from
+    before they were counted)."""
     lines = [
         "| step | executions | pass rate | model calls | branches | heals | suspensions |",
         "|" + " --- |" * 7,
@@ -224,9 +224,10 @@ def steps_table(steps: list[StepMetrics]) -> str:
     for s in steps:
         branches = "n/a" if s.branches < 0 else str(s.branches)
         heals = "n/a" if s.heals < 0 else str(s.heals)
+        suspensions = "n/a" if s.suspensions < 0 else str(s.suspensions)
         lines.append(
             f"| {s.step} | {s.executions} | {_pct(s.pass_rate)} | {s.model_calls} | "
-            f"{branches} | {heals} | 0 |"
+            f"{branches} | {heals} | {suspensions} |"
         )
     return "\n".join(lines)
 

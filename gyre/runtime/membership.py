@@ -57,6 +57,7 @@ class MembershipStatistics(msgspec.Struct, frozen=True, kw_only=True):
     cells_down: int
     executions: int
     executions_held: int
+    holds: int
     cells: tuple[CellRecord, ...]
 
 
@@ -104,6 +105,7 @@ class Membership:
         self.cells: dict[str, CellMember] = {}
         self.pins: dict[str, CellMember] = {}  # execution -> the member it is pinned to
         self.held: set[str] = set()  # suspended executions: their choices wait for a pin
+        self.holds = 0  # times an execution was held, in all
         self.changed = Signal()
 
     def add(self, name: str, engine: InferenceEngine, role: CellRole) -> None:
@@ -170,6 +172,7 @@ class Membership:
         """Unpin `execution_id` and hold it: `place` gives its choices no cell until `pin`."""
         self.end_execution(execution_id)
         self.held.add(execution_id)
+        self.holds += 1
         self.changed.notify()
 
     def end_execution(self, execution_id: str) -> None:
@@ -273,6 +276,7 @@ class Membership:
             cells_down=sum(c.down is not None for c in cells),
             executions=len(self.pins),
             executions_held=len(self.held),
+            holds=self.holds,
             cells=cells,
         )
 

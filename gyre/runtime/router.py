@@ -88,6 +88,8 @@ class RouterStatistics(EngineStatistics, frozen=True, kw_only=True):
     """Executions pinned to a cell."""
     executions_held: int = 0
     """Executions held now (`Router.hold`): their requests wait for their next pin."""
+    holds: int = 0
+    """Times an execution was held (suspended), in all."""
     cells: tuple[CellRecord, ...] = ()
     """Every cell, in the order they were added."""
 

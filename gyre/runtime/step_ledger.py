@@ -259,6 +259,7 @@ def _recovered(router: RouterStatistics) -> dict[str, int]:
         "requests_retried": router.requests_retried,
         "requests_abandoned": router.requests_abandoned,
         "aborts_failed": router.aborts_failed,
+        "suspensions": router.holds,
     }
 
 

@@ -83,7 +83,8 @@ def test_report_lists_trees_and_branches_heals_suspensions_per_step(tmp_path: Pa
         f.write(
             '{"type":"step","step":2,"version":2,"executions":8,"pass_rate":0.5,'
             '"mean_reward":0.5,"finished":8,"partial":0,"failed":0,"truncated":0,'
-            '"model_calls":16,"branches":11,"heals":3,"policy_tokens":100,"packed_tokens":200,'
+            '"model_calls":16,"branches":11,"heals":3,"suspensions":2,"policy_tokens":100,'
+            '"packed_tokens":200,'
             '"dedup_ratio":1.5,"logprob_abs_diff_mean":1e-06,"mean_ratio":1.0,"applied":true,'
             '"rollout_s":10.0,"train_s":4.0,"sync_s":1.0,"step_s":15.5}\n'
         )
@@ -92,8 +93,8 @@ def test_report_lists_trees_and_branches_heals_suspensions_per_step(tmp_path: Pa
     assert summarize(records).branches is None  # a step predates the count
     assert summarize(records[1:]).branches == 11
     page = write_report(tmp_path).read_text()
-    assert "| 1 | 8 | 25.0% | 16 | n/a | n/a | 0 |" in page
-    assert "| 2 | 8 | 50.0% | 16 | 11 | 3 | 0 |" in page
+    assert "| 1 | 8 | 25.0% | 16 | n/a | n/a | n/a |" in page
+    assert "| 2 | 8 | 50.0% | 16 | 11 | 3 | 2 |" in page
     assert SUSPENSIONS_NOTE in page and "healing is not built" not in page
     assert "| trajectories (tree leaves) of trained executions | n/a |" in page
     assert "## Trajectory trees" in page

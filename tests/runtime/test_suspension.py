@@ -184,6 +184,7 @@ def test_a_switch_without_room_suspends_the_stragglers_and_they_resume_intact(
     # the last step's switch suspends what runs then; the run ends with them suspended
     assert stats.suspensions == events >= 4 and stats.suspended == len(queues[-1]) >= 1
     assert stats.resumptions == stats.suspensions - stats.suspended
+    assert router.holds == stats.suspensions  # the router's count, which the step metrics read
     ended = {e for e, done in calls.items() if len(done) == CALLS[int(e[1 : e.index("-")])]}
     resumed = ended & {e for q in queues for e in q}
     assert resumed and not ended & set(queues[-1])

@@ -88,6 +88,6 @@ class RuntimeFeed:
             "version": rt.weights.version,
             "router": {f: getattr(stats, f) for f in _ROUTER_FIELDS},
             "outcomes": list(self.outcomes),
-            "suspended": (),
+            "suspended": tuple(rt.suspension.queue),
             "where": {eid: c.index for c in rt.cells for eid in c.executions},
         }
