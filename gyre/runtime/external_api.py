@@ -158,6 +158,8 @@ class ExecutionApi:
             raise proxy_error(f"invalid request: {exc}", 400, "invalid_request") from None
         except msgspec.DecodeError as exc:
             raise proxy_error(f"the body is not JSON: {exc}", 400, "invalid_json") from None
+        except RecursionError:
+            raise proxy_error("the body's JSON is nested too deeply", 400, "invalid_json") from None
 
     @staticmethod
     def _error(exc: GyreError) -> Response:

@@ -159,10 +159,12 @@ def _tag(value: object) -> dict:
 
 
 def _import_or_remote(name: str) -> object:
-    try:
-        return sys.modules[name] if name in sys.modules else __import__(name, fromlist=["_"])
-    except ImportError:
-        return _Remote({"path": [name]}, None)
+    """A module the workspace's code handed over by name: the judge's own copy when the judge
+    has imported it already, else a reference to the worker's. Never imported here: the name is
+    the workspace's choice, and a module it planted on the judge's path (the scratch `tests/`
+    folder is on it, and unisolated agents share the node's uid) would run in the judge."""
+    module = sys.modules.get(name)
+    return module if module is not None else _Remote({"path": [name]}, None)
 
 
 _PLAIN_DUNDERS = ("__name__", "__qualname__", "__doc__", "__module__", "__all__", "__version__")

@@ -223,6 +223,8 @@ def _decode(body: bytes) -> MessagesRequest:
         ) from None
     except msgspec.DecodeError as exc:
         raise _bad(f"malformed JSON body: {exc}") from None
+    except RecursionError:
+        raise _bad("malformed JSON body: nested too deeply") from None
 
 
 def _texts(blocks: list, where: str) -> list[str]:

@@ -56,7 +56,8 @@ def _param_of(message: str) -> str | None:
 
 
 def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
-    """The request `body` decoded and validated by `decoder` (400 naming the offending field)."""
+    """The request `body` decoded and validated by `decoder` (400 naming the offending field;
+    400 for JSON nested deeper than the decoder can recurse)."""
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
@@ -65,6 +66,8 @@ def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         ) from None
     except msgspec.DecodeError as exc:
         raise proxy_error(f"malformed JSON body: {exc}", 400, "invalid_json") from None
+    except RecursionError:  # msgspec's decoder recurses per level (about 1000 deep)
+        raise proxy_error("malformed JSON body: nested too deeply", 400, "invalid_json") from None
 
 
 def check_model(model: str, served: tuple[str, ...]) -> None:

@@ -116,8 +116,8 @@ def decode_responses(body: bytes) -> ResponsesRequest:
                 m.group(1),
                 "unsupported_parameter",
             ) from None
-    except msgspec.DecodeError:
-        pass  # not JSON at all: the decoder's 400 below
+    except (msgspec.DecodeError, RecursionError):
+        pass  # not JSON at all, or nested too deeply: the decoder's 400 below
     return decode_request(RESPONSES_DECODER, body)  # raises the decoder's 400
 
 

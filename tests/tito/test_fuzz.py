@@ -299,3 +299,39 @@ async def list_calls(proxy, key: str, execution: str) -> tuple[int, bytes]:
 
     await proxy.app(scope, receive, send)
     return status, b"".join(chunks)
+
+
+def test_json_nested_past_the_decoders_recursion_is_a_400_on_every_route(tok):
+    """A valid JSON body nested 1000 and 5000 levels deep (msgspec's decoder raises
+    RecursionError past about 1000) is a 400 on each chat-like route, in that API's error shape,
+    and the proxy serves a good request after (was a plain-text 500)."""
+    proxy = make_proxy(tok, ScriptedEngine(eos_token_id=tok.eos_token_id))
+    key = proxy.mint_key("deep")
+    for depth in (1000, 5000):
+        deep = b"[" * depth + b"]" * depth
+        for path, head in (
+            ("/v1/chat/completions", b'{"model":"gyre","messages":[],"x":'),
+            ("/v1/completions", b'{"model":"gyre","prompt":"hi","x":'),
+            (
+                "/v1/responses",
+                b'{"model":"gyre","input":"hi","tools":[{"type":"function",'
+                b'"name":"f","parameters":{"a":',
+            ),
+            (
+                "/v1/messages",
+                b'{"model":"gyre","max_tokens":4,"messages":[],"tools":[{'
+                b'"name":"f","input_schema":{"a":',
+            ),
+        ):
+            tail = b"}" if path.endswith("completions") else b"}}]}"
+            status, payload = anyio.run(asgi_post, proxy, path, key, head + deep + tail)
+            assert status == 400, (path, depth, payload[:200])
+            answer = json.loads(payload)
+            if path == "/v1/messages":  # Anthropic's shape
+                assert answer["type"] == "error", answer
+                assert "nested too deeply" in answer["error"]["message"], answer
+            else:
+                check_answer(status, payload)
+                assert "nested too deeply" in answer["error"]["message"], answer
+    good = {"model": "gyre", "messages": [{"role": "user", "content": "hi"}]}
+    assert anyio.run(asgi_post, proxy, "/v1/chat/completions", key, good)[0] == 200
