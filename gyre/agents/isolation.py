@@ -9,24 +9,24 @@ agent's uid and back) and `tighten_hidden`. The `Harness` (`gyre.agents.harness`
 per execution; the mechanics (uids, `Mounts`, `Relay`, namespaces) are `gyre.sandbox`'s. Knows
 nothing about processes' lifetimes, HTTP or tokens; of the proxy only its URL.
 
-Isolation (`isolate_uid`, when the node runs as root): each agent runs as its own unprivileged
-uid (`agent_uid_base` + a slot held with a lock file while the execution runs, so no two running
+Isolation (`isolate_uid`, when the node runs as root): each agent runs as its own unprivileged uid
+(`agent_uid_base` + a slot held with a lock file while the execution runs, so no two running
 executions on the node share one) with gid = uid and no supplementary groups. Its workspace, HOME,
-TMPDIR and instruction are chowned to it; the execution folder (0711, root) and its logs (0600)
-stay root's; the task's `tests/` and `solution/` are tightened to 0700 before the first run.
-With `isolate_mounts` (and CAP_SYS_ADMIN) each agent also starts in a private mount namespace
+TMPDIR and instruction are chowned to it; the execution folder (0711, root) and its logs (0600) stay
+root's; the task's `tests/` and `solution/` are tightened to 0700 before the first run. With
+`isolate_mounts` (and CAP_SYS_ADMIN) each agent also starts in a private mount namespace
 (`gyre.sandbox.Mounts`) that denies by default: every top-level folder but the system's
 (`SYSTEM_DIRS`: /usr, /etc, /var, ...) is covered by an empty read-only tmpfs (so /root, /home, the
-checkout with its .git, other runs), as are `hidden_paths`, the run folder, the workspace root,
-the suites' generator and the `tests/` and `solution/` of every task of the configured suites;
-/tmp, /var/tmp and /dev/shm are fresh and private. Bound back read-only at their real paths: the
-interpreter's installation, the gyre package, `visible_paths`, and the files the agent command
-names (its executable and absolute-path arguments); writable: its own execution folder. So a venv
-whose Python lives under a private /root still runs agents as their uid. After the agent's tree
-is gone its files are handed back to root, and the verifier runs on a copy (its workspace code as
-the same uid, its tests as `gyre.tasks.scorer.JUDGE_USER`), in a namespace where the whole
-filesystem is read-only except that copy (and fresh /tmp, /var/tmp and /dev/shm that die with
-it), with no network at all.
+checkout with its .git, other runs), as are `hidden_paths`, the run folder, the workspace root, the
+suites' generator and the `tests/` and `solution/` of every task of the configured suites; /tmp,
+/var/tmp, /dev/shm and /run are fresh and private. Bound back read-only at their real paths: the
+interpreter's installation, the gyre package, `visible_paths`, and the files the agent command names
+(its executable and absolute-path arguments); writable: its own execution folder. So a venv whose
+Python lives under a private /root still runs agents as their uid. After the agent's tree is gone
+its files are handed back to root, and the verifier runs on a copy (its workspace code as the same
+uid, its tests as `gyre.tasks.scorer.JUDGE_USER`), in a namespace where the whole filesystem is
+read-only except that copy (and fresh /tmp, /var/tmp, /dev/shm and /run that die with it), with no
+network at all.
 
 Network (`isolate_network`): each agent starts in a network namespace of its own where only
 loopback is up and one port listens: the proxy's, at the address of `OPENAI_BASE_URL` (unchanged
@@ -35,7 +35,8 @@ namespace, relays each connection to the proxy
 (`gyre.sandbox.Relay`). The node's cells, gloo TCPStore and every other port, its abstract unix
 sockets and the outside world are out of reach; its unix sockets bound at a path
 (`node_sockets`, as found when the agent starts) are covered by /dev/null in the agent's and its
-verifier's mount namespaces. An agent that runs as root (its executable unreachable by other
+verifier's mount namespaces, and /run, where services keep theirs, is a fresh tmpfs there.
+An agent that runs as root (its executable unreachable by other
 users) could leave the namespace: the warning about it stands. Without root the network namespace
 is owned by a user namespace of the agent's own that maps only the node's user, to itself (no
 capability survives the agent's exec): the same reach over the network, but the node's unix
@@ -169,9 +170,12 @@ def suite_hidden(suite: Path) -> set[str]:
     }
 
 
-PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 """Covered by a fresh tmpfs for each agent and each verifier: no channel between executions, no
-look at another execution's verifier output, nothing left behind."""
+look at another execution's verifier output, nothing left behind. /run (and /var/run, its link)
+too: the node's services keep their unix sockets there, and a socket bound there after the agent
+starts, bound again by a restarted service, bound by a relative path or from another network
+namespace is not in `node_sockets`' list (found by a tester)."""
 
 SYSTEM_DIRS = frozenset(
     {

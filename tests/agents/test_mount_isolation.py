@@ -183,7 +183,8 @@ def test_task_and_original_workspace_are_out_of_sight():
 async def test_verifier_runs_agent_code_unprivileged_and_writes_only_its_copy(
     run_dir: Path,
 ) -> None:
-    shared = Path(tempfile.mkdtemp(prefix="gyre-open-", dir="/run"))  # world-writable on the host
+    # world-writable on the host, in a system folder agents see (/run is private to them)
+    shared = Path(tempfile.mkdtemp(prefix="gyre-open-", dir="/var/lib"))
     os.chmod(shared, 0o777)
     marker = f"/tmp/gyre-escape-{secrets.token_hex(4)}"
     try:

@@ -218,10 +218,14 @@ async def test_a_sealed_agent_reaches_the_proxy_and_nothing_else(run_dir: Path) 
     )
     proxy = TitoProxy(tokenizer=tok, engine_for=lambda _e: engine, config=ProxyConfig())
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    planted = f"/run/gyre-net-{secrets.token_hex(4)}.sock"  # /run is shown to agents
+    planted = f"/var/lib/gyre-net-{secrets.token_hex(4)}.sock"  # /var/lib is shown to agents
     abstract = f"gyre-net-{secrets.token_hex(4)}"
+    # bound by a relative path in /run: /proc/net/unix names it without its folder, so
+    # `node_sockets` cannot cover it; /run is private to agents (found by a tester)
+    relative = f"gyre-rel-{secrets.token_hex(4)}.sock"
     path_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     abstract_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    relative_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     task = load_task(make_task(run_dir / "suite" / "t", toml="[agent]\ndeadline_s = 120.0\n"))
     seen: dict[bool, dict] = {}
     try:
@@ -230,9 +234,19 @@ async def test_a_sealed_agent_reaches_the_proxy_and_nothing_else(run_dir: Path) 
         path_sock.listen()
         abstract_sock.bind("\0" + abstract)
         abstract_sock.listen()
+        cwd = os.getcwd()
+        os.chdir("/run")
+        try:
+            relative_sock.bind(relative)
+        finally:
+            os.chdir(cwd)
+        os.chmod(f"/run/{relative}", 0o777)
+        relative_sock.listen()
         async with anyio.create_task_group() as tg:
             port = await tg.start(proxy.serve)
             targets = {"tcp": sorted(listening_tcp()), "unix": sorted(unix_sockets())}
+            assert f"/run/{relative}" not in node_sockets()  # no list of them covers it
+            targets["unix"].append(f"/run/{relative}")  # where it is, for the probe
             assert ("127.0.0.1", port) in targets["tcp"]
             assert any(p == store.port for _h, p in targets["tcp"])
             assert planted in targets["unix"] and f"@{abstract}" in targets["unix"]
@@ -263,8 +277,10 @@ async def test_a_sealed_agent_reaches_the_proxy_and_nothing_else(run_dir: Path) 
     finally:
         path_sock.close()
         abstract_sock.close()
-        if os.path.exists(planted):
-            os.unlink(planted)
+        relative_sock.close()
+        for path in (planted, f"/run/{relative}"):
+            if os.path.exists(path):
+                os.unlink(path)
     sealed, open_ = seen[True], seen[False]
     assert sealed["tried"] == len(targets["tcp"]) + len(targets["unix"]) >= 4
     # sealed: the proxy's own port, relayed, and nothing else of the node
@@ -274,6 +290,8 @@ async def test_a_sealed_agent_reaches_the_proxy_and_nothing_else(run_dir: Path) 
     # without the seal the same sweep reaches the store, other ports and the planted sockets
     assert any(r.startswith("tcp ") and r.endswith(f" {store.port}") for r in open_["reached"])
     assert {f"unix {planted}", f"unix @{abstract}"} <= set(open_["reached"])
+    # /run is private with or without the seal (the mount namespace's): never reached
+    assert f"unix /run/{relative}" not in open_["reached"]
     assert len(open_["reached"]) > 3
 
 
