@@ -1,6 +1,7 @@
 """Shared fixtures.
 
-- `anyio_backend`: every `pytest.mark.anyio` test runs on asyncio and trio (the node runs on both).
+- `anyio_backend`: every `pytest.mark.anyio` test runs on asyncio and trio (the node runs on both);
+  the slow fake-cell runs of the elastic runtime pick trio alone, the backend `gyre.node` runs.
 - `tiny_model_dir` / `tiny_model_b_dir`: the reference tiny model (seeds 0 and 1), built once.
 - `vllm_cell`: one real vLLM cell process for the whole session (engines are shared across
   tests: starting one costs ~20-30 s on 2 cores); `vllm_engine`: a `CellClient` on it.

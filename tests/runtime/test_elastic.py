@@ -111,6 +111,7 @@ def check_accounting(runtime, fakes, run_dir: Path) -> list[Counter]:
 
 @pytest.mark.slow
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # slow tier: the node's backend only
 @pytest.mark.parametrize("policy", ["colocate", "async", "elastic"])
 async def test_each_policy_trains_every_batch_once(policy: str, tmp_path: Path) -> None:
     tok = build_tokenizer()
@@ -135,6 +136,7 @@ async def test_each_policy_trains_every_batch_once(policy: str, tmp_path: Path) 
 
 @pytest.mark.slow
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # slow tier: the node's backend only
 async def test_not_streaming_trains_the_dispatched_groups(tmp_path: Path) -> None:
     tok = build_tokenizer()
     fakes = make_cells(tok)
@@ -156,6 +158,7 @@ class _Process:
 
 @pytest.mark.slow
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # slow tier: the node's backend only
 async def test_a_cell_killed_mid_rollout_is_dropped_and_nothing_is_lost(tmp_path: Path) -> None:
     tok = build_tokenizer()
     fakes = make_cells(tok)
@@ -222,6 +225,7 @@ class ChaosPolicy:
 
 @pytest.mark.slow
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # slow tier: the node's backend only
 async def test_hundred_forced_switches_during_long_executions_lose_nothing(tmp_path: Path) -> None:
     """Long executions (the longtail agent: many calls, streamed tokens) while satellites are
     switched 100 times: every execution finishes with exactly its planned calls, one record each,

@@ -407,6 +407,7 @@ async def launch(run_dir: Path, fakes, *, resume: bool, stop=None):
 
 @pytest.mark.slow
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # slow tier: the node's backend only
 async def test_a_run_stopped_mid_step_resumes_without_training_a_group_twice(
     tmp_path: Path,
 ) -> None:

@@ -939,6 +939,7 @@ async def test_vllm_greedy_redirect_equals_an_uninterrupted_run(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # slow tier: the node's backend only
 async def test_vllm_cell_killed_mid_request_continues_on_another_cell(
     vllm_cell, tiny_model_dir, tmp_path
 ) -> None:

@@ -68,6 +68,7 @@ async def run_three_steps(tmp_path: Path, sinks: tuple[str, ...]) -> tuple[Path,
 
 @pytest.mark.slow
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # slow tier: the node's backend only
 async def test_tensorboard_event_file_holds_the_step_metrics_of_metrics_jsonl(tmp_path) -> None:
     run_dir, trained = await run_three_steps(tmp_path, ("tensorboard",))
     steps = jsonl_steps(run_dir)
@@ -156,6 +157,7 @@ def _items(items) -> dict[str, float]:
 
 @pytest.mark.slow
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # slow tier: the node's backend only
 async def test_wandb_offline_run_in_the_run_folder_holds_the_step_metrics(tmp_path: Path) -> None:
     pytest.importorskip("wandb", reason="wandb is not installed (pip install gyre[wandb])")
     run_dir, _ = await run_three_steps(tmp_path, ("wandb",))
