@@ -77,6 +77,17 @@ def died(cell: DrivenCell) -> bool:
     return cell.process is not None and cell.process.poll() is not None
 
 
+async def confirm_death(cell: DrivenCell, within_s: float = 2.0) -> bool:
+    """Whether the cell's process has exited, or exits within `within_s` seconds: a call that
+    failed on a cell is its death only once the death is seen. A worker host's cells are seen
+    dead when the head notices the worker's connection end, which can come after a call to one of
+    them has already failed."""
+    with anyio.move_on_after(within_s):
+        while not died(cell):
+            await anyio.sleep(0.05)
+    return died(cell)
+
+
 async def wait_cell_deaths(
     cells: Callable[[], Sequence[DrivenCell]], period_s: float
 ) -> list[DrivenCell]:

@@ -1,9 +1,10 @@
-"""The elastic driver's training operations on its cells: train one group, move a gradient.
+"""The elastic driver's operations on its cells: switch a role, train one group, move a gradient.
 
-Owns `train_group` (a training cell takes one finished group's micro-batches, loading the
-published weights first when its trainer is behind) and `send_gradients` (a satellite's
-accumulated gradient into the core's). Both hold the cells' trainer locks (a trainer is not
-reentrant) and update the driver's `DrivenCell` bookkeeping. Knows nothing about scheduling,
+Owns `switch_role` (a cell's side of a role change, with the router told), `train_group` (a
+training cell takes one finished group's micro-batches, loading the published weights first when
+its trainer is behind) and `send_gradients` (a satellite's accumulated gradient into the core's).
+They hold the cells' trainer locks (a trainer is not reentrant) and update the driver's
+`DrivenCell` bookkeeping. Knows nothing about scheduling,
 batch formation or steps: the driver (`gyre.runtime.elastic`) decides which cell does what.
 """
 
@@ -18,7 +19,38 @@ from gyre.runtime.batch_formation import Group
 from gyre.runtime.cell_handle import DrivenCell
 from gyre.runtime.weight_version import WeightVersion
 
-__all__ = ["train_group", "send_gradients"]
+__all__ = ["switch_role", "train_group", "send_gradients"]
+
+
+async def switch_role(
+    cell: DrivenCell, role: str, *, core: DrivenCell, weights: WeightVersion, router: Any
+) -> None:
+    """Move `cell` to `role` ("train" or "rollout"). To train: `router` first stops routing to it
+    (redirecting its in-flight requests), then the cell switches; a satellite's trainer loads the
+    published `weights`. To roll out: a satellite first sends its accumulated gradient to `core`,
+    the cell's engine loads `weights`, `router` routes to it again, and it loads any step
+    published meanwhile. Raises the cell's `GyreError`s."""
+    if role == "train":
+        await router.set_role(cell.name, "train")  # redirects its in-flight requests
+        async with cell.lock:
+            satellite = cell is not core
+            await cell.client.switch_role(
+                "train", weights.snapshot if satellite else None, weights.version
+            )
+            if satellite:
+                cell.trainer_version = weights.version
+        return
+    if cell is not core:
+        await send_gradients(cell, core)
+    async with cell.lock:
+        version = weights.version
+        await cell.client.switch_role("rollout", weights.snapshot, version)
+        cell.engine_version = version
+    await router.set_role(cell.name, "rollout")
+    while weights.is_stale(cell.engine_version):  # a step was published meanwhile
+        version = weights.version
+        await cell.client.load_weights(weights.snapshot, version)
+        cell.engine_version = version
 
 
 async def train_group(

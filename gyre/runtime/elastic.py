@@ -19,11 +19,10 @@ then over the batch's executions). The published weights are one `WeightVersion`
 step.
 
 Cells (`CellHandle`, tracked as `DrivenCell`s, `gyre.runtime.cell_handle`): anything with the
-`CellClient` methods (generate..., `switch_role`, `train`, `load_trainer_weights`,
-`send_gradients`, `receive_gradients`, `step`) and, optionally, a process to watch. Cell 0 is the
-core. A cell whose process dies is dropped: its executions move to the survivors (beyond their
-capacity until they finish), groups its trainer held are trained again; losing the core stops the
-run with `CellDiedError`.
+`CellClient` methods and, optionally, a process to watch. Cell 0 is the core. A cell whose
+process dies (also mid-switch or mid-training) is dropped: its executions move to the survivors
+(beyond their capacity until they finish), groups its trainer held are trained again; losing the
+core stops the run with `CellDiedError`.
 
 Held-out evaluations run on rollout cells; while one is due or running the driver holds the step
 (`gyre.runtime.evaluation`). Trained groups are released when their step ends. One cell is the
@@ -48,8 +47,8 @@ from gyre.config import RunConfig
 from gyre.errors import CellDiedError, GyreError
 from gyre.runtime.batch import build_training_batch
 from gyre.runtime.batch_formation import BatchFormation, Group
-from gyre.runtime.cell_handle import CellHandle, DrivenCell, died, wait_cell_deaths
-from gyre.runtime.cell_training import send_gradients, train_group
+from gyre.runtime.cell_handle import CellHandle, DrivenCell, confirm_death, wait_cell_deaths
+from gyre.runtime.cell_training import send_gradients, switch_role, train_group
 from gyre.runtime.data_stream import pick_tasks
 from gyre.runtime.evaluation import HeldoutEvaluation, hold
 from gyre.runtime.mechanics import assign_training, decide_until_idle, least_loaded
@@ -373,7 +372,7 @@ class ElasticRuntime:
         try:
             trained = await train_group(cell, group, self.weights, self._activity)
         except GyreError as exc:
-            if cell.alive and not died(cell):
+            if cell.alive and not await confirm_death(cell):
                 raise
             logger.warning(
                 "cell %s died while training group %d: it is trained again (%s)",
@@ -401,7 +400,7 @@ class ElasticRuntime:
                 try:
                     await send_gradients(cell, self.core)
                 except GyreError:
-                    if not died(cell):
+                    if not await confirm_death(cell):
                         raise
                     if cell.alive:
                         self._lose(cell)  # its groups go back to the queue: the step waits for them
@@ -522,31 +521,18 @@ class ElasticRuntime:
         self._spawn(self._switch, cell, role)
 
     async def _switch(self, cell: DrivenCell, role: CellRole) -> None:
+        try:
+            await self._switch_roles(cell, role)
+        except GyreError:
+            if not await confirm_death(cell):
+                raise
+            if cell.alive:  # died mid-switch: dropped like any dead cell
+                self._lose(cell)
+
+    async def _switch_roles(self, cell: DrivenCell, role: CellRole) -> None:
         t0 = self._now()
         self._activity(cell, "switch", t0)
-        if role == "train":
-            await self.router.set_role(cell.name, "train")  # redirects its in-flight requests
-            async with cell.lock:
-                satellite = cell is not self.core
-                weights = self.weights
-                await cell.client.switch_role(
-                    "train", weights.snapshot if satellite else None, weights.version
-                )
-                if satellite:
-                    cell.trainer_version = weights.version
-        else:
-            if cell is not self.core:
-                await send_gradients(cell, self.core)
-            weights = self.weights
-            async with cell.lock:
-                version = weights.version
-                await cell.client.switch_role("rollout", weights.snapshot, version)
-                cell.engine_version = version
-            await self.router.set_role(cell.name, "rollout")
-            while weights.is_stale(cell.engine_version):  # a step was published meanwhile
-                version = weights.version
-                await cell.client.load_weights(weights.snapshot, version)
-                cell.engine_version = version
+        await switch_role(cell, role, core=self.core, weights=self.weights, router=self.router)
         self.switch_s.append(self._now() - t0)
         self.switches_done += 1
         self._set_role(cell, role)
