@@ -398,6 +398,8 @@ def serve_rank(rank: _Rank, commands) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m gyre.runtime.cell_ranks`: one worker rank (1 .. k-1) of a cell; it joins the
+    cell's groups, then runs rank 0's commands until told to stop. Returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m gyre.runtime.cell_ranks")
     parser.add_argument("--model", required=True)
     parser.add_argument("--trainer-config", required=True, help="TrainerConfig as JSON")

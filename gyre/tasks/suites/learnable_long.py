@@ -163,4 +163,6 @@ def learnable_long_chores(seed: int) -> list[LongChore]:
 
 
 def learnable_long_suite(seed: int) -> list[TaskFiles]:
+    """The 32 `learnable-long` tasks of `seed` (one per chain of `learnable_long_chores(seed)`,
+    in that order), as files in the format of `gyre.tasks.task`; equal seeds give equal tasks."""
     return [_task(i, c) for i, c in enumerate(learnable_long_chores(seed))]
