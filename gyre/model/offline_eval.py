@@ -102,15 +102,10 @@ def offline_pass_rate(
             f"{samples=} must be >= 1, {temperature=} >= 0, {max_turns=} >= 1, "
             f"tasks={len(tasks)} > 0"
         )
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from gyre.agents.tools import SYSTEM_PROMPT, TOOL_SCHEMAS, ToolError, Workspace
     from gyre.tito.reply import parse_reply
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(seed)
+    tokenizer, model, gen = _load(model_dir, seed)
     passed = first_ok = finished = tests = 0
     for instruction, word, path in tasks:
         reference = {"path": path, "content": word}
@@ -194,6 +189,16 @@ def offline_pass_rate(
         first_call_ok=first_ok / n,
         finished=finished / n,
     )
+
+
+def _load(model_dir: str | Path, seed: int) -> tuple[Any, Any, Any]:
+    """(tokenizer, float32 model in eval mode, CPU generator seeded with `seed`) of `model_dir`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return tokenizer, model, torch.Generator().manual_seed(seed)
 
 
 def _loads(text: str) -> Any:
@@ -343,15 +348,10 @@ def offline_chain_eval(
             f"{samples=} must be >= 1, {temperature=} >= 0, {max_calls=} >= 1, "
             f"chores={len(chores)} > 0"
         )
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from gyre.agents.tools import Workspace
     from gyre.tasks.suites.learnable_long import COMPACT_CHARS, INSTRUCTION
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(seed)
+    tokenizer, model, gen = _load(model_dir, seed)
 
     def sample(prompt_ids: list[int]) -> list[int]:
         eos = tokenizer.eos_token_id
