@@ -357,6 +357,21 @@ def test_the_policy_is_resolved_for_the_cell_count_before_anything(tmp_path):
     assert two.policy_for(2) == "async"
 
 
+def test_each_policy_gets_its_own_staleness_bound_from_the_config(tmp_path):
+    from gyre.runtime.elastic_job import scheduler_policy
+
+    config = make_config(
+        tmp_path, scheduler={"max_staleness_steps": 3, "colocate_max_staleness_steps": 2}
+    )
+    one, two = scheduler_policy(config, 1), scheduler_policy(config, 2)
+    assert (one.name, one.max_staleness_steps) == ("colocate", 2)  # partial rollouts
+    assert (two.name, two.max_staleness_steps) == ("elastic", 3)
+    default = scheduler_policy(make_config(tmp_path), 1)
+    assert (default.name, default.max_staleness_steps) == ("colocate", 0)  # verl, on-policy
+    with pytest.raises(ConfigError, match=r"colocate_max_staleness_steps=-1 must be >= 0"):
+        make_config(tmp_path, scheduler={"colocate_max_staleness_steps": -1})
+
+
 def test_a_suite_with_no_task_that_fits_the_context_stops_before_anything(tmp_path, tiny_model_dir):
     from transformers import AutoTokenizer
 

@@ -55,8 +55,14 @@ class SchedulerConfig(Config):
     async_train_cells: int = 1
     """Training cells of the `async` split (and of `elastic`'s pinned fallback)."""
     max_staleness_steps: int = 1
-    """Versions an execution may start ahead of the step that trains it (AReaL's admission rule;
-    `colocate` is always 0)."""
+    """Versions an execution may start ahead of the step that trains it (AReaL's admission rule),
+    for `async` and `elastic`; `colocate` has its own key."""
+    colocate_max_staleness_steps: int = 0
+    """`colocate`'s staleness bound. 0 (default, verl): a step rolls out exactly its own batch and
+    waits for its slowest execution. k > 0 (partial rollouts, Kimi k1.5): freed slots take
+    executions of later steps, and the executions still running when every cell switches to
+    training are suspended through the training phase and resume after it
+    (`gyre.runtime.suspension`)."""
     streaming: bool = True
     """A step's batch is the first `batch_executions // group_size` groups to finish, trained group
     by group as they finish; off: the batch is the step's own dispatched groups, trained once all
@@ -66,8 +72,9 @@ class SchedulerConfig(Config):
         check_positive(
             capacity_per_cell=self.capacity_per_cell, async_train_cells=self.async_train_cells
         )
-        if self.max_staleness_steps < 0:
-            raise ValueError(f"max_staleness_steps={self.max_staleness_steps} must be >= 0")
+        for key in ("max_staleness_steps", "colocate_max_staleness_steps"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key}={getattr(self, key)} must be >= 0")
 
     def policy_for(self, num_cells: int) -> Literal["colocate", "async", "elastic"]:
         """The policy a run of `num_cells` cells in all (every host's) drives: `policy`, with

@@ -7,7 +7,7 @@ continuation for redirected requests (`continuation_for`: KV migration when
 metrics files in `run_dir`, and the driver with the configured policy, `auto` resolved by the
 cell count) and `run_elastic` (starts `cells.num_cells` cell processes, and with `[cluster]
 workers` takes the worker hosts' cells too, `gyre.runtime.join`; then `run_cells` on the
-training and held-out tasks).
+training and held-out tasks; the run's KV folder, `open_kv_folder`, lives as long as its cells).
 Knows nothing about how the driver moves cells (`gyre.runtime.elastic`) or what a cell runs
 inside (`gyre.runtime.cell`).
 """
@@ -19,7 +19,10 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from gyre.config import RunConfig
+from gyre.engines.kv_transport import open_kv_folder
 from gyre.runtime.cell_client import open_cells
 from gyre.runtime.cell_handle import CellHandle
 from gyre.runtime.checkpoint import check_run_dir
@@ -36,7 +39,7 @@ from gyre.runtime.sinks import open_sinks
 from gyre.runtime.timeline import TimelineWriter
 from gyre.tasks.task import Task
 
-__all__ = ["run_cells", "run_elastic", "continuation_for"]
+__all__ = ["run_cells", "run_elastic", "continuation_for", "scheduler_policy"]
 
 
 def continuation_for(config: RunConfig) -> Continuation:
@@ -47,6 +50,21 @@ def continuation_for(config: RunConfig) -> Continuation:
     if config.engine.kv_transfer.connector == "none":
         return RecomputeContinuation()
     return MigrateContinuation(export_timeout_s=min(20.0, config.router.abort_timeout_s / 2))
+
+
+def scheduler_policy(config: RunConfig, num_cells: int) -> SchedulerPolicy:
+    """The policy `[scheduler]` configures for a run of `num_cells` cells in all
+    (`SchedulerConfig.policy_for`; `colocate` gets `colocate_max_staleness_steps`, the others
+    `max_staleness_steps`). Raises `ConfigError` as `policy_for` does."""
+    sched = config.scheduler
+    name = sched.policy_for(num_cells)
+    return make_policy(
+        name,
+        max_staleness_steps=sched.colocate_max_staleness_steps
+        if name == "colocate"
+        else sched.max_staleness_steps,
+        async_train_cells=sched.async_train_cells,
+    )
 
 
 async def run_cells(
@@ -74,13 +92,8 @@ async def run_cells(
     per step, and a resumed one first loads its checkpoint into the cells. Raises `ConfigError`
     from `SchedulerConfig.policy_for` before anything starts."""
     run_dir = Path(config.run_dir).resolve()
-    sched = config.scheduler
     if policy is None:
-        policy = make_policy(
-            sched.policy_for(len(cells)),
-            max_staleness_steps=sched.max_staleness_steps,
-            async_train_cells=sched.async_train_cells,
-        )
+        policy = scheduler_policy(config, len(cells))
     if journal is not None:  # a resumed run's weights, in the core's trainer and every engine
         snapshot, version = await journal.restore_cells(
             [c.client for c in cells], snapshot, version
@@ -133,7 +146,10 @@ async def run_elastic(
     trainer on `model_dir`, one run-wide gradient group; with `cluster.workers`, the head of
     several hosts: the workers' cells join the group and are driven as local ones), then
     `run_cells` on the training and held-out tasks (`split_tasks`), with a `RunJournal` (the
-    ledger, a checkpoint per step). `resume=True` continues the run in `run_dir` from its newest
+    ledger, a checkpoint per step). The `example` KV connector's folder, unless
+    `engine.kv_transfer.shared_dir` names one, is the run's own (`open_kv_folder`): made before
+    any cell starts (the config the cells, the workers and `run_cells` see names it) and removed
+    when the run ends, on an error too. `resume=True` continues the run in `run_dir` from its newest
     checkpoint and ledger (`gyre.runtime.elastic_resume`); `launch` (default: drawn) must not be
     one an earlier start of the run used. Raises `ConfigError` when `run_dir` already holds a run
     and `resume` is False, `RunDirError` for a checkpoint or ledger that cannot be used."""
@@ -147,6 +163,8 @@ async def run_elastic(
     )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     async with AsyncExitStack() as stack:
+        engine = stack.enter_context(open_kv_folder(config.engine))  # removed after the cells stop
+        config = msgspec.structs.replace(config, engine=engine)
         joins = None
         if config.cluster.workers:  # the head of several hosts: workers offer their cells
             joins = await stack.enter_async_context(open_join_server(config, model_dir))

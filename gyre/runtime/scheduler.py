@@ -267,8 +267,9 @@ class ColocatePolicy(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     max_staleness_steps: int = 0
-    """Versions an execution may start ahead of the step that trains it (0: on-policy). Only a
-    driver that suspends executions can run k > 0 (the simulator; not yet the node runtime)."""
+    """Versions an execution may start ahead of the step that trains it (0: on-policy). k > 0
+    needs a driver that suspends executions: the simulator and the node runtime
+    (`gyre.runtime.suspension`) both do."""
     name: str = "colocate"
 
     def __post_init__(self) -> None:
@@ -442,12 +443,13 @@ def make_policy(
     async_train_cells: int = 1,
     switch_cost_s: float | None = None,
 ) -> SchedulerPolicy:
-    """The policy called `name` (`colocate`, `async` or `elastic`) with the shared knobs.
+    """The policy called `name` (`colocate`, `async` or `elastic`) with the shared knobs
+    (`max_staleness_steps` is the staleness bound of whichever policy is built).
 
     `switch_cost_s` (elastic only) is the expected rollout -> train -> rollout round trip; None
     keeps `ElasticPolicy`'s published default. Raises `ValueError` for an unknown name."""
     if name == "colocate":
-        return ColocatePolicy()
+        return ColocatePolicy(max_staleness_steps=max_staleness_steps)
     if name == "async":
         return AsyncPolicy(
             num_train_cells=async_train_cells, max_staleness_steps=max_staleness_steps

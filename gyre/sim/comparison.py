@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gyre.runtime.scheduler import ColocatePolicy, SchedulerPolicy, make_policy
+from gyre.runtime.scheduler import SchedulerPolicy, make_policy
 from gyre.sim.config import SimConfig
 from gyre.sim.engine import SimResult, Workload, simulate
 
@@ -32,14 +32,14 @@ class Comparison(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def build_policy(config: SimConfig, name: str, async_train_cells: int = 1) -> SchedulerPolicy:
-    """The runtime policy object `name` configured from `config.policies` and `config.costs`.
-
-    Colocate is built here, not by `make_policy`: the node runtime keeps Colocate on-policy (it
-    cannot suspend executions yet), the simulator can run it with partial rollouts."""
+    """The runtime policy object `name` configured from `config.policies` and `config.costs`
+    (`make_policy`, as the node runtime builds it)."""
     p, c = config.policies, config.costs
-    if name == "colocate":
-        return ColocatePolicy(max_staleness_steps=p.colocate_max_staleness_steps)
-    staleness = p.elastic_max_staleness_steps if name == "elastic" else p.async_max_staleness_steps
+    staleness = {
+        "colocate": p.colocate_max_staleness_steps,
+        "elastic": p.elastic_max_staleness_steps,
+        "async": p.async_max_staleness_steps,
+    }.get(name, 0)
     return make_policy(
         name,
         max_staleness_steps=staleness,
