@@ -427,43 +427,55 @@ def test_gateway_config_checks(tmp_path):
     base = {"run_dir": str(tmp_path / "run")}
     with pytest.raises(ConfigError, match="max_claim_wait_s=0"):
         config_from_dict({**base, "gateway": {"max_claim_wait_s": 0}})
-    with pytest.raises(ConfigError, match="require_isolation"):
-        check_gateway(
-            config_from_dict(
-                {
-                    **base,
-                    "gateway": {"enabled": True},
-                    "tasks": {"harness": {"require_isolation": True}},
-                }
+    refused = (
+        "gateway.enabled with tasks.harness.require_isolation = true (the default): agent loops "
+        "of the gateway run outside gyre's sandbox, so their isolation cannot be required; set "
+        "tasks.harness.require_isolation = false"
+    )
+    for harness in ({}, {"require_isolation": True}):  # the default and an explicit true
+        with pytest.raises(ConfigError) as exc:
+            check_gateway(
+                config_from_dict(
+                    {**base, "gateway": {"enabled": True}, "tasks": {"harness": harness}}
+                )
             )
-        )
-    check_gateway(config_from_dict({**base, "gateway": {"enabled": True}}))
+        assert str(exc.value) == refused
+    waived = {"harness": {"require_isolation": False}}
+    check_gateway(config_from_dict({**base, "gateway": {"enabled": True}, "tasks": waived}))
+    check_gateway(config_from_dict(base))  # gateway off: the harness's preflight decides
     assert math.isclose(GatewayConfig().claim_timeout_s, 3600.0)
     example = load_config(REPO / "examples/gateway-cpu.toml")
     assert (example.gateway.port, example.loop.heldout_tasks) == (8765, 0)
+    assert example.tasks.harness.require_isolation is False
+    check_gateway(msgspec.structs.replace(example, gateway=GatewayConfig(enabled=True)))
     assert [load_suite(s)[0].task_id for s in example.tasks.suites] == ["learnable/000-blue-b-txt"]
 
 
 def test_gateway_preflight_and_cli_errors(tmp_path, capsys):
     """With the gateway on, the agent program is not checked (no agent is started) but
-    `require_isolation` is refused: `python -m gyre.gateway` says so in one line, exit status 2,
-    before anything is built."""
+    `require_isolation` must be false: `python -m gyre.gateway` on a config that leaves it at its
+    default says so in one line, exit status 2, before anything is built."""
     from gyre.gateway import main
     from gyre.job import preflight
 
     raw = {
         "run_dir": str(tmp_path / "run"),
         "model": {"path": str(tmp_path / "model")},
-        "tasks": {"suites": [str(SUITE)], "harness": {"agent_command": ["no-such-agent"]}},
+        "tasks": {
+            "suites": [str(SUITE)],
+            "harness": {"agent_command": ["no-such-agent"], "require_isolation": False},
+        },
         "gateway": {"enabled": True},
     }
     assert preflight(config_from_dict(raw), resume=False) is None
-    raw["tasks"]["harness"]["require_isolation"] = True
+    del raw["tasks"]["harness"]["require_isolation"]
     path = tmp_path / "run.toml"
     path.write_bytes(msgspec.toml.encode({**raw, "gateway": {}}))  # the CLI turns it on
     assert main(["--config", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("gyre: error: gateway.enabled with tasks.harness.require_isolation")
+    assert err.startswith(
+        "gyre: error: gateway.enabled with tasks.harness.require_isolation = true (the default)"
+    ) and err.endswith("; set tasks.harness.require_isolation = false\n")
     assert not (tmp_path / "model").exists() and not (tmp_path / "run").exists()
 
 
@@ -489,7 +501,7 @@ def test_gateway_cli_trains_one_step_on_real_engines(tmp_path, tiny_model_dir):
             "heldout_tasks": 0,
             "max_concurrent_executions": 2,
         },
-        "tasks": {"suites": [str(SUITE)]},
+        "tasks": {"suites": [str(SUITE)], "harness": {"require_isolation": False}},
         "trainer": {"learning_rate": 1e-3},
         "warm_start": {"enabled": False},
         "gateway": {"admin_token": TOKEN},

@@ -182,15 +182,116 @@ def test_a_corrupt_metrics_line_names_file_and_line(tmp_path):
     assert [r.step for r in read_metrics(tmp_path)] == [0, 1]
 
 
-def test_required_isolation_that_this_node_cannot_give(tmp_path, monkeypatch):
+OPT_OUT = "; set tasks.harness.require_isolation = false to run agents unisolated"
+
+
+def test_a_node_that_is_not_root_refuses_unless_isolation_is_waived(tmp_path, monkeypatch, caplog):
+    """`require_isolation` is true by default: a node that is not root refuses the run in its
+    preflight, with one error naming the key and the opt-out; `require_isolation = false` passes
+    the preflight, and the harness warns and runs agents as the node's user."""
+    import logging
     import os
 
+    from gyre.agents.harness import Harness
+    from gyre.job import preflight
+
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(
-        ConfigError, match="tasks.harness.require_isolation: the node runs as uid 1000, not root"
-    ):
-        run(make_config(tmp_path, tasks={"harness": {"require_isolation": True}}))
-    assert nothing_built(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        run(make_config(tmp_path))
+    assert str(refused.value) == (
+        "tasks.harness.require_isolation: the node runs as uid 1000, not root, so agents cannot "
+        "run as their own uids in a mount namespace of their own" + OPT_OUT
+    )
+    assert nothing_built(tmp_path) and not (tmp_path / "run").exists()
+    waived = make_config(tmp_path, tasks={"harness": {"require_isolation": False}})
+    assert preflight(waived, resume=False) is None
+    with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
+        harness = Harness.from_config(
+            waived.tasks.harness, base_url="http://127.0.0.1:9/v1", run_dir=tmp_path / "run"
+        )
+    assert not harness.isolated and harness.mounts is None
+    assert "isolate_uid: the node runs as uid 1000, not root: agents run as this user" in (
+        caplog.text
+    )
+
+
+# Run as an unprivileged user (in a user namespace): a harness under `require_isolation = false`
+# runs one execution whose agent writes its answer and prints its uid; the verifier scores it.
+WAIVED_RUN = """
+import functools, json, logging, sys
+from pathlib import Path
+import anyio
+from gyre.agents.control import ExecutionControl
+from gyre.agents.harness import Harness
+from gyre.config import config_from_dict
+from gyre.job import preflight
+from gyre.tasks.task import load_task
+from tests.tasks.test_task import make_task
+
+tmp, warnings = Path(sys.argv[1]), []
+handler = logging.Handler()
+handler.emit = lambda record: warnings.append(record.getMessage())
+logging.getLogger("gyre").addHandler(handler)
+config = config_from_dict({"run_dir": str(tmp / "run"), "model": {"path": str(tmp / "model")},
+                           "tasks": {"harness": {"require_isolation": False}}})
+assert preflight(config, resume=False) is None
+harness = Harness.from_config(config.tasks.harness, base_url="http://127.0.0.1:9/v1",
+                              run_dir=tmp / "run")
+tests = {"test_out.py": "def test_out():\\n    assert open('out.txt').read() == 'mine'\\n"}
+task = load_task(make_task(tmp / "suite" / "t", toml="", tests=tests))
+control = ExecutionControl(refresh=lambda c: c.observe_totals(model_calls=1, completion_tokens=1))
+agent = [sys.executable, "-c", "import os; open('out.txt', 'w').write('mine'); print(os.geteuid())"]
+outcome = anyio.run(functools.partial(harness.run, task, "e", control=control, agent_command=agent))
+stats = harness.statistics()
+print(json.dumps({"termination": outcome.termination, "score": outcome.score.score,
+                  "agent_uid": int(outcome.stdout_tail), "isolated": stats.isolated,
+                  "sealed": stats.sealed, "warnings": warnings}))
+"""
+
+
+def test_an_unprivileged_user_namespace_is_refused_unless_waived(tmp_path):
+    """The real path, not a patched uid: in a user namespace that maps only uid 1000 (as
+    `unshare --user` gives any user; it can seal the network but gives agents no uid of their
+    own), `python -m gyre.node` refuses the default config before anything is built, and with
+    `require_isolation = false` an execution runs as uid 1000 with the warning."""
+    import json
+    import os
+    import shutil
+    import subprocess
+
+    userns = ["unshare", "--user", "--map-user=1000", "--map-group=1000", "--"]
+    if shutil.which("unshare") is None or subprocess.run([*userns, "true"]).returncode != 0:
+        pytest.skip("no unprivileged user namespace here")
+    repo = Path(__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    path = tmp_path / "run.toml"
+    path.write_text(f'run_dir = "{tmp_path / "run"}"\n[model]\npath = "{tmp_path / "model"}"\n')
+    node = [sys.executable, "-m", "gyre.node", "--config", str(path)]
+    done = subprocess.run(
+        [*userns, *node], capture_output=True, text=True, env=env, cwd=repo, timeout=120
+    )
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        2,
+        "gyre: error: tasks.harness.require_isolation: the node runs as uid 1000, not root, so "
+        "agents cannot run as their own uids in a mount namespace of their own" + OPT_OUT,
+    )
+    assert nothing_built(tmp_path) and not (tmp_path / "run").exists()
+
+    script = [sys.executable, "-c", WAIVED_RUN, str(tmp_path / "waived")]
+    done = subprocess.run(
+        [*userns, *script], capture_output=True, text=True, env=env, cwd=repo, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    ran = json.loads(done.stdout)
+    # the network seal, where nested user namespaces are allowed (here), comes from one of the
+    # agent's own that maps uid 1000 alone; else a second warning says it is missing
+    warnings, sealed = ran.pop("warnings"), ran.pop("sealed")
+    assert warnings[0] == (
+        "isolate_uid: the node runs as uid 1000, not root: agents run as this user and can read "
+        "other workspaces and hidden tests"
+    )
+    assert len(warnings) == 1 + (sealed == 0) and sealed in (0, 1)
+    assert ran == {"termination": "finished", "score": 1.0, "agent_uid": 1000, "isolated": 0}
 
 
 def test_a_run_killed_in_its_first_evaluation_is_a_run(tmp_path):

@@ -37,6 +37,7 @@ from gyre.agents.isolation import (
     command_paths,
     hand_back,
     hand_over,
+    isolation_refused,
     node_sockets,
     sealed_endpoint,
     suite_hidden,
@@ -128,7 +129,7 @@ class Harness:
         hidden_paths: Sequence[str | os.PathLike[str]] = ("/root",),
         visible_paths: Sequence[str | os.PathLike[str]] = (),
         run_dir: str | os.PathLike[str] | None = None,
-        require_isolation: bool = False,
+        require_isolation: bool = True,
         isolate_network: bool = True,
     ) -> None:
         """`isolate_uid`: run each agent as its own uid from `agent_uid_base` on (`agent_uid_count`
@@ -141,8 +142,9 @@ class Harness:
         `base_url`'s port answers, relayed to the proxy (module docstring of
         `gyre.agents.isolation`); a warning, once, where it cannot be built (neither root nor
         unprivileged user namespaces).
-        `require_isolation`: where any of the three isolations cannot be had, raise `ConfigError`
-        instead of warning. `env`, `env_passthrough`: `HarnessConfig`'s (`agent_environment`).
+        `require_isolation` (true by default, as in `HarnessConfig`): where any of the three is
+        off or cannot be had, raise `ConfigError` (`isolation_refused`); false: the warnings.
+        `env`, `env_passthrough`: `HarnessConfig`'s (`agent_environment`).
         Raises `ValueError` for an empty command, a negative grace, an invalid uid range, a
         relative hidden or visible path, an `env` name gyre sets (`check_agent_env`) or, when
         sealing, a `base_url` that is not http(s)."""
@@ -194,16 +196,15 @@ class Harness:
                 "they reach every port of the node"
             )
         if require_isolation:
-            switched_off = (
-                "isolate_uid and isolate_mounts must both be true"
-                if not (isolate_uid and isolate_mounts)
-                else None
-                if isolate_network
-                else "isolate_network must be true"
+            switches = dict(
+                isolate_uid=isolate_uid,
+                isolate_mounts=isolate_mounts,
+                isolate_network=isolate_network,
             )
-            problem = uid_problem or mount_problem or net_problem or switched_off
+            off = [f"{key} is false" for key, on in switches.items() if not on]
+            problem = uid_problem or mount_problem or net_problem or next(iter(off), None)
             if problem is not None:
-                raise ConfigError(f"tasks.harness.require_isolation: {problem}")
+                raise isolation_refused(problem)
         if mount_problem is not None:
             warn_once("mounts", "%s", mount_problem)
         if net_problem is not None:

@@ -40,13 +40,17 @@ An agent that runs as root (its executable unreachable by other
 users) could leave the namespace: the warning about it stands. Without root the network namespace
 is owned by a user namespace of the agent's own that maps only the node's user, to itself (no
 capability survives the agent's exec): the same reach over the network, but the node's unix
-sockets at a path stay as reachable as its files (no mount namespace), so `require_isolation`
-still refuses.
+sockets at a path stay as reachable as its files (no mount namespace).
 
-Without root, or when the workspace root or the agent's executable cannot be reached by other
-users (mode bits of every parent, as the namespace shows them), agents run as the node's user and
-a warning says why, once; so do agents without a network namespace (they reach every port of the
-node). With `require_isolation` each of these is a `ConfigError` instead.
+`require_isolation` (true by default) refuses, with one `ConfigError` naming the key and the
+opt-out (`isolation_refused`), a node that is not root (user namespaces map only the node's user:
+no agent gets a uid or a mount namespace of its own, so they cannot give the same guarantee), one
+without a mount or network namespace, an `isolate_*` switched off, and a workspace root other
+users cannot reach: the run's preflight (`check_isolation`) before anything starts, the harness
+when it is built. With `require_isolation = false` agents then run as the node's user, a warning
+saying why, once; so do agents without a network namespace (they reach every port of the node).
+An agent whose executable other users cannot reach (mode bits, as the namespace shows them) runs
+as root with a warning either way: it is checked per command, when an execution starts.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ __all__ = [
     "generator_files",
     "hand_back",
     "hand_over",
+    "isolation_refused",
     "node_sockets",
     "sealed_endpoint",
     "suite_hidden",
@@ -258,27 +263,35 @@ def agent_namespace(
     return mounts, hide, None
 
 
+def isolation_refused(problem: str) -> ConfigError:
+    """The `ConfigError` of `require_isolation` for `problem` (why an isolation cannot be had):
+    it names the key and how to opt out."""
+    return ConfigError(
+        f"tasks.harness.require_isolation: {problem}; set tasks.harness.require_isolation = "
+        "false to run agents unisolated"
+    )
+
+
 def check_isolation(config: HarnessConfig) -> None:
-    """Preflight of `require_isolation`: raise `ConfigError` when the node is not root or cannot
-    build a private mount namespace (the harness also refuses a workspace root other users cannot
-    reach, when it is built). No effect when `require_isolation` is false."""
+    """Preflight of `require_isolation` (true by default): raise `isolation_refused`'s
+    `ConfigError` when the node is not root (user namespaces give agents no uid or mount
+    namespace of their own) or cannot build a private mount or network namespace (the harness
+    also refuses a workspace root other users cannot reach, when it is built). No effect when
+    `require_isolation` is false."""
     if not config.require_isolation:
         return
     if os.geteuid() != 0:
-        raise ConfigError(
-            f"tasks.harness.require_isolation: the node runs as uid {os.geteuid()}, "
-            "not root, so agents cannot run as their own uids"
+        raise isolation_refused(
+            f"the node runs as uid {os.geteuid()}, not root, so agents cannot run as their own "
+            "uids in a mount namespace of their own"
         )
     problem = mount_namespace_problem()
     if problem is not None:
-        raise ConfigError(
-            f"tasks.harness.require_isolation: no private mount namespace for agents ({problem})"
-        )
+        raise isolation_refused(f"no private mount namespace for agents ({problem})")
     problem = network_namespace_problem()
     if problem is not None:
-        raise ConfigError(
-            "tasks.harness.require_isolation: no network namespace for agents "
-            f"({problem}): they would reach every port of the node"
+        raise isolation_refused(
+            f"no network namespace for agents ({problem}): they would reach every port of the node"
         )
 
 

@@ -136,7 +136,7 @@ def check_agent_env(env: dict[str, str], passthrough: tuple[str, ...]) -> None:
 
 class HarnessConfig(Config):
     """Agent processes of executions (`gyre.agents.harness`): command, limits, workspaces, the
-    agents' environment."""
+    agents' environment, their isolation (required unless `require_isolation = false`)."""
 
     agent_command: tuple[str, ...] = ()
     """Command line of the agent; empty: the reference agent (`python -m gyre.agents.react`)."""
@@ -165,7 +165,8 @@ class HarnessConfig(Config):
     """Keep each execution's folder after scoring (debugging)."""
     isolate_uid: bool = True
     """When the node runs as root: each agent runs as its own unprivileged uid and cannot read
-    other workspaces or hidden tests (`gyre.agents.isolation`); otherwise a warning."""
+    other workspaces or hidden tests (`gyre.agents.isolation`); otherwise `require_isolation`
+    refuses the run (a warning when it is false)."""
     agent_uid_base: int = 200_000
     """First uid (and gid) of agents under `isolate_uid`; must be >= 1000 and no real user's."""
     agent_uid_count: int = 4096
@@ -175,19 +176,23 @@ class HarnessConfig(Config):
     """With `isolate_uid`: each agent and verifier starts in a private mount namespace where every
     top-level folder but the system's (/usr, /etc, /var, ...), `hidden_paths`, the run folder,
     other workspaces and the suites' hidden tests are covered, and /tmp is private
-    (`gyre.agents.isolation`; needs CAP_SYS_ADMIN; otherwise a warning)."""
-    require_isolation: bool = False
+    (`gyre.agents.isolation`; needs CAP_SYS_ADMIN; otherwise refused or a warning, as for
+    `isolate_uid`)."""
+    require_isolation: bool = True
     """Refuse to run (one `ConfigError` before anything starts) where `isolate_uid`,
     `isolate_mounts` and `isolate_network` cannot all be had (not root, no CAP_SYS_ADMIN, a
-    workspace root other users cannot reach), instead of warning and running agents with the
-    node's view of its files and ports. Turn it on wherever a policy that reads hidden tests
-    would be rewarded for it."""
+    workspace root other users cannot reach): a policy that reads hidden tests or reaches the
+    node's ports would be rewarded for it. Without root, user namespaces give agents no uid or
+    mount namespace of their own, so a node that is not root refuses. `false` runs agents
+    without what is missing: a warning says what, and they see the node's files and ports.
+    With `[gateway] enabled` it must be `false` (agent loops run outside gyre's sandbox)."""
     isolate_network: bool = True
     """Each agent runs in a network namespace of its own where only the proxy answers, at the
     address of its `OPENAI_BASE_URL` (relayed from the node's namespace): the node's cells, gloo
     TCPStore, other ports and unix sockets, and the outside world, are out of reach
     (`gyre.agents.isolation`; needs root with CAP_SYS_ADMIN, or unprivileged user namespaces,
-    which keep the node's unix sockets at a path in reach; otherwise a warning)."""
+    which keep the node's unix sockets at a path in reach; otherwise refused or a warning, as
+    for `isolate_uid`)."""
     hidden_paths: tuple[str, ...] = ("/root",)
     """Absolute folders agents and verifiers never see (the interpreter's installation and the
     gyre package are bound back even when they live under one)."""
@@ -200,10 +205,15 @@ class HarnessConfig(Config):
         if self.kill_grace_s < 0:
             raise ValueError(f"kill_grace_s={self.kill_grace_s} must be >= 0")
         check_agent_env(self.env, self.env_passthrough)
-        if self.require_isolation and not (self.isolate_uid and self.isolate_mounts):
-            raise ValueError("require_isolation needs isolate_uid and isolate_mounts to be true")
-        if self.require_isolation and not self.isolate_network:
-            raise ValueError("require_isolation needs isolate_network to be true")
+        off = [
+            k for k in ("isolate_uid", "isolate_mounts", "isolate_network") if not getattr(self, k)
+        ]
+        if self.require_isolation and off:
+            raise ValueError(
+                f"{off[0]}=false needs require_isolation=false too: require_isolation (true by "
+                "default) refuses agents without isolate_uid, isolate_mounts and isolate_network; "
+                "set require_isolation = false to run agents unisolated"
+            )
         for key in ("hidden_paths", "visible_paths"):
             for path in getattr(self, key):
                 if not path.startswith("/"):

@@ -133,16 +133,18 @@ class _External:
 
 
 def check_gateway(config: RunConfig) -> None:
-    """Refuse, before a run starts, what the gateway cannot do: `require_isolation` (agent loops
-    run outside gyre's sandbox) and an execution API address that cannot be bound. Raises
-    `ConfigError` naming the keys; nothing when `[gateway]` is off."""
+    """Refuse, before a run starts, what the gateway cannot do: `require_isolation` (true by
+    default; agent loops run outside gyre's sandbox, so a gateway run says
+    `tasks.harness.require_isolation = false`) and an execution API address that cannot be bound.
+    Raises `ConfigError` naming the keys; nothing when `[gateway]` is off."""
     gw = config.gateway
     if not gw.enabled:
         return
     if config.tasks.harness.require_isolation:
         raise ConfigError(
-            "gateway.enabled with tasks.harness.require_isolation: agent loops of the gateway run "
-            "outside gyre's sandbox, so their isolation cannot be required"
+            "gateway.enabled with tasks.harness.require_isolation = true (the default): agent "
+            "loops of the gateway run outside gyre's sandbox, so their isolation cannot be "
+            "required; set tasks.harness.require_isolation = false"
         )
     try:
         family = socket.AF_INET6 if ":" in gw.host else socket.AF_INET

@@ -119,6 +119,7 @@ async def test_agent_sees_exactly_its_environment(
         env={"MSWEA_MODEL_NAME": "openai/tiny", "PROVIDER_REGION": "eu"},
         env_passthrough=("HF_TOKEN",),
         isolate_network=False,  # the test reads the address it gave, unrelayed
+        require_isolation=False,
     )
     harness = Harness.from_config(
         config, base_url=server.base_url, model="tiny", run_dir=tmp_path / "run"

@@ -59,6 +59,7 @@ async def test_agent_ignoring_sigterm_with_children_is_gone_and_scored(
         workspace_root=tmp_path / "plain",
         kill_grace_s=0.5,
         isolate_mounts=False,
+        require_isolation=False,
     )
     shared = Path(tempfile.mkdtemp(prefix="gyre-evil-", dir="/tmp"))
     os.chmod(shared, 0o777)

@@ -105,6 +105,7 @@ async def test_agent_cannot_read_hidden_tests_or_other_workspaces(
         agent_uid_base=UID_BASE,
         agent_uid_count=64,
         isolate_mounts=mounts,
+        require_isolation=mounts,  # uid-only: opted out of the mount namespace
     )
     assert harness.isolated and (harness.mounts is not None) == mounts
     holder_secret = harness.execution_dir("holder") / "workspace" / "secret.txt"
@@ -199,7 +200,10 @@ async def test_unreachable_workspace_root_runs_agents_as_root_with_a_warning(
     # (without the mount namespace: with it, /tmp is the agent's own and the folder is bound back)
     with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
         harness = Harness(
-            base_url=server.base_url, workspace_root=tmp_path / "executions", isolate_mounts=False
+            base_url=server.base_url,
+            workspace_root=tmp_path / "executions",
+            isolate_mounts=False,
+            require_isolation=False,
         )
     assert not harness.isolated
     assert stat.S_IMODE(os.stat(harness.workspace_root).st_mode) == 0o700
@@ -287,19 +291,26 @@ async def test_reference_agent_runs_as_its_own_uid(open_dir: Path, server, bridg
 
 
 def test_require_isolation_refuses_instead_of_warning(open_dir, monkeypatch, caplog):
-    """`tasks.harness.require_isolation`: each way isolation can be missing is one ConfigError
-    naming the key, from the preflight and from the harness; without it the harness warns and
-    runs agents with less isolation."""
+    """`tasks.harness.require_isolation`, true by default: each way isolation can be missing is
+    one ConfigError naming the key and the opt-out, from the preflight and from the harness;
+    with `require_isolation = false` the harness warns and runs agents with less isolation."""
     import gyre.agents.isolation as isolation
     from gyre.config import HarnessConfig, config_from_dict
     from gyre.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="require_isolation needs isolate_uid and isolate_mounts"):
-        config_from_dict(
-            {"tasks": {"harness": {"require_isolation": True, "isolate_mounts": False}}}
-        )
-    required, url = HarnessConfig(require_isolation=True), "http://127.0.0.1:9/v1"
-    isolation.check_isolation(HarnessConfig())  # not required: never refuses
+    opt_out = r"; set tasks\.harness\.require_isolation = false to run agents unisolated$"
+    for harness in (
+        {"isolate_mounts": False},
+        {"require_isolation": True, "isolate_mounts": False},
+    ):
+        with pytest.raises(
+            ConfigError, match=r"isolate_mounts=false needs require_isolation=false too"
+        ):
+            config_from_dict({"tasks": {"harness": harness}})
+    required, url = HarnessConfig(), "http://127.0.0.1:9/v1"
+    relaxed_config = HarnessConfig(require_isolation=False)
+    assert required.require_isolation and required == HarnessConfig(require_isolation=True)
+    isolation.check_isolation(relaxed_config)  # not required: never refuses
     if (
         mount_namespace_problem() is None
     ):  # root with a mount namespace (here and in CI): nothing to refuse
@@ -310,23 +321,32 @@ def test_require_isolation_refuses_instead_of_warning(open_dir, monkeypatch, cap
     monkeypatch.setattr(isolation, "mount_namespace_problem", lambda: "no CAP_SYS_ADMIN")
     with pytest.raises(
         ConfigError,
-        match=r"require_isolation: no private mount namespace for agents \(no CAP_SYS_ADMIN\)",
+        match=r"^tasks\.harness\.require_isolation: no private mount namespace for agents "
+        r"\(no CAP_SYS_ADMIN\)" + opt_out,
     ):
         isolation.check_isolation(required)
     with pytest.raises(
         ConfigError,
-        match=r"require_isolation: isolate_mounts: no private mount namespace .*CAP_SYS_ADMIN",
+        match=r"require_isolation: isolate_mounts: no private mount namespace .*CAP_SYS_ADMIN.*"
+        + opt_out,
     ):
         Harness.from_config(required, base_url=url, run_dir=open_dir / "mounts")
+    with pytest.raises(ConfigError, match=r"require_isolation: isolate_mounts is false" + opt_out):
+        Harness(base_url=url, workspace_root=open_dir / "direct", isolate_mounts=False)
     with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
-        relaxed = Harness.from_config(HarnessConfig(), base_url=url, run_dir=open_dir / "relaxed")
+        relaxed = Harness.from_config(relaxed_config, base_url=url, run_dir=open_dir / "relaxed")
     assert relaxed.mounts is None and relaxed.isolated  # own uid, but the node's view of its files
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(ConfigError, match="require_isolation: the node runs as uid 1000, not root"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^tasks\.harness\.require_isolation: the node runs as uid 1000, not root, so "
+        r"agents cannot run as their own uids in a mount namespace of their own" + opt_out,
+    ):
         isolation.check_isolation(required)
     with pytest.raises(
-        ConfigError, match="require_isolation: isolate_uid: the node runs as uid 1000, not root"
+        ConfigError,
+        match=r"require_isolation: isolate_uid: the node runs as uid 1000, not root.*" + opt_out,
     ):
         Harness.from_config(required, base_url=url, run_dir=open_dir / "uid")
 
@@ -341,9 +361,7 @@ def test_require_isolation_refuses_without_a_network_namespace(open_dir, monkeyp
 
     url = "http://0.0.0.0:9/v1"
     if mount_namespace_problem() is None:
-        sealed = Harness.from_config(
-            HarnessConfig(require_isolation=True), base_url=url, run_dir=open_dir / "sealed"
-        )
+        sealed = Harness.from_config(HarnessConfig(), base_url=url, run_dir=open_dir / "sealed")
         assert sealed.sealed and sealed.agent_base_url == "http://127.0.0.1:9/v1"
         assert sealed.relay.target == ("127.0.0.1", 9)
     for module in (isolation, harness_module):
@@ -354,19 +372,71 @@ def test_require_isolation_refuses_without_a_network_namespace(open_dir, monkeyp
         match=r"require_isolation: no network namespace for agents "
         r"\(no CAP_SYS_ADMIN\): they would reach every port",
     ):
-        isolation.check_isolation(HarnessConfig(require_isolation=True))
+        isolation.check_isolation(HarnessConfig())
     with pytest.raises(
         ConfigError,
         match=r"require_isolation: isolate_network: no network "
         r"namespace for agents \(no CAP_SYS_ADMIN\)",
     ):
-        Harness.from_config(
-            HarnessConfig(require_isolation=True), base_url=url, run_dir=open_dir / "net"
-        )
+        Harness.from_config(HarnessConfig(), base_url=url, run_dir=open_dir / "net")
     isolation._warned.discard("network")
     with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
-        relaxed = Harness.from_config(HarnessConfig(), base_url=url, run_dir=open_dir / "relaxed")
+        relaxed = Harness.from_config(
+            HarnessConfig(require_isolation=False), base_url=url, run_dir=open_dir / "relaxed"
+        )
     assert not relaxed.sealed and "they reach every port of the node" in caplog.text
     assert (relaxed.relay, relaxed.agent_base_url) == (None, url)  # the proxy's URL as it is
-    off = Harness(base_url=url, workspace_root=open_dir / "off", isolate_network=False)
+    off = Harness(
+        base_url=url,
+        workspace_root=open_dir / "off",
+        isolate_network=False,
+        require_isolation=False,
+    )
     assert not off.sealed and off.statistics().sealed == 0
+
+
+async def test_the_main_jobs_agent_starts_sealed(tmp_path: Path, server, bridge) -> None:
+    """`examples/cpu.toml` (`make run`) keeps `require_isolation` at its default: as root its
+    preflight passes, and its harness, built as the job builds it, runs the reference agent (its
+    own flags) on a `learnable-long` task as its own uid, sealed, relayed to the model server."""
+    from gyre.agents.isolation import check_isolation
+    from gyre.config import load_config
+    from gyre.runtime.rollout import with_interpreter
+    from gyre.tasks.task import load_suite
+
+    if mount_namespace_problem() is not None:
+        pytest.skip(f"no mount namespace here: {mount_namespace_problem()}")
+    repo = Path(__file__).parent.parent.parent
+    config = load_config(repo / "examples/cpu.toml")
+    harness_config = with_interpreter(config.tasks.harness)
+    assert harness_config.require_isolation and config.tasks.suites == (
+        "examples/tasks/learnable-long",
+    )
+    check_isolation(harness_config)
+    first = load_suite(repo / config.tasks.suites[0])[0]
+    suite = tmp_path / "learnable-long"  # a copy: the harness tightens its hidden folders
+    shutil.copytree(first.path, suite / first.path.name)
+    task = load_task(suite / first.path.name)
+    harness = Harness.from_config(
+        harness_config, base_url=server.base_url, run_dir=tmp_path / "run"
+    )
+    harness.hide_suite(suite)
+    assert harness.isolated and harness.sealed and harness.mounts is not None
+    script = [
+        tool_call_message("run", {"command": "id -u"}, "c0"),
+        tool_call_message("finish", {}, "c1"),
+    ]
+    seen: list[dict] = []
+
+    def policy(call):
+        seen[:] = call.messages
+        return script[sum(m["role"] == "assistant" for m in call.messages)]
+
+    outcome = await run_policy(harness, server, bridge, task, "main-job", policy)
+    assert outcome.termination == "finished", (outcome.failure_reason, outcome.stderr_tail)
+    ran = next(m["content"] for m in seen if m["role"] == "tool" and "exit code" in m["content"])
+    uid = int(ran.split("\n")[1])
+    base, count = harness_config.agent_uid_base, harness_config.agent_uid_count
+    assert base <= uid < base + count
+    stats = harness.statistics()
+    assert (stats.isolated, stats.sealed, stats.finished) == (1, 1, 1)

@@ -179,11 +179,24 @@ def test_config_requires_the_network_seal_with_require_isolation() -> None:
     from gyre.config import config_from_dict
     from gyre.errors import ConfigError
 
-    assert HarnessConfig().isolate_network is True
-    with pytest.raises(ConfigError, match="require_isolation needs isolate_network to be true"):
-        config_from_dict(
-            {"tasks": {"harness": {"require_isolation": True, "isolate_network": False}}}
-        )
+    assert HarnessConfig().isolate_network is True and HarnessConfig().require_isolation is True
+    for harness in (
+        {"isolate_network": False},
+        {"require_isolation": True, "isolate_network": False},
+    ):
+        with pytest.raises(
+            ConfigError,
+            match=r"isolate_network=false needs require_isolation=false too: .* set "
+            r"require_isolation = false to run agents unisolated - at `\$.tasks.harness`",
+        ):
+            config_from_dict({"tasks": {"harness": harness}})
+    relaxed = config_from_dict(
+        {"tasks": {"harness": {"require_isolation": False, "isolate_network": False}}}
+    )
+    assert (relaxed.tasks.harness.isolate_network, relaxed.tasks.harness.isolate_uid) == (
+        False,
+        True,
+    )
 
 
 @needs_netns
@@ -256,6 +269,7 @@ async def test_a_sealed_agent_reaches_the_proxy_and_nothing_else(run_dir: Path) 
                     agent_uid_count=64,
                     kill_grace_s=0.5,
                     isolate_network=sealed,
+                    require_isolation=sealed,
                 )
                 harness = Harness.from_config(
                     config,
