@@ -89,7 +89,11 @@ async def run(sizes: list[int], repeats: int, connector: str = "example") -> Non
         max_model_len=max_len,
         kv_cache_memory_bytes=512 * 2**20,
         request_timeout_s=1800.0,
-        kv_transfer=KVTransferConfig(connector=connector, shared_dir=str(shared), lease_s=60.0),
+        kv_transfer=KVTransferConfig(
+            connector=connector,
+            shared_dir=str(shared) if connector == "example" else "",
+            lease_s=60.0,
+        ),
     )
     a = b = None
     rows, numbers = [], {}

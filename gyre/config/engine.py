@@ -65,25 +65,37 @@ class ModelConfig(Config):
 
 class KVTransferConfig(Config):
     """KV-cache migration between engines through vLLM's KV connectors
-    (`gyre.engines.kv_connector`)."""
+    (`gyre.engines.kv_connector`): how a request redirected off a cell that leaves rollout
+    continues on another (`gyre.runtime.elastic_job.continuation_for`).
 
-    connector: Literal["none", "example", "nixl"] = "none"
-    """`none`: a redirected request recomputes its context; `example`: vLLM's ExampleConnector on a
-    shared folder (exports written only on request, loaded by exact key); `nixl`: vLLM's
-    NixlConnector, the target pulls the KV from the source engine's memory (UCX over shared memory
-    on CPU, RDMA on GPU; needs the `nixl` package; its idle progress thread is turned off)."""
-    shared_dir: str = "/dev/shm/gyre-kv"
-    """Folder every cell of the run shares for `example` (host memory under /dev/shm); one per run
-    when several runs share a host."""
+    On by default (`example`, on a folder of the run's own); what the connector costs when no
+    request migrates: `benchmarks/results/connector_idle.json`.
+    Raises `ValueError` for a non-positive `lease_s`, or a `shared_dir` with another connector than
+    `example` (it would be ignored)."""
+
+    connector: Literal["none", "example", "nixl"] = "example"
+    """`example` (the default): vLLM's ExampleConnector on a shared folder (exports written only
+    on request, loaded by exact key; works on vLLM's CPU backend); the KV of a redirected request
+    moves, recompute is the fallback. `nixl`: vLLM's NixlConnector, the target pulls the KV from
+    the source engine's memory (UCX over shared memory on CPU, RDMA on GPU; needs the `nixl`
+    package; its idle progress thread is turned off). `none`: no connector, a redirected request
+    recomputes its context (the opt-out)."""
+    shared_dir: str = ""
+    """`example` only: the folder every cell of the run shares. Empty (the default): a folder of
+    the run's own, `/dev/shm/gyre-kv-<random>` (under the system's temporary folder where there
+    is no /dev/shm), made before the run's cells start and removed when they stop, on error too
+    (`gyre.engines.kv_transport.open_kv_folder`); so concurrent runs never share one. A path is
+    used as given and left in place (its expired exports are swept)."""
     lease_s: float = 120.0
     """`example`: an export not released by then is deleted by the next export or release on any
     cell. `nixl`: how long the source keeps an export's blocks for the target to pull."""
 
     def __post_init__(self) -> None:
         check_positive(lease_s=self.lease_s)
-        if self.connector != "none" and not self.shared_dir:
+        if self.shared_dir and self.connector != "example":
             raise ValueError(
-                f"shared_dir={self.shared_dir!r} must be set for connector={self.connector!r}"
+                f"shared_dir={self.shared_dir!r} is only used by connector='example' "
+                f"(connector={self.connector!r}): remove it"
             )
 
 
@@ -113,9 +125,9 @@ class EngineConfig(Config):
     weight_load_timeout_s: float = 120.0
     """Longest wait for one `load_weights`."""
     kv_transfer: KVTransferConfig = KVTransferConfig()
-    """KV-cache export/import for migrating requests between cells (off by default). When on, the
-    engine never chunks a prefill (max_num_batched_tokens = max_model_len: a chunked store is
-    corrupt)."""
+    """KV-cache export/import for migrating requests between cells (on by default: `example`).
+    With `example` the engine never chunks a prefill (max_num_batched_tokens = max_model_len: a
+    chunked store is corrupt; on CPU it never chunks anyway)."""
 
     def __post_init__(self) -> None:
         check_positive(

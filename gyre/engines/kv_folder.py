@@ -7,8 +7,10 @@ the version's salt (`export_key`, `version_salt`): the same tokens under other w
 another key, so a cached export is never found for a request of another version. A `complete`
 marker holding v, written after the export request finished, makes it loadable
 (`mark_complete`, `complete_version`), so a half-written export is never read; `release` deletes
-one, `sweep` deletes those older than the lease. Used by the connector inside vLLM's processes
-(`gyre.engines.kv_connector`) and by the engine side (`gyre.engines.kv_transport.FolderTransport`).
+one, `sweep` deletes those older than the lease. `run_folder` makes the folder of one run's
+exports (in host memory, /dev/shm) and removes it when the run ends. Used by the connector inside
+vLLM's processes (`gyre.engines.kv_connector`) and by the engine side
+(`gyre.engines.kv_transport.FolderTransport`).
 
 Knows nothing about vLLM, requests or engines: only token IDs, keys and files.
 """
@@ -19,7 +21,10 @@ import hashlib
 import os
 import re
 import shutil
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +34,9 @@ __all__ = [
     "IMPORT_PARAM",
     "VERSION_PARAM",
     "COMPLETE",
+    "RUN_FOLDER_PREFIX",
+    "make_run_folder",
+    "run_folder",
     "version_salt",
     "stored_tokens",
     "export_key",
@@ -48,7 +56,30 @@ VERSION_PARAM = "gyre_weight_version"
 """`kv_transfer_params` entry beside either flag: the weight version of the export's key."""
 COMPLETE = "complete"
 """Marker file of an export that may be loaded."""
+RUN_FOLDER_PREFIX = "gyre-kv-"
+"""Name prefix of a run's own folder (`make_run_folder`)."""
 _KEY = re.compile(r"[0-9a-f]{32,64}")
+_SHM = Path("/dev/shm")
+
+
+def make_run_folder(parent: str | Path | None = None) -> Path:
+    """A new, empty folder of its own for one run's exports, `<parent>/gyre-kv-<random>` (mode
+    0700); `parent` defaults to /dev/shm (host memory) and, where that is no writable folder, to
+    the system's temporary folder. The caller removes it (`run_folder` does)."""
+    if parent is None:
+        parent = _SHM if _SHM.is_dir() and os.access(_SHM, os.W_OK) else tempfile.gettempdir()
+    return Path(tempfile.mkdtemp(prefix=RUN_FOLDER_PREFIX, dir=parent))
+
+
+@contextmanager
+def run_folder(parent: str | Path | None = None) -> Iterator[Path]:
+    """A folder of its own (`make_run_folder`) for as long as the block runs; it is removed,
+    with every export in it, when the block ends, on an error too."""
+    folder = make_run_folder(parent)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def version_salt(weight_version: int) -> str:

@@ -6,7 +6,9 @@ its engine), `KVTransportStatistics`, one transport per `kv_transfer.connector`:
 `NixlTransport` (`nixl`: vLLM's NixlConnector, the target pulls the KV from the source's memory),
 and `kv_transport(config)`, the one place that reads `kv_transfer.connector`. Every export carries
 the weight version that computed it; `import_params` refuses (and counts) one of another version
-than the importing engine's, which then prefills instead.
+than the importing engine's, which then prefills instead. Where the `example` folder comes from:
+`open_kv_folder` (a run's own, removed at its end) and `cell_kv_config` (what a cell is spawned
+with: never an empty folder).
 
 Knows nothing about routing or when to migrate (`gyre.runtime.continuation` decides that); the
 vLLM side of each connector is `gyre.engines.kv_connector` / `gyre.engines.kv_nixl`.
@@ -15,9 +17,13 @@ vLLM side of each connector is `gyre.engines.kv_connector` / `gyre.engines.kv_ni
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
@@ -25,7 +31,13 @@ import msgspec
 from gyre.config import EngineConfig
 from gyre.engines import kv_folder
 from gyre.engines.protocol import KVExport
-from gyre.errors import EngineError, EngineTimeoutError, EngineUnavailableError, InvalidRequestError
+from gyre.errors import (
+    ConfigError,
+    EngineError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    InvalidRequestError,
+)
 
 __all__ = [
     "KVHost",
@@ -35,6 +47,8 @@ __all__ = [
     "FolderTransport",
     "NixlTransport",
     "kv_transport",
+    "open_kv_folder",
+    "cell_kv_config",
 ]
 
 
@@ -161,6 +175,9 @@ class _Transport:
         return KVTransportStatistics(**self._counts)
 
 
+_RESERVED_CPUS = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+"""vLLM's CPU backend: cores left to other processes in its `auto` binding (default: 1 per
+worker, one more with a KV connector)."""
 _NO_CONNECTOR = "{op} needs engine.kv_transfer.connector = 'example' or 'nixl' (it is 'none')"
 
 
@@ -215,8 +232,17 @@ class FolderTransport(_Transport):
 
     def prepare(self) -> None:
         kv = self.config.kv_transfer
+        if not kv.shared_dir:  # cells of one run must share one folder: the spawner names it
+            raise ConfigError(
+                "engine.kv_transfer.shared_dir is empty in the cell: a cell must be spawned with "
+                "its run's folder (`open_kv_folder`, `cell_kv_config`) or a path"
+            )
         os.makedirs(kv.shared_dir, exist_ok=True)
         kv_folder.sweep(kv.shared_dir, kv.lease_s)  # leftovers of a crashed run
+        # vLLM's CPU backend reserves one more core for any connector (NIXL's progress thread);
+        # this one runs no thread of its own, so the worker keeps the cores it has without one
+        # (on 2 cores: 1 OpenMP thread, not 2; benchmarks/results/connector_idle.json)
+        os.environ.setdefault(_RESERVED_CPUS, "1")
 
     async def export(self, host: KVHost, token_ids: list[int]) -> KVExport:
         kv = self.config.kv_transfer
@@ -351,6 +377,48 @@ def kv_transport(config: EngineConfig) -> KVTransport:
         "nixl": NixlTransport,
     }
     return kinds[config.kv_transfer.connector](config)
+
+
+def _needs_folder(config: EngineConfig) -> bool:
+    return config.kv_transfer.connector == "example" and not config.kv_transfer.shared_dir
+
+
+def _with_folder(config: EngineConfig, folder: Path) -> EngineConfig:
+    kv = msgspec.structs.replace(config.kv_transfer, shared_dir=str(folder))
+    return msgspec.structs.replace(config, kv_transfer=kv)
+
+
+@contextmanager
+def open_kv_folder(
+    config: EngineConfig, parent: str | Path | None = None
+) -> Iterator[EngineConfig]:
+    """`config` with its run's KV folder, for as long as the block runs: with connector `example`
+    and no `shared_dir`, a new folder of its own under `parent` (default /dev/shm:
+    `kv_folder.run_folder`) that the block's cells share, removed with its exports when the block
+    ends, on an error too; any other config (a path given, `none`, `nixl`) as it is."""
+    if not _needs_folder(config):
+        yield config
+        return
+    with kv_folder.run_folder(parent) as folder:
+        yield _with_folder(config, folder)
+
+
+_process_folder: Path | None = None
+
+
+def cell_kv_config(config: EngineConfig) -> EngineConfig:
+    """The engine config a cell is spawned with (`gyre.runtime.cell_process.spawn_cell`): as
+    given, except an `example` folder left empty (a cell spawned outside `open_kv_folder`: by a
+    test, a benchmark or by hand), which becomes this process's own folder, one for every cell it
+    spawns (so they can migrate between each other), made on first use and removed when the
+    process exits."""
+    global _process_folder
+    if not _needs_folder(config):
+        return config
+    if _process_folder is None:
+        _process_folder = kv_folder.make_run_folder()
+        atexit.register(shutil.rmtree, _process_folder, ignore_errors=True)
+    return _with_folder(config, _process_folder)
 
 
 def _free_port() -> int:

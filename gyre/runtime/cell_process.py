@@ -24,6 +24,7 @@ import httpx
 import msgspec
 
 from gyre.config import EngineConfig, RLConfig, TrainerConfig
+from gyre.engines.kv_transport import cell_kv_config
 from gyre.errors import EngineTimeoutError, EngineUnavailableError
 from gyre.runtime.cell_wire import Health, cell_secret, decode
 
@@ -93,7 +94,9 @@ def spawn_cell(
     the cell also holds a trainer on `model_dir`, over `devices_per_cell` ranks (processes); with
     `rank` (this cell's index), `world_size` (cells) and `group_store` ("HOST:PORT" of
     `host_group_store`) it joins the run-wide gradient group. `env` adds to the environment it
-    inherits (`cell_devices`: its devices)."""
+    inherits (`cell_devices`: its devices). A KV folder left empty in `config` (a run's is made by
+    `gyre.engines.kv_transport.open_kv_folder`) is this process's own (`cell_kv_config`)."""
+    config = cell_kv_config(config)
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     port_file = Path(tempfile.mkdtemp(prefix=_PORT_DIR_PREFIX)) / "port"

@@ -147,9 +147,10 @@ async def run_elastic(
     several hosts: the workers' cells join the group and are driven as local ones), then
     `run_cells` on the training and held-out tasks (`split_tasks`), with a `RunJournal` (the
     ledger, a checkpoint per step). The `example` KV connector's folder, unless
-    `engine.kv_transfer.shared_dir` names one, is the run's own (`open_kv_folder`): made before
-    any cell starts (the config the cells, the workers and `run_cells` see names it) and removed
-    when the run ends, on an error too. `resume=True` continues the run in `run_dir` from its newest
+    `engine.kv_transfer.shared_dir` names one, is the run's own (`open_kv_folder`; in /dev/shm,
+    under `run_dir` with worker hosts, which see it at the same path): made before any cell starts
+    (the config the cells, the workers and `run_cells` see names it) and removed when the run
+    ends, on an error too. `resume=True` continues the run in `run_dir` from its newest
     checkpoint and ledger (`gyre.runtime.elastic_resume`); `launch` (default: drawn) must not be
     one an earlier start of the run used. Raises `ConfigError` when `run_dir` already holds a run
     and `resume` is False, `RunDirError` for a checkpoint or ledger that cannot be used."""
@@ -163,7 +164,9 @@ async def run_elastic(
     )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     async with AsyncExitStack() as stack:
-        engine = stack.enter_context(open_kv_folder(config.engine))  # removed after the cells stop
+        # removed after the cells stop; cells on several hosts share it where they share run_dir
+        kv_parent = run_dir if config.cluster.workers else None
+        engine = stack.enter_context(open_kv_folder(config.engine, kv_parent))
         config = msgspec.structs.replace(config, engine=engine)
         joins = None
         if config.cluster.workers:  # the head of several hosts: workers offer their cells

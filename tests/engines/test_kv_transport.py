@@ -17,8 +17,15 @@ import pytest
 
 from gyre.config import EngineConfig, KVTransferConfig
 from gyre.engines import kv_folder
-from gyre.engines.kv_transport import FolderTransport, NixlTransport, NoKVTransport, kv_transport
-from gyre.errors import EngineError, EngineUnavailableError, InvalidRequestError
+from gyre.engines.kv_transport import (
+    FolderTransport,
+    NixlTransport,
+    NoKVTransport,
+    cell_kv_config,
+    kv_transport,
+    open_kv_folder,
+)
+from gyre.errors import ConfigError, EngineError, EngineUnavailableError, InvalidRequestError
 
 BLOCK = 16
 
@@ -50,11 +57,17 @@ class ScriptedHost:
         return "gyre-export-1", self.handle
 
 
-def config(connector: str, shared_dir: Path | str = "/dev/shm/unused") -> EngineConfig:
+def config(connector: str, shared_dir: Path | str | None = None) -> EngineConfig:
+    """An engine config with `connector`; `example`'s folder is `shared_dir` (default: one never
+    written to)."""
+    if connector == "example" and shared_dir is None:
+        shared_dir = "/dev/shm/unused"
     return EngineConfig(
         block_size=BLOCK,
         max_model_len=256,
-        kv_transfer=KVTransferConfig(connector=connector, shared_dir=str(shared_dir), lease_s=60.0),
+        kv_transfer=KVTransferConfig(
+            connector=connector, shared_dir=str(shared_dir or ""), lease_s=60.0
+        ),
     )
 
 
@@ -62,6 +75,62 @@ def test_factory_picks_one_transport_per_connector() -> None:
     kinds = {c: type(kv_transport(config(c))) for c in ("none", "example", "nixl")}
     assert kinds == {"none": NoKVTransport, "example": FolderTransport, "nixl": NixlTransport}
     assert kv_transport(config("none")).engine_args() == {}
+
+
+def test_migration_is_on_by_default_in_a_folder_of_each_runs_own(tmp_path: Path) -> None:
+    default = EngineConfig().kv_transfer
+    assert (default.connector, default.shared_dir) == ("example", "")
+    with open_kv_folder(EngineConfig()) as one, open_kv_folder(EngineConfig()) as two:
+        a, b = Path(one.kv_transfer.shared_dir), Path(two.kv_transfer.shared_dir)
+        assert a != b and a.is_dir() and b.is_dir()  # two runs never share a folder
+        assert a.name.startswith(kv_folder.RUN_FOLDER_PREFIX) and a.parent == Path("/dev/shm")
+        assert os.stat(a).st_mode & 0o777 == 0o700
+        (a / ("0" * 32)).mkdir()  # an export left behind
+        assert one.kv_transfer.connector == "example" and one.max_model_len == 4096
+    assert not a.exists() and not b.exists()  # removed with what they held
+    with pytest.raises(RuntimeError, match="the run failed"):
+        with open_kv_folder(EngineConfig()) as failing:
+            c = Path(failing.kv_transfer.shared_dir)
+            assert c.is_dir()
+            raise RuntimeError("the run failed")
+    assert not c.exists()  # removed on an error too
+    with open_kv_folder(EngineConfig(), tmp_path) as shared:  # cells on several hosts: run_dir
+        assert Path(shared.kv_transfer.shared_dir).parent == tmp_path
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_given_folder_or_another_connector_is_kept_as_it_is(tmp_path: Path) -> None:
+    for engine in (config("example", tmp_path / "kv"), config("none"), config("nixl")):
+        with open_kv_folder(engine) as resolved:
+            assert resolved is engine
+        assert cell_kv_config(engine) is engine
+    assert not (tmp_path / "kv").exists()  # made by the cells that use it, never removed here
+    for connector in ("none", "nixl"):  # a folder no connector would use is refused, not ignored
+        with pytest.raises(ValueError, match="shared_dir='/x' is only used by connector='example'"):
+            KVTransferConfig(connector=connector, shared_dir="/x")
+
+
+def test_cells_spawned_outside_a_run_share_their_process_folder() -> None:
+    one, two = cell_kv_config(EngineConfig()), cell_kv_config(EngineConfig(max_model_len=64))
+    folder = one.kv_transfer.shared_dir
+    assert folder and folder == two.kv_transfer.shared_dir and Path(folder).is_dir()
+    assert Path(folder).name.startswith(kv_folder.RUN_FOLDER_PREFIX)
+
+
+def test_a_cell_never_runs_on_an_empty_folder() -> None:
+    with pytest.raises(ConfigError, match="engine.kv_transfer.shared_dir is empty"):
+        FolderTransport(EngineConfig()).prepare()
+
+
+def test_the_folder_connector_leaves_the_engine_its_cores(tmp_path: Path, monkeypatch) -> None:
+    """vLLM's CPU backend reserves a core more for any connector (`auto` binding); the folder
+    connector runs no thread, so `prepare` reserves what vLLM would without one, unless set."""
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    FolderTransport(config("example", tmp_path / "kv")).prepare()
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1" and (tmp_path / "kv").is_dir()
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # the user's choice stands
+    FolderTransport(config("example", tmp_path / "kv")).prepare()
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
 
 
 def test_none_refuses_export_and_release() -> None:
@@ -168,8 +237,9 @@ def test_an_export_of_version_3_is_refused_at_version_4_and_imported_at_3(
     connector: str, tmp_path: Path
 ) -> None:
     handle = {"remote_request_id": "r-1", "remote_block_ids": [[4]]}
-    kv = kv_transport(config(connector, tmp_path))
-    host = ScriptedHost(tmp_path if connector == "example" else None, handle=handle)
+    folder = tmp_path if connector == "example" else None
+    kv = kv_transport(config(connector, folder))
+    host = ScriptedHost(folder, handle=handle)
     export = asyncio.run(kv.export(host, list(range(40))))
     assert export.weight_version == 3
 

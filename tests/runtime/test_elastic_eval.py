@@ -50,9 +50,9 @@ def one_cell_config(run_dir: Path):
                 "suites": [str(REPO / "examples/tasks/learnable")],
                 "harness": {"agent_command": ["python", str(AGENT)]},
             },
+            # redirects migrate KV by default (the cell doubles cannot export: recompute is the
+            # fallback)
             "router": {"no_cell_timeout_s": 60, "abort_timeout_s": 10},
-            # redirects migrate KV (the cell doubles cannot export: recompute is the fallback)
-            "engine": {"kv_transfer": {"connector": "example"}},
         }
     )
 
@@ -160,11 +160,15 @@ def test_hold_keeps_the_step_and_the_last_rollout_cell_for_an_evaluation() -> No
     assert hold(acts, evaluation=False, over=True, rollout_cells=2) == acts[2:]
 
 
-def test_without_a_kv_connector_a_redirect_recomputes(tmp_path: Path) -> None:
+def test_redirects_migrate_kv_by_default_and_recompute_without_a_connector(tmp_path: Path) -> None:
     config = config_from_dict({"run_dir": str(tmp_path)})
-    assert config.engine.kv_transfer.connector == "none"
-    assert isinstance(continuation_for(config), RecomputeContinuation)
-    migrating = config_from_dict(
+    assert config.engine.kv_transfer.connector == "example"
+    assert continuation_for(config).export_timeout_s == 15.0  # router.abort_timeout_s 30 / 2
+    nixl = config_from_dict(
         {"run_dir": str(tmp_path), "engine": {"kv_transfer": {"connector": "nixl"}}}
     )
-    assert continuation_for(migrating).export_timeout_s == 15.0  # router.abort_timeout_s 30 / 2
+    assert isinstance(continuation_for(nixl), MigrateContinuation)
+    opted_out = config_from_dict(
+        {"run_dir": str(tmp_path), "engine": {"kv_transfer": {"connector": "none"}}}
+    )
+    assert isinstance(continuation_for(opted_out), RecomputeContinuation)
