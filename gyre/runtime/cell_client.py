@@ -14,7 +14,6 @@ Knows nothing about what the cell runs inside (vLLM, DeepSpeed).
 from __future__ import annotations
 
 import itertools
-import math
 import subprocess
 import time
 import uuid
@@ -44,6 +43,7 @@ from gyre.errors import (
     WeightSyncError,
     error_from_code,
 )
+from gyre.runtime.cell_inbox import DeltaInbox
 from gyre.runtime.cell_process import (
     CellProcess,
     _cpu_binding,
@@ -56,7 +56,6 @@ from gyre.runtime.cell_wire import (
     CellStatistics,
     CheckpointRequest,
     ExportKVRequest,
-    Frame,
     FrameBatch,
     FrameReader,
     LoadWeightsRequest,
@@ -135,7 +134,7 @@ class CellClient:
         self._tasks: anyio.abc.TaskGroup | None = None  # holds the delta stream's reader
         self._stream_id: str | None = None  # the open delta stream
         self._stream_lock: anyio.Lock | None = None
-        self._channels: dict[int, anyio.abc.ObjectSendStream] = {}  # by request tag
+        self._inboxes: dict[int, DeltaInbox] = {}  # by request tag
         self._tags = itertools.count()
 
     async def __aenter__(self) -> CellClient:
@@ -222,9 +221,9 @@ class CellClient:
                 async for chunk in response.aiter_bytes():
                     for batch in reader.feed(chunk):
                         for frame in batch.frames:
-                            channel = self._channels.get(frame.tag)
-                            if channel is not None:  # None: its consumer left
-                                channel.send_nowait(frame)
+                            inbox = self._inboxes.get(frame.tag)
+                            if inbox is not None:  # None: its consumer left
+                                inbox.put(frame)
         except httpx.TransportError as exc:
             lost = EngineUnavailableError(f"cell {self.base_url} lost the delta stream: {exc!r}")
             if not started:
@@ -232,16 +231,16 @@ class CellClient:
         finally:
             if self._stream_id == stream_id:
                 self._stream_id = None
-            for channel in list(self._channels.values()):
-                channel.send_nowait(lost)
+            for inbox in list(self._inboxes.values()):
+                inbox.put(lost)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
         # No cancel scope spans a `yield` (a consumer may resume this generator from another
-        # task): each wait is bounded by the request's deadline.
+        # task): each wait is bounded by the request's deadline. Each wake-up takes every frame
+        # queued for the request and yields the consecutive deltas of a choice as one.
         stream_id = await self._open_stream()
         tag = next(self._tags)
-        send, receive = anyio.create_memory_object_stream[Frame | GyreError](math.inf)
-        self._channels[tag] = send
+        inbox = self._inboxes[tag] = DeltaInbox()
         pending = set(range(request.sampling.n))
         deadline = time.monotonic() + self.config.request_timeout_s
         ended = False  # nothing of the request is left in the cell: no abort needed
@@ -257,8 +256,7 @@ class CellClient:
                 raise
             while pending:
                 try:
-                    with anyio.fail_after(max(deadline - time.monotonic(), 0.0)):
-                        frame = await receive.receive()
+                    deltas, failure = await inbox.wait_deltas(deadline, request.request_id)
                 except TimeoutError:
                     ended = True
                     await self._abort_quietly(request.request_id)
@@ -266,20 +264,15 @@ class CellClient:
                         f"request {request.request_id!r} exceeded "
                         f"request_timeout_s={self.config.request_timeout_s}"
                     ) from None
-                if isinstance(frame, GyreError):  # the stream was lost
+                for delta in deltas:
+                    if delta.finish_reason is not None:
+                        pending.discard(delta.index)
+                    yield delta
+                if failure is not None and pending:
                     ended = True
-                    raise EngineUnavailableError(f"{frame} (request {request.request_id!r})")
-                if frame.error is not None:
-                    ended = True
-                    raise error_from_code(frame.error.code, frame.error.message)
-                delta = frame.delta
-                if delta.finish_reason is not None:
-                    pending.discard(delta.index)
-                yield delta
+                    raise failure
         finally:
-            del self._channels[tag]
-            send.close()
-            receive.close()
+            del self._inboxes[tag]
             if pending and not ended:  # the consumer left early: free the engine
                 await self._abort_quietly(request.request_id)
 

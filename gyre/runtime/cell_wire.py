@@ -55,6 +55,7 @@ __all__ = [
     "decode",
     "encode_frame",
     "FrameReader",
+    "merge_deltas",
 ]
 
 CELL_SECRET_ENV = "GYRE_CELL_SECRET"
@@ -279,6 +280,46 @@ def decode(data: bytes, type_: type):
 def encode_frame(frame: Frame | FrameBatch) -> bytes:
     body = _encoder.encode(frame)
     return _LEN.pack(len(body)) + body
+
+
+def merge_deltas(deltas: list[TokenDelta]) -> list[TokenDelta]:
+    """`deltas` (of one request, in stream order) with the consecutive deltas of each choice
+    merged into one: its token IDs, logprobs and versions concatenated (so every token keeps the
+    weight version that sampled it), top-k lists concatenated where present (a delta without them,
+    such as an empty final one, adds none), `finish_reason` that of the last delta merged and
+    `cached_tokens` the last one set. A merge never crosses a choice's finish: a delta of a choice
+    after its finish starts a new one. Choices keep the order of their first delta; a choice's own
+    deltas are never reordered. O(total tokens); a single delta is returned as it is."""
+    if len(deltas) < 2:
+        return list(deltas)
+    groups: list[list[TokenDelta]] = []
+    open_groups: dict[int, list[TokenDelta]] = {}
+    for delta in deltas:
+        group = open_groups.get(delta.index)
+        if group is None:
+            group = open_groups[delta.index] = []
+            groups.append(group)
+        group.append(delta)
+        if delta.finish_reason is not None:
+            del open_groups[delta.index]
+    return [group[0] if len(group) == 1 else _concat(group) for group in groups]
+
+
+def _concat(group: list[TokenDelta]) -> TokenDelta:
+    last = group[-1]
+    top = any(d.top_ids is not None for d in group)
+    return TokenDelta(
+        index=last.index,
+        token_ids=[t for d in group for t in d.token_ids],
+        logprobs=[lp for d in group for lp in d.logprobs],
+        versions=[v for d in group for v in d.versions],
+        finish_reason=last.finish_reason,
+        cached_tokens=next(
+            (d.cached_tokens for d in reversed(group) if d.cached_tokens is not None), None
+        ),
+        top_ids=[k for d in group for k in d.top_ids or ()] if top else None,
+        top_logprobs=[k for d in group for k in d.top_logprobs or ()] if top else None,
+    )
 
 
 class FrameReader:

@@ -467,3 +467,42 @@ async def test_a_consumer_that_leaves_aborts_and_a_lost_stream_aborts_all(steppe
             "/generate", content=encode(StreamedGenerate(stream="gone", tag=1, request=req("x")))
         )
         assert unknown.status_code == 503 and b"no open delta stream" in unknown.content
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_consumer_behind_the_engine_gets_the_steps_it_missed_as_one_delta(
+    stepped_cell,
+) -> None:
+    """Frames queued while the consumer was away come out merged: one delta with every token of
+    the steps it missed (its logprobs and versions per token), the finish on it."""
+    from contextlib import aclosing
+
+    engine, cell, url = stepped_cell
+    async with CellClient(url, CONFIG) as client:
+        async with aclosing(client.generate(req("slow", max_tokens=4))) as deltas:
+            first: list = []
+
+            async def take_first() -> None:
+                first.append(await anext(deltas))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take_first)
+                await wait_for(lambda: engine.waiting == 1)
+                engine.advance()
+            assert [(d.token_ids, d.finish_reason) for d in first] == [([5], None)]
+            for _ in range(3):  # three more steps and the finish, nobody reading
+                await wait_for(lambda: engine.waiting == 1)
+                writes = cell.streams.writes
+                engine.advance()
+                await wait_for(lambda: cell.streams.writes > writes)  # noqa: B023
+            rest = [d async for d in deltas]
+    assert rest == [
+        TokenDelta(
+            index=0,
+            token_ids=[6, 7, 8],
+            logprobs=[-1.0] * 3,
+            versions=[0] * 3,
+            finish_reason="length",
+        )
+    ]
+    assert engine.aborted == []
