@@ -8,6 +8,8 @@ back to recompute, still exact. Every export is deleted after its import or by t
 requests store nothing. Two cells for the whole module (each start costs 30-60 s on 2 cores); the
 test that kills cell A runs last. The death is before the export (killing A inside the ~10 ms export
 is not reproducible); a half-written export is never loaded (`complete` marker) and expires.
+The elastic runtime itself, with its default KV settings, migrates a call off a cell its policy
+switches to training (the same two cells, behind ledger-trainer doubles).
 
 The router's side of migration (when it migrates, when it falls back) is also checked in the fast
 tier, on scripted engines with a scripted export (`ExportingEngine`).
@@ -24,15 +26,22 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gyre.config import KVTransferConfig, RouterConfig
+from gyre.config import KVTransferConfig, RouterConfig, config_from_dict
 from gyre.engines import GenerateRequest, SamplingParams, collect
 from gyre.engines.protocol import KVExport, KVTransferEngine
 from gyre.engines.scripted import ScriptedEngine
 from gyre.errors import EngineUnavailableError, InvalidRequestError
+from gyre.runtime.cell_handle import CellHandle
 from gyre.runtime.continuation import MigrateContinuation
+from gyre.runtime.elastic import ElasticRuntime
+from gyre.runtime.elastic_job import continuation_for
 from gyre.runtime.router import Router
+from gyre.runtime.scheduler import Dispatch, StartStep, SwitchToTrain
+from gyre.tasks.task import load_suite
 from tests.conftest import start_vllm_cell
+from tests.runtime.fake_cells import Exchange, FakeTrainingCell
 from tests.runtime.test_router import prefix_rule
+from tests.runtime.test_suspension import failed
 
 pytestmark = pytest.mark.anyio
 
@@ -42,6 +51,7 @@ MAX_MODEL_LEN = 18_432  # 16K of context + completion
 SWITCH_AFTER = 5  # tokens the caller has seen on A before A leaves rollout
 KEEP = 48  # tokens the caller reads from B before aborting the request
 TRIES = 3  # a contended machine may starve the test so long that A finishes before the switch
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -279,6 +289,151 @@ async def test_repeated_switches_migrate_every_time(cells, shared_dir) -> None:
     lease_s = cell_a.config.kv_transfer.lease_s
     sweep(shared_dir, lease_s, now=time.time() + lease_s + 1)
     assert shared_entries(shared_dir) == []
+
+
+class RealEngineCell(FakeTrainingCell):
+    """A cell double whose engine is a real vLLM cell (KV export and import through it) and whose
+    trainer is the ledger double; a published version is the model's own weights, reloaded."""
+
+    def __init__(self, index: int, engine, exchange: Exchange, model_dir: Path) -> None:
+        super().__init__(index, engine, exchange)
+        self.model_dir = str(model_dir)
+
+    async def export_kv(self, token_ids: list[int]) -> KVExport:
+        return await self.engine.export_kv(token_ids)
+
+    async def release_kv(self, key: str) -> bool:
+        return await self.engine.release_kv(key)
+
+    async def load_weights(self, snapshot: str, version: int) -> None:
+        await self.engine.load_weights(self.model_dir, version)
+
+
+class SwitchAtFirstFinish:
+    """Both cells roll out one group (a long call and a short execution); when the short one
+    finishes, the cell still running the long call switches to train (the runtime moves the
+    execution off it, the router redirects its call); the step starts once the group is trained."""
+
+    name = "switch-at-first-finish"
+
+    def __init__(self) -> None:
+        self.switched: int | None = None
+
+    def initial_roles(self, num_cells: int, core_cell: int) -> tuple[str, ...]:
+        return ("rollout",) * num_cells
+
+    def decide(self, state):  # noqa: ANN001, ANN201 - test double
+        if state.dispatched < state.batch_executions:
+            return (Dispatch(state.batch_executions - state.dispatched),)
+        if state.finished and self.switched is None:
+            busy = [c.index for c in state.cells if c.executions] or [1]  # [1]: nothing to move
+            self.switched = busy[0]
+            return (SwitchToTrain(busy[0]),)
+        if state.trained == state.batch_executions and not state.step_running:
+            return () if state.weight_version else (StartStep(),)
+        return ()
+
+
+class LongAndShortRollout:
+    """Execution x0 streams one greedy call of `max_tokens` through the router; x1 ends (failed:
+    nothing to train) once x0 has `k` tokens, so its end, and with it the switch, falls inside
+    x0's call."""
+
+    def __init__(self, router: Router, prompt: list[int], max_tokens: int, k: int) -> None:
+        self.router, self.prompt, self.max_tokens, self.k = router, prompt, max_tokens, k
+        self.streaming = anyio.Event()
+        self.ids: list[int] = []
+        self.lps: list[float] = []
+
+    async def run(self, task, execution_id: str):  # noqa: ANN001, ANN201 - test double
+        if execution_id.startswith("x0-"):
+            request = greedy(f"{execution_id}/c0", self.prompt, self.max_tokens)
+            async for delta in self.router.engine_for(execution_id).generate(request):
+                self.ids += delta.token_ids
+                self.lps += delta.logprobs
+                if len(self.ids) >= self.k:
+                    self.streaming.set()
+        else:
+            await self.streaming.wait()
+        return failed(task, execution_id)
+
+
+@pytest.mark.slow
+async def test_the_runtime_migrates_a_call_off_a_switching_cell(
+    cells, shared_dir, tmp_path: Path
+) -> None:
+    """The elastic runtime with its default KV settings (`continuation_for`: the example connector,
+    on by default) over the two real cells: the policy switches the cell running a long greedy call
+    to train mid-call; the runtime moves the execution, the router redirects the call, and the
+    other cell continues it from the imported KV, token for token as an uninterrupted run."""
+    (_, cell_a), (_, cell_b) = cells
+    config = config_from_dict(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "loop": {"steps": 1, "batch_executions": 2, "group_size": 2, "heldout_tasks": 0},
+            "scheduler": {"capacity_per_cell": 2},
+            "tasks": {"suites": [str(REPO / "examples/tasks/learnable")]},
+        }
+    )
+    assert config.engine.kv_transfer.connector == "example"  # the default
+    prompt = tokens(1_000, seed=11)
+    max_tokens = 1_500
+    async with await client(cell_a) as a, await client(cell_b) as b:
+        engines = [a, b]
+        for attempt in range(TRIES):
+            before = [await e.refresh_statistics() for e in engines]
+            exchange = Exchange()
+            doubles = [
+                RealEngineCell(i, e, exchange, cell_a.model_dir) for i, e in enumerate(engines)
+            ]
+            handles = [CellHandle(name=f"cell-{i}", client=d) for i, d in enumerate(doubles)]
+            continuation = continuation_for(config)
+            assert isinstance(continuation, MigrateContinuation)
+            policy = SwitchAtFirstFinish()
+            async with Router(
+                {h.name: h.client for h in handles}, config=config.router, continuation=continuation
+            ) as router:
+                rollout = LongAndShortRollout(router, prompt, max_tokens, k=SWITCH_AFTER)
+                runtime = ElasticRuntime(
+                    config=config,
+                    cells=handles,
+                    router=router,
+                    rollout=rollout,
+                    policy=policy,
+                    tasks=load_suite(REPO / "examples/tasks/learnable"),
+                    snapshot=str(cell_a.model_dir),
+                    launch=f"m{attempt}",
+                )
+                with anyio.fail_after(300):
+                    await runtime.run(1)
+            source, target = policy.switched, 1 - policy.switched
+            await engines[source].resume()  # the double paused it for training
+            after = [await e.refresh_statistics() for e in engines]
+            stats = runtime.statistics()
+            if stats.redirections:
+                break
+        else:
+            pytest.fail(f"the long call ended before the switch in {TRIES} tries (contended?)")
+        for e in engines:  # back to version 0 for the tests that follow
+            await e.load_weights(str(cell_a.model_dir), 0)
+        [reference] = await collect(engines[source], greedy("ref-runtime", prompt, max_tokens))
+
+    assert rollout.ids == reference.token_ids
+    assert max(abs(x - y) for x, y in zip(rollout.lps, reference.logprobs, strict=True)) <= FP32_TOL
+    [record] = continuation.statistics().records
+    assert record.outcome == "migrated", record.reason
+    k = record.sequence_tokens - len(prompt)
+    assert SWITCH_AFTER <= k < max_tokens
+    assert record.tokens_moved == (len(prompt) + k - 1) // BLOCK * BLOCK
+    # the runtime's own record counts the migration, and the step ran after it
+    assert (stats.redirections, stats.migrations) == (1, 1)
+    assert stats.tokens_migrated == record.tokens_moved
+    assert (stats.switches, stats.steps_done, stats.weight_version) == (1, 1, 1)
+    # the target loaded the exported context instead of prefilling it, the source exported it
+    loaded = after[target].kv_tokens_loaded - before[target].kv_tokens_loaded
+    assert loaded == record.tokens_moved
+    assert after[source].kv_exports - before[source].kv_exports == 1
+    assert shared_entries(shared_dir) == []  # released after the import
 
 
 @pytest.mark.slow
