@@ -135,7 +135,7 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
         check_gateway(config)
     else:
         check_agent_command(with_interpreter(harness).agent_command, path=harness.env.get("PATH"))
-        check_isolation(config.tasks.harness)
+        check_isolation(with_interpreter(harness), run_dir=Path(config.run_dir).resolve())
     found = check_run_dir(
         Path(config.run_dir).resolve(),
         resume=resume,

@@ -215,6 +215,34 @@ def test_a_node_that_is_not_root_refuses_unless_isolation_is_waived(tmp_path, mo
     )
 
 
+def test_an_agent_only_root_can_run_is_refused_unless_isolation_is_waived(tmp_path):
+    """As root, under `require_isolation`: an `agent_command` whose executable agent uids cannot
+    reach (a 0700 script) would run as root, so the preflight refuses the run before anything is
+    built, naming the keys and the path; waived, the preflight passes (the harness warns)."""
+    import os
+
+    from gyre.job import preflight
+    from gyre.sandbox import mount_namespace_problem, network_namespace_problem
+
+    if os.geteuid() != 0 or mount_namespace_problem() or network_namespace_problem():
+        pytest.skip("needs root with mount and network namespaces (else refused earlier)")
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o700)
+    harness = {"agent_command": [str(script)]}
+    with pytest.raises(ConfigError) as refused:
+        run(make_config(tmp_path, tasks={"harness": harness}))
+    assert str(refused.value) == (
+        "tasks.harness.require_isolation: tasks.harness.agent_command: its executable "
+        f"{script} cannot be reached by other users ({script} has mode 700), so its agent would "
+        "run as root; make it reachable (e.g. a venv outside /root) or show it with "
+        "tasks.harness.visible_paths" + OPT_OUT
+    )
+    assert nothing_built(tmp_path) and not (tmp_path / "run").exists()
+    waived = make_config(tmp_path, tasks={"harness": {**harness, "require_isolation": False}})
+    assert preflight(waived, resume=False) is None
+
+
 # Run as an unprivileged user (in a user namespace): a harness under `require_isolation = false`
 # runs one execution whose agent writes its answer and prints its uid; the verifier scores it.
 WAIVED_RUN = """

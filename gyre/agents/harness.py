@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import stat
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -34,16 +33,19 @@ from gyre.agents.isolation import (
     AgentUser,
     agent_namespace,
     closed_to_others,
-    command_paths,
     hand_back,
     hand_over,
     isolation_refused,
     node_sockets,
+    reach_refused,
     sealed_endpoint,
+    shown_paths,
     suite_hidden,
     tighten_hidden,
-    under,
+    unreachable_executable,
+    unreachable_refused,
     warn_once,
+    workspace_problem,
 )
 from gyre.config import HarnessConfig
 from gyre.config.agents import check_agent_env
@@ -143,7 +145,10 @@ class Harness:
         `gyre.agents.isolation`); a warning, once, where it cannot be built (neither root nor
         unprivileged user namespaces).
         `require_isolation` (true by default, as in `HarnessConfig`): where any of the three is
-        off or cannot be had, raise `ConfigError` (`isolation_refused`); false: the warnings.
+        off or cannot be had, or `agent_command`'s executable or the verifiers' interpreter cannot
+        be reached by agent uids (`reach_refused`), raise `ConfigError` (`isolation_refused`), and
+        an execution whose own command cannot be reached is `failed`, nothing run; false: the
+        warnings, and such agents run as root.
         `env`, `env_passthrough`: `HarnessConfig`'s (`agent_environment`).
         Raises `ValueError` for an empty command, a negative grace, an invalid uid range, a
         relative hidden or visible path, an `env` name gyre sets (`check_agent_env`) or, when
@@ -176,19 +181,21 @@ class Harness:
             for path in paths:
                 if not os.path.isabs(path):
                     raise ValueError(f"{key}: {str(path)!r} must be absolute")
-        hide = {os.path.abspath(p) for p in hidden_paths}
-        for folder in (root, *(() if run_dir is None else (Path(run_dir),))):
-            hide.update((os.path.abspath(folder), os.path.realpath(folder)))
         self.mounts: Mounts | None = None
         self._hidden: set[str] = set()  # hidden on purpose: what a command names there stays hidden
         """The namespace every agent starts from (None: no mount isolation); per execution its
         own folder is added, and the hidden files of the task's suite."""
         mount_problem = None
         if isolate_uid and isolate_mounts and os.geteuid() == 0:
-            self.mounts, self._hidden, mount_problem = agent_namespace(hide, root, visible_paths)
+            self.mounts, self._hidden, mount_problem = agent_namespace(
+                root,
+                hidden_paths=hidden_paths,
+                visible_paths=visible_paths,
+                run_dir=None if run_dir is None else Path(run_dir),
+            )
         self._suite_hidden: set[str] = set()
         self._suites_seen: set[Path] = set()
-        uid_problem = self._uid_problem(root) if isolate_uid else None
+        uid_problem = workspace_problem(root, self.mounts) if isolate_uid else None
         net_problem = network_namespace_problem() if isolate_network else None
         if net_problem is not None:
             net_problem = (
@@ -203,8 +210,16 @@ class Harness:
             )
             off = [f"{key} is false" for key, on in switches.items() if not on]
             problem = uid_problem or mount_problem or net_problem or next(iter(off), None)
+            problem = problem or reach_refused(
+                self.agent_command,
+                path=self.env.get("PATH", os.environ.get("PATH", os.defpath)),
+                mounts=self.mounts,
+                hidden=self._hidden,
+                key="tasks.harness.agent_command",
+            )
             if problem is not None:
                 raise isolation_refused(problem)
+        self.require_isolation = require_isolation
         if mount_problem is not None:
             warn_once("mounts", "%s", mount_problem)
         if net_problem is not None:
@@ -240,62 +255,6 @@ class Harness:
         if self.mounts is not None and folder not in self._suites_seen:
             self._suite_hidden |= suite_hidden(folder)
             self._suites_seen.add(folder)
-
-    def _view(self, *shown: str) -> Mounts | None:
-        """`self.mounts` with `shown` folders also bound back (None without mount isolation)."""
-        if self.mounts is None:
-            return None
-        return msgspec.structs.replace(self.mounts, writable=(*self.mounts.writable, *shown))
-
-    def _uid_problem(self, root: Path) -> str | None:
-        """Why agents cannot run as their own uids here (None: they can)."""
-        if os.geteuid() != 0:
-            return (
-                f"isolate_uid: the node runs as uid {os.geteuid()}, not root: agents run as "
-                "this user and can read other workspaces and hidden tests"
-            )
-        probe = root / "execution"  # an execution folder, bound back in the agent's namespace
-        view = self._view(os.path.abspath(probe))
-        closed = closed_to_others(probe, executable=False, mounts=view)
-        if closed is not None:
-            mode = stat.S_IMODE(os.stat(closed).st_mode)
-            return (
-                f"isolate_uid: agents run as root: workspace_root {root} cannot be reached by "
-                f"other users ({closed} has mode {mode:o}); choose one whose parents are "
-                "world-searchable (o+x)"
-            )
-        return None
-
-    def _named(self, command: Sequence[str], path: str) -> tuple[str, ...]:
-        """`command_paths` but those under a folder hidden on purpose (`hidden_paths`, the run
-        folder, the workspace root, the suites' tests and solutions): shown to the agent."""
-        hidden = self._hidden | self._suite_hidden
-        return tuple(
-            p for p in command_paths(command, path) if not any(under(p, h) for h in hidden)
-        )
-
-    def _user_for(self, command: tuple[str, ...], path: str) -> bool:
-        """Whether `command` can run as an agent uid: its executable is reachable by others."""
-        if not self.isolated:
-            return False
-        found = shutil.which(command[0], path=path)
-        if found is None:
-            return True  # it fails to start either way (status 127), as the agent's user
-        mounts = self.mounts and msgspec.structs.replace(
-            self.mounts, expose=(*self.mounts.expose, *self._named(command, path))
-        )
-        closed = closed_to_others(Path(found), executable=True, mounts=mounts)
-        if closed is not None:
-            warn_once(
-                f"exe:{found}",
-                "isolate_uid: agents running %s run as root: other users "
-                "cannot reach it (%s has mode %o)",
-                found,
-                closed,
-                stat.S_IMODE(os.stat(closed).st_mode),
-            )
-            return False
-        return True
 
     @classmethod
     def from_config(
@@ -420,19 +379,29 @@ class Harness:
             env=self.env,
             passthrough=self.env_passthrough,
         )
+        common = dict(execution_id=execution_id, task_id=task.task_id)
         user: AgentUser | None = None
-        if self._user_for(command, env.get("PATH", os.defpath)):
+        path, hidden = env.get("PATH", os.defpath), self._hidden | self._suite_hidden
+        closed = None
+        if self.isolated:  # root only because other users cannot reach it: refused or warned
+            closed = unreachable_executable(command, path, self.mounts, hidden)
+        if closed is not None and self.require_isolation:
+            return Outcome(
+                **common,
+                termination="failed",
+                failure_reason=f"tasks.harness.require_isolation: "
+                f"{unreachable_refused(closed, 'the agent command')}; it did not run",
+            )
+        if closed is not None:
+            warn_once(f"exe:{command[0]}", "isolate_uid: agents run as root: %s", closed)
+        elif self.isolated:
             try:
                 user = await anyio.to_thread.run_sync(
                     AgentUser.acquire, self.agent_uid_base, self.agent_uid_count
                 )
             except (OSError, ExecutionError) as exc:
-                return Outcome(
-                    execution_id=execution_id,
-                    task_id=task.task_id,
-                    termination="failed",
-                    failure_reason=f"cannot pick an agent uid: {exc}",
-                )
+                reason = f"cannot pick an agent uid: {exc}"
+                return Outcome(**common, termination="failed", failure_reason=reason)
         try:
             return await self._run_as(task, execution_id, control, command, env, user)
         finally:
@@ -479,7 +448,9 @@ class Harness:
         if user is not None and self.mounts is not None:
             sockets = node_sockets() if self.sealed else set()
             hide = tuple(sorted({*self.mounts.hide, *self._suite_hidden, *sockets}))
-            expose = (*self.mounts.expose, *self._named(command, env.get("PATH", os.defpath)))
+            path = env.get("PATH", os.defpath)
+            named = shown_paths(command, path, self._hidden | self._suite_hidden)
+            expose = (*self.mounts.expose, *named)
             agent_mounts = msgspec.structs.replace(
                 self.mounts, hide=hide, expose=expose, writable=(os.path.abspath(exec_dir),)
             )

@@ -3,9 +3,10 @@
 Owns the harness's isolation policy and its pieces: `AgentUser` (one agent uid held for an
 execution), `agent_namespace` (the mount namespace every agent starts from), `sealed_endpoint`
 (the one address an agent's network namespace reaches) and `node_sockets`, `check_isolation`
-(the preflight of `require_isolation`), `closed_to_others` (whether a stranger's uid reaches a
-path, as a namespace shows the tree), `hand_over` / `hand_back` (an execution's files to the
-agent's uid and back) and `tighten_hidden`. The `Harness` (`gyre.agents.harness`) applies them
+(the preflight of `require_isolation`), `closed_to_others` and `unreachable_executable` (whether
+a stranger's uid reaches a path, an agent command's executable, as a namespace shows the tree),
+`hand_over` / `hand_back` (an execution's files to the agent's uid and back) and
+`tighten_hidden`. The `Harness` (`gyre.agents.harness`) applies them
 per execution; the mechanics (uids, `Mounts`, `Relay`, namespaces) are `gyre.sandbox`'s. Knows
 nothing about processes' lifetimes, HTTP or tokens; of the proxy only its URL.
 
@@ -36,8 +37,8 @@ namespace, relays each connection to the proxy
 sockets and the outside world are out of reach; its unix sockets bound at a path
 (`node_sockets`, as found when the agent starts) are covered by /dev/null in the agent's and its
 verifier's mount namespaces, and /run, where services keep theirs, is a fresh tmpfs there.
-An agent that runs as root (its executable unreachable by other
-users) could leave the namespace: the warning about it stands. Without root the network namespace
+An agent that runs as root could leave the namespace: only with `require_isolation = false` does
+one (below). Without root the network namespace
 is owned by a user namespace of the agent's own that maps only the node's user, to itself (no
 capability survives the agent's exec): the same reach over the network, but the node's unix
 sockets at a path stay as reachable as its files (no mount namespace).
@@ -47,10 +48,15 @@ opt-out (`isolation_refused`), a node that is not root (user namespaces map only
 no agent gets a uid or a mount namespace of its own, so they cannot give the same guarantee), one
 without a mount or network namespace, an `isolate_*` switched off, and a workspace root other
 users cannot reach: the run's preflight (`check_isolation`) before anything starts, the harness
-when it is built. With `require_isolation = false` agents then run as the node's user, a warning
-saying why, once; so do agents without a network namespace (they reach every port of the node).
-An agent whose executable other users cannot reach (mode bits, as the namespace shows them) runs
-as root with a warning either way: it is checked per command, when an execution starts.
+when it is built. Both also refuse an agent command whose executable agent uids cannot
+reach (`unreachable_executable`: mode bits, as the namespace shows the tree, with what the command
+names bound back unless hidden on purpose), and a verifiers' interpreter they cannot reach: such
+an agent, or the agent code its verifier imports, would run as root (`reach_refused`). A command
+given to one execution (`Harness.run(agent_command=...)`; tasks bring none) is checked when it
+starts: unreachable, that execution is `failed` with the path in its reason, and nothing of it
+runs. With `require_isolation = false` agents then run as the node's user, a warning saying why,
+once; so do agents without a network namespace (they reach every port of the node); and an agent
+whose executable other users cannot reach runs as root, with a warning.
 """
 
 from __future__ import annotations
@@ -69,6 +75,8 @@ import urllib.parse
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO
+
+import msgspec
 
 from gyre.config import HarnessConfig
 from gyre.errors import ConfigError, ExecutionError
@@ -94,11 +102,17 @@ __all__ = [
     "hand_over",
     "isolation_refused",
     "node_sockets",
+    "reach_problem",
+    "reach_refused",
     "sealed_endpoint",
+    "shown_paths",
     "suite_hidden",
     "tighten_hidden",
     "under",
+    "unreachable_executable",
+    "unreachable_refused",
     "warn_once",
+    "workspace_problem",
 ]
 
 logger = logging.getLogger(__name__)
@@ -126,12 +140,13 @@ def closed_parents(paths: Iterable[str]) -> set[str]:
     """The parent folders of `paths` (absolute) that other users cannot traverse (no o+x), e.g.
     the 0700 folder of a `mktemp -d` checkout: an agent's namespace lets it pass through them
     (`Mounts.traverse`), so it reaches the venv, the gyre package, its execution and whatever else
-    below them other users may read, as in a checkout whose parents are o+x. Mode bits only."""
+    below them other users may read, as in a checkout whose parents are o+x. Mode bits only; a
+    folder not made yet (a run's workspace root before it starts) is not closed."""
     return {
         str(folder)
         for path in paths
         for folder in Path(path).parents
-        if folder != Path("/") and not os.stat(folder).st_mode & stat.S_IXOTH
+        if folder != Path("/") and folder.is_dir() and not os.stat(folder).st_mode & stat.S_IXOTH
     }
 
 
@@ -233,13 +248,90 @@ def command_paths(command: Sequence[str], path: str) -> tuple[str, ...]:
     return tuple(sorted(paths - {"/"}))
 
 
+def reach_problem(path: Path, *, executable: bool, mounts: Mounts | None) -> str | None:
+    """Why an unprivileged stranger cannot reach `path` (`closed_to_others`, as `mounts` shows
+    the tree), in words: `"<folder or path> has mode 700"` (mode bits) or `"<folder> is hidden
+    in the agents' mount namespace"`; None if it can."""
+    closed = closed_to_others(path, executable=executable, mounts=mounts)
+    if closed is None:
+        return None
+    mode = stat.S_IMODE(os.stat(closed).st_mode)
+    needed = stat.S_IROTH | stat.S_IXOTH if executable and closed == path else stat.S_IXOTH
+    if mode & needed != needed:
+        return f"{closed} has mode {mode:o}"
+    return f"{closed} is hidden in the agents' mount namespace"
+
+
+def shown_paths(command: Sequence[str], path: str, hidden: Iterable[str]) -> tuple[str, ...]:
+    """`command_paths` but those under a folder in `hidden` (hidden on purpose: `hidden_paths`,
+    the run folder, the workspace root, the suites' tests and solutions): what an agent's
+    namespace binds back of its command."""
+    hidden = tuple(hidden)
+    return tuple(p for p in command_paths(command, path) if not any(under(p, h) for h in hidden))
+
+
+def unreachable_executable(
+    command: Sequence[str], path: str, mounts: Mounts | None, hidden: Iterable[str]
+) -> str | None:
+    """Why the executable of `command` (looked up on `path`) cannot run as an agent uid:
+    `"<executable> cannot be reached by other users (<reach_problem>)"`, in `mounts` with
+    `shown_paths` bound back (None: mode bits of the node's tree); None if it can, if it is not
+    found (it fails to start as any user) or if it is a relative path with a slash (it is
+    resolved in the agent's own workspace)."""
+    if "/" in command[0] and not os.path.isabs(command[0]):
+        return None
+    found = shutil.which(command[0], path=path)
+    if found is None:
+        return None
+    view = mounts and msgspec.structs.replace(
+        mounts, expose=(*mounts.expose, *shown_paths(command, path, hidden))
+    )
+    why = reach_problem(Path(found), executable=True, mounts=view)
+    return None if why is None else f"{found} cannot be reached by other users ({why})"
+
+
+def unreachable_refused(problem: str, command: str) -> str:
+    """`require_isolation`'s words for `command` (what names it) whose executable cannot run as
+    an agent uid (`problem`, from `unreachable_executable`): it would run as root; the fix."""
+    return (
+        f"{command}: its executable {problem}, so its agent would run as root; make it "
+        "reachable (e.g. a venv outside /root) or show it with tasks.harness.visible_paths"
+    )
+
+
+def reach_refused(
+    command: Sequence[str], *, path: str, mounts: Mounts | None, hidden: Iterable[str], key: str
+) -> str | None:
+    """Why agents of `command` (named by `key`) or their verifiers (this interpreter,
+    `sys.executable`) would run as root in `mounts` (`unreachable_executable`), as
+    `isolation_refused` takes it; None if neither would."""
+    problem = unreachable_executable(command, path, mounts, hidden)
+    if problem is not None:
+        return unreachable_refused(problem, key)
+    why = reach_problem(Path(sys.executable), executable=True, mounts=mounts)
+    if why is not None:
+        return (
+            f"the verifiers' interpreter {sys.executable} cannot be reached by other users "
+            f"({why}), so the agent code they import would run as root; make it reachable (e.g. "
+            "a venv outside /root) or show it with tasks.harness.visible_paths"
+        )
+    return None
+
+
 def agent_namespace(
-    hide: set[str], root: Path, visible_paths: Sequence[str | os.PathLike[str]]
+    root: Path,
+    *,
+    hidden_paths: Iterable[str | os.PathLike[str]],
+    visible_paths: Sequence[str | os.PathLike[str]],
+    run_dir: Path | None,
 ) -> tuple[Mounts | None, set[str], str | None]:
     """The namespace every agent of a harness starts from: `(mounts, hidden, None)`, where `hidden`
-    is `hide` (absolute paths hidden on purpose) with the suites' generator added; or
-    `(None, set(), problem)` when no private mount namespace can be built here. `root` is the
-    workspace root (its closed parents are passed through, as are those of what is exposed)."""
+    is what is hidden on purpose (`hidden_paths`, the workspace `root`, `run_dir`, all absolute,
+    and the suites' generator); or `(None, set(), problem)` when no private mount namespace can be
+    built here. The closed parents of `root` and of what is exposed are passed through."""
+    hide = {os.path.abspath(p) for p in hidden_paths}
+    for folder in (root, *(() if run_dir is None else (run_dir,))):
+        hide.update((os.path.abspath(folder), os.path.realpath(folder)))
     problem = mount_namespace_problem()
     if problem is not None:
         return (
@@ -263,6 +355,30 @@ def agent_namespace(
     return mounts, hide, None
 
 
+def workspace_problem(root: Path, mounts: Mounts | None) -> str | None:
+    """Why agents cannot run as their own uids with their execution folders under `root` (an
+    existing folder; each is bound back writable in `mounts`' namespace): the node is not root,
+    or other users cannot reach such a folder. None: they can."""
+    if os.geteuid() != 0:
+        return (
+            f"isolate_uid: the node runs as uid {os.geteuid()}, not root: agents run as "
+            "this user and can read other workspaces and hidden tests"
+        )
+    probe = root / "execution"
+    view = mounts and msgspec.structs.replace(
+        mounts, writable=(*mounts.writable, os.path.abspath(probe))
+    )
+    closed = closed_to_others(probe, executable=False, mounts=view)
+    if closed is not None:
+        mode = stat.S_IMODE(os.stat(closed).st_mode)
+        return (
+            f"isolate_uid: agents run as root: workspace_root {root} cannot be reached by "
+            f"other users ({closed} has mode {mode:o}); choose one whose parents are "
+            "world-searchable (o+x)"
+        )
+    return None
+
+
 def isolation_refused(problem: str) -> ConfigError:
     """The `ConfigError` of `require_isolation` for `problem` (why an isolation cannot be had):
     it names the key and how to opt out."""
@@ -272,11 +388,15 @@ def isolation_refused(problem: str) -> ConfigError:
     )
 
 
-def check_isolation(config: HarnessConfig) -> None:
+def check_isolation(config: HarnessConfig, *, run_dir: Path) -> None:
     """Preflight of `require_isolation` (true by default): raise `isolation_refused`'s
     `ConfigError` when the node is not root (user namespaces give agents no uid or mount
-    namespace of their own) or cannot build a private mount or network namespace (the harness
-    also refuses a workspace root other users cannot reach, when it is built). No effect when
+    namespace of their own), cannot build a private mount or network namespace, or when the
+    executable of `config.agent_command` (a leading `python` already this interpreter; empty: the
+    reference agent's, this interpreter) or the verifiers' interpreter cannot be reached by
+    other users in the agents' namespace (`reach_refused`: they would run as root), with the run's
+    `run_dir` (absolute) and workspace root hidden as the harness hides them. The harness also
+    refuses a workspace root other users cannot reach, when it is built. No effect when
     `require_isolation` is false."""
     if not config.require_isolation:
         return
@@ -293,6 +413,20 @@ def check_isolation(config: HarnessConfig) -> None:
         raise isolation_refused(
             f"no network namespace for agents ({problem}): they would reach every port of the node"
         )
+    root = Path(config.workspace_root) if config.workspace_root else run_dir / "executions"
+    mounts, hidden, _ = agent_namespace(
+        root, hidden_paths=config.hidden_paths, visible_paths=config.visible_paths, run_dir=run_dir
+    )
+    command = config.agent_command or (sys.executable,)  # the reference agent's (REACT_AGENT)
+    problem = reach_refused(
+        command,
+        path=config.env.get("PATH", os.environ.get("PATH", os.defpath)),
+        mounts=mounts,
+        hidden=hidden,
+        key="tasks.harness.agent_command",
+    )
+    if problem is not None:
+        raise isolation_refused(problem)
 
 
 def sealed_endpoint(base_url: str) -> tuple[Relay, str]:

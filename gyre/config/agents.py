@@ -181,7 +181,8 @@ class HarnessConfig(Config):
     require_isolation: bool = True
     """Refuse to run (one `ConfigError` before anything starts) where `isolate_uid`,
     `isolate_mounts` and `isolate_network` cannot all be had (not root, no CAP_SYS_ADMIN, a
-    workspace root other users cannot reach): a policy that reads hidden tests or reaches the
+    workspace root or an `agent_command` executable other users cannot reach, which would run
+    agents as root): a policy that reads hidden tests or reaches the
     node's ports would be rewarded for it. Without root, user namespaces give agents no uid or
     mount namespace of their own, so a node that is not root refuses. `false` runs agents
     without what is missing: a warning says what, and they see the node's files and ports.

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from gyre.agents.control import ExecutionControl, mint_api_key
@@ -310,11 +311,12 @@ def test_require_isolation_refuses_instead_of_warning(open_dir, monkeypatch, cap
     required, url = HarnessConfig(), "http://127.0.0.1:9/v1"
     relaxed_config = HarnessConfig(require_isolation=False)
     assert required.require_isolation and required == HarnessConfig(require_isolation=True)
-    isolation.check_isolation(relaxed_config)  # not required: never refuses
+    # not required: never refuses
+    isolation.check_isolation(relaxed_config, run_dir=open_dir / "run")
     if (
         mount_namespace_problem() is None
     ):  # root with a mount namespace (here and in CI): nothing to refuse
-        isolation.check_isolation(required)
+        isolation.check_isolation(required, run_dir=open_dir / "run")
         built = Harness.from_config(required, base_url=url, run_dir=open_dir / "ok")
         assert built.isolated and built.mounts is not None
 
@@ -324,7 +326,7 @@ def test_require_isolation_refuses_instead_of_warning(open_dir, monkeypatch, cap
         match=r"^tasks\.harness\.require_isolation: no private mount namespace for agents "
         r"\(no CAP_SYS_ADMIN\)" + opt_out,
     ):
-        isolation.check_isolation(required)
+        isolation.check_isolation(required, run_dir=open_dir / "run")
     with pytest.raises(
         ConfigError,
         match=r"require_isolation: isolate_mounts: no private mount namespace .*CAP_SYS_ADMIN.*"
@@ -343,7 +345,7 @@ def test_require_isolation_refuses_instead_of_warning(open_dir, monkeypatch, cap
         match=r"^tasks\.harness\.require_isolation: the node runs as uid 1000, not root, so "
         r"agents cannot run as their own uids in a mount namespace of their own" + opt_out,
     ):
-        isolation.check_isolation(required)
+        isolation.check_isolation(required, run_dir=open_dir / "run")
     with pytest.raises(
         ConfigError,
         match=r"require_isolation: isolate_uid: the node runs as uid 1000, not root.*" + opt_out,
@@ -372,7 +374,7 @@ def test_require_isolation_refuses_without_a_network_namespace(open_dir, monkeyp
         match=r"require_isolation: no network namespace for agents "
         r"\(no CAP_SYS_ADMIN\): they would reach every port",
     ):
-        isolation.check_isolation(HarnessConfig())
+        isolation.check_isolation(HarnessConfig(), run_dir=open_dir / "run")
     with pytest.raises(
         ConfigError,
         match=r"require_isolation: isolate_network: no network "
@@ -412,7 +414,7 @@ async def test_the_main_jobs_agent_starts_sealed(tmp_path: Path, server, bridge)
     assert harness_config.require_isolation and config.tasks.suites == (
         "examples/tasks/learnable-long",
     )
-    check_isolation(harness_config)
+    check_isolation(harness_config, run_dir=tmp_path / "run")
     first = load_suite(repo / config.tasks.suites[0])[0]
     suite = tmp_path / "learnable-long"  # a copy: the harness tightens its hidden folders
     shutil.copytree(first.path, suite / first.path.name)
@@ -440,3 +442,147 @@ async def test_the_main_jobs_agent_starts_sealed(tmp_path: Path, server, bridge)
     assert base <= uid < base + count
     stats = harness.statistics()
     assert (stats.isolated, stats.sealed, stats.finished) == (1, 1, 1)
+
+
+def unreachable_script(folder: Path, name: str = "agent.sh", mode: int = 0o700) -> Path:
+    """A shell agent at `folder/name` that prints its uid; `mode` 0700: only root may run it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / name
+    script.write_text("#!/bin/sh\nid -u\n")
+    os.chmod(script, mode)
+    return script
+
+
+OPT_OUT = "; set tasks.harness.require_isolation = false to run agents unisolated"
+
+
+def refusal(command: str, executable: Path, why: str) -> str:
+    return (
+        f"tasks.harness.require_isolation: {command}: its executable {executable} cannot be "
+        f"reached by other users ({why}), so its agent would run as root; make it reachable "
+        "(e.g. a venv outside /root) or show it with tasks.harness.visible_paths"
+    )
+
+
+def test_an_agent_executable_other_users_cannot_reach_is_refused_before_the_run(open_dir):
+    """Under `require_isolation` an agent command that could only run as root (its executable
+    unreachable by agent uids in their namespace: its mode, or under `hidden_paths`) is one
+    `ConfigError` from the preflight and from the harness, naming both keys and the path;
+    `visible_paths` is a fix; with `require_isolation = false` nothing is refused."""
+    from gyre.agents.isolation import check_isolation
+    from gyre.config import HarnessConfig
+    from gyre.errors import ConfigError
+    from gyre.sandbox import network_namespace_problem
+
+    if mount_namespace_problem() is not None or network_namespace_problem() is not None:
+        pytest.skip("no mount or network namespace here: the preflight refuses earlier")
+    url, run_dir = "http://127.0.0.1:9/v1", open_dir / "run"
+    closed = unreachable_script(open_dir / "bin")  # 0700: others can neither read nor run it
+    config = HarnessConfig(agent_command=(str(closed),))
+    expected = refusal("tasks.harness.agent_command", closed, f"{closed} has mode 700") + OPT_OUT
+    with pytest.raises(ConfigError) as refused:
+        check_isolation(config, run_dir=run_dir)
+    assert str(refused.value) == expected
+    with pytest.raises(ConfigError) as refused:
+        Harness.from_config(config, base_url=url, run_dir=run_dir)
+    assert str(refused.value) == expected
+    waived = msgspec.structs.replace(config, require_isolation=False)
+    check_isolation(waived, run_dir=run_dir)
+
+    # 0755, but in a folder hidden on purpose: /tmp (private to each agent) shows nothing of it
+    hidden = unreachable_script(open_dir / "tools", mode=0o755)
+    config = HarnessConfig(agent_command=(str(hidden),), hidden_paths=(str(hidden.parent),))
+    with pytest.raises(ConfigError) as refused:
+        check_isolation(config, run_dir=run_dir)
+    why = "/tmp is hidden in the agents' mount namespace"
+    assert str(refused.value) == refusal("tasks.harness.agent_command", hidden, why) + OPT_OUT
+    shown = msgspec.structs.replace(config, visible_paths=(str(hidden),))
+    check_isolation(shown, run_dir=run_dir)
+    assert Harness.from_config(shown, base_url=url, run_dir=run_dir).isolated
+
+
+async def test_an_execution_whose_own_command_is_unreachable_fails_and_nothing_runs_as_root(
+    open_dir: Path, server
+) -> None:
+    """A command given to one execution (`Harness.run(agent_command=...)`) that other users
+    cannot reach: under `require_isolation` that execution is `failed`, its reason naming the
+    path, and nothing of it runs (no folder, no process); it is counted and the next one runs."""
+    task = load_task(
+        make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 30.0\n", tests=TESTS)
+    )
+    harness = Harness(
+        base_url=server.base_url,
+        workspace_root=open_dir / "executions",
+        agent_uid_base=UID_BASE,
+        agent_uid_count=64,
+    )
+    assert harness.require_isolation and harness.isolated
+    marker = open_dir / "ran"
+    closed = unreachable_script(open_dir / "bin")
+    closed.write_text(f"#!/bin/sh\nid -u > {marker}\n")
+    outcome = await harness.run(task, "closed", agent_command=[str(closed)])
+    assert outcome.termination == "failed" and outcome.score is None
+    assert outcome.failure_reason == (
+        refusal("the agent command", closed, f"{closed} has mode 700") + "; it did not run"
+    )
+    assert not marker.exists() and not harness.execution_dir("closed").exists()
+    stats = harness.statistics()
+    assert (stats.running, stats.failed, stats.isolated) == (0, 1, 0)
+
+    control = ExecutionControl(
+        refresh=lambda c: c.observe_totals(model_calls=1, completion_tokens=1)
+    )
+    script = (
+        "import os; open('out.txt', 'w').write('mine'); open('secret.txt', 'w').write('x'); "
+        "print(os.getuid())"
+    )
+    after = await harness.run(
+        task, "after", agent_command=[PYTHON, "-I", "-c", script], control=control
+    )
+    assert after.termination == "finished" and after.score.score == 1.0
+    assert UID_BASE <= int(after.stdout_tail) < UID_BASE + 64
+    stats = harness.statistics()
+    assert (stats.finished, stats.failed, stats.isolated) == (1, 1, 1)
+
+
+async def test_with_isolation_waived_an_unreachable_agent_runs_as_root_with_a_warning(
+    open_dir: Path, server, caplog: pytest.LogCaptureFixture
+) -> None:
+    task = load_task(
+        make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 30.0\n", tests=TESTS)
+    )
+    harness = Harness(
+        base_url=server.base_url,
+        workspace_root=open_dir / "executions",
+        agent_uid_base=UID_BASE,
+        agent_uid_count=64,
+        require_isolation=False,
+    )
+    closed = unreachable_script(open_dir / "bin")
+    with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
+        outcome = await harness.run(task, "waived", agent_command=[str(closed)])
+    assert outcome.stdout_tail.strip() == "0"  # it ran, as root
+    assert "before its first model call" in outcome.failure_reason
+    assert caplog.messages == [
+        f"isolate_uid: agents run as root: {closed} cannot be reached by other users "
+        f"({closed} has mode 700)"
+    ]
+    assert harness.statistics().isolated == 0
+
+
+def test_unreachable_executable_by_mode_bits_and_relative_commands(tmp_path, monkeypatch):
+    """Without a namespace, mode bits of the node's tree decide (pytest's tmp_path lies under a
+    0700 folder of root); a relative command with a slash runs from the agent's own workspace,
+    so what the node's working folder holds under that name is not judged."""
+    from gyre.agents.isolation import unreachable_executable
+
+    closed = unreachable_script(tmp_path, mode=0o755)
+    # the first folder from / down that others cannot pass: /tmp/pytest-of-root, 0700
+    folder = next(f for f in reversed(closed.parents) if not os.stat(f).st_mode & stat.S_IXOTH)
+    mode = stat.S_IMODE(os.stat(folder).st_mode)
+    assert unreachable_executable([str(closed)], os.defpath, None, ()) == (
+        f"{closed} cannot be reached by other users ({folder} has mode {mode:o})"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert unreachable_executable(["./agent.sh"], os.defpath, None, ()) is None
+    assert unreachable_executable(["sh", "-c", "true"], os.defpath, None, ()) is None
