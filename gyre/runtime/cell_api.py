@@ -85,6 +85,7 @@ class CellAPI:
         self.stop = asyncio.Event()
         self._inflight: set[str] = set()  # generate requests being streamed
         self.streams = DeltaStreams()
+        self._posts = [0, 0]  # `POST /generate` batches, the requests in them
         self.roles = CellRoles(self._engine, self._inflight)
 
     def _health(self) -> Health:
@@ -120,37 +121,41 @@ class CellAPI:
             return _error(exc)
 
     async def generate(self, request: web.Request) -> web.Response:
+        """`POST /generate`: start a batch of `StreamedGenerate`, all on open streams (else none
+        is started: 503). Each request's refusal (role, engine, validation) is the first and only
+        frame of its tag on its stream, before any delta."""
         try:
-            sreq = await self._decode(request, StreamedGenerate)
-            req = sreq.request
+            batch = await self._decode(request, list[StreamedGenerate])
+            for item in batch:
+                self.streams.check_open(item.stream)
+        except GyreError as exc:
+            return _error(exc)
+        self._posts[0] += 1
+        self._posts[1] += len(batch)
+        for item in batch:
+            self._start(item)
+        return _ok()
+
+    def _start(self, item: StreamedGenerate) -> None:
+        req = item.request
+        try:
             if self.roles.role != "rollout":
                 raise EngineUnavailableError(
                     f"cell is in role {self.roles.role!r}; request {req.request_id!r} refused"
                 )
-            self.streams.check_open(sreq.stream)
             engine = self._engine()
-            stream = engine.generate(req)
-            self._inflight.add(req.request_id)
-            try:
-                first = await anext(
-                    stream
-                )  # validation errors surface here, before any byte is sent
-                self.streams.start(
-                    sreq.stream,
-                    sreq.tag,
-                    req.request_id,
-                    stream,
-                    first,
-                    engine.abort,
-                    lambda: self._inflight.discard(req.request_id),
-                )
-            except BaseException:
-                self._inflight.discard(req.request_id)
-                await stream.aclose()
-                raise
-            return _ok()
         except GyreError as exc:
-            return _error(exc)
+            self.streams.refuse(item.stream, item.tag, exc)
+            return
+        self._inflight.add(req.request_id)
+        self.streams.start(
+            item.stream,
+            item.tag,
+            req.request_id,
+            engine.generate(req),  # validation errors come at its first step, as a frame
+            engine.abort,
+            lambda: self._inflight.discard(req.request_id),
+        )
 
     async def abort(self, request: web.Request) -> web.Response:
         try:
@@ -231,6 +236,8 @@ class CellAPI:
             streams_open=self.streams.open,
             stream_writes=self.streams.writes,
             stream_frames=self.streams.frames,
+            generate_posts=self._posts[0],
+            generate_requests=self._posts[1],
             **roles.counts,
         )
 
@@ -314,8 +321,9 @@ def cell_app(cell: CellAPI) -> web.Application:
     GET  /health        Health (503 while starting, 500 if the engine failed to start)
     GET  /stream?id=ID  the client's delta stream: length-prefixed FrameBatches, one per
                         engine step
-    POST /generate      StreamedGenerate -> {} once its first delta is on the stream (or the
-                        error)
+    POST /generate      list[StreamedGenerate] -> {} once started (503 and none started when
+                        one names a stream not open); each request's deltas, or its
+                        refusal, go out on its stream
     POST /abort         AbortRequest -> list[Completion] (tokens so far)
     POST /load_weights  LoadWeightsRequest -> {} once the new version serves
     POST /export_kv     ExportKVRequest -> KVExport (503 when the engine has no KV connector)

@@ -43,7 +43,7 @@ from gyre.errors import (
     WeightSyncError,
     error_from_code,
 )
-from gyre.runtime.cell_inbox import DeltaInbox
+from gyre.runtime.cell_inbox import DeltaInbox, Outbox
 from gyre.runtime.cell_process import (
     CellProcess,
     _cpu_binding,
@@ -56,6 +56,7 @@ from gyre.runtime.cell_wire import (
     CellStatistics,
     CheckpointRequest,
     ExportKVRequest,
+    Frame,
     FrameBatch,
     FrameReader,
     LoadWeightsRequest,
@@ -135,6 +136,7 @@ class CellClient:
         self._stream_id: str | None = None  # the open delta stream
         self._stream_lock: anyio.Lock | None = None
         self._inboxes: dict[int, DeltaInbox] = {}  # by request tag
+        self._outbox = Outbox()
         self._tags = itertools.count()
 
     async def __aenter__(self) -> CellClient:
@@ -149,6 +151,7 @@ class CellClient:
         self._stream_lock = anyio.Lock()
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
+        self._tasks.start_soon(self._post_requests)
         try:
             await self.refresh_statistics()
         except BaseException as exc:
@@ -160,7 +163,7 @@ class CellClient:
         tasks, self._tasks = self._tasks, None
         try:
             if tasks is not None:
-                tasks.cancel_scope.cancel()  # the stream reader, which never raises
+                tasks.cancel_scope.cancel()  # the stream reader and the poster: neither raises
                 # not handed the body's exception: trio's nursery would wrap it in a group
                 await tasks.__aexit__(None, None, None)
         finally:
@@ -188,6 +191,21 @@ class CellClient:
             raise EngineUnavailableError(f"cell {self.base_url} {path}: {exc!r}") from None
         _raise_for(response, response.content)
         return response.content
+
+    async def _post_requests(self) -> None:
+        """Post the queued generate requests, every one queued at each wake-up in one
+        `POST /generate`; a refused or failed post fails its requests (their consumers left
+        already are not posted)."""
+        while True:
+            batch = [i for i in await self._outbox.wait_batch() if i[0].tag in self._inboxes]
+            try:
+                if batch:
+                    body = [request for request, _ in batch]
+                    await self._post("/generate", body, self.config.request_timeout_s)
+            except GyreError as exc:
+                error = WireError(code=exc.code, message=str(exc))
+                for request, inbox in batch:
+                    inbox.put(Frame(error=error, tag=request.tag))
 
     async def _open_stream(self) -> str:
         """The ID of the open delta stream; opens it (starts its reader) if there is none."""
@@ -245,15 +263,7 @@ class CellClient:
         deadline = time.monotonic() + self.config.request_timeout_s
         ended = False  # nothing of the request is left in the cell: no abort needed
         try:
-            try:
-                await self._post(
-                    "/generate",
-                    StreamedGenerate(stream=stream_id, tag=tag, request=request),
-                    self.config.request_timeout_s,
-                )
-            except GyreError:
-                ended = True  # refused (validation, pause, role) or unreachable
-                raise
+            self._outbox.put(StreamedGenerate(stream=stream_id, tag=tag, request=request), inbox)
             while pending:
                 try:
                     deltas, failure = await inbox.wait_deltas(deadline, request.request_id)

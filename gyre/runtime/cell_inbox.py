@@ -1,6 +1,10 @@
-"""The node's end of a cell's delta stream, per request: `DeltaInbox`.
+"""The node's end of a cell's delta stream: `DeltaInbox` (per request) and `Outbox` (per client).
 
-`CellClient`'s stream reader puts each `Frame` of a request (or the error that lost the stream) in
+`Outbox` queues the generate requests a client has yet to post; its poster takes every request
+queued at each wake-up and posts them in one `POST /generate` (the requests that arrive while it
+is in flight wait for the next), so a burst of requests costs one HTTP exchange, not one each
+(each was a TCP connection: httpx keeps none alive, see `CellClient`). `CellClient`'s stream
+reader puts each `Frame` of a request (or the error that lost the stream) in
 its inbox without a checkpoint; the request's `generate` takes every frame queued at each wake-up
 and hands its deltas on merged (`cell_wire.merge_deltas`: one delta per choice, never across a
 finish), so a consumer slower than the engine costs one task hop per wake-up, not one per engine
@@ -17,9 +21,9 @@ import anyio
 
 from gyre.engines.protocol import TokenDelta
 from gyre.errors import EngineUnavailableError, GyreError, error_from_code
-from gyre.runtime.cell_wire import Frame, merge_deltas
+from gyre.runtime.cell_wire import Frame, StreamedGenerate, merge_deltas
 
-__all__ = ["DeltaInbox"]
+__all__ = ["DeltaInbox", "Outbox"]
 
 
 class DeltaInbox:
@@ -64,3 +68,35 @@ class DeltaInbox:
                 return merge_deltas(deltas), error_from_code(frame.error.code, frame.error.message)
             deltas.append(frame.delta)
         return merge_deltas(deltas), None
+
+
+class Outbox:
+    """Generate requests waiting to be posted, with the inbox each one's frames go to."""
+
+    __slots__ = ("_items", "_wake")
+
+    def __init__(self) -> None:
+        self._items: list[tuple[StreamedGenerate, DeltaInbox]] = []
+        self._wake: anyio.Event | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, request: StreamedGenerate, inbox: DeltaInbox) -> None:
+        """Queue `request` and wake the poster; never blocks."""
+        self._items.append((request, inbox))
+        if self._wake is not None:
+            self._wake.set()
+            self._wake = None
+
+    async def wait_batch(self) -> list[tuple[StreamedGenerate, DeltaInbox]]:
+        """Wait until a request is queued, then take every request queued for the stream of the
+        first one, in order (a request for another stream, opened after the first was lost, waits
+        for the next batch)."""
+        if not self._items:
+            self._wake = anyio.Event()
+            await self._wake.wait()
+        stream = self._items[0][0].stream
+        batch = [item for item in self._items if item[0].stream == stream]
+        self._items = [item for item in self._items if item[0].stream != stream]
+        return batch

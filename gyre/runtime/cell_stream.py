@@ -1,12 +1,14 @@
 """The cell's end of the delta stream: one long-lived response per client carries all its requests.
 
 Owns `DeltaStreams`. A client opens `GET /stream?id=<id>` once and keeps it; each `POST /generate`
-(`StreamedGenerate`) is answered after validation (the error, before anything was streamed) or
-with `{}` once its first delta is queued, and from then on the request's deltas go out on that
-client's stream as `Frame`s tagged with the client's tag. Each write is one `FrameBatch`: every
-delta that became ready in the same engine step, for all the client's requests, so a step costs
-one frame, one syscall and one client wake-up, not one per request. A stream that breaks aborts
-its requests in the engine. Knows nothing about routes, roles or the engine behind `generate`.
+(a batch of `StreamedGenerate`: every request the client queued meanwhile) is answered `{}` once
+its requests started, and from then on each request's frames go out on that client's stream
+tagged with the client's tag: its deltas, or the error that refused or ended it (a validation
+error is its first and only frame, so the client sees it before any delta). Each write is one
+`FrameBatch`: every delta that became ready in the same engine step, for all the client's
+requests, so a step costs one frame, one syscall and one client wake-up, not one per request. A
+stream that breaks aborts its requests in the engine. Knows nothing about routes, roles or the
+engine behind `generate`.
 """
 
 from __future__ import annotations
@@ -118,20 +120,27 @@ class DeltaStreams:
         tag: int,
         request_id: str,
         deltas: AsyncIterator[TokenDelta],
-        first: TokenDelta,
         abort: Callable[[str], Awaitable[object]],
         done: Callable[[], None],
     ) -> None:
-        """Stream `first` and the rest of `deltas` on `stream_id` as request `tag`.
+        """Stream `deltas` on `stream_id` as request `tag` (an error it raises, a validation
+        error at its first step included, as the request's last frame).
         `abort(request_id)` frees the engine when the stream goes away first; `done()` runs when
         the request has ended either way. Raises `EngineUnavailableError` if the stream is not
         open."""
         self.check_open(stream_id)
         stream = self._streams[stream_id]
         stream.pumps[tag] = asyncio.create_task(
-            _pump(stream, tag, request_id, deltas, first, abort, done),
+            _pump(stream, tag, request_id, deltas, abort, done),
             name=f"stream {stream_id} {request_id}",
         )
+
+    def refuse(self, stream_id: str, tag: int, error: GyreError) -> None:
+        """Answer request `tag` on `stream_id` with `error` as its only frame. Raises
+        `EngineUnavailableError` if the stream is not open."""
+        self.check_open(stream_id)
+        error_frame = Frame(error=WireError(code=error.code, message=str(error)), tag=tag)
+        self._streams[stream_id].put(error_frame)
 
     def close_all(self) -> None:
         """End every stream (cell shutdown); their requests are cancelled and aborted."""
@@ -140,9 +149,8 @@ class DeltaStreams:
             stream.ready.set()
 
 
-async def _pump(stream: _Stream, tag: int, request_id: str, deltas, first, abort, done) -> None:
+async def _pump(stream: _Stream, tag: int, request_id: str, deltas, abort, done) -> None:
     try:
-        stream.put(Frame(delta=first, tag=tag))
         async for delta in deltas:
             stream.put(Frame(delta=delta, tag=tag))
     except GyreError as exc:

@@ -100,8 +100,9 @@ class WireError(msgspec.Struct, frozen=True):
 
 
 class StreamedGenerate(msgspec.Struct, frozen=True, kw_only=True):
-    """`POST /generate`: run `request`, streaming its deltas on the client's open `/stream`
-    `stream`, each `Frame` tagged `tag` (unique per stream; request IDs may repeat)."""
+    """One request of a `POST /generate` batch (a list of them): run `request`, streaming its
+    deltas on the client's open `/stream` `stream`, each `Frame` tagged `tag` (unique per stream;
+    request IDs may repeat)."""
 
     stream: str
     tag: int
@@ -216,6 +217,10 @@ class CellStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """`FrameBatch` writes on all delta streams since start."""
     stream_frames: int = 0
     """Frames in those writes (`stream_frames / stream_writes`: requests served per write)."""
+    generate_posts: int = 0
+    """`POST /generate` batches received since start."""
+    generate_requests: int = 0
+    """Requests in them (`generate_requests / generate_posts`: requests per post)."""
 
 
 def _enc_hook(obj: object) -> object:
@@ -240,6 +245,7 @@ _decoders: dict[type, msgspec.msgpack.Decoder] = {
     for t in (
         GenerateRequest,
         StreamedGenerate,
+        list[StreamedGenerate],
         FrameBatch,
         AbortRequest,
         LoadWeightsRequest,

@@ -455,7 +455,7 @@ async def test_a_consumer_that_leaves_aborts_and_a_lost_stream_aborts_all(steppe
             assert refused.status_code == 405
             async with anyio.create_task_group() as tg:
                 body = encode(
-                    StreamedGenerate(stream="raw", tag=1, request=req("orphan", max_tokens=5))
+                    [StreamedGenerate(stream="raw", tag=1, request=req("orphan", max_tokens=5))]
                 )
                 tg.start_soon(functools.partial(http.post, "/generate", content=body))
                 await wait_for(lambda: engine.waiting == 1)
@@ -464,7 +464,7 @@ async def test_a_consumer_that_leaves_aborts_and_a_lost_stream_aborts_all(steppe
         engine.advance()  # its next write finds the client gone
         await wait_for(lambda: "orphan" in engine.aborted)
         unknown = await http.post(
-            "/generate", content=encode(StreamedGenerate(stream="gone", tag=1, request=req("x")))
+            "/generate", content=encode([StreamedGenerate(stream="gone", tag=1, request=req("x"))])
         )
         assert unknown.status_code == 503 and b"no open delta stream" in unknown.content
 
@@ -506,3 +506,57 @@ async def test_a_consumer_behind_the_engine_gets_the_steps_it_missed_as_one_delt
         )
     ]
     assert engine.aborted == []
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_burst_of_requests_is_posted_in_one_batch(stepped_cell) -> None:
+    """8 requests made together cost one `POST /generate` (each was an HTTP exchange and a TCP
+    connection of its own), and each still gets its own tokens."""
+    engine, cell, url = stepped_cell
+    got: dict[int, list] = {}
+    async with CellClient(url, CONFIG) as client:
+        await client._open_stream()
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+
+                async def one(i=i) -> None:
+                    got[i] = await collect(client, req(f"b{i}", max_tokens=2))
+
+                tg.start_soon(one)
+            for step in range(2):
+                await wait_for(lambda: engine.waiting == 8)
+                engine.advance()
+                await wait_for(lambda: cell.streams.frames >= 8 * (step + 1))  # noqa: B023
+    assert [(c.token_ids, c.finish_reason) for i in range(8) for c in got[i]] == [
+        ([5, 6], "length")
+    ] * 8
+    stats = cell.cell_statistics()
+    assert (stats.generate_posts, stats.generate_requests) == (1, 8)
+
+
+async def test_a_refused_request_fails_alone_and_before_any_delta(engine) -> None:
+    """Requests posted in one batch: the one that fails validation gets its own typed error (the
+    first frame of its tag, before any delta) and the others run."""
+    await engine._open_stream()
+    results: dict[str, object] = {}
+
+    async def one(request: GenerateRequest) -> None:
+        deltas = []
+        try:
+            async for d in engine.generate(request):
+                deltas.append(d)
+        except InvalidRequestError as exc:
+            results[request.request_id] = (deltas, str(exc))
+        else:
+            results[request.request_id] = [d.token_ids for d in deltas if d.token_ids]
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, req("good-a", max_tokens=3))
+        tg.start_soon(one, req("bad", prompt=[5, 2000]))
+        tg.start_soon(one, req("good-b", max_tokens=3))
+    deltas, message = results["bad"]
+    assert deltas == [] and "2000" in message
+    ref = ScriptedEngine(max_model_len=64)
+    for rid in ("good-a", "good-b"):
+        [c] = await collect(ref, req(rid, max_tokens=3))
+        assert sum(results[rid], []) == c.token_ids
