@@ -43,7 +43,7 @@ from gyre.errors import (
     WeightSyncError,
     error_from_code,
 )
-from gyre.runtime.cell_inbox import DeltaInbox, Outbox
+from gyre.runtime.cell_inbox import DeltaInbox, Outbox, expire_inboxes
 from gyre.runtime.cell_process import (
     CellProcess,
     _cpu_binding,
@@ -152,6 +152,7 @@ class CellClient:
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
         self._tasks.start_soon(self._post_requests)
+        self._tasks.start_soon(expire_inboxes, self._inboxes, self.config.request_timeout_s)
         try:
             await self.refresh_statistics()
         except BaseException as exc:
@@ -163,7 +164,7 @@ class CellClient:
         tasks, self._tasks = self._tasks, None
         try:
             if tasks is not None:
-                tasks.cancel_scope.cancel()  # the stream reader and the poster: neither raises
+                tasks.cancel_scope.cancel()  # reader, poster, deadlines: none raises
                 # not handed the body's exception: trio's nursery would wrap it in a group
                 await tasks.__aexit__(None, None, None)
         finally:
@@ -254,19 +255,18 @@ class CellClient:
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
         # No cancel scope spans a `yield` (a consumer may resume this generator from another
-        # task): each wait is bounded by the request's deadline. Each wake-up takes every frame
-        # queued for the request and yields the consecutive deltas of a choice as one.
+        # task): each wait is bounded by the request's deadline (`expire_inboxes`). Each wake-up
+        # takes every frame queued for the request and yields a choice's consecutive deltas as one.
         stream_id = await self._open_stream()
         tag = next(self._tags)
-        inbox = self._inboxes[tag] = DeltaInbox()
+        inbox = self._inboxes[tag] = DeltaInbox(time.monotonic() + self.config.request_timeout_s)
         pending = set(range(request.sampling.n))
-        deadline = time.monotonic() + self.config.request_timeout_s
         ended = False  # nothing of the request is left in the cell: no abort needed
         try:
             self._outbox.put(StreamedGenerate(stream=stream_id, tag=tag, request=request), inbox)
             while pending:
                 try:
-                    deltas, failure = await inbox.wait_deltas(deadline, request.request_id)
+                    deltas, failure = await inbox.wait_deltas(request.request_id)
                 except TimeoutError:
                     ended = True
                     await self._abort_quietly(request.request_id)

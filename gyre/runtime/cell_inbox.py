@@ -4,13 +4,14 @@
 queued at each wake-up and posts them in one `POST /generate` (the requests that arrive while it
 is in flight wait for the next), so a burst of requests costs one HTTP exchange, not one each
 (each was a TCP connection: httpx keeps none alive, see `CellClient`). `CellClient`'s stream
-reader puts each `Frame` of a request (or the error that lost the stream) in
-its inbox without a checkpoint; the request's `generate` takes every frame queued at each wake-up
-and hands its deltas on merged (`cell_wire.merge_deltas`: one delta per choice, never across a
-finish), so a consumer slower than the engine costs one task hop per wake-up, not one per engine
-step. A plain list and one `anyio.Event` per wait: an anyio memory stream builds a task record on
-every blocking `receive` (about a tenth of the node's CPU at 32 requests, measured 2026-12-04).
-Knows nothing about HTTP or what the frames carry beyond `Frame`.
+reader puts each `Frame` of a request (or the error that lost the stream) in its inbox without a
+checkpoint; the request's `generate` takes every frame queued at each wake-up and hands its deltas
+on merged (`cell_wire.merge_deltas`: one delta per choice, never across a finish), so a consumer
+slower than the engine costs one task hop per wake-up, not one per engine step. A plain list and
+one `anyio.Event` per wait: an anyio memory stream builds a task record on every blocking
+`receive` (about a tenth of the node's CPU at 32 requests, measured 2026-12-04). Request deadlines
+are kept by one task per client (`expire_inboxes`), not a cancel scope per wait (12-15 us each, one
+per request and engine step). Knows nothing about HTTP or what the frames carry beyond `Frame`.
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ from gyre.engines.protocol import TokenDelta
 from gyre.errors import EngineUnavailableError, GyreError, error_from_code
 from gyre.runtime.cell_wire import Frame, StreamedGenerate, merge_deltas
 
-__all__ = ["DeltaInbox", "Outbox"]
+__all__ = ["DeltaInbox", "Outbox", "expire_inboxes"]
 
 
 class DeltaInbox:
-    """The frames of one request not yet taken by its consumer, and the wake-up it waits on."""
+    """The frames of one request not yet taken by its consumer, the wake-up it waits on, and its
+    `deadline` (`time.monotonic()` seconds)."""
 
-    __slots__ = ("_frames", "_wake")
+    __slots__ = ("deadline", "_frames", "_wake")
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
         self._frames: list[Frame | GyreError] = []
         self._wake: anyio.Event | None = None
 
@@ -39,23 +42,24 @@ class DeltaInbox:
         """Queue `frame` (a `GyreError`: the stream was lost) and wake the consumer; never
         blocks."""
         self._frames.append(frame)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the consumer if it waits (`expire_inboxes` at the deadline)."""
         if self._wake is not None:
             self._wake.set()
             self._wake = None
 
-    async def wait_deltas(
-        self, deadline: float, request_id: str
-    ) -> tuple[list[TokenDelta], GyreError | None]:
-        """Wait until a frame is queued (at most until `deadline`, `time.monotonic()` seconds),
-        then take every frame queued: the deltas before the first error frame, merged per choice
-        (`merge_deltas`), and that error (None if none; frames after it are dropped). A lost
-        stream's error becomes `EngineUnavailableError` naming `request_id`. Raises `TimeoutError`
-        past `deadline`, even with frames queued."""
-        if not self._frames:
+    async def wait_deltas(self, request_id: str) -> tuple[list[TokenDelta], GyreError | None]:
+        """Wait until a frame is queued, then take every frame queued: the deltas before the first
+        error frame, merged per choice (`merge_deltas`), and that error (None if none; frames
+        after it are dropped). A lost stream's error becomes `EngineUnavailableError` naming
+        `request_id`. Raises `TimeoutError` once `deadline` has passed, even with frames queued;
+        a consumer waiting then is woken by `expire_inboxes`."""
+        if not self._frames and time.monotonic() < self.deadline:
             self._wake = anyio.Event()
-            with anyio.fail_after(max(deadline - time.monotonic(), 0.0)):
-                await self._wake.wait()
-        elif time.monotonic() > deadline:
+            await self._wake.wait()
+        if time.monotonic() >= self.deadline:
             raise TimeoutError
         frames, self._frames = self._frames, []
         deltas: list[TokenDelta] = []
@@ -100,3 +104,19 @@ class Outbox:
         batch = [item for item in self._items if item[0].stream == stream]
         self._items = [item for item in self._items if item[0].stream != stream]
         return batch
+
+
+async def expire_inboxes(inboxes: dict[int, DeltaInbox], timeout_s: float) -> None:
+    """Wake each inbox of `inboxes` whose deadline has passed, in time; runs until cancelled.
+    Every inbox's deadline is its creation time plus the same `timeout_s` and `inboxes` is in
+    creation order (a dict filled as requests start), so the first inbox has the earliest
+    deadline: one timer for all requests, re-armed at most once per request."""
+    while True:
+        now = time.monotonic()
+        wake_at = now + timeout_s  # no request yet: a new one's deadline is later than this
+        for inbox in inboxes.values():
+            if inbox.deadline > now:
+                wake_at = inbox.deadline
+                break
+            inbox.wake()
+        await anyio.sleep(max(wake_at - time.monotonic(), 0.0))

@@ -560,3 +560,29 @@ async def test_a_refused_request_fails_alone_and_before_any_delta(engine) -> Non
     for rid in ("good-a", "good-b"):
         [c] = await collect(ref, req(rid, max_tokens=3))
         assert sum(results[rid], []) == c.token_ids
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_request_past_its_deadline_times_out_and_is_aborted(stepped_cell) -> None:
+    """A request whose engine stops stepping ends with `EngineTimeoutError` at
+    `request_timeout_s` (the client's deadline task wakes it), and the cell is told to abort it;
+    a request after it still runs."""
+    from gyre.errors import EngineTimeoutError
+
+    engine, cell, url = stepped_cell
+    config = EngineConfig(backend="scripted", max_model_len=64, request_timeout_s=0.5)
+    async with CellClient(url, config) as client:
+        start = time.monotonic()
+        with pytest.raises(EngineTimeoutError, match="request_timeout_s=0.5"):
+            await collect(client, req("stuck", max_tokens=3))
+        assert 0.5 <= time.monotonic() - start < 5
+        assert engine.aborted == ["stuck"]
+        async with anyio.create_task_group() as tg:
+
+            async def after() -> None:
+                [c] = await collect(client, req("after", max_tokens=1))
+                assert c.token_ids == [5]
+
+            tg.start_soon(after)
+            await wait_for(lambda: engine.waiting == 2)  # "stuck" too: it ends as abort now
+            engine.advance()

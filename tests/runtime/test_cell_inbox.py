@@ -1,5 +1,6 @@
 """The node's end of a cell's delta stream: merging a request's queued deltas (`merge_deltas`)
-and its inbox (`DeltaInbox`: every queued frame per wake-up, errors typed, the deadline)."""
+and its inbox (`DeltaInbox`: every queued frame per wake-up, errors typed, the deadline kept by
+`expire_inboxes`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from gyre.engines.protocol import TokenDelta
 from gyre.errors import ContextLengthError, EngineUnavailableError
-from gyre.runtime.cell_inbox import DeltaInbox
+from gyre.runtime.cell_inbox import DeltaInbox, expire_inboxes
 from gyre.runtime.cell_wire import Frame, WireError, merge_deltas
 
 
@@ -84,43 +85,57 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_inbox_hands_every_queued_frame_merged_in_one_wake_up() -> None:
-    inbox = DeltaInbox()
+    inbox = DeltaInbox(time.monotonic() + 5)
     for t in (1, 2, 3):
         inbox.put(Frame(delta=delta(ids=[t], versions=[t]), tag=9))
-    deltas, failure = await inbox.wait_deltas(time.monotonic() + 5, "r")
+    deltas, failure = await inbox.wait_deltas("r")
     assert failure is None
     assert [(d.token_ids, d.versions) for d in deltas] == [([1, 2, 3], [1, 2, 3])]
 
 
 async def test_inbox_wakes_its_waiter_and_times_out_at_the_deadline() -> None:
-    inbox = DeltaInbox()
+    inboxes = {0: DeltaInbox(time.monotonic() + 5)}
     got = []
 
-    async def consume() -> None:
-        got.append(await inbox.wait_deltas(time.monotonic() + 5, "r"))
+    async def consume(tag: int) -> None:
+        try:
+            got.append((tag, await inboxes[tag].wait_deltas("r")))
+        except TimeoutError:
+            got.append((tag, "timeout", time.monotonic() >= inboxes[tag].deadline))
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(consume)
+        tg.start_soon(expire_inboxes, inboxes, 0.2)
+        tg.start_soon(consume, 0)
         await anyio.sleep(0.01)
-        inbox.put(Frame(delta=delta(ids=[8]), tag=0))
-    assert got == [([delta(ids=[8])], None)]
-    with pytest.raises(TimeoutError):
-        await inbox.wait_deltas(time.monotonic() + 0.01, "r")
+        inboxes[0].put(Frame(delta=delta(ids=[8]), tag=0))
+        await anyio.sleep(0.01)
+        assert got == [(0, ([delta(ids=[8])], None))]
+        # requests started one after the other, each with the client's timeout of 0.2 s
+        for tag in (1, 2):
+            inboxes[tag] = DeltaInbox(time.monotonic() + 0.2)
+            tg.start_soon(consume, tag)
+            await anyio.sleep(0.05)
+        with anyio.fail_after(5):
+            while len(got) < 3:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert got[1:] == [(1, "timeout", True), (2, "timeout", True)]
+    inbox = DeltaInbox(time.monotonic() - 1)
     inbox.put(Frame(delta=delta(ids=[9]), tag=0))
     with pytest.raises(TimeoutError):  # past its deadline even with a frame queued
-        await inbox.wait_deltas(time.monotonic() - 1, "r")
+        await inbox.wait_deltas("r")
 
 
 async def test_inbox_errors_come_after_the_deltas_before_them_and_keep_their_type() -> None:
-    inbox = DeltaInbox()
+    inbox = DeltaInbox(time.monotonic() + 5)
     inbox.put(Frame(delta=delta(ids=[1]), tag=0))
     inbox.put(Frame(error=WireError(code=ContextLengthError.code, message="too long"), tag=0))
     inbox.put(Frame(delta=delta(ids=[2]), tag=0))  # after the error: dropped
-    deltas, failure = await inbox.wait_deltas(time.monotonic() + 5, "r")
+    deltas, failure = await inbox.wait_deltas("r")
     assert [d.token_ids for d in deltas] == [[1]]
     assert isinstance(failure, ContextLengthError) and str(failure) == "too long"
     inbox.put(EngineUnavailableError("cell x lost the delta stream"))
-    deltas, failure = await inbox.wait_deltas(time.monotonic() + 5, "exec/call-3")
+    deltas, failure = await inbox.wait_deltas("exec/call-3")
     assert deltas == []
     assert isinstance(failure, EngineUnavailableError)
     assert str(failure) == "cell x lost the delta stream (request 'exec/call-3')"
