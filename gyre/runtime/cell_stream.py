@@ -7,7 +7,10 @@ tagged with the client's tag: its deltas, or the error that refused or ended it 
 error is its first and only frame, so the client sees it before any delta). Each write is one
 `FrameBatch`: every delta that became ready in the same engine step, for all the client's
 requests, so a step costs one frame, one syscall and one client wake-up, not one per request. A
-stream that breaks aborts its requests in the engine. Knows nothing about routes, roles or the
+stream that breaks aborts its requests in the engine. Measured 2026-12-04 (py-spy, 32 requests x
+64 tokens on 2 cores): the cell's main process spends about 0.1 CPU-s a round, mostly vLLM's
+output processing and the per-request tasks; its socket writes are a third of its samples, but as
+wall time pre-empted by the node it wakes, not CPU. Knows nothing about routes, roles or the
 engine behind `generate`.
 """
 
