@@ -5,7 +5,9 @@ stalled cell) and the decision between migrating and recomputing: `ContinuationP
 the target runs and the prefill it redoes), `RecomputeContinuation` (prefill prompt + tokens so
 far) and `MigrateContinuation` (the source exports the KV, the target loads it, recompute when that
 fails or the export was computed with other weights than the target serves), with its
-`MigrationRecord` / `MigrationStatistics`.
+`MigrationRecord` / `MigrationStatistics`. A migration counts only once the target's attempt
+reported that it loaded the KV (`release` gets its final delta's `cached_tokens`); a target that
+prefilled instead (its KV folder is not the source's: another host) is a missed import, recomputed.
 
 Knows nothing about cells, roles or routing (the router picks source and target), nor how an
 engine moves KV (`KVTransferEngine.export_kv` / `release_kv`; vLLM's side is
@@ -59,7 +61,9 @@ class Continuation(Protocol):
     2. `prepare` gets the continuation request (prompt = original prompt + tokens so far) and the
        target cell; it returns a request that makes `target` load the carried KV, or recomputes.
        Errors: `EngineError` from either engine fails the attempt (retried like any other failure).
-    3. `release` runs (shielded) once the attempt that ran the plan ended: free what was exported.
+    3. `release` runs (shielded) once the attempt that ran the plan ended, with the prompt tokens
+       its final delta reported cached (`TokenDelta.cached_tokens`, None when it reported none):
+       free what was exported, and return how many tokens of KV the target loaded from it.
     """
 
     async def leave(self, request: GenerateRequest, *, source: InferenceEngine) -> object: ...
@@ -73,7 +77,9 @@ class Continuation(Protocol):
         carried: object = None,
     ) -> ContinuationPlan: ...
 
-    async def release(self, plan: ContinuationPlan, *, target: InferenceEngine) -> None: ...
+    async def release(
+        self, plan: ContinuationPlan, *, target: InferenceEngine, cached_tokens: int | None
+    ) -> int: ...
 
 
 class RecomputeContinuation:
@@ -92,8 +98,10 @@ class RecomputeContinuation:
     ) -> ContinuationPlan:
         return ContinuationPlan(request=request, tokens_recomputed=len(request.prompt_ids))
 
-    async def release(self, plan: ContinuationPlan, *, target: InferenceEngine) -> None:
-        return None
+    async def release(
+        self, plan: ContinuationPlan, *, target: InferenceEngine, cached_tokens: int | None
+    ) -> int:
+        return 0
 
 
 class MigrationRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,6 +110,7 @@ class MigrationRecord(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     """The continuation attempt's request ID (`{request}@{choice}.{attempt}`)."""
     outcome: Literal["migrated", "recomputed"]
+    """`migrated` once the target's attempt reported the exported tokens cached (at `release`)."""
     sequence_tokens: int
     """Prompt + tokens so far: the context the target continues from."""
     tokens_moved: int
@@ -109,19 +118,24 @@ class MigrationRecord(msgspec.Struct, frozen=True, kw_only=True):
     export_s: float
     """Seconds spent exporting on the source (0 when no export was tried)."""
     reason: str | None = None
-    """Why it was recomputed (export failed or timed out, weights differ, ...); None when
-    migrated."""
+    """Why it was recomputed (export failed or timed out, weights differ, the target did not load
+    the export, ...); None when migrated."""
 
 
 class MigrationStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Counters of a `MigrateContinuation` (docs/style.md rule 6)."""
 
     migrated: int
-    """Continuations whose target loads the exported KV."""
+    """Continuations whose target loaded the exported KV: its attempt's final delta reported at
+    least the export's tokens cached."""
     recomputed: int
-    """Continuations that fell back to recompute."""
+    """Continuations that fell back to recompute (`imports_missed` included)."""
+    imports_missed: int
+    """Continuations handed an export that their target did not load: it reported fewer cached
+    tokens than the export holds, or none (it prefilled instead: e.g. its KV folder is not the
+    source's, or its attempt ended first). Recovered from: recomputed, counted."""
     tokens_moved: int
-    """Tokens of KV handed to targets."""
+    """Tokens of KV targets loaded."""
     export_s_total: float
     """Seconds spent in exports (successful or not)."""
     export_s_max: float
@@ -146,7 +160,10 @@ class MigrateContinuation:
     export (no `KVTransferEngine`, no connector, dead, paused), the export fails or exceeds
     `export_timeout_s`, the target is no `KVTransferEngine`, or the export was computed with other
     weights than the target serves now (`exports_stale`; should the target's weights change after
-    this check, the target engine itself refuses the import and prefills). An export whose
+    this check, the target engine itself refuses the import and prefills). A plan that hands the
+    target an export counts as migrated only when `release` learns the target loaded it (its
+    attempt's `cached_tokens` >= the export's tokens); otherwise as a missed import, recomputed
+    (`imports_missed`: a target whose folder is not the source's prefills quietly). An export whose
     continuation never ran is deleted by the store's lease (`KVTransferConfig.lease_s`).
 
     Args:
@@ -174,6 +191,7 @@ class MigrateContinuation:
         self._counts = dict(
             migrated=0,
             recomputed=0,
+            imports_missed=0,
             tokens_moved=0,
             exports_failed=0,
             exports_stale=0,
@@ -225,16 +243,7 @@ class MigrateContinuation:
                     f"export computed with weight version {carried.weight_version}, "
                     f"target at {target.statistics().weight_version}"
                 )
-            else:
-                self._record(
-                    MigrationRecord(
-                        request_id=request.request_id,
-                        outcome="migrated",
-                        sequence_tokens=n,
-                        tokens_moved=carried.tokens,
-                        export_s=export_s,
-                    )
-                )
+            else:  # recorded by `release`, once the target's attempt says whether it loaded it
                 return ContinuationPlan(
                     request=msgspec.structs.replace(request, kv_import=carried),
                     tokens_recomputed=n - carried.tokens,
@@ -254,11 +263,48 @@ class MigrateContinuation:
         )
         return ContinuationPlan(request=request, tokens_recomputed=n)
 
-    async def release(self, plan: ContinuationPlan, *, target: InferenceEngine) -> None:
-        """Delete the plan's export (bounded by `release_timeout_s`); failures are counted, and
-        the store's lease deletes the export later."""
-        if plan.export is not None:
-            await self._delete(plan.export, target)
+    async def release(
+        self, plan: ContinuationPlan, *, target: InferenceEngine, cached_tokens: int | None
+    ) -> int:
+        """Record whether the target loaded the plan's export and delete it (bounded by
+        `release_timeout_s`; a failed delete is counted and left to the store's lease).
+
+        Args:
+            cached_tokens: prompt tokens the target's attempt reported served from cache (its
+                final delta's `cached_tokens`), None when it reported none.
+        Returns the tokens of KV the target loaded: the export's tokens when `cached_tokens`
+        covers them, else 0 (no export in the plan, or a missed import, counted).
+        """
+        export = plan.export
+        if export is None:
+            return 0
+        loaded = cached_tokens is not None and cached_tokens >= export.tokens
+        n = len(plan.request.prompt_ids)
+        if loaded:
+            record = MigrationRecord(
+                request_id=plan.request.request_id,
+                outcome="migrated",
+                sequence_tokens=n,
+                tokens_moved=export.tokens,
+                export_s=export.seconds,
+            )
+        else:
+            self._counts["imports_missed"] += 1
+            record = MigrationRecord(
+                request_id=plan.request.request_id,
+                outcome="recomputed",
+                sequence_tokens=n,
+                tokens_moved=0,
+                export_s=export.seconds,
+                reason=(
+                    f"target did not load the export: {cached_tokens} prompt tokens cached, "
+                    f"the export holds {export.tokens} (another KV folder than the source's, "
+                    "or its attempt ended first)"
+                ),
+            )
+        self._record(record)
+        await self._delete(export, target)
+        return record.tokens_moved
 
     async def _delete(self, export: KVExport, target: InferenceEngine) -> None:
         if not isinstance(target, KVTransferEngine):

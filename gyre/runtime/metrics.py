@@ -74,6 +74,9 @@ class StepMetrics(msgspec.Struct, frozen=True, kw_only=True, tag="step"):
     """Model calls whose caller went away before their end (aborted on the cells); -1 as above."""
     aborts_failed: int = -1
     """Aborts a cell refused or did not answer (the cell was marked down); -1 as above."""
+    migrations_missed: int = -1
+    """Redirects handed a KV export that their target did not load (it prefilled instead: its KV
+    folder is not the source's); -1 as above."""
     suspensions: int = -1
     """Executions suspended during the step (`gyre.runtime.suspension`: their cell left rollout
     and no rollout cell that stays had room); -1 as above."""

@@ -159,6 +159,7 @@ class RedirectStatistics(msgspec.Struct, frozen=True, kw_only=True):
     tokens_recomputed: int
     requests_migrated: int
     tokens_migrated: int
+    migrations_missed: int
     aborts_failed: int
     redirect_latency_s_mean: float
     """Mean time from a choice leaving its member to its first token on the next one, seconds."""
@@ -203,6 +204,7 @@ class Redirector(Generic[M]):
             tokens_recomputed=0,
             requests_migrated=0,
             tokens_migrated=0,
+            migrations_missed=0,
             aborts_failed=0,
         )
         self._latency_total_s = 0.0
@@ -292,9 +294,6 @@ class Redirector(Generic[M]):
                         carried = None
                         sub = plan.request
                         self._counts["tokens_recomputed"] += plan.tokens_recomputed
-                        if plan.tokens_loaded:
-                            self._counts["requests_migrated"] += 1
-                            self._counts["tokens_migrated"] += plan.tokens_loaded
                     await self._run_leg(state, choice, leg, sub, first=attempt == 0)
                 except EngineError as exc:  # from the continuation strategy: a failed attempt
                     leg.error = exc
@@ -311,7 +310,10 @@ class Redirector(Generic[M]):
                 member.legs_changed.notify()
                 if plan is not None:
                     with anyio.CancelScope(shield=True):
-                        await self.continuation.release(plan, target=member.engine)
+                        loaded = await self.continuation.release(
+                            plan, target=member.engine, cached_tokens=leg.cached
+                        )
+                    self._count_migration(plan, loaded)
             attempt += 1
             source, avoid = member.engine, None
             if leg.finish in ("stop", "length"):
@@ -343,6 +345,16 @@ class Redirector(Generic[M]):
                 )
             avoid = member
 
+    def _count_migration(self, plan: ContinuationPlan, loaded: int) -> None:
+        """Count a continuation as migrated only when its target loaded the KV (`loaded` tokens,
+        from `Continuation.release`); one handed an export it did not load prefilled it."""
+        if loaded:
+            self._counts["requests_migrated"] += 1
+            self._counts["tokens_migrated"] += loaded
+        elif plan.tokens_loaded:
+            self._counts["migrations_missed"] += 1
+            self._counts["tokens_recomputed"] += plan.tokens_loaded
+
     # -- attempts -------------------------------------------------------------------------------
 
     async def _run_leg(
@@ -373,6 +385,7 @@ class Redirector(Generic[M]):
                                 )
                                 if delta.finish_reason is not None:
                                     leg.finish = delta.finish_reason
+                                    leg.cached = delta.cached_tokens
                                     if first:
                                         choice.cached = delta.cached_tokens
                     except EngineError as exc:

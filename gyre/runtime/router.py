@@ -72,9 +72,13 @@ class RouterStatistics(EngineStatistics, frozen=True, kw_only=True):
     """Prompt + carried tokens the continuations' cells prefilled again (before prefix-cache
     hits)."""
     requests_migrated: int = 0
-    """Continuations whose cell loaded the KV exported by the cell the choice left."""
+    """Continuations whose cell loaded the KV exported by the cell the choice left (its final
+    delta reported the exported tokens cached)."""
     tokens_migrated: int = 0
     """Tokens of KV those continuations loaded instead of prefilling."""
+    migrations_missed: int = 0
+    """Continuations handed an export that their cell did not load (it prefilled instead: e.g.
+    its KV folder is not the source's); their tokens count in `tokens_recomputed`."""
     redirect_latency_s_mean: float = 0.0
     """Mean time from a choice leaving its cell to its first token on the next one, seconds."""
     redirect_latency_s_max: float = 0.0

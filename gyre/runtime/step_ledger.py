@@ -80,8 +80,12 @@ class RuntimeStatistics(msgspec.Struct, frozen=True, kw_only=True):
     redirections: int
     """Requests moved off a cell that left rollout or went down (`Router` statistics)."""
     migrations: int
-    """Redirected requests whose KV cache moved with them instead of being recomputed."""
+    """Redirected requests whose KV cache moved with them instead of being recomputed (their
+    target reported loading it)."""
     tokens_migrated: int
+    migrations_missed: int = 0
+    """Redirected requests handed an export that their target did not load: recomputed instead
+    (e.g. its KV folder is not the source's)."""
     tokens_recomputed: int
     """Tokens prefilled again on the target of a redirect."""
     suspensions: int = 0
@@ -225,6 +229,7 @@ def runtime_statistics(rt: Any) -> RuntimeStatistics:
         redirections=router.requests_redirected,
         migrations=router.requests_migrated,
         tokens_migrated=router.tokens_migrated,
+        migrations_missed=router.migrations_missed,
         tokens_recomputed=router.tokens_recomputed,
         suspensions=rt.suspension.suspensions,
         resumptions=rt.suspension.resumptions,
@@ -259,6 +264,7 @@ def _recovered(router: RouterStatistics) -> dict[str, int]:
         "requests_retried": router.requests_retried,
         "requests_abandoned": router.requests_abandoned,
         "aborts_failed": router.aborts_failed,
+        "migrations_missed": router.migrations_missed,
         "suspensions": router.holds,
     }
 

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from gyre.config import KVTransferConfig, RouterConfig, config_from_dict
@@ -112,11 +113,24 @@ def greedy(rid: str, prompt: list[int], max_tokens: int | None = None) -> Genera
     )
 
 
+class WatchedMigrate(MigrateContinuation):
+    """`MigrateContinuation` that notes the context length of each continuation it plans (a
+    migration is recorded only once its attempt ended, too late for `switch_midway`)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.planned: list[int] = []
+
+    async def prepare(self, request: GenerateRequest, **kwargs):
+        self.planned.append(len(request.prompt_ids))
+        return await super().prepare(request, **kwargs)
+
+
 async def switch_midway(
     router: Router,
     request: GenerateRequest,
     after,
-    migrate: MigrateContinuation,
+    migrate: WatchedMigrate,
     *,
     k: int = SWITCH_AFTER,
     keep: int | None = KEEP,
@@ -133,8 +147,8 @@ async def switch_midway(
         lps += delta.logprobs
         if moved is None and len(ids) >= k:
             moved = await after()
-        elif moved and keep is not None and not aborted and migrate.statistics().records:
-            carried = migrate.statistics().records[-1].sequence_tokens - len(request.prompt_ids)
+        elif moved and keep is not None and not aborted and migrate.planned:
+            carried = migrate.planned[-1] - len(request.prompt_ids)
             if len(ids) >= carried + keep:
                 aborted = True
                 await router.abort(request.request_id)
@@ -169,7 +183,7 @@ async def test_migrated_request_equals_uninterrupted_run(cells, shared_dir, cont
     async with await client(cell_a) as a, await client(cell_b) as b:
         for attempt in range(TRIES):
             before = await b.refresh_statistics()
-            migrate = MigrateContinuation()
+            migrate = WatchedMigrate()
             async with Router(
                 {"a": a, "b": b}, roles={"b": "train"}, continuation=migrate
             ) as router:
@@ -443,7 +457,7 @@ async def test_source_that_dies_falls_back_to_recompute(cells, shared_dir) -> No
     prompt = tokens(2_000, seed=7)
     async with await client(cell_a) as a, await client(cell_b) as b:
         before = await b.refresh_statistics()
-        migrate = MigrateContinuation()
+        migrate = WatchedMigrate()
         config = RouterConfig(abort_timeout_s=20.0, max_retries=0)
         async with Router(
             {"a": a, "b": b}, roles={"b": "train"}, continuation=migrate, config=config
@@ -475,13 +489,17 @@ async def test_source_that_dies_falls_back_to_recompute(cells, shared_dir) -> No
 
 class ExportingEngine(ScriptedEngine):
     """A scripted engine with a scripted KV export: `export` says what `export_kv` does
-    ("ok", "fail" or "hang"); released keys are recorded."""
+    ("ok", "fail" or "hang"); released keys are recorded. A request carrying an export reports
+    its tokens cached on its final delta when `loads` (as vLLM does once the connector loaded
+    them), and only its own prefix-cache hits (none) when not: a target whose KV folder is not
+    the source's prefills quietly."""
 
-    def __init__(self, *, export: str = "ok", weight_version: int = 0) -> None:
+    def __init__(self, *, export: str = "ok", weight_version: int = 0, loads: bool = True) -> None:
         super().__init__(
             rule=prefix_rule, vocab_size=64, token_delay_s=0.002, weight_version=weight_version
         )
         self.export = export
+        self.loads = loads
         self.exported: list[list[int]] = []
         self.released: list[str] = []
 
@@ -505,8 +523,15 @@ class ExportingEngine(ScriptedEngine):
         self.released.append(key)
         return True
 
+    async def generate(self, request: GenerateRequest):
+        cached = request.kv_import.tokens if request.kv_import and self.loads else 0
+        async for delta in super().generate(request):
+            if delta.finish_reason is not None:
+                delta = msgspec.structs.replace(delta, cached_tokens=cached)
+            yield delta
 
-async def _switch_once(a, b, migrate: MigrateContinuation, prompt: list[int]):
+
+async def _switch_once(a, b, migrate: WatchedMigrate, prompt: list[int]):
     async with Router({"a": a, "b": b}, roles={"b": "train"}, continuation=migrate) as router:
 
         async def leave_a() -> int:
@@ -529,7 +554,7 @@ async def test_router_migrates_with_an_export_and_releases_it() -> None:
     )
     a, b = ExportingEngine(), ExportingEngine()
     assert isinstance(a, KVTransferEngine)
-    migrate = MigrateContinuation()
+    migrate = WatchedMigrate()
     ids, lps, stats = await _switch_once(a, b, migrate, prompt)
     assert (ids, lps) == (ref.token_ids, ref.logprobs)
     [seq] = a.exported
@@ -542,7 +567,40 @@ async def test_router_migrates_with_an_export_and_releases_it() -> None:
     )
     assert stats.requests_migrated == 1 and stats.tokens_migrated == record.tokens_moved
     assert stats.tokens_recomputed == len(seq) - record.tokens_moved
+    assert stats.migrations_missed == 0 and migrate.statistics().imports_missed == 0
     assert b.released == ["1".zfill(32)] and migrate.statistics().released == 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_target_that_did_not_load_the_export_is_no_migration() -> None:
+    """Issue 21: across hosts a target whose KV folder is not the source's is handed the export,
+    finds nothing and prefills quietly. Its final delta reports no cached tokens, so the
+    continuation counts as a missed import, recomputed, not as a migration."""
+    prompt = list(range(3, 63)) * 2
+    [ref] = await collect(
+        ScriptedEngine(rule=prefix_rule, vocab_size=64), greedy("ref", prompt, 40)
+    )
+    a, b = ExportingEngine(), ExportingEngine(loads=False)
+    migrate = WatchedMigrate()
+    ids, lps, stats = await _switch_once(a, b, migrate, prompt)
+    assert (ids, lps) == (ref.token_ids, ref.logprobs)
+    [seq] = a.exported
+    [continued] = b.requests_seen
+    assert (
+        continued.kv_import is not None and continued.kv_import.tokens == (len(seq) - 1) // 32 * 32
+    )
+    m = migrate.statistics()
+    [record] = m.records
+    assert (record.outcome, record.tokens_moved) == ("recomputed", 0)
+    assert f"0 prompt tokens cached, the export holds {continued.kv_import.tokens}" in record.reason
+    assert (m.migrated, m.recomputed, m.imports_missed, m.tokens_moved) == (0, 1, 1, 0)
+    assert (stats.requests_redirected, stats.requests_migrated, stats.migrations_missed) == (
+        1,
+        0,
+        1,
+    )
+    assert stats.tokens_migrated == 0 and stats.tokens_recomputed == len(seq)
+    assert b.released == ["1".zfill(32)] and m.released == 1  # the unused export is deleted
 
 
 @pytest.mark.parametrize(
@@ -561,7 +619,7 @@ async def test_router_falls_back_to_recompute_when_migration_cannot_work(
         ScriptedEngine(rule=prefix_rule, vocab_size=64), greedy("ref", prompt, 40)
     )
     a, b = ExportingEngine(**source), ExportingEngine(**target)
-    migrate = MigrateContinuation(export_timeout_s=0.2)
+    migrate = WatchedMigrate(export_timeout_s=0.2)
     ids, lps, stats = await _switch_once(a, b, migrate, prompt)
     assert (ids, lps) == (ref.token_ids, ref.logprobs)
     [record] = migrate.statistics().records

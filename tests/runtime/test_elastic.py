@@ -103,7 +103,13 @@ def check_accounting(runtime, fakes, run_dir: Path) -> list[Counter]:
     assert all(m.pass_rate == 0.5 for m in metrics)
     # the router's recovered failures, per step: they add up to its counters (issue 18)
     router = runtime.router.statistics()
-    for field in ("requests_redirected", "requests_retried", "requests_abandoned", "aborts_failed"):
+    for field in (
+        "requests_redirected",
+        "requests_retried",
+        "requests_abandoned",
+        "aborts_failed",
+        "migrations_missed",
+    ):
         per_step = [getattr(m, field) for m in metrics]
         assert min(per_step) >= 0 and sum(per_step) <= getattr(router, field), (field, per_step)
     return steps

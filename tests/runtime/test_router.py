@@ -803,11 +803,44 @@ async def test_migrate_continuation_never_hands_a_target_kv_of_other_weights() -
     stale = await migrate.prepare(cont, source=None, target=newer, carried=export)
     assert (stale.request.kv_import, stale.tokens_loaded, stale.tokens_recomputed) == (None, 0, 40)
     assert newer.released == [export.key]
-    same = await migrate.prepare(cont, source=None, target=KVTarget(3), carried=export)
+    same_target = KVTarget(3)
+    same = await migrate.prepare(cont, source=None, target=same_target, carried=export)
     assert (same.request.kv_import, same.tokens_loaded, same.tokens_recomputed) == (export, 32, 8)
+    # a migration counts once the target's attempt reported the exported tokens cached
+    assert await migrate.release(same, target=same_target, cached_tokens=32) == 32
+    assert same_target.released == [export.key]
     stats = migrate.statistics()
     assert (stats.migrated, stats.recomputed, stats.exports_stale) == (1, 1, 1)
+    assert (stats.imports_missed, stats.tokens_moved) == (0, 32)
     assert "weight version 3, target at 4" in stats.records[0].reason
+
+
+async def test_migrate_continuation_counts_a_target_that_did_not_load_as_recomputed() -> None:
+    """Issue 21: the target was handed a 32-token export but reported fewer tokens cached (it
+    prefilled: another KV folder), or none (its attempt ended first): a missed import, not a
+    migration; the export is deleted either way."""
+    export = KVExport(
+        key="cd" * 16, tokens=32, sequence_tokens=40, bytes=0, weight_version=3, seconds=0.5
+    )
+    cont = request("e/1@0.1", list(range(40)), 8)
+    migrate = MigrateContinuation()
+    target = KVTarget(3)
+    for cached in (16, None):
+        plan = await migrate.prepare(cont, source=None, target=target, carried=export)
+        assert plan.tokens_loaded == 32
+        assert await migrate.release(plan, target=target, cached_tokens=cached) == 0
+    assert target.released == [export.key] * 2
+    stats = migrate.statistics()
+    assert (stats.migrated, stats.recomputed, stats.imports_missed, stats.tokens_moved) == (
+        0,
+        2,
+        2,
+        0,
+    )
+    first, second = stats.records
+    assert first.outcome == second.outcome == "recomputed" and first.export_s == 0.5
+    assert "16 prompt tokens cached, the export holds 32" in first.reason
+    assert "None prompt tokens cached" in second.reason
 
 
 async def test_the_proxy_records_one_call_across_a_redirect() -> None:
