@@ -86,8 +86,10 @@ class KVTransferConfig(Config):
     """`example` only: the folder every cell of the run shares. Empty (the default): a folder of
     the run's own, `/dev/shm/gyre-kv-<random>` (under the system's temporary folder where there
     is no /dev/shm), made before the run's cells start and removed when they stop, on error too
-    (`gyre.engines.kv_transport.open_kv_folder`); so concurrent runs never share one. A path is
-    used as given and left in place (its expired exports are swept)."""
+    (`gyre.engines.kv_transport.open_kv_folder`); so concurrent runs never share one. The run
+    holds a lock file in it, and a folder whose run was killed (kill -9) is removed when the next
+    run makes its own beside it. A path is used as given and left in place (its expired exports
+    are swept)."""
     lease_s: float = 120.0
     """`example`: an export not released by then is deleted by the next export or release on any
     cell. `nixl`: how long the source keeps an export's blocks for the target to pull."""

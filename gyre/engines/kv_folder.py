@@ -8,7 +8,10 @@ another key, so a cached export is never found for a request of another version.
 marker holding v, written after the export request finished, makes it loadable
 (`mark_complete`, `complete_version`), so a half-written export is never read; `release` deletes
 one, `sweep` deletes those older than the lease. `run_folder` makes the folder of one run's
-exports (in host memory, /dev/shm) and removes it when the run ends. Used by the connector inside
+exports (in host memory, /dev/shm) and removes it when the run ends; its owner holds a lock file
+in it (`OWNER_LOCK`, `fcntl.flock`) for as long as it keeps it, so a folder whose owner was killed
+(kill -9: the kernel drops the lock) is removed by the next one made beside it
+(`sweep_run_folders`). Used by the connector inside
 vLLM's processes (`gyre.engines.kv_connector`) and by the engine side
 (`gyre.engines.kv_transport.FolderTransport`).
 
@@ -17,10 +20,13 @@ Knows nothing about vLLM, requests or engines: only token IDs, keys and files.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,8 +41,11 @@ __all__ = [
     "VERSION_PARAM",
     "COMPLETE",
     "RUN_FOLDER_PREFIX",
+    "OWNER_LOCK",
+    "RunFolder",
     "make_run_folder",
     "run_folder",
+    "sweep_run_folders",
     "version_salt",
     "stored_tokens",
     "export_key",
@@ -58,17 +67,59 @@ COMPLETE = "complete"
 """Marker file of an export that may be loaded."""
 RUN_FOLDER_PREFIX = "gyre-kv-"
 """Name prefix of a run's own folder (`make_run_folder`)."""
+OWNER_LOCK = ".owner.lock"
+"""The lock file in a run's own folder: its owner holds an exclusive `fcntl.flock` on it for as
+long as it keeps the folder; the text records the owner (pid, host, when it was made)."""
 _KEY = re.compile(r"[0-9a-f]{32,64}")
 _SHM = Path("/dev/shm")
+logger = logging.getLogger(__name__)
 
 
-def make_run_folder(parent: str | Path | None = None) -> Path:
+class RunFolder:
+    """A run's own KV folder and its owner's lock on it (`make_run_folder`).
+
+    Attributes:
+        path: the folder, `<parent>/gyre-kv-<random>`.
+    """
+
+    def __init__(self, path: Path, lock_fd: int) -> None:
+        self.path = path
+        self._lock_fd: int | None = lock_fd
+
+    def remove(self) -> None:
+        """Delete the folder with every export in it, then let go of the lock; idempotent."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def make_run_folder(parent: str | Path | None = None) -> RunFolder:
     """A new, empty folder of its own for one run's exports, `<parent>/gyre-kv-<random>` (mode
-    0700); `parent` defaults to /dev/shm (host memory) and, where that is no writable folder, to
-    the system's temporary folder. The caller removes it (`run_folder` does)."""
+    0700), locked by this process (`OWNER_LOCK`) until `RunFolder.remove` or its exit; `parent`
+    defaults to /dev/shm (host memory) and, where that is no writable folder, to the system's
+    temporary folder. First removes the run folders in `parent` whose owner is gone
+    (`sweep_run_folders`). The caller removes the new one (`run_folder` does). Raises `OSError`
+    when `parent` cannot hold it."""
     if parent is None:
         parent = _SHM if _SHM.is_dir() and os.access(_SHM, os.W_OK) else tempfile.gettempdir()
-    return Path(tempfile.mkdtemp(prefix=RUN_FOLDER_PREFIX, dir=parent))
+    swept = sweep_run_folders(parent)
+    if swept:
+        logger.info("removed %d KV folder(s) of dead runs in %s", swept, parent)
+    path = Path(tempfile.mkdtemp(prefix=RUN_FOLDER_PREFIX, dir=parent))
+    # locked before it gets its name, so a sweep never finds the lock file unheld
+    tmp = path / f".owner.{os.getpid()}"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        owner = f"pid={os.getpid()} host={socket.gethostname()} made={time.time():.3f}\n"
+        os.write(fd, owner.encode())
+        os.replace(tmp, path / OWNER_LOCK)
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return RunFolder(path, fd)
 
 
 @contextmanager
@@ -77,9 +128,40 @@ def run_folder(parent: str | Path | None = None) -> Iterator[Path]:
     with every export in it, when the block ends, on an error too."""
     folder = make_run_folder(parent)
     try:
-        yield folder
+        yield folder.path
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        folder.remove()
+
+
+def sweep_run_folders(parent: str | Path) -> int:
+    """Remove the run folders (`gyre-kv-*`) in `parent` whose owner is gone: their `OWNER_LOCK`
+    exists and no process holds it (one killed with SIGKILL left its folder; the kernel dropped
+    its lock). Keeps every folder whose lock is held (a live run's), every one without a lock
+    file (a folder given by a user, or being made) and every one this process cannot open;
+    returns how many were removed (0 when `parent` does not exist)."""
+    try:
+        entries = list(os.scandir(parent))
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for entry in entries:
+        if not entry.name.startswith(RUN_FOLDER_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            fd = os.open(os.path.join(entry.path, OWNER_LOCK), os.O_RDWR | os.O_CLOEXEC)
+        except OSError:  # no lock file, or another user's folder
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its run is alive
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        finally:
+            os.close(fd)
+        removed += 1
+    return removed
 
 
 def version_salt(weight_version: int) -> str:

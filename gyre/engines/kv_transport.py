@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -394,8 +393,11 @@ def open_kv_folder(
 ) -> Iterator[EngineConfig]:
     """`config` with its run's KV folder, for as long as the block runs: with connector `example`
     and no `shared_dir`, a new folder of its own under `parent` (default /dev/shm:
-    `kv_folder.run_folder`) that the block's cells share, removed with its exports when the block
-    ends, on an error too; any other config (a path given, `none`, `nixl`) as it is."""
+    `kv_folder.run_folder`) that the block's cells share, locked by this process and removed with
+    its exports when the block ends, on an error too; making it first removes the folders in
+    `parent` of runs that died without removing theirs (`kv_folder.sweep_run_folders`: their lock
+    is held by no process; a live run's and a folder given as `shared_dir` are kept). Any other
+    config (a path given, `none`, `nixl`) as it is."""
     if not _needs_folder(config):
         yield config
         return
@@ -403,7 +405,7 @@ def open_kv_folder(
         yield _with_folder(config, folder)
 
 
-_process_folder: Path | None = None
+_process_folder: kv_folder.RunFolder | None = None
 
 
 def cell_kv_config(config: EngineConfig) -> EngineConfig:
@@ -411,14 +413,15 @@ def cell_kv_config(config: EngineConfig) -> EngineConfig:
     given, except an `example` folder left empty (a cell spawned outside `open_kv_folder`: by a
     test, a benchmark or by hand), which becomes this process's own folder, one for every cell it
     spawns (so they can migrate between each other), made on first use and removed when the
-    process exits."""
+    process exits (locked by it meanwhile, so a later sweep removes it if the process is
+    killed)."""
     global _process_folder
     if not _needs_folder(config):
         return config
     if _process_folder is None:
         _process_folder = kv_folder.make_run_folder()
-        atexit.register(shutil.rmtree, _process_folder, ignore_errors=True)
-    return _with_folder(config, _process_folder)
+        atexit.register(_process_folder.remove)
+    return _with_folder(config, _process_folder.path)
 
 
 def _free_port() -> int:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +100,61 @@ def test_migration_is_on_by_default_in_a_folder_of_each_runs_own(tmp_path: Path)
     with open_kv_folder(EngineConfig(), tmp_path) as shared:  # cells on several hosts: run_dir
         assert Path(shared.kv_transfer.shared_dir).parent == tmp_path
     assert list(tmp_path.iterdir()) == []
+
+
+_OWNER = """
+import sys, time
+from gyre.engines import kv_folder
+folder = kv_folder.make_run_folder(sys.argv[1])
+print(folder.path, flush=True)
+if sys.argv[2] == "die":
+    import os, signal
+    os.kill(os.getpid(), signal.SIGKILL)  # as a node killed with kill -9: nothing cleans up
+sys.stdin.read()  # alive, holding the folder's lock, until the test closes stdin
+"""
+
+
+def owner_process(parent: Path, mode: str) -> tuple[subprocess.Popen, Path]:
+    """Another process that makes a run folder in `parent`, then dies by SIGKILL ("die") or
+    keeps it until its stdin closes ("live"); returns (the process, its folder)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(parent), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_a_new_run_folder_sweeps_those_of_dead_runs_only(tmp_path: Path) -> None:
+    """Issue 21: a node killed with kill -9 leaves its folder behind. The next folder made beside
+    it removes it (its lock is held by no process); a live run's folder (its lock held by another
+    process), a folder given as `shared_dir` (no lock file) and other folders are kept."""
+    live, live_folder = owner_process(tmp_path, "live")
+    try:  # the dead run's sweep, when it made its folder, kept the live one
+        dead, dead_folder = owner_process(tmp_path, "die")
+        assert dead.wait(30) == -signal.SIGKILL
+        for folder in (dead_folder, live_folder):
+            assert folder.parent == tmp_path and (folder / kv_folder.OWNER_LOCK).is_file()
+        assert "pid=" in (dead_folder / kv_folder.OWNER_LOCK).read_text()
+        (dead_folder / ("0" * 32)).mkdir()  # an export the dead run left
+        given = tmp_path / f"{kv_folder.RUN_FOLDER_PREFIX}given"  # a user's shared_dir
+        given.mkdir()
+        other = tmp_path / "unrelated"
+        other.mkdir()
+        with open_kv_folder(EngineConfig(), tmp_path) as mine:
+            ours = Path(mine.kv_transfer.shared_dir)
+            assert sorted(tmp_path.iterdir()) == sorted([live_folder, ours, given, other])
+            # a sweep while this run lives keeps its folder too (the lock is held in-process)
+            assert kv_folder.sweep_run_folders(tmp_path) == 0 and ours.is_dir()
+        with open_kv_folder(config("example", given), tmp_path) as resolved:
+            assert resolved.kv_transfer.shared_dir == str(given)  # given: nothing made or swept
+    finally:
+        live.stdin.close()
+        assert live.wait(30) == 0
+    assert live_folder.is_dir()  # it exited without removing it: its lock is free now
+    assert kv_folder.sweep_run_folders(tmp_path) == 1
+    assert sorted(tmp_path.iterdir()) == sorted([given, other])
 
 
 def test_a_given_folder_or_another_connector_is_kept_as_it_is(tmp_path: Path) -> None:
