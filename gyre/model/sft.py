@@ -30,6 +30,13 @@ prompt and tools; batches of one kind, that prefix forwarded once): 160 chains x
 and 480 x 1 (240 steps, loss 0.13) learn the chain's format (read, write or delegate, the
 summary, finish) but not to copy the note's word into the call (held-out greedy: `stone` for
 `maple`, `ligar` for `tiger`): held-out pass rate 0% on the real engines, so RL has no reward.
+Longer (2026-12-04, `offline_chain_eval` on the suite's first 12 chains, greedy / 2 x T=1, pass
+rate and mean reward): 960 chains x 2 epochs at 3e-3 (960 steps, final loss 0.064, 1833 s on a
+loaded machine): 0% / 0%, reward 0.00 / 0.03; `learnable` first (3072 x 4 at 3e-3, slip 0, 1536
+steps, which alone copies the instruction's word and path) then the 240 chain steps above:
+0% / 0%, reward 0.04 / 0.03. Both keep the format (11-12 calls, delegate, compaction, finish)
+and write a word of an earlier note or a wrong file (`cloud` to `a.txt` for `answer.txt`): the
+2-layer, 128-wide model does not pick the latest of several similar notes in a chain.
 
 Shape suffix legend: `T` packed tokens, `N` loss positions, `H` hidden size.
 """
