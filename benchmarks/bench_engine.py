@@ -10,8 +10,11 @@ client through gyre's `TitoProxy` + that cell, against vLLM's own OpenAI server
 
 Writes benchmarks/results/engine.json: tokens/s per concurrency (1, 8, 32), `overhead_ratio_<n>` =
 gyre time / direct time (medians of `--repeats`; goal <= 1.10), `proxy_vs_vllm_server_ratio_32`
-(goal <= 1.15; None with `vllm_server_error` when that server cannot start), and the scheduling
-facts the cell path depends on: `sched_autogroup_enabled` and `cells_share_node_sched_group`.
+(goal <= 1.15; None with `vllm_server_error` when that server cannot start), how much the cell's
+wire batched (`stream_frames_per_write`, `generate_requests_per_post`), the CPU seconds per batch
+of 32 of the processes on each path (`direct_process_cpu_s_32`, `gyre_node_cpu_s_32`,
+`gyre_cell_cpu_s_32`; steadier than wall time on a shared machine), and the scheduling facts
+the cell path depends on: `sched_autogroup_enabled` and `cells_share_node_sched_group`.
 
 Run: .venv/bin/python -m benchmarks.bench_engine [--repeats 5] [--max-tokens 64]
 """
@@ -32,7 +35,7 @@ import anyio
 import httpx
 
 from benchmarks.common import print_table, summarize, write_result
-from gyre.config import EngineConfig, ModelConfig
+from gyre.config import EngineConfig, KVTransferConfig, ModelConfig
 from gyre.engines import GenerateRequest, SamplingParams, collect
 
 CONCURRENCY = (1, 8, 32)
@@ -85,19 +88,39 @@ async def _gyre(engine, prompts: list[list[int]], max_tokens: int, tag: str) -> 
     return total
 
 
+def _cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system, all threads) used so far by this process, or by `pid`."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _measure(
-    run, prompts, repeats: int, max_tokens: int, out: dict[int, list[float]], tag: str
-) -> None:
+    run,
+    prompts,
+    repeats: int,
+    max_tokens: int,
+    out: dict[int, list[float]],
+    tag: str,
+    cpu: dict[str, int | None] | None = None,
+) -> dict[str, float]:
     """Warm `run` at every concurrency, then time `repeats` batches at each into `out[n]`
-    (seconds)."""
+    (seconds). Returns the CPU seconds per batch at the highest concurrency of each process in
+    `cpu` (name -> pid, None: this one), less noisy than wall time on a shared machine."""
     for n in CONCURRENCY:
         await run(prompts[:n], f"warm-{tag}{n}")
+    used: dict[str, float] = {}
     for n in CONCURRENCY:
+        if n == CONCURRENCY[-1]:
+            used = {name: -_cpu_s(pid) for name, pid in (cpu or {}).items()}
         for r in range(repeats):
             t0 = time.perf_counter()
             tokens = await run(prompts[:n], f"{tag}{n}-{r}")
             out[n].append(time.perf_counter() - t0)
             assert tokens == n * max_tokens, tokens
+    return {name: (s + _cpu_s((cpu or {})[name])) / repeats for name, s in used.items()}
 
 
 def _autogroup(pid: int) -> str | None:
@@ -291,7 +314,9 @@ async def main_async(repeats: int, max_tokens: int) -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     model_config = ModelConfig(seed=0)
     model_dir = init_model_dir(root / "model", model_config)
-    config = EngineConfig(max_model_len=1024)
+    # no KV connector (on by default since d5aaa60): vLLM's own server below runs without one, and
+    # the direct path would carry it in this process; this measures the transport, not migration
+    config = EngineConfig(max_model_len=1024, kv_transfer=KVTransferConfig(connector="none"))
     prompts = [
         [5 + (7 * i + j) % 500 for j in range(32 + 8 * (i % 4))] for i in range(max(CONCURRENCY))
     ]
@@ -302,13 +327,14 @@ async def main_async(repeats: int, max_tokens: int) -> None:
     # alive, 344 tok/s alone), which no alternation cancels.
     llm = AsyncLLM.from_engine_args(engine_args(str(model_dir), config))
     try:
-        await _measure(
+        direct_cpu = await _measure(
             lambda ps, tag: _direct(llm, ps, max_tokens, tag),
             prompts,
             repeats,
             max_tokens,
             direct_s,
             "d",
+            cpu={"node": None},
         )
     finally:
         llm.shutdown()
@@ -317,13 +343,14 @@ async def main_async(repeats: int, max_tokens: int) -> None:
         url = await anyio.to_thread.run_sync(wait_cell_ready, cell, config.startup_timeout_s)
         groups = sched_groups(cell.process.pid)
         async with CellClient(url, config) as engine:
-            await _measure(
+            gyre_cpu = await _measure(
                 lambda ps, tag: _gyre(engine, ps, max_tokens, tag),
                 prompts,
                 repeats,
                 max_tokens,
                 gyre_s,
                 "g",
+                cpu={"node": None, "cell": cell.process.pid},
             )
             proxy_s = await _proxy_path(
                 engine, model_dir, prompts[:SERVER_CONCURRENCY], repeats, max_tokens
@@ -363,7 +390,17 @@ async def main_async(repeats: int, max_tokens: int) -> None:
     )
     numbers["vllm_server_error"] = server_error
     # request deltas per write on the cell's delta stream (1.0: no batching), over the cell's run
+    # CPU seconds per batch of 32: the direct path's one process (client + AsyncLLM's output
+    # handling) against gyre's node (client) and cell main process (server + AsyncLLM's)
+    top = CONCURRENCY[-1]
+    numbers[f"direct_process_cpu_s_{top}"] = direct_cpu["node"]
+    numbers[f"gyre_node_cpu_s_{top}"] = gyre_cpu["node"]
+    numbers[f"gyre_cell_cpu_s_{top}"] = gyre_cpu["cell"]
     numbers["stream_frames_per_write"] = streamed.stream_frames / max(streamed.stream_writes, 1)
+    # generate requests per `POST /generate` (1.0: one HTTP exchange per request), same run
+    numbers["generate_requests_per_post"] = streamed.generate_requests / max(
+        streamed.generate_posts, 1
+    )
     numbers.update(groups)
     path = write_result(
         "engine",
@@ -378,6 +415,7 @@ async def main_async(repeats: int, max_tokens: int) -> None:
             "repeats": repeats,
             "concurrency": list(CONCURRENCY),
             "dtype": config.dtype,
+            "kv_connector": config.kv_transfer.connector,
             "server_concurrency": SERVER_CONCURRENCY,
         },
         numbers,
