@@ -144,6 +144,10 @@ class CellAPI:
                     f"cell is in role {self.roles.role!r}; request {req.request_id!r} refused"
                 )
             engine = self._engine()
+            if req.request_id in self._inflight:  # its end would drop the running one's entry
+                raise InvalidRequestError(
+                    f"request_id {req.request_id!r} is already running on this cell"
+                )
         except GyreError as exc:
             self.streams.refuse(item.stream, item.tag, exc)
             return

@@ -586,3 +586,26 @@ async def test_a_request_past_its_deadline_times_out_and_is_aborted(stepped_cell
             tg.start_soon(after)
             await wait_for(lambda: engine.waiting == 2)  # "stuck" too: it ends as abort now
             engine.advance()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_duplicate_request_id_is_refused_and_the_running_one_stays_counted(
+    stepped_cell,
+) -> None:
+    """A second request with the ID of a running one is refused before any delta; the running one
+    stays in flight (a role switch still waits for it) and ends with all its tokens."""
+    engine, cell, url = stepped_cell
+    got: dict[str, object] = {}
+    async with CellClient(url, CONFIG) as client, anyio.create_task_group() as tg:
+
+        async def first() -> None:
+            got["first"] = await collect(client, req("same", max_tokens=1))
+
+        tg.start_soon(first)
+        await wait_for(lambda: engine.waiting == 1)
+        with pytest.raises(InvalidRequestError, match="'same' is already running on this cell"):
+            await collect(client, req("same", max_tokens=1))
+        assert cell._inflight == {"same"}
+        engine.advance()
+    [c] = got["first"]
+    assert (c.token_ids, c.finish_reason) == ([5], "length") and cell._inflight == set()
