@@ -322,6 +322,68 @@ def test_an_unprivileged_user_namespace_is_refused_unless_waived(tmp_path):
     assert ran == {"termination": "finished", "score": 1.0, "agent_uid": 1000, "isolated": 0}
 
 
+ROOT_WITHOUT_UIDS = {
+    # root of a user namespace that maps uid 0 alone (a rootless container looks the same)
+    "userns-root": (
+        ["unshare", "--user", "--map-root-user", "--"],
+        "uid 200000 is not mapped in the node's user namespace (/proc/self/uid_map: 0 0 1)",
+    ),
+    # root whose container dropped CAP_SETUID and CAP_SETGID
+    "no-setuid": (
+        ["setpriv", "--bounding-set=-setuid,-setgid", "--inh-caps=-setuid,-setgid", "--"],
+        "cannot run a command as uid 200000: Operation not permitted",
+    ),
+}
+
+
+@pytest.mark.parametrize("wrapper", sorted(ROOT_WITHOUT_UIDS))
+def test_root_that_cannot_switch_to_agent_uids_is_refused_unless_waived(tmp_path, wrapper):
+    """An euid of 0 is not enough: root of a user namespace that does not map the agent uids, or
+    root without CAP_SETUID, passed the preflight, started its cells and failed every execution
+    ("cannot pick an agent uid", "Operation not permitted"). `python -m gyre.node` now refuses
+    before anything is built, naming the keys; waived, the harness warns and an execution runs
+    as the node's user (uid 0) and is scored, instead of failing."""
+    import json
+    import os
+    import shutil
+    import subprocess
+
+    prefix, why = ROOT_WITHOUT_UIDS[wrapper]
+    if os.geteuid() != 0 or shutil.which(prefix[0]) is None:
+        pytest.skip("needs root and util-linux")
+    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip(f"{prefix[0]} cannot make that node here")
+    repo = Path(__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    path = tmp_path / "run.toml"
+    path.write_text(f'run_dir = "{tmp_path / "run"}"\n[model]\npath = "{tmp_path / "model"}"\n')
+    node = [sys.executable, "-m", "gyre.node", "--config", str(path)]
+    done = subprocess.run(
+        [*prefix, *node], capture_output=True, text=True, env=env, cwd=repo, timeout=120
+    )
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        2,
+        "gyre: error: tasks.harness.require_isolation: the node cannot run agents as uids "
+        "200000-204095 (tasks.harness.agent_uid_base, agent_uid_count) and their verifiers' "
+        f"judge as uid 65534: {why}" + OPT_OUT,
+    )
+    assert nothing_built(tmp_path) and not (tmp_path / "run").exists()
+
+    script = [sys.executable, "-c", WAIVED_RUN, str(tmp_path / "waived")]
+    done = subprocess.run(
+        [*prefix, *script], capture_output=True, text=True, env=env, cwd=repo, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    ran = json.loads(done.stdout)
+    assert ran.pop("warnings")[0] == (
+        "isolate_uid: agents run as the node's user: the node cannot run agents as uids "
+        "200000-204095 (tasks.harness.agent_uid_base, agent_uid_count) and their verifiers' "
+        f"judge as uid 65534: {why}"
+    )
+    ran.pop("sealed")
+    assert ran == {"termination": "finished", "score": 1.0, "agent_uid": 0, "isolated": 0}
+
+
 def test_a_run_killed_in_its_first_evaluation_is_a_run(tmp_path):
     """Only the call log exists then (no metrics, no ledger, no checkpoint)."""
     (tmp_path / "run").mkdir()

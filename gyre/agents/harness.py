@@ -195,7 +195,8 @@ class Harness:
             )
         self._suite_hidden: set[str] = set()
         self._suites_seen: set[Path] = set()
-        uid_problem = workspace_problem(root, self.mounts) if isolate_uid else None
+        agent_uids = range(agent_uid_base, agent_uid_base + agent_uid_count)
+        uid_problem = workspace_problem(root, self.mounts, agent_uids) if isolate_uid else None
         net_problem = network_namespace_problem() if isolate_network else None
         if net_problem is not None:
             net_problem = (

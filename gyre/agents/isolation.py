@@ -5,10 +5,11 @@ execution), `agent_namespace` (the mount namespace every agent starts from), `se
 (the one address an agent's network namespace reaches) and `node_sockets`, `check_isolation`
 (the preflight of `require_isolation`), `closed_to_others` and `unreachable_executable` (whether
 a stranger's uid reaches a path, an agent command's executable, as a namespace shows the tree),
-`hand_over` / `hand_back` (an execution's files to the agent's uid and back) and
-`tighten_hidden`. The `Harness` (`gyre.agents.harness`) applies them
-per execution; the mechanics (uids, `Mounts`, `Relay`, namespaces) are `gyre.sandbox`'s. Knows
-nothing about processes' lifetimes, HTTP or tokens; of the proxy only its URL.
+`hand_over` / `hand_back` (an execution's files to the agent's uid and back),
+`tighten_hidden` and `agent_uid_problem` (whether root here can switch to agent uids). The
+`Harness` (`gyre.agents.harness`) applies them per execution; the mechanics (uids, `Mounts`,
+`Relay`, namespaces) are `gyre.sandbox`'s. Knows nothing about processes' lifetimes, HTTP or
+tokens; of the proxy only its URL.
 
 Isolation (`isolate_uid`, when the node runs as root): each agent runs as its own unprivileged uid
 (`agent_uid_base` + a slot held with a lock file while the execution runs, so no two running
@@ -46,11 +47,14 @@ sockets at a path stay as reachable as its files (no mount namespace).
 `require_isolation` (true by default) refuses, with one `ConfigError` naming the key and the
 opt-out (`isolation_refused`), a node that is not root (user namespaces map only the node's user:
 no agent gets a uid or a mount namespace of its own, so they cannot give the same guarantee), one
-without a mount or network namespace, an `isolate_*` switched off, and a workspace root other
-users cannot reach: the run's preflight (`check_isolation`) before anything starts, the harness
-when it is built. Both also refuse an agent command whose executable agent uids cannot
-reach (`unreachable_executable`: mode bits, as the namespace shows the tree, with what the command
-names bound back unless hidden on purpose), and a verifiers' interpreter they cannot reach: such
+that is root but cannot run agents as their uids (`agent_uid_problem`: root of a user namespace
+that does not map them, such as `unshare -r` or a rootless container, or without CAP_SETUID,
+CAP_SETGID or CAP_CHOWN), one without a mount or network namespace, an `isolate_*` switched
+off, and a workspace root other users cannot reach: the run's preflight (`check_isolation`)
+before anything starts, the harness when it is built. Both also refuse an agent command whose
+executable agent uids cannot reach (`unreachable_executable`: mode bits, as the namespace shows
+the tree, with what the command names bound back unless hidden on purpose), and a verifiers'
+interpreter they cannot reach: such
 an agent, or the agent code its verifier imports, would run as root (`reach_refused`). A command
 given to one execution (`Harness.run(agent_command=...)`; tasks bring none) is checked when it
 starts: unreachable, that execution is `failed` with the path in its reason, and nothing of it
@@ -81,11 +85,14 @@ import msgspec
 from gyre.config import HarnessConfig
 from gyre.errors import ConfigError, ExecutionError
 from gyre.sandbox import Mounts, Relay, mount_namespace_problem, network_namespace_problem
+from gyre.sandbox.uids import uid_switch_problem
+from gyre.tasks.scorer import JUDGE_USER
 from gyre.tasks.task import Task
 
 __all__ = [
     "AgentUser",
     "AGENT_OWNED",
+    "agent_uid_problem",
     "GYRE_DIR",
     "PRIVATE_DIRS",
     "SYSTEM_DIRS",
@@ -355,15 +362,35 @@ def agent_namespace(
     return mounts, hide, None
 
 
-def workspace_problem(root: Path, mounts: Mounts | None) -> str | None:
-    """Why agents cannot run as their own uids with their execution folders under `root` (an
-    existing folder; each is bound back writable in `mounts`' namespace): the node is not root,
-    or other users cannot reach such a folder. None: they can."""
+def agent_uid_problem(base: int, count: int) -> str | None:
+    """Why this node, root, cannot run agents as uids `base`..`base + count - 1` or their
+    verifiers' judge as `JUDGE_USER` (`uid_switch_problem`: ids its user namespace does not map,
+    e.g. under `unshare -r` or in a rootless container, or no CAP_SETUID, CAP_SETGID or
+    CAP_CHOWN), naming the keys; None if it can."""
+    judge = range(JUDGE_USER[0], JUDGE_USER[0] + 1)
+    problem = uid_switch_problem((range(base, base + count), judge))
+    if problem is None:
+        return None
+    return (
+        f"the node cannot run agents as uids {base}-{base + count - 1} (tasks.harness."
+        f"agent_uid_base, agent_uid_count) and their verifiers' judge as uid {judge.start}: "
+        f"{problem}"
+    )
+
+
+def workspace_problem(root: Path, mounts: Mounts | None, agent_uids: range) -> str | None:
+    """Why agents cannot run as their own uids (`agent_uids`) with their execution folders under
+    `root` (an existing folder; each is bound back writable in `mounts`' namespace): the node is
+    not root, cannot switch to those uids (`agent_uid_problem`), or other users cannot reach such
+    a folder. None: they can."""
     if os.geteuid() != 0:
         return (
             f"isolate_uid: the node runs as uid {os.geteuid()}, not root: agents run as "
             "this user and can read other workspaces and hidden tests"
         )
+    problem = agent_uid_problem(agent_uids.start, len(agent_uids))
+    if problem is not None:
+        return f"isolate_uid: agents run as the node's user: {problem}"
     probe = root / "execution"
     view = mounts and msgspec.structs.replace(
         mounts, writable=(*mounts.writable, os.path.abspath(probe))
@@ -391,7 +418,8 @@ def isolation_refused(problem: str) -> ConfigError:
 def check_isolation(config: HarnessConfig, *, run_dir: Path) -> None:
     """Preflight of `require_isolation` (true by default): raise `isolation_refused`'s
     `ConfigError` when the node is not root (user namespaces give agents no uid or mount
-    namespace of their own), cannot build a private mount or network namespace, or when the
+    namespace of their own), cannot run agents as `agent_uid_base`.. (`agent_uid_problem`),
+    cannot build a private mount or network namespace, or when the
     executable of `config.agent_command` (a leading `python` already this interpreter; empty: the
     reference agent's, this interpreter) or the verifiers' interpreter cannot be reached by
     other users in the agents' namespace (`reach_refused`: they would run as root), with the run's
@@ -405,6 +433,9 @@ def check_isolation(config: HarnessConfig, *, run_dir: Path) -> None:
             f"the node runs as uid {os.geteuid()}, not root, so agents cannot run as their own "
             "uids in a mount namespace of their own"
         )
+    problem = agent_uid_problem(config.agent_uid_base, config.agent_uid_count)
+    if problem is not None:
+        raise isolation_refused(problem)
     problem = mount_namespace_problem()
     if problem is not None:
         raise isolation_refused(f"no private mount namespace for agents ({problem})")

@@ -180,7 +180,8 @@ class HarnessConfig(Config):
     `isolate_uid`)."""
     require_isolation: bool = True
     """Refuse to run (one `ConfigError` before anything starts) where `isolate_uid`,
-    `isolate_mounts` and `isolate_network` cannot all be had (not root, no CAP_SYS_ADMIN, a
+    `isolate_mounts` and `isolate_network` cannot all be had (not root, root that cannot switch
+    to the agent uids: a user namespace that does not map them, no CAP_SETUID; no CAP_SYS_ADMIN; a
     workspace root or an `agent_command` executable other users cannot reach, which would run
     agents as root): a policy that reads hidden tests or reaches the
     node's ports would be rewarded for it. Without root, user namespaces give agents no uid or
