@@ -94,6 +94,15 @@ def test_defaults_and_frozen() -> None:
             '[tasks.harness.env]\n"A-B" = "1"\n',
             "env: 'A-B' is not an environment variable name - at `$.tasks.harness`",
         ),
+        (  # was a traceback from the mount namespace's check (found by a tester)
+            '[tasks.harness]\nvisible_paths = ["/"]\n',
+            "visible_paths: '/' is the whole filesystem: name a folder - at `$.tasks.harness`",
+        ),
+        ('[tasks.harness]\nhidden_paths = ["//"]\n', "hidden_paths: '//' is the whole filesystem"),
+        (  # was refused with a misleading "/root has mode 700"
+            '[tasks.harness]\nvisible_paths = ["/root/"]\n',
+            "visible_paths and hidden_paths both name '/root': leave it out of hidden_paths",
+        ),
         (
             '[tasks.harness]\nenv = {HF_HOME = "/x"}\nenv_passthrough = ["HF_HOME"]\n',
             "env_passthrough=['HF_HOME'] names a variable twice or one `env` sets",

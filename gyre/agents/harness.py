@@ -151,8 +151,9 @@ class Harness:
         warnings, and such agents run as root.
         `env`, `env_passthrough`: `HarnessConfig`'s (`agent_environment`).
         Raises `ValueError` for an empty command, a negative grace, an invalid uid range, a
-        relative hidden or visible path, an `env` name gyre sets (`check_agent_env`) or, when
-        sealing, a `base_url` that is not http(s)."""
+        relative hidden or visible path, a visible path in `run_dir` or the workspace root
+        (`check_visible_paths`' `ConfigError`), an `env` name gyre sets (`check_agent_env`) or,
+        when sealing, a `base_url` that is not http(s)."""
         if not agent_command:
             raise ValueError("agent_command must not be empty")
         self.env, self.env_passthrough = dict(env or {}), tuple(env_passthrough)

@@ -1,15 +1,15 @@
 """Isolation of agents from the node and from each other: own uids, default-deny namespaces.
 
 Owns the harness's isolation policy and its pieces: `AgentUser` (one agent uid held for an
-execution), `agent_namespace` (the mount namespace every agent starts from), `sealed_endpoint`
-(the one address an agent's network namespace reaches) and `node_sockets`, `check_isolation`
-(the preflight of `require_isolation`), `closed_to_others` and `unreachable_executable` (whether
-a stranger's uid reaches a path, an agent command's executable, as a namespace shows the tree),
-`hand_over` / `hand_back` (an execution's files to the agent's uid and back),
-`tighten_hidden` and `agent_uid_problem` (whether root here can switch to agent uids). The
+execution), `agent_namespace` (the mount namespace every agent starts from), `sealed_endpoint` (the
+one address an agent's network namespace reaches) and `node_sockets`, `check_isolation` (the
+preflight of `require_isolation`; `check_visible_paths`), `closed_to_others` and
+`unreachable_executable` (whether a stranger's uid reaches a path, an agent command's executable, as
+a namespace shows the tree), `hand_over` / `hand_back` (an execution's files to the agent's uid and
+back), `tighten_hidden` and `agent_uid_problem` (whether root here can switch to agent uids). The
 `Harness` (`gyre.agents.harness`) applies them per execution; the mechanics (uids, `Mounts`,
-`Relay`, namespaces) are `gyre.sandbox`'s. Knows nothing about processes' lifetimes, HTTP or
-tokens; of the proxy only its URL.
+`Relay`, namespaces) are `gyre.sandbox`'s. Knows nothing about processes' lifetimes, HTTP or tokens;
+of the proxy only its URL.
 
 Isolation (`isolate_uid`, when the node runs as root): each agent runs as its own unprivileged uid
 (`agent_uid_base` + a slot held with a lock file while the execution runs, so no two running
@@ -44,30 +44,28 @@ is owned by a user namespace of the agent's own that maps only the node's user, 
 capability survives the agent's exec): the same reach over the network, but the node's unix
 sockets at a path stay as reachable as its files (no mount namespace).
 
-`require_isolation` (true by default) refuses, with one `ConfigError` naming the key and the
-opt-out (`isolation_refused`), a node that is not root (user namespaces map only the node's user:
-no agent gets a uid or a mount namespace of its own, so they cannot give the same guarantee), one
-that is root but cannot run agents as their uids (`agent_uid_problem`: root of a user namespace
-that does not map them, such as `unshare -r` or a rootless container, or without CAP_SETUID,
-CAP_SETGID or CAP_CHOWN), one without a mount or network namespace, an `isolate_*` switched
-off, and a workspace root other users cannot reach: the run's preflight (`check_isolation`)
-before anything starts, the harness when it is built. Both also refuse an agent command whose
-executable agent uids cannot reach (`unreachable_executable`: mode bits, as the namespace shows
-the tree, with what the command names bound back unless hidden on purpose), and a verifiers'
-interpreter they cannot reach: such
-an agent, or the agent code its verifier imports, would run as root (`reach_refused`). A command
-given to one execution (`Harness.run(agent_command=...)`; tasks bring none) is checked when it
-starts: unreachable, that execution is `failed` with the path in its reason, and nothing of it
-runs. With `require_isolation = false` agents then run as the node's user, a warning saying why,
-once; so do agents without a network namespace (they reach every port of the node); and an agent
-whose executable other users cannot reach runs as root, with a warning.
-"""
+`require_isolation` (true by default) refuses, with one `ConfigError` naming the key and the opt-out
+(`isolation_refused`), a node that is not root (user namespaces map only the node's user: no agent
+gets a uid or a mount namespace of its own, so they cannot give the same guarantee), one that is
+root but cannot switch to agent uids (`agent_uid_problem`: `unshare -r`, no CAP_SETUID), one without
+a mount or network namespace, an `isolate_*` switched off, and a workspace root other users cannot
+reach: the run's preflight (`check_isolation`) before anything starts, the harness when it is built.
+Both also refuse an agent command whose executable agent uids cannot reach
+(`unreachable_executable`: mode bits, as the namespace shows the tree, with what the command names
+bound back unless hidden on purpose), and a verifiers' interpreter they cannot reach: such an agent,
+or the agent code its verifier imports, would run as root (`reach_refused`). A command given to one
+execution (`Harness.run(agent_command=...)`; tasks bring none) is checked when it starts:
+unreachable, that execution is `failed` with the path in its reason, and nothing of it runs. With
+`require_isolation = false` agents then run as the node's user, a warning saying why, once; so do
+agents without a network namespace (they reach every port of the node); and an agent whose
+executable other users cannot reach runs as root, with a warning."""
 
 from __future__ import annotations
 
 import fcntl
 import grp
 import ipaddress
+import itertools
 import logging
 import os
 import pwd
@@ -99,6 +97,7 @@ __all__ = [
     "UID_LOCK_DIR",
     "agent_namespace",
     "check_isolation",
+    "check_visible_paths",
     "chown_tree",
     "closed_parents",
     "closed_to_others",
@@ -325,6 +324,21 @@ def reach_refused(
     return None
 
 
+def check_visible_paths(
+    visible_paths: Iterable[str | os.PathLike[str]], *, root: Path, run_dir: Path | None
+) -> None:
+    """Raise `ConfigError` naming `tasks.harness.visible_paths` when one, as given or resolved,
+    lies in what agents never see (shown, it would win): `run_dir`, the workspace `root`, the
+    suites' generator."""
+    mine = [f(d) for d in (run_dir, root) if d for f in (os.path.abspath, os.path.realpath)]
+    for path, folder in itertools.product(visible_paths, [*mine, *generator_files(GYRE_DIR)]):
+        if any(under(p, folder) for p in (os.path.abspath(path), os.path.realpath(path))):
+            raise ConfigError(
+                f"tasks.harness.visible_paths: {str(path)!r} is in {folder} (the run folder, the "
+                "workspace root or the suites' generator), which agents never see"
+            )
+
+
 def agent_namespace(
     root: Path,
     *,
@@ -335,7 +349,9 @@ def agent_namespace(
     """The namespace every agent of a harness starts from: `(mounts, hidden, None)`, where `hidden`
     is what is hidden on purpose (`hidden_paths`, the workspace `root`, `run_dir`, all absolute,
     and the suites' generator); or `(None, set(), problem)` when no private mount namespace can be
-    built here. The closed parents of `root` and of what is exposed are passed through."""
+    built here. The closed parents of `root` and of what is exposed are passed through. Raises
+    `check_visible_paths`' `ConfigError`."""
+    check_visible_paths(visible_paths, root=root, run_dir=run_dir)
     hide = {os.path.abspath(p) for p in hidden_paths}
     for folder in (root, *(() if run_dir is None else (run_dir,))):
         hide.update((os.path.abspath(folder), os.path.realpath(folder)))
@@ -364,9 +380,7 @@ def agent_namespace(
 
 def agent_uid_problem(base: int, count: int) -> str | None:
     """Why this node, root, cannot run agents as uids `base`..`base + count - 1` or their
-    verifiers' judge as `JUDGE_USER` (`uid_switch_problem`: ids its user namespace does not map,
-    e.g. under `unshare -r` or in a rootless container, or no CAP_SETUID, CAP_SETGID or
-    CAP_CHOWN), naming the keys; None if it can."""
+    verifiers' judge as `JUDGE_USER` (`uid_switch_problem`), naming the keys; None if it can."""
     judge = range(JUDGE_USER[0], JUDGE_USER[0] + 1)
     problem = uid_switch_problem((range(base, base + count), judge))
     if problem is None:
@@ -416,16 +430,17 @@ def isolation_refused(problem: str) -> ConfigError:
 
 
 def check_isolation(config: HarnessConfig, *, run_dir: Path) -> None:
-    """Preflight of `require_isolation` (true by default): raise `isolation_refused`'s
-    `ConfigError` when the node is not root (user namespaces give agents no uid or mount
-    namespace of their own), cannot run agents as `agent_uid_base`.. (`agent_uid_problem`),
-    cannot build a private mount or network namespace, or when the
-    executable of `config.agent_command` (a leading `python` already this interpreter; empty: the
-    reference agent's, this interpreter) or the verifiers' interpreter cannot be reached by
-    other users in the agents' namespace (`reach_refused`: they would run as root), with the run's
-    `run_dir` (absolute) and workspace root hidden as the harness hides them. The harness also
-    refuses a workspace root other users cannot reach, when it is built. No effect when
-    `require_isolation` is false."""
+    """Preflight of `require_isolation` (true by default): raise `isolation_refused`'s `ConfigError`
+    when the node is not root (user namespaces give agents no uid or mount namespace of their own),
+    cannot run agents as `agent_uid_base`.. (`agent_uid_problem`), cannot build a private mount or
+    network namespace, or when the executable of `config.agent_command` (a leading `python` already
+    this interpreter; empty: the reference agent's, this interpreter) or the verifiers' interpreter
+    cannot be reached by other users in the agents' namespace (`reach_refused`: they would run as
+    root), with the run's `run_dir` (absolute) and workspace root hidden as the harness hides them.
+    The harness also refuses a workspace root other users cannot reach, when it is built. Whether or
+    not isolation is required, `check_visible_paths` first."""
+    root = Path(config.workspace_root) if config.workspace_root else run_dir / "executions"
+    check_visible_paths(config.visible_paths, root=root, run_dir=run_dir)
     if not config.require_isolation:
         return
     if os.geteuid() != 0:
@@ -444,7 +459,6 @@ def check_isolation(config: HarnessConfig, *, run_dir: Path) -> None:
         raise isolation_refused(
             f"no network namespace for agents ({problem}): they would reach every port of the node"
         )
-    root = Path(config.workspace_root) if config.workspace_root else run_dir / "executions"
     mounts, hidden, _ = agent_namespace(
         root, hidden_paths=config.hidden_paths, visible_paths=config.visible_paths, run_dir=run_dir
     )

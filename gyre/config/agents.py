@@ -201,7 +201,9 @@ class HarnessConfig(Config):
     visible_paths: tuple[str, ...] = ()
     """Absolute folders or files agents and verifiers see read-only although they lie under a
     covered top-level folder (tools under /opt, a data set under /home). The interpreter's
-    installation, the gyre package and the files the agent command names are shown anyway."""
+    installation, the gyre package and the files the agent command names are shown anyway. Not
+    `/`, not one of `hidden_paths`, and nothing in the run folder or the workspace root (other
+    executions, the call log: refused, `gyre.agents.isolation.check_visible_paths`)."""
 
     def __post_init__(self) -> None:
         if self.kill_grace_s < 0:
@@ -220,6 +222,16 @@ class HarnessConfig(Config):
             for path in getattr(self, key):
                 if not path.startswith("/"):
                     raise ValueError(f"{key}: {path!r} must be absolute")
+                if not path.strip("/"):
+                    raise ValueError(f"{key}: {path!r} is the whole filesystem: name a folder")
+        both = {p.rstrip("/") for p in self.hidden_paths} & {
+            p.rstrip("/") for p in self.visible_paths
+        }
+        if both:
+            raise ValueError(
+                f"visible_paths and hidden_paths both name {sorted(both)[0]!r}: leave it out of "
+                "hidden_paths to show it (its default is ('/root',))"
+            )
         base, count = self.agent_uid_base, self.agent_uid_count
         if base < 1000 or count < 1 or base + count > 2**31:
             raise ValueError(

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from gyre.agents.harness import Harness
+from gyre.agents.isolation import check_isolation
 from gyre.config import HarnessConfig
+from gyre.errors import ConfigError
 from gyre.sandbox import Limits, Mounts, mount_namespace_problem, run_supervised
 from gyre.tasks.scorer import verify
 from gyre.tasks.task import load_task
@@ -271,6 +273,37 @@ def test_mounts_and_hidden_paths_are_validated() -> None:
         HarnessConfig(hidden_paths=("root",))
     with pytest.raises(ValueError, match="must be absolute"):
         Harness(base_url="http://127.0.0.1:1/v1", hidden_paths=("root",))
+
+
+async def test_visible_paths_cannot_show_the_run_folder(run_dir: Path, server) -> None:
+    """A shown path wins over a hidden one, so `visible_paths` in the run folder (the call log:
+    every execution's tokens; checkpoints) or the workspace root handed it to every agent (found
+    by a tester: an agent read calls.log). Refused, naming the key, when the harness is built and
+    in the run's preflight, isolation required or not; a folder beside them is shown."""
+    (run_dir / "calls.log").write_text("every execution's tokens")
+    for shown in (run_dir, run_dir / "calls.log", run_dir / "executions" / "x"):
+        with pytest.raises(ConfigError) as refused:
+            config_harness(server, run_dir, visible_paths=(str(shown),))
+        assert str(refused.value) == (
+            f"tasks.harness.visible_paths: '{shown}' is in {run_dir} (the run folder, the "
+            "workspace root or the suites' generator), which agents never see"
+        )
+    for required in (True, False):
+        config = HarnessConfig(visible_paths=(str(run_dir),), require_isolation=required)
+        with pytest.raises(ConfigError, match="visible_paths: '.*' is in .*, which agents never"):
+            check_isolation(config, run_dir=run_dir)
+    beside = Path(tempfile.mkdtemp(prefix="gyre-beside-", dir="/tmp"))
+    os.chmod(beside, 0o755)
+    (beside / "data.txt").write_text("shown")
+    try:
+        task = load_task(make_task(run_dir / "suite" / "t", tests=TESTS))
+        harness = config_harness(server, run_dir, visible_paths=(str(beside),))
+        script = f"cat {beside / 'data.txt'} {run_dir / 'calls.log'}"
+        ran = await harness.run(task, "e", agent_command=["/bin/sh", "-c", script])
+    finally:
+        shutil.rmtree(beside)
+    assert "shown" in ran.stdout_tail and "tokens" not in ran.stdout_tail
+    assert f"{run_dir / 'calls.log'}: No such file or directory" in ran.stderr_tail
 
 
 TRAVERSE_PROBE = r"""
