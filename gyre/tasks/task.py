@@ -161,8 +161,9 @@ def load_task(path: str | os.PathLike[str]) -> Task:
     """Load and validate one task folder.
 
     Raises `TaskError` whose message starts with the offending path: folder or file missing,
-    `instruction.md` empty or not UTF-8, `task.toml` not TOML / unknown key / bad value, no
-    verifier in `tests/` for the declared kind, symlinks escaping `environment/`.
+    `instruction.md` empty or not UTF-8, `task.toml` not TOML / unknown key / bad value, `tests/`
+    this user cannot read, no verifier in `tests/` for the declared kind, symlinks escaping
+    `environment/`.
     """
     root = Path(path).absolute()
     if not root.is_dir():
@@ -194,6 +195,12 @@ def load_task(path: str | os.PathLike[str]) -> Task:
     tests_dir = root / "tests"
     if not tests_dir.is_dir():
         raise TaskError(f"{tests_dir}: missing (the hidden verifier)")
+    if not os.access(tests_dir, os.R_OK | os.X_OK):  # a listing would be empty, not refused
+        st = os.stat(tests_dir)
+        raise TaskError(
+            f"{tests_dir}: uid {os.geteuid()} cannot read it (uid {st.st_uid}'s, mode "
+            f"{st.st_mode & 0o777:o}; a run as root makes tests/ 0700 to hide it from agents)"
+        )
     if spec.verifier.kind == "pytest":
         if not any(tests_dir.rglob("test_*.py")):
             raise TaskError(f"{tests_dir}: no test_*.py files for verifier kind 'pytest'")

@@ -129,3 +129,44 @@ def test_suite_loads_sorted_and_names_bad_member(tmp_path: Path) -> None:
         load_suite(tmp_path / "s")
     with pytest.raises(TaskError, match="no task folders"):
         load_suite(tmp_path / "s" / "notes")
+
+
+def test_tests_folder_this_user_cannot_read_is_named_as_such() -> None:
+    """A run as root makes a task's tests/ 0700 (isolation); the same suite loaded by another user
+    was refused as "no test_*.py files" (its listing is empty, not refused: found by a tester).
+    Run as `nobody` (setpriv), the error says who cannot read it and why it is so."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv")
+    if subprocess.run([*nobody, sys.executable, "-c", "pass"]).returncode != 0:
+        pytest.skip("this interpreter cannot run as nobody")
+    top = Path(tempfile.mkdtemp(prefix="gyre-task-", dir="/tmp"))
+    try:
+        os.chmod(top, 0o755)
+        task = make_task(top / "suite" / "t")
+        subprocess.run(["chmod", "-R", "a+rX", str(top)], check=True)
+        os.chmod(task / "tests", 0o700)
+        probe = (
+            "import sys\nfrom gyre.tasks.task import load_task\n"
+            "try:\n    load_task(sys.argv[1])\nexcept Exception as exc:\n    print(exc)\n"
+        )
+        repo = str(Path(__file__).parents[2])
+        done = subprocess.run(
+            [*nobody, sys.executable, "-c", probe, str(task)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": repo},
+            cwd=repo,
+            timeout=60,
+        )
+    finally:
+        shutil.rmtree(top)
+    assert done.stdout.strip() == (
+        f"{task / 'tests'}: uid 65534 cannot read it (uid 0's, mode 700; a run as root makes "
+        "tests/ 0700 to hide it from agents)"
+    ), done.stderr
