@@ -33,6 +33,17 @@ def oracle_policy(task: Task, stop_after: int | None = None):
     return policy
 
 
+def script_policy(script: list[dict], seen: list[dict]):
+    """A policy that answers turn k with `script[k]` (k = assistant messages so far) and keeps the
+    latest call's messages in `seen`."""
+
+    def policy(call):
+        seen[:] = call.messages
+        return script[sum(m["role"] == "assistant" for m in call.messages)]
+
+    return policy
+
+
 async def run_policy(
     harness: Harness,
     server: ScriptedOpenAI,

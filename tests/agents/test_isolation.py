@@ -20,7 +20,7 @@ from gyre.agents.control import ExecutionControl, mint_api_key
 from gyre.agents.harness import REACT_AGENT, Harness
 from gyre.sandbox import Limits, mount_namespace_problem, run_supervised
 from gyre.tasks.task import load_task
-from tests.agents.drive import run_policy
+from tests.agents.drive import run_policy, script_policy
 from tests.agents.openai_server import tool_call_message
 from tests.sandbox.test_supervised import alive
 from tests.tasks.test_task import make_task
@@ -275,12 +275,7 @@ async def test_reference_agent_runs_as_its_own_uid(open_dir: Path, server, bridg
         tool_call_message("finish", {}, "c3"),
     ]
     seen: list[dict] = []
-
-    def policy(call):
-        seen[:] = call.messages
-        return script[sum(m["role"] == "assistant" for m in call.messages)]
-
-    outcome = await run_policy(harness, server, bridge, task, "react", policy)
+    outcome = await run_policy(harness, server, bridge, task, "react", script_policy(script, seen))
     assert REACT_AGENT[0] == sys.executable
     assert outcome.termination == "finished", outcome.stderr_tail
     assert outcome.score.score == 1.0 and harness.statistics().isolated == 1
@@ -429,12 +424,9 @@ async def test_the_main_jobs_agent_starts_sealed(tmp_path: Path, server, bridge)
         tool_call_message("finish", {}, "c1"),
     ]
     seen: list[dict] = []
-
-    def policy(call):
-        seen[:] = call.messages
-        return script[sum(m["role"] == "assistant" for m in call.messages)]
-
-    outcome = await run_policy(harness, server, bridge, task, "main-job", policy)
+    outcome = await run_policy(
+        harness, server, bridge, task, "main-job", script_policy(script, seen)
+    )
     assert outcome.termination == "finished", (outcome.failure_reason, outcome.stderr_tail)
     ran = next(m["content"] for m in seen if m["role"] == "tool" and "exit code" in m["content"])
     uid = int(ran.split("\n")[1])
