@@ -282,35 +282,18 @@ def test_an_unprivileged_user_namespace_is_refused_unless_waived(tmp_path):
     `unshare --user` gives any user; it can seal the network but gives agents no uid of their
     own), `python -m gyre.node` refuses the default config before anything is built, and with
     `require_isolation = false` an execution runs as uid 1000 with the warning."""
-    import json
-    import os
     import shutil
     import subprocess
 
     userns = ["unshare", "--user", "--map-user=1000", "--map-group=1000", "--"]
     if shutil.which("unshare") is None or subprocess.run([*userns, "true"]).returncode != 0:
         pytest.skip("no unprivileged user namespace here")
-    repo = Path(__file__).parent.parent
-    env = {**os.environ, "PYTHONPATH": str(repo)}
-    path = tmp_path / "run.toml"
-    path.write_text(f'run_dir = "{tmp_path / "run"}"\n[model]\npath = "{tmp_path / "model"}"\n')
-    node = [sys.executable, "-m", "gyre.node", "--config", str(path)]
-    done = subprocess.run(
-        [*userns, *node], capture_output=True, text=True, env=env, cwd=repo, timeout=120
-    )
+    done, ran = refused_then_waived(userns, tmp_path)
     assert (done.returncode, done.stderr.splitlines()[-1]) == (
         2,
         "gyre: error: tasks.harness.require_isolation: the node runs as uid 1000, not root, so "
         "agents cannot run as their own uids in a mount namespace of their own" + OPT_OUT,
     )
-    assert nothing_built(tmp_path) and not (tmp_path / "run").exists()
-
-    script = [sys.executable, "-c", WAIVED_RUN, str(tmp_path / "waived")]
-    done = subprocess.run(
-        [*userns, *script], capture_output=True, text=True, env=env, cwd=repo, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    ran = json.loads(done.stdout)
     # the network seal, where nested user namespaces are allowed (here), comes from one of the
     # agent's own that maps uid 1000 alone; else a second warning says it is missing
     warnings, sealed = ran.pop("warnings"), ran.pop("sealed")
@@ -320,6 +303,30 @@ def test_an_unprivileged_user_namespace_is_refused_unless_waived(tmp_path):
     )
     assert len(warnings) == 1 + (sealed == 0) and sealed in (0, 1)
     assert ran == {"termination": "finished", "score": 1.0, "agent_uid": 1000, "isolated": 0}
+
+
+def refused_then_waived(prefix: list[str], tmp_path: Path):  # noqa: ANN201
+    """Under the wrapper `prefix`: `python -m gyre.node` on a default config (it must build
+    nothing), then `WAIVED_RUN`: (the node's CompletedProcess, the waived run's JSON)."""
+    import json
+    import os
+    import subprocess
+
+    repo = Path(__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    path = tmp_path / "run.toml"
+    path.write_text(f'run_dir = "{tmp_path / "run"}"\n[model]\npath = "{tmp_path / "model"}"\n')
+    node = [sys.executable, "-m", "gyre.node", "--config", str(path)]
+    refused = subprocess.run(
+        [*prefix, *node], capture_output=True, text=True, env=env, cwd=repo, timeout=120
+    )
+    assert nothing_built(tmp_path) and not (tmp_path / "run").exists()
+    script = [sys.executable, "-c", WAIVED_RUN, str(tmp_path / "waived")]
+    waived = subprocess.run(
+        [*prefix, *script], capture_output=True, text=True, env=env, cwd=repo, timeout=120
+    )
+    assert waived.returncode == 0, waived.stderr
+    return refused, json.loads(waived.stdout)
 
 
 ROOT_WITHOUT_UIDS = {
@@ -343,7 +350,6 @@ def test_root_that_cannot_switch_to_agent_uids_is_refused_unless_waived(tmp_path
     ("cannot pick an agent uid", "Operation not permitted"). `python -m gyre.node` now refuses
     before anything is built, naming the keys; waived, the harness warns and an execution runs
     as the node's user (uid 0) and is scored, instead of failing."""
-    import json
     import os
     import shutil
     import subprocess
@@ -353,28 +359,13 @@ def test_root_that_cannot_switch_to_agent_uids_is_refused_unless_waived(tmp_path
         pytest.skip("needs root and util-linux")
     if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
         pytest.skip(f"{prefix[0]} cannot make that node here")
-    repo = Path(__file__).parent.parent
-    env = {**os.environ, "PYTHONPATH": str(repo)}
-    path = tmp_path / "run.toml"
-    path.write_text(f'run_dir = "{tmp_path / "run"}"\n[model]\npath = "{tmp_path / "model"}"\n')
-    node = [sys.executable, "-m", "gyre.node", "--config", str(path)]
-    done = subprocess.run(
-        [*prefix, *node], capture_output=True, text=True, env=env, cwd=repo, timeout=120
-    )
+    done, ran = refused_then_waived(prefix, tmp_path)
     assert (done.returncode, done.stderr.splitlines()[-1]) == (
         2,
         "gyre: error: tasks.harness.require_isolation: the node cannot run agents as uids "
         "200000-204095 (tasks.harness.agent_uid_base, agent_uid_count) and their verifiers' "
         f"judge as uid 65534: {why}" + OPT_OUT,
     )
-    assert nothing_built(tmp_path) and not (tmp_path / "run").exists()
-
-    script = [sys.executable, "-c", WAIVED_RUN, str(tmp_path / "waived")]
-    done = subprocess.run(
-        [*prefix, *script], capture_output=True, text=True, env=env, cwd=repo, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    ran = json.loads(done.stdout)
     assert ran.pop("warnings")[0] == (
         "isolate_uid: agents run as the node's user: the node cannot run agents as uids "
         "200000-204095 (tasks.harness.agent_uid_base, agent_uid_count) and their verifiers' "
