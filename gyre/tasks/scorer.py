@@ -59,7 +59,8 @@ def check_verifier_python(tasks: Sequence[Task], python: str = sys.executable) -
     """Check, before a run starts, that `python` (the interpreter `verify` runs) can import what the
     tasks' verifiers need: `pytest` and `pytest_timeout` when any task has a pytest verifier.
 
-    Raises `ConfigError` naming the first such task, the interpreter and the missing modules;
+    Raises `ConfigError` naming the first such task, the interpreter and the missing modules (or
+    why the interpreter cannot be started);
     without it every execution would fail as "pytest wrote no report" (one subprocess, ~0.3 s)."""
     pytest_task = next((t for t in tasks if t.spec.verifier.kind == "pytest"), None)
     if pytest_task is None:
@@ -68,7 +69,15 @@ def check_verifier_python(tasks: Sequence[Task], python: str = sys.executable) -
         "import importlib.util as u; "
         "print(' '.join(m for m in ('pytest', 'pytest_timeout') if u.find_spec(m) is None))"
     )
-    done = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
+    try:
+        done = subprocess.run(
+            [python, "-I", "-c", probe], capture_output=True, text=True, timeout=60
+        )
+    except OSError as exc:  # not there, not executable, not runnable by this user
+        raise ConfigError(
+            f"task {pytest_task.task_id} has a pytest verifier, but its interpreter {python} "
+            f"cannot be started: {exc.strerror or exc}"
+        ) from None
     missing = done.stdout.split() if done.returncode == 0 else ["(the interpreter did not run)"]
     if missing:
         raise ConfigError(

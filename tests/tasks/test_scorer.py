@@ -322,3 +322,10 @@ def test_a_verifier_python_without_pytest_is_refused_before_the_run(tmp_path: Pa
         r"import pytest, pytest_timeout",
     ):
         check_verifier_python([script_task, pytest_task], bare_python)
+    missing = str(tmp_path / "no-such-python")
+    with pytest.raises(
+        ConfigError,
+        match=r"t1 has a pytest verifier, but its interpreter .*no-such-python cannot be "
+        r"started: No such file or directory",
+    ):
+        check_verifier_python([pytest_task], missing)  # an OSError, not a traceback
