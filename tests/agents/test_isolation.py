@@ -99,12 +99,10 @@ async def test_agent_cannot_read_hidden_tests_or_other_workspaces(
     assert (
         stat.S_IMODE(os.stat(task.tests_dir).st_mode) == 0o755
     )  # world-readable, as in a checkout
-    harness = Harness(
-        base_url=server.base_url,
-        workspace_root=open_dir / "executions",
+    harness = agent_harness(
+        server,
+        open_dir,
         kill_grace_s=0.5,
-        agent_uid_base=UID_BASE,
-        agent_uid_count=64,
         isolate_mounts=mounts,
         require_isolation=mounts,  # uid-only: opted out of the mount namespace
     )
@@ -167,13 +165,7 @@ async def test_kept_workspace_is_handed_back_to_root(open_dir: Path, server) -> 
     task = load_task(
         make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 30.0\n", tests=TESTS)
     )
-    harness = Harness(
-        base_url=server.base_url,
-        workspace_root=open_dir / "executions",
-        keep_workspaces=True,
-        agent_uid_base=UID_BASE,
-        agent_uid_count=64,
-    )
+    harness = agent_harness(server, open_dir, keep_workspaces=True)
     key = mint_api_key("kept")
     control = ExecutionControl(
         refresh=lambda c: c.observe_totals(model_calls=1, completion_tokens=1)
@@ -237,6 +229,18 @@ async def test_process_limit_binds_an_agent_uid(open_dir: Path) -> None:
     assert 0 < int((open_dir / "out").read_text()) < 20
 
 
+def agent_harness(server, open_dir: Path, **options) -> Harness:
+    """A harness for `server` with its workspaces under `open_dir` and 64 agent uids from
+    `UID_BASE`; `options` are `Harness`'s others."""
+    return Harness(
+        base_url=server.base_url,
+        workspace_root=open_dir / "executions",
+        agent_uid_base=UID_BASE,
+        agent_uid_count=64,
+        **options,
+    )
+
+
 def closed_to_others(path: Path) -> Path | None:
     """The first folder on the way to `path` that other users cannot traverse, or None."""
     for p in (path.absolute(), path.resolve()):
@@ -262,12 +266,7 @@ async def test_reference_agent_runs_as_its_own_uid(open_dir: Path, server, bridg
     task = load_task(
         make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 60.0\n", tests=TESTS)
     )
-    harness = Harness(
-        base_url=server.base_url,
-        workspace_root=open_dir / "executions",
-        agent_uid_base=UID_BASE,
-        agent_uid_count=64,
-    )
+    harness = agent_harness(server, open_dir)
     script = [
         tool_call_message("write_file", {"path": "out.txt", "content": "mine"}, "c0"),
         tool_call_message("write_file", {"path": "secret.txt", "content": "x"}, "c1"),
@@ -502,12 +501,7 @@ async def test_an_execution_whose_own_command_is_unreachable_fails_and_nothing_r
     task = load_task(
         make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 30.0\n", tests=TESTS)
     )
-    harness = Harness(
-        base_url=server.base_url,
-        workspace_root=open_dir / "executions",
-        agent_uid_base=UID_BASE,
-        agent_uid_count=64,
-    )
+    harness = agent_harness(server, open_dir)
     assert harness.require_isolation and harness.isolated
     marker = open_dir / "ran"
     closed = unreachable_script(open_dir / "bin")
@@ -543,13 +537,7 @@ async def test_with_isolation_waived_an_unreachable_agent_runs_as_root_with_a_wa
     task = load_task(
         make_task(open_dir / "suite" / "t", toml="[agent]\ndeadline_s = 30.0\n", tests=TESTS)
     )
-    harness = Harness(
-        base_url=server.base_url,
-        workspace_root=open_dir / "executions",
-        agent_uid_base=UID_BASE,
-        agent_uid_count=64,
-        require_isolation=False,
-    )
+    harness = agent_harness(server, open_dir, require_isolation=False)
     closed = unreachable_script(open_dir / "bin")
     with caplog.at_level(logging.WARNING, logger="gyre.agents.isolation"):
         outcome = await harness.run(task, "waived", agent_command=[str(closed)])
