@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections import Counter
 
 import msgspec
 from aiohttp import web
@@ -83,7 +84,7 @@ class CellAPI:
         self.engine = None
         self.health = Health(state="starting")
         self.stop = asyncio.Event()
-        self._inflight: set[str] = set()  # generate requests being streamed
+        self._inflight: Counter[str] = Counter()  # IDs of generate requests being streamed
         self.streams = DeltaStreams()
         self._posts = [0, 0]  # `POST /generate` batches, the requests in them
         self.roles = CellRoles(self._engine, self._inflight)
@@ -144,22 +145,25 @@ class CellAPI:
                     f"cell is in role {self.roles.role!r}; request {req.request_id!r} refused"
                 )
             engine = self._engine()
-            if req.request_id in self._inflight:  # its end would drop the running one's entry
-                raise InvalidRequestError(
-                    f"request_id {req.request_id!r} is already running on this cell"
-                )
         except GyreError as exc:
             self.streams.refuse(item.stream, item.tag, exc)
             return
-        self._inflight.add(req.request_id)
+        # counted, not a set: a request reusing a running (or aborted, not yet ended) one's ID
+        # must not drop that one's entry when it ends, or a switch would not abort it
+        self._inflight[req.request_id] += 1
         self.streams.start(
             item.stream,
             item.tag,
             req.request_id,
             engine.generate(req),  # validation errors come at its first step, as a frame
             engine.abort,
-            lambda: self._inflight.discard(req.request_id),
+            lambda: self._ended(req.request_id),
         )
+
+    def _ended(self, request_id: str) -> None:
+        self._inflight[request_id] -= 1
+        if self._inflight[request_id] <= 0:
+            del self._inflight[request_id]
 
     async def abort(self, request: web.Request) -> web.Response:
         try:

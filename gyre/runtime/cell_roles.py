@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from gyre.errors import EngineError, EngineTimeoutError, GyreError, InvalidRequestError
 from gyre.runtime.cell_wire import (
@@ -36,7 +36,7 @@ class CellRoles:
     raises `EngineUnavailableError`), `inflight` holds the IDs of the generate requests being
     streamed, which a switch to train aborts."""
 
-    def __init__(self, engine: Callable[[], object], inflight: set[str]) -> None:
+    def __init__(self, engine: Callable[[], object], inflight: Collection[str]) -> None:
         self._engine = engine
         self._inflight = inflight
         self.trainer = None  # CellTrainer (gyre.runtime.cell_ranks), with --trainer-config
