@@ -9,6 +9,7 @@ Derandomized, so the same 200 bodies run every time.
 from __future__ import annotations
 
 import json
+import sys
 from urllib.parse import quote, unquote
 
 import anyio
@@ -304,7 +305,18 @@ async def list_calls(proxy, key: str, execution: str) -> tuple[int, bytes]:
 def test_json_nested_past_the_decoders_recursion_is_a_400_on_every_route(tok):
     """A valid JSON body nested 1000 and 5000 levels deep (msgspec's decoder raises
     RecursionError past about 1000) is a 400 on each chat-like route, in that API's error shape,
-    and the proxy serves a good request after (was a plain-text 500)."""
+    and the proxy serves a good request after (was a plain-text 500). Python's default recursion
+    limit (1000) is pinned: a library loaded earlier in the session may raise it, and then 1000
+    levels decode (a whole-suite failure)."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    try:
+        check_deep_bodies(tok)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def check_deep_bodies(tok) -> None:
     proxy = make_proxy(tok, ScriptedEngine(eos_token_id=tok.eos_token_id))
     key = proxy.mint_key("deep")
     for depth in (1000, 5000):
