@@ -7,9 +7,9 @@ is in flight wait for the next), so a burst of requests costs one HTTP exchange,
 reader puts each `Frame` of a request (or the error that lost the stream) in its inbox without a
 checkpoint; the request's `generate` takes every frame queued at each wake-up and hands its deltas
 on merged (`cell_wire.merge_deltas`: one delta per choice, never across a finish), so a consumer
-slower than the engine costs one task hop per wake-up, not one per engine step. A plain list and
-one `anyio.Event` per wait: an anyio memory stream builds a task record on every blocking
-`receive` (about a tenth of the node's CPU at 32 requests, measured 2026-12-04). Request deadlines
+slower than the engine costs one task hop per wake-up, not one per engine step. Both queue in a
+`gyre._mailbox.Mailbox`, not an anyio memory stream (a task record on every blocking `receive`:
+about a tenth of the node's CPU at 32 requests, measured 2026-12-04). Request deadlines
 are kept by one task per client (`expire_inboxes`), not a cancel scope per wait (12-15 us each, one
 per request and engine step). Knows nothing about HTTP or what the frames carry beyond `Frame`.
 """
@@ -20,6 +20,7 @@ import time
 
 import anyio
 
+from gyre._mailbox import Mailbox
 from gyre.engines.protocol import TokenDelta
 from gyre.errors import EngineUnavailableError, GyreError, error_from_code
 from gyre.runtime.cell_wire import Frame, StreamedGenerate, merge_deltas
@@ -28,27 +29,23 @@ __all__ = ["DeltaInbox", "Outbox", "expire_inboxes"]
 
 
 class DeltaInbox:
-    """The frames of one request not yet taken by its consumer, the wake-up it waits on, and its
-    `deadline` (`time.monotonic()` seconds)."""
+    """The frames of one request not yet taken by its consumer (a `Mailbox`) and its `deadline`
+    (`time.monotonic()` seconds)."""
 
-    __slots__ = ("deadline", "_frames", "_wake")
+    __slots__ = ("deadline", "_frames")
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
-        self._frames: list[Frame | GyreError] = []
-        self._wake: anyio.Event | None = None
+        self._frames: Mailbox[Frame | GyreError] = Mailbox()
 
     def put(self, frame: Frame | GyreError) -> None:
         """Queue `frame` (a `GyreError`: the stream was lost) and wake the consumer; never
         blocks."""
-        self._frames.append(frame)
-        self.wake()
+        self._frames.put(frame)
 
     def wake(self) -> None:
         """Wake the consumer if it waits (`expire_inboxes` at the deadline)."""
-        if self._wake is not None:
-            self._wake.set()
-            self._wake = None
+        self._frames.wake()
 
     async def wait_deltas(self, request_id: str) -> tuple[list[TokenDelta], GyreError | None]:
         """Wait until a frame is queued, then take every frame queued: the deltas before the first
@@ -56,14 +53,12 @@ class DeltaInbox:
         after it are dropped). A lost stream's error becomes `EngineUnavailableError` naming
         `request_id`. Raises `TimeoutError` once `deadline` has passed, even with frames queued;
         a consumer waiting then is woken by `expire_inboxes`."""
-        if not self._frames and time.monotonic() < self.deadline:
-            self._wake = anyio.Event()
-            await self._wake.wait()
+        if time.monotonic() < self.deadline:
+            await self._frames.wait()
         if time.monotonic() >= self.deadline:
             raise TimeoutError
-        frames, self._frames = self._frames, []
         deltas: list[TokenDelta] = []
-        for frame in frames:
+        for frame in self._frames.take():
             if isinstance(frame, GyreError):
                 return merge_deltas(deltas), EngineUnavailableError(
                     f"{frame} (request {request_id!r})"
@@ -75,35 +70,34 @@ class DeltaInbox:
 
 
 class Outbox:
-    """Generate requests waiting to be posted, with the inbox each one's frames go to."""
+    """Generate requests waiting to be posted (a `Mailbox`), with the inbox each one's frames go
+    to."""
 
-    __slots__ = ("_items", "_wake")
+    __slots__ = ("_items",)
 
     def __init__(self) -> None:
-        self._items: list[tuple[StreamedGenerate, DeltaInbox]] = []
-        self._wake: anyio.Event | None = None
+        self._items: Mailbox[tuple[StreamedGenerate, DeltaInbox]] = Mailbox()
 
     def __len__(self) -> int:
         return len(self._items)
 
     def put(self, request: StreamedGenerate, inbox: DeltaInbox) -> None:
         """Queue `request` and wake the poster; never blocks."""
-        self._items.append((request, inbox))
-        if self._wake is not None:
-            self._wake.set()
-            self._wake = None
+        self._items.put((request, inbox))
 
     async def wait_batch(self) -> list[tuple[StreamedGenerate, DeltaInbox]]:
         """Wait until a request is queued, then take every request queued for the stream of the
         first one, in order (a request for another stream, opened after the first was lost, waits
         for the next batch)."""
-        if not self._items:
-            self._wake = anyio.Event()
-            await self._wake.wait()
-        stream = self._items[0][0].stream
-        batch = [item for item in self._items if item[0].stream == stream]
-        self._items = [item for item in self._items if item[0].stream != stream]
-        return batch
+        items: list[tuple[StreamedGenerate, DeltaInbox]] = []
+        while not items:
+            await self._items.wait()
+            items = self._items.take()
+        stream = items[0][0].stream
+        for item in items:
+            if item[0].stream != stream:
+                self._items.put(item)  # in order: nothing was queued since the take
+        return [item for item in items if item[0].stream == stream]
 
 
 async def expire_inboxes(inboxes: dict[int, DeltaInbox], timeout_s: float) -> None:

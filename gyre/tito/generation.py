@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 
+from gyre._mailbox import Mailbox
 from gyre.engines.protocol import (
     FinishReason,
     GenerateRequest,
@@ -153,40 +154,6 @@ class Call:
         return self.call_id if self.sampling.n == 1 else f"{self.call_id}/{index}"
 
 
-class _Deltas:
-    """The engine's deltas (or its error) from the producer task to the consumer: a list and one
-    `anyio.Event` per wait. An anyio memory stream builds a task record on every blocking
-    `receive`, once per delta here (about a fifth of the proxy's own CPU at 32 calls)."""
-
-    __slots__ = ("_items", "_closed", "_wake")
-
-    def __init__(self) -> None:
-        self._items: list[TokenDelta | EngineError] = []
-        self._closed = False
-        self._wake: anyio.Event | None = None
-
-    def put(self, item: TokenDelta | EngineError) -> None:
-        self._items.append(item)
-        self._wake_up()
-
-    def close(self) -> None:
-        self._closed = True
-        self._wake_up()
-
-    def _wake_up(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
-            self._wake = None
-
-    async def take(self) -> list[TokenDelta | EngineError]:
-        """Every item queued, after waiting for one; [] once closed and drained."""
-        while not self._items and not self._closed:
-            self._wake = anyio.Event()
-            await self._wake.wait()
-        items, self._items = self._items, []
-        return items
-
-
 @contextlib.asynccontextmanager
 async def engine_events(
     call: Call, text: TokenText
@@ -194,7 +161,7 @@ async def engine_events(
     """Run the engine for `call` in a producer task; yields the events iterator (see `_events`;
     `text` decodes the tokens). Leaving the block stops the engine (the producer is cancelled and
     the request aborted)."""
-    deltas = _Deltas()
+    deltas: Mailbox[TokenDelta | EngineError] = Mailbox()  # producer -> consumer, all per wake-up
     error: Exception | None = None
     async with anyio.create_task_group() as tg:
         tg.start_soon(_produce, call, deltas)
@@ -211,7 +178,7 @@ async def engine_events(
         raise error
 
 
-async def _produce(call: Call, deltas: _Deltas) -> None:
+async def _produce(call: Call, deltas: Mailbox[TokenDelta | EngineError]) -> None:
     """Iterate the engine's generator in this one task (engines may hold cancel scopes across
     their yields) and pass each delta on; an engine error is passed on as an item."""
     request = GenerateRequest(
@@ -230,14 +197,17 @@ async def _produce(call: Call, deltas: _Deltas) -> None:
 
 
 async def _events(
-    call: Call, deltas: _Deltas, table: TokenText
+    call: Call, deltas: Mailbox[TokenDelta | EngineError], table: TokenText
 ) -> AsyncIterator[tuple[Choice, int]]:
     """After each engine delta yield (choice, index of its first new token); a choice's
     finish is set on the yield that ends it. Raises the engine's error."""
     stops, stop_ids = call.stops, set(call.sampling.stop_token_ids)
     longest = max((len(s) for s in stops), default=0)
     ints, nints = table.ints, len(table.ints)
-    while batch := await deltas.take():
+    while True:
+        await deltas.wait()
+        if not (batch := deltas.take()):
+            return  # closed (no one wakes it without an item) and drained
         for delta in batch:
             if isinstance(delta, BaseException):
                 raise delta
