@@ -27,14 +27,12 @@ from pathlib import Path
 import anyio
 import msgspec
 
+from gyre.agents.agent_users import AgentUser, hand_back, hand_over
 from gyre.agents.control import ExecutionControl, check_execution_id, mint_api_key
 from gyre.agents.environment import agent_environment
 from gyre.agents.isolation import (
-    AgentUser,
     agent_namespace,
     closed_to_others,
-    hand_back,
-    hand_over,
     isolation_refused,
     node_sockets,
     reach_refused,

@@ -1,15 +1,15 @@
 """Isolation of agents from the node and from each other: own uids, default-deny namespaces.
 
-Owns the harness's isolation policy and its pieces: `AgentUser` (one agent uid held for an
-execution), `agent_namespace` (the mount namespace every agent starts from), `sealed_endpoint` (the
-one address an agent's network namespace reaches) and `node_sockets`, `check_isolation` (the
-preflight of `require_isolation`; `check_visible_paths`), `closed_to_others` and
-`unreachable_executable` (whether a stranger's uid reaches a path, an agent command's executable, as
-a namespace shows the tree), `hand_over` / `hand_back` (an execution's files to the agent's uid and
-back), `tighten_hidden` and `agent_uid_problem` (whether root here can switch to agent uids). The
-`Harness` (`gyre.agents.harness`) applies them per execution; the mechanics (uids, `Mounts`,
-`Relay`, namespaces) are `gyre.sandbox`'s. Knows nothing about processes' lifetimes, HTTP or tokens;
-of the proxy only its URL.
+Owns the harness's isolation policy and its pieces: `agent_namespace` (the mount namespace every
+agent starts from), `sealed_endpoint` (the one address an agent's network namespace reaches) and
+`node_sockets`, `check_isolation` (the preflight of `require_isolation`; `check_visible_paths`),
+`closed_to_others` and `unreachable_executable` (whether a stranger's uid reaches a path, an agent
+command's executable, as a namespace shows the tree), `tighten_hidden` and `agent_uid_problem`
+(whether root here can switch to agent uids). The uids themselves (`AgentUser`, one held per
+execution) and an execution's files handed to one and back (`hand_over` / `hand_back`) are
+`gyre.agents.agent_users`'. The `Harness` (`gyre.agents.harness`) applies them per execution; the
+mechanics (uids, `Mounts`, `Relay`, namespaces) are `gyre.sandbox`'s. Knows nothing about
+processes' lifetimes, HTTP or tokens; of the proxy only its URL.
 
 Isolation (`isolate_uid`, when the node runs as root): each agent runs as its own unprivileged uid
 (`agent_uid_base` + a slot held with a lock file while the execution runs, so no two running
@@ -62,50 +62,39 @@ executable other users cannot reach runs as root, with a warning."""
 
 from __future__ import annotations
 
-import fcntl
-import grp
 import ipaddress
 import itertools
 import logging
 import os
-import pwd
-import secrets
 import shutil
 import stat
 import sys
 import urllib.parse
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import IO
 
 import msgspec
 
 from gyre.config import HarnessConfig
-from gyre.errors import ConfigError, ExecutionError
+from gyre.errors import ConfigError
 from gyre.sandbox import Mounts, Relay, mount_namespace_problem, network_namespace_problem
 from gyre.sandbox.uids import uid_switch_problem
 from gyre.tasks.scorer import JUDGE_USER
 from gyre.tasks.task import Task
 
 __all__ = [
-    "AgentUser",
-    "AGENT_OWNED",
     "agent_uid_problem",
     "GYRE_DIR",
     "PRIVATE_DIRS",
     "SYSTEM_DIRS",
-    "UID_LOCK_DIR",
     "agent_namespace",
     "check_isolation",
     "check_visible_paths",
-    "chown_tree",
     "closed_parents",
     "closed_to_others",
     "command_paths",
     "covered_top_level",
     "generator_files",
-    "hand_back",
-    "hand_over",
     "isolation_refused",
     "node_sockets",
     "reach_problem",
@@ -126,19 +115,18 @@ logger = logging.getLogger(__name__)
 GYRE_DIR = Path(__file__).parent.parent
 """The gyre package folder (shown to agents read-only; its suite generator hidden)."""
 
-UID_LOCK_DIR = Path("/run/gyre-agent-uids" if os.path.isdir("/run") else "/tmp/gyre-agent-uids")
-"""Root-only folder of one lock file per agent uid in use on this node (all harnesses share it)."""
-
 _warned: set[str] = set()
 
 
 def warn_once(key: str, message: str, *args: object) -> None:
+    """Log `message % args` as a warning the first time `key` is seen in this process."""
     if key not in _warned:
         _warned.add(key)
         logger.warning(message, *args)
 
 
 def under(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or inside it (absolute normalised paths; no filesystem access)."""
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
@@ -517,14 +505,6 @@ def node_sockets() -> set[str]:
     }
 
 
-def chown_tree(top: Path, uid: int, gid: int) -> None:
-    """`lchown` `top` and everything under it (symlinks themselves, never their targets)."""
-    os.lchown(top, uid, gid)
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, name), uid, gid)
-
-
 def tighten_hidden(task: Task) -> None:
     """Make `tests/` and `solution/` of `task` 0700 (owner only): no agent uid can enter them.
 
@@ -534,67 +514,3 @@ def tighten_hidden(task: Task) -> None:
         if folder.is_dir() and stat.S_IMODE(os.stat(folder).st_mode) & 0o077:
             os.chmod(folder, 0o700)
             logger.debug("isolation: %s is now 0700 (hidden from agent uids)", folder)
-
-
-class AgentUser:
-    """One agent uid (gid = uid) held for an execution: an exclusive lock on its lock file."""
-
-    def __init__(self, uid: int, lock: IO[bytes]) -> None:
-        self.uid = uid
-        self._lock = lock
-
-    def release(self) -> None:
-        self._lock.close()
-
-    @classmethod
-    def acquire(cls, base: int, count: int) -> AgentUser:
-        """A uid in [base, base + count) that no running execution on this node holds and no
-        user or group of the node has (random start: a uid is rarely reused right away).
-        Raises `ExecutionError` if all are held or the lock folder is not root's own."""
-        UID_LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
-        st = os.lstat(UID_LOCK_DIR)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077:
-            raise ExecutionError(f"{UID_LOCK_DIR} must be a folder owned by root with mode 0700")
-        start = secrets.randbelow(count)
-        for i in range(count):
-            uid = base + (start + i) % count
-            try:
-                pwd.getpwuid(uid)
-                continue  # a real user of the node
-            except KeyError:
-                pass
-            try:
-                grp.getgrgid(uid)
-                continue
-            except KeyError:
-                pass
-            lock = open(UID_LOCK_DIR / str(uid), "ab")
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.close()
-                continue
-            return cls(uid, lock)
-        raise ExecutionError(f"all {count} agent uids from {base} are in use on this node")
-
-
-AGENT_OWNED = ("workspace", "home", "tmp", "instruction.md")
-"""What of an execution folder belongs to its agent uid while the agent runs."""
-
-
-def hand_over(exec_dir: Path, uid: int) -> None:
-    """Give an execution's `AGENT_OWNED` files to the agent's `uid` (gid = uid), owner-only, and
-    make `exec_dir` 0711: the agent passes through to its files; it lists nothing."""
-    for name in AGENT_OWNED:
-        chown_tree(exec_dir / name, uid, uid)
-    for name in ("workspace", "home", "tmp"):
-        os.chmod(exec_dir / name, 0o700)
-    os.chmod(exec_dir / "instruction.md", 0o400)
-    os.chmod(exec_dir, 0o711)
-
-
-def hand_back(exec_dir: Path) -> None:
-    """Give the agent's files to root once its tree is gone (its uid may be reused)."""
-    for name in AGENT_OWNED:
-        if os.path.lexists(exec_dir / name):
-            chown_tree(exec_dir / name, 0, 0)
