@@ -1,4 +1,4 @@
-"""Imports only run down the layers (docs/design.md, "Layers").
+"""Imports only run down the layers (docs/design.md, "Layers"); no module is over 600 lines.
 
 A module may import gyre modules of its own layer or of a lower one, never of a higher one; the
 walk reads every import statement of `gyre/` (function-level and `TYPE_CHECKING` ones included)
@@ -102,6 +102,18 @@ def test_every_module_has_a_layer() -> None:
 
 def test_imports_only_run_down_the_layers() -> None:
     assert violations() == []
+
+
+MAX_LINES = 600
+"""docs/style.md rule 15: a longer module holds more than one concept."""
+
+
+def test_no_module_is_over_600_lines() -> None:
+    sizes = {
+        p.relative_to(ROOT.parent): len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")
+    }
+    assert {str(p): n for p, n in sizes.items() if n > MAX_LINES} == {}
+    assert max(sizes.values()) > 400  # the walk saw the package's big modules
 
 
 def test_the_walk_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
