@@ -14,6 +14,10 @@ Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node 
   load (vLLM would restart the grammar mid-completion): it ends with `abort` and its tokens so far;
 - each of the n choices is its own vLLM request with seed `choice_seed(seed, i)` (B22: vLLM's own
   n>1 reuses one seed); EOS is not special: the request's stop IDs decide, the stop token is kept;
+  a one-choice request is driven in its consumer's task (no task or queue between vLLM's output
+  and the consumer: one wake-up per engine step, not two), n > 1 choices each in a task of their
+  own, merged through a queue; a request's deadline (`request_timeout_s`) is one timer, not a
+  timeout scope per delta;
 - `load_weights` aborts in-flight requests with their tokens so far, reloads (`reload_weights`),
   resets the prefix cache (B12), bumps the version and continues each request from prompt +
   tokens so far, so every token carries the version that sampled it and callers see one stream;
@@ -29,9 +33,9 @@ The engine settings and each choice's sampling parameters in vLLM's terms are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -75,16 +79,28 @@ class _Choice:
         self.finish: FinishReason | None = None
         self.sub_id: str | None = None
         self.user_aborted = False
+        self.ended: tuple[FinishReason, int | None] = ("abort", None)
+        """The last vLLM attempt's finish and cached prompt tokens."""
         self.done = asyncio.Event()
 
 
-def _coalesce(first: TokenDelta | BaseException, queue: asyncio.Queue) -> list[TokenDelta]:
+_DEADLINE = object()
+"""Queued by a request's deadline timer: wakes its consumer, which then ends it."""
+
+
+def _coalesce(first: TokenDelta | BaseException | object, queue: asyncio.Queue) -> list[TokenDelta]:
     """`first` plus every delta already queued, merged per choice in order (fewer, larger deltas
-    when the consumer is slower than the engine; nothing is reordered across a finish)."""
+    when the consumer is slower than the engine; nothing is reordered across a finish); the
+    `_DEADLINE` wake-up is skipped."""
     merged: dict[int, TokenDelta] = {}
     out: list[TokenDelta] = []
     item = first
     while True:
+        if item is _DEADLINE:
+            if queue.empty():
+                return out
+            item = queue.get_nowait()
+            continue
         if isinstance(item, BaseException):
             raise item
         prev = merged.get(item.index)
@@ -204,6 +220,15 @@ class VLLMEngine:
             return
         self._requests[request.request_id] = choices
         self._counts["requests_total"] += 1
+        if len(choices) == 1:
+            try:
+                one = self._generate_one(request, choices[0], max_tokens)
+                async with contextlib.aclosing(one) as deltas:
+                    async for delta in deltas:
+                        yield delta
+            finally:
+                self._requests.pop(request.request_id, None)
+            return
         queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
         tasks = [
             asyncio.create_task(
@@ -212,33 +237,85 @@ class VLLMEngine:
             )
             for choice in choices
         ]
-        deadline = time.monotonic() + self.config.request_timeout_s
+        # One timer per request, not a timeout scope per delta (a scope costs a timer handle
+        # scheduled and cancelled at every engine step): at the deadline it wakes the consumer.
+        expired: list[bool] = []
+
+        def expire() -> None:
+            expired.append(True)
+            queue.put_nowait(_DEADLINE)
+
+        timer = asyncio.get_running_loop().call_later(self.config.request_timeout_s, expire)
         try:
             remaining = len(choices)
             while remaining:
-                try:
-                    async with asyncio.timeout(deadline - time.monotonic()):
-                        item = await queue.get()
-                except TimeoutError:
+                if expired and queue.empty():
                     await self.abort(request.request_id)
                     raise EngineTimeoutError(
                         f"request {request.request_id!r} exceeded "
                         f"request_timeout_s={self.config.request_timeout_s}"
-                    ) from None
+                    )
+                item = await queue.get()
                 for delta in _coalesce(item, queue):
                     if delta.finish_reason is not None:
                         remaining -= 1
                     yield delta
         finally:
+            timer.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._requests.pop(request.request_id, None)
 
+    async def _generate_one(
+        self, request: GenerateRequest, choice: _Choice, max_tokens: int
+    ) -> AsyncIterator[TokenDelta]:
+        """A one-choice request driven in its consumer's task: no task or queue between vLLM's
+        output and the consumer, so an engine step costs one wake-up per request, not two. At
+        the deadline the choice is aborted in vLLM and `EngineTimeoutError` raised."""
+        expired: list[bool] = []
+
+        def expire() -> None:
+            expired.append(True)
+            choice.user_aborted = True
+            if choice.sub_id is not None:
+                aborts.add(asyncio.ensure_future(self.llm.abort(choice.sub_id)))
+
+        aborts: set[asyncio.Future] = set()
+        timer = asyncio.get_running_loop().call_later(self.config.request_timeout_s, expire)
+        try:
+            async with contextlib.aclosing(self._drive(request, choice, max_tokens)) as deltas:
+                async for delta in deltas:
+                    if expired:
+                        raise EngineTimeoutError(
+                            f"request {request.request_id!r} exceeded "
+                            f"request_timeout_s={self.config.request_timeout_s}"
+                        )
+                    yield delta
+        finally:
+            timer.cancel()
+            if aborts:
+                await asyncio.gather(*aborts, return_exceptions=True)
+
     async def _run_choice(
         self, request: GenerateRequest, choice: _Choice, max_tokens: int, queue: asyncio.Queue
     ) -> None:
-        """Drive one choice through vLLM; continue it after a weight load. Never raises."""
+        """Drive one choice of several in a task of its own, its deltas into `queue` (an error
+        too, which the consumer re-raises). Never raises but `CancelledError`."""
+        try:
+            async with contextlib.aclosing(self._drive(request, choice, max_tokens)) as deltas:
+                async for delta in deltas:
+                    queue.put_nowait(delta)
+        except BaseException as exc:  # handed to the consumer, who re-raises it
+            queue.put_nowait(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    async def _drive(
+        self, request: GenerateRequest, choice: _Choice, max_tokens: int
+    ) -> AsyncIterator[TokenDelta]:
+        """Drive one choice through vLLM; continue it after a weight load. Yields its deltas, the
+        last one with its finish. Raises `GyreError` (any other error as `EngineError`)."""
         try:
             attempt = 0
             while True:
@@ -247,7 +324,12 @@ class VLLMEngine:
                     finish, cached = "abort", None
                     break
                 self._check_serving(request.request_id)
-                finish, cached = await self._attempt(request, choice, max_tokens, attempt, queue)
+                async with contextlib.aclosing(
+                    self._attempt(request, choice, max_tokens, attempt)
+                ) as deltas:
+                    async for delta in deltas:
+                        yield delta
+                finish, cached = choice.ended
                 if (
                     finish == "abort"
                     and not choice.user_aborted
@@ -260,33 +342,26 @@ class VLLMEngine:
             choice.finish = finish
             if finish == "abort":
                 self._counts["requests_aborted"] += 1
-            queue.put_nowait(
-                TokenDelta(
-                    index=choice.index,
-                    token_ids=[],
-                    logprobs=[],
-                    versions=[],
-                    finish_reason=finish,
-                    cached_tokens=cached,
-                )
+            yield TokenDelta(
+                index=choice.index,
+                token_ids=[],
+                logprobs=[],
+                versions=[],
+                finish_reason=finish,
+                cached_tokens=cached,
             )
-        except BaseException as exc:  # handed to the consumer, who re-raises it
-            if isinstance(exc, Exception) and not isinstance(exc, GyreError):
-                exc = EngineError(f"vLLM failed on request {request.request_id!r}: {exc!r}")
-            queue.put_nowait(exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+        except GyreError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"vLLM failed on request {request.request_id!r}: {exc!r}") from exc
         finally:
             choice.done.set()
 
     async def _attempt(
-        self,
-        request: GenerateRequest,
-        choice: _Choice,
-        max_tokens: int,
-        attempt: int,
-        queue: asyncio.Queue,
-    ) -> tuple[FinishReason, int | None]:
+        self, request: GenerateRequest, choice: _Choice, max_tokens: int, attempt: int
+    ) -> AsyncIterator[TokenDelta]:
+        """One vLLM request of `choice`: yields its token deltas; leaves (finish, cached tokens)
+        in `choice.ended`."""
         from vllm.inputs import TokensPrompt
 
         s = request.sampling
@@ -301,6 +376,8 @@ class VLLMEngine:
             s, max_tokens=max_tokens - len(choice.ids), seed=seed, kv_transfer=pull
         )
         sub_id = f"{request.request_id}/{choice.index}/{attempt}"
+        prompt = TokensPrompt(prompt_token_ids=[*request.prompt_ids, *choice.ids])
+        outputs = self.llm.generate(prompt, params, sub_id)  # starts at the first iteration
         choice.sub_id = sub_id
         self._active_subs.add(sub_id)
         self._drained.clear()
@@ -308,8 +385,7 @@ class VLLMEngine:
         cached = None
         counted = False
         try:
-            prompt = TokensPrompt(prompt_token_ids=[*request.prompt_ids, *choice.ids])
-            async for out in self.llm.generate(prompt, params, sub_id):
+            async for out in outputs:
                 if not counted and out.num_cached_tokens is not None:
                     counted = True
                     self._counts["prompt_tokens_computed"] += (
@@ -332,26 +408,25 @@ class VLLMEngine:
                     top_ids = top_lps = None
                     if s.top_logprobs:
                         top_ids, top_lps = top_entries(c.logprobs, len(ids), s.top_logprobs)
-                    queue.put_nowait(
-                        TokenDelta(
-                            index=choice.index,
-                            token_ids=ids,
-                            logprobs=lps,
-                            versions=vers,
-                            top_ids=top_ids,
-                            top_logprobs=top_lps,
-                        )
+                    yield TokenDelta(
+                        index=choice.index,
+                        token_ids=ids,
+                        logprobs=lps,
+                        versions=vers,
+                        top_ids=top_ids,
+                        top_logprobs=top_lps,
                     )
                 if attempt == 0 and out.num_cached_tokens is not None:
                     cached = out.num_cached_tokens
                 if out.finished:
                     finish = _FINISH.get(str(c.finish_reason), "abort")
         finally:
+            await outputs.aclose()  # a consumer that left: vLLM aborts the request
             self._active_subs.discard(sub_id)
             choice.sub_id = None
             if not self._active_subs:
                 self._drained.set()
-        return finish, cached
+            choice.ended = (finish, cached)
 
     def _check_serving(self, request_id: str) -> None:
         if self._broken is not None:
