@@ -135,7 +135,11 @@ async def test_each_policy_trains_every_batch_once(policy: str, tmp_path: Path) 
         assert all(f.switches == [] for f in fakes[1:])
     else:  # colocate and elastic move cells, and every switch shows in the timeline
         assert stats.switches == len(runtime.switch_s) > 0
-        assert {rc.role for rc in timeline.roles} >= {"switching", "train", "rollout"}
+        # a switch writes "switching" when it begins and its target role when it ends; whether
+        # the core is moved back to rollout before the last step depends on timing (elastic)
+        roles = [rc.role for rc in timeline.roles]
+        assert roles.count("switching") == stats.switches
+        assert len(roles) == 2 * stats.switches and "train" in roles
     if policy == "colocate":  # every cell trains every batch: satellites join the accumulation
         assert all(f.switches[:2] == ["train", "rollout"] for f in fakes)
 
