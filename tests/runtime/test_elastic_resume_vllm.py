@@ -16,6 +16,7 @@ loop's kill/resume test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -140,9 +141,10 @@ def test_a_node_killed_mid_step_resumes_without_loss_or_double_training(
                     break
                 os.killpg(first.pid, signal.SIGCONT)
             time.sleep(0.002)
+        with contextlib.suppress(ProcessLookupError):  # a node that ended early left no group
+            os.killpg(first.pid, signal.SIGKILL)  # the node, its cells and every agent
+        first.wait()  # killed before asserting: a missed switch leaves no run behind
         assert seen, (tmp_path / "first.log").read_text()[-3000:]
-        os.killpg(first.pid, signal.SIGKILL)  # the node, its cells and every agent
-        first.wait()
     # what the files say of the moment of the kill: a switch begun and not ended, executions out
     killed = read_timeline(run_dir)
     assert switching_cells(killed) and killed.water_level[-1] > 0
