@@ -9,14 +9,16 @@ client through gyre's `TitoProxy` + that cell, against vLLM's own OpenAI server
 `max_tokens` tokens (no stop IDs; `ignore_eos` for vLLM's server).
 
 Writes benchmarks/results/engine.json: tokens/s per concurrency (1, 8, 32), `overhead_ratio_<n>` =
-gyre time / direct time (medians of `--repeats`; goal <= 1.10), `proxy_vs_vllm_server_ratio_32`
-(goal <= 1.15; None with `vllm_server_error` when that server cannot start), how much the cell's
-wire batched (`stream_frames_per_write`, `generate_requests_per_post`), the CPU seconds per batch
-of 32 of the processes on each path (`direct_process_cpu_s_32`, `gyre_node_cpu_s_32`,
-`gyre_cell_cpu_s_32`; steadier than wall time on a shared machine), and the scheduling facts
-the cell path depends on: `sched_autogroup_enabled` and `cells_share_node_sched_group`.
+gyre time / direct time (medians of `--rounds` x `--repeats` batches, every engine started afresh
+each round; goal <= 1.10; `per_round` keeps each round's own ratios),
+`proxy_vs_vllm_server_ratio_32` (goal <= 1.15; None with `vllm_server_error` when that server
+cannot start), how much the cell's wire batched (`stream_frames_per_write`,
+`generate_requests_per_post`), the CPU seconds per batch of 32 of the processes on each path
+(`direct_process_cpu_s_32`, `gyre_node_cpu_s_32`, `gyre_cell_cpu_s_32`; means over rounds,
+steadier than wall time on a shared machine), and the scheduling facts the cell path depends on:
+`sched_autogroup_enabled` and `cells_share_node_sched_group`.
 
-Run: .venv/bin/python -m benchmarks.bench_engine [--repeats 5] [--max-tokens 64]
+Run: .venv/bin/python -m benchmarks.bench_engine [--rounds 3] [--repeats 5] [--max-tokens 64]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -304,27 +307,26 @@ async def _vllm_server_path(
                 pass
 
 
-async def main_async(repeats: int, max_tokens: int) -> None:
+async def _round(
+    model_dir: Path,
+    config: EngineConfig,
+    prompts: list[list[int]],
+    repeats: int,
+    max_tokens: int,
+    log_dir: Path,
+) -> dict:
+    """One round: the direct engine, then a cell (engine protocol, then the proxy), then vLLM's
+    server, each started, timed `repeats` times and stopped before the next starts."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from gyre.engines.vllm_params import engine_args
-    from gyre.model import init_model_dir
     from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
 
-    root = Path(tempfile.mkdtemp(prefix="bench-engine-"))
-    model_config = ModelConfig(seed=0)
-    model_dir = init_model_dir(root / "model", model_config)
-    # no KV connector (on by default since d5aaa60): vLLM's own server below runs without one, and
-    # the direct path would carry it in this process; this measures the transport, not migration
-    config = EngineConfig(max_model_len=1024, kv_transfer=KVTransferConfig(connector="none"))
-    prompts = [
-        [5 + (7 * i + j) % 500 for j in range(32 + 8 * (i % 4))] for i in range(max(CONCURRENCY))
-    ]
     direct_s: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
     gyre_s: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
     # One engine at a time: an idle vLLM engine beside the measured one took 2-7x off the measured
     # path on 2 cores (measured 2026-12-01: gyre 55 tok/s at concurrency 1 with the direct engine
-    # alive, 344 tok/s alone), which no alternation cancels.
+    # alive, 344 tok/s alone), which no alternation within one engine's life cancels.
     llm = AsyncLLM.from_engine_args(engine_args(str(model_dir), config))
     try:
         direct_cpu = await _measure(
@@ -338,7 +340,7 @@ async def main_async(repeats: int, max_tokens: int) -> None:
         )
     finally:
         llm.shutdown()
-    cell = spawn_cell(model_dir, config, log_path=root / "cell.log")
+    cell = spawn_cell(model_dir, config, log_path=log_dir / "cell.log")
     try:
         url = await anyio.to_thread.run_sync(wait_cell_ready, cell, config.startup_timeout_s)
         groups = sched_groups(cell.process.pid)
@@ -364,8 +366,49 @@ async def main_async(repeats: int, max_tokens: int) -> None:
         prompts[:SERVER_CONCURRENCY],
         repeats,
         max_tokens,
-        root / "vllm-server.log",
+        log_dir / "vllm-server.log",
     )
+    return {
+        "direct_s": direct_s,
+        "gyre_s": gyre_s,
+        "proxy_s": proxy_s,
+        "server_s": server_s,
+        "server_error": server_error,
+        "direct_cpu": direct_cpu,
+        "gyre_cpu": gyre_cpu,
+        "streamed": streamed,
+        "groups": groups,
+    }
+
+
+def _median_ratio(a: list[float], b: list[float] | None) -> float | None:
+    return None if not b else statistics.median(a) / statistics.median(b)
+
+
+async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
+    from gyre.model import init_model_dir
+
+    root = Path(tempfile.mkdtemp(prefix="bench-engine-"))
+    model_config = ModelConfig(seed=0)
+    model_dir = init_model_dir(root / "model", model_config)
+    # no KV connector (on by default since d5aaa60): vLLM's own server below runs without one, and
+    # the direct path would carry it in this process; this measures the transport, not migration
+    config = EngineConfig(max_model_len=1024, kv_transfer=KVTransferConfig(connector="none"))
+    prompts = [
+        [5 + (7 * i + j) % 500 for j in range(32 + 8 * (i % 4))] for i in range(max(CONCURRENCY))
+    ]
+    # Rounds, each starting every engine afresh: one engine's whole life is one sample of its
+    # speed (identical runs of one round moved the ratios +-10%, 2026-12-02..04), so a median over
+    # several starts of each path is the steadier comparison. Every ratio is also kept per round.
+    done = [
+        await _round(model_dir, config, prompts, repeats, max_tokens, root) for _ in range(rounds)
+    ]
+    direct_s = {n: [t for r in done for t in r["direct_s"][n]] for n in CONCURRENCY}
+    gyre_s = {n: [t for r in done for t in r["gyre_s"][n]] for n in CONCURRENCY}
+    proxy_s = [t for r in done for t in r["proxy_s"]]
+    server_error = next((r["server_error"] for r in done if r["server_error"]), None)
+    server_s = None if server_error else [t for r in done for t in r["server_s"]]
+    groups = done[0]["groups"]
     rows, numbers = [], {}
     for n in CONCURRENCY:
         d, g = summarize(direct_s[n]), summarize(gyre_s[n])
@@ -393,14 +436,32 @@ async def main_async(repeats: int, max_tokens: int) -> None:
     # CPU seconds per batch of 32: the direct path's one process (client + AsyncLLM's output
     # handling) against gyre's node (client) and cell main process (server + AsyncLLM's)
     top = CONCURRENCY[-1]
-    numbers[f"direct_process_cpu_s_{top}"] = direct_cpu["node"]
-    numbers[f"gyre_node_cpu_s_{top}"] = gyre_cpu["node"]
-    numbers[f"gyre_cell_cpu_s_{top}"] = gyre_cpu["cell"]
-    numbers["stream_frames_per_write"] = streamed.stream_frames / max(streamed.stream_writes, 1)
+    for key, path, name in (
+        ("direct_process", "direct_cpu", "node"),
+        ("gyre_node", "gyre_cpu", "node"),
+        ("gyre_cell", "gyre_cpu", "cell"),
+    ):
+        numbers[f"{key}_cpu_s_{top}"] = statistics.fmean(r[path][name] for r in done)
+    frames = sum(r["streamed"].stream_frames for r in done)
+    writes = sum(r["streamed"].stream_writes for r in done)
+    numbers["stream_frames_per_write"] = frames / max(writes, 1)
     # generate requests per `POST /generate` (1.0: one HTTP exchange per request), same run
-    numbers["generate_requests_per_post"] = streamed.generate_requests / max(
-        streamed.generate_posts, 1
-    )
+    requests = sum(r["streamed"].generate_requests for r in done)
+    posts = sum(r["streamed"].generate_posts for r in done)
+    numbers["generate_requests_per_post"] = requests / max(posts, 1)
+    # the same ratios within each round (its own engine starts), to show the spread
+    numbers["per_round"] = [
+        {
+            **{
+                f"overhead_ratio_{n}": _median_ratio(r["gyre_s"][n], r["direct_s"][n])
+                for n in CONCURRENCY
+            },
+            f"proxy_vs_vllm_server_ratio_{SERVER_CONCURRENCY}": _median_ratio(
+                r["proxy_s"], r["server_s"]
+            ),
+        }
+        for r in done
+    ]
     numbers.update(groups)
     path = write_result(
         "engine",
@@ -413,6 +474,7 @@ async def main_async(repeats: int, max_tokens: int) -> None:
             },
             "max_tokens": max_tokens,
             "repeats": repeats,
+            "rounds": rounds,
             "concurrency": list(CONCURRENCY),
             "dtype": config.dtype,
             "kv_connector": config.kv_transfer.connector,
@@ -433,8 +495,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="fresh starts of every engine; samples are pooled"
+    )
     args = parser.parse_args()
-    anyio.run(main_async, args.repeats, args.max_tokens, backend="asyncio")
+    if args.repeats < 1 or args.rounds < 1 or args.max_tokens < 1:
+        parser.error("--repeats, --rounds and --max-tokens must be >= 1")
+    anyio.run(main_async, args.repeats, args.max_tokens, args.rounds, backend="asyncio")
 
 
 if __name__ == "__main__":
