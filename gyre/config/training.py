@@ -97,6 +97,12 @@ class WarmStartConfig(Config):
     which the tiny model's remaining errors are half-copied words that RL on 24 training tasks
     does not fix (`examples/cpu.toml`). Drawn per demonstration with a fixed seed. In [0, 1)."""
 
+    copy_pretrain_steps: int = 0
+    """Steps of copy pretraining (`gyre.model.copy_pretrain`: repeated spans of random tokens)
+    before the demonstrations, for a model that cannot yet copy from its context, like the
+    freshly built tiny model. 0: none. `learnable-long` chains need it: without it 2,000 steps
+    of chains left the tiny model guessing the note's word; after 800 it follows the notes."""
+
     def __post_init__(self) -> None:
         check_positive(
             examples=self.examples,
@@ -108,6 +114,8 @@ class WarmStartConfig(Config):
             raise ValueError(f"suite={self.suite!r} must be 'learnable' or 'learnable-long'")
         if not 0 <= self.slip_fraction < 1:
             raise ValueError(f"slip_fraction={self.slip_fraction} must be in [0, 1)")
+        if self.copy_pretrain_steps < 0:
+            raise ValueError(f"copy_pretrain_steps={self.copy_pretrain_steps} must be >= 0")
         if self.warmup_steps < 0 or self.weight_decay < 0:
             raise ValueError(
                 f"warmup_steps={self.warmup_steps} and weight_decay={self.weight_decay} "

@@ -62,7 +62,7 @@ def test_chain_conversations_are_the_agents_turns() -> None:
         ("read_file", {"path": "note1.txt"}),
         ("write_file", {"path": "b.txt", "content": "river."}),
         ("read_file", {"path": "note2.txt"}),
-        ("delegate", {"task": "Write the word stone to the file x.txt."}),
+        ("delegate", {"task": 'Write the word "stone" to the file "x.txt".'}),
     ]
     assert first["messages"][3]["content"] == chore.note(0)  # the real tool result
     assert first["messages"][5]["content"] == "wrote 6 characters to a.txt"
@@ -71,7 +71,7 @@ def test_chain_conversations_are_the_agents_turns() -> None:
     assert sub["tools"] == SUB_AGENT_TOOL_SCHEMAS
     assert sub["messages"][:2] == [
         {"role": "system", "content": SUB_AGENT_PROMPT},
-        {"role": "user", "content": "Write the word stone to the file x.txt."},
+        {"role": "user", "content": 'Write the word "stone" to the file "x.txt".'},
     ]
     assert calls(sub["messages"]) == [
         ("write_file", {"path": "x.txt", "content": "stone."}),

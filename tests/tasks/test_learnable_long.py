@@ -16,10 +16,12 @@ from gyre.tasks.solution import load_solution
 from gyre.tasks.suites import SUITES
 from gyre.tasks.suites.learnable_long import (
     COMPACT_CHARS,
+    FILES,
     INSTRUCTION,
     NOTES,
     PERFECT_CALLS,
     TURN_SLACK,
+    WORDS,
     LongChore,
     learnable_long_chores,
     learnable_long_examples,
@@ -53,14 +55,16 @@ def test_generation_is_deterministic_and_seeded() -> None:
 
 
 def test_the_notes_chain_and_parse() -> None:
-    assert CHORE.note(0) == "Write the word apple to the file a.txt. Then read the file note1.txt."
+    assert CHORE.note(0) == (
+        'Write the word "apple" to the file "a.txt". Then read the file note1.txt.'
+    )
     assert CHORE.note(2) == (
-        "Delegate to a sub-agent: Write the word stone to the file x.txt. "
+        'Delegate to a sub-agent: Write the word "stone" to the file "x.txt". '
         "Then read the file note3.txt."
     )
-    assert CHORE.note(3) == "Write the word cloud to the file out.txt. Then call finish."
+    assert CHORE.note(3) == 'Write the word "cloud" to the file "out.txt". Then call finish.'
     note = re.compile(
-        r"(Delegate to a sub-agent: )?Write the word (\w+) to the file ([\w.]+)\. "
+        r'(Delegate to a sub-agent: )?Write the word "(\w+)" to the file "([\w.]+)"\. '
         r"Then (read the file (note\d\.txt)|call finish)\."
     )
     for task in load_suite(SUITE):
@@ -69,6 +73,8 @@ def test_the_notes_chain_and_parse() -> None:
         assert [p.name for p in notes] == [f"note{i}.txt" for i in range(NOTES)]
         parsed = [note.fullmatch(p.read_text()) for p in notes]
         assert all(parsed)
+        assert {m.group(2) for m in parsed} <= set(WORDS)
+        assert {m.group(3) for m in parsed} <= set(FILES)
         assert sum(m.group(1) is not None for m in parsed) == 1  # one sub-agent per task
         assert [m.group(5) for m in parsed] == ["note1.txt", "note2.txt", "note3.txt", None]
         assert task.spec.agent.max_turns == PERFECT_CALLS + TURN_SLACK == 14
@@ -83,12 +89,9 @@ def test_solution_and_compaction_summary() -> None:
         "write_file",
     ]
     assert [s.tests_passing for s in solution.main] == [0, 1, 1, 2, 2, 3, 3, 4]
-    assert solution.sub_agents == {
-        "Write the word stone to the file x.txt.": [
-            solution.sub_agents["Write the word stone to the file x.txt."][0]
-        ]
-    }
-    assert solution.sub_agents["Write the word stone to the file x.txt."][0].arguments == {
+    task = 'Write the word "stone" to the file "x.txt".'
+    assert solution.sub_agents == {task: [solution.sub_agents[task][0]]}
+    assert solution.sub_agents[task][0].arguments == {
         "path": "x.txt",
         "content": "stone",
     }
@@ -147,3 +150,20 @@ def test_main_job_config_trains_on_the_suite() -> None:
             )
     assert longest + max_tokens <= config.engine.max_model_len
     assert longest > 776  # system prompt and tools alone
+
+
+def test_words_and_files_are_one_token_where_the_agent_copies_them() -> None:
+    """A note quotes its word and file as the `write_file` call's JSON does, and each word and
+    file stem is one token of the tiny tokenizer in both, so the token to copy is the same."""
+    import json
+
+    from gyre.model.recipe import build_tokenizer
+
+    tok = build_tokenizer()
+    for word, path in zip(WORDS, FILES * 2):
+        chore = LongChore(words=(word,) * NOTES, files=(path,) * NOTES, delegated=0)
+        note = tok.encode(chore.note(1), add_special_tokens=False)
+        call = tok.encode(json.dumps({"path": path, "content": word}), add_special_tokens=False)
+        for text in (word, path.removesuffix(".txt")):
+            [token] = tok.encode(text, add_special_tokens=False)
+            assert token in note and token in call, (text, tok.convert_ids_to_tokens(note))

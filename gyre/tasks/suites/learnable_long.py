@@ -3,12 +3,14 @@
 Owns `learnable_long_suite` (the 32 shipped tasks), `learnable_long_examples` (fresh tasks of the
 same kind, drawn with their own seed, for warm-start demonstrations), `LongChore` (one drawn
 chain, with what a perfect agent writes when it compacts its history) and the chain's constants.
-A task is `NOTES` notes in the workspace, `note0.txt` to `note3.txt`; each says "Write the word
-W to the file F. Then read the file note<i+1>.txt." (the last: "Then call finish."), and one of
-them asks to delegate its write to a sub-agent. A perfect agent makes 2 main calls per note (read,
-then write or delegate), the sub-agent 2 (write, finish), plus `finish`: 11 calls, 12 with the
-one compaction at `COMPACT_CHARS`. The hidden tests check each file (partial credit per file).
-Knows nothing about agents, models or the other suites.
+A task is `NOTES` notes in the workspace, `note0.txt` to `note3.txt`; each says 'Write the word
+"W" to the file "F". Then read the file note<i+1>.txt.' (the last: "Then call finish."), and one
+of them asks to delegate its write to a sub-agent. Words and file names come from `WORDS` and
+`FILES`: each is one token of the reference tiny tokenizer, quoted in the note as in the call's
+JSON, so following a note means copying tokens, not spelling a word out. A perfect agent makes
+2 main calls per note (read, then write or delegate), the sub-agent 2 (write, finish), plus
+`finish`: 11 calls, 12 with the one compaction at `COMPACT_CHARS`. The hidden tests check each
+file (partial credit per file). Knows nothing about agents, models or the other suites.
 """
 
 from __future__ import annotations
@@ -18,15 +20,16 @@ from dataclasses import dataclass
 
 from gyre.tasks.solution import Solution, Step
 from gyre.tasks.suites.files import TaskFiles
-from gyre.tasks.suites.learnable import _L_FILES, _L_WORDS
 
 __all__ = [
     "COMPACT_CHARS",
+    "FILES",
     "INSTRUCTION",
     "LongChore",
     "NOTES",
     "PERFECT_CALLS",
     "TURN_SLACK",
+    "WORDS",
     "learnable_long_chores",
     "learnable_long_examples",
     "learnable_long_suite",
@@ -34,6 +37,40 @@ __all__ = [
 
 NOTES = 4
 """Notes (written files) per task."""
+WORDS = (
+    "agent",
+    "class",
+    "config",
+    "error",
+    "function",
+    "key",
+    "line",
+    "list",
+    "module",
+    "number",
+    "output",
+    "package",
+    "result",
+    "string",
+    "system",
+    "value",
+)
+"""The words a note asks for. Each is one token of the reference tiny tokenizer
+(`gyre.model.recipe`) both after a space and after a quote, the two ways it appears in a note and
+in a `write_file` call, so the model copies a token. With `learnable`'s words, which that
+tokenizer spells in 2-5 pieces that differ between the note and the call's JSON, the tiny model
+never learned to follow a note (`gyre.model.sft`'s docstring)."""
+FILES = (
+    "main.txt",
+    "test.txt",
+    "input.txt",
+    "spec.txt",
+    "user.txt",
+    "task.txt",
+    "name.txt",
+    "count.txt",
+)
+"""The files a note names; each stem is one token of that tokenizer, like `WORDS`."""
 INSTRUCTION = "Follow the notes. Read the file note0.txt and do what it says.\n"
 """Every task's instruction: the chores are in the notes, so each one is read before it is done."""
 COMPACT_CHARS = 1800
@@ -57,16 +94,18 @@ class LongChore:
 
     def note(self, i: int) -> str:
         """The text of `note<i>.txt`."""
-        chore = f"Write the word {self.words[i]} to the file {self.files[i]}."
+        chore = self._chore(i)
         if i == self.delegated:
             chore = f"Delegate to a sub-agent: {chore}"
         after = f"Then read the file note{i + 1}.txt." if i + 1 < NOTES else "Then call finish."
         return f"{chore} {after}"
 
+    def _chore(self, i: int) -> str:
+        return f'Write the word "{self.words[i]}" to the file "{self.files[i]}".'
+
     def sub_task(self) -> str:
         """The delegated chore, as the main agent passes it to `delegate`."""
-        i = self.delegated
-        return f"Write the word {self.words[i]} to the file {self.files[i]}."
+        return self._chore(self.delegated)
 
     def environment(self) -> dict[str, str]:
         return {f"note{i}.txt": self.note(i) for i in range(NOTES)}
@@ -104,8 +143,8 @@ class LongChore:
 
 def _draw(rng: random.Random) -> LongChore:
     return LongChore(
-        words=tuple(rng.sample(_L_WORDS, NOTES)),
-        files=tuple(rng.sample(_L_FILES, NOTES)),
+        words=tuple(rng.sample(WORDS, NOTES)),
+        files=tuple(rng.sample(FILES, NOTES)),
         delegated=rng.randrange(NOTES),
     )
 

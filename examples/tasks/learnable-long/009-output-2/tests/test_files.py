@@ -1,0 +1,21 @@
+"""Hidden tests (generated): one per file, so the score is the share of files right."""
+
+
+def test_file_0():
+    import os
+    assert os.path.isfile('input.txt') and open('input.txt').read().strip() == 'output'
+
+
+def test_file_1():
+    import os
+    assert os.path.isfile('count.txt') and open('count.txt').read().strip() == 'value'
+
+
+def test_file_2():
+    import os
+    assert os.path.isfile('task.txt') and open('task.txt').read().strip() == 'key'
+
+
+def test_file_3():
+    import os
+    assert os.path.isfile('user.txt') and open('user.txt').read().strip() == 'number'

@@ -1,0 +1,21 @@
+"""Hidden tests (generated): one per file, so the score is the share of files right."""
+
+
+def test_file_0():
+    import os
+    assert os.path.isfile('test.txt') and open('test.txt').read().strip() == 'key'
+
+
+def test_file_1():
+    import os
+    assert os.path.isfile('name.txt') and open('name.txt').read().strip() == 'class'
+
+
+def test_file_2():
+    import os
+    assert os.path.isfile('main.txt') and open('main.txt').read().strip() == 'number'
+
+
+def test_file_3():
+    import os
+    assert os.path.isfile('spec.txt') and open('spec.txt').read().strip() == 'config'

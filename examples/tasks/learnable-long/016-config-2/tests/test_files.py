@@ -1,0 +1,21 @@
+"""Hidden tests (generated): one per file, so the score is the share of files right."""
+
+
+def test_file_0():
+    import os
+    assert os.path.isfile('main.txt') and open('main.txt').read().strip() == 'config'
+
+
+def test_file_1():
+    import os
+    assert os.path.isfile('count.txt') and open('count.txt').read().strip() == 'value'
+
+
+def test_file_2():
+    import os
+    assert os.path.isfile('input.txt') and open('input.txt').read().strip() == 'number'
+
+
+def test_file_3():
+    import os
+    assert os.path.isfile('name.txt') and open('name.txt').read().strip() == 'result'
