@@ -28,6 +28,7 @@ _SFT_FLAGS = (
     ("--lr", "learning_rate", float),
     ("--seed", "seed", int),
     ("--slip-fraction", "slip_fraction", float),
+    ("--copy-pretrain-steps", "copy_pretrain_steps", int),
 )
 """`gyre.model sft` flags: (flag, `WarmStartConfig` field, type)."""
 

@@ -239,6 +239,10 @@ def test_cli_errors(
     )
     assert "slip_fraction=1.0 must be in [0, 1)" in capsys.readouterr().err
     assert not (tmp_path / "o4").exists()
+    out = str(tmp_path / "o6")
+    argv = ["sft", "--model", str(tiny_model_dir), "--out", out, "--copy-pretrain-steps", "-2"]
+    assert main(argv) == 2
+    assert "copy_pretrain_steps=-2 must be >= 0" in capsys.readouterr().err
     (tmp_path / "file").write_text("not a folder")
     assert main(["sft", "--model", str(tiny_model_dir), "--out", str(tmp_path / "file")]) == 2
     assert "exists and is not a folder" in capsys.readouterr().err
