@@ -54,8 +54,13 @@ steps (log p about -ln 16 on the word), and so did 1,500 steps of copy pretraini
 (`gyre.model.copy_pretrain`, 125 s) followed by 240 chain steps at 5e-3 or 1e-3. Copy pretraining
 followed by 2,000 chain steps (1,000 chains x 4 epochs at 5e-3, 422 s on a loaded machine) follows
 held-out notes: mean reward 0.875 greedy / 0.90 at T=1, pass rate 58% / 62%, every execution in
-the chain's format (12 calls, a delegation, a compaction, finish). `examples/cpu.toml` runs that
-recipe with 800 copy steps (the loss on repeats reaches its floor by step 400).
+the chain's format (12 calls, a delegation, a compaction, finish). That run was lucky: the same
+recipe with the copy data drawn from another seed (`seed` 1) stayed at the guessing plateau
+(chain loss about 0.065 a token) through 2,000 steps three times (800 or 1,500 copy steps, slip
+0.6 or 0; 719 s for 1,500 + 2,000 on a quiet machine). Continuing one of them for 2,000 more
+steps (slip 0), its loss left the plateau after about 1,400 of them (0.065 -> 0.023) and it
+copies in part: held-out mean reward 0.27 greedy, pass rate 0%. So copying is learnable here,
+but when it emerges within a few thousand steps is chance.
 
 Shape suffix legend: `T` packed tokens, `N` loss positions, `H` hidden size.
 """
