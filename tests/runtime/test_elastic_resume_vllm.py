@@ -180,12 +180,17 @@ def test_a_node_killed_mid_step_resumes_without_loss_or_double_training(
     assert len(launches) == 2 and launches[0].launch != launches[1].launch
     resumed = launches[1]
     assert resumed.resumed_from_step == state.step
-    assert resumed.rerun  # executions in flight at the kill ran again
     assert {r.was for r in resumed.rerun if r.was} == set(state.in_flight) - finished_before
     # the resume starts after the checkpoint's dispatched executions, or after the last finished
     # one in dispatch order when some finished beyond them; later members are dispatched anew
     last = max(e.group * G + e.slot for e in before)
     assert resumed.dispatched == max(state.dispatched, last + 1)
+    # every member before that point not finished at the kill runs again, and only those (none
+    # when all the checkpoint saw out had finished: those in flight at the kill are then all
+    # beyond it, dispatched anew; stop 27's fresh clone caught that moment once)
+    done = {(e.group, e.slot) for e in before}
+    unfinished = {divmod(k, G) for k in range(resumed.dispatched)} - done
+    assert {(r.group, r.member) for r in resumed.rerun} == unfinished
     ran_again = {r.execution_id for r in resumed.rerun}
     assert ran_again <= {e.outcome.execution_id for e in entries}  # each ran, once
     log = read_log(run_dir / "calls.log")
