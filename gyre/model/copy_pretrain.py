@@ -35,10 +35,16 @@ def copy_batch(generator: Any, vocab_size: int, low: int = 3):
     """One batch of copy sequences: int64 tensor [COPY_BATCH, 3 * COPY_SPAN + 2 * COPY_FILLER]
     of token IDs in [low, vocab_size - 14) (`low` skips the control tokens at the start of the
     reference vocabulary; the top 14 hold its 6 tag tokens and its rarest merges), drawn from
-    `generator` (a `torch.Generator`)."""
+    `generator` (a `torch.Generator`).
+
+    Raises:
+        ValueError: the range [low, vocab_size - 14) holds fewer than 2 token IDs.
+    """
     import torch
 
     high = vocab_size - 14
+    if high - low < 2:
+        raise ValueError(f"vocab_size={vocab_size} leaves no token IDs in [{low}, {high})")
     span_BS = torch.randint(low, high, (COPY_BATCH, COPY_SPAN), generator=generator)
     fill_BS = torch.randint(low, high, (COPY_BATCH, COPY_FILLER), generator=generator)
     return torch.cat([span_BS, fill_BS, span_BS, fill_BS.flip(1), span_BS], 1)
@@ -53,7 +59,7 @@ def copy_pretrain(model: Any, steps: int, *, seed: int, log=None) -> list[float]
     `callable(str)`, about ten lines.
 
     Raises:
-        ValueError: steps < 1.
+        ValueError: steps < 1, or a vocabulary too small for `copy_batch`.
     """
     import torch
     import torch.nn.functional as F

@@ -1,9 +1,11 @@
-"""Warm start: supervised fine-tuning of a model on the `learnable` suite's demonstrations.
+"""Warm start: supervised fine-tuning of a model on the `learnable` or `learnable-long` suite's
+demonstrations.
 
 Owns `warm_start` (base model folder + `WarmStartConfig` -> fine-tuned folder, cached by a hash of
 its inputs), `SFTResult` (what it records, `SFT_RECORD`), `output_dir` and `check_output_dir`.
-The demonstrations and their token IDs come from `gyre.model.demonstrations`; the quick check of
-the result is `gyre.model.offline_eval`. Knows nothing about engines, the proxy or RL; plain
+The demonstrations and their token IDs come from `gyre.model.demonstrations`, the optional copy
+pretraining before them from `gyre.model.copy_pretrain`; the quick check of the result is
+`gyre.model.offline_eval`. Knows nothing about engines, the proxy or RL; plain
 torch AdamW in float32 on one process.
 
 Measured on the default tiny model (2 layers, hidden 128), held-out = the 32 shipped `learnable`

@@ -38,6 +38,8 @@ def test_a_batch_repeats_its_span_with_filler_between() -> None:
 def test_bad_steps_are_refused() -> None:
     with pytest.raises(ValueError, match="steps=0"):
         copy_pretrain(build_model(ModelConfig(), 1024), 0, seed=0)
+    with pytest.raises(ValueError, match="vocab_size=16 leaves no token IDs"):
+        copy_batch(torch.Generator(), 16)
     with pytest.raises(ValueError, match="copy_pretrain_steps=-1"):
         WarmStartConfig(copy_pretrain_steps=-1)
 
