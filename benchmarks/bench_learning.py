@@ -1,12 +1,14 @@
 """Learning of the main job: held-out pass rate before and after `make run`'s RL, 3 seeds.
 
-Each seed runs the `make run` job (examples/cpu.toml: the cached warm start, then the elastic
-runtime on 2 cells on `learnable-long`) in its own run folder with `seed` = the seed, at the
-config's own steps unless `--steps` says otherwise. Everything is read back from the run folder:
-the held-out evaluations before the first and after the last step (`metrics.jsonl`, `eval`
-records), the trained steps (`step` records: model calls, partially scored executions, dedup,
-same-version mismatch), the cells' role changes (`timeline.jsonl`) and which executions ran a
-sub-agent or compacted (`calls.log`, roles of the calls). Writes
+Each seed runs the `make run` job (examples/cpu.toml: the warm start, then the elastic runtime on 2
+cells on `learnable-long`) in its own run folder with `seed` = the seed, at the config's own steps
+unless `--steps` says otherwise. Each seed trains its own warm start (`warm_start.seed` + the seed,
+into `<warm-start folder>-seed<seed>`; cached like any warm start), so the gain is shown not to hang
+on one warm start; `--shared-warm-start` uses the config's one for every seed. Everything is read
+back from the run folder: the held-out evaluations before the first and after the last step
+(`metrics.jsonl`, `eval` records), the trained steps (`step` records: model calls, partially scored
+executions, dedup, same-version mismatch), the cells' role changes (`timeline.jsonl`) and which
+executions ran a sub-agent or compacted (`calls.log`, roles of the calls). Writes
 benchmarks/results/main_job.json (after every seed, so a bench stopped early keeps the seeds it
 finished) with the keys of issue 21's acceptance:
 
@@ -19,11 +21,12 @@ finished) with the keys of issue 21's acceptance:
   `compaction_fraction` (executions of the call log with a `sub_agent` / `main_summary` call,
   goal > 0), `role_switches_per_step_mean` (a cell entering `switching`, per step, goal > 0),
   `same_version_mismatch_max` (worst step, goal <= 1e-5);
-- `warm_start_sha256` (sha256 of the warm-started `model.safetensors`) and
-  `warm_start_heldout_pass_rate` (the first held-out evaluation: the warm-started model).
+- `warm_start_sha256` (sha256 of the last seed's warm-started `model.safetensors`; every seed's
+  in `warm_start_sha256s`) and `warm_start_heldout_pass_rate` (the first held-out evaluation:
+  the warm-started model, mean over seeds).
 
 Run: .venv/bin/python -m benchmarks.bench_learning [--config examples/cpu.toml] [--seeds 0 1 2]
-     [--steps N]
+     [--steps N] [--shared-warm-start]
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from pathlib import Path
 import msgspec
 
 from benchmarks.common import print_table, write_result
-from gyre.config import load_config
+from gyre.config import RunConfig, load_config
 from gyre.job import run
 from gyre.model.sft import output_dir
 from gyre.runtime.metrics import EvalMetrics, StepMetrics, read_metrics
@@ -107,6 +110,20 @@ def seed_numbers(run_dir: Path, wall_s: float) -> dict:
     }
 
 
+def seed_config(base: RunConfig, seed: int, run_dir: Path, own_warm_start: bool) -> RunConfig:
+    """`base` for one seed: its run folder and `seed`; with `own_warm_start`, a warm start of its
+    own, `warm_start.seed` + `seed` into `<warm-start folder>-seed<seed>` (the gain shown not to
+    hang on one warm start: issue 21's reproducibility)."""
+    config = msgspec.structs.replace(base, run_dir=str(run_dir), seed=seed)
+    if not (own_warm_start and base.warm_start.enabled):
+        return config
+    folder = output_dir(base.model.path, base.warm_start)
+    warm = msgspec.structs.replace(
+        base.warm_start, seed=base.warm_start.seed + seed, path=f"{folder}-seed{seed}"
+    )
+    return msgspec.structs.replace(config, warm_start=warm)
+
+
 def numbers(per_seed: list[dict], warm_start_sha256: str) -> dict:
     gains = [r["gain_points"] for r in per_seed]
     return {
@@ -127,6 +144,7 @@ def numbers(per_seed: list[dict], warm_start_sha256: str) -> dict:
         ),
         "same_version_mismatch_max": max(r["same_version_mismatch_max"] for r in per_seed),
         "warm_start_sha256": warm_start_sha256,
+        "warm_start_sha256s": [r["warm_start_sha256"] for r in per_seed],
         "warm_start_heldout_pass_rate": statistics.fmean(r["before"] for r in per_seed),
         "goals": GOALS,
         "per_seed": per_seed,
@@ -138,6 +156,12 @@ def main() -> None:
     parser.add_argument("--config", default="examples/cpu.toml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=0, help="RL steps (0: the config's own)")
+    parser.add_argument(
+        "--shared-warm-start",
+        dest="warm_start_per_seed",
+        action="store_false",
+        help="one warm start for every seed (default: each seed trains its own)",
+    )
     args = parser.parse_args()
     base = load_config(args.config)
     if args.steps:
@@ -159,11 +183,20 @@ def main() -> None:
     for seed in args.seeds:
         run_dir = Path("runs") / f"bench-learning-seed{seed}"
         shutil.rmtree(run_dir, ignore_errors=True)
+        config_s = seed_config(base, seed, run_dir, args.warm_start_per_seed)
         t0 = time.perf_counter()
-        run(msgspec.structs.replace(base, run_dir=str(run_dir), seed=seed))
-        per_seed.append({"seed": seed, **seed_numbers(run_dir, time.perf_counter() - t0)})
-        weights = output_dir(base.model.path, base.warm_start) / "model.safetensors"
+        run(config_s)
+        numbers_s = seed_numbers(run_dir, time.perf_counter() - t0)
+        weights = output_dir(config_s.model.path, config_s.warm_start) / "model.safetensors"
         sha = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else ""
+        per_seed.append(
+            {
+                "seed": seed,
+                "warm_start_seed": config_s.warm_start.seed,
+                "warm_start_sha256": sha,
+                **numbers_s,
+            }
+        )
         result = numbers(per_seed, sha)
         path = write_result(
             "main_job", {**config, "seeds_done": [r["seed"] for r in per_seed]}, result

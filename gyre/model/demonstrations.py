@@ -29,6 +29,7 @@ __all__ = [
     "demonstrations",
     "encode_conversation",
     "generation_prompt",
+    "tool_call",
 ]
 
 
@@ -90,7 +91,7 @@ def _chain_demonstrations(settings: WarmStartConfig) -> list[dict]:
     return out
 
 
-def _tool_call(name: str, arguments: dict, call_id: str) -> dict:
+def tool_call(name: str, arguments: dict, call_id: str) -> dict:
     function = {"name": name, "arguments": json.dumps(arguments)}
     return {
         "role": "assistant",
@@ -149,20 +150,20 @@ def chain_conversations(chore: Any, *, slip: bool = False, compact_chars: int = 
                     {"role": "user", "content": progress},
                 ]
             if turn == len(steps):
-                messages.append(_tool_call("finish", {"summary": FINISH_SUMMARY}, f"call_{turn}"))
+                messages.append(tool_call("finish", {"summary": FINISH_SUMMARY}, f"call_{turn}"))
                 break
             step = steps[turn]
             args = dict(step.arguments)
             if step.tool == "write_file" and slip:
                 args["content"] += "."
-            call = _tool_call(step.tool, args, f"call_{turn}")
+            call = tool_call(step.tool, args, f"call_{turn}")
             messages.append(call)
             if step.tool == "delegate":
                 (sub_step,) = chore.solution().sub_agents[args["task"]]
                 sub_args = dict(sub_step.arguments)
                 if slip:
                     sub_args["content"] += "."
-                sub_call = _tool_call("write_file", sub_args, "call_sub_0")
+                sub_call = tool_call("write_file", sub_args, "call_sub_0")
                 sub = [
                     {"role": "system", "content": SUB_AGENT_PROMPT},
                     {"role": "user", "content": args["task"]},
@@ -172,7 +173,7 @@ def chain_conversations(chore: Any, *, slip: bool = False, compact_chars: int = 
                         "tool_call_id": "call_sub_0",
                         "content": ws.write_file(**sub_args),
                     },
-                    _tool_call("finish", {"summary": FINISH_SUMMARY}, "call_sub_1"),
+                    tool_call("finish", {"summary": FINISH_SUMMARY}, "call_sub_1"),
                 ]
                 subs.append({"messages": sub, "tools": SUB_AGENT_TOOL_SCHEMAS})
                 result = FINISH_SUMMARY

@@ -352,7 +352,9 @@ def _train(model_dir: Path, settings: WarmStartConfig, demos: list[dict], input_
         )
         model.train()
         copy_losses = (
-            copy_pretrain(model, settings.copy_pretrain_steps, seed=settings.seed, log=log)
+            copy_pretrain(
+                model, tokenizer, settings.copy_pretrain_steps, seed=settings.seed, log=log
+            )
             if settings.copy_pretrain_steps
             else []
         )

@@ -1,72 +1,138 @@
-"""Copy pretraining (`gyre.model.copy_pretrain`): its data repeat each span, it teaches the tiny
-model to copy, and the warm start runs it first when asked."""
+"""Copy pretraining (`gyre.model.copy_pretrain`): its words stay one token in a chain, a drill is
+a chain's notes and calls with drawn words (checked against a render of that chain), and the
+warm start runs it first when asked."""
 
 from __future__ import annotations
 
+import json
+import random
+import re
 from pathlib import Path
 
 import msgspec
 import pytest
 import torch
-import torch.nn.functional as F
 
 from gyre.config import ModelConfig, WarmStartConfig
-from gyre.model.copy_pretrain import (
-    COPY_BATCH,
-    COPY_FILLER,
-    COPY_SPAN,
-    copy_batch,
-    copy_pretrain,
-)
-from gyre.model.recipe import build_model
+from gyre.model.copy_pretrain import COPY_ROWS, CopyDrills, copy_pretrain, copyable_words
+from gyre.model.demonstrations import encode_conversation
+from gyre.model.recipe import build_model, build_tokenizer
 from gyre.model.sft import SFT_RECORD, SFTResult, warm_start
+from gyre.tasks.suites.learnable_long import FILES, NOTES, WORDS, LongChore
 
 
-def test_a_batch_repeats_its_span_with_filler_between() -> None:
-    ids = copy_batch(torch.Generator().manual_seed(0), 1024)
-    s, f = COPY_SPAN, COPY_FILLER
-    assert ids.shape == (COPY_BATCH, 3 * s + 2 * f) and ids.dtype == torch.int64
-    span, fill = ids[:, :s], ids[:, s : s + f]
-    assert torch.equal(ids[:, s + f : 2 * s + f], span)
-    assert torch.equal(ids[:, 2 * s + f : 2 * s + 2 * f], fill.flip(1))
-    assert torch.equal(ids[:, 2 * s + 2 * f :], span)
-    assert int(ids.min()) >= 3 and int(ids.max()) < 1024 - 14
-    assert torch.equal(copy_batch(torch.Generator().manual_seed(0), 1024), ids)
-    assert not torch.equal(copy_batch(torch.Generator().manual_seed(1), 1024), ids)
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
 
 
-def test_bad_steps_are_refused() -> None:
+def test_copyable_words_are_one_token_in_the_note_and_in_the_call(tokenizer) -> None:
+    words = copyable_words(tokenizer)
+    assert len(words) == 189 and words == sorted(set(words))
+    assert set(WORDS) <= set(words) and {f.removesuffix(".txt") for f in FILES} <= set(words)
+    for word in words[::7]:
+        (token,) = tokenizer.encode(word, add_special_tokens=False)
+        note = tokenizer.encode(f'Write the word "{word}" to the file', add_special_tokens=False)
+        call = tokenizer.encode(json.dumps({"content": word}), add_special_tokens=False)
+        assert token in note and token in call
+    # "maple" is spelled in pieces, "a" and "Value" are not lowercase words of 3+ letters
+    assert not {"maple", "a", "Value"} & set(words)
+
+
+def test_a_too_small_vocabulary_is_refused() -> None:
+    with pytest.raises(ValueError, match="keeps only .* words whole in a chain"):
+        copyable_words(build_tokenizer(vocab_size=300))
+
+
+def _reference(tokenizer, text: str) -> tuple[list[int], list[bool]]:
+    """The drill `text` rebuilt from its notes: the chain's tool results and calls, then the
+    sub-agent's prompt and write, encoded."""
+    pattern = r'(Delegate to a sub-agent: )?Write the word "(\w+)" to the file "(\w+)\.txt"\. Then'
+    notes = re.findall(pattern, text)
+    assert len(notes) == NOTES
+    chore = LongChore(
+        words=tuple(w for _, w, _ in notes),
+        files=tuple(f"{f}.txt" for _, _, f in notes),
+        delegated=[bool(d) for d, _, _ in notes].index(True),
+    )
+    messages: list[dict] = []
+    for i in range(NOTES):
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": chore.note(i)})
+        if i == chore.delegated:
+            name, arguments = "delegate", {"task": chore.sub_task()}
+        else:
+            name, arguments = "write_file", {"path": chore.files[i], "content": chore.words[i]}
+        function = {"name": name, "arguments": json.dumps(arguments)}
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": f"c{i + 1}", "type": "function", "function": function}],
+            }
+        )
+    main = encode_conversation(tokenizer, messages, None)
+    write = json.dumps(
+        {"path": chore.files[chore.delegated], "content": chore.words[chore.delegated]}
+    )
+    function = {"name": "write_file", "arguments": write}
+    sub = [
+        {"role": "user", "content": chore.sub_task()},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "s", "type": "function", "function": function}],
+        },
+    ]
+    delegated = encode_conversation(tokenizer, sub, None)
+    return main.ids + delegated.ids, main.loss_mask + delegated.loss_mask
+
+
+def test_a_drill_is_a_chain_rendered_with_its_drawn_words(tokenizer) -> None:
+    drills = CopyDrills(tokenizer)
+    ids_BS, mask_BS = drills.batch(random.Random(0))
+    assert ids_BS.shape[0] == COPY_ROWS and ids_BS.dtype == torch.int64
+    delegated = set()
+    for ids, mask in zip(ids_BS.tolist(), mask_BS.tolist()):
+        n = max(i for i, m in enumerate(mask) if m) + 1  # a drill ends with its last call
+        text = tokenizer.decode(ids[:n])
+        ref_ids, ref_mask = _reference(tokenizer, text)
+        assert ids[: len(ref_ids)] == ref_ids and mask[: len(ref_mask)] == ref_mask
+        assert not any(mask[len(ref_mask) :])  # the padding carries no loss
+        notes = re.findall(r'word "(\w+)" to the file "(\w+)\.txt"\. Then', text)
+        drawn = [w for note in notes for w in note]
+        assert len(set(drawn)) == 2 * NOTES and set(drawn) <= set(drills.words)
+        delegated.add(text.count("Write the word", 0, text.index("Delegate")))
+    assert len(delegated) > 1  # the delegated note varies
+    again, _ = drills.batch(random.Random(0))
+    other, _ = drills.batch(random.Random(1))
+    assert torch.equal(again, ids_BS) and not torch.equal(other, ids_BS)
+
+
+def test_bad_steps_are_refused(tokenizer) -> None:
     with pytest.raises(ValueError, match="steps=0"):
-        copy_pretrain(build_model(ModelConfig(), 1024), 0, seed=0)
-    with pytest.raises(ValueError, match="vocab_size=16 leaves no token IDs"):
-        copy_batch(torch.Generator(), 16)
+        copy_pretrain(build_model(ModelConfig(), 1024), tokenizer, 0, seed=0)
     with pytest.raises(ValueError, match="copy_pretrain_steps=-1"):
         WarmStartConfig(copy_pretrain_steps=-1)
 
 
-def _third_span_loss(model, seed: int) -> float:
-    """Mean NLL (nats) of the third span's tokens after its first, which only copying predicts."""
-    ids = copy_batch(torch.Generator().manual_seed(seed), 1024)
-    start = 2 * COPY_SPAN + 2 * COPY_FILLER
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits
-    return F.cross_entropy(
-        logits[:, start : start + COPY_SPAN - 1].reshape(-1, logits.shape[-1]),
-        ids[:, start + 1 : start + COPY_SPAN].reshape(-1),
-    ).item()
-
-
-@pytest.mark.slow
-def test_the_tiny_model_learns_to_copy() -> None:
+def test_copy_pretraining_lowers_the_loss_on_its_drills(tokenizer) -> None:
     model = build_model(ModelConfig(seed=0), 1024).train()
-    before = _third_span_loss(model, seed=99)
     lines: list[str] = []
-    losses = copy_pretrain(model, 400, seed=0, log=lines.append)
-    after = _third_span_loss(model, seed=99)
-    # a random model: about ln(1010) = 6.9 nats; a model that copies: near 0
-    assert before > 6.0 and after < 0.5, (before, after)
-    assert len(losses) == 400 and losses[-1] < losses[0]
-    assert len(lines) == 10 and lines[-1].startswith("copy pretraining step 400/400")
+    losses = copy_pretrain(model, tokenizer, 4, seed=0, log=lines.append)
+    # a random model: about ln(1024) = 6.9 nats a token
+    assert len(losses) == 4 and 6.5 < losses[0] < 7.5 and losses[-1] < losses[0], losses
+    assert lines == [f"copy pretraining step {i}/4 loss {x:.3f}" for i, x in enumerate(losses, 1)]
+
+
+def test_copy_pretraining_stops_once_its_loss_has_converged(tokenizer, monkeypatch) -> None:
+    import gyre.model.copy_pretrain as copy_module
+
+    monkeypatch.setattr(copy_module, "COPY_DONE_WINDOW", 3)
+    monkeypatch.setattr(copy_module, "COPY_DONE_LOSS", 100.0)  # any loss counts as converged
+    lines: list[str] = []
+    model = build_model(ModelConfig(seed=0), 1024).train()
+    losses = copy_pretrain(model, tokenizer, 50, seed=0, log=lines.append)
+    assert len(losses) == 3 and lines[-1].endswith("(converged)") and "step 3/50" in lines[-1]
 
 
 @pytest.mark.slow
