@@ -23,6 +23,7 @@ Shape suffix legend: `B` rows per batch, `S` tokens per row.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from typing import Any
@@ -73,12 +74,13 @@ class CopyDrills:
     """Drills as token IDs and loss masks, drawn without re-rendering the chat template.
 
     A drill is a `learnable-long` chain's notes, each as a tool result followed by the call a
-    perfect agent makes on it (`write_file`, or `delegate` for the delegated note), then the
-    sub-agent's prompt and its `write_file`; loss on the calls. Each of the 4 shapes (which note
-    delegates) is rendered twice, with two disjoint sets of placeholder words; the positions
-    where both renders hold their own placeholder are the slots, and a drill is the first render
-    with its slots set to freshly drawn words (4 words and 4 file stems, distinct, from
-    `copyable_words`).
+    perfect agent makes on it (`write_file`, or `delegate` for the delegated note), the history
+    compacted once after a note is read (its summary is that note), then the sub-agent's prompt and
+    its `write_file`; loss on the calls and the summary. Each of the 16 shapes (which note
+    delegates, after which one the history is compacted) is rendered twice, with two disjoint sets
+    of placeholder words; the positions where both renders hold their own placeholder are the slots,
+    and a drill is the first render with its slots set to freshly drawn words (4 words and 4 file
+    stems, distinct, from `copyable_words`).
 
     Raises:
         ValueError: from `copyable_words`, or a chat template that renders the placeholders
@@ -93,9 +95,9 @@ class CopyDrills:
         k = 2 * NOTES
         first, second = self._ids[:k], self._ids[k : 2 * k]
         self._shapes = []  # per shape: (ids, loss_mask, positions of each slot)
-        for delegated in range(NOTES):
-            ids_a, mask = _render(tokenizer, self.words[:k], delegated)
-            ids_b, _ = _render(tokenizer, self.words[k : 2 * k], delegated)
+        for delegated, compacted in itertools.product(range(NOTES), repeat=2):
+            ids_a, mask = _render(tokenizer, self.words[:k], delegated, compacted)
+            ids_b, _ = _render(tokenizer, self.words[k : 2 * k], delegated, compacted)
             if len(ids_a) != len(ids_b):
                 raise ValueError("the chat template renders a drill's words in more tokens")
             slots = [
@@ -126,27 +128,47 @@ class CopyDrills:
         return ids_BS, mask_BS
 
 
-def _render(tokenizer: Any, placeholders: list[str], delegated: int) -> tuple[list, list]:
+def _render(
+    tokenizer: Any, placeholders: list[str], delegated: int, compacted: int
+) -> tuple[list, list]:
     """One drill as (token IDs, loss mask): each note of a chain as a tool result, then the call
-    a perfect agent makes on it (`write_file`, or `delegate` for note `delegated`), then the
-    sub-agent's conversation (the delegated chore as its prompt, then its `write_file`); loss on
-    the calls."""
+    a perfect agent makes on it (`write_file`, or `delegate` for note `delegated`), with the
+    history compacted after note `compacted` is read (the compaction prompt and its summary, the
+    note's text; then a fresh conversation from the instruction and that summary, as
+    `gyre.agents.react` restarts), then the sub-agent's conversation (the delegated chore as its
+    prompt, then its `write_file`); loss on the calls and the summary."""
+    from gyre.agents.react import COMPACT_PROMPT
     from gyre.model.demonstrations import encode_conversation, tool_call
-    from gyre.tasks.suites.learnable_long import NOTES, LongChore
+    from gyre.tasks.suites.learnable_long import INSTRUCTION, NOTES, LongChore
 
     chore = LongChore(
         words=tuple(placeholders[:NOTES]),
         files=tuple(f"{w}.txt" for w in placeholders[NOTES:]),
         delegated=delegated,
     )
-    messages: list[dict] = []
+    conversations: list[list[dict]] = [[]]
     for i, step in enumerate(s for s in chore.solution().main if s.tool != "read_file"):
-        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": chore.note(i)})
-        messages.append(tool_call(step.tool, dict(step.arguments), f"call_{i + 1}"))
+        note = chore.note(i)
+        conversations[-1].append({"role": "tool", "tool_call_id": f"call_{i}", "content": note})
+        if i == compacted:
+            conversations[-1] += [
+                {"role": "user", "content": COMPACT_PROMPT},
+                {"role": "assistant", "content": note},
+            ]
+            progress = f"{INSTRUCTION}\n\nProgress so far:\n{note}"
+            conversations.append([{"role": "user", "content": progress}])
+        conversations[-1].append(tool_call(step.tool, dict(step.arguments), f"call_{i + 1}"))
     ((sub_task, (write,)),) = chore.solution().sub_agents.items()
-    sub = [{"role": "user", "content": sub_task}, tool_call("write_file", write.arguments, "sub")]
-    main, delegated = (encode_conversation(tokenizer, m, None) for m in (messages, sub))
-    return main.ids + delegated.ids, main.loss_mask + delegated.loss_mask
+    conversations.append(
+        [{"role": "user", "content": sub_task}, tool_call("write_file", write.arguments, "sub")]
+    )
+    ids: list[int] = []
+    mask: list[bool] = []
+    for messages in conversations:
+        encoded = encode_conversation(tokenizer, messages, None)
+        ids += encoded.ids
+        mask += encoded.loss_mask
+    return ids, mask
 
 
 def copy_pretrain(model: Any, tokenizer: Any, steps: int, *, seed: int, log=None) -> list[float]:

@@ -13,12 +13,13 @@ import msgspec
 import pytest
 import torch
 
+from gyre.agents.react import COMPACT_PROMPT
 from gyre.config import ModelConfig, WarmStartConfig
 from gyre.model.copy_pretrain import COPY_ROWS, CopyDrills, copy_pretrain, copyable_words
 from gyre.model.demonstrations import encode_conversation
 from gyre.model.recipe import build_model, build_tokenizer
 from gyre.model.sft import SFT_RECORD, SFTResult, warm_start
-from gyre.tasks.suites.learnable_long import FILES, NOTES, WORDS, LongChore
+from gyre.tasks.suites.learnable_long import FILES, INSTRUCTION, NOTES, WORDS, LongChore
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +46,11 @@ def test_a_too_small_vocabulary_is_refused() -> None:
 
 
 def _reference(tokenizer, text: str) -> tuple[list[int], list[bool]]:
-    """The drill `text` rebuilt from its notes: the chain's tool results and calls, then the
-    sub-agent's prompt and write, encoded."""
-    pattern = r'(Delegate to a sub-agent: )?Write the word "(\w+)" to the file "(\w+)\.txt"\. Then'
+    """The drill `text` rebuilt from its notes: the chain's tool results and calls, compacted
+    where the drill's summary is, then the sub-agent's prompt and write, encoded."""
+    pattern = (
+        r'<tool_response>(Delegate to a sub-agent: )?Write the word "(\w+)" to the file "(\w+)\.'
+    )
     notes = re.findall(pattern, text)
     assert len(notes) == NOTES
     chore = LongChore(
@@ -55,9 +58,17 @@ def _reference(tokenizer, text: str) -> tuple[list[int], list[bool]]:
         files=tuple(f"{f}.txt" for _, _, f in notes),
         delegated=[bool(d) for d, _, _ in notes].index(True),
     )
-    messages: list[dict] = []
+    compacted = text[: text.index("Summarise")].count("<tool_response>") - 1
+    conversations: list[list[dict]] = [[]]
     for i in range(NOTES):
+        messages = conversations[-1]
         messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": chore.note(i)})
+        if i == compacted:
+            summary = {"role": "assistant", "content": chore.note(i)}
+            messages += [{"role": "user", "content": COMPACT_PROMPT}, summary]
+            progress = f"{INSTRUCTION}\n\nProgress so far:\n{chore.note(i)}"
+            conversations.append([{"role": "user", "content": progress}])
+            messages = conversations[-1]
         if i == chore.delegated:
             name, arguments = "delegate", {"task": chore.sub_task()}
         else:
@@ -70,7 +81,7 @@ def _reference(tokenizer, text: str) -> tuple[list[int], list[bool]]:
                 "tool_calls": [{"id": f"c{i + 1}", "type": "function", "function": function}],
             }
         )
-    main = encode_conversation(tokenizer, messages, None)
+    parts = [encode_conversation(tokenizer, m, None) for m in conversations]
     write = json.dumps(
         {"path": chore.files[chore.delegated], "content": chore.words[chore.delegated]}
     )
@@ -83,26 +94,27 @@ def _reference(tokenizer, text: str) -> tuple[list[int], list[bool]]:
             "tool_calls": [{"id": "s", "type": "function", "function": function}],
         },
     ]
-    delegated = encode_conversation(tokenizer, sub, None)
-    return main.ids + delegated.ids, main.loss_mask + delegated.loss_mask
+    parts.append(encode_conversation(tokenizer, sub, None))
+    return sum((p.ids for p in parts), []), sum((p.loss_mask for p in parts), [])
 
 
 def test_a_drill_is_a_chain_rendered_with_its_drawn_words(tokenizer) -> None:
     drills = CopyDrills(tokenizer)
     ids_BS, mask_BS = drills.batch(random.Random(0))
     assert ids_BS.shape[0] == COPY_ROWS and ids_BS.dtype == torch.int64
-    delegated = set()
+    delegated, compacted = set(), set()
     for ids, mask in zip(ids_BS.tolist(), mask_BS.tolist()):
         n = max(i for i, m in enumerate(mask) if m) + 1  # a drill ends with its last call
         text = tokenizer.decode(ids[:n])
         ref_ids, ref_mask = _reference(tokenizer, text)
         assert ids[: len(ref_ids)] == ref_ids and mask[: len(ref_mask)] == ref_mask
         assert not any(mask[len(ref_mask) :])  # the padding carries no loss
-        notes = re.findall(r'word "(\w+)" to the file "(\w+)\.txt"\. Then', text)
+        notes = re.findall(r'<tool_response>[^"]*"(\w+)" to the file "(\w+)\.txt"\. Then', text)
         drawn = [w for note in notes for w in note]
         assert len(set(drawn)) == 2 * NOTES and set(drawn) <= set(drills.words)
         delegated.add(text.count("Write the word", 0, text.index("Delegate")))
-    assert len(delegated) > 1  # the delegated note varies
+        compacted.add(text[: text.index("Summarise")].count("<tool_response>"))
+    assert len(delegated) > 1 and len(compacted) > 1  # the shapes vary
     again, _ = drills.batch(random.Random(0))
     other, _ = drills.batch(random.Random(1))
     assert torch.equal(again, ids_BS) and not torch.equal(other, ids_BS)
