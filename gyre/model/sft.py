@@ -103,7 +103,7 @@ __all__ = ["SFT_RECORD", "SFTResult", "warm_start", "check_output_dir", "output_
 
 SFT_RECORD = "gyre_sft.json"
 """File in the output folder: the input hash, settings, losses and wall time of the fine-tune."""
-_RECIPE_VERSION = 1
+_RECIPE_VERSION = 2
 """Bump when the training procedure changes, so cached outputs are rebuilt."""
 _WEIGHT_FILES = ("model.safetensors",)
 
