@@ -5,10 +5,11 @@ Owns `copyable_words` (the words a tokenizer holds as one token wherever a chain
 `CopyDrills` (drill conversations as token IDs, drawn fast) and `copy_pretrain`. A real base model
 arrives able to copy what its context says; the reference tiny model (`gyre.model.recipe`) is
 random, and the `learnable-long` chains ask it to copy a word from a tool result. A drill is such
-a chain played by the reference agent (`gyre.model.demonstrations.chain_conversations`) cut down
-to what the copy needs: no system prompt, no tool schemas, no compaction. Its words and file stems
-are drawn from every `copyable_words` entry (about 190 for the tiny tokenizer), so a guess costs
-about ln 190 = 5.2 nats and the loss only falls once the model looks back at the latest note.
+a chain cut down to what the copy needs (no system prompt, tool schemas, reads or tool replies):
+the notes and the calls on them, one compaction and the sub-agent's write, encoded with
+`gyre.model.demonstrations.encode_conversation`. Its words and file stems are drawn from every
+`copyable_words` entry (189 for the tiny tokenizer), so a guess costs about ln 189 = 5.2 nats
+and the loss only falls once the model looks back at the latest note.
 
 Measured on the tiny model (2026-12-05, 2 layers x 128, 32 drills a step at 1e-3): the loss sat
 at the guessing floor (about 0.34) for 330-480 steps, then fell to 0.002-0.004, in 6 of 6 runs
