@@ -3,12 +3,12 @@
 Owns `demonstrations` (fresh conversations of `WarmStartConfig.suite`'s kind, the shipped suite's
 tasks held out, some with the teacher's slip), `chain_conversations` (every conversation the
 reference agent has on one `learnable-long` chain: main history segments, its compaction summary,
-the sub-agent), `Encoded` and `encode_conversation` (a chat to token IDs and a loss mask, segment
-by segment as the TITO proxy builds prompts: every assistant turn is the text the model would
-generate, ending with `<|im_end|>`) and `generation_prompt` (the IDs a model continues from after
-a conversation). `learnable` conversations come from `gyre.agents.oracle`, chains are played by
-the rules of `gyre.agents.react` here, so both are the reference agent's token for token. Knows
-nothing about training, engines or the proxy.
+the sub-agent), `Encoded` and `encode_conversation` (a chat to token IDs and a loss mask, segment by
+segment as the TITO proxy builds prompts: every assistant turn is the text the model would generate,
+ending with `<|im_end|>`), `generation_prompt` (the IDs a model continues from after a
+conversation), and `tool_call` (one assistant tool-call message). `learnable` conversations come
+from `gyre.agents.oracle`, chains are played by the rules of `gyre.agents.react` here, so both are
+the reference agent's token for token. Knows nothing about training, engines or the proxy.
 """
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ def _chain_demonstrations(settings: WarmStartConfig) -> list[dict]:
 
 
 def tool_call(name: str, arguments: dict, call_id: str) -> dict:
+    """An OpenAI Chat assistant message that makes one tool call, `name(arguments)`, with
+    `arguments` serialised by `json.dumps` (the reference agent's form) and id `call_id`."""
     function = {"name": name, "arguments": json.dumps(arguments)}
     return {
         "role": "assistant",
