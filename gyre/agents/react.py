@@ -1,11 +1,12 @@
 """`python -m gyre.agents.react`: the reference agent, a tool-calling loop on the `openai` SDK.
 
-Owns `AgentSettings`, `Agent` and `main`. The agent reads its instruction from
+Owns `AgentSettings`, `Agent`, `history_chars`, `progress_prompt` and `main`. The agent reads its instruction from
 `$GYRE_INSTRUCTION_FILE` (or `--instruction`), works in the current folder with the tools of
 `gyre.agents.tools`, and talks to `$OPENAI_BASE_URL` with `$OPENAI_API_KEY` as any OpenAI client
 would. `delegate` runs a sub-agent with its own message history through the same endpoint
-(header `X-Gyre-Role: sub_agent`); past `compact_chars` of history the agent asks for a summary
-(`X-Gyre-Role: main_summary` / `sub_agent_summary`) and restarts from it. Tool errors (path
+(header `X-Gyre-Role: sub_agent`). Once a history is longer than `compact_chars`
+(`history_chars`: the text the model reads) the agent asks for a summary (`X-Gyre-Role:
+main_summary` / `sub_agent_summary`) and restarts from it (`progress_prompt`). Tool errors (path
 escapes included) go back to the model as tool results. So do malformed tool calls (B30): bad JSON
 arguments, an unknown tool, a missing or non-string argument, or a reply the server could not parse
 as a tool call (its optional `gyre_tool_call_error` field); after `max_malformed_replies` such
@@ -34,13 +35,46 @@ from gyre.agents.tools import (
     Workspace,
 )
 
-__all__ = ["AgentSettings", "Agent", "COMPACT_PROMPT", "EXIT_MALFORMED", "main"]
+__all__ = [
+    "AgentSettings",
+    "Agent",
+    "COMPACT_PROMPT",
+    "EXIT_MALFORMED",
+    "history_chars",
+    "main",
+    "progress_prompt",
+]
 
 logger = logging.getLogger(__name__)
 
 COMPACT_PROMPT = "Summarise what you have done so far and what is left, in a few lines."
 EXIT_MALFORMED = 4
 """Exit status of `main` when the main conversation ended on `max_malformed_replies`."""
+
+
+def history_chars(messages: list[dict]) -> int:
+    """Length of a message history as the model reads it, characters: every message's text
+    `content`, plus each tool call's function name and JSON arguments. Roles, tool-call IDs and
+    JSON punctuation are not counted, so where a history is compacted does not depend on the
+    IDs a server gives tool calls (gyre's proxy names them after the execution, and execution
+    IDs differ in length from run to run). The warm start's demonstrations and the offline
+    evaluation compact with the same measure (`gyre.model.demonstrations`,
+    `gyre.model.offline_eval`)."""
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        total += len(content) if isinstance(content, str) else 0
+        for call in message.get("tool_calls") or ():
+            function = call["function"]
+            total += len(function["name"]) + len(function["arguments"] or "")
+    return total
+
+
+def progress_prompt(task: str, summary: str) -> str:
+    """The user message a conversation restarts from after a compaction: its task and the
+    model's summary under "Progress so far:"."""
+    return f"{task}\n\nProgress so far:\n{summary}"
+
 
 _ARGUMENTS = {
     s["function"]["name"]: (
@@ -67,7 +101,8 @@ class AgentSettings:
     """`max_tokens` of each request; None lets the server decide."""
     temperature: float | None = None
     compact_chars: int = 0
-    """Compact the history when its JSON exceeds this many characters; 0 disables compaction."""
+    """Compact the history when it is longer than this many characters (`history_chars`: the
+    text the model reads); 0 disables compaction."""
     command_timeout_s: float = 30.0
     """Limit of one `run` tool call, seconds."""
     max_malformed_replies: int = 3
@@ -124,7 +159,7 @@ class Agent:
         logger.info("compacted %d messages (%s)", len(messages), summary_role)
         return [
             {"role": "system", "content": system},
-            {"role": "user", "content": f"{task}\n\nProgress so far:\n{summary}"},
+            {"role": "user", "content": progress_prompt(task, summary)},
         ]
 
     @staticmethod
@@ -206,7 +241,7 @@ class Agent:
         for _ in range(self.settings.max_turns):
             if (
                 self.settings.compact_chars
-                and len(json.dumps(messages)) > self.settings.compact_chars
+                and history_chars(messages) > self.settings.compact_chars
             ):
                 messages = self._compact(messages, task, system, summary_role)
             choice = self._create(messages, role, tools).choices[0]

@@ -138,7 +138,7 @@ def _render(
     note's text; then a fresh conversation from the instruction and that summary, as
     `gyre.agents.react` restarts), then the sub-agent's conversation (the delegated chore as its
     prompt, then its `write_file`); loss on the calls and the summary."""
-    from gyre.agents.react import COMPACT_PROMPT
+    from gyre.agents.react import COMPACT_PROMPT, progress_prompt
     from gyre.model.demonstrations import encode_conversation, tool_call
     from gyre.tasks.suites.learnable_long import INSTRUCTION, NOTES, LongChore
 
@@ -156,7 +156,7 @@ def _render(
                 {"role": "user", "content": COMPACT_PROMPT},
                 {"role": "assistant", "content": note},
             ]
-            progress = f"{INSTRUCTION}\n\nProgress so far:\n{note}"
+            progress = progress_prompt(INSTRUCTION, note)
             conversations.append([{"role": "user", "content": progress}])
         conversations[-1].append(tool_call(step.tool, dict(step.arguments), f"call_{i + 1}"))
     ((sub_task, (write,)),) = chore.solution().sub_agents.items()

@@ -107,15 +107,16 @@ def chain_conversations(chore: Any, *, slip: bool = False, compact_chars: int = 
     chain played perfectly, each a `{"messages", "tools"}` dict ending with an assistant turn.
 
     The main history is compacted as the agent does with `--compact-chars compact_chars` (0:
-    the suite's `COMPACT_CHARS`): before a call whose history's JSON is longer, the agent asks
-    for a summary (`COMPACT_PROMPT`, no tools; its conversation has `"loss": "last"`, the answer
-    is `LongChore.summary_after`) and restarts from the instruction plus "Progress so far:". So
+    the suite's `COMPACT_CHARS`): before a call whose history is longer (`history_chars`, the
+    agent's own measure), the agent asks for a summary (`COMPACT_PROMPT`, no tools; its
+    conversation has `"loss": "last"`, the answer is `LongChore.summary_after`) and restarts
+    from `progress_prompt(INSTRUCTION, summary)`. So
     the list holds the main segments in order, each summary after the segment it ends, and the
     sub-agent's conversation after the segment that delegated. Tool results are real (the notes
     on a temporary workspace; `delegate` answers the sub-agent's `finish` summary). `slip`: each
     written word gets a trailing full stop."""
     from gyre.agents.oracle import FINISH_SUMMARY
-    from gyre.agents.react import COMPACT_PROMPT
+    from gyre.agents.react import COMPACT_PROMPT, history_chars, progress_prompt
     from gyre.agents.tools import (
         SUB_AGENT_PROMPT,
         SUB_AGENT_TOOL_SCHEMAS,
@@ -138,7 +139,7 @@ def chain_conversations(chore: Any, *, slip: bool = False, compact_chars: int = 
             ws.write_file(name, text)
         steps = chore.solution().main
         for turn in range(len(steps) + 1):
-            if len(json.dumps(messages)) > limit:
+            if history_chars(messages) > limit:
                 summary = chore.summary_after(turn)
                 out.append({"messages": messages, "tools": TOOL_SCHEMAS})
                 out += subs
@@ -146,7 +147,7 @@ def chain_conversations(chore: Any, *, slip: bool = False, compact_chars: int = 
                 ask = [*messages, {"role": "user", "content": COMPACT_PROMPT}]
                 answer = {"role": "assistant", "content": summary}
                 out.append({"messages": [*ask, answer], "tools": None, "loss": "last"})
-                progress = f"{INSTRUCTION}\n\nProgress so far:\n{summary}"
+                progress = progress_prompt(INSTRUCTION, summary)
                 messages = [
                     {"role": "system", "content": SYSTEM_PROMPT},
                     {"role": "user", "content": progress},

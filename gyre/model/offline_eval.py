@@ -251,7 +251,7 @@ class _ChainPlayer:
     def converse(self, task: str, *, sub_agent: bool) -> tuple[str, bool]:
         """One conversation to `finish`, a reply without a call or the call limit: (summary,
         finished?)."""
-        from gyre.agents.react import COMPACT_PROMPT
+        from gyre.agents.react import COMPACT_PROMPT, history_chars, progress_prompt
         from gyre.agents.tools import (
             SUB_AGENT_PROMPT,
             SUB_AGENT_TOOL_SCHEMAS,
@@ -263,11 +263,11 @@ class _ChainPlayer:
         tools = SUB_AGENT_TOOL_SCHEMAS if sub_agent else TOOL_SCHEMAS
         messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
         while self.calls < self.max_calls:
-            if self.compact_chars and len(json.dumps(messages)) > self.compact_chars:
+            if self.compact_chars and history_chars(messages) > self.compact_chars:
                 ask = [*messages, {"role": "user", "content": COMPACT_PROMPT}]
                 summary = self._reply(ask, None).content or ""
                 self.compacted = self.compacted or not sub_agent
-                progress = f"{task}\n\nProgress so far:\n{summary}"
+                progress = progress_prompt(task, summary)
                 messages = [messages[0], {"role": "user", "content": progress}]
                 continue
             reply = self._reply(messages, tools)

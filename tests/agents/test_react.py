@@ -10,7 +10,15 @@ import anyio
 import openai
 import pytest
 
-from gyre.agents.react import COMPACT_PROMPT, EXIT_MALFORMED, Agent, AgentSettings, main
+from gyre.agents.react import (
+    COMPACT_PROMPT,
+    EXIT_MALFORMED,
+    Agent,
+    AgentSettings,
+    history_chars,
+    main,
+    progress_prompt,
+)
 from gyre.agents.tools import SUB_AGENT_PROMPT, SYSTEM_PROMPT, TOOL_SCHEMAS, Workspace
 from tests.agents.openai_server import tool_call_message
 
@@ -108,7 +116,8 @@ def test_compaction_summarises_and_restarts(server, tmp_path: Path) -> None:
         return tool_call_message("write_file", {"path": f"f{t}", "content": "x" * 200}, f"c{t}")
 
     server.register(KEY, policy)
-    agent = make_agent(server, tmp_path, compact_chars=1200)
+    # history_chars after 2 writes: 101 (system) + 11 (task) + 2 x (10 + 229 + 26) = 642
+    agent = make_agent(server, tmp_path, compact_chars=600)
     assert agent.converse("write files") == "done"
     calls = server.calls_for(KEY)
     roles = [c.role for c in calls]
@@ -122,6 +131,21 @@ def test_compaction_summarises_and_restarts(server, tmp_path: Path) -> None:
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": "write files\n\nProgress so far:\nwrote f0 and f1"},
     ]
+
+
+def test_history_chars_counts_what_the_model_reads_not_ids() -> None:
+    call = {"name": "write_file", "arguments": '{"path": "a", "content": "b"}'}
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c0", "function": call}]},
+        {"role": "tool", "tool_call_id": "c0", "content": "wrote 1 characters to a"},
+    ]
+    assert history_chars(messages) == 3 + 4 + 10 + 29 + 23
+    long_ids = json.loads(json.dumps(messages).replace('"c0"', '"call_x123-0909d-t20-g3_c4_0"'))
+    assert history_chars(long_ids) == history_chars(messages)
+    assert history_chars([{"role": "assistant", "content": "hi", "tool_calls": None}]) == 2
+    assert progress_prompt("do it", "half done") == "do it\n\nProgress so far:\nhalf done"
 
 
 def test_plain_answer_ends_and_cut_off_reply_continues(server, tmp_path: Path) -> None:
@@ -315,3 +339,70 @@ async def test_b30_through_the_harness_finishes_with_its_normal_score(
     assert outcome.termination == "finished", outcome.stderr_tail
     assert outcome.score.score == 1.0 and outcome.model_calls == 2
     assert len(proxy.calls("b30", full=True)) == 2
+
+
+@pytest.mark.parametrize("id_prefix", ["c", "call_x123-0909d-t20-g3_c"])
+def test_agent_compacts_where_the_warm_start_demonstrations_do(
+    server, tmp_path: Path, id_prefix: str
+) -> None:
+    """A field case of the main job: the agent measured its history as JSON, tool-call IDs
+    included (the proxy's are 25-30 characters, the demonstrations' 6), so it compacted a turn
+    earlier than the warm start had learned, and every summary dropped note2's pending chore.
+    Played perfectly with short IDs or proxy-length ones, the agent's summary request must be
+    the demonstrations' compaction conversation."""
+    from gyre.model.demonstrations import chain_conversations
+    from gyre.tasks.suites.learnable_long import COMPACT_CHARS, INSTRUCTION, LongChore
+
+    chore = LongChore(
+        words=("agent", "class", "config", "error"),
+        files=("main.txt", "test.txt", "input.txt", "spec.txt"),
+        delegated=3,
+    )
+    root = tmp_path / "ws"
+    root.mkdir()
+    for name, text in chore.environment().items():
+        (root / name).write_text(text)
+    solution = chore.solution()
+    done = {"main": 0, "sub": 0}
+
+    def policy(call):
+        call_id = f"{id_prefix}{len(server.calls_for(KEY))}_0"
+        if call.role == "main_summary":
+            return {"role": "assistant", "content": chore.summary_after(done["main"])}
+        if call.role == "sub_agent":
+            (write,) = solution.sub_agents[chore.sub_task()]
+            done["sub"] += 1
+            if done["sub"] == 1:
+                return tool_call_message("write_file", dict(write.arguments), call_id)
+            return tool_call_message("finish", {"summary": "done"}, call_id)
+        done["main"] += 1
+        if done["main"] > len(solution.main):
+            return tool_call_message("finish", {"summary": "done"}, call_id)
+        step = solution.main[done["main"] - 1]
+        return tool_call_message(step.tool, dict(step.arguments), call_id)
+
+    server.register(KEY, policy)
+    agent = make_agent(server, tmp_path, compact_chars=COMPACT_CHARS)
+    assert agent.converse(INSTRUCTION) == "done"
+
+    def without_ids(messages: list[dict]) -> list[dict]:
+        out = []
+        for m in messages:
+            m = {k: v for k, v in m.items() if k != "tool_call_id"}
+            if m.get("tool_calls"):
+                m["tool_calls"] = [
+                    {k: v for k, v in c.items() if k != "id"} for c in m["tool_calls"]
+                ]
+            out.append(m)
+        return out
+
+    demos = chain_conversations(chore)
+    summary_demo = next(d for d in demos if d.get("loss") == "last")
+    calls = server.calls_for(KEY)
+    asked = [c for c in calls if c.role == "main_summary"]
+    assert len(asked) == 1
+    assert without_ids(asked[0].messages) == without_ids(summary_demo["messages"][:-1])
+    assert summary_demo["messages"][-1]["content"] == chore.note(2)  # note2's chore is pending
+    assert sorted(p.name for p in root.iterdir() if p.name not in chore.environment()) == sorted(
+        chore.files
+    )

@@ -53,21 +53,37 @@ def test_chain_conversations_are_the_agents_turns() -> None:
             for c in m["tool_calls"]
         ]
 
-    # the history passes 1800 characters after the delegation: the first main segment, the
-    # sub-agent it ran, the summary, the main conversation restarted from the summary
-    first, sub, summary, second = chain_conversations(chore, slip=True)
+    # the history passes 600 characters (history_chars) once note2 is read: the first main
+    # segment, the summary (note2's text: its chore is pending), the main conversation restarted
+    # from the summary, which delegates, and last the sub-agent it ran
+    first, summary, second, sub = chain_conversations(chore, slip=True)
     assert calls(first["messages"]) == [
         ("read_file", {"path": "note0.txt"}),
         ("write_file", {"path": "a.txt", "content": "apple."}),
         ("read_file", {"path": "note1.txt"}),
         ("write_file", {"path": "b.txt", "content": "river."}),
         ("read_file", {"path": "note2.txt"}),
-        ("delegate", {"task": 'Write the word "stone" to the file "x.txt".'}),
     ]
     assert first["messages"][3]["content"] == chore.note(0)  # the real tool result
     assert first["messages"][5]["content"] == "wrote 6 characters to a.txt"
-    assert first["messages"][-1]["content"] == FINISH_SUMMARY  # the sub-agent's summary
+    assert first["messages"][-1]["content"] == chore.note(2)
     assert first["tools"] == TOOL_SCHEMAS
+    assert summary["tools"] is None and summary["loss"] == "last"
+    assert summary["messages"][:-2] == first["messages"]
+    assert summary["messages"][-2:] == [
+        {"role": "user", "content": COMPACT_PROMPT},
+        {"role": "assistant", "content": chore.note(2)},
+    ]
+    assert second["messages"][1]["content"] == (
+        f"{INSTRUCTION}\n\nProgress so far:\n{chore.note(2)}"
+    )
+    assert calls(second["messages"]) == [
+        ("delegate", {"task": 'Write the word "stone" to the file "x.txt".'}),
+        ("read_file", {"path": "note3.txt"}),
+        ("write_file", {"path": "out.txt", "content": "cloud."}),
+        ("finish", {"summary": FINISH_SUMMARY}),
+    ]
+    assert second["messages"][3]["content"] == FINISH_SUMMARY  # the sub-agent's summary
     assert sub["tools"] == SUB_AGENT_TOOL_SCHEMAS
     assert sub["messages"][:2] == [
         {"role": "system", "content": SUB_AGENT_PROMPT},
@@ -75,20 +91,6 @@ def test_chain_conversations_are_the_agents_turns() -> None:
     ]
     assert calls(sub["messages"]) == [
         ("write_file", {"path": "x.txt", "content": "stone."}),
-        ("finish", {"summary": FINISH_SUMMARY}),
-    ]
-    assert summary["tools"] is None and summary["loss"] == "last"
-    assert summary["messages"][:-2] == first["messages"]
-    assert summary["messages"][-2:] == [
-        {"role": "user", "content": COMPACT_PROMPT},
-        {"role": "assistant", "content": "Read the file note3.txt."},
-    ]
-    assert second["messages"][1]["content"] == (
-        f"{INSTRUCTION}\n\nProgress so far:\nRead the file note3.txt."
-    )
-    assert calls(second["messages"]) == [
-        ("read_file", {"path": "note3.txt"}),
-        ("write_file", {"path": "out.txt", "content": "cloud."}),
         ("finish", {"summary": FINISH_SUMMARY}),
     ]
     # without the slip the words are exact; a larger threshold means no compaction

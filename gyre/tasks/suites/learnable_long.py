@@ -73,9 +73,12 @@ FILES = (
 """The files a note names; each stem is one token of that tokenizer, like `WORDS`."""
 INSTRUCTION = "Follow the notes. Read the file note0.txt and do what it says.\n"
 """Every task's instruction: the chores are in the notes, so each one is read before it is done."""
-COMPACT_CHARS = 1800
-"""The reference agent's `--compact-chars` this suite is made for: a perfect agent's main history
-passes it once, after 2-3 notes (`examples/cpu.toml` and the warm start's demonstrations use it)."""
+COMPACT_CHARS = 600
+"""The reference agent's `--compact-chars` this suite is made for (`examples/cpu.toml`, the warm
+start's demonstrations and the offline evaluation use it). Measured with
+`gyre.agents.react.history_chars`, a perfect agent's main history is 530-566 characters before
+its 5th call and 638-678 before its 6th (300 drawn chains), so it is compacted once, right after
+note2 is read and before its chore is done: the summary has to carry that chore."""
 TURN_SLACK = 2
 """Model calls a task allows beyond a perfect execution's (`max_turns` in `task.toml`): an agent
 that wastes more (a wrong path, a malformed call) is stopped there and partially scored."""
