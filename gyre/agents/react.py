@@ -1,17 +1,17 @@
 """`python -m gyre.agents.react`: the reference agent, a tool-calling loop on the `openai` SDK.
 
-Owns `AgentSettings`, `Agent`, `history_chars`, `progress_prompt` and `main`. The agent reads its instruction from
-`$GYRE_INSTRUCTION_FILE` (or `--instruction`), works in the current folder with the tools of
-`gyre.agents.tools`, and talks to `$OPENAI_BASE_URL` with `$OPENAI_API_KEY` as any OpenAI client
-would. `delegate` runs a sub-agent with its own message history through the same endpoint
-(header `X-Gyre-Role: sub_agent`). Once a history is longer than `compact_chars`
-(`history_chars`: the text the model reads) the agent asks for a summary (`X-Gyre-Role:
-main_summary` / `sub_agent_summary`) and restarts from it (`progress_prompt`). Tool errors (path
-escapes included) go back to the model as tool results. So do malformed tool calls (B30): bad JSON
-arguments, an unknown tool, a missing or non-string argument, or a reply the server could not parse
-as a tool call (its optional `gyre_tool_call_error` field); after `max_malformed_replies` such
-replies in a row the conversation ends with that reason. Knows nothing about gyre's proxy, records
-or scores: it is an ordinary OpenAI client.
+Owns `AgentSettings`, `Agent`, `history_chars`, `progress_prompt` and `main`. The agent reads its
+instruction from `$GYRE_INSTRUCTION_FILE` (or `--instruction`), works in the current folder with the
+tools of `gyre.agents.tools`, and talks to `$OPENAI_BASE_URL` with `$OPENAI_API_KEY` as any OpenAI
+client would. `delegate` runs a sub-agent with its own message history through the same endpoint
+(header `X-Gyre-Role: sub_agent`). Once a history is longer than `compact_chars` (`history_chars`:
+the text the model reads) the agent asks for a summary (`X-Gyre-Role: main_summary` /
+`sub_agent_summary`) and restarts from it (`progress_prompt`). Tool errors (path escapes included)
+go back to the model as tool results. So do malformed tool calls (B30): bad JSON arguments, an
+unknown tool, a missing or non-string argument, or a reply the server could not parse as a tool call
+(its optional `gyre_tool_call_error` field); after `max_malformed_replies` such replies in a row the
+conversation ends with that reason. Knows nothing about gyre's proxy, records or scores: it is an
+ordinary OpenAI client.
 """
 
 from __future__ import annotations

@@ -342,10 +342,10 @@ async def test_b30_through_the_harness_finishes_with_its_normal_score(
 
 
 @pytest.mark.parametrize("id_prefix", ["c", "call_x123-0909d-t20-g3_c"])
-def test_agent_compacts_where_the_warm_start_demonstrations_do(
+def test_b31_agent_compacts_where_the_warm_start_demonstrations_do(
     server, tmp_path: Path, id_prefix: str
 ) -> None:
-    """A field case of the main job: the agent measured its history as JSON, tool-call IDs
+    """B31, a field case of the main job: the agent measured its history as JSON, tool-call IDs
     included (the proxy's are 25-30 characters, the demonstrations' 6), so it compacted a turn
     earlier than the warm start had learned, and every summary dropped note2's pending chore.
     Played perfectly with short IDs or proxy-length ones, the agent's summary request must be
