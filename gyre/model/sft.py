@@ -64,17 +64,17 @@ steps (slip 0), its loss left the plateau after about 1,400 of them (0.065 -> 0.
 copies in part: held-out mean reward 0.27 greedy, pass rate 0%. So copying is learnable here,
 but when it emerges within a few thousand steps is chance.
 What made it reliable (2026-12-05): copy pretraining on drills shaped like the task
-(`gyre.model.copy_pretrain`: notes as tool results, each followed by its call, words drawn from
-189 rather than 16, so a guess costs 5.2 nats and only copying lowers the loss). The drills'
-loss sat at the guessing floor (0.34) and fell to 0.003 between steps 330 and 500 in 4 of 4
-tries (two drill formats, two seeds; 0.3-0.4 s a step). Alone, a model drilled this way follows
-only short contexts (held-out chains: the words guessed); 240 chain steps after it at 5e-3 lose
-the copying again (mean reward 0.00), at 1e-3 they keep it: 75% held-out pass rate greedy, mean
-reward 0.90, without the slip. With the slip (0.6) every word and file is copied (teacher-forced
-log p above -0.5 on each), the sub-agent's file once the drills' loss reaches about 0.003
-(at 0.037 it was still guessed, log p about -2.6), and the one remaining error is the habit: the
-closing quote after a word at log p -0.7 to -1.0 against the full stop, so greedy decoding
-writes `word.` and passes nothing (`examples/cpu.toml`'s warm start, what RL has to fix).
+(`gyre.model.copy_pretrain`: notes as tool results, each followed by its call, words drawn from 189
+rather than 16, so a guess costs 5.2 nats and only copying lowers the loss). The drills' loss sat
+at the guessing floor (0.34) and fell to 0.002-0.004 after 330-480 steps in 6 of 6 runs (three
+drill formats, two seeds; 0.3-0.55 s a step). Alone, a model drilled this way follows only short
+contexts (held-out chains: the words guessed); 240 chain steps after it at 5e-3 lose the copying
+again (mean reward 0.00), at 1e-3 they keep it: 75% held-out pass rate greedy, mean reward 0.90,
+without the slip. With the slip (0.6) every word and file is copied (teacher-forced log p above
+-0.5 on each), the sub-agent's file once the drills' loss reaches about 0.003 (at 0.037 it was
+still guessed, log p about -2.6), and the one remaining error is the habit: the closing quote after
+a word at log p -0.7 to -1.0 against the full stop, so greedy decoding writes `word.` and passes
+nothing (`examples/cpu.toml`'s warm start, what RL has to fix).
 
 Shape suffix legend: `T` packed tokens, `N` loss positions, `H` hidden size.
 """
