@@ -351,7 +351,12 @@ def test_b31_agent_compacts_where_the_warm_start_demonstrations_do(
     Played perfectly with short IDs or proxy-length ones, the agent's summary request must be
     the demonstrations' compaction conversation."""
     from gyre.model.demonstrations import chain_conversations
-    from gyre.tasks.suites.learnable_long import COMPACT_CHARS, INSTRUCTION, LongChore
+    from gyre.tasks.suites.learnable_long import (
+        COMPACT_CHARS,
+        COMPACTIONS,
+        INSTRUCTION,
+        LongChore,
+    )
 
     chore = LongChore(
         words=("agent", "class", "config", "error"),
@@ -396,13 +401,15 @@ def test_b31_agent_compacts_where_the_warm_start_demonstrations_do(
             out.append(m)
         return out
 
-    demos = chain_conversations(chore)
-    summary_demo = next(d for d in demos if d.get("loss") == "last")
-    calls = server.calls_for(KEY)
-    asked = [c for c in calls if c.role == "main_summary"]
-    assert len(asked) == 1
-    assert without_ids(asked[0].messages) == without_ids(summary_demo["messages"][:-1])
-    assert summary_demo["messages"][-1]["content"] == chore.note(2)  # note2's chore is pending
+    summary_demos = [d for d in chain_conversations(chore) if d.get("loss") == "last"]
+    asked = [c for c in server.calls_for(KEY) if c.role == "main_summary"]
+    assert len(asked) == len(summary_demos) == COMPACTIONS
+    for call, demo in zip(asked, summary_demos):
+        assert without_ids(call.messages) == without_ids(demo["messages"][:-1])
+    # each right after a note is read, its chore pending
+    assert [d["messages"][-1]["content"] for d in summary_demos] == [
+        chore.note(i) for i in range(1, 4)
+    ]
     assert sorted(p.name for p in root.iterdir() if p.name not in chore.environment()) == sorted(
         chore.files
     )

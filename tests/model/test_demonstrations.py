@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gyre.model.__main__ import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
@@ -53,37 +55,47 @@ def test_chain_conversations_are_the_agents_turns() -> None:
             for c in m["tool_calls"]
         ]
 
-    # the history passes 600 characters (history_chars) once note2 is read: the first main
-    # segment, the summary (note2's text: its chore is pending), the main conversation restarted
-    # from the summary, which delegates, and last the sub-agent it ran
-    first, summary, second, sub = chain_conversations(chore, slip=True)
-    assert calls(first["messages"]) == [
+    # the history passes 400 characters (history_chars) right after note1, note2 and note3 are
+    # read, each chore still pending: 4 main segments, each of the first 3 followed by its
+    # summary (the note's text); the sub-agent follows the segment that delegated
+    seg1, sum1, seg2, sum2, seg3, sub, sum3, seg4 = chain_conversations(chore, slip=True)
+    assert calls(seg1["messages"]) == [
         ("read_file", {"path": "note0.txt"}),
         ("write_file", {"path": "a.txt", "content": "apple."}),
         ("read_file", {"path": "note1.txt"}),
+    ]
+    assert seg1["messages"][3]["content"] == chore.note(0)  # the real tool result
+    assert seg1["messages"][5]["content"] == "wrote 6 characters to a.txt"
+    assert seg1["tools"] == TOOL_SCHEMAS
+    for segment, summary, note in ((seg1, sum1, 1), (seg2, sum2, 2), (seg3, sum3, 3)):
+        assert segment["messages"][-1] == {
+            "role": "tool",
+            "tool_call_id": f"call_{2 * note}",
+            "content": chore.note(note),
+        }
+        assert summary["tools"] is None and summary["loss"] == "last"
+        assert summary["messages"][:-2] == segment["messages"]
+        assert summary["messages"][-2:] == [
+            {"role": "user", "content": COMPACT_PROMPT},
+            {"role": "assistant", "content": chore.note(note)},
+        ]
+    for segment, note in ((seg2, 1), (seg3, 2), (seg4, 3)):
+        assert segment["messages"][1]["content"] == (
+            f"{INSTRUCTION}\n\nProgress so far:\n{chore.note(note)}"
+        )
+    assert calls(seg2["messages"]) == [
         ("write_file", {"path": "b.txt", "content": "river."}),
         ("read_file", {"path": "note2.txt"}),
     ]
-    assert first["messages"][3]["content"] == chore.note(0)  # the real tool result
-    assert first["messages"][5]["content"] == "wrote 6 characters to a.txt"
-    assert first["messages"][-1]["content"] == chore.note(2)
-    assert first["tools"] == TOOL_SCHEMAS
-    assert summary["tools"] is None and summary["loss"] == "last"
-    assert summary["messages"][:-2] == first["messages"]
-    assert summary["messages"][-2:] == [
-        {"role": "user", "content": COMPACT_PROMPT},
-        {"role": "assistant", "content": chore.note(2)},
-    ]
-    assert second["messages"][1]["content"] == (
-        f"{INSTRUCTION}\n\nProgress so far:\n{chore.note(2)}"
-    )
-    assert calls(second["messages"]) == [
+    assert calls(seg3["messages"]) == [
         ("delegate", {"task": 'Write the word "stone" to the file "x.txt".'}),
         ("read_file", {"path": "note3.txt"}),
+    ]
+    assert seg3["messages"][3]["content"] == FINISH_SUMMARY  # the sub-agent's summary
+    assert calls(seg4["messages"]) == [
         ("write_file", {"path": "out.txt", "content": "cloud."}),
         ("finish", {"summary": FINISH_SUMMARY}),
     ]
-    assert second["messages"][3]["content"] == FINISH_SUMMARY  # the sub-agent's summary
     assert sub["tools"] == SUB_AGENT_TOOL_SCHEMAS
     assert sub["messages"][:2] == [
         {"role": "system", "content": SUB_AGENT_PROMPT},
@@ -109,13 +121,13 @@ def test_chain_summary_carries_loss_on_its_answer_only() -> None:
         WarmStartConfig(suite="learnable-long", examples=10, slip_fraction=0.5)
     )
     summaries = [d for d in demos if d.get("loss") == "last"]
-    assert len(summaries) == 10  # one compaction per chain
+    assert len(summaries) == 30  # three compactions per chain
     enc = encode_conversation(tokenizer, summaries[0]["messages"], None, last_only=True)
     answer = summaries[0]["messages"][-1]["content"] + tokenizer.eos_token
     loss_ids = [i for i, m in zip(enc.ids, enc.loss_mask) if m]
     assert loss_ids == tokenizer.encode(answer, add_special_tokens=False)
-    # 4 conversations per chain (2 main segments, the summary, the sub-agent); half slip
-    assert len(demos) == 40
+    # 8 conversations per chain (4 main segments, 3 summaries, the sub-agent); half slip
+    assert len(demos) == 80
     slipped = [
         d
         for d in demos
@@ -126,4 +138,21 @@ def test_chain_summary_carries_loss_on_its_answer_only() -> None:
             for c in m.get("tool_calls") or []
         )
     ]
-    assert 0 < len(slipped) < 30
+    assert 0 < len(slipped) < 50
+
+
+@pytest.mark.parametrize("slip", [False, True])
+def test_every_chain_compacts_after_reading_note1_to_note3(slip: bool) -> None:
+    """COMPACT_CHARS' documented margin: on drawn chains, with or without the slip, a perfect
+    main history is compacted COMPACTIONS times, each right after a note is read, so every
+    summary is that note's text (its chore pending)."""
+    from gyre.model.demonstrations import chain_conversations
+    from gyre.tasks.suites.learnable_long import COMPACTIONS, learnable_long_examples
+
+    for chore in learnable_long_examples(100, 7):
+        summaries = [
+            d["messages"][-1]["content"]
+            for d in chain_conversations(chore, slip=slip)
+            if d.get("loss") == "last"
+        ]
+        assert summaries == [chore.note(i) for i in range(1, 1 + COMPACTIONS)]

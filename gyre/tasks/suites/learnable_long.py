@@ -9,7 +9,7 @@ of them asks to delegate its write to a sub-agent. Words and file names come fro
 `FILES`: each is one token of the reference tiny tokenizer, quoted in the note as in the call's
 JSON, so following a note means copying tokens, not spelling a word out. A perfect agent makes
 2 main calls per note (read, then write or delegate), the sub-agent 2 (write, finish), plus
-`finish`: 11 calls, 12 with the one compaction at `COMPACT_CHARS`. The hidden tests check each
+`finish`: 11 calls, 14 with the 3 compactions at `COMPACT_CHARS`. The hidden tests check each
 file (partial credit per file). Knows nothing about agents, models or the other suites.
 """
 
@@ -23,6 +23,7 @@ from gyre.tasks.suites.files import TaskFiles
 
 __all__ = [
     "COMPACT_CHARS",
+    "COMPACTIONS",
     "FILES",
     "INSTRUCTION",
     "LongChore",
@@ -73,18 +74,24 @@ FILES = (
 """The files a note names; each stem is one token of that tokenizer, like `WORDS`."""
 INSTRUCTION = "Follow the notes. Read the file note0.txt and do what it says.\n"
 """Every task's instruction: the chores are in the notes, so each one is read before it is done."""
-COMPACT_CHARS = 600
+COMPACT_CHARS = 400
 """The reference agent's `--compact-chars` this suite is made for (`examples/cpu.toml`, the warm
 start's demonstrations and the offline evaluation use it). Measured with
-`gyre.agents.react.history_chars`, a perfect agent's main history is 530-566 characters before
-its 5th call and 638-678 before its 6th (300 drawn chains), so it is compacted once, right after
-note2 is read and before its chore is done: the summary has to carry that chore."""
+`gyre.agents.react.history_chars` on 600 drawn chains (with and without the slip), a perfect
+agent's main history passes it 3 times, each right after it reads note1, note2 and note3 and
+before that note's chore is done, so every summary has to carry a chore (the note's text). The
+same holds for any limit from 380 to 420; at 600 it is compacted once (dedup ratio of the
+trajectory tree 1.34), at 400 three times (1.94: each restart repeats the system prompt and
+tools, 776 tokens, which the tree holds once). A sub-agent's history stays under 280."""
 TURN_SLACK = 2
 """Model calls a task allows beyond a perfect execution's (`max_turns` in `task.toml`): an agent
 that wastes more (a wrong path, a malformed call) is stopped there and partially scored."""
-PERFECT_CALLS = 2 * NOTES + 1 + 2 + 1
+COMPACTIONS = NOTES - 1
+"""Compactions of a perfect execution's main history at `COMPACT_CHARS`: after reading note1 to
+note3."""
+PERFECT_CALLS = 2 * NOTES + 1 + 2 + COMPACTIONS
 """Model calls of a perfect execution: a read and a write (or delegate) per note, `finish`, the
-sub-agent's write and `finish`, one compaction summary."""
+sub-agent's write and `finish`, a summary per compaction."""
 
 
 @dataclass(frozen=True)
