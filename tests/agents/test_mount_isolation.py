@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gyre.agents.harness import Harness
-from gyre.agents.isolation import check_isolation
+from gyre.agents.isolation import check_isolation, closed_parents
 from gyre.config import HarnessConfig
 from gyre.errors import ConfigError
 from gyre.sandbox import Limits, Mounts, mount_namespace_problem, run_supervised
@@ -206,10 +206,12 @@ async def test_verifier_runs_agent_code_unprivileged_and_writes_only_its_copy(
             "original": str(workspace / "x"),
         }
         (workspace / "escape.py").write_text(f"PATHS = {paths!r}\n{ESCAPE}")
+        expose = tuple(sorted({sys.prefix, sys.base_prefix, os.path.realpath(sys.base_prefix)}))
         mounts = Mounts(
             hide=("/root",),
             private=("/tmp", "/var/tmp", "/dev/shm"),
-            expose=tuple(sorted({sys.prefix, sys.base_prefix, os.path.realpath(sys.base_prefix)})),
+            expose=expose,
+            traverse=tuple(sorted(closed_parents(expose))),  # a checkout under a 0700 folder
             read_only=True,
         )
         score = await verify(

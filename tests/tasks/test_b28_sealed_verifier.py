@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from gyre.agents.isolation import closed_parents
 from gyre.sandbox import Mounts, mount_namespace_problem
 from gyre.tasks.scorer import score_workspace, verify
 from gyre.tasks.task import Task, load_task
@@ -58,7 +59,8 @@ ISOLATION = [
 
 def sealed_kwargs(isolated: bool) -> dict:
     """`verify`'s isolation as the harness sets it up as root: the agent's uid, a read-only
-    namespace without /root or the host's /tmp, no network."""
+    namespace without /root or the host's /tmp, no network; passing through the folders above
+    the venv other users cannot enter (a checkout under a 0700 `mktemp -d`, as in CI)."""
     if not isolated:
         return {}
     expose = tuple(sorted({sys.prefix, sys.base_prefix, os.path.realpath(sys.base_prefix)}))
@@ -66,6 +68,7 @@ def sealed_kwargs(isolated: bool) -> dict:
         hide=("/root",),
         private=("/tmp", "/var/tmp", "/dev/shm"),
         expose=expose,
+        traverse=tuple(sorted(closed_parents(expose))),
         read_only=True,
         network=False,
     )
