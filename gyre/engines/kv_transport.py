@@ -87,6 +87,10 @@ class KVTransportStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Imports refused because the export was computed with other weights than the importing
     engine serves: the request prefilled instead (recompute)."""
 
+    def engine_fields(self) -> dict[str, int]:
+        """These counters as `EngineStatistics` fields: `kv_` + each name."""
+        return {f"kv_{name}": getattr(self, name) for name in self.__struct_fields__}
+
 
 class KVTransport(Protocol):
     """One KV connector as seen by the engine that exports and loads through it.

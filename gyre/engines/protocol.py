@@ -140,6 +140,23 @@ class TokenDelta(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=
     top_logprobs: list[list[float]] | None = None
     """Their logprobs (nats), shaped like `top_ids`."""
 
+    def then(self, later: TokenDelta) -> TokenDelta:
+        """This delta and `later`, the next of the same choice, as one (`later`'s finish and
+        cached tokens). Raises `ValueError` for another choice or after this one's finish."""
+        if later.index != self.index or self.finish_reason is not None:
+            raise ValueError(f"delta of choice {later.index} cannot follow {self!r}")
+        tops = self.top_ids is not None
+        return TokenDelta(
+            index=self.index,
+            token_ids=self.token_ids + later.token_ids,
+            logprobs=self.logprobs + later.logprobs,
+            versions=self.versions + later.versions,
+            finish_reason=later.finish_reason,
+            cached_tokens=later.cached_tokens,
+            top_ids=self.top_ids + (later.top_ids or []) if tops else None,
+            top_logprobs=(self.top_logprobs or []) + (later.top_logprobs or []) if tops else None,
+        )
+
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):
     """Everything one choice produced: IDs, behaviour logprobs (nats), weight version per token."""

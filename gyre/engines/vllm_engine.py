@@ -18,9 +18,10 @@ Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node 
   and the consumer: one wake-up per engine step, not two), n > 1 choices each in a task of their
   own, merged through a queue; a request's deadline (`request_timeout_s`) is one timer, not a
   timeout scope per delta;
-- `load_weights` aborts in-flight requests with their tokens so far, reloads (`reload_weights`),
-  resets the prefix cache (B12), bumps the version and continues each request from prompt +
-  tokens so far, so every token carries the version that sampled it and callers see one stream;
+- `load_weights` aborts in-flight requests with their tokens so far (those that reach vLLM after
+  its pause too: B32), reloads (`reload_weights`), resets the prefix cache (B12), bumps the
+  version and continues each request from prompt + tokens so far, so every token carries the
+  version that sampled it and callers see one stream;
 - KV migration (`export_kv`, `release_kv`, a request's `kv_import`) goes through the engine's
   `KVTransport` (`gyre.engines.kv_transport`, one per `kv_transfer.connector`); the engine only
   runs the export request the transport asks for (`run_export_request`), and loads an import only
@@ -87,6 +88,10 @@ class _Choice:
 _DEADLINE = object()
 """Queued by a request's deadline timer: wakes its consumer, which then ends it."""
 
+_DRAIN_RETRY_S = 0.05
+"""Seconds between a weight load's aborts of its requests still running (an abort that reaches
+vLLM before the request it names is a no-op there: B32)."""
+
 
 def _coalesce(first: TokenDelta | BaseException | object, queue: asyncio.Queue) -> list[TokenDelta]:
     """`first` plus every delta already queued, merged per choice in order (fewer, larger deltas
@@ -105,18 +110,7 @@ def _coalesce(first: TokenDelta | BaseException | object, queue: asyncio.Queue) 
             raise item
         prev = merged.get(item.index)
         if prev is not None and prev.finish_reason is None:
-            item = TokenDelta(
-                index=item.index,
-                token_ids=prev.token_ids + item.token_ids,
-                logprobs=prev.logprobs + item.logprobs,
-                versions=prev.versions + item.versions,
-                finish_reason=item.finish_reason,
-                cached_tokens=item.cached_tokens,
-                top_ids=None if prev.top_ids is None else prev.top_ids + (item.top_ids or []),
-                top_logprobs=None
-                if prev.top_logprobs is None
-                else prev.top_logprobs + (item.top_logprobs or []),
-            )
+            item = prev.then(item)
             out[out.index(prev)] = item
         else:
             out.append(item)
@@ -487,7 +481,8 @@ class VLLMEngine:
     ) -> tuple[str, dict[str, Any] | None]:
         """Run `token_ids` as a greedy 1-token request carrying `kv_transfer_params` for the KV
         transport, counted in flight so that a weight load waits for it (`KVHost`); returns
-        (its request ID, the last `kv_transfer_params` vLLM returned, None if none)."""
+        (its request ID, the last `kv_transfer_params` vLLM returned, None if none). Raises
+        `EngineUnavailableError` when a weight load aborted it meanwhile (B32)."""
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -513,6 +508,8 @@ class VLLMEngine:
             self._active_subs.discard(rid)
             if not self._active_subs:
                 self._drained.set()
+        if not self._ready.is_set():
+            raise EngineUnavailableError(f"export_kv: a weight load aborted request {rid}")
         return rid, handle
 
     # -- weights and scheduling -------------------------------------------------------------
@@ -523,7 +520,7 @@ class VLLMEngine:
             try:
                 async with asyncio.timeout(self.config.weight_load_timeout_s):
                     await self.llm.pause_generation(mode="abort", clear_cache=True)
-                    await self._drained.wait()
+                    await self._drain()
                     try:
                         await self.llm.collective_rpc(
                             "reload_weights", kwargs={"weights_path": snapshot}
@@ -549,6 +546,17 @@ class VLLMEngine:
             finally:
                 await self.llm.resume_generation()
                 self._ready.set()
+
+    async def _drain(self) -> None:
+        """Return once none of this engine's vLLM requests runs. The pause aborts those vLLM has;
+        one that reached it after the pause would wait for `resume_generation`, after this load:
+        it is aborted too, every `_DRAIN_RETRY_S` while it runs (B32). No new one starts: choices
+        and exports wait for `_ready`."""
+        while not self._drained.is_set():
+            await self.llm.abort(list(self._active_subs))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_DRAIN_RETRY_S):
+                    await self._drained.wait()
 
     async def pause(self) -> None:
         """Stop serving. With `EngineConfig.sleep_mode` (GPU): let in-flight requests finish, then
@@ -579,18 +587,5 @@ class VLLMEngine:
             max_model_len=self.max_model_len,
             vocab_size=self.vocab_size,
             **self._counts,
-            **_kv_counts(self.kv),
+            **self.kv.statistics().engine_fields(),
         )
-
-
-def _kv_counts(kv: KVTransport) -> dict[str, int]:
-    """The transport's counters as `EngineStatistics` fields."""
-    t = kv.statistics()
-    return dict(
-        kv_exports=t.exports,
-        kv_tokens_exported=t.tokens_exported,
-        kv_released=t.released,
-        kv_expired=t.expired,
-        kv_imports=t.imports,
-        kv_imports_refused=t.imports_refused,
-    )

@@ -1,6 +1,7 @@
 """`VLLMEngine`'s request paths over a scripted stand-in for vLLM's `AsyncLLM`: a one-choice
 request driven in its consumer's task, several choices each in a task of their own, the request
-deadline on both, and an abort mid-stream. The real engine is `test_vllm.py`'s (slow tier)."""
+deadline on both, an abort mid-stream, and a weight load racing a request that reaches vLLM after
+its pause (field case B32). The real engine is `test_vllm.py`'s (slow tier)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from gyre.config import EngineConfig, KVTransferConfig
-from gyre.engines import GenerateRequest, SamplingParams, collect
+from gyre.engines import GenerateRequest, SamplingParams, TokenDelta, collect
 from gyre.engines.vllm_engine import VLLMEngine
-from gyre.errors import EngineTimeoutError
+from gyre.errors import EngineTimeoutError, EngineUnavailableError
 
 pytestmark = pytest.mark.anyio
 
@@ -66,12 +67,16 @@ class FakeLLM:
 def _output(ids: list[int], lps: list[float], *, finished: bool, reason: str):
     positions = [{tok: SimpleNamespace(logprob=lp, rank=1)} for tok, lp in zip(ids, lps)]
     completion = SimpleNamespace(token_ids=ids, logprobs=positions, finish_reason=reason)
-    return SimpleNamespace(outputs=[completion], num_cached_tokens=0, finished=finished)
+    return SimpleNamespace(
+        outputs=[completion], num_cached_tokens=0, finished=finished, kv_transfer_params=None
+    )
 
 
-def _engine(llm: FakeLLM, timeout_s: float = 600.0) -> VLLMEngine:
+def _engine(llm: FakeLLM, timeout_s: float = 600.0, load_timeout_s: float = 120.0) -> VLLMEngine:
     config = EngineConfig(
-        request_timeout_s=timeout_s, kv_transfer=KVTransferConfig(connector="none")
+        request_timeout_s=timeout_s,
+        weight_load_timeout_s=load_timeout_s,
+        kv_transfer=KVTransferConfig(connector="none"),
     )
     return VLLMEngine(llm, vocab_size=1000, max_model_len=256, config=config)
 
@@ -140,3 +145,123 @@ async def test_a_consumer_that_leaves_aborts_the_vllm_request() -> None:
     await stream.aclose()
     assert set(llm.aborted) == {"gone/0/0"}  # vLLM's generate aborts a request its consumer left
     assert engine.statistics().running_requests == 0
+
+
+class PausingLLM(FakeLLM):
+    """`FakeLLM` with vLLM's pause as `load_weights` uses it. `pause_generation(mode="abort")`
+    aborts the requests the engine has; one that arrives while paused waits for
+    `resume_generation` (or an abort); an abort naming a request the engine does not have yet is
+    a no-op. `late` holds back the arrival of the first request whose ID starts with `late` until
+    the pause has begun: the order in which a request and a pause cross the engine core's socket
+    (B32)."""
+
+    def __init__(self, tokens: int, late: str) -> None:
+        super().__init__(tokens)
+        self.late_prefix = late
+        self.late = asyncio.Event()
+        self.arrived: set[str] = set()
+        self.resumed = asyncio.Event()
+        self.resumed.set()
+        self.rpcs: list[tuple[str, dict]] = []
+
+    async def generate(self, prompt, params, sub_id):
+        if sub_id.startswith(self.late_prefix) and not self.arrived:
+            await self.late.wait()
+        self.arrived.add(sub_id)
+        aborted = self._abort_events.setdefault(sub_id, asyncio.Event())
+        resumed = asyncio.create_task(self.resumed.wait())
+        try:
+            await asyncio.wait(
+                [resumed, asyncio.create_task(aborted.wait())], return_when="FIRST_COMPLETED"
+            )
+        finally:
+            resumed.cancel()
+        async for out in super().generate(prompt, params, sub_id):
+            yield out
+
+    async def abort(self, sub_ids) -> None:
+        ids = [sub_ids] if isinstance(sub_ids, str) else sub_ids
+        await super().abort([i for i in ids if i in self.arrived])
+
+    async def pause_generation(self, *, mode: str, clear_cache: bool) -> None:
+        assert mode == "abort"
+        self.resumed.clear()
+        await super().abort(sorted(self.arrived))
+        self.late.set()  # the held-back request reaches the engine now, paused
+
+    async def resume_generation(self) -> None:
+        self.resumed.set()
+
+    async def collective_rpc(self, method: str, kwargs: dict) -> None:
+        self.rpcs.append((method, kwargs))
+
+    async def reset_prefix_cache(self) -> bool:
+        return True
+
+
+async def test_a_request_that_reaches_vllm_after_a_loads_pause_continues_after_it() -> None:
+    # B32: before, the load waited for this request to end, and it waited for the load's resume:
+    # nothing happened until weight_load_timeout_s, then the run stopped on a WeightSyncError
+    llm = PausingLLM(tokens=4, late="r/0/0")
+    engine = _engine(llm, load_timeout_s=5.0)
+    consumer = asyncio.create_task(collect(engine, _request("r", max_tokens=4)))
+    while "r/0/0" not in engine._active_subs:
+        await asyncio.sleep(0)
+    await engine.load_weights("snapshot-1", 1)
+    [completion] = await consumer
+    assert llm.rpcs == [("reload_weights", {"weights_path": "snapshot-1"})]
+    assert "r/0/0" in llm.aborted and "r/0/1" in llm.arrived
+    # the aborted attempt had produced nothing; the continuation's tokens are version 1's
+    assert completion.token_ids == [100, 101, 102, 103]
+    assert completion.versions == [1, 1, 1, 1]
+    assert completion.finish_reason == "length"
+    assert engine.weight_version == 1
+
+
+async def test_an_export_request_a_load_aborts_is_refused_not_awaited() -> None:
+    llm = PausingLLM(tokens=1, late="gyre-export-")
+    engine = _engine(llm, load_timeout_s=5.0)
+    export = asyncio.create_task(engine.run_export_request([1, 2, 3], {}))
+    while not engine._active_subs:
+        await asyncio.sleep(0)
+    [rid] = engine._active_subs
+    await engine.load_weights("snapshot-1", 1)
+    with pytest.raises(EngineUnavailableError, match=f"weight load aborted request {rid}"):
+        await export
+    assert rid in llm.aborted and llm.rpcs == [("reload_weights", {"weights_path": "snapshot-1"})]
+    assert engine.weight_version == 1
+
+
+def test_deltas_of_one_choice_merge_in_order_and_not_past_a_finish() -> None:
+    first = TokenDelta(
+        index=1,
+        token_ids=[5],
+        logprobs=[-0.1],
+        versions=[2],
+        top_ids=[[5, 6]],
+        top_logprobs=[[-0.1, -2.3]],
+    )
+    last = TokenDelta(
+        index=1,
+        token_ids=[7],
+        logprobs=[-0.4],
+        versions=[3],
+        finish_reason="stop",
+        cached_tokens=9,
+        top_ids=[[7, 5]],
+        top_logprobs=[[-0.4, -1.2]],
+    )
+    merged = first.then(last)
+    assert (merged.index, merged.token_ids, merged.logprobs, merged.versions) == (
+        1,
+        [5, 7],
+        [-0.1, -0.4],
+        [2, 3],
+    )
+    assert (merged.finish_reason, merged.cached_tokens) == ("stop", 9)
+    assert merged.top_ids == [[5, 6], [7, 5]]
+    assert merged.top_logprobs == [[-0.1, -2.3], [-0.4, -1.2]]
+    with pytest.raises(ValueError, match="choice 1 cannot follow"):
+        merged.then(last)  # nothing follows a finish
+    with pytest.raises(ValueError, match="choice 0 cannot follow"):
+        first.then(TokenDelta(index=0, token_ids=[], logprobs=[], versions=[]))
