@@ -242,13 +242,16 @@ class VLLMEngine:
         timer = asyncio.get_running_loop().call_later(self.config.request_timeout_s, expire)
         try:
             remaining = len(choices)
+            last_pass = False  # after the deadline: one pass hands out what was queued by then
             while remaining:
-                if expired and queue.empty():
-                    await self.abort(request.request_id)
-                    raise EngineTimeoutError(
-                        f"request {request.request_id!r} exceeded "
-                        f"request_timeout_s={self.config.request_timeout_s}"
-                    )
+                if expired:
+                    if last_pass or queue.empty():
+                        await self.abort(request.request_id)
+                        raise EngineTimeoutError(
+                            f"request {request.request_id!r} exceeded "
+                            f"request_timeout_s={self.config.request_timeout_s}"
+                        )
+                    last_pass = True
                 item = await queue.get()
                 for delta in _coalesce(item, queue):
                     if delta.finish_reason is not None:

@@ -9,6 +9,8 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+import vllm.inputs  # noqa: F401 - imported here, not by the first request: it takes seconds,
+import vllm.sampling_params  # noqa: F401 - longer than the deadlines below
 
 from gyre.config import EngineConfig, KVTransferConfig
 from gyre.engines import GenerateRequest, SamplingParams, TokenDelta, collect
@@ -29,9 +31,10 @@ class FakeLLM:
     waits until aborted, then ends with finish reason "abort" (what vLLM does); a consumer that
     leaves aborts it too."""
 
-    def __init__(self, tokens: int, stall_after: int | None = None) -> None:
+    def __init__(self, tokens: int, stall_after: int | None = None, step_s: float = 0.0) -> None:
         self.tokens = tokens
         self.stall_after = stall_after
+        self.step_s = step_s  # seconds per token (an engine step)
         self.aborted: list[str] = []
         self._abort_events: dict[str, asyncio.Event] = {}
 
@@ -51,7 +54,7 @@ class FakeLLM:
             if self.stall_after is not None and k == self.stall_after:
                 await aborted.wait()
                 break
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.step_s)
             last = k == self.tokens - 1
             yield _output([100 + k], [-0.5 * (k + 1)], finished=last, reason="length")
         else:
@@ -113,6 +116,22 @@ async def test_a_request_past_its_deadline_is_aborted_in_vllm_and_raises(n: int)
     stats = engine.statistics()
     assert stats.running_requests == 0
     assert stats.requests_aborted == n
+
+
+async def test_the_deadline_holds_for_a_consumer_slower_than_the_engine() -> None:
+    # n > 1: each pass hands out every delta queued meanwhile; before, the deadline was only
+    # checked when nothing was queued, which a slow consumer never sees: the request ran to
+    # max_tokens (400 steps of >= 1 ms, about 0.5 s) past its 0.2 s deadline
+    llm = FakeLLM(tokens=400, step_s=0.001)
+    engine = _engine(llm, timeout_s=0.2)
+    seen = 0
+    with pytest.raises(EngineTimeoutError, match="request_timeout_s=0.2"):
+        async for delta in engine.generate(_request("slow", n=2, max_tokens=400)):
+            seen += len(delta.token_ids)
+            await asyncio.sleep(0.03)
+    assert 0 < seen < 2 * 400
+    assert sorted(set(llm.aborted)) == ["slow/0/0", "slow/1/0"]
+    assert engine.statistics().running_requests == 0
 
 
 async def test_abort_mid_stream_returns_exactly_the_tokens_streamed() -> None:
