@@ -103,8 +103,11 @@ __all__ = ["SFT_RECORD", "SFTResult", "warm_start", "check_output_dir", "output_
 
 SFT_RECORD = "gyre_sft.json"
 """File in the output folder: the input hash, settings, losses and wall time of the fine-tune."""
-_RECIPE_VERSION = 2
-"""Bump when the training procedure changes, so cached outputs are rebuilt."""
+_RECIPE_FILES = tuple(
+    Path(__file__).with_name(n) for n in ("sft.py", "copy_pretrain.py", "demonstrations.py")
+)
+"""The modules of this package that decide what a warm start trains on and how: their bytes are
+part of the input hash, so changing any of them rebuilds cached outputs (no version to bump)."""
 _WEIGHT_FILES = ("model.safetensors",)
 
 
@@ -112,7 +115,7 @@ class SFTResult(msgspec.Struct, frozen=True, kw_only=True):
     """What `warm_start` recorded in `<out>/gyre_sft.json`."""
 
     input_hash: str
-    """sha256 of (recipe version, base model files, settings, demonstrations)."""
+    """sha256 of (the recipe's modules, base model files, settings, demonstrations)."""
     settings: WarmStartConfig
     base_model: str
     demonstrations: int
@@ -240,7 +243,8 @@ def _batches(encoded: list[Encoded], size: int, rng: random.Random, end_id: int)
 
 def _hash_inputs(model_dir: Path, settings: WarmStartConfig, demos: list[dict]) -> str:
     h = hashlib.sha256()
-    h.update(f"gyre-sft-v{_RECIPE_VERSION}\n".encode())
+    for path in _RECIPE_FILES:
+        h.update(hashlib.sha256(path.read_bytes()).digest())
     for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
         if path.name == SFT_RECORD:
             continue
@@ -285,7 +289,7 @@ def warm_start(
     then cosine decay to 10% of `learning_rate`) on the mean loss over the assistant tokens of
     `batch_size` demonstrations. Deterministic for equal inputs and thread count. Cached: when
     `out_dir/gyre_sft.json` records the same input hash (base model files, settings,
-    demonstrations, recipe version), returns at once; a stale output is replaced atomically.
+    demonstrations, the recipe's modules), returns at once; a stale output is replaced atomically.
 
     Args:
         model_dir: a Hugging Face causal-LM folder with a chat template (e.g. `gyre.model init`).

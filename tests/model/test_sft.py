@@ -126,6 +126,26 @@ def digest(path: Path) -> str:
     return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
 
 
+def test_a_change_to_the_recipes_code_is_a_new_input(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    from gyre.model import sft
+
+    demos = demonstrations(TINY)
+    before = sft._hash_inputs(tiny_model_dir, TINY, demos)
+    copies = []
+    for path in sft._RECIPE_FILES:
+        copies.append(tmp_path / path.name)
+        copies[-1].write_bytes(path.read_bytes())
+    monkeypatch.setattr(sft, "_RECIPE_FILES", tuple(copies))
+    assert sft._hash_inputs(tiny_model_dir, TINY, demos) == before
+    for copy in copies:  # an edit to any of them, e.g. the copy drills' or the optimizer's
+        text = copy.read_bytes()
+        copy.write_bytes(text + b"# changed\n")
+        assert sft._hash_inputs(tiny_model_dir, TINY, demos) != before, copy.name
+        copy.write_bytes(text)
+
+
 @pytest.mark.slow
 def test_warm_start_trains_caches_and_is_deterministic(
     tiny_model_dir: Path, tmp_path: Path
