@@ -190,10 +190,13 @@ class Membership:
         for the execution's next pin with no bound of its own: the request's deadline
         (`request_timeout_s`) or its caller's abort ends that wait. Raises
         `EngineUnavailableError`."""
-        while state.session in self.held:
-            if choice.user_aborted:
-                return None
-            await self.changed.wait()
+        if state.session in self.held:
+            while state.session in self.held:
+                if choice.user_aborted:
+                    return None
+                await self.changed.wait()
+            if choice.moved_s is not None:  # its redirect latency counts from the resume
+                choice.moved_s = anyio.current_time()
         with anyio.move_on_after(self.config.no_cell_timeout_s):
             while True:
                 if choice.user_aborted:

@@ -162,7 +162,8 @@ class RedirectStatistics(msgspec.Struct, frozen=True, kw_only=True):
     migrations_missed: int
     aborts_failed: int
     redirect_latency_s_mean: float
-    """Mean time from a choice leaving its member to its first token on the next one, seconds."""
+    """Mean time from a choice leaving its member to its first token on the next one, seconds
+    (for a held choice, from the end of its hold: a suspension is not a slow redirect)."""
     redirect_latency_s_max: float
     """Longest such time, seconds."""
 

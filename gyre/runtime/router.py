@@ -80,7 +80,8 @@ class RouterStatistics(EngineStatistics, frozen=True, kw_only=True):
     """Continuations handed an export that their cell did not load (it prefilled instead: e.g.
     its KV folder is not the source's); their tokens count in `tokens_recomputed`."""
     redirect_latency_s_mean: float = 0.0
-    """Mean time from a choice leaving its cell to its first token on the next one, seconds."""
+    """Mean time from a choice leaving its cell to its first token on the next one, seconds
+    (for a held choice, from the end of its hold)."""
     redirect_latency_s_max: float = 0.0
     """Longest such time, seconds."""
     cells_rollout: int = 0

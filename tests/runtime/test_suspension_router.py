@@ -37,6 +37,7 @@ async def test_a_held_execution_waits_then_continues_on_its_next_cell() -> None:
             await third.finished.wait()
             # held well past no_cell_timeout_s: nothing fails, nothing streams
             stopped = len(first.tokens())
+            held_from = anyio.current_time()
             await anyio.sleep(0.3)
             assert len(first.tokens()) == stopped and second.tokens() == []
             assert first.error is None and second.error is None and not second.finished.is_set()
@@ -44,6 +45,7 @@ async def test_a_held_execution_waits_then_continues_on_its_next_cell() -> None:
             assert stats.executions_held == 1 and stats.running_requests == 2
             assert {c.name: c.running for c in stats.cells} == {"a": 0, "b": 0}
             router.pin("x1", "b")
+            held_s = anyio.current_time() - held_from
         stats = router.statistics()
     assert third.error is None and set(third.versions()) == {1}
     expected = (await reference(req))[0]
@@ -54,6 +56,8 @@ async def test_a_held_execution_waits_then_continues_on_its_next_cell() -> None:
     assert second.tokens() == (await reference(later))[0].token_ids
     assert set(second.versions()) == {2}
     assert stats.requests_redirected == 1 and stats.executions_held == 0
+    # counted from the resume (cell b's first token, 5 ms a token), not from the stop
+    assert 0 < stats.redirect_latency_s_max < 0.3 <= held_s
     assert {c.name: c.executions for c in stats.cells} == {"a": 1, "b": 1}
 
 
