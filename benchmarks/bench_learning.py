@@ -14,6 +14,7 @@ finished) with the keys of issue 21's acceptance:
 
 - `gain_points` (after - before, percentage points, per seed), `gain_points_mean`: goal mean >= 15
   and every seed > 0; the pass rates' binomial standard errors sqrt(p (1 - p) / n) beside them;
+  `reward_gain` / `reward_gain_mean`: the same for the held-out mean reward (no goal);
 - `wall_s` (per seed, the whole job: warm start or its cache, evaluations, steps);
 - `calls_per_execution_mean` (model calls / trained executions, goal >= 8), `dedup_ratio_mean`
   (mean of the steps' selected tokens one by one / packed, goal >= 1.5), `partial_fraction`
@@ -133,6 +134,12 @@ def numbers(per_seed: list[dict], warm_start_sha256: str) -> dict:
         "gain_se_points_mean": math.sqrt(sum(r["gain_se_points"] ** 2 for r in per_seed))
         / len(per_seed),
         "every_seed_positive": all(g > 0 for g in gains),
+        # the held-out mean reward (the share of files right, partial credit): the signal RL
+        # trains on, less coarse than the pass rate (all 4 files right) on 32 executions
+        "reward_gain": [r["after_mean_reward"] - r["before_mean_reward"] for r in per_seed],
+        "reward_gain_mean": statistics.fmean(
+            r["after_mean_reward"] - r["before_mean_reward"] for r in per_seed
+        ),
         "wall_s": [r["wall_s"] for r in per_seed],
         "calls_per_execution_mean": statistics.fmean(r["calls_per_execution"] for r in per_seed),
         "dedup_ratio_mean": statistics.fmean(r["dedup_ratio"] for r in per_seed),
