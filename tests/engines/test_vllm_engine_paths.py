@@ -188,13 +188,12 @@ class PausingLLM(FakeLLM):
             await self.late.wait()
         self.arrived.add(sub_id)
         aborted = self._abort_events.setdefault(sub_id, asyncio.Event())
-        resumed = asyncio.create_task(self.resumed.wait())
+        waits = [asyncio.create_task(e.wait()) for e in (self.resumed, aborted)]
         try:
-            await asyncio.wait(
-                [resumed, asyncio.create_task(aborted.wait())], return_when="FIRST_COMPLETED"
-            )
+            await asyncio.wait(waits, return_when="FIRST_COMPLETED")
         finally:
-            resumed.cancel()
+            for wait in waits:
+                wait.cancel()
         async for out in super().generate(prompt, params, sub_id):
             yield out
 

@@ -56,8 +56,8 @@ async def test_a_held_execution_waits_then_continues_on_its_next_cell() -> None:
     assert second.tokens() == (await reference(later))[0].token_ids
     assert set(second.versions()) == {2}
     assert stats.requests_redirected == 1 and stats.executions_held == 0
-    # counted from the resume (cell b's first token, 5 ms a token), not from the stop
-    assert 0 < stats.redirect_latency_s_max < 0.3 <= held_s
+    # counted from the resume (to cell b's first token), not from the stop: less than the hold
+    assert 0 < stats.redirect_latency_s_max < held_s
     assert {c.name: c.executions for c in stats.cells} == {"a": 1, "b": 1}
 
 
