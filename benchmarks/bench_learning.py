@@ -86,6 +86,8 @@ def seed_numbers(run_dir: Path, wall_s: float) -> dict:
     roles: dict[str, set[str]] = defaultdict(set)
     for call in read_log(run_dir / "calls.log").calls:
         roles[call.execution_id].add(str(call.role))
+    if not roles:
+        raise RuntimeError(f"{run_dir}: no model call in calls.log (every execution failed?)")
     executions = sum(s.executions for s in steps)
     mismatches = [s.same_version_mismatch_mean for s in steps]
     return {

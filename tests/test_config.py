@@ -76,6 +76,10 @@ def test_defaults_and_frozen() -> None:
         ('[engine]\nbackend = "tgi"\n', "Invalid enum value 'tgi' - at `$.engine.backend`"),
         ("[model]\nhidden_size = 64\n", "head_dim=16"),
         ("[cells]\nnum_cells = 0\n", "num_cells=0 must be > 0"),
+        (
+            "[loop]\nmax_consecutive_failures = -1\n",
+            "max_consecutive_failures=-1 must be >= 0 - at `$.loop`",
+        ),
         ("[cells]\ndevices_per_cell = 0\n", "devices_per_cell=0 must be > 0"),
         (
             "[cells]\ndevices_per_cell = 2\n",

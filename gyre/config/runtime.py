@@ -149,8 +149,17 @@ class LoopConfig(Config):
     `scheduler.capacity_per_cell` x the run's cells to use every rollout slot)."""
     keep_checkpoints: int = 2
     """Step checkpoints kept on disk (weights, optimizer, loop state)."""
+    max_consecutive_failures: int = 16
+    """Stop the run with an `ExecutionError` naming the last reason when this many of the
+    harness's executions in a row failed (an agent that cannot start, a verifier that crashes):
+    such a run would otherwise skip every step for want of anything to train on. 0: never stop.
+    A resumed run re-runs the executions in flight at the stop."""
 
     def __post_init__(self) -> None:
+        if self.max_consecutive_failures < 0:
+            raise ValueError(
+                f"max_consecutive_failures={self.max_consecutive_failures} must be >= 0"
+            )
         check_positive(
             steps=self.steps,
             batch_executions=self.batch_executions,

@@ -3,9 +3,10 @@
 Owns `Executed` and `Rollout`. For each execution it mints the proxy key, runs the agent under the
 harness with an `ExecutionControl` fed from the proxy's running totals (turns, tokens, context
 refusals stop it for partial scoring), then closes the execution in the proxy and returns the
-outcome with the exact model-call records. At most `max_concurrent` agents run at once. Never
-raises for one execution's failure (the harness turns it into `failed`). Knows nothing about
-trees, losses or training.
+outcome with the exact model-call records. At most `max_concurrent` agents run at once. One
+execution's failure is its `failed` outcome (the harness's doing), never an exception; only a
+streak of them is (`max_consecutive_failures`: a run whose agents cannot start stops at once, not
+after every step was skipped). Knows nothing about trees, losses or training.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gyre.agents.control import ExecutionControl
 from gyre.agents.harness import Harness, HarnessStatistics
 from gyre.config import HarnessConfig, RunConfig
 from gyre.engines.protocol import InferenceEngine
+from gyre.errors import ExecutionError
 from gyre.tasks.outcome import Outcome
 from gyre.tasks.task import Task
 from gyre.tito.proxy import TitoProxy
@@ -43,15 +45,30 @@ class Executed(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Rollout:
-    """Runs executions: `await rollout.run(task, execution_id)`, or many with `run_many`."""
+    """Runs executions: `await rollout.run(task, execution_id)`, or many with `run_many`.
 
-    def __init__(self, proxy: TitoProxy, harness: Harness, *, max_concurrent: int) -> None:
+    `max_consecutive_failures`: raise `ExecutionError` from the `run` that ends this many failed
+    executions in a row (in order of their ends, none finished or stopped at a limit between
+    them); 0: never."""
+
+    def __init__(
+        self,
+        proxy: TitoProxy,
+        harness: Harness,
+        *,
+        max_concurrent: int,
+        max_consecutive_failures: int = 0,
+    ) -> None:
         self.proxy = proxy
         self.harness = harness
         self.limiter = anyio.CapacityLimiter(max_concurrent)
+        self.max_consecutive_failures = max_consecutive_failures
+        self.consecutive_failures = 0
+        """Executions failed since the last one that did not fail."""
 
     async def run(self, task: Task, execution_id: str) -> Executed:
-        """Run one execution to its end (finished, stopped at a limit, or failed)."""
+        """Run one execution to its end (finished, stopped at a limit, or failed). Raises
+        `ExecutionError` when it is the `max_consecutive_failures`-th failure in a row."""
         async with self.limiter:
             key = self.proxy.mint_key(execution_id)
 
@@ -84,7 +101,21 @@ class Rollout:
             finally:
                 with anyio.CancelScope(shield=True):
                     summary = await self.proxy.close(execution_id)
+        self._count(outcome)
         return Executed(outcome=outcome, calls=calls, summary=summary)
+
+    def _count(self, outcome: Outcome) -> None:
+        if outcome.termination != "failed":
+            self.consecutive_failures = 0
+            return
+        self.consecutive_failures += 1
+        limit = self.max_consecutive_failures
+        if limit and self.consecutive_failures >= limit:
+            raise ExecutionError(
+                f"{self.consecutive_failures} executions in a row failed "
+                f"(loop.max_consecutive_failures={limit}), the last {outcome.execution_id} of "
+                f"{outcome.task_id}: {outcome.failure_reason}"
+            )
 
     async def run_many(
         self,
@@ -169,5 +200,10 @@ async def open_rollout(
         )
         for suite in config.tasks.suites:  # no agent reads another suite's hidden tests either
             harness.hide_suite(Path(suite).resolve())
-        yield Rollout(proxy, harness, max_concurrent=max_concurrent)
+        yield Rollout(
+            proxy,
+            harness,
+            max_concurrent=max_concurrent,
+            max_consecutive_failures=config.loop.max_consecutive_failures,
+        )
         tg.cancel_scope.cancel()
