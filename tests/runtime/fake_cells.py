@@ -15,6 +15,28 @@ import msgspec
 
 from gyre.engines.scripted import ScriptedEngine
 from gyre.errors import EngineUnavailableError
+from gyre.runtime.rollout import Executed
+from gyre.tasks.outcome import Outcome
+from gyre.tito.records import ExecutionSummary
+
+
+def failed_execution(execution_id: str, task_id: str, reason: str) -> Executed:
+    """An execution that failed before any model call (nothing to train), as a rollout double
+    returns it."""
+    summary = ExecutionSummary(
+        execution_id=execution_id,
+        num_calls=0,
+        truncated=False,
+        length_calls=0,
+        context_refusals=0,
+        divergences=0,
+        prompt_tokens=0,
+        completion_tokens=0,
+    )
+    outcome = Outcome(
+        execution_id=execution_id, task_id=task_id, termination="failed", failure_reason=reason
+    )
+    return Executed(outcome=outcome, calls=[], summary=summary)
 
 
 class FakeStats(msgspec.Struct, frozen=True, kw_only=True):

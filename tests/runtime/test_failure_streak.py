@@ -17,20 +17,12 @@ from gyre.runtime.metrics import StepMetrics, read_metrics
 from gyre.runtime.rollout import Rollout
 from gyre.tasks.outcome import Outcome, Score
 from gyre.tito.records import ExecutionSummary
+from tests.runtime.fake_cells import failed_execution
 from tests.runtime.test_elastic import REPO, drive, make_cells
 
 
 def _summary(execution_id: str) -> ExecutionSummary:
-    return ExecutionSummary(
-        execution_id=execution_id,
-        num_calls=0,
-        truncated=False,
-        length_calls=0,
-        context_refusals=0,
-        divergences=0,
-        prompt_tokens=0,
-        completion_tokens=0,
-    )
+    return failed_execution(execution_id, "t", "none").summary
 
 
 class _Proxy:

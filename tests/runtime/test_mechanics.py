@@ -33,10 +33,8 @@ from gyre.runtime.scheduler import (
 )
 from gyre.sim.config import SimConfig
 from gyre.sim.engine import Workload, _Sim
-from gyre.tasks.outcome import Outcome
 from gyre.tasks.task import Task, TaskSpec, load_suite
-from gyre.tito.records import ExecutionSummary
-from tests.runtime.fake_cells import Exchange, FakeTrainingCell
+from tests.runtime.fake_cells import Exchange, FakeTrainingCell, failed_execution
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -267,23 +265,7 @@ class TimedRollout:
     async def run(self, task: Task, execution_id: str) -> Executed:
         k = int(execution_id[1 : execution_id.index("-")])
         await anyio.sleep(DURATIONS[k] * UNIT_S)
-        outcome = Outcome(
-            execution_id=execution_id,
-            task_id=task.task_id,
-            termination="failed",
-            failure_reason="timed double",
-        )
-        summary = ExecutionSummary(
-            execution_id=execution_id,
-            num_calls=0,
-            truncated=False,
-            length_calls=0,
-            context_refusals=0,
-            divergences=0,
-            prompt_tokens=0,
-            completion_tokens=0,
-        )
-        return Executed(outcome=outcome, calls=[], summary=summary)
+        return failed_execution(execution_id, task.task_id, "timed double")
 
 
 class BatchRecorder:

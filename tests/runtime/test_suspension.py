@@ -26,10 +26,8 @@ from gyre.runtime.mechanics import move_off, resume_suspended
 from gyre.runtime.rollout import Executed
 from gyre.runtime.router import Router
 from gyre.runtime.scheduler import ColocatePolicy
-from gyre.tasks.outcome import Outcome
 from gyre.tasks.task import Task, load_suite
-from gyre.tito.records import ExecutionSummary
-from tests.runtime.fake_cells import Exchange, FakeTrainingCell
+from tests.runtime.fake_cells import Exchange, FakeTrainingCell, failed_execution
 from tests.runtime.test_mechanics import BatchRecorder, TimedRollout
 from tests.runtime.test_router import VOCAB, prefix_rule
 
@@ -101,23 +99,7 @@ class CallingRollout(TimedRollout):
 
 
 def failed(task: Task, execution_id: str) -> Executed:
-    summary = ExecutionSummary(
-        execution_id=execution_id,
-        num_calls=0,
-        truncated=False,
-        length_calls=0,
-        context_refusals=0,
-        divergences=0,
-        prompt_tokens=0,
-        completion_tokens=0,
-    )
-    outcome = Outcome(
-        execution_id=execution_id,
-        task_id=task.task_id,
-        termination="failed",
-        failure_reason="calling double",
-    )
-    return Executed(outcome=outcome, calls=[], summary=summary)
+    return failed_execution(execution_id, task.task_id, "calling double")
 
 
 async def run_colocate(tmp_path: Path):  # noqa: ANN201
