@@ -5,8 +5,9 @@ Owns `DeltaStreams`. A client opens `GET /stream?id=<id>` once and keeps it; eac
 its requests started, and from then on each request's frames go out on that client's stream
 tagged with the client's tag: its deltas, or the error that refused or ended it (a validation
 error is its first and only frame, so the client sees it before any delta). Each write is one
-`FrameBatch`: every delta that became ready in the same engine step, for all the client's
-requests, so a step costs one frame, one syscall and one client wake-up, not one per request.
+`FrameBatch`: every delta that became ready within `_COALESCE_S` (5 ms, a few engine steps) for
+all the client's requests, so those steps cost one write, one syscall and one client wake-up, not
+one per request and step; a request's first delta and the end of a choice are written at once.
 A stream that breaks aborts its requests in the engine.
 
 Where a cell's main process spends its CPU (2026-12-04, py-spy `--gil` and process CPU times, 32
@@ -34,6 +35,10 @@ from gyre.runtime.cell_wire import Frame, FrameBatch, WireError, encode_frame
 
 __all__ = ["DeltaStreams"]
 
+_COALESCE_S = 0.005
+"""Longest a ready frame waits for the next ones before it is written, seconds; a request's first
+frame and a frame that ends a choice or a request go out at once. See `_write_until_closed`."""
+
 _IDLE_CHECK_S = 5.0
 """Seconds between checks that the client of an idle stream is still connected (a stream with
 requests finds out at its next write)."""
@@ -45,13 +50,18 @@ class _Stream:
     def __init__(self) -> None:
         self.frames: list[Frame] = []
         self.ready = asyncio.Event()
+        self.urgent = asyncio.Event()
+        """A queued frame starts a request or ends a choice or a request (or the stream closes):
+        write now."""
         self.pumps: dict[int, asyncio.Task] = {}
         self.closed = False
 
-    def put(self, frame: Frame) -> None:
+    def put(self, frame: Frame, *, urgent: bool = False) -> None:
         if not self.closed:
             self.frames.append(frame)
             self.ready.set()
+            if urgent or frame.delta is None or frame.delta.finish_reason is not None:
+                self.urgent.set()
 
 
 class DeltaStreams:
@@ -105,6 +115,16 @@ class DeltaStreams:
                     if request.transport is None or request.transport.is_closing():
                         raise ConnectionResetError("the client closed its delta stream") from None
                     continue
+            # Wait up to _COALESCE_S for more frames unless one is urgent: a client's next wake-up
+            # then takes several engine steps' deltas at once (they merge per choice), so the node
+            # and this process spend their CPU per write, not per engine step, while a first
+            # token and an ending never wait (time to first token and to the end are unchanged).
+            if not stream.urgent.is_set():
+                try:
+                    async with asyncio.timeout(_COALESCE_S):
+                        await stream.urgent.wait()
+                except TimeoutError:
+                    pass
             # Requests woken by one engine step queue their deltas over several loop turns: write
             # once they stop coming, so the step goes out as one batch.
             queued = -1
@@ -112,6 +132,7 @@ class DeltaStreams:
                 queued = len(stream.frames)
                 await asyncio.sleep(0)
             stream.ready.clear()
+            stream.urgent.clear()
             batch, stream.frames = stream.frames, []
             if batch:
                 await response.write(encode_frame(FrameBatch(batch)))
@@ -159,12 +180,15 @@ class DeltaStreams:
         for stream in self._streams.values():
             stream.closed = True
             stream.ready.set()
+            stream.urgent.set()
 
 
 async def _pump(stream: _Stream, tag: int, request_id: str, deltas, abort, done) -> None:
     try:
+        first = True
         async for delta in deltas:
-            stream.put(Frame(delta=delta, tag=tag))
+            stream.put(Frame(delta=delta, tag=tag), urgent=first)
+            first = False
     except GyreError as exc:
         stream.put(Frame(error=WireError(code=exc.code, message=str(exc)), tag=tag))
     except asyncio.CancelledError:

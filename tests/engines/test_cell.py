@@ -327,6 +327,8 @@ class SteppedEngine(ScriptedEngine):
         super().__init__(max_model_len=64)
         self.aborted: list[str] = []
         self.waiting = 0
+        self.emitted = 0
+        """Tokens yielded so far, all requests."""
         self._step = asyncio.Event()
 
     def advance(self) -> None:
@@ -346,6 +348,7 @@ class SteppedEngine(ScriptedEngine):
                     index=0, token_ids=[], logprobs=[], versions=[], finish_reason="abort"
                 )
                 return
+            self.emitted += 1
             yield TokenDelta(index=0, token_ids=[5 + i], logprobs=[-1.0], versions=[0])
         yield TokenDelta(index=0, token_ids=[], logprobs=[], versions=[], finish_reason="length")
 
@@ -407,6 +410,54 @@ async def test_one_write_per_engine_step_carries_every_request(stepped_cell) -> 
         8 * 4,
     )  # the finish rides with the last token
     assert cell.cell_statistics().stream_frames == 32 and cell.cell_statistics().streams_open == 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_steps_within_the_coalescing_window_go_out_in_one_write(
+    stepped_cell, monkeypatch
+) -> None:
+    """A request's first delta and its finish are written at once; the engine steps between them
+    wait up to `_COALESCE_S` and go out with the next write (the client merges them per choice)."""
+    from contextlib import aclosing
+
+    from gyre.runtime import cell_stream
+
+    monkeypatch.setattr(cell_stream, "_COALESCE_S", 30.0)  # only an urgent frame ends a wait
+    engine, cell, url = stepped_cell
+    async with CellClient(url, CONFIG) as client:
+        async with aclosing(client.generate(req("c", max_tokens=4))) as deltas:
+            got: list = []
+
+            async def take_first() -> None:
+                got.append(await anext(deltas))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take_first)
+                await wait_for(lambda: engine.waiting == 1)
+                writes = cell.streams.writes
+                engine.advance()
+            [first] = got
+            assert cell.streams.writes == writes + 1  # the first token went out at once
+            for emitted in (2, 3):  # two more tokens, held by the window
+                await wait_for(lambda: engine.waiting == 1)
+                engine.advance()
+                await wait_for(lambda: engine.emitted == emitted)  # noqa: B023 awaited here
+            await wait_for(lambda: engine.waiting == 1)
+            await anyio.sleep(0.05)
+            assert cell.streams.writes == writes + 1
+            engine.advance()  # the last token and the finish: out at once, with the held two
+            rest = [d async for d in deltas]
+    assert cell.streams.writes == writes + 2 and cell.streams.frames == 5  # 3 tokens, a finish
+    assert (first.token_ids, first.finish_reason) == ([5], None)
+    assert rest == [
+        TokenDelta(
+            index=0,
+            token_ids=[6, 7, 8],
+            logprobs=[-1.0] * 3,
+            versions=[0] * 3,
+            finish_reason="length",
+        )
+    ]
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
