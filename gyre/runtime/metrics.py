@@ -98,6 +98,10 @@ class StepMetrics(msgspec.Struct, frozen=True, kw_only=True, tag="step"):
     """The mismatch over older loss tokens: numerics plus off-policy drift; NaN when none."""
     applied: bool
     """False when the optimizer step was skipped (non-finite loss or gradient)."""
+    grad_norm: float = math.nan
+    """Global gradient norm of the step's accumulated gradient, before clipping at
+    `trainer.grad_clip` (DeepSpeed's `get_global_grad_norm`); NaN when the step was skipped, the
+    trainer does not report it (ZeRO stage 0), or in records written before it was recorded."""
     rollout_s: float
     train_s: float
     sync_s: float

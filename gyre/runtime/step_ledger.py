@@ -304,6 +304,7 @@ def _step_metrics(record, executed, batches, stats, counted, result, times) -> S
         mean_ratio=sum(s.ratio_sum for s in stats) / counted if counted else math.nan,
         **_mismatch(stats),
         applied=bool(result.applied),
+        grad_norm=math.nan if result.grad_norm is None else float(result.grad_norm),
         step_s=record.step_s,
         **times,
     )

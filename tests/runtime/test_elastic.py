@@ -99,6 +99,7 @@ def check_accounting(runtime, fakes, run_dir: Path) -> list[Counter]:
     assert [m.step for m in metrics] == [1, 2, 3]
     assert [m.version for m in metrics] == [1, 2, 3]
     assert all(m.executions == B and m.failed == 0 for m in metrics)
+    assert all(m.grad_norm == 1.0 for m in metrics)  # the core's `StepResult.grad_norm`
     # the coin agent solves its task in odd group slots: exactly half of every batch passes
     assert all(m.pass_rate == 0.5 for m in metrics)
     # the router's recovered failures, per step: they add up to its counters (issue 18)

@@ -168,6 +168,7 @@ def test_one_real_cell_keeps_the_invariants_of_the_old_loop(tmp_path, tiny_model
         calls = [c for e in batch for c in log.for_execution(e)]
         assert record.policy_tokens == sum(len(c.completion_ids) for c in calls) > 0
         assert record.applied and record.failed == 0
+        assert record.grad_norm > 0  # DeepSpeed's global norm of the step, reported
         assert record.same_version_mismatch_mean < 1e-4
         assert record.logprob_abs_diff_mean < 1e-4
     final = [e for e in log.summaries if e.startswith("eval2-")]

@@ -29,6 +29,7 @@ def record(step: int, *, applied: bool = True, reward: float = 0.625) -> StepMet
         logprob_abs_diff_mean=2.5e-6,
         mean_ratio=1.0,
         applied=applied,
+        grad_norm=0.875 if applied else math.nan,
         rollout_s=30.25,
         train_s=10.0,
         sync_s=2.5,
@@ -60,10 +61,10 @@ def test_plain_mode_prints_one_line_per_event() -> None:
         "eval heldout at step 0  v0  pass 0.250  reward 0.375  (16 executions, 12.0s)",
         "step 1/8  v1  pass 0.500  reward 0.625  exec 16 (partial 1, failed 1)  "
         "tokens 1234  dedup 1.75  "
-        "|dlogp| 2.5e-06  time 43.0s (rollout 30.2, train 10.0, sync 2.5)",
+        "|dlogp| 2.5e-06  |g| 0.88  time 43.0s (rollout 30.2, train 10.0, sync 2.5)",
         "step 2/8  v2  pass 0.500  reward nan  exec 16 (partial 1, failed 1)  "
         "tokens 1234  dedup 1.75  "
-        "|dlogp| 2.5e-06  time 43.0s (rollout 30.2, train 10.0, sync 2.5)  SKIPPED",
+        "|dlogp| 2.5e-06  |g| nan  time 43.0s (rollout 30.2, train 10.0, sync 2.5)  SKIPPED",
     ]
 
 
