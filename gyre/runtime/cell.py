@@ -19,7 +19,13 @@ requests reached the engine one by one (gyre/direct time 4.7 at 8, 10.2 at 32). 
 run in the node's session (`cell_process`), the client keeps no idle keep-alive connections (a
 burst retried on one), and all of a client's requests share one delta stream (`cell_stream`):
 one write per engine step instead of one HTTP chunk per request per step (17.8 request deltas
-per write in `bench_engine` at load 11 on 2 cores). Agents and verifiers keep their own sessions
+per write in `bench_engine` at load 11 on 2 cores). What was left (2026-12-05, a probe timing
+each token): the engine stepped about 10% slower through a cell (2.17 against 1.96 ms a token at
+one request), the CPU that the node and the cell spend on each step's wake-up taken from an
+engine whose processes already fill both cores. So a stream write waits up to 5 ms for more
+deltas (never a request's first or last): 43 request deltas a write, the node's CPU per round of
+32 x 64 tokens 0.033 -> 0.023 s, gyre/direct 1.12 / 1.13 / 1.09 -> 1.02 / 1.03 / 1.05 at 1 / 8
+/ 32 requests. Agents and verifiers keep their own sessions
 (untrusted code gets no controlling terminal), so each CPU-bound one weighs as much as the node
 and its cells together; an agent's tool commands no longer open a session (autogroup) each.
 """
