@@ -24,10 +24,11 @@ each token): the engine stepped about 10% slower through a cell (2.17 against 1.
 one request), the CPU that the node and the cell spend on each step's wake-up taken from an
 engine whose processes already fill both cores. So a stream write waits up to 5 ms for more
 deltas (never a request's first or last): 43 request deltas a write, the node's CPU per round of
-32 x 64 tokens 0.033 -> 0.023 s, gyre/direct 1.12 / 1.13 / 1.09 -> 1.02 / 1.03 / 1.05 at 1 / 8
-/ 32 requests. Agents and verifiers keep their own sessions
-(untrusted code gets no controlling terminal), so each CPU-bound one weighs as much as the node
-and its cells together; an agent's tool commands no longer open a session (autogroup) each.
+32 x 64 tokens 0.033 -> 0.023 s, gyre/direct 1.12 / 1.13 / 1.09 -> 1.02-1.04 / 1.03-1.06 /
+1.05-1.12 at 1 / 8 / 32 requests (two runs; one engine start still moves a ratio by 30%).
+Agents and verifiers keep their own sessions (untrusted code gets no controlling terminal), so
+each CPU-bound one weighs as much as the node and its cells together; an agent's tool commands no
+longer open a session (autogroup) each.
 """
 
 from __future__ import annotations
