@@ -384,6 +384,20 @@ async def wait_for(condition) -> None:
             await anyio.sleep(0.005)
 
 
+async def first_step(engine: SteppedEngine, deltas) -> TokenDelta:
+    """Advance `engine` once the request of `deltas` waits for its first step; its first delta."""
+    got: list[TokenDelta] = []
+
+    async def take_first() -> None:
+        got.append(await anext(deltas))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(take_first)
+        await wait_for(lambda: engine.waiting == 1)
+        engine.advance()
+    return got[0]
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_one_write_per_engine_step_carries_every_request(stepped_cell) -> None:
     """8 concurrent requests: each engine step goes out as one `FrameBatch` of 8 frames (the old
@@ -426,17 +440,8 @@ async def test_steps_within_the_coalescing_window_go_out_in_one_write(
     engine, cell, url = stepped_cell
     async with CellClient(url, CONFIG) as client:
         async with aclosing(client.generate(req("c", max_tokens=4))) as deltas:
-            got: list = []
-
-            async def take_first() -> None:
-                got.append(await anext(deltas))
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(take_first)
-                await wait_for(lambda: engine.waiting == 1)
-                writes = cell.streams.writes
-                engine.advance()
-            [first] = got
+            writes = cell.streams.writes
+            first = await first_step(engine, deltas)
             assert cell.streams.writes == writes + 1  # the first token went out at once
             for emitted in (2, 3):  # two more tokens, held by the window
                 await wait_for(lambda: engine.waiting == 1)
@@ -531,16 +536,8 @@ async def test_a_consumer_behind_the_engine_gets_the_steps_it_missed_as_one_delt
     engine, cell, url = stepped_cell
     async with CellClient(url, CONFIG) as client:
         async with aclosing(client.generate(req("slow", max_tokens=4))) as deltas:
-            first: list = []
-
-            async def take_first() -> None:
-                first.append(await anext(deltas))
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(take_first)
-                await wait_for(lambda: engine.waiting == 1)
-                engine.advance()
-            assert [(d.token_ids, d.finish_reason) for d in first] == [([5], None)]
+            first = await first_step(engine, deltas)
+            assert (first.token_ids, first.finish_reason) == ([5], None)
             for _ in range(3):  # three more steps and the finish, nobody reading
                 await wait_for(lambda: engine.waiting == 1)
                 writes = cell.streams.writes
