@@ -27,7 +27,7 @@ import pytest
 
 from gyre.config import GatewayConfig, config_from_dict, load_config
 from gyre.engines.scripted import ScriptedEngine
-from gyre.errors import ConfigError
+from gyre.errors import ConfigError, ExecutionError
 from gyre.model.recipe import build_tokenizer
 from gyre.runtime.external import ExternalRollout, check_gateway
 from gyre.runtime.external_api import ExecutionApi, serve_app
@@ -74,7 +74,7 @@ class Gateway:
         )
 
 
-def gateway(tmp_path: Path, tok, tasks, **config):
+def gateway(tmp_path: Path, tok, tasks, *, max_consecutive_failures: int = 0, **config):
     """An async context: the gateway over a scripted engine, served on free ports."""
     from contextlib import asynccontextmanager
 
@@ -91,6 +91,7 @@ def gateway(tmp_path: Path, tok, tasks, **config):
                 workspace_root=tmp_path / "executions",
                 max_concurrent=8,
                 task_ids=[t.task_id for t in tasks],
+                max_consecutive_failures=max_consecutive_failures,
             )
             api = ExecutionApi(rollout, admin_token=TOKEN)
             async with anyio.create_task_group() as tg:
@@ -397,6 +398,20 @@ async def test_turn_limit_stops_and_unclaimed_or_silent_executions_fail(tmp_path
     )
     assert set(read_log(gw.log).summaries) == {"limited", "silent", "unclaimed"}
     assert (stats.stopped, stats.failed, stats.unclaimed, stats.pending) == (1, 2, 1, 0)
+
+
+async def test_no_loop_claiming_executions_of_two_tasks_stops_the_run(tmp_path, tok, tasks):
+    """`loop.max_consecutive_failures` holds for the gateway too: a run no agent loop serves
+    stops at the streak, with the reason, instead of failing every execution for an hour each."""
+    async with gateway(tmp_path, tok, tasks, claim_timeout_s=0.2, max_consecutive_failures=2) as gw:
+        first = await gw.rollout.run(tasks[0], "a0")
+        with pytest.raises(ExecutionError) as info:
+            await gw.rollout.run(tasks[1], "b0")
+    assert first.outcome.failed
+    assert str(info.value) == (
+        "2 executions of 2 tasks failed in a row (loop.max_consecutive_failures=2), the last b0 "
+        f"of {tasks[1].task_id}: no agent loop claimed it within gateway.claim_timeout_s=0.2 s"
+    )
 
 
 async def test_a_waiting_claim_gets_the_next_published_execution(tmp_path, tok, tasks):

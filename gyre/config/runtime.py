@@ -150,10 +150,12 @@ class LoopConfig(Config):
     keep_checkpoints: int = 2
     """Step checkpoints kept on disk (weights, optimizer, loop state)."""
     max_consecutive_failures: int = 16
-    """Stop the run with an `ExecutionError` naming the last reason when this many of the
-    harness's executions in a row failed (an agent that cannot start, a verifier that crashes):
-    such a run would otherwise skip every step for want of anything to train on. 0: never stop.
-    A resumed run re-runs the executions in flight at the stop."""
+    """Stop the run with an `ExecutionError` naming the last reason when this many executions in a
+    row failed, of two tasks or more (an agent that cannot start, a verifier that cannot run, no
+    gateway loop claiming any): such a run would otherwise skip every step for want of anything to
+    train on. One broken task, whose whole group fails together, never stops it. Training and
+    evaluation executions count alike (the first evaluation runs first). 0: never stop. A resumed
+    run re-runs the executions in flight at the stop (`gyre.runtime.rollout.FailureStreak`)."""
 
     def __post_init__(self) -> None:
         if self.max_consecutive_failures < 0:

@@ -32,7 +32,7 @@ import msgspec
 from gyre.agents.control import ExecutionControl, check_execution_id
 from gyre.config import GatewayConfig, RunConfig
 from gyre.errors import ConfigError, VerifierError
-from gyre.runtime.rollout import Executed, run_jobs
+from gyre.runtime.rollout import Executed, FailureStreak, run_jobs
 from gyre.sandbox import Limits
 from gyre.tasks.outcome import Outcome, Score, Termination
 from gyre.tasks.scorer import score_workspace
@@ -174,6 +174,7 @@ class ExternalRollout:
         max_concurrent: most executions published or running at once.
         task_ids: the run's task ids (a claim naming another gets 404); None accepts any.
         keep_workspaces: keep each execution's folder after it ended.
+        max_consecutive_failures: `FailureStreak`'s limit (0: a failure streak never raises).
 
     Its HTTP routes: `gyre.runtime.external_api.ExecutionApi`.
     """
@@ -190,6 +191,7 @@ class ExternalRollout:
         max_concurrent: int,
         task_ids: Collection[str] | None = None,
         keep_workspaces: bool = False,
+        max_consecutive_failures: int = 0,
     ) -> None:
         self.proxy = proxy
         self.config = config
@@ -209,6 +211,7 @@ class ExternalRollout:
         """Set (and replaced) whenever an execution is published: wakes waiting claims."""
         self._template_ok: dict[str, bool] = {}
         self._counts = collections.Counter[str]()
+        self.streak = FailureStreak(max_consecutive_failures)
 
     @classmethod
     def from_config(
@@ -239,6 +242,7 @@ class ExternalRollout:
             max_concurrent=max_concurrent,
             task_ids=task_ids,
             keep_workspaces=harness.keep_workspaces,
+            max_consecutive_failures=config.loop.max_consecutive_failures,
         )
 
     # -- the driver's side ---------------------------------------------------------------------
@@ -247,8 +251,10 @@ class ExternalRollout:
         """Publish one execution of `task` and return it once it ended: closed by its agent loop
         (`finished`), closed by gyre at its deadline or a limit (`timeout`, `turn_limit`,
         `token_budget`; partially scored), or `failed` (never claimed, no model call, no sampled
-        token, verifier failure). Never raises for the execution's failure. Raises `ValueError`
-        for an execution id `check_execution_id` rejects or one already published."""
+        token, verifier failure). Raises `ExecutionError` when its failure trips the streak
+        (`FailureStreak`: `max_consecutive_failures` in a row over two tasks or more, e.g. no loop
+        claimed any), `ValueError` for an execution id `check_execution_id` rejects or one already
+        published."""
         check_execution_id(execution_id)
         if execution_id in self._live or execution_id in self._ended:
             raise ValueError(f"execution {execution_id!r} was already published")
@@ -266,7 +272,9 @@ class ExternalRollout:
                     await self._end(ex, None, reason="the run stopped before it ended")
                 raise
             with anyio.CancelScope(shield=True):  # scored once it is out of the proxy
-                return await self._end(ex, termination)
+                executed = await self._end(ex, termination)
+        self.streak.observe(executed.outcome)
+        return executed
 
     async def run_many(
         self,

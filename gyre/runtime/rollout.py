@@ -5,8 +5,8 @@ harness with an `ExecutionControl` fed from the proxy's running totals (turns, t
 refusals stop it for partial scoring), then closes the execution in the proxy and returns the
 outcome with the exact model-call records. At most `max_concurrent` agents run at once. One
 execution's failure is its `failed` outcome (the harness's doing), never an exception; only a
-streak of them is (`max_consecutive_failures`: a run whose agents cannot start stops at once, not
-after every step was skipped). Knows nothing about trees, losses or training.
+streak of them over several tasks is (`FailureStreak`: a run whose agents cannot start stops at
+once, not after every step was skipped). Knows nothing about trees, losses or training.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from gyre.tasks.task import Task
 from gyre.tito.proxy import TitoProxy
 from gyre.tito.records import ExecutionSummary, ModelCall
 
-__all__ = ["Executed", "Rollout", "open_rollout", "run_jobs", "with_interpreter"]
+__all__ = ["Executed", "FailureStreak", "Rollout", "open_rollout", "run_jobs", "with_interpreter"]
 
 _POLL_S = 0.05
 """How often a running execution's limits are checked against the proxy's totals."""
@@ -44,12 +44,45 @@ class Executed(msgspec.Struct, frozen=True, kw_only=True):
     summary: ExecutionSummary
 
 
+class FailureStreak:
+    """Failed executions in a row, in the order they ended, and the tasks they cover.
+
+    `observe` raises `ExecutionError` (once) when `limit` failed executions in a row cover two tasks
+    or more: the failure is the run's (an agent command that cannot start, a verifier that cannot
+    run), not one broken task's, whose whole group fails together. 0: never raises."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 0:
+            raise ValueError(f"limit={limit} must be >= 0")
+        self.limit = limit
+        self.count = 0
+        """Executions failed since the last one that did not fail."""
+        self.tasks: set[str] = set()
+        """The tasks of those executions."""
+        self.tripped = False
+
+    def observe(self, outcome: Outcome) -> None:
+        """Count `outcome` (a finished or stopped one ends the streak)."""
+        if not outcome.failed:
+            self.count = 0
+            self.tasks.clear()
+            return
+        self.count += 1
+        self.tasks.add(outcome.task_id)
+        if self.limit and not self.tripped and self.count >= self.limit and len(self.tasks) > 1:
+            self.tripped = True
+            raise ExecutionError(
+                f"{self.count} executions of {len(self.tasks)} tasks failed in a row "
+                f"(loop.max_consecutive_failures={self.limit}), the last {outcome.execution_id} "
+                f"of {outcome.task_id}: {outcome.failure_reason}"
+            )
+
+
 class Rollout:
     """Runs executions: `await rollout.run(task, execution_id)`, or many with `run_many`.
 
-    `max_consecutive_failures`: raise `ExecutionError` from the `run` that ends this many failed
-    executions in a row (in order of their ends, none finished or stopped at a limit between
-    them); 0: never."""
+    `max_consecutive_failures`: the `run` whose end trips the run's `FailureStreak` with that limit
+    raises its `ExecutionError`; 0: never."""
 
     def __init__(
         self,
@@ -62,13 +95,11 @@ class Rollout:
         self.proxy = proxy
         self.harness = harness
         self.limiter = anyio.CapacityLimiter(max_concurrent)
-        self.max_consecutive_failures = max_consecutive_failures
-        self.consecutive_failures = 0
-        """Executions failed since the last one that did not fail."""
+        self.streak = FailureStreak(max_consecutive_failures)
 
     async def run(self, task: Task, execution_id: str) -> Executed:
         """Run one execution to its end (finished, stopped at a limit, or failed). Raises
-        `ExecutionError` when it is the `max_consecutive_failures`-th failure in a row."""
+        `ExecutionError` when its failure trips the streak (`FailureStreak`)."""
         async with self.limiter:
             key = self.proxy.mint_key(execution_id)
 
@@ -101,21 +132,8 @@ class Rollout:
             finally:
                 with anyio.CancelScope(shield=True):
                     summary = await self.proxy.close(execution_id)
-        self._count(outcome)
+        self.streak.observe(outcome)
         return Executed(outcome=outcome, calls=calls, summary=summary)
-
-    def _count(self, outcome: Outcome) -> None:
-        if outcome.termination != "failed":
-            self.consecutive_failures = 0
-            return
-        self.consecutive_failures += 1
-        limit = self.max_consecutive_failures
-        if limit and self.consecutive_failures >= limit:
-            raise ExecutionError(
-                f"{self.consecutive_failures} executions in a row failed "
-                f"(loop.max_consecutive_failures={limit}), the last {outcome.execution_id} of "
-                f"{outcome.task_id}: {outcome.failure_reason}"
-            )
 
     async def run_many(
         self,

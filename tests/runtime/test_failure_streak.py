@@ -6,6 +6,7 @@ and both evaluations before anything said so. Now the streak stops the run with 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import anyio
@@ -14,7 +15,7 @@ import pytest
 from gyre.config import config_from_dict
 from gyre.errors import ExecutionError
 from gyre.runtime.metrics import StepMetrics, read_metrics
-from gyre.runtime.rollout import Rollout
+from gyre.runtime.rollout import FailureStreak, Rollout
 from gyre.tasks.outcome import Outcome, Score
 from gyre.tito.records import ExecutionSummary
 from tests.runtime.fake_cells import failed_execution
@@ -51,12 +52,14 @@ class _Harness:
         if next(self.ends) == "failed":
             return Outcome(
                 execution_id=execution_id,
-                task_id="t",
+                task_id=task.task_id,
                 termination="failed",
                 failure_reason=f"agent exited (status 3) before its first model call ({api_key})",
             )
         score = Score(passed=1, total=1, score=1.0, all_passed=True)
-        return Outcome(execution_id=execution_id, task_id="t", termination="finished", score=score)
+        return Outcome(
+            execution_id=execution_id, task_id=task.task_id, termination="finished", score=score
+        )
 
 
 class _Task:
@@ -65,38 +68,68 @@ class _Task:
             max_turns = 0
             token_budget = 0
 
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+
 
 async def _run(ends: list[str], limit: int) -> list[str]:
-    """Run `ends` one by one; the terminations returned before the rollout raised (if it did)."""
-    rollout = Rollout(_Proxy(), _Harness(ends), max_concurrent=1, max_consecutive_failures=limit)
-    seen = []
-    for i in range(len(ends)):
-        seen.append((await rollout.run(_Task(), f"x{i}")).outcome.termination)
-    return seen
+    """Run `ends` ("failed a": an execution of task a that fails) one by one; their terminations
+    (the rollout raises where the streak trips)."""
+    plan = [end.split() for end in ends]
+    harness = _Harness([end for end, _ in plan])
+    rollout = Rollout(_Proxy(), harness, max_concurrent=1, max_consecutive_failures=limit)
+    return [
+        (await rollout.run(_Task(task), f"x{i}")).outcome.termination
+        for i, (_, task) in enumerate(plan)
+    ]
 
 
 @pytest.mark.anyio
-async def test_the_limit_th_failure_in_a_row_raises_with_its_reason() -> None:
+async def test_the_limit_th_failure_in_a_row_over_two_tasks_raises_with_its_reason() -> None:
     with pytest.raises(ExecutionError) as info:
-        await _run(["failed", "failed", "failed", "finished"], limit=3)
-    message = str(info.value)
-    assert "3 executions in a row failed (loop.max_consecutive_failures=3)" in message
-    assert "the last x2 of t: agent exited (status 3) before its first model call (key-x2)" in (
-        message
+        await _run(["failed a", "failed b", "failed b", "finished a"], limit=3)
+    assert str(info.value) == (
+        "3 executions of 2 tasks failed in a row (loop.max_consecutive_failures=3), the last x2 "
+        "of b: agent exited (status 3) before its first model call (key-x2)"
     )
 
 
 @pytest.mark.anyio
 async def test_an_execution_that_did_not_fail_resets_the_streak() -> None:
-    ends = ["failed", "failed", "finished", "failed", "failed", "finished"]
-    assert await _run(ends, limit=3) == ends
-    with pytest.raises(ExecutionError, match="3 executions in a row"):
-        await _run([*ends, "failed", "failed", "failed"], limit=3)
+    ends = ["failed a", "failed b", "finished a", "failed a", "failed b", "finished c"]
+    assert await _run(ends, limit=3) == [end.split()[0] for end in ends]
+    with pytest.raises(ExecutionError, match="3 executions of 3 tasks"):
+        await _run([*ends, "failed a", "failed b", "failed c"], limit=3)
+
+
+@pytest.mark.anyio
+async def test_one_broken_task_never_stops_the_run() -> None:
+    """A task whose every execution fails (its whole group) is that task's failure, not the
+    run's: only a second task's failure in the same streak trips it."""
+    assert await _run(["failed a"] * 20, limit=3) == ["failed"] * 20
+    with pytest.raises(ExecutionError, match="21 executions of 2 tasks"):
+        await _run(["failed a"] * 20 + ["failed b"], limit=3)
+
+
+def test_the_streak_raises_once() -> None:
+    """Executions that end after the stop (concurrent ones, ending while the run is cancelled)
+    raise nothing more: the user sees one error."""
+    streak = FailureStreak(2)
+    failed = [failed_execution(f"x{i}", f"t{i}", "boom").outcome for i in range(4)]
+    streak.observe(failed[0])
+    with pytest.raises(ExecutionError, match="2 executions of 2 tasks"):
+        streak.observe(failed[1])
+    streak.observe(failed[2])
+    streak.observe(failed[3])
+    assert (streak.count, len(streak.tasks), streak.tripped) == (4, 4, True)
 
 
 @pytest.mark.anyio
 async def test_limit_zero_never_stops() -> None:
-    assert await _run(["failed"] * 50, limit=0) == ["failed"] * 50
+    ends = ["failed a", "failed b"] * 25
+    assert await _run(ends, limit=0) == ["failed"] * 50
+    with pytest.raises(ValueError, match="limit=-1 must be >= 0"):
+        FailureStreak(-1)
 
 
 def _execution_errors(exc: BaseException) -> list[ExecutionError]:
@@ -136,7 +169,8 @@ async def test_a_run_whose_agents_cannot_start_stops_before_its_first_step(
         with anyio.fail_after(120):
             await drive(cfg, make_cells(build_tokenizer()))
     [error] = _execution_errors(info.value)
-    assert "6 executions in a row failed (loop.max_consecutive_failures=6)" in str(error)
+    assert re.search(r"^6 executions of [2-6] tasks failed in a row \(loop", str(error))
+    assert "(loop.max_consecutive_failures=6), the last x" in str(error)
     assert "agent exited (status 3) before its first model call" in str(error)
     # 6 failures stop it within the second step's 4 executions (3 steps were asked for)
     steps = [r for r in read_metrics(run_dir) if isinstance(r, StepMetrics)]
