@@ -32,7 +32,7 @@ def format_step(r: StepMetrics, total_steps: int | None = None) -> str:
         f"reward {_num(r.mean_reward, '.3f')}  "
         f"exec {r.executions} (partial {r.partial}, failed {r.failed})  tokens {r.policy_tokens}  "
         f"dedup {_num(r.dedup_ratio, '.2f')}  |dlogp| {_num(r.logprob_abs_diff_mean, '.1e')}  "
-        f"|g| {_num(r.grad_norm, '.2f')}  "
+        f"|g| {_num(r.grad_norm, '.2g')}  "
         f"time {r.step_s:.1f}s (rollout {r.rollout_s:.1f}, train {r.train_s:.1f}, "
         f"sync {r.sync_s:.1f}){skipped}"
     )
@@ -183,7 +183,7 @@ class Progress:
                 str(r.policy_tokens),
                 _num(r.dedup_ratio, ".2f"),
                 _num(r.logprob_abs_diff_mean, ".1e"),
-                _num(r.grad_norm, ".2f"),
+                _num(r.grad_norm, ".2g"),
                 f"{r.rollout_s:.1f}",
                 f"{r.train_s:.1f}",
                 f"{r.sync_s:.1f}",
