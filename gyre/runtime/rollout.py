@@ -1,12 +1,13 @@
 """Rollout: executions of an agent through the TITO proxy and the harness, one `Executed` each.
 
-Owns `Executed` and `Rollout`. For each execution it mints the proxy key, runs the agent under the
-harness with an `ExecutionControl` fed from the proxy's running totals (turns, tokens, context
-refusals stop it for partial scoring), then closes the execution in the proxy and returns the
-outcome with the exact model-call records. At most `max_concurrent` agents run at once. One
-execution's failure is its `failed` outcome (the harness's doing), never an exception; only a
-streak of them over several tasks is (`FailureStreak`: a run whose agents cannot start stops at
-once, not after every step was skipped). Knows nothing about trees, losses or training.
+Owns `Executed`, `Rollout` and `FailureStreak` (the gateway's `ExternalRollout` keeps one
+too). For each execution it mints the proxy key, runs the agent under the harness with an
+`ExecutionControl` fed from the proxy's running totals (turns, tokens, context refusals stop it
+for partial scoring), then closes the execution in the proxy and returns the outcome with the
+exact model-call records. At most `max_concurrent` agents run at once. One execution's failure is
+its `failed` outcome (the harness's doing), never an exception; only a streak of them over
+several tasks is (`FailureStreak`: a run whose agents cannot start stops at once, not after every
+step was skipped). Knows nothing about trees, losses or training.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class FailureStreak:
 
     `observe` raises `ExecutionError` (once) when `limit` failed executions in a row cover two tasks
     or more: the failure is the run's (an agent command that cannot start, a verifier that cannot
-    run), not one broken task's, whose whole group fails together. 0: never raises."""
+    run), not one broken task's, whose whole group fails together. `limit` is a count of
+    executions; 0: never raises. Raises `ValueError` for `limit` < 0."""
 
     def __init__(self, limit: int) -> None:
         if limit < 0:
