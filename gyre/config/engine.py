@@ -152,6 +152,13 @@ class TrainerConfig(Config):
     cell's `cells.devices_per_cell` ranks (`gyre.engines.zero3`; each pass gathers the whole
     parameters once); a cell of several devices needs it."""
     learning_rate: float = 1e-5
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up: optimizer step k (1-based) uses
+    `learning_rate * min(1, k / warmup_steps)`; 0 or 1: the full rate from the first step. Adam's
+    first steps move every parameter by about the full rate whatever its gradient (m/sqrt(v) is
+    about +-1), which warm-up tempers (Liu et al. 2020, "On the Variance of the Adaptive Learning
+    Rate and Beyond"). Steps skipped for a non-finite gradient do not count; the position is in
+    the checkpoint."""
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     weight_decay: float = 0.0
@@ -188,9 +195,10 @@ class TrainerConfig(Config):
             keep_snapshots=self.keep_snapshots,
             train_timeout_s=self.train_timeout_s,
         )
-        if self.grad_clip < 0 or self.weight_decay < 0:
+        if self.grad_clip < 0 or self.weight_decay < 0 or self.warmup_steps < 0:
             raise ValueError(
-                f"grad_clip={self.grad_clip} and weight_decay={self.weight_decay} must be >= 0"
+                f"grad_clip={self.grad_clip}, weight_decay={self.weight_decay} and "
+                f"warmup_steps={self.warmup_steps} must be >= 0"
             )
         for name, beta in (("adam_beta1", self.adam_beta1), ("adam_beta2", self.adam_beta2)):
             if not 0 <= beta < 1:

@@ -164,8 +164,19 @@ class DeepSpeedTrainer:
             "bf16": {"enabled": dtype == torch.bfloat16},
             "steps_per_print": 2**31 - 1,
         }
+        # DeepSpeed steps the scheduler with each applied optimizer step (not a skipped one) and
+        # keeps its position in the checkpoint.
+        scheduler = (
+            torch.optim.lr_scheduler.LinearLR(
+                optimizer,
+                start_factor=1 / config.warmup_steps,
+                total_iters=config.warmup_steps - 1,
+            )
+            if config.warmup_steps > 1
+            else None
+        )
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=ds_config
+            model=model, optimizer=optimizer, config=ds_config, lr_scheduler=scheduler
         )
         if dtype == torch.float64:
             self.engine.enable_backward_allreduce = False

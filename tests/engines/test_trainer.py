@@ -142,3 +142,50 @@ def test_bad_batches_are_refused(trainer) -> None:
     micro_batches, _ = batch_of_two(trainer.version)
     with pytest.raises(ValueError, match="no advantage"):
         trainer.train_batch(micro_batches, {"e0": 1.0})
+
+
+def test_warmup_steps_scale_the_rate_and_resume_from_a_checkpoint(tiny_model_dir, tmp_path):
+    """`warmup_steps=3`: steps 1-3 use 1/3, 2/3 and 3/3 of the rate, as plain torch AdamW whose
+    rate is set by hand; a trainer restored from a checkpoint after step 1 goes on at 2/3."""
+    from transformers import AutoModelForCausalLM
+
+    from gyre.engines.trainer import DeepSpeedTrainer
+
+    config = TrainerConfig(learning_rate=1e-3, grad_clip=0.0, warmup_steps=3)
+    first = DeepSpeedTrainer(tiny_model_dir, config, PolicyObjective(RLConfig()))
+    reference = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    )
+    optimizer = torch.optim.AdamW(reference.parameters(), betas=(0.9, 0.999), weight_decay=0.0)
+    rl = RLConfig()
+    trainer = first
+    for step, rate in enumerate((1e-3 / 3, 2e-3 / 3, 1e-3), start=1):
+        micro_batches, advantages = batch_of_two(trainer.version)
+        for mb in micro_batches:
+            loss, _ = microbatch_loss(
+                reference,
+                mb,
+                advantages,
+                trainer_version=trainer.version,
+                max_staleness=rl.max_staleness,
+                clip_eps=rl.clip_eps,
+                is_cap=rl.is_cap,
+            )
+            loss.backward()
+        for group in optimizer.param_groups:
+            group["lr"] = rate
+        optimizer.step()
+        optimizer.zero_grad()
+        assert trainer.train_batch(micro_batches, advantages).applied
+        if step == 1:
+            first.save_checkpoint(tmp_path / "checkpoint")
+            trainer = DeepSpeedTrainer(tiny_model_dir, config, PolicyObjective(RLConfig()))
+            trainer.load_checkpoint(tmp_path / "checkpoint")
+            assert trainer.version == first.version
+        worst = max(
+            (a - b).abs().max().item()
+            for a, b in zip(trainer.model.parameters(), reference.parameters())
+        )
+        assert worst <= 1e-6, step
+    with pytest.raises(ValueError, match="warmup_steps=-1"):
+        TrainerConfig(warmup_steps=-1)
