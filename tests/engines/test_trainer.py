@@ -53,6 +53,22 @@ def batch_of_two(version: int = 0):
     return pack_batch(items, token_budget=12), {"e0": 1.0, "e1": -1.0}
 
 
+def reference_backward(model, micro_batches, advantages, version: int) -> None:
+    """The gradient of the default objective on `micro_batches`, accumulated in plain torch."""
+    rl = RLConfig()
+    for mb in micro_batches:
+        loss, _ = microbatch_loss(
+            model,
+            mb,
+            advantages,
+            trainer_version=version,
+            max_staleness=rl.max_staleness,
+            clip_eps=rl.clip_eps,
+            is_cap=rl.is_cap,
+        )
+        loss.backward()
+
+
 @pytest.fixture(scope="module")
 def trainer(tiny_model_dir):
     from gyre.engines.trainer import DeepSpeedTrainer
@@ -73,18 +89,7 @@ def test_step_equals_plain_torch_adamw(trainer, tiny_model_dir) -> None:
     )
     micro_batches, advantages = batch_of_two(trainer.version)
     assert len(micro_batches) == 2  # two micro-batches accumulate into one step
-    rl = RLConfig()
-    for mb in micro_batches:
-        loss, _ = microbatch_loss(
-            reference,
-            mb,
-            advantages,
-            trainer_version=trainer.version,
-            max_staleness=rl.max_staleness,
-            clip_eps=rl.clip_eps,
-            is_cap=rl.is_cap,
-        )
-        loss.backward()
+    reference_backward(reference, micro_batches, advantages, trainer.version)
     optimizer.step()
     before = trainer.version
     assert isinstance(trainer, Trainer)
@@ -157,21 +162,10 @@ def test_warmup_steps_scale_the_rate_and_resume_from_a_checkpoint(tiny_model_dir
         tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa"
     )
     optimizer = torch.optim.AdamW(reference.parameters(), betas=(0.9, 0.999), weight_decay=0.0)
-    rl = RLConfig()
     trainer = first
     for step, rate in enumerate((1e-3 / 3, 2e-3 / 3, 1e-3), start=1):
         micro_batches, advantages = batch_of_two(trainer.version)
-        for mb in micro_batches:
-            loss, _ = microbatch_loss(
-                reference,
-                mb,
-                advantages,
-                trainer_version=trainer.version,
-                max_staleness=rl.max_staleness,
-                clip_eps=rl.clip_eps,
-                is_cap=rl.is_cap,
-            )
-            loss.backward()
+        reference_backward(reference, micro_batches, advantages, trainer.version)
         for group in optimizer.param_groups:
             group["lr"] = rate
         optimizer.step()
