@@ -2,10 +2,13 @@
 
 Owns `Call` (one request in flight: its execution, engine, rendered prompt, sampling and stop
 strings) and `Choice` (one sample: token IDs, behaviour logprobs, weight versions, visible text,
-finish), and `engine_events`, which runs the engine in a producer task and turns each delta into
-text. Stop strings: generation stops once the decoded text contains one; the visible text ends
-before it, while every token sampled up to and including the one that completed it is kept (they
-were sampled and carry logprobs). Knows nothing about HTTP, OpenAI's response format or the log.
+finish), `engine_events`, which runs the engine in a producer task and turns each delta into
+text for a consumer that yields elsewhere between deltas (a streamed reply), and `run_to_end`,
+which does the same in the caller's own task for a non-streamed call (one task wake-up a delta,
+not two: the node's CPU a batch of 32 x 64-token completions through the proxy, 0.11 -> 0.098 s).
+Stop strings: generation stops once the decoded text contains one; the visible text ends before
+it, while every token sampled up to and including the one that completed it is kept (they were
+sampled and carry logprobs). Knows nothing about HTTP, OpenAI's response format or the log.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from gyre.tito.render_state import Rendered
 from gyre.tito.reply import ReplyStream
 from gyre.tito.sessions import Execution
 
-__all__ = ["Choice", "Call", "engine_events"]
+__all__ = ["Choice", "Call", "engine_events", "run_to_end"]
 
 
 @dataclass(slots=True)
@@ -201,9 +204,7 @@ async def _events(
 ) -> AsyncIterator[tuple[Choice, int]]:
     """After each engine delta yield (choice, index of its first new token); a choice's
     finish is set on the yield that ends it. Raises the engine's error."""
-    stops, stop_ids = call.stops, set(call.sampling.stop_token_ids)
-    longest = max((len(s) for s in stops), default=0)
-    ints, nints = table.ints, len(table.ints)
+    apply = _DeltaText(call, table)
     while True:
         await deltas.wait()
         if not (batch := deltas.take()):
@@ -215,43 +216,88 @@ async def _events(
             if ch.finish is not None:
                 continue  # cut at a stop string: later tokens are not part of the choice
             start = len(ch.ids)
-            added = []
-            if delta.top_ids is not None and delta.top_logprobs is not None:
-                ch.top_ids += delta.top_ids
-                ch.top_lps += delta.top_logprobs
-            for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
-                ch.ids.append(ints[tok] if 0 <= tok < nints else tok)
-                ch.lps.append(lp)
-                ch.vers.append(ver)
-                if tok in stop_ids:
-                    continue
-                piece = ch.decoder.decode(table.token_bytes(tok))
-                if stops and piece:
-                    window = ch.tail + piece
-                    hits = [q for q in (window.find(s) for s in stops) if q >= 0]
-                    if hits:  # keep the text before the stop string, nothing of it or after it
-                        keep = min(hits) - len(ch.tail)
-                        if keep >= 0:
-                            added.append(piece[:keep])
-                        else:
-                            ch.parts.extend(added)
-                            added = []
-                            ch.cut_tail(-keep)
-                        ch.finish, ch.stop_string = "stop", True
-                        break
-                    ch.tail = window[-(longest - 1) :] if longest > 1 else ""
-                added.append(piece)
-            if ch.finish is None and delta.finish_reason is not None:
-                added.append(ch.decoder.decode(b"", final=True))
-                ch.finish = delta.finish_reason
-            ch.new_text = "".join(added)
-            ch.parts.append(ch.new_text)
+            apply(ch, delta)
             yield ch, start
             if ch.stop_string and all(c.finish is not None for c in call.choices):
                 call.producer.cancel()
                 with contextlib.suppress(EngineError):
                     await call.engine.abort(call.request_id)
                 return
+
+
+async def run_to_end(call: Call, table: TokenText) -> None:
+    """Generate every choice of a non-streamed call in this task: the engine's deltas are turned
+    into text as they come, with no producer task or mailbox between (one task wake-up a delta
+    instead of two: `engine_events` is for a consumer that yields elsewhere between deltas).
+    The engine's request is aborted when this ends with a choice unfinished (an error, a
+    cancellation) or once every choice is cut at a stop string. Raises the engine's error."""
+    apply = _DeltaText(call, table)
+    request = GenerateRequest(
+        request_id=call.request_id, prompt_ids=call.rendered.prompt_ids, sampling=call.sampling
+    )
+    try:
+        with call.producer:
+            async with contextlib.aclosing(call.engine.generate(request)) as stream:
+                async for delta in stream:
+                    ch = call.choices[delta.index]
+                    if ch.finish is not None:
+                        continue  # cut at a stop string: later tokens are not part of the choice
+                    apply(ch, delta)
+                    if ch.stop_string and all(c.finish is not None for c in call.choices):
+                        with contextlib.suppress(EngineError):  # before the stream closes
+                            await call.engine.abort(call.request_id)
+                        return
+    finally:
+        if any(ch.finish is None for ch in call.choices):
+            with anyio.CancelScope(shield=True), contextlib.suppress(EngineError):
+                await call.engine.abort(call.request_id)
+
+
+class _DeltaText:
+    """Adds one engine delta to its choice: token IDs, logprobs, versions, the visible text
+    (`new_text` is the delta's), and the finish, cut at the call's stop strings."""
+
+    __slots__ = ("stops", "stop_ids", "longest", "ints", "table")
+
+    def __init__(self, call: Call, table: TokenText) -> None:
+        self.stops, self.stop_ids = call.stops, set(call.sampling.stop_token_ids)
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.ints, self.table = table.ints, table
+
+    def __call__(self, ch: Choice, delta: TokenDelta) -> None:
+        stops, stop_ids, longest, ints = self.stops, self.stop_ids, self.longest, self.ints
+        nints = len(ints)
+        added = []
+        if delta.top_ids is not None and delta.top_logprobs is not None:
+            ch.top_ids += delta.top_ids
+            ch.top_lps += delta.top_logprobs
+        for tok, lp, ver in zip(delta.token_ids, delta.logprobs, delta.versions, strict=True):
+            ch.ids.append(ints[tok] if 0 <= tok < nints else tok)
+            ch.lps.append(lp)
+            ch.vers.append(ver)
+            if tok in stop_ids:
+                continue
+            piece = ch.decoder.decode(self.table.token_bytes(tok))
+            if stops and piece:
+                window = ch.tail + piece
+                hits = [q for q in (window.find(s) for s in stops) if q >= 0]
+                if hits:  # keep the text before the stop string, nothing of it or after it
+                    keep = min(hits) - len(ch.tail)
+                    if keep >= 0:
+                        added.append(piece[:keep])
+                    else:
+                        ch.parts.extend(added)
+                        added = []
+                        ch.cut_tail(-keep)
+                    ch.finish, ch.stop_string = "stop", True
+                    break
+                ch.tail = window[-(longest - 1) :] if longest > 1 else ""
+            added.append(piece)
+        if ch.finish is None and delta.finish_reason is not None:
+            added.append(ch.decoder.decode(b"", final=True))
+            ch.finish = delta.finish_reason
+        ch.new_text = "".join(added)
+        ch.parts.append(ch.new_text)
 
 
 def _hold_len(text: str, stop: str) -> int:

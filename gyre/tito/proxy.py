@@ -35,7 +35,7 @@ from gyre.engines.protocol import InferenceEngine
 from gyre.errors import EngineError, GyreError, ProxyError
 from gyre.tito.chat_api import ChatApi, OpenAIChat, replies_of
 from gyre.tito.detok import TokenText
-from gyre.tito.generation import Call, engine_events
+from gyre.tito.generation import Call, run_to_end
 from gyre.tito.inflight import Flight, InFlight, SSEResponse
 from gyre.tito.intake import CallIntake
 from gyre.tito.log import CallLog
@@ -414,9 +414,7 @@ class TitoProxy:
     async def _run_to_end(self, call: Call) -> None:
         """Generate every choice of a non-streamed call; on failure keep what was sampled."""
         try:
-            async with engine_events(call, self.text) as events:
-                async for _ in events:
-                    pass
+            await run_to_end(call, self.text)
         except BaseException:
             await self.recorder.record_partial(call, chat_reply if call.chat else None)
             raise
