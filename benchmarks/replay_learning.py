@@ -7,10 +7,10 @@ agent's first prompt (encoded like `gyre.model.demonstrations.encode_conversatio
 the hidden tests' score (half for the file at the right path, all for the exact word: a learnable
 task is decided by the first call), group-baseline advantages (`group_advantages`), the PPO loss
 (`policy_loss`, each execution's tokens averaged, then the executions) and AdamW with the
-trainer's settings and grad-norm clip. What it drops: the `finish` call, vLLM, DeepSpeed and the
-processes (transformers samples and trains in this process), so its numbers are a guide, not the
-benchmark. Writes benchmarks/results/replay_learning.json: held-out pass rate before and after
-`--steps` steps per seed (`--eval-samples` first calls per held-out task).
+trainer's settings, warm-up and grad-norm clip. What it drops: the `finish` call, vLLM,
+DeepSpeed and the processes (transformers samples and trains in this process), so its numbers are
+a guide, not the benchmark. Writes benchmarks/results/replay_learning.json: held-out pass rate
+before and after `--steps` steps per seed (`--eval-samples` first calls per held-out task).
 
 Run: .venv/bin/python -m benchmarks.replay_learning --model runs/model-tiny-sft [--steps 16]
      [--seeds 0 1 2]
@@ -29,6 +29,7 @@ import torch
 from benchmarks.common import print_table, write_result
 from gyre.agents.tools import SYSTEM_PROMPT, TOOL_SCHEMAS
 from gyre.config import load_config
+from gyre.engines.schedule import warmup_scheduler
 from gyre.model.demonstrations import generation_prompt
 from gyre.rl.advantages import group_advantages
 from gyre.rl.loss import policy_loss
@@ -138,6 +139,7 @@ def main() -> None:
             betas=(t.adam_beta1, t.adam_beta2),
             weight_decay=t.weight_decay,
         )
+        scheduler = warmup_scheduler(opt, t.warmup_steps)
         tasks_per_step = config.loop.batch_executions // config.loop.group_size
         for step in range(args.steps):
             batch = []  # (task id, completion, advantage)
@@ -170,6 +172,8 @@ def main() -> None:
             if t.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
             opt.step()
+            if scheduler is not None:
+                scheduler.step()
         after = evaluate()
         rows.append(
             {

@@ -157,8 +157,9 @@ class TrainerConfig(Config):
     `learning_rate * min(1, k / warmup_steps)`; 0 or 1: the full rate from the first step. Adam's
     first steps move every parameter by about the full rate whatever its gradient (m/sqrt(v) is
     about +-1), which warm-up tempers (Liu et al. 2020, "On the Variance of the Adaptive Learning
-    Rate and Beyond"). Steps skipped for a non-finite gradient do not count; the position is in
-    the checkpoint."""
+    Rate and Beyond"). Steps not applied (a non-finite gradient, no gradient) do not count; the
+    position is in the checkpoint, and a resume whose `learning_rate` or `warmup_steps` differs
+    from the checkpoint's is refused (`gyre.engines.schedule`)."""
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     weight_decay: float = 0.0

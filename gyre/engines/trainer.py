@@ -6,7 +6,8 @@ bit-identical to plain AdamW in fp32) and `grads_finite` / `step_if_finite`; re-
 start-up (`init_process_group`, `prepare_extensions_dir`, `build_ops`: `gyre.engines.ds_setup`).
 A step is `accumulate` (micro-batches forward/backward; DeepSpeed's accumulation unmanaged) or
 `add_gradient_vector` / `add_gradient_shard` (a satellite's gradient, added exactly), then
-`apply_step`. Its group is torch.distributed's default group: one rank, or the k ranks of a
+`apply_step` (at the rate of `gyre.engines.schedule`'s warm-up, whose position a checkpoint
+keeps). Its group is torch.distributed's default group: one rank, or the k ranks of a
 multi-device cell at ZeRO-3 (`gyre.engines.zero3`; every rank runs every call). Blocking: call it
 from a worker thread.
 Knows nothing about engines, HTTP, trees or the loss: a batch is a `MicroBatch`, its loss comes
@@ -40,6 +41,7 @@ from gyre.engines.protocol import (
     TrainStatistics,
     mismatch_split,
 )
+from gyre.engines.schedule import check_schedule, schedule_record, warmup_scheduler
 from gyre.engines.zero3 import ZERO3_CONFIG, Zero3
 
 __all__ = [
@@ -164,19 +166,10 @@ class DeepSpeedTrainer:
             "bf16": {"enabled": dtype == torch.bfloat16},
             "steps_per_print": 2**31 - 1,
         }
-        # DeepSpeed steps the scheduler with each applied optimizer step (not a skipped one) and
-        # keeps its position in the checkpoint.
-        scheduler = (
-            torch.optim.lr_scheduler.LinearLR(
-                optimizer,
-                start_factor=1 / config.warmup_steps,
-                total_iters=config.warmup_steps - 1,
-            )
-            if config.warmup_steps > 1
-            else None
-        )
+        # DeepSpeed steps it with each applied optimizer step (not a skipped one)
+        self._scheduler = warmup_scheduler(optimizer, config.warmup_steps)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=ds_config, lr_scheduler=scheduler
+            model=model, optimizer=optimizer, config=ds_config, lr_scheduler=self._scheduler
         )
         if dtype == torch.float64:
             self.engine.enable_backward_allreduce = False
@@ -191,9 +184,7 @@ class DeepSpeedTrainer:
         self.version = version
         self._grad_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self._has_gradients = False
-        self._vector: torch.Tensor | None = (
-            None  # the last gradient_vector(), until the grads change
-        )
+        self._vector: torch.Tensor | None = None  # the last gradient_vector() until grads change
         self._finite = True  # every loss and added vector since the last step was finite
         self._steps_applied = self._steps_skipped = self._vectors_added = 0
         self._micro_batches = self._tokens = 0
@@ -589,12 +580,21 @@ class DeepSpeedTrainer:
             shutil.rmtree(old, ignore_errors=True)
 
     def save_checkpoint(self, path: str | Path) -> None:
-        """Weights, optimizer state and version (DeepSpeed's checkpoint format) at `path`."""
-        self.engine.save_checkpoint(str(path), tag="state", client_state={"version": self.version})
+        """Weights, optimizer state, version and learning-rate schedule (`schedule_record`;
+        DeepSpeed's checkpoint format) at `path`."""
+        state = {"version": self.version, "schedule": schedule_record(self.config, self._scheduler)}
+        self.engine.save_checkpoint(str(path), tag="state", client_state=state)
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """Restore what `save_checkpoint` wrote. Raises `FileNotFoundError` if there is none."""
-        load_path, client_state = self.engine.load_checkpoint(str(path), tag="state")
+        """Restore what `save_checkpoint` wrote. Raises `FileNotFoundError` if there is none and
+        `ValueError` if it was trained at another `learning_rate` or `warmup_steps`."""
+        load_path, client_state = self.engine.load_checkpoint(
+            str(path), tag="state", load_lr_scheduler_states=False
+        )
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {str(path)!r}")
+        record = client_state.get("schedule")
+        check_schedule(self.config, record, str(path))
+        if self._scheduler is not None:
+            self._scheduler.load_state_dict(record["scheduler"])
         self.version = int(client_state["version"])

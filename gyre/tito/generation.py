@@ -117,7 +117,8 @@ class Call:
     """Its partial records wait for a retry of the same request (`Recorder.record_partial`)."""
     created: int = 0
     producer: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    """Cancel scope of the task that iterates the engine (cancelled to stop generating)."""
+    """Cancel scope around the iteration of the engine (`engine_events` cancels it to stop
+    generating once every choice is cut at a stop string)."""
 
     @property
     def request_id(self) -> str:
@@ -229,12 +230,14 @@ async def run_to_end(call: Call, table: TokenText) -> None:
     """Generate every choice of a non-streamed call in this task: the engine's deltas are turned
     into text as they come, with no producer task or mailbox between (one task wake-up a delta
     instead of two: `engine_events` is for a consumer that yields elsewhere between deltas).
-    The engine's request is aborted when this ends with a choice unfinished (an error, a
-    cancellation) or once every choice is cut at a stop string. Raises the engine's error."""
+    The engine's stream is closed, then its request aborted, when this ends with a choice
+    unfinished (an error, a cancellation) or once every choice is cut at a stop string. Raises the
+    engine's error."""
     apply = _DeltaText(call, table)
     request = GenerateRequest(
         request_id=call.request_id, prompt_ids=call.rendered.prompt_ids, sampling=call.sampling
     )
+    stopped = False
     try:
         with call.producer:
             async with contextlib.aclosing(call.engine.generate(request)) as stream:
@@ -244,11 +247,12 @@ async def run_to_end(call: Call, table: TokenText) -> None:
                         continue  # cut at a stop string: later tokens are not part of the choice
                     apply(ch, delta)
                     if ch.stop_string and all(c.finish is not None for c in call.choices):
-                        with contextlib.suppress(EngineError):  # before the stream closes
-                            await call.engine.abort(call.request_id)
-                        return
+                        stopped = True
+                        break
     finally:
-        if any(ch.finish is None for ch in call.choices):
+        # After the stream is closed: an engine may finish its own request's bookkeeping in this
+        # task (VLLMEngine's abort waits for the generator it drives, which runs here).
+        if stopped or any(ch.finish is None for ch in call.choices):
             with anyio.CancelScope(shield=True), contextlib.suppress(EngineError):
                 await call.engine.abort(call.request_id)
 

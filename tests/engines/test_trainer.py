@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 
+import msgspec
 import pytest
 import torch
 
@@ -151,7 +152,8 @@ def test_bad_batches_are_refused(trainer) -> None:
 
 def test_warmup_steps_scale_the_rate_and_resume_from_a_checkpoint(tiny_model_dir, tmp_path):
     """`warmup_steps=3`: steps 1-3 use 1/3, 2/3 and 3/3 of the rate, as plain torch AdamW whose
-    rate is set by hand; a trainer restored from a checkpoint after step 1 goes on at 2/3."""
+    rate is set by hand; a trainer restored from a checkpoint after step 1 goes on at 2/3, and a
+    skipped step does not count."""
     from transformers import AutoModelForCausalLM
 
     from gyre.engines.trainer import DeepSpeedTrainer
@@ -170,6 +172,8 @@ def test_warmup_steps_scale_the_rate_and_resume_from_a_checkpoint(tiny_model_dir
             group["lr"] = rate
         optimizer.step()
         optimizer.zero_grad()
+        if step == 2:  # a skipped step (non-finite loss) does not move the warm-up on
+            assert not trainer.train_batch(micro_batches, dict(advantages, e1=3e38)).applied
         assert trainer.train_batch(micro_batches, advantages).applied
         if step == 1:
             first.save_checkpoint(tmp_path / "checkpoint")
@@ -183,3 +187,19 @@ def test_warmup_steps_scale_the_rate_and_resume_from_a_checkpoint(tiny_model_dir
         assert worst <= 1e-6, step
     with pytest.raises(ValueError, match="warmup_steps=-1"):
         TrainerConfig(warmup_steps=-1)
+
+
+@pytest.mark.parametrize(
+    "changed", [{"warmup_steps": 0}, {"warmup_steps": 5}, {"learning_rate": 2e-3}]
+)
+def test_a_resume_at_another_rate_or_warmup_is_refused(changed, tiny_model_dir, tmp_path):
+    """The optimizer state restores the checkpoint's rate: a config that changed it is refused,
+    not quietly ignored."""
+    from gyre.engines.trainer import DeepSpeedTrainer
+
+    saved = TrainerConfig(learning_rate=1e-3, grad_clip=0.0, warmup_steps=3)
+    DeepSpeedTrainer(tiny_model_dir, saved, PolicyObjective(RLConfig())).save_checkpoint(tmp_path)
+    config = msgspec.structs.replace(saved, **changed)
+    resumed = DeepSpeedTrainer(tiny_model_dir, config, PolicyObjective(RLConfig()))
+    with pytest.raises(ValueError, match=r"learning_rate=0.001 and trainer.warmup_steps=3"):
+        resumed.load_checkpoint(tmp_path)

@@ -27,12 +27,15 @@ def anyio_backend() -> str:
 
 class FakeLLM:
     """`AsyncLLM.generate`/`abort` as gyre uses them: DELTA outputs of one token each, token k of
-    a sub-request being `100 + k` with logprob `-0.5 * (k + 1)`; after `stall_after` tokens it
-    waits until aborted, then ends with finish reason "abort" (what vLLM does); a consumer that
-    leaves aborts it too."""
+    a sub-request being `first + k` (first: 100) with logprob `-0.5 * (k + 1)`; after
+    `stall_after` tokens it waits until aborted, then ends with finish reason "abort" (what vLLM
+    does); a consumer that leaves aborts it too."""
 
-    def __init__(self, tokens: int, stall_after: int | None = None, step_s: float = 0.0) -> None:
+    def __init__(
+        self, tokens: int, stall_after: int | None = None, step_s: float = 0.0, first: int = 100
+    ) -> None:
         self.tokens = tokens
+        self.first = first
         self.stall_after = stall_after
         self.step_s = step_s  # seconds per token (an engine step)
         self.aborted: list[str] = []
@@ -56,7 +59,7 @@ class FakeLLM:
                 break
             await asyncio.sleep(self.step_s)
             last = k == self.tokens - 1
-            yield _output([100 + k], [-0.5 * (k + 1)], finished=last, reason="length")
+            yield _output([self.first + k], [-0.5 * (k + 1)], finished=last, reason="length")
         else:
             return
         yield _output([], [], finished=True, reason="abort")
@@ -283,3 +286,28 @@ def test_deltas_of_one_choice_merge_in_order_and_not_past_a_finish() -> None:
         merged.then(last)  # nothing follows a finish
     with pytest.raises(ValueError, match="choice 0 cannot follow"):
         first.then(TokenDelta(index=0, token_ids=[], logprobs=[], versions=[]))
+
+
+async def test_a_plain_proxy_call_cut_at_a_stop_string_returns_at_once() -> None:
+    """The proxy's non-streamed path reads VLLMEngine in its own task (`run_to_end`), the task
+    that also drives a one-choice request: the stream is closed before the abort, which would
+    otherwise wait `request_timeout_s` for that task and fail the call with a 500."""
+    import httpx
+
+    from gyre.model.recipe import build_tokenizer
+    from tests.tito.conftest import make_proxy, serving
+
+    tok = build_tokenizer()
+    a = tok.convert_tokens_to_ids("a")  # the byte-level vocabulary: "a", "b", "c", ... in a row
+    llm = FakeLLM(tokens=8, step_s=0.01, first=a)
+    proxy = make_proxy(tok, _engine(llm, timeout_s=3.0))
+    key = proxy.mint_key("stop")
+    body = {"model": "gyre", "prompt": "go", "max_tokens": 8, "stop": ["cd"]}
+    async with serving(proxy) as base, httpx.AsyncClient(base_url=base, timeout=30) as http:
+        r = await http.post("/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["text"] == "ab"
+    (call,) = proxy.calls("stop", full=True)
+    assert call.completion_ids == [a, a + 1, a + 2, a + 3]  # up to the token that completed it
+    assert len(llm.aborted) == 1  # and vLLM's request was stopped there

@@ -274,8 +274,8 @@ async def test_engines_holding_cancel_scopes_across_yields_stream_fine(tok, anyi
 async def test_a_plain_call_stops_the_engine_at_the_token_that_completes_a_stop_string(
     tok, anyio_backend
 ):
-    """Non-streamed calls read the engine in their own task (`run_to_end`): the engine request is
-    aborted before it samples past the token that completed the stop string."""
+    """Non-streamed calls read the engine in their own task (`run_to_end`): the engine stops
+    before it samples past the token that completed the stop string."""
     text = "alpha beta STOP gamma delta"
     ids = encode(tok, text) + [tok.eos_token_id]
     n = next(i for i in range(len(ids)) if "STOP" in tok.decode(ids[: i + 1]))
@@ -289,8 +289,7 @@ async def test_a_plain_call_stops_the_engine_at_the_token_that_completes_a_stop_
         comp = {"model": "gyre", "prompt": "go", "stop": ["zzz", "STOP"], "max_tokens": 50}
         assert (await http.post("/completions", json=comp, headers=headers)).status_code == 200
     stats = engine.statistics()
-    assert (stats.requests_total, stats.requests_aborted) == (2, 2)
-    assert stats.tokens_generated == 2 * (n + 1) < 2 * len(ids)
+    assert stats.requests_total == 2 and stats.tokens_generated == 2 * (n + 1) < 2 * len(ids)
 
 
 async def test_stop_string_spread_over_many_tokens(tok, anyio_backend):
