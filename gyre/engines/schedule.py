@@ -22,7 +22,9 @@ def warmup_scheduler(
     optimizer: torch.optim.Optimizer, warmup_steps: int
 ) -> torch.optim.lr_scheduler.LinearLR | None:
     """Step k (1-based) of `optimizer` at `lr * min(1, k / warmup_steps)` once the returned
-    scheduler is stepped after each step; None (the full rate throughout) for 0 or 1."""
+    scheduler is stepped after each step (torch's `LinearLR` from 1/warmup_steps to 1 over
+    warmup_steps - 1 steps; `TrainerConfig.warmup_steps` gives the source); None (the full rate
+    throughout) for 0 or 1."""
     if warmup_steps <= 1:
         return None
     return torch.optim.lr_scheduler.LinearLR(
@@ -47,9 +49,9 @@ def check_schedule(config: TrainerConfig, record: dict[str, Any] | None, where: 
     checkpoint written before it existed, taken as no warm-up at an unrecorded rate)."""
     saved = record or {"learning_rate": None, "warmup_steps": 0}
     now = {"learning_rate": config.learning_rate, "warmup_steps": config.warmup_steps}
-    if max(saved["warmup_steps"], 1) != max(now["warmup_steps"], 1) or saved[
-        "learning_rate"
-    ] not in (None, now["learning_rate"]):
+    same_warmup = max(saved["warmup_steps"], 1) == max(now["warmup_steps"], 1)  # 0 and 1: none
+    same_rate = saved["learning_rate"] in (None, now["learning_rate"])
+    if not (same_warmup and same_rate):
         raise ValueError(
             f"the checkpoint at {where} was trained with trainer.learning_rate="
             f"{saved['learning_rate']} and trainer.warmup_steps={saved['warmup_steps']}, the "

@@ -26,8 +26,8 @@ engine whose processes already fill both cores. So a stream write waits up to 5 
 deltas (never a request's first or last): 43 request deltas a write, the node's CPU per round of
 32 x 64 tokens 0.033 -> 0.023 s, gyre/direct 1.12 / 1.13 / 1.09 -> 1.02-1.04 / 1.03-1.06 /
 1.05-1.12 at 1 / 8 / 32 requests (two runs; one engine start still moves a ratio by 30%).
-Through the OpenAI proxy (probes of 2026-12-05, 32 x 64 tokens a batch, same engine start): 0.30-
-0.39 s a batch against vLLM's own server's 0.22-0.25 s. The node spent 0.11 s of CPU a batch
+Through the OpenAI proxy (probes of 2026-12-05, 32 x 64 tokens a batch, same engine start):
+0.30-0.39 s a batch against vLLM's own server's 0.22-0.25 s. The node spent 0.11 s of CPU a batch
 (proxy and client; vLLM's server 0.039 s, its client 0.027 s), the cell 0.081 s. Not the cause:
 the client in a process of its own (no change), the 32 requests' arrival at the cell (4-8 ms
 apart), the garbage collector (5 ms a batch; `gc.freeze` changed nothing), the coalescing window

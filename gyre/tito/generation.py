@@ -124,6 +124,12 @@ class Call:
     def request_id(self) -> str:
         return f"{self.execution.execution_id}/{self.call_id}"
 
+    def request(self) -> GenerateRequest:
+        """The engine request of this call: its rendered prompt IDs and sampling."""
+        return GenerateRequest(
+            request_id=self.request_id, prompt_ids=self.rendered.prompt_ids, sampling=self.sampling
+        )
+
     @classmethod
     def start(
         cls,
@@ -185,9 +191,7 @@ async def engine_events(
 async def _produce(call: Call, deltas: Mailbox[TokenDelta | EngineError]) -> None:
     """Iterate the engine's generator in this one task (engines may hold cancel scopes across
     their yields) and pass each delta on; an engine error is passed on as an item."""
-    request = GenerateRequest(
-        request_id=call.request_id, prompt_ids=call.rendered.prompt_ids, sampling=call.sampling
-    )
+    request = call.request()
     try:
         with call.producer:
             try:
@@ -234,9 +238,7 @@ async def run_to_end(call: Call, table: TokenText) -> None:
     unfinished (an error, a cancellation) or once every choice is cut at a stop string. Raises the
     engine's error."""
     apply = _DeltaText(call, table)
-    request = GenerateRequest(
-        request_id=call.request_id, prompt_ids=call.rendered.prompt_ids, sampling=call.sampling
-    )
+    request = call.request()
     stopped = False
     try:
         with call.producer:
