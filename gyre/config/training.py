@@ -46,6 +46,13 @@ class RLConfig(Config):
     """Most weight versions a policy token may lag the trainer; older tokens are masked out."""
     logprob_chunk_size: int = 1024
     """Positions per chunk of the fused selective logprob (extra memory chunk x vocab)."""
+    stop_penalty: float = 0.0
+    """Subtracted from the reward of an execution stopped at a limit (timeout, turn limit, token
+    budget, context: `gyre.tasks.outcome.STOP_REASONS`) before its group's advantages; its score,
+    pass rate and metrics are unchanged. 0: a stopped execution's reward is its partial score. A
+    penalty keeps an execution that did the work but never finished from out-ranking one that
+    finished (the soft overlong punishment of DAPO, Yu et al. 2025, section 3.4, for an agent's
+    limits instead of a response length). In [0, 1]."""
 
     def __post_init__(self) -> None:
         if not 0 < self.clip_eps < 1:
@@ -55,6 +62,8 @@ class RLConfig(Config):
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness={self.max_staleness} must be >= 0")
         check_positive(logprob_chunk_size=self.logprob_chunk_size)
+        if not 0.0 <= self.stop_penalty <= 1.0:  # NaN fails too
+            raise ValueError(f"stop_penalty={self.stop_penalty} must be in [0, 1]")
 
 
 class WarmStartConfig(Config):

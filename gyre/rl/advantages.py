@@ -31,11 +31,16 @@ class GroupAdvantages(msgspec.Struct, frozen=True, kw_only=True):
         return dict(zip(self.execution_ids, self.advantages))
 
 
-def reward_of(outcome: Any) -> float | None:
-    """The reward of a `gyre.tasks.outcome.Outcome`: its (full or partial) score, None if failed."""
+def reward_of(outcome: Any, *, stop_penalty: float = 0.0) -> float | None:
+    """The reward of a `gyre.tasks.outcome.Outcome`: its (full or partial) score, minus
+    `stop_penalty` when it was stopped at a limit (`Outcome.stopped`); None if failed. Raises
+    `ValueError` for a `stop_penalty` outside [0, 1] (`gyre.config.RLConfig.stop_penalty`)."""
+    if not 0.0 <= stop_penalty <= 1.0:
+        raise ValueError(f"stop_penalty={stop_penalty} must be in [0, 1]")
     if outcome.termination == "failed" or outcome.score is None:
         return None
-    return float(outcome.score.score)
+    penalty = stop_penalty if outcome.stopped else 0.0
+    return float(outcome.score.score) - penalty
 
 
 def group_advantages(

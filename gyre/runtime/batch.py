@@ -13,14 +13,14 @@ from collections.abc import Sequence
 
 import msgspec
 
-from gyre.config import TrajectoryConfig
+from gyre.config import RunConfig, TrajectoryConfig
 from gyre.rl import group_advantages, reward_of
 from gyre.runtime.rollout import Executed
 from gyre.trajectory.pack import PackedBatch, pack_batch
 from gyre.trajectory.select import select_trajectories
 from gyre.trajectory.tree import TreeStatistics, build_tree
 
-__all__ = ["TrainingBatch", "build_training_batch"]
+__all__ = ["TrainingBatch", "build_training_batch", "group_batch"]
 
 
 class TrainingBatch(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,12 +59,14 @@ def build_training_batch(
     *,
     trajectory: TrajectoryConfig,
     num_executions: int | None = None,
+    stop_penalty: float = 0.0,
 ) -> TrainingBatch | None:
     """One batch from the step's groups (one group per task). None if nothing is trainable.
 
     `num_executions` is the loss denominator (executions the step averages over); default: the
     trainable executions of `groups`. A streaming step trains a batch group by group and passes
-    the whole batch's size, so each execution weighs the same in every part."""
+    the whole batch's size, so each execution weighs the same in every part. `stop_penalty`
+    (`RLConfig.stop_penalty`) is taken off the reward of an execution stopped at a limit."""
     advantages: dict[str, float | None] = {}
     excluded: dict[str, str] = {}
     trainable: list[Executed] = []
@@ -76,7 +78,9 @@ def build_training_batch(
                 excluded[ex.outcome.execution_id] = reason
             else:
                 trainable.append(ex)
-            rewards.append(None if reason is not None else reward_of(ex.outcome))
+            rewards.append(
+                None if reason is not None else reward_of(ex.outcome, stop_penalty=stop_penalty)
+            )
         advantages.update(
             group_advantages([ex.outcome.execution_id for ex in group], rewards).as_dict()
         )
@@ -105,4 +109,18 @@ def build_training_batch(
         packed_tokens=sum(mb.num_tokens for mb in micro_batches),
         linear_tokens=linear,
         trees=trees,
+    )
+
+
+def group_batch(
+    members: Sequence[Executed], config: RunConfig, num_executions: int
+) -> TrainingBatch | None:
+    """A complete group's batch as the runtime trains it (and rebuilds it on `--resume`):
+    `build_training_batch` of the one group under `config`'s trajectory settings and
+    `rl.stop_penalty`, each execution weighted 1 / `num_executions` (the step's batch size)."""
+    return build_training_batch(
+        [members],
+        trajectory=config.trajectory,
+        num_executions=num_executions,
+        stop_penalty=config.rl.stop_penalty,
     )

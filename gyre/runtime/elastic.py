@@ -45,7 +45,7 @@ import anyio
 
 from gyre.config import RunConfig
 from gyre.errors import CellDiedError, GyreError
-from gyre.runtime.batch import build_training_batch
+from gyre.runtime.batch import group_batch
 from gyre.runtime.batch_formation import BatchFormation, Group
 from gyre.runtime.cell_handle import CellHandle, DrivenCell, confirm_death, wait_cell_deaths
 from gyre.runtime.cell_training import send_gradients, switch_role, train_group
@@ -345,11 +345,7 @@ class ElasticRuntime:
         group.left -= 1
         if group.left == 0:  # its batch first: the policy sees the finish and the group at once
             members = [m for m in group.members if m is not None]
-            group.batch = await anyio.to_thread.run_sync(
-                lambda: build_training_batch(
-                    [members], trajectory=self.config.trajectory, num_executions=self.B
-                )
-            )
+            group.batch = await anyio.to_thread.run_sync(group_batch, members, self.config, self.B)
         cell = self.where.pop(execution_id)
         self.suspension.ended(execution_id)
         cell.executions.discard(execution_id)

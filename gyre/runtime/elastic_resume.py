@@ -33,7 +33,7 @@ import msgspec
 
 from gyre.config import RunConfig
 from gyre.errors import RunDirError
-from gyre.runtime.batch import build_training_batch
+from gyre.runtime.batch import group_batch
 from gyre.runtime.batch_formation import Group
 from gyre.runtime.checkpoint import (
     ExecutionLedger,
@@ -299,7 +299,7 @@ class RunJournal:
         runtime.finished = self._dispatched - len(self._reruns)
         for group in complete:
             group.batch = await anyio.to_thread.run_sync(
-                _group_batch, list(group.members), self.config, runtime.B
+                group_batch, list(group.members), self.config, runtime.B
             )
             if runtime.batches.complete(group, runtime.steps_done):
                 runtime.ledger.mark_batch_in()
@@ -407,13 +407,6 @@ def _recover(
                 outcome=e.outcome, calls=calls[e.outcome.execution_id], summary=summary
             )
     return out
-
-
-def _group_batch(members: list[Executed], config: RunConfig, num_executions: int):
-    """A complete group's `TrainingBatch`, as the runtime builds it when its last member ends."""
-    return build_training_batch(
-        [members], trajectory=config.trajectory, num_executions=num_executions
-    )
 
 
 def _dispatch_index(execution_id: str) -> int | None:

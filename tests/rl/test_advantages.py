@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from gyre.config import RLConfig
 from gyre.rl import group_advantages, microbatch_loss, reward_of
+from gyre.tasks.outcome import Outcome, Score
 from gyre.trajectory import build_tree, pack_batch, select_trajectories
 from tests.rl.models import tiny_qwen2
 from tests.trajectory.builders import make_call
@@ -23,11 +24,44 @@ def test_group_baseline_excludes_failed_and_keeps_partial_scores():
     assert adv.as_dict()["e"] is None
 
 
+def _outcome(termination: str, score: float | None) -> Outcome:
+    if score is None:
+        return Outcome(execution_id="e", task_id="s/t", termination="failed", failure_reason="x")
+    passed = round(score * 4)
+    result = Score(passed=passed, total=4, score=score, all_passed=passed == 4)
+    return Outcome(execution_id="e", task_id="s/t", termination=termination, score=result)
+
+
 def test_reward_of_reads_task_outcomes():
-    score = SimpleNamespace(score=0.25)
-    assert reward_of(SimpleNamespace(termination="timeout", score=score)) == 0.25
-    assert reward_of(SimpleNamespace(termination="finished", score=SimpleNamespace(score=1.0))) == 1
-    assert reward_of(SimpleNamespace(termination="failed", score=None)) is None
+    assert reward_of(_outcome("timeout", 0.25)) == 0.25
+    assert reward_of(_outcome("finished", 1.0)) == 1.0
+    assert reward_of(_outcome("failed", None)) is None
+
+
+@pytest.mark.parametrize(
+    "termination", ["timeout", "turn_limit", "token_budget", "context_exceeded"]
+)
+def test_stop_penalty_is_taken_off_stopped_executions_only(termination):
+    assert reward_of(_outcome(termination, 1.0), stop_penalty=0.5) == 0.5
+    assert reward_of(_outcome(termination, 0.25), stop_penalty=0.5) == -0.25
+    assert reward_of(_outcome("finished", 0.75), stop_penalty=0.5) == 0.75
+    assert reward_of(_outcome("failed", None), stop_penalty=0.5) is None
+    # the group of field seed 4 (step 4): the turn-limit execution with every file right no
+    # longer out-ranks the finished ones: rewards 0.5, 0.5, 0.25, 1.0 -> baseline 0.5625
+    rewards = [
+        reward_of(_outcome(t, s), stop_penalty=0.5)
+        for t, s in (("turn_limit", 1.0), ("finished", 0.5), ("finished", 0.25), ("finished", 1.0))
+    ]
+    adv = group_advantages(["a", "b", "c", "d"], rewards)
+    assert adv.advantages == (-0.0625, -0.0625, -0.3125, 0.4375)
+
+
+@pytest.mark.parametrize("penalty", [-0.1, 1.5, float("nan")])
+def test_stop_penalty_outside_0_1_is_refused(penalty):
+    with pytest.raises(ValueError, match="stop_penalty=.* must be in \\[0, 1\\]"):
+        reward_of(_outcome("finished", 1.0), stop_penalty=penalty)
+    with pytest.raises(ValueError, match="stop_penalty=.* must be in \\[0, 1\\]"):
+        RLConfig(stop_penalty=penalty)
 
 
 def test_all_failed_group_has_no_baseline():

@@ -1,0 +1,59 @@
+"""`build_training_batch`: one group's advantages under `RLConfig.stop_penalty`."""
+
+from __future__ import annotations
+
+import pytest
+
+from gyre.config import TrajectoryConfig
+from gyre.runtime.batch import build_training_batch
+from gyre.runtime.rollout import Executed
+from gyre.tasks.outcome import Outcome, Score
+from gyre.tito.records import ExecutionSummary, ModelCall
+
+
+def _executed(execution_id: str, termination: str, passed: int) -> Executed:
+    call = ModelCall(
+        execution_id=execution_id,
+        call_id="c0",
+        role="main",
+        prompt_tail=[5, 6, 7],
+        completion_ids=[8, 9],
+        logprobs=[-0.5, -0.25],
+        versions=[0, 0],
+        finish_reason="stop",
+    )
+    score = Score(passed=passed, total=4, score=passed / 4, all_passed=passed == 4)
+    summary = ExecutionSummary(
+        execution_id=execution_id,
+        num_calls=1,
+        truncated=False,
+        length_calls=0,
+        context_refusals=0,
+        divergences=0,
+        prompt_tokens=3,
+        completion_tokens=2,
+    )
+    outcome = Outcome(
+        execution_id=execution_id, task_id="s/t", termination=termination, score=score
+    )
+    return Executed(outcome=outcome, calls=[call], summary=summary)
+
+
+@pytest.mark.parametrize(
+    ("penalty", "expected"),
+    [
+        # rewards 1.0 (stopped at the turn limit, every test passed), 0.75, 0.25: baseline 2/3
+        (0.0, {"a": 1 / 3, "b": 0.75 - 2 / 3, "c": 0.25 - 2 / 3}),
+        # 1.0 - 0.5 = 0.5, 0.75, 0.25: baseline 0.5; the finished 0.75 now ranks first
+        (0.5, {"a": 0.0, "b": 0.25, "c": -0.25}),
+    ],
+)
+def test_stop_penalty_lowers_the_stopped_execution_in_its_group(penalty, expected):
+    group = [
+        _executed("a", "turn_limit", 4),
+        _executed("b", "finished", 3),
+        _executed("c", "finished", 1),
+    ]
+    batch = build_training_batch([group], trajectory=TrajectoryConfig(), stop_penalty=penalty)
+    assert batch is not None and batch.trained_executions == 3
+    assert batch.advantages == pytest.approx(expected, abs=1e-12)
