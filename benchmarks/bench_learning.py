@@ -184,6 +184,7 @@ def main() -> None:
         "cells": msgspec.to_builtins(base.cells),
         "scheduler": msgspec.to_builtins(base.scheduler),
         "trainer": msgspec.to_builtins(base.trainer),
+        "rl": msgspec.to_builtins(base.rl),
         "warm_start": msgspec.to_builtins(base.warm_start),
         "suites": list(base.tasks.suites),
         "agent_command": list(base.tasks.harness.agent_command),
