@@ -157,18 +157,45 @@ async def switch_midway(
 
 
 def kill(process) -> None:
-    """SIGKILL a cell process and then the engine processes it started (by PID): a sudden death."""
+    """SIGKILL a cell process and then the engine processes it started (by PID): a sudden death.
+
+    Raises `AssertionError` with the process's kernel state (each thread's state and wait channel)
+    when it is not reaped 120 s after SIGKILL: one fresh-clone run at 5935402 timed out at 30 s
+    and passed alone, so a recurrence says where the exit was stuck."""
+    import subprocess
+
     import psutil
 
-    children = psutil.Process(process.process.pid).children(recursive=True)
+    pid = process.process.pid
+    children = psutil.Process(pid).children(recursive=True)
     process.process.kill()
-    process.process.wait(30)
+    try:
+        process.process.wait(120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"cell {pid} not reaped 120 s after SIGKILL: {kernel_state(pid)}"
+        ) from None
     for child in children:
         try:
             child.kill()
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(children, timeout=30)
+
+
+def kernel_state(pid: int) -> str:
+    """Each thread of `pid` as `tid:state:wchan` from /proc (what a stuck exit waits on)."""
+    threads = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                wchan = f.read() or "-"
+        except OSError as exc:
+            state, wchan = "?", type(exc).__name__
+        threads.append(f"{tid}:{state}:{wchan}")
+    return " ".join(threads) or "no threads"
 
 
 def shared_entries(shared_dir: Path) -> list[str]:
