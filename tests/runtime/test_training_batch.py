@@ -1,11 +1,12 @@
-"""`build_training_batch`: one group's advantages under `RLConfig.stop_penalty`."""
+"""`build_training_batch` and `group_batch`: a group's advantages under `rl.stop_penalty`."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
-from gyre.config import TrajectoryConfig
-from gyre.runtime.batch import build_training_batch
+from gyre.config import RLConfig, RunConfig, TrajectoryConfig
+from gyre.runtime.batch import build_training_batch, group_batch
 from gyre.runtime.rollout import Executed
 from gyre.tasks.outcome import Outcome, Score
 from gyre.tito.records import ExecutionSummary, ModelCall
@@ -57,3 +58,20 @@ def test_stop_penalty_lowers_the_stopped_execution_in_its_group(penalty, expecte
     batch = build_training_batch([group], trajectory=TrajectoryConfig(), stop_penalty=penalty)
     assert batch is not None and batch.trained_executions == 3
     assert batch.advantages == pytest.approx(expected, abs=1e-12)
+
+
+def test_group_batch_reads_the_run_config():
+    """The runtime and `--resume` build a group's batch through `group_batch`: the run's
+    `rl.stop_penalty` reaches the advantages, and `num_executions` the loss weights."""
+    config = msgspec.structs.replace(RunConfig(), rl=RLConfig(stop_penalty=0.5))
+    group = [
+        _executed("a", "turn_limit", 4),
+        _executed("b", "finished", 3),
+        _executed("c", "finished", 1),
+    ]
+    batch = group_batch(group, config, 6)
+    assert batch.advantages == pytest.approx({"a": 0.0, "b": 0.25, "c": -0.25}, abs=1e-12)
+    # each of the 3 executions' 2 policy tokens weighs 1 / (2 tokens x 6 executions)
+    [mb] = batch.micro_batches
+    weights = mb.loss_weight_T[mb.loss_positions()]
+    assert weights.tolist() == pytest.approx([1 / 12] * 6)
