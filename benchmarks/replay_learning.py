@@ -7,8 +7,9 @@ agent's first prompt (encoded like `gyre.model.demonstrations.encode_conversatio
 the hidden tests' score (half for the file at the right path, all for the exact word: a learnable
 task is decided by the first call), group-baseline advantages (`group_advantages`), the PPO loss
 (`policy_loss`, each execution's tokens averaged, then the executions) and AdamW with the
-trainer's settings, warm-up and grad-norm clip. What it drops: the `finish` call, vLLM,
-DeepSpeed and the processes (transformers samples and trains in this process), so its numbers are
+trainer's settings, warm-up and grad-norm clip. What it drops: the `finish` call (so no
+execution is stopped at a limit and `rl.stop_penalty` never applies), vLLM, DeepSpeed and the
+processes (transformers samples and trains in this process), so its numbers are
 a guide, not the benchmark. Writes benchmarks/results/replay_learning.json: held-out pass rate
 before and after `--steps` steps per seed (`--eval-samples` first calls per held-out task).
 

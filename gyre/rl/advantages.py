@@ -2,9 +2,10 @@
 
 Owns `GroupAdvantages`, `group_advantages` and `reward_of`. The baseline is the mean reward over
 the group's *trainable* executions: finished ones and ones stopped at a limit (timeout, ...),
-which are trained with their partial score. Executions that failed for infrastructure reasons
-(reward None) are left out of the baseline and out of the loss (advantage None). Knows nothing
-about trees, tokens or models; reads `gyre.tasks` outcomes only through `reward_of`.
+which are trained with their partial score, less `rl.stop_penalty` when one is set. Executions
+that failed for infrastructure reasons (reward None) are left out of the baseline and out of the
+loss (advantage None). Knows nothing about trees, tokens or models; reads `gyre.tasks` outcomes
+only through `reward_of`.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ class GroupAdvantages(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def reward_of(outcome: Any, *, stop_penalty: float = 0.0) -> float | None:
-    """The reward of a `gyre.tasks.outcome.Outcome`: its (full or partial) score, minus
-    `stop_penalty` when it was stopped at a limit (`Outcome.stopped`); None if failed. Raises
+    """The reward of a `gyre.tasks.outcome.Outcome` (typed `Any`: `gyre.tasks` is a higher layer
+    than `gyre.rl`): its (full or partial) score in [0, 1], minus `stop_penalty` when
+    it was stopped at a limit (`Outcome.stopped`), so in [-1, 1]; None if failed. Raises
     `ValueError` for a `stop_penalty` outside [0, 1] (`gyre.config.RLConfig.stop_penalty`)."""
     if not 0.0 <= stop_penalty <= 1.0:
         raise ValueError(f"stop_penalty={stop_penalty} must be in [0, 1]")

@@ -1,10 +1,11 @@
 """From executions to one training batch: trees, Jmax selection, group advantages, packing.
 
-Owns `TrainingBatch` and `build_training_batch`. Every execution of the step is accounted for
-once: failed ones (infrastructure), ones with no sampled token, and ones with greedy or truncated
-(top-k / top-p) calls, whose behaviour distribution the trainer does not reproduce (docs/design.md
-invariant 2), get no advantage and stay out of the baselines and the loss; the others (finished
-or partially scored) are trained. Knows nothing about engines, processes or optimizers.
+Owns `TrainingBatch`, `build_training_batch` and `group_batch` (one group, as the runtime builds
+it). Every execution of the step is accounted for once: failed ones (infrastructure), ones with no
+sampled token, and ones with greedy or truncated (top-k / top-p) calls, whose behaviour distribution
+the trainer does not reproduce (docs/design.md invariant 2), get no advantage and stay out of the
+baselines and the loss; the others (finished or partially scored) are trained. Knows nothing about
+engines, processes or optimizers.
 """
 
 from __future__ import annotations
@@ -117,7 +118,9 @@ def group_batch(
 ) -> TrainingBatch | None:
     """A complete group's batch as the runtime trains it (and rebuilds it on `--resume`):
     `build_training_batch` of the one group under `config`'s trajectory settings and
-    `rl.stop_penalty`, each execution weighted 1 / `num_executions` (the step's batch size)."""
+    `rl.stop_penalty`, each execution weighted 1 / `num_executions` (the step's batch size).
+    Raises what `build_training_batch` raises (`ValueError` for a group with duplicate execution
+    IDs or a non-finite score)."""
     return build_training_batch(
         [members],
         trajectory=config.trajectory,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -162,8 +163,6 @@ def kill(process) -> None:
     Raises `AssertionError` with the process's kernel state (each thread's state and wait channel)
     when it is not reaped 120 s after SIGKILL: one fresh-clone run at 5935402 timed out at 30 s
     and passed alone, so a recurrence says where the exit was stuck."""
-    import subprocess
-
     import psutil
 
     pid = process.process.pid

@@ -46,14 +46,15 @@ def test_stop_penalty_is_taken_off_stopped_executions_only(termination):
     assert reward_of(_outcome(termination, 0.25), stop_penalty=0.5) == -0.25
     assert reward_of(_outcome("finished", 0.75), stop_penalty=0.5) == 0.75
     assert reward_of(_outcome("failed", None), stop_penalty=0.5) is None
-    # the group of field seed 4 (step 4): the turn-limit execution with every file right no
-    # longer out-ranks the finished ones: rewards 0.5, 0.5, 0.25, 1.0 -> baseline 0.5625
-    rewards = [
-        reward_of(_outcome(t, s), stop_penalty=0.5)
-        for t, s in (("turn_limit", 1.0), ("finished", 0.5), ("finished", 0.25), ("finished", 1.0))
-    ]
-    adv = group_advantages(["a", "b", "c", "d"], rewards)
-    assert adv.advantages == (-0.0625, -0.0625, -0.3125, 0.4375)
+    # the group of the collapsed warm-up run (seed 4, steps 3-4): the turn-limit execution with
+    # every file right had advantage +0.5; with the penalty it ties the finished 0.5
+    group = (("turn_limit", 1.0), ("finished", 0.5), ("finished", 0.25), ("finished", 0.25))
+    for penalty, expected in (
+        (0.0, (0.5, 0.0, -0.25, -0.25)),
+        (0.5, (0.125, 0.125, -0.125, -0.125)),
+    ):
+        rewards = [reward_of(_outcome(t, s), stop_penalty=penalty) for t, s in group]
+        assert group_advantages(["a", "b", "c", "d"], rewards).advantages == expected
 
 
 @pytest.mark.parametrize("penalty", [-0.1, 1.5, float("nan")])
