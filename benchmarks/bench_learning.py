@@ -104,6 +104,8 @@ def seed_numbers(run_dir: Path, wall_s: float) -> dict:
         "calls_per_execution": sum(s.model_calls for s in steps) / executions,
         "dedup_ratio": statistics.fmean(s.dedup_ratio for s in steps),
         "partial_fraction": sum(s.partial for s in steps) / executions,
+        # the executions `rl.stop_penalty` applies to
+        "stopped_executions": sum(s.partial for s in steps),
         "subagent_fraction": sum("sub_agent" in r for r in roles.values()) / len(roles),
         "compaction_fraction": sum("main_summary" in r for r in roles.values()) / len(roles),
         "role_switches_per_step": role_switches(run_dir) / len(steps),
