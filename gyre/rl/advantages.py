@@ -36,7 +36,8 @@ def reward_of(outcome: Any, *, stop_penalty: float = 0.0) -> float | None:
     """The reward of a `gyre.tasks.outcome.Outcome` (typed `Any`: `gyre.tasks` is a higher layer
     than `gyre.rl`): its (full or partial) score in [0, 1], minus `stop_penalty` when
     it was stopped at a limit (`Outcome.stopped`), so in [-1, 1]; None if failed. Raises
-    `ValueError` for a `stop_penalty` outside [0, 1] (`gyre.config.RLConfig.stop_penalty`)."""
+    `ValueError` for a `stop_penalty` outside [0, 1] (`gyre.config.RLConfig.stop_penalty` gives its
+    source, DAPO's soft overlong punishment)."""
     if not 0.0 <= stop_penalty <= 1.0:
         raise ValueError(f"stop_penalty={stop_penalty} must be in [0, 1]")
     if outcome.termination == "failed" or outcome.score is None:

@@ -40,6 +40,15 @@ def _executed(execution_id: str, termination: str, passed: int) -> Executed:
     return Executed(outcome=outcome, calls=[call], summary=summary)
 
 
+def _group() -> list[Executed]:
+    """Stopped at the turn limit with every test passed, finished with 3 of 4, finished with 1."""
+    return [
+        _executed("a", "turn_limit", 4),
+        _executed("b", "finished", 3),
+        _executed("c", "finished", 1),
+    ]
+
+
 @pytest.mark.parametrize(
     ("penalty", "expected"),
     [
@@ -50,11 +59,7 @@ def _executed(execution_id: str, termination: str, passed: int) -> Executed:
     ],
 )
 def test_stop_penalty_lowers_the_stopped_execution_in_its_group(penalty, expected):
-    group = [
-        _executed("a", "turn_limit", 4),
-        _executed("b", "finished", 3),
-        _executed("c", "finished", 1),
-    ]
+    group = _group()
     batch = build_training_batch([group], trajectory=TrajectoryConfig(), stop_penalty=penalty)
     assert batch is not None and batch.trained_executions == 3
     assert batch.advantages == pytest.approx(expected, abs=1e-12)
@@ -64,11 +69,7 @@ def test_group_batch_reads_the_run_config():
     """The runtime and `--resume` build a group's batch through `group_batch`: the run's
     `rl.stop_penalty` reaches the advantages, and `num_executions` the loss weights."""
     config = msgspec.structs.replace(RunConfig(), rl=RLConfig(stop_penalty=0.5))
-    group = [
-        _executed("a", "turn_limit", 4),
-        _executed("b", "finished", 3),
-        _executed("c", "finished", 1),
-    ]
+    group = _group()
     batch = group_batch(group, config, 6)
     assert batch.advantages == pytest.approx({"a": 0.0, "b": 0.25, "c": -0.25}, abs=1e-12)
     # each of the 3 executions' 2 policy tokens weighs 1 / (2 tokens x 6 executions)
