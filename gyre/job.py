@@ -25,6 +25,7 @@ from gyre.config import RunConfig
 from gyre.errors import ConfigError
 from gyre.runtime.checkpoint import LoopState, check_run_dir
 from gyre.runtime.data_stream import evaluated, split_tasks
+from gyre.runtime.elastic_resume import check_resume_config
 from gyre.runtime.rollout import with_interpreter
 from gyre.runtime.sinks import check_sinks
 from gyre.tasks.scorer import check_verifier_python
@@ -117,7 +118,8 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
     """Every check that can fail without building or starting anything, in the order a user would
     fix them: the scheduler policy for the run's cells (`SchedulerConfig.policy_for`), task
     folders, verifier interpreter, agent program, isolation when required (with
-    `[gateway] enabled` instead: the execution API's address, `check_gateway`), run folder,
+    `[gateway] enabled` instead: the execution API's address, `check_gateway`), run folder (and, on
+    a resume, the settings the run was trained with: `check_resume_config`),
     warm-start folder, the packages of the metric sinks (`[report] sinks`), the names of
     `[proxy] tool_parser` and `reasoning_parser`, the join secret of
     a head with workers (`[cluster]`), the live page's
@@ -141,6 +143,8 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
         resume=resume,
         records=(config.proxy.log_name,),
     )
+    if resume:
+        check_resume_config(Path(config.run_dir).resolve(), config)
     if warm_start_enabled(config):
         from gyre.model.sft import check_output_dir, output_dir
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gyre.config import config_from_dict
@@ -502,6 +503,24 @@ def test_unknown_parser_names_fail_before_anything_is_built(tmp_path, proxy, mes
     with pytest.raises(ConfigError, match=message):
         run(make_config(tmp_path, proxy=proxy))
     assert nothing_built(tmp_path) and not (tmp_path / "run").exists()
+
+
+def test_a_resume_with_a_changed_penalty_is_refused_before_anything_is_built(tmp_path):
+    """The run in `run_dir` recorded its settings at its start (`launches.jsonl`); `--resume`
+    with another `rl.stop_penalty` stops in the preflight, naming the key and both values."""
+    from gyre.config import resume_fixed
+    from gyre.job import preflight
+    from gyre.runtime.elastic_resume import LAUNCHES_FILE, Launch
+
+    started = make_config(tmp_path, rl={"stop_penalty": 0.5})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    launch = Launch(launch="0a", resumed_from_step=None, version=0, settings=resume_fixed(started))
+    (run_dir / LAUNCHES_FILE).write_bytes(msgspec.json.encode(launch) + b"\n")
+    assert preflight(started, resume=True) is None  # the run's own config: nothing to resume yet
+    with pytest.raises(ConfigError, match=r"rl\.stop_penalty = 0\.25 \(the run: 0\.5\)\. Resume"):
+        run(make_config(tmp_path, rl={"stop_penalty": 0.25}), resume=True)
+    assert nothing_built(tmp_path)
 
 
 def test_known_parser_names_pass_the_preflight(tmp_path):

@@ -18,7 +18,7 @@ from gyre.config.base import load_toml
 from gyre.config.cluster import ClusterConfig
 from gyre.config.engine import EngineConfig, KVTransferConfig, ModelConfig, TrainerConfig
 from gyre.config.gateway import GatewayConfig
-from gyre.config.run import RunConfig, config_from_dict, load_config
+from gyre.config.run import RESUME_FIXED, RunConfig, config_from_dict, load_config, resume_fixed
 from gyre.config.runtime import (
     CellConfig,
     LoopConfig,
@@ -52,4 +52,6 @@ __all__ = [
     "load_config",
     "load_toml",
     "config_from_dict",
+    "RESUME_FIXED",
+    "resume_fixed",
 ]

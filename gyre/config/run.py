@@ -1,13 +1,15 @@
 """The run config: `RunConfig`, one nested Struct per component, and reading it.
 
-Owns `RunConfig`, `config_from_dict` and `load_config`. The components' Structs live in the
-modules of their side (`engine`, `runtime`, `training`, `agents`); this module only assembles
-them and turns bad input into one `ConfigError` line.
+Owns `RunConfig`, `config_from_dict`, `load_config`, and `RESUME_FIXED` with `resume_fixed` (the
+settings a `--resume` must keep). The components' Structs live in the modules of their side
+(`engine`, `runtime`, `training`, `agents`); this module only assembles them and turns bad input
+into one `ConfigError` line.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import msgspec
 
@@ -27,7 +29,7 @@ from gyre.config.runtime import (
 from gyre.config.training import RLConfig, TrajectoryConfig, WarmStartConfig
 from gyre.errors import ConfigError
 
-__all__ = ["RunConfig", "config_from_dict", "load_config"]
+__all__ = ["RESUME_FIXED", "RunConfig", "config_from_dict", "load_config", "resume_fixed"]
 
 
 class RunConfig(Config):
@@ -75,3 +77,41 @@ def config_from_dict(data: dict) -> RunConfig:
 def load_config(path: str | os.PathLike[str]) -> RunConfig:
     """Read a TOML run config. Raises `ConfigError` (one line: file, key path, value)."""
     return load_toml(path, RunConfig)
+
+
+RESUME_FIXED = (
+    "seed",
+    "tasks.suites",
+    "loop.batch_executions",
+    "loop.group_size",
+    "rl.clip_eps",
+    "rl.is_cap",
+    "rl.max_staleness",
+    "rl.stop_penalty",
+    "trajectory.jmax",
+    "trajectory.role_limits",
+    "trainer.zero_stage",
+    "trainer.learning_rate",
+    "trainer.warmup_steps",
+    "trainer.weight_decay",
+    "trainer.grad_clip",
+    "trainer.dtype",
+)
+"""The settings that decide which data a run trains on and the loss and update it trains with.
+A `--resume` must keep them: a run that changed one halfway would be neither run, and nothing in
+its metrics would say so. Every other setting may change on a resume: `loop.steps` (to extend a
+run), evaluation, cells and scheduling, engine memory, micro-batch and chunk sizes (the same loss
+in other pieces), reporting."""
+
+
+def resume_fixed(config: RunConfig) -> dict[str, Any]:
+    """`RESUME_FIXED`'s settings of `config`, as plain JSON data keyed by their dotted path
+    (`{"rl.stop_penalty": 0.5, ...}`)."""
+    data = msgspec.json.decode(msgspec.json.encode(config))
+    out: dict[str, Any] = {}
+    for key in RESUME_FIXED:
+        value = data
+        for part in key.split("."):
+            value = value[part]
+        out[key] = value
+    return out

@@ -13,7 +13,8 @@ of steps after the checkpoint (they are trained again), rebuilds every untrained
 ledger and the call log (one streaming pass, its torn tail cut) and runs again, under new IDs,
 exactly the executions of those groups that had not finished (`begin`). Each start is one line
 of `launches.jsonl`: its launch ID (part of every execution ID, never reused in a run folder),
-what it recovered and what it runs again, and why. Knows nothing about policies, HTTP or what a
+what it recovered and what it runs again, and why, and the run's `RESUME_FIXED` settings, which
+`check_resume_config` holds a later `--resume` to. Knows nothing about policies, HTTP or what a
 cell runs inside.
 """
 
@@ -31,8 +32,8 @@ from typing import Any
 import anyio
 import msgspec
 
-from gyre.config import RunConfig
-from gyre.errors import RunDirError
+from gyre.config import RESUME_FIXED, RunConfig, resume_fixed
+from gyre.errors import ConfigError, RunDirError
 from gyre.runtime.batch import group_batch
 from gyre.runtime.batch_formation import Group
 from gyre.runtime.checkpoint import (
@@ -48,7 +49,7 @@ from gyre.runtime.timeline import TIMELINE_FILE, read_timeline
 from gyre.tasks.task import Task
 from gyre.tito.log import read_log
 
-__all__ = ["LAUNCHES_FILE", "Launch", "Rerun", "RunJournal"]
+__all__ = ["LAUNCHES_FILE", "Launch", "Rerun", "RunJournal", "check_resume_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,31 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
     recovered: list[str] = []
     """Finished, untrained executions of earlier launches reused from the ledger and call log."""
     rerun: list[Rerun] = []
+    settings: dict[str, Any] = {}
+    """The config's `RESUME_FIXED` settings at this start (`gyre.config.resume_fixed`); empty in
+    launches written before they were recorded."""
+
+
+def check_resume_config(run_dir: Path, config: RunConfig) -> None:
+    """Raise `ConfigError` when `config` changes a `RESUME_FIXED` setting of the run in `run_dir`:
+    each changed key with the run's value and the config's, before anything is started. The run's
+    values are its first recorded launch's; a run with none recorded (no launch yet, or launches
+    of an older gyre) passes."""
+    recorded = next((x.settings for x in _read_launches(run_dir) if x.settings), None)
+    if recorded is None:
+        return
+    now = resume_fixed(config)
+    changed = [
+        f"{key} = {now[key]!r} (the run: {recorded[key]!r})"
+        for key in RESUME_FIXED
+        if key in recorded and recorded[key] != now[key]
+    ]
+    if changed:
+        raise ConfigError(
+            f"--resume of {str(run_dir)!r} with settings the run was not trained with: "
+            f"{'; '.join(changed)}. Resume with the run's own values (its launches.jsonl holds "
+            "them) or start a new run_dir"
+        )
 
 
 class RunJournal:
@@ -216,6 +242,7 @@ class RunJournal:
             dispatched=dispatched,
             recovered=sorted(ex.outcome.execution_id for ex in recovered.values()),
             rerun=reruns,
+            settings=resume_fixed(config),
         )
         run_dir.mkdir(parents=True, exist_ok=True)
         append_line(run_dir / LAUNCHES_FILE, msgspec.json.encode(record))
