@@ -21,7 +21,7 @@ import anyio
 
 from gyre.agents.harness import check_agent_command
 from gyre.agents.isolation import check_isolation
-from gyre.config import RunConfig
+from gyre.config import RunConfig, check_types
 from gyre.errors import ConfigError
 from gyre.runtime.checkpoint import LoopState, check_run_dir
 from gyre.runtime.data_stream import evaluated, split_tasks
@@ -115,18 +115,18 @@ def check_context_fit(config: RunConfig, model_dir: Path) -> None:
 
 
 def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | None:
-    """Every check that can fail without building or starting anything, in the order a user would
-    fix them: the scheduler policy for the run's cells (`SchedulerConfig.policy_for`), task
-    folders, verifier interpreter, agent program, isolation when required (with
-    `[gateway] enabled` instead: the execution API's address, `check_gateway`), run folder (and, on
-    a resume, the settings the run was trained with: `check_resume_config`),
-    warm-start folder, the packages of the metric sinks (`[report] sinks`), the names of
-    `[proxy] tool_parser` and `reasoning_parser`, the join secret of
-    a head with workers (`[cluster]`), the live page's
-    address (`[observe]`). The model folder is checked by `ensure_model`, first thing
-    after (a finished run resumed needs none).
-    Returns the checkpoint a resumed run continues from (None: step 0). Raises `ConfigError` or
-    `TaskError` naming the key or path."""
+    """Every check that can fail without building or starting anything, in the order a user
+    would fix them: the types of a config built in Python (`check_types`), the scheduler policy
+    for the run's cells (`SchedulerConfig.policy_for`), task folders, verifier interpreter,
+    agent program, isolation when required (with `[gateway] enabled` instead: the execution
+    API's address, `check_gateway`), run folder (and, on a resume, the settings the run was
+    trained with: `check_resume_config`), warm-start folder, the packages of the metric sinks
+    (`[report] sinks`), the names of `[proxy] tool_parser` and `reasoning_parser`, the join
+    secret of a head with workers (`[cluster]`), the live page's address (`[observe]`). The
+    model folder is checked by `ensure_model`, first thing after (a finished run resumed needs
+    none). Returns the checkpoint a resumed run continues from (None: step 0). Raises
+    `ConfigError` or `TaskError` naming the key or path."""
+    check_types(config)  # a config built in Python, type-checked as a TOML file is
     config.scheduler.policy_for(config.cells.num_cells * (config.cluster.workers + 1))
     train, heldout = split_tasks(config)
     check_verifier_python([*train, *heldout])

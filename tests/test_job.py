@@ -523,6 +523,22 @@ def test_a_resume_with_a_changed_penalty_is_refused_before_anything_is_built(tmp
     assert nothing_built(tmp_path)
 
 
+def test_a_config_built_in_python_with_a_wrong_type_is_refused_naming_the_key(tmp_path):
+    """msgspec checks types only when decoding: `RLConfig(stop_penalty=True)` was accepted and
+    trained with a penalty of 1. `run()` now checks a built config as a TOML file is checked."""
+    from gyre.config import RLConfig
+
+    config = make_config(tmp_path)
+    wrong = msgspec.structs.replace(config, rl=RLConfig(stop_penalty=True))
+    message = r"Expected `float`, got `bool` - at `\$\.rl\.stop_penalty`"
+    with pytest.raises(ConfigError, match=message):
+        run(wrong)
+    a_path = msgspec.structs.replace(config, run_dir=tmp_path / "run")
+    with pytest.raises(ConfigError, match="type PosixPath is unsupported"):
+        run(a_path)
+    assert nothing_built(tmp_path) and not (tmp_path / "run").exists()
+
+
 def test_known_parser_names_pass_the_preflight(tmp_path):
     from gyre.job import preflight
 

@@ -7,8 +7,9 @@ scheduler, router, loop, observe, report), `training` (trajectory, RL, warm star
 `base.Config`. Every field has a unit in its name where it has one and is validated at
 construction with `ValueError(f"{field=} ...")`; `load_config` turns unknown keys, wrong types
 and bad values into one `ConfigError` line naming the key path
-(``$.engine.max_model_len``) and the value. Components receive their own Struct and know
-nothing about the file format.
+(``$.engine.max_model_len``) and the value. msgspec checks types only when decoding, so a config
+built in Python is type-checked by `check_types` (`gyre.run` calls it first). Components receive
+their own Struct and know nothing about the file format.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from gyre.config.base import load_toml
 from gyre.config.cluster import ClusterConfig
 from gyre.config.engine import EngineConfig, KVTransferConfig, ModelConfig, TrainerConfig
 from gyre.config.gateway import GatewayConfig
-from gyre.config.run import RESUME_FIXED, RunConfig, config_from_dict, load_config, resume_fixed
+from gyre.config.run import (
+    RESUME_FIXED,
+    RunConfig,
+    check_types,
+    config_from_dict,
+    load_config,
+    resume_fixed,
+)
 from gyre.config.runtime import (
     CellConfig,
     LoopConfig,
@@ -52,6 +60,7 @@ __all__ = [
     "load_config",
     "load_toml",
     "config_from_dict",
+    "check_types",
     "RESUME_FIXED",
     "resume_fixed",
 ]

@@ -1,9 +1,9 @@
 """The run config: `RunConfig`, one nested Struct per component, and reading it.
 
-Owns `RunConfig`, `config_from_dict`, `load_config`, and `RESUME_FIXED` with `resume_fixed` (the
-settings a `--resume` must keep). The components' Structs live in the modules of their side
-(`engine`, `runtime`, `training`, `agents`); this module only assembles them and turns bad input
-into one `ConfigError` line.
+Owns `RunConfig`, `config_from_dict`, `load_config`, `check_types` (a config built in Python
+type-checked), and `RESUME_FIXED` with `resume_fixed` (the settings a `--resume` must keep). The
+components' Structs live in the modules of their side (`engine`, `runtime`, `training`,
+`agents`); this module only assembles them and turns bad input into one `ConfigError` line.
 """
 
 from __future__ import annotations
@@ -29,7 +29,14 @@ from gyre.config.runtime import (
 from gyre.config.training import RLConfig, TrajectoryConfig, WarmStartConfig
 from gyre.errors import ConfigError
 
-__all__ = ["RESUME_FIXED", "RunConfig", "config_from_dict", "load_config", "resume_fixed"]
+__all__ = [
+    "RESUME_FIXED",
+    "RunConfig",
+    "check_types",
+    "config_from_dict",
+    "load_config",
+    "resume_fixed",
+]
 
 
 class RunConfig(Config):
@@ -72,6 +79,19 @@ def config_from_dict(data: dict) -> RunConfig:
         return msgspec.convert(data, RunConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid config: {exc}") from None
+
+
+def check_types(config: RunConfig) -> None:
+    """Raise `ConfigError` (key path, expected and given type) when a `RunConfig` built in Python
+    holds a value of the wrong type, e.g. `RLConfig(stop_penalty=True)`: msgspec checks types only
+    when it decodes, so this checks a built config as `load_config` checks a file."""
+    try:
+        data = msgspec.to_builtins(config)
+    except TypeError as exc:
+        raise ConfigError(
+            f"invalid config: {exc} (a config holds str, int, float, bool, lists and tables)"
+        ) from None
+    config_from_dict(data)
 
 
 def load_config(path: str | os.PathLike[str]) -> RunConfig:
