@@ -7,11 +7,10 @@ start-up (`init_process_group`, `prepare_extensions_dir`, `build_ops`: `gyre.eng
 A step is `accumulate` (micro-batches forward/backward; DeepSpeed's accumulation unmanaged) or
 `add_gradient_vector` / `add_gradient_shard` (a satellite's gradient, added exactly), then
 `apply_step` (at the rate of `gyre.engines.schedule`'s warm-up, whose position a checkpoint
-keeps). Its group is torch.distributed's default group: one rank, or the k ranks of a
-multi-device cell at ZeRO-3 (`gyre.engines.zero3`; every rank runs every call). Blocking: call it
-from a worker thread.
-Knows nothing about engines, HTTP, trees or the loss: a batch is a `MicroBatch`, its loss comes
-from the caller's `Objective`; weight snapshots are Hugging Face folders vLLM reloads.
+keeps). Its group is torch.distributed's default group: one rank, or the k ranks of a multi-device
+cell at ZeRO-3 (`gyre.engines.zero3`; every rank runs every call). Blocking: call it from a worker
+thread. Knows nothing about engines, HTTP, trees or the loss: a batch is a `MicroBatch`, its loss
+comes from the caller's `Objective`; weight snapshots are Hugging Face folders vLLM reloads.
 """
 
 from __future__ import annotations
@@ -415,8 +414,7 @@ class DeepSpeedTrainer:
         if vec.dim() != 1 or vec.shape[0] != self.num_parameters or not vec.is_floating_point():
             raise ValueError(
                 f"gradient vector of shape {tuple(vec.shape)} and dtype {vec.dtype}: "
-                "expected a float "
-                f"vector of {self.num_parameters} entries"
+                f"expected a float vector of {self.num_parameters} entries"
             )
         vec = vec.to(self.device)
         if self._zero3 is not None:
@@ -464,8 +462,8 @@ class DeepSpeedTrainer:
 
         Skipped (weights, optimizer state and version unchanged; gradients zeroed) when a loss
         accumulated since the last step, the `finite` argument, or any gradient is non-finite on
-        any rank of the trainer's own group.
-        """
+        any rank of the trainer's own group (at ZeRO-2, where DeepSpeed holds the gradients, when
+        it skips the update for an inf or NaN gradient norm)."""
         if self._zero3 is None:
             finite = finite and self._finite and grads_finite(self.model.parameters())
         else:  # the gradients live in the shards: all-reduce of this rank's verdict
@@ -473,11 +471,13 @@ class DeepSpeedTrainer:
             flag = torch.tensor([int(ok)], dtype=torch.int32, device=self.device)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
             finite = bool(flag.item())
-        grad_norm = None
         if finite:
+            skipped = self.engine.skipped_steps
             self.engine.step()
-            grad_norm = self.engine.get_global_grad_norm()
-            grad_norm = None if grad_norm is None else float(grad_norm)
+            finite = self.engine.skipped_steps == skipped
+        grad_norm = self.engine.get_global_grad_norm() if finite else None
+        grad_norm = None if grad_norm is None else float(grad_norm)
+        if finite:
             self.version += 1
             self._steps_applied += 1
         else:
