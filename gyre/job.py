@@ -25,7 +25,6 @@ from gyre.config import RunConfig, check_types
 from gyre.errors import ConfigError
 from gyre.runtime.checkpoint import LoopState, check_run_dir
 from gyre.runtime.data_stream import evaluated, split_tasks
-from gyre.runtime.elastic_resume import check_resume_config
 from gyre.runtime.rollout import with_interpreter
 from gyre.runtime.sinks import check_sinks
 from gyre.tasks.scorer import check_verifier_python
@@ -143,8 +142,11 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
         resume=resume,
         records=(config.proxy.log_name,),
     )
-    if resume:
-        check_resume_config(Path(config.run_dir).resolve(), config)
+    if resume:  # imported here: the journal's module brings torch
+        from gyre.runtime.elastic_resume import check_resume_config
+
+        trained = found is not None
+        check_resume_config(Path(config.run_dir).resolve(), config, train, heldout, trained=trained)
     if warm_start_enabled(config):
         from gyre.model.sft import check_output_dir, output_dir
 

@@ -506,20 +506,27 @@ def test_unknown_parser_names_fail_before_anything_is_built(tmp_path, proxy, mes
 
 
 def test_a_resume_with_a_changed_penalty_is_refused_before_anything_is_built(tmp_path):
-    """The run in `run_dir` recorded its settings at its start (`launches.jsonl`); `--resume`
-    with another `rl.stop_penalty` stops in the preflight, naming the key and both values."""
-    from gyre.config import resume_fixed
+    """The run in `run_dir` recorded its settings at its start (`launches.jsonl`) and trained a
+    step (a checkpoint); `--resume` with another `rl.stop_penalty` stops in the preflight, naming
+    the key and both values. Before its first checkpoint a run trained nothing: any config may
+    resume it."""
     from gyre.job import preflight
-    from gyre.runtime.elastic_resume import LAUNCHES_FILE, Launch
+    from gyre.runtime.data_stream import split_tasks
+    from gyre.runtime.elastic_resume import LAUNCHES_FILE, Launch, launch_settings
 
     started = make_config(tmp_path, rl={"stop_penalty": 0.5})
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    launch = Launch(launch="0a", resumed_from_step=None, version=0, settings=resume_fixed(started))
+    settings = launch_settings(started, *split_tasks(started))
+    launch = Launch(launch="0a", resumed_from_step=None, version=0, settings=settings)
     (run_dir / LAUNCHES_FILE).write_bytes(msgspec.json.encode(launch) + b"\n")
-    assert preflight(started, resume=True) is None  # the run's own config: nothing to resume yet
+    changed = make_config(tmp_path, rl={"stop_penalty": 0.25})
+    assert preflight(changed, resume=True) is None  # nothing trained yet: no checkpoint
+    state = LoopState(step=1, version=1, task_cursor=2, dispatched=16)
+    save_checkpoint(run_dir, state, lambda folder: folder.mkdir(), keep=1)
+    assert preflight(started, resume=True)[0] == state  # the run's own config resumes it
     with pytest.raises(ConfigError, match=r"rl\.stop_penalty = 0\.25 \(the run: 0\.5\)\. Resume"):
-        run(make_config(tmp_path, rl={"stop_penalty": 0.25}), resume=True)
+        run(changed, resume=True)
     assert nothing_built(tmp_path)
 
 

@@ -79,3 +79,19 @@ def test_lazy_exports_resolve_to_their_modules_and_reject_unknown_names() -> Non
     assert "run" in dir(gyre) and "Harness" in dir(gyre.agents)
     with pytest.raises(AttributeError, match="'gyre' has no attribute 'nope'"):
         gyre.nope  # noqa: B018
+
+
+@pytest.mark.parametrize("module", ["gyre.job", "gyre.agents.react"])
+def test_the_node_and_the_agent_start_without_torch(module: str) -> None:
+    """`gyre.job` checks a config (the preflight's `gyre: error:` lines) before anything heavy is
+    imported, and every execution's agent process imports `gyre.agents.react`: neither may pull in
+    torch or transformers at import (a resume check imported at the top of `gyre.job` did)."""
+    import subprocess
+    import sys
+
+    code = (
+        f"import sys, {module}; "
+        "print(','.join(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == ""

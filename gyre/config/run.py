@@ -82,9 +82,10 @@ def config_from_dict(data: dict) -> RunConfig:
 
 
 def check_types(config: RunConfig) -> None:
-    """Raise `ConfigError` (key path, expected and given type) when a `RunConfig` built in Python
-    holds a value of the wrong type, e.g. `RLConfig(stop_penalty=True)`: msgspec checks types only
-    when it decodes, so this checks a built config as `load_config` checks a file."""
+    """Raise `ConfigError` when a `RunConfig` built in Python holds a value of the wrong type:
+    the key path with the expected and given type (`RLConfig(stop_penalty=True)`), or the type
+    that is no config value at all (a `Path`). msgspec checks types only when it decodes, so this
+    checks a built config as `load_config` checks a file."""
     try:
         data = msgspec.to_builtins(config)
     except TypeError as exc:
@@ -101,7 +102,6 @@ def load_config(path: str | os.PathLike[str]) -> RunConfig:
 
 RESUME_FIXED = (
     "seed",
-    "tasks.suites",
     "loop.batch_executions",
     "loop.group_size",
     "rl.clip_eps",
@@ -115,13 +115,18 @@ RESUME_FIXED = (
     "trainer.warmup_steps",
     "trainer.weight_decay",
     "trainer.grad_clip",
+    "trainer.adam_beta1",
+    "trainer.adam_beta2",
     "trainer.dtype",
 )
-"""The settings that decide which data a run trains on and the loss and update it trains with.
-A `--resume` must keep them: a run that changed one halfway would be neither run, and nothing in
-its metrics would say so. Every other setting may change on a resume: `loop.steps` (to extend a
-run), evaluation, cells and scheduling, engine memory, micro-batch and chunk sizes (the same loss
-in other pieces), reporting."""
+"""The settings that decide which data a run trains on and the loss and update it trains with
+(and `trainer.zero_stage`, whose DeepSpeed checkpoint does not load at another stage). A
+`--resume` must keep them: a run that changed one halfway would be neither run, and nothing in
+its metrics would say so. The tasks (`tasks.suites`, `loop.heldout_tasks`) are compared by the
+split they give (`gyre.runtime.data_stream.split_digest`), not by how the paths are written.
+Every other setting may change on a resume: `loop.steps` (to extend a run), evaluation, cells
+and scheduling, engine memory, micro-batch and chunk sizes (the same loss in other pieces),
+reporting."""
 
 
 def resume_fixed(config: RunConfig) -> dict[str, Any]:

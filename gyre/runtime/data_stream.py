@@ -1,6 +1,7 @@
 """The run's data: which tasks are trained, which are held out, in what order, and how they scored.
 
-Owns `split_tasks` (training and held-out tasks of the configured suites), `pick_tasks` (the data
+Owns `split_tasks` (training and held-out tasks of the configured suites), `split_digest` (what a
+resume compares them by), `pick_tasks` (the data
 stream: a seeded shuffle of the training tasks per epoch), `pass_rate` (a list of executions'
 pass rate and mean score), `evaluated` (whether `metrics.jsonl` holds an evaluation at a step)
 and `resume_log` (the one streaming pass a restart makes over the call log). Knows nothing about
@@ -9,6 +10,7 @@ cells, scheduling or training: the driver (`gyre.runtime.elastic`) calls these.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -24,7 +26,7 @@ from gyre.runtime.rollout import Executed
 from gyre.tasks.task import Task, load_suite
 from gyre.tito.log import LogContents, read_log
 
-__all__ = ["split_tasks", "pick_tasks", "pass_rate", "evaluated", "resume_log"]
+__all__ = ["split_tasks", "split_digest", "pick_tasks", "pass_rate", "evaluated", "resume_log"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,18 @@ def split_tasks(config: RunConfig) -> tuple[list[Task], list[Task]]:
             f"in {config.tasks.suites}"
         )
     return train, heldout
+
+
+def split_digest(train: Sequence[Task], heldout: Sequence[Task]) -> dict[str, int | str]:
+    """The split as a resume compares it: the number of training and held-out tasks and a sha256
+    (first 16 hex digits) of their sorted task IDs. Where the suites sit on disk, how their paths
+    are written and in which order they are listed do not enter it."""
+    h = hashlib.sha256()
+    for name, tasks in (("train", train), ("heldout", heldout)):
+        h.update(
+            name.encode() + b"\0" + "\0".join(sorted(t.task_id for t in tasks)).encode() + b"\1"
+        )
+    return {"train": len(train), "heldout": len(heldout), "sha256": h.hexdigest()[:16]}
 
 
 def pick_tasks(train: Sequence[Task], cursor: int, n: int, seed: int) -> list[Task]:

@@ -160,7 +160,7 @@ async def run_elastic(
     train, heldout = split_tasks(config)
     found = check_run_dir(run_dir, resume=resume, records=(config.proxy.log_name, LAUNCHES_FILE))
     journal = await RunJournal.open(
-        config, run_dir, found, tasks=train, resume=resume, launch=launch
+        config, run_dir, found, tasks=train, heldout=heldout, resume=resume, launch=launch
     )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     async with AsyncExitStack() as stack:

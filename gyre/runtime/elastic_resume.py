@@ -42,14 +42,21 @@ from gyre.runtime.checkpoint import (
     LoopState,
     save_checkpoint_async,
 )
-from gyre.runtime.data_stream import pick_tasks
+from gyre.runtime.data_stream import pick_tasks, split_digest
 from gyre.runtime.metrics import METRICS_FILE, append_line
 from gyre.runtime.rollout import Executed
 from gyre.runtime.timeline import TIMELINE_FILE, read_timeline
 from gyre.tasks.task import Task
 from gyre.tito.log import read_log
 
-__all__ = ["LAUNCHES_FILE", "Launch", "Rerun", "RunJournal", "check_resume_config"]
+__all__ = [
+    "LAUNCHES_FILE",
+    "Launch",
+    "Rerun",
+    "RunJournal",
+    "check_resume_config",
+    "launch_settings",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -87,22 +94,39 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
     """Finished, untrained executions of earlier launches reused from the ledger and call log."""
     rerun: list[Rerun] = []
     settings: dict[str, Any] = {}
-    """The config's `RESUME_FIXED` settings at this start (`gyre.config.resume_fixed`); empty in
+    """What this start trains with: the config's `RESUME_FIXED` settings
+    (`gyre.config.resume_fixed`) and, under `tasks`, the task split (`split_digest`); empty in
     launches written before they were recorded."""
 
 
-def check_resume_config(run_dir: Path, config: RunConfig) -> None:
-    """Raise `ConfigError` when `config` changes a `RESUME_FIXED` setting of the run in `run_dir`:
-    each changed key with the run's value and the config's, before anything is started. The run's
-    values are its first recorded launch's; a run with none recorded (no launch yet, or launches
-    of an older gyre) passes."""
-    recorded = next((x.settings for x in _read_launches(run_dir) if x.settings), None)
-    if recorded is None:
+def launch_settings(
+    config: RunConfig, train: Sequence[Task], heldout: Sequence[Task]
+) -> dict[str, Any]:
+    """`Launch.settings` of a start with `config` and this task split."""
+    return {**resume_fixed(config), "tasks": split_digest(train, heldout)}
+
+
+def check_resume_config(
+    run_dir: Path,
+    config: RunConfig,
+    train: Sequence[Task],
+    heldout: Sequence[Task],
+    *,
+    trained: bool,
+) -> None:
+    """Raise `ConfigError` when `config` (with its task split `train`, `heldout`) changes what the
+    run in `run_dir` trained with (`launch_settings`): each changed key with the run's value and
+    the config's, before anything is started. The run's values are its last recorded launch's.
+    Only a run that `trained` (it holds a checkpoint) is held to them: a start that failed before
+    its first step trained nothing; and a run with no launch recorded (or only launches of an
+    older gyre) passes."""
+    recorded = next((x.settings for x in reversed(_read_launches(run_dir)) if x.settings), None)
+    if recorded is None or not trained:
         return
-    now = resume_fixed(config)
+    now = launch_settings(config, train, heldout)
     changed = [
         f"{key} = {now[key]!r} (the run: {recorded[key]!r})"
-        for key in RESUME_FIXED
+        for key in (*RESUME_FIXED, "tasks")
         if key in recorded and recorded[key] != now[key]
     ]
     if changed:
@@ -167,12 +191,14 @@ class RunJournal:
         tasks: Sequence[Task],
         resume: bool,
         launch: str | None = None,
+        heldout: Sequence[Task] = (),
     ) -> RunJournal:
         """The journal of a run starting in `run_dir` (`found`: `check_run_dir`'s checkpoint;
         `resume`: whether the folder may hold an earlier launch). On a resume it reads the ledger
         and the call log once (cutting the log's torn last frame, so new frames follow whole
         ones), drops the metrics lines of steps after the checkpoint and records the launch in
-        `launches.jsonl`, all before any cell or agent starts.
+        `launches.jsonl` (with `heldout`, the held-out tasks, in its settings), all before any
+        cell or agent starts.
 
         Raises `RunDirError` when a ledger line names a task the data stream (`tasks`,
         `config.seed`) no longer gives its group (the suites or the seed changed since), and
@@ -242,7 +268,7 @@ class RunJournal:
             dispatched=dispatched,
             recovered=sorted(ex.outcome.execution_id for ex in recovered.values()),
             rerun=reruns,
-            settings=resume_fixed(config),
+            settings=launch_settings(config, tasks, heldout),
         )
         run_dir.mkdir(parents=True, exist_ok=True)
         append_line(run_dir / LAUNCHES_FILE, msgspec.json.encode(record))

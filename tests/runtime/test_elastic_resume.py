@@ -20,7 +20,7 @@ import anyio
 import msgspec
 import pytest
 
-from gyre.config import config_from_dict, resume_fixed
+from gyre.config import config_from_dict
 from gyre.engines.scripted import ScriptedEngine
 from gyre.errors import ConfigError, RunDirError
 from gyre.model.recipe import build_tokenizer
@@ -35,7 +35,13 @@ from gyre.runtime.checkpoint import (
 )
 from gyre.runtime.data_stream import pick_tasks
 from gyre.runtime.elastic_job import run_cells
-from gyre.runtime.elastic_resume import LAUNCHES_FILE, Launch, RunJournal, check_resume_config
+from gyre.runtime.elastic_resume import (
+    LAUNCHES_FILE,
+    Launch,
+    RunJournal,
+    check_resume_config,
+    launch_settings,
+)
 from gyre.runtime.metrics import EvalMetrics, StepMetrics, read_metrics
 from gyre.runtime.timeline import TimelineWriter, read_timeline
 from gyre.tasks.outcome import Outcome, Score
@@ -278,12 +284,14 @@ async def test_a_reused_launch_id_and_a_changed_data_stream_are_refused(tmp_path
 
 @pytest.mark.anyio
 async def test_a_resume_that_changes_what_the_run_trains_with_is_refused(tmp_path: Path) -> None:
-    """Each start records the config's `RESUME_FIXED` settings. A `--resume` that changes one is
-    refused, naming every changed key with both values; one that changes another setting (more
-    steps) goes on. A launch of an older gyre, without the record, holds a resume to nothing."""
+    """Each start records what it trains with: the config's `RESUME_FIXED` settings and the task
+    split. A `--resume` of a run that trained (it holds a checkpoint) that changes one is refused,
+    naming every changed key with both values; one that changes another setting (more steps, the
+    scheduler) goes on, and so does one of a run that trained nothing yet. A launch of an older
+    gyre, without the record, holds a resume to nothing."""
     tasks = load_suite(SUITE)
     run_dir = tmp_path / "run"
-    await killed_run(run_dir, tasks)  # its launch "L" has no settings recorded
+    await killed_run(run_dir, tasks)  # a checkpoint after step 1; its launch "L" records nothing
     base = config(run_dir)
     changed = msgspec.structs.replace(
         base,
@@ -291,27 +299,32 @@ async def test_a_resume_that_changes_what_the_run_trains_with_is_refused(tmp_pat
         trainer=msgspec.structs.replace(base.trainer, learning_rate=1e-3),
         scheduler=msgspec.structs.replace(base.scheduler, capacity_per_cell=3),  # not fixed
     )
-    check_resume_config(run_dir, changed)  # nothing recorded to hold it to
+    check_resume_config(run_dir, changed, tasks, (), trained=True)  # "L" holds it to nothing
 
-    await open_journal(run_dir, tasks, launch="M")
+    await open_journal(run_dir, tasks, launch="M")  # this start records its settings
     record = msgspec.json.decode(
         (run_dir / LAUNCHES_FILE).read_bytes().splitlines()[-1], type=Launch
     )
     assert record.settings["rl.stop_penalty"] == 0.0
     assert record.settings["loop.group_size"] == G and record.settings["seed"] == SEED
-    assert record.settings["tasks.suites"] == [str(SUITE)]
-    assert record.settings == resume_fixed(base)
+    assert record.settings["tasks"]["train"] == len(tasks) == 32
+    assert record.settings["tasks"]["heldout"] == 0
+    assert record.settings == launch_settings(base, tasks, ())
 
-    check_resume_config(run_dir, base)
-    check_resume_config(run_dir, config(run_dir, steps=10))  # extending the run is allowed
+    check_resume_config(run_dir, base, tasks, (), trained=True)
+    check_resume_config(run_dir, config(run_dir, steps=10), tasks, (), trained=True)  # extended
+    check_resume_config(run_dir, changed, tasks, (), trained=False)  # nothing trained with it
     expected = (
         f"--resume of {str(run_dir)!r} with settings the run was not trained with: "
         "rl.stop_penalty = 0.5 (the run: 0.0); trainer.learning_rate = 0.001 (the run: 1e-05). "
         "Resume with the run's own values (its launches.jsonl holds them) or start a new run_dir"
     )
     with pytest.raises(ConfigError) as refused:
-        check_resume_config(run_dir, changed)
+        check_resume_config(run_dir, changed, tasks, (), trained=True)
     assert str(refused.value) == expected
+    # one task held out instead of trained: the split differs, however the suites are written
+    with pytest.raises(ConfigError, match=r"tasks = \{'train': 31, 'heldout': 1, 'sha256': "):
+        check_resume_config(run_dir, base, tasks[1:], tasks[:1], trained=True)
 
 
 class _Core:
