@@ -177,7 +177,7 @@ def test_warmup_steps_scale_the_rate_and_resume_from_a_checkpoint(
             group["lr"] = rate
         optimizer.step()
         optimizer.zero_grad()
-        if step == 2:  # a skipped step (non-finite loss) does not move the warm-up on
+        if step == 2:  # a skipped step (its gradient overflows) does not move the warm-up on
             assert not trainer.train_batch(micro_batches, dict(advantages, e1=3e38)).applied
         assert trainer.train_batch(micro_batches, advantages).applied
         if step == 1:
