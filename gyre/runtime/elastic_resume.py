@@ -13,9 +13,9 @@ of steps after the checkpoint (they are trained again), rebuilds every untrained
 ledger and the call log (one streaming pass, its torn tail cut) and runs again, under new IDs,
 exactly the executions of those groups that had not finished (`begin`). Each start is one line
 of `launches.jsonl`: its launch ID (part of every execution ID, never reused in a run folder),
-what it recovered and what it runs again, and why, and the run's `RESUME_FIXED` settings, which
-`check_resume_config` holds a later `--resume` to. Knows nothing about policies, HTTP or what a
-cell runs inside.
+what it recovered and what it runs again, and why, and what it trains with (`launch_settings`),
+which `check_resume_config` holds a later `--resume` to. Knows nothing about policies, HTTP or what
+a cell runs inside.
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
 def launch_settings(
     config: RunConfig, train: Sequence[Task], heldout: Sequence[Task]
 ) -> dict[str, Any]:
-    """`Launch.settings` of a start with `config` and this task split."""
+    """`Launch.settings` of a start with `config` and the task split `train`, `heldout`: plain JSON
+    data, `resume_fixed(config)` (dotted keys) plus `"tasks"`: `split_digest(train, heldout)`."""
     return {**resume_fixed(config), "tasks": split_digest(train, heldout)}
 
 
@@ -190,15 +191,15 @@ class RunJournal:
         *,
         tasks: Sequence[Task],
         resume: bool,
+        heldout: Sequence[Task],
         launch: str | None = None,
-        heldout: Sequence[Task] = (),
     ) -> RunJournal:
         """The journal of a run starting in `run_dir` (`found`: `check_run_dir`'s checkpoint;
         `resume`: whether the folder may hold an earlier launch). On a resume it reads the ledger
         and the call log once (cutting the log's torn last frame, so new frames follow whole
         ones), drops the metrics lines of steps after the checkpoint and records the launch in
-        `launches.jsonl` (with `heldout`, the held-out tasks, in its settings), all before any
-        cell or agent starts.
+        `launches.jsonl` (its settings: `launch_settings` of `config`, `tasks` and `heldout`, the
+        held-out tasks), all before any cell or agent starts.
 
         Raises `RunDirError` when a ledger line names a task the data stream (`tasks`,
         `config.seed`) no longer gives its group (the suites or the seed changed since), and

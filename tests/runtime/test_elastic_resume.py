@@ -199,7 +199,7 @@ async def killed_run(run_dir: Path, tasks) -> None:
 async def open_journal(run_dir: Path, tasks, **kw) -> RunJournal:
     cfg = config(run_dir)
     found = check_run_dir(run_dir, resume=True, records=("calls.log", LAUNCHES_FILE))
-    return await RunJournal.open(cfg, run_dir, found, tasks=tasks, resume=True, **kw)
+    return await RunJournal.open(cfg, run_dir, found, tasks=tasks, heldout=(), resume=True, **kw)
 
 
 @pytest.mark.anyio
@@ -343,7 +343,13 @@ async def test_a_step_checkpoint_holds_the_trainer_the_weights_and_the_position(
 ) -> None:
     run_dir = tmp_path / "run"
     journal = await RunJournal.open(
-        config(run_dir), run_dir, None, tasks=load_suite(SUITE), resume=False, launch="A"
+        config(run_dir),
+        run_dir,
+        None,
+        tasks=load_suite(SUITE),
+        heldout=(),
+        resume=False,
+        launch="A",
     )
     snapshot = tmp_path / "snapshots" / "v1"
     snapshot.mkdir(parents=True)
@@ -430,7 +436,7 @@ async def launch(run_dir: Path, fakes, *, resume: bool, stop=None):
     cfg = config(run_dir)
     tasks = load_suite(SUITE)
     found = check_run_dir(run_dir, resume=resume, records=("calls.log", LAUNCHES_FILE))
-    journal = await RunJournal.open(cfg, run_dir, found, tasks=tasks, resume=resume)
+    journal = await RunJournal.open(cfg, run_dir, found, tasks=tasks, heldout=(), resume=resume)
     cells = [CellHandle(name=f"cell-{i}", client=f) for i, f in enumerate(fakes)]
     seen = {}
     async with anyio.create_task_group() as tg:
