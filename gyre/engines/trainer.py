@@ -3,14 +3,14 @@
 Owns `DeepSpeedTrainer` (the `gyre.engines.protocol.Trainer`: a Hugging Face causal LM under a
 DeepSpeed ZeRO 0-3 engine, gloo on CPU, NCCL on GPU, with a torch AdamW client optimizer,
 bit-identical to plain AdamW in fp32) and `grads_finite` / `step_if_finite`; re-exports DeepSpeed
-start-up (`init_process_group`, `prepare_extensions_dir`, `build_ops`: `gyre.engines.ds_setup`).
-A step is `accumulate` (micro-batches forward/backward; DeepSpeed's accumulation unmanaged) or
-`add_gradient_vector` / `add_gradient_shard` (a satellite's gradient, added exactly), then
-`apply_step` (at the rate of `gyre.engines.schedule`'s warm-up, whose position a checkpoint
-keeps). Its group is torch.distributed's default group: one rank, or the k ranks of a multi-device
-cell at ZeRO-3 (`gyre.engines.zero3`; every rank runs every call). Blocking: call it from a worker
-thread. Knows nothing about engines, HTTP, trees or the loss: a batch is a `MicroBatch`, its loss
-comes from the caller's `Objective`; weight snapshots are Hugging Face folders vLLM reloads.
+start-up (`init_process_group`: `gyre.engines.ds_setup`). A step is `accumulate` (micro-batches
+forward/backward; DeepSpeed's accumulation unmanaged) or `add_gradient_vector` /
+`add_gradient_shard` (a satellite's gradient, added exactly), then `apply_step` (at the rate of
+`gyre.engines.schedule`'s warm-up, whose position a checkpoint keeps). Its group is
+torch.distributed's default group: one rank, or the k ranks of a multi-device cell at ZeRO-3
+(`gyre.engines.zero3`; every rank runs every call). Blocking: call it from a worker thread. Knows
+nothing about engines, HTTP, trees or the loss: a batch is a `MicroBatch`, its loss comes from the
+caller's `Objective`; weight snapshots are Hugging Face folders vLLM reloads.
 """
 
 from __future__ import annotations
@@ -25,12 +25,7 @@ from pathlib import Path
 import torch
 
 from gyre.config import TrainerConfig
-from gyre.engines.ds_setup import (
-    STALE_BUILD_LOCK_S,
-    build_ops,
-    init_process_group,
-    prepare_extensions_dir,
-)
+from gyre.engines.ds_setup import init_process_group
 from gyre.engines.protocol import (
     AccumulateStatistics,
     MicroBatch,
@@ -48,9 +43,6 @@ __all__ = [
     "grads_finite",
     "step_if_finite",
     "init_process_group",
-    "prepare_extensions_dir",
-    "build_ops",
-    "STALE_BUILD_LOCK_S",
 ]
 
 logger = logging.getLogger(__name__)
