@@ -136,6 +136,19 @@ def test_copy_pretraining_lowers_the_loss_on_its_drills(tokenizer) -> None:
     assert lines == [f"copy pretraining step {i}/4 loss {x:.3f}" for i, x in enumerate(losses, 1)]
 
 
+def test_the_first_loss_is_the_full_models_cross_entropy_on_the_calls(tokenizer) -> None:
+    """The LM head runs on the loss positions only; before any update, the loss is what the
+    whole model's logits give on the first batch (the same drills: the seed's generator)."""
+    model = build_model(ModelConfig(seed=0), 1024).train()
+    ids_BS, mask_BS = CopyDrills(tokenizer).batch(random.Random("0:copy-drills"))
+    with torch.no_grad():
+        logits_BSV = model(input_ids=ids_BS).logits[:, :-1]
+    target_BS = mask_BS[:, 1:]
+    want = torch.nn.functional.cross_entropy(logits_BSV[target_BS], ids_BS[:, 1:][target_BS])
+    (got,) = copy_pretrain(model, tokenizer, 1, seed=0)
+    assert got == pytest.approx(want.item(), abs=1e-5)
+
+
 def test_copy_pretraining_stops_once_its_loss_has_converged(tokenizer, monkeypatch) -> None:
     import gyre.model.copy_pretrain as copy_module
 
