@@ -17,15 +17,7 @@ at the guessing floor (about 0.34) for 330-480 steps, then fell to 0.002-0.004, 
 copying (`gyre.model.sft`), at 5e-3 they lose it. The earlier data, spans of random tokens repeated
 (Olsson et al., "In-context Learning and Induction Heads", 2022), taught the model to copy a span
 but not to map a note's `word "W"` onto a call's `"content": "W"`: the chains learned after it
-in 1 of 4 tries.
-
-Two stages (2026-12-06): the plateau is left far sooner on the drills' shortest part. First
-`COPY_SHORT_ROWS` sub-agent conversations a step (its prompt names the word and file, its call
-writes them; 52 tokens, 0.2 s a step): their loss leaves the plateau and converges in about 195
-steps (about 40 s); then whole drills: they start at about 2.5 nats (the notes as tool results are
-new) and reached 0.01 after another 110-115 steps, 303-309 steps and 137-146 s in all on seeds 0
-and 1, where whole drills alone took 379-390 steps to 0.01 and 448-531 to 0.005 (0.75-0.85 s a
-step). Knows nothing about engines or RL.
+in 1 of 4 tries. Knows nothing about engines or RL.
 
 Shape suffix legend: `B` rows per batch, `S` tokens per row.
 """
@@ -37,30 +29,16 @@ import json
 import random
 from typing import Any
 
-__all__ = [
-    "COPY_ROWS",
-    "COPY_SHORT_ROWS",
-    "COPY_LR",
-    "CopyDrills",
-    "copy_pretrain",
-    "copyable_words",
-]
+__all__ = ["COPY_ROWS", "COPY_LR", "CopyDrills", "copy_pretrain", "copyable_words"]
 
 COPY_ROWS = 32
-"""Whole drills per step (the second stage)."""
-COPY_SHORT_ROWS = 128
-"""Sub-agent conversations per step in the first stage (52 tokens each with the tiny tokenizer,
-about a third of a second stage step's tokens)."""
-COPY_SHORT_DONE_LOSS = 0.02
-"""The first stage ends once its mean loss over the last `COPY_DONE_WINDOW` steps is below this
-(nats a token): the sub-agent's call copies the word and file its prompt names."""
+"""Drills per step."""
 COPY_LR = 1e-3
 """Peak AdamW learning rate (50-step linear warm-up, then constant)."""
 COPY_DONE_LOSS = 0.005
-"""Copy pretraining stops early once its second stage's mean loss over the last
-`COPY_DONE_WINDOW` steps is below this (nats a token): every call copied, the sub-agent's
-included. Measured on the tiny model: about 0.34 while it guesses the words, 0.002-0.004 once it
-copies; with the drills' loss at 0.037 the sub-agent's file was still guessed (`gyre.model.sft`)."""
+"""Copy pretraining stops early once its mean loss over the last `COPY_DONE_WINDOW` steps is
+below this (nats a token): every call copied, the sub-agent's included. Measured on the tiny
+model: about 0.34 while it guesses the words, 0.002-0.004 once it copies."""
 COPY_DONE_WINDOW = 20
 _WARMUP = 50
 
@@ -117,33 +95,31 @@ class CopyDrills:
         self._ids = [tokenizer.encode(w, add_special_tokens=False)[0] for w in self.words]
         k = 2 * NOTES
         first, second = self._ids[:k], self._ids[k : 2 * k]
-        self._shapes = []  # per shape: (ids, loss_mask, positions of each slot, sub-agent start)
+        self._shapes = []  # per shape: (ids, loss_mask, positions of each slot)
         for delegated, compacted in itertools.product(range(NOTES), repeat=2):
-            ids_a, mask, sub_start = _render(tokenizer, self.words[:k], delegated, compacted)
-            ids_b, _, _ = _render(tokenizer, self.words[k : 2 * k], delegated, compacted)
+            ids_a, mask = _render(tokenizer, self.words[:k], delegated, compacted)
+            ids_b, _ = _render(tokenizer, self.words[k : 2 * k], delegated, compacted)
             if len(ids_a) != len(ids_b):
                 raise ValueError("the chat template renders a drill's words in more tokens")
             slots = [
                 [i for i, pair in enumerate(zip(ids_a, ids_b)) if pair == placeholders]
                 for placeholders in zip(first, second, strict=True)
             ]
-            self._shapes.append((ids_a, mask, slots, sub_start))
+            self._shapes.append((ids_a, mask, slots))
 
-    def batch(self, rng: random.Random, rows: int = COPY_ROWS, *, sub_agent_only: bool = False):
+    def batch(self, rng: random.Random, rows: int = COPY_ROWS):
         """`rows` drills as (ids_BS int64, loss_mask_BS bool), one per row, right-padded with
-        token 0 (masked); `sub_agent_only`: of each drill only its last conversation, the
-        sub-agent's prompt and `write_file`. Deterministic for an equal `rng` state."""
+        token 0 (masked). Deterministic for an equal `rng` state."""
         import torch
 
         drills = []
         for _ in range(rows):
-            ids, mask, slots, sub_start = self._shapes[rng.randrange(len(self._shapes))]
+            ids, mask, slots = self._shapes[rng.randrange(len(self._shapes))]
             ids = list(ids)
             for positions, token in zip(slots, rng.sample(self._ids, len(slots)), strict=True):
                 for i in positions:
                     ids[i] = token
-            start = sub_start if sub_agent_only else 0
-            drills.append((ids[start:], mask[start:]))
+            drills.append((ids, mask))
         width = max(len(ids) for ids, _ in drills)
         ids_BS = torch.zeros(rows, width, dtype=torch.long)
         mask_BS = torch.zeros(rows, width, dtype=torch.bool)
@@ -155,9 +131,8 @@ class CopyDrills:
 
 def _render(
     tokenizer: Any, placeholders: list[str], delegated: int, compacted: int
-) -> tuple[list, list, int]:
-    """One drill as (token IDs, loss mask, index where the sub-agent's conversation starts): each
-    note of a chain as a tool result, then the call
+) -> tuple[list, list]:
+    """One drill as (token IDs, loss mask): each note of a chain as a tool result, then the call
     a perfect agent makes on it (`write_file`, or `delegate` for note `delegated`), with the
     history compacted after note `compacted` is read (the compaction prompt and its summary, the
     note's text; then a fresh conversation from the instruction and that summary, as
@@ -190,24 +165,17 @@ def _render(
     )
     ids: list[int] = []
     mask: list[bool] = []
-    sub_start = 0
     for messages in conversations:
-        sub_start = len(ids)
         encoded = encode_conversation(tokenizer, messages, None)
         ids += encoded.ids
         mask += encoded.loss_mask
-    return ids, mask, sub_start
+    return ids, mask
 
 
-def copy_pretrain(
-    model: Any, tokenizer: Any, steps: int, *, seed: int, log=None
-) -> tuple[list[float], int]:
-    """Train `model` (a transformers causal LM with `.model` and `.lm_head`, as Qwen2's, in float32
-    and train mode) for at most `steps` AdamW steps in two stages, loss on the agent's calls: first
-    on `COPY_SHORT_ROWS` sub-agent conversations a step (`CopyDrills.batch(sub_agent_only=True)`)
-    until their loss converges (`COPY_SHORT_DONE_LOSS`), then on `COPY_ROWS` whole drills until
-    theirs does (`COPY_DONE_LOSS`). Returns (the mean loss of every step taken, nats/token; how
-    many of them were the first stage's).
+def copy_pretrain(model: Any, tokenizer: Any, steps: int, *, seed: int, log=None) -> list[float]:
+    """Train `model` (a transformers causal LM in float32, train mode) for at most `steps` AdamW
+    steps on `CopyDrills` batches, loss on the agent's calls, stopping early once the loss has
+    converged (`COPY_DONE_LOSS`); returns the mean loss of every step taken (nats/token).
 
     Deterministic for equal model, tokenizer, seed and thread count. Gradients clipped to norm
     1.0; the optimizer is dropped afterwards (the warm start makes its own). `log`: optional
@@ -225,40 +193,25 @@ def copy_pretrain(
     rng = random.Random(f"{seed}:copy-drills")
     opt = torch.optim.AdamW(model.parameters(), lr=COPY_LR, weight_decay=0.0)
     losses: list[float] = []
-    short_steps = None  # the first stage's steps, once it is over
     for step in range(steps):
         for group in opt.param_groups:
             group["lr"] = COPY_LR * min(1.0, (step + 1) / _WARMUP)
-        if short_steps is None:
-            ids_BS, mask_BS = drills.batch(rng, COPY_SHORT_ROWS, sub_agent_only=True)
-        else:
-            ids_BS, mask_BS = drills.batch(rng)
-        hidden_BSH = model.model(input_ids=ids_BS, use_cache=False).last_hidden_state[:, :-1]
-        target_BS = mask_BS[:, 1:]  # the LM head only where a loss is
-        logits_NV = model.lm_head(hidden_BSH[target_BS])
-        loss = F.cross_entropy(logits_NV, ids_BS[:, 1:][target_BS])
+        ids_BS, mask_BS = drills.batch(rng)
+        logits_BSV = model(input_ids=ids_BS, use_cache=False).logits[:, :-1]
+        target_BS = mask_BS[:, 1:]
+        loss = F.cross_entropy(logits_BSV[target_BS], ids_BS[:, 1:][target_BS])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
-        stage = losses[short_steps or 0 :]
-        limit = COPY_SHORT_DONE_LOSS if short_steps is None else COPY_DONE_LOSS
-        window = stage[-COPY_DONE_WINDOW:]
-        converged = len(stage) >= COPY_DONE_WINDOW and sum(window) / len(window) < limit
-        done = converged and short_steps is not None
-        if converged and short_steps is None:
-            short_steps = step + 1
-            if log is not None:
-                log(
-                    f"copy pretraining step {step + 1}/{steps} loss {losses[-1]:.3f} "
-                    "(sub-agent calls copied; whole drills next)"
-                )
-        elif log is not None and (
-            (step + 1) % max(steps // 10, 1) == 0 or step + 1 == steps or done
-        ):
+        done = (
+            len(losses) >= COPY_DONE_WINDOW
+            and sum(losses[-COPY_DONE_WINDOW:]) / COPY_DONE_WINDOW < COPY_DONE_LOSS
+        )
+        if log is not None and ((step + 1) % max(steps // 10, 1) == 0 or step + 1 == steps or done):
             end = " (converged)" if done else ""
             log(f"copy pretraining step {step + 1}/{steps} loss {losses[-1]:.3f}{end}")
         if done:
             break
-    return losses, len(losses) if short_steps is None else short_steps
+    return losses

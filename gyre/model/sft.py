@@ -126,9 +126,6 @@ class SFTResult(msgspec.Struct, frozen=True, kw_only=True):
     copy_pretrain_losses: list[float] = []
     """Mean loss per token (nats) of every copy-pretraining step before them (none when
     `settings.copy_pretrain_steps` is 0)."""
-    copy_pretrain_short_steps: int = 0
-    """How many of `copy_pretrain_losses` were its first stage (sub-agent conversations alone:
-    `gyre.model.copy_pretrain.copy_pretrain`)."""
     tokens_per_step: float
     """Mean tokens forwarded per step, the shared prompt prefix counted once (`learnable-long`:
     plus rows x the longest rest, padding included)."""
@@ -370,12 +367,12 @@ def _train(model_dir: Path, settings: WarmStartConfig, demos: list[dict], input_
             model_dir, dtype=torch.float32, attn_implementation="sdpa"
         )
         model.train()
-        copy_losses, copy_short_steps = (
+        copy_losses = (
             copy_pretrain(
                 model, tokenizer, settings.copy_pretrain_steps, seed=settings.seed, log=log
             )
             if settings.copy_pretrain_steps
-            else ([], 0)
+            else []
         )
         opt = torch.optim.AdamW(
             model.parameters(),
@@ -434,7 +431,6 @@ def _train(model_dir: Path, settings: WarmStartConfig, demos: list[dict], input_
         steps=step,
         losses=losses,
         copy_pretrain_losses=copy_losses,
-        copy_pretrain_short_steps=copy_short_steps,
         tokens_per_step=tokens / max(step, 1),
         wall_s=0.0,
         cpu_s=0.0,

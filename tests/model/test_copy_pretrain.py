@@ -15,13 +15,7 @@ import torch
 
 from gyre.agents.react import COMPACT_PROMPT
 from gyre.config import ModelConfig, WarmStartConfig
-from gyre.model.copy_pretrain import (
-    COPY_ROWS,
-    COPY_SHORT_ROWS,
-    CopyDrills,
-    copy_pretrain,
-    copyable_words,
-)
+from gyre.model.copy_pretrain import COPY_ROWS, CopyDrills, copy_pretrain, copyable_words
 from gyre.model.demonstrations import encode_conversation
 from gyre.model.recipe import build_model, build_tokenizer
 from gyre.model.sft import SFT_RECORD, SFTResult, warm_start
@@ -126,27 +120,6 @@ def test_a_drill_is_a_chain_rendered_with_its_drawn_words(tokenizer) -> None:
     assert torch.equal(again, ids_BS) and not torch.equal(other, ids_BS)
 
 
-def test_a_sub_agent_drill_is_the_last_conversation_of_the_same_drill(tokenizer) -> None:
-    """`sub_agent_only` keeps each drill's tail: the sub-agent's prompt, which names the word and
-    the file, then its `write_file` of them, the call carrying the loss."""
-    drills = CopyDrills(tokenizer)
-    full_BS, full_mask_BS = drills.batch(random.Random(3), 8)
-    sub_BS, sub_mask_BS = drills.batch(random.Random(3), 8, sub_agent_only=True)
-    assert sub_BS.shape[1] < full_BS.shape[1] // 4
-    for full, full_mask, sub, sub_mask in zip(
-        full_BS.tolist(), full_mask_BS.tolist(), sub_BS.tolist(), sub_mask_BS.tolist()
-    ):
-        n_full = max(i for i, m in enumerate(full_mask) if m) + 1
-        n_sub = max(i for i, m in enumerate(sub_mask) if m) + 1
-        assert full[n_full - n_sub : n_full] == sub[:n_sub]
-        assert full_mask[n_full - n_sub : n_full] == sub_mask[:n_sub]
-        prompt = tokenizer.decode(sub[: sub_mask.index(True)])
-        call = tokenizer.decode([t for t, m in zip(sub, sub_mask) if m])
-        word, stem = re.findall(r'Write the word "(\w+)" to the file "(\w+)\.txt"', prompt)[0]
-        assert "write_file" in call and f'"{word}"' in call and f"{stem}.txt" in call
-        assert "tool_response" not in prompt  # no note: the word is in the prompt
-
-
 def test_bad_steps_are_refused(tokenizer) -> None:
     with pytest.raises(ValueError, match="steps=0"):
         copy_pretrain(build_model(ModelConfig(), 1024), tokenizer, 0, seed=0)
@@ -157,53 +130,21 @@ def test_bad_steps_are_refused(tokenizer) -> None:
 def test_copy_pretraining_lowers_the_loss_on_its_drills(tokenizer) -> None:
     model = build_model(ModelConfig(seed=0), 1024).train()
     lines: list[str] = []
-    losses, short_steps = copy_pretrain(model, tokenizer, 4, seed=0, log=lines.append)
-    # a random model: about ln(1024) = 6.9 nats a token; all 4 steps in the first stage
+    losses = copy_pretrain(model, tokenizer, 4, seed=0, log=lines.append)
+    # a random model: about ln(1024) = 6.9 nats a token
     assert len(losses) == 4 and 6.5 < losses[0] < 7.5 and losses[-1] < losses[0], losses
-    assert short_steps == 4
     assert lines == [f"copy pretraining step {i}/4 loss {x:.3f}" for i, x in enumerate(losses, 1)]
-
-
-def test_the_first_loss_is_the_full_models_cross_entropy_on_the_calls(tokenizer) -> None:
-    """The LM head runs on the loss positions only; before any update, the loss is what the
-    whole model's logits give on the first batch (the first stage's sub-agent conversations,
-    drawn by the seed's generator)."""
-    model = build_model(ModelConfig(seed=0), 1024).train()
-    ids_BS, mask_BS = CopyDrills(tokenizer).batch(
-        random.Random("0:copy-drills"), COPY_SHORT_ROWS, sub_agent_only=True
-    )
-    with torch.no_grad():
-        logits_BSV = model(input_ids=ids_BS).logits[:, :-1]
-    target_BS = mask_BS[:, 1:]
-    want = torch.nn.functional.cross_entropy(logits_BSV[target_BS], ids_BS[:, 1:][target_BS])
-    (got,), short_steps = copy_pretrain(model, tokenizer, 1, seed=0)
-    assert short_steps == 1
-    assert got == pytest.approx(want.item(), abs=1e-5)
 
 
 def test_copy_pretraining_stops_once_its_loss_has_converged(tokenizer, monkeypatch) -> None:
     import gyre.model.copy_pretrain as copy_module
 
     monkeypatch.setattr(copy_module, "COPY_DONE_WINDOW", 3)
-    monkeypatch.setattr(copy_module, "COPY_SHORT_DONE_LOSS", 100.0)  # any loss has converged
-    monkeypatch.setattr(copy_module, "COPY_DONE_LOSS", 100.0)
-    rows: list[int] = []
-    batch = CopyDrills.batch
-
-    def counted(self, rng, rows_=COPY_ROWS, **kwargs):
-        out = batch(self, rng, rows_, **kwargs)
-        rows.append(out[0].shape[0])
-        return out
-
-    monkeypatch.setattr(CopyDrills, "batch", counted)
+    monkeypatch.setattr(copy_module, "COPY_DONE_LOSS", 100.0)  # any loss counts as converged
     lines: list[str] = []
     model = build_model(ModelConfig(seed=0), 1024).train()
-    losses, short_steps = copy_pretrain(model, tokenizer, 50, seed=0, log=lines.append)
-    # each stage converges after its own window: 3 steps of sub-agent drills, 3 of whole ones
-    assert len(losses) == 6 and short_steps == 3
-    assert rows == [COPY_SHORT_ROWS] * 3 + [COPY_ROWS] * 3
-    assert "step 3/50" in lines[0] and lines[0].endswith("whole drills next)")
-    assert "step 6/50" in lines[-1] and lines[-1].endswith("(converged)")
+    losses = copy_pretrain(model, tokenizer, 50, seed=0, log=lines.append)
+    assert len(losses) == 3 and lines[-1].endswith("(converged)") and "step 3/50" in lines[-1]
 
 
 @pytest.mark.slow
@@ -214,7 +155,6 @@ def test_the_warm_start_pretrains_first_and_records_it(
     out = warm_start(tiny_model_dir, tmp_path / "out", settings)
     record = msgspec.json.decode((out / SFT_RECORD).read_bytes(), type=SFTResult)
     assert len(record.copy_pretrain_losses) == 3 and len(record.losses) == 2
-    assert record.copy_pretrain_short_steps == 3  # 3 steps: the first stage's
     plain = warm_start(
         tiny_model_dir, tmp_path / "plain", msgspec.structs.replace(settings, copy_pretrain_steps=0)
     )
