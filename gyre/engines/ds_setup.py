@@ -25,7 +25,10 @@ SHM_OP = "deepspeed_shm_comm"
 """The DeepSpeed op its CPU accelerator would JIT-build at `deepspeed.init_distributed`: C++
 compiled for 30-55 s on the 2-core CPU machine (shared/notes/vllm-cpu-and-deepspeed.md). Only
 `inference_all_reduce` uses it (DeepSpeed's tensor-parallel inference, `module_inject`); ZeRO's
-collectives go through torch.distributed, so gyre never builds it (`init_process_group`)."""
+collectives go through torch.distributed, so gyre never builds it (`init_process_group`). The
+switch is DeepSpeed's own table of compatible ops (`deepspeed.ops.__compatible_ops__`, read by
+`deepspeed.comm.torch.build_shm_op` in 0.19.8, the version the `cpu` extra pins); it is not public
+API, so `tests/engines/test_ds_setup.py` checks that a start still builds nothing."""
 
 
 def init_process_group(
@@ -37,17 +40,19 @@ def init_process_group(
     port. A no-op for the group when one is initialised. On GPU the rank's device is
     `cuda:LOCAL_RANK` (the cell's processes see only the cell's devices). No rendezvous variable
     is written to the environment, so child processes (agents, other nodes) never inherit a stale
-    one (only LOCAL_RANK, which DeepSpeed requires: `rank` unless set). DeepSpeed's `SHM_OP` is
-    marked incompatible first, so no start compiles it. Raises `ValueError` for a bad rank or a
-    group of several ranks without `init_method`."""
-    import deepspeed
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__[SHM_OP] = False  # read by deepspeed.comm.torch.build_shm_op
+    one (only LOCAL_RANK, which DeepSpeed requires: `rank` unless set). On CPU DeepSpeed's
+    `SHM_OP` is marked incompatible first, so no start compiles it (GPU accelerators have no such
+    op). Raises `ValueError` for a bad rank or a group of several ranks without `init_method`."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
     if world_size > 1 and init_method is None:
         raise ValueError(f"a group of world_size={world_size} ranks needs init_method")
+    import deepspeed
+
+    if not torch.cuda.is_available():
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__[SHM_OP] = False  # deepspeed.comm.torch.build_shm_op
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     os.environ.setdefault("LOCAL_RANK", str(rank))  # DeepSpeed's engine asserts it
     if torch.cuda.is_available():
