@@ -24,6 +24,7 @@ import json
 import re
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -73,6 +74,8 @@ def main() -> None:
     )
     parser.add_argument("--eval-samples", type=int, default=32)
     args = parser.parse_args()
+    if not Path(args.model, "config.json").is_file():  # else transformers asks the Hub for it
+        parser.error(f"--model {args.model}: no model folder there (a warm start writes one)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = load_config(args.config)

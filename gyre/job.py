@@ -124,7 +124,10 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
     secret of a head with workers (`[cluster]`), the live page's address (`[observe]`). The
     model folder is checked by `ensure_model`, first thing after (a finished run resumed needs
     none). Returns the checkpoint a resumed run continues from (None: step 0). Raises
-    `ConfigError` or `TaskError` naming the key or path."""
+    `ConfigError` or `TaskError` naming the key or path, `TypeError` for a `resume` that is no
+    bool."""
+    if not isinstance(resume, bool):
+        raise TypeError(f"resume={resume!r} must be True or False")
     check_types(config)  # a config built in Python, type-checked as a TOML file is
     config.scheduler.policy_for(config.cells.num_cells * (config.cluster.workers + 1))
     train, heldout = split_tasks(config)

@@ -546,6 +546,18 @@ def test_a_config_built_in_python_with_a_wrong_type_is_refused_naming_the_key(tm
     assert nothing_built(tmp_path) and not (tmp_path / "run").exists()
 
 
+def test_run_refuses_a_path_or_a_dict_for_its_config_and_a_resume_that_is_no_bool(tmp_path):
+    """Found by a new user: `run("examples/cpu.toml")` failed with msgspec's "Expected
+    'object', got 'str'", `run({...})` with an AttributeError, and `resume="yes"` was taken as
+    True."""
+    for wrong, kind in (("examples/cpu.toml", "str"), ({"seed": 0}, "dict")):
+        with pytest.raises(ConfigError, match=rf"a RunConfig is needed, not {kind} \(gyre"):
+            run(wrong)
+    with pytest.raises(TypeError, match=r"resume='yes' must be True or False"):
+        run(make_config(tmp_path), resume="yes")
+    assert nothing_built(tmp_path)
+
+
 def test_known_parser_names_pass_the_preflight(tmp_path):
     from gyre.job import preflight
 

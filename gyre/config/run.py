@@ -85,7 +85,13 @@ def check_types(config: RunConfig) -> None:
     """Raise `ConfigError` when a `RunConfig` built in Python holds a value of the wrong type:
     the key path with the expected and given type (`RLConfig(stop_penalty=True)`), or the type
     that is no config value at all (a `Path`). msgspec checks types only when it decodes, so this
-    checks a built config as `load_config` checks a file."""
+    checks a built config as `load_config` checks a file. Anything but a `RunConfig` (a path, a
+    dict) is refused, pointing at `load_config`."""
+    if not isinstance(config, RunConfig):
+        raise ConfigError(
+            f"invalid config: a RunConfig is needed, not {type(config).__name__} "
+            "(gyre.load_config(path) reads a TOML file)"
+        )
     try:
         data = msgspec.to_builtins(config)
     except TypeError as exc:
