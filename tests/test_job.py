@@ -81,7 +81,9 @@ def test_run_dir_that_holds_a_run_or_is_a_file(tmp_path):
         )
     )
     with pytest.raises(
-        ConfigError, match="already holds a run: pass --resume to continue it, remove it"
+        ConfigError,
+        match=r"holds a run: pass --resume \(in Python: run\(config, resume=True\)\) to "
+        "continue it, remove it",
     ):
         run(make_config(tmp_path))
     with pytest.raises(ConfigError, match="already holds a run: pass --resume"):

@@ -181,8 +181,8 @@ def check_run_dir(
         return None
     if not resume:
         raise ConfigError(
-            f"run_dir={str(run_dir)!r} already holds a run: pass --resume to continue it, "
-            "remove it or choose another run_dir"
+            f"run_dir={str(run_dir)!r} already holds a run: pass --resume (in Python: "
+            "run(config, resume=True)) to continue it, remove it or choose another run_dir"
         )
     return found
 
