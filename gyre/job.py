@@ -184,7 +184,8 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
     Returns the final loop state.
 
     Raises `GyreError` subclasses for engine and config failures (config ones, `preflight`'s,
-    before anything is built or started; a missing model folder is one of them).
+    before anything is built or started; a missing model folder is one of them; a `config` that
+    is no `RunConfig` is a `ConfigError`), and `TypeError` for a `resume` that is no bool.
     """
     found = preflight(config, resume=resume)
     if found is not None and _finished(config, found[0]):

@@ -4,8 +4,8 @@ Owns `split_tasks` (training and held-out tasks of the configured suites), `spli
 resume compares them by), `pick_tasks` (the data stream: a seeded shuffle of the training tasks
 per epoch), `pass_rate` (a list of executions' pass rate and mean score), `evaluated` (whether
 `metrics.jsonl` holds an evaluation at a step) and `resume_log` (the one streaming pass a restart
-makes over the call log). Knows nothing about
-cells, scheduling or training: the driver (`gyre.runtime.elastic`) calls these.
+makes over the call log). Knows nothing about cells, scheduling or training: the driver
+(`gyre.runtime.elastic`) calls these.
 """
 
 from __future__ import annotations
