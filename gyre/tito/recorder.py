@@ -59,13 +59,20 @@ class Recorder:
         """Records not written because their execution had been closed (its end entry written)."""
 
     async def record(self, call: Call, replies: list[ChatMessage | None]) -> list[ModelCall]:
-        """Record every choice (log first, then memory): the response may complete after this."""
+        """Record every choice (log first, then memory): the response may complete after this.
+
+        Shielded from cancellation: a call is marked recorded when this starts, so a cancel at
+        its first log append would lose it (B29: an execution closed while its stream ends)."""
         if call.recorded:
             return []
         call.recorded = True
         if call.execution.closed:
             self.records_dropped_closed += len(call.choices)
             return []
+        with anyio.CancelScope(shield=True):
+            return await self._record(call, replies)
+
+    async def _record(self, call: Call, replies: list[ChatMessage | None]) -> list[ModelCall]:
         ex, rendered = call.execution, call.rendered
         parent = rendered.parent
         prompt = rendered.prompt_ids

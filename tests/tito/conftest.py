@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import pytest
@@ -87,11 +87,13 @@ async def asgi_post(
     body: dict | bytes,
     *,
     gone_after_s: float = math.inf,
+    gone_when: Callable[[], bool] | None = None,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, bytes]:
     """POST `body` (JSON-encoded unless bytes) straight to the ASGI app; the client disconnects
-    `gone_after_s` after sending it (never: inf). Returns (status, response body: SSE chunks
-    joined)."""
+    `gone_after_s` after sending it (never: inf), or once `gone_when()` holds (polled every 5 ms:
+    for a test that needs tokens sampled first, whatever the machine's load). Returns (status,
+    response body: SSE chunks joined)."""
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     sent_body = False
     status, chunks = 0, []
@@ -101,7 +103,11 @@ async def asgi_post(
         if not sent_body:
             sent_body = True
             return {"type": "http.request", "body": raw, "more_body": False}
-        await anyio.sleep(gone_after_s)
+        if gone_when is None:
+            await anyio.sleep(gone_after_s)
+        else:
+            while not gone_when():
+                await anyio.sleep(0.005)
         return {"type": "http.disconnect"}
 
     async def send(message):
