@@ -141,6 +141,7 @@ def main() -> None:
             model.parameters(),
             lr=lr,
             betas=(t.adam_beta1, t.adam_beta2),
+            eps=t.adam_eps,
             weight_decay=t.weight_decay,
         )
         scheduler = warmup_scheduler(opt, t.warmup_steps)

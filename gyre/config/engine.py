@@ -162,6 +162,11 @@ class TrainerConfig(Config):
     from the checkpoint's is refused (`gyre.engines.schedule`)."""
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    """Adam's epsilon, added to sqrt(v) in the update's denominator (PyTorch's AdamW default).
+    Where a parameter's gradient RMS is far above it, every step moves that parameter by about
+    the full rate whatever its gradient's size; one near it (1e-5 is common in PPO code, e.g.
+    OpenAI Baselines' ppo2) damps the steps of parameters whose gradients are small."""
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     """Global gradient-norm clip (0 disables it)."""
@@ -195,6 +200,7 @@ class TrainerConfig(Config):
             learning_rate=self.learning_rate,
             keep_snapshots=self.keep_snapshots,
             train_timeout_s=self.train_timeout_s,
+            adam_eps=self.adam_eps,
         )
         if self.grad_clip < 0 or self.weight_decay < 0 or self.warmup_steps < 0:
             raise ValueError(

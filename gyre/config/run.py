@@ -123,6 +123,7 @@ RESUME_FIXED = (
     "trainer.grad_clip",
     "trainer.adam_beta1",
     "trainer.adam_beta2",
+    "trainer.adam_eps",
     "trainer.dtype",
 )
 """The settings that decide which data a run trains on and the loss and update it trains with

@@ -143,6 +143,7 @@ class DeepSpeedTrainer:
             model.parameters(),
             lr=config.learning_rate,
             betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
             weight_decay=config.weight_decay,
         )
         ds_config = {

@@ -74,7 +74,9 @@ def reference_backward(model, micro_batches, advantages, version: int) -> None:
 def trainer(tiny_model_dir):
     from gyre.engines.trainer import DeepSpeedTrainer
 
-    config = TrainerConfig(learning_rate=1e-3, grad_clip=0.0)
+    # adam_eps 1e-4 (not the default 1e-8) moves parameters with small gradients visibly less:
+    # the comparison with plain AdamW below fails if the setting does not reach the optimizer.
+    config = TrainerConfig(learning_rate=1e-3, grad_clip=0.0, adam_eps=1e-4)
     return DeepSpeedTrainer(tiny_model_dir, config, PolicyObjective(RLConfig()))
 
 
@@ -86,7 +88,7 @@ def test_step_equals_plain_torch_adamw(trainer, tiny_model_dir) -> None:
     )
     reference.load_state_dict(trainer.model.state_dict())
     optimizer = torch.optim.AdamW(
-        reference.parameters(), lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0
+        reference.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-4, weight_decay=0.0
     )
     micro_batches, advantages = batch_of_two(trainer.version)
     assert len(micro_batches) == 2  # two micro-batches accumulate into one step
@@ -193,6 +195,8 @@ def test_warmup_steps_scale_the_rate_and_resume_from_a_checkpoint(
         assert worst <= 1e-6, step
     with pytest.raises(ValueError, match="warmup_steps=-1"):
         TrainerConfig(warmup_steps=-1)
+    with pytest.raises(ValueError, match="adam_eps=0"):
+        TrainerConfig(adam_eps=0.0)
 
 
 @pytest.mark.parametrize(
