@@ -635,3 +635,14 @@ def test_a_suite_with_no_task_that_fits_the_context_stops_before_anything(tmp_pa
     check_context_fit(
         make_config(tmp_path, engine={"max_model_len": shortest + 1}, **sections), tiny_model_dir
     )  # one token more: the shortest fits
+
+
+def test_a_missing_suite_folder_is_named_by_its_setting_before_anything_is_built(tmp_path):
+    """The error named only the folder; a user with several suites had to guess which line."""
+    from gyre.errors import TaskError
+
+    good = "examples/tasks/learnable-long"
+    config = make_config(tmp_path, tasks={"suites": [good, str(tmp_path / "nope")]})
+    with pytest.raises(TaskError, match=r"^tasks\.suites\[1\] = '.*nope': .*nope: suite folder"):
+        run(config)
+    assert nothing_built(tmp_path)

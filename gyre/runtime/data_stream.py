@@ -1,6 +1,7 @@
 """The run's data: which tasks are trained, which are held out, in what order, and how they scored.
 
-Owns `split_tasks` (training and held-out tasks of the configured suites), `split_digest` (what a
+Owns `configured_tasks` (every task of the configured suites, a bad suite named by its setting),
+`split_tasks` (training and held-out tasks of the configured suites), `split_digest` (what a
 resume compares them by), `pick_tasks` (the data stream: a seeded shuffle of the training tasks
 per epoch), `pass_rate` (a list of executions' pass rate and mean score), `evaluated` (whether
 `metrics.jsonl` holds an evaluation at a step) and `resume_log` (the one streaming pass a restart
@@ -19,25 +20,43 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gyre.config import RunConfig
-from gyre.errors import ConfigError
+from gyre.errors import ConfigError, TaskError
 from gyre.runtime.checkpoint import ExecutionLedger
 from gyre.runtime.metrics import EvalMetrics, read_metrics
 from gyre.runtime.rollout import Executed
 from gyre.tasks.task import Task, load_suite
 from gyre.tito.log import LogContents, read_log
 
-__all__ = ["split_tasks", "split_digest", "pick_tasks", "pass_rate", "evaluated", "resume_log"]
+__all__ = [
+    "configured_tasks",
+    "split_tasks",
+    "split_digest",
+    "pick_tasks",
+    "pass_rate",
+    "evaluated",
+    "resume_log",
+]
 
 logger = logging.getLogger(__name__)
+
+
+def configured_tasks(config: RunConfig) -> list[Task]:
+    """Every task of `config.tasks.suites`, sorted by task id. Raises `TaskError` naming the
+    setting (`tasks.suites[i]`) for a suite that is missing or holds an invalid task."""
+    tasks = []
+    for i, suite in enumerate(config.tasks.suites):
+        try:
+            tasks += load_suite(suite)
+        except TaskError as exc:
+            raise TaskError(f"tasks.suites[{i}] = {suite!r}: {exc}") from None
+    return sorted(tasks, key=lambda t: t.task_id)
 
 
 def split_tasks(config: RunConfig) -> tuple[list[Task], list[Task]]:
     """(training tasks, held-out tasks): every task of the configured suites, by task id;
     `heldout_tasks` of them, drawn by a fixed seed (the same split for every run seed), are held
-    out. Raises `ConfigError` when no training task is left."""
-    tasks = sorted(
-        (t for suite in config.tasks.suites for t in load_suite(suite)), key=lambda t: t.task_id
-    )
+    out. Raises `ConfigError` when no training task is left, `TaskError` for a bad suite."""
+    tasks = configured_tasks(config)
     k = config.loop.heldout_tasks
     held = set(random.Random("gyre-heldout").sample(range(len(tasks)), min(k, len(tasks))))
     train = [t for i, t in enumerate(tasks) if i not in held]

@@ -37,9 +37,9 @@ from starlette.routing import Route
 from gyre._asgi import serve_asgi
 from gyre.config import GatewayConfig, RunConfig
 from gyre.errors import GyreError, ProxyError
+from gyre.runtime.data_stream import configured_tasks
 from gyre.runtime.external import ExternalRollout
 from gyre.tasks.outcome import Outcome
-from gyre.tasks.task import load_suite
 from gyre.tito.openai_requests import proxy_error
 from gyre.tito.proxy import TitoProxy
 from gyre.tito.wire import error_body
@@ -241,7 +241,7 @@ async def open_gateway(
     `config.tasks.suites`) with its `ExecutionApi` served on `gateway.host:port`; its address and
     the proxy's are written to `<run_dir>/gateway.json` (`url`, `base_url`; never the token)
     and printed. Stops serving on exit. Raises `OSError` when the address cannot be bound."""
-    task_ids = [t.task_id for suite in config.tasks.suites for t in load_suite(suite)]
+    task_ids = [t.task_id for t in configured_tasks(config)]
     rollout = ExternalRollout.from_config(
         config, proxy, base_url=base_url, max_concurrent=max_concurrent, task_ids=task_ids
     )
