@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 
+from gyre.errors import GyreError
 from gyre.runtime.batch_formation import Group
 from gyre.runtime.cell_handle import DrivenCell
 from gyre.runtime.weight_version import WeightVersion
@@ -79,13 +80,20 @@ async def train_group(
 
 async def send_gradients(satellite: DrivenCell, core: DrivenCell) -> None:
     """Move `satellite`'s accumulated gradient into `core`'s (both trainers locked; nothing to
-    do when it has none); the groups it trained go with it."""
+    do when it has none); the groups it trained go with it. Raises the first client's
+    `GyreError` itself, not inside an ExceptionGroup (the runtime drops a dead satellite on it),
+    with nothing moved."""
     async with satellite.lock, core.lock:
         if not satellite.has_grads:
             return
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(satellite.client.send_gradients, core.index)
-            tg.start_soon(core.client.receive_gradients, satellite.index)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(satellite.client.send_gradients, core.index)
+                tg.start_soon(core.client.receive_gradients, satellite.index)
+        except BaseExceptionGroup as group:
+            if all(isinstance(e, GyreError) for e in group.exceptions):
+                raise group.exceptions[0] from None
+            raise
         satellite.has_grads = False
         core.has_grads = True
         core.trained_groups += satellite.trained_groups

@@ -481,10 +481,14 @@ class Redirector(Generic[M]):
         """`engine.abort` on the attempt's member, at most `abort_timeout_s`; keeps what it
         returns. A member that cannot abort (it raised `EngineError` or did not answer in time) is
         no longer listened to (the tokens so far are what its stream brought), is marked down (the
-        attempt may still run there) and is counted in `aborts_failed`, with one warning."""
+        attempt may still run there) and is counted in `aborts_failed`, with one warning.
+
+        Shielded (it is bounded by `abort_timeout_s` itself): once `abort_sent` is set no other
+        path sends the abort, so one cancelled here would leave the cell sampling until the
+        attempt's stream is given up on."""
         leg.abort_sent = True
         try:
-            with anyio.fail_after(self.config.abort_timeout_s):
+            with anyio.CancelScope(shield=True), anyio.fail_after(self.config.abort_timeout_s):
                 leg.abort_result = await leg.member.engine.abort(leg.request_id)
         except (EngineError, TimeoutError) as exc:  # recovered: counted, the member marked down
             leg.scope.cancel()

@@ -225,7 +225,9 @@ async def _events(
             yield ch, start
             if ch.stop_string and all(c.finish is not None for c in call.choices):
                 call.producer.cancel()
-                with contextlib.suppress(EngineError):
+                # Shielded: the consumer's scope may be cancelled already (a close or disconnect
+                # in the same tick), and the engine must still stop sampling.
+                with anyio.CancelScope(shield=True), contextlib.suppress(EngineError):
                     await call.engine.abort(call.request_id)
                 return
 

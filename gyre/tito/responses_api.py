@@ -16,9 +16,10 @@ nothing about routes, keys or engines.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+import anyio
 import msgspec
 
 from gyre.tito.chat_api import Reply
@@ -300,39 +301,48 @@ class _ResponseEvents:
             "usage": None,
         }
 
-    async def translate(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        started = False
-        async for piece in chunks:
-            out: list[bytes] = []
-            for line in piece.split(b"\n\n"):
-                data = line.removeprefix(b"data: ")
-                if not data or data == b"[DONE]":
-                    continue
-                chunk = _CHUNK_DECODER.decode(data)
-                if "error" in chunk:
-                    err = chunk["error"]
-                    out.append(
-                        self._emit(
-                            "error",
-                            code=err.get("code"),
-                            message=err["message"],
-                            param=None,
-                            error=err,
+    async def translate(self, chunks: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+        """The Responses API events for the chat stream `chunks`. Closes `chunks` however it
+        ends, under a shield: the chat stream's own cleanup (recording what was sampled) must
+        run inside the request, not later in a finalizer after the call has left `InFlight`."""
+        try:
+            started = False
+            async for piece in chunks:
+                out: list[bytes] = []
+                for line in piece.split(b"\n\n"):
+                    data = line.removeprefix(b"data: ")
+                    if not data or data == b"[DONE]":
+                        continue
+                    chunk = _CHUNK_DECODER.decode(data)
+                    if "error" in chunk:
+                        err = chunk["error"]
+                        out.append(
+                            self._emit(
+                                "error",
+                                code=err.get("code"),
+                                message=err["message"],
+                                param=None,
+                                error=err,
+                            )
                         )
-                    )
-                    continue
-                if not started:
-                    started = True
-                    out.append(self._emit("response.created", response=self._shell("in_progress")))
-                    out.append(
-                        self._emit("response.in_progress", response=self._shell("in_progress"))
-                    )
-                if chunk["choices"]:
-                    out += self._delta(chunk["choices"][0])
-                else:  # the usage chunk: the call is recorded
-                    out += self._finish()
-            if out:
-                yield b"".join(out)
+                        continue
+                    if not started:
+                        started = True
+                        out.append(
+                            self._emit("response.created", response=self._shell("in_progress"))
+                        )
+                        out.append(
+                            self._emit("response.in_progress", response=self._shell("in_progress"))
+                        )
+                    if chunk["choices"]:
+                        out += self._delta(chunk["choices"][0])
+                    else:  # the usage chunk: the call is recorded
+                        out += self._finish()
+                if out:
+                    yield b"".join(out)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await chunks.aclose()
 
     def _open(self, kind: str) -> list[bytes]:
         """`output_item.added` and `content_part.added` of the next item (reasoning or message:

@@ -19,6 +19,7 @@ import pytest
 from gyre.agents.longtail import LongtailSettings, draw_plan, longtail_command, plan_seed
 from gyre.config import config_from_dict
 from gyre.engines.scripted import ScriptedEngine
+from gyre.errors import EngineUnavailableError
 from gyre.model.recipe import build_tokenizer
 from gyre.report.live import RuntimeFeed
 from gyre.runtime.cell_handle import CellHandle
@@ -194,6 +195,43 @@ async def test_a_cell_killed_mid_rollout_is_dropped_and_nothing_is_lost(tmp_path
     assert (
         fakes[2].engine.statistics().requests_total == calls_at_kill["n"]
     )  # nothing more went there
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # slow tier: the node's backend only
+async def test_a_satellite_that_dies_sending_its_gradient_is_dropped(tmp_path: Path) -> None:
+    """The gradient send runs in a task group (satellite sends, core receives), which raised the
+    satellite's error inside an ExceptionGroup; the step's `except GyreError` missed it and the
+    run crashed instead of dropping the cell (found by an audit). Colocate: every cell trains
+    every batch; the first satellite to send dies, and its groups are trained again."""
+    tok = build_tokenizer()
+    fakes = make_cells(tok)
+    processes = {i: _Process() for i in (1, 2)}
+    sent = []
+
+    def dies_on_the_first_send(i: int):
+        send = fakes[i].send_gradients
+
+        async def send_gradients(dst):
+            if not sent:
+                sent.append(i)
+                processes[i].code = -9
+                fakes[i].role = "dead"  # its engine refuses from now on, as a dead process would
+                raise EngineUnavailableError(f"cell-{i} /send_gradients: connection refused")
+            await send(dst)
+
+        return send_gradients
+
+    for i in (1, 2):
+        fakes[i].send_gradients = dies_on_the_first_send(i)
+    runtime = await drive(config(tmp_path / "run", "colocate"), fakes, processes=processes)
+    (victim,) = sent
+    # Each batch trained once all the same; the dead cell's gradient is gone with its process.
+    check_accounting(runtime, [f for i, f in enumerate(fakes) if i != victim], tmp_path / "run")
+    assert [c.alive for c in runtime.cells] == [i != victim for i in range(3)]
+    stats = runtime.statistics()
+    assert stats.steps_done == STEPS and stats.cells_dead == 1
 
 
 class ChaosPolicy:

@@ -1058,3 +1058,39 @@ async def test_top_logprobs_pass_through_the_router_across_a_redirect() -> None:
     assert [t for d in deltas for t in d.top_ids or ()] == want.top_ids
     assert [t for d in deltas for t in d.top_logprobs or ()] == want.top_logprobs
     assert all(len(t) == 3 and t[0] == i for t, i in zip(want.top_ids, want.token_ids))
+
+
+class RoundTripAbort(ScriptedEngine):
+    """A scripted cell whose abort is a round trip (it checkpoints, as `CellClient.abort` does)."""
+
+    aborts_done = 0
+
+    async def abort(self, request_id: str):
+        await anyio.sleep(0.002)
+        out = await super().abort(request_id)
+        self.aborts_done += 1
+        return out
+
+
+async def test_an_abort_begun_under_a_cancel_still_reaches_the_cell(anyio_backend):
+    """The first abort of an attempt marks it sent; a later abort sends nothing. The first one
+    came from a consumer whose scope was already cancelled (a close in the same tick as a stop
+    string), its await raised at once, and the cell sampled on until `abort_timeout_s` (found by
+    an audit; 300 tokens in 2 s here). It is shielded now."""
+    engine = RoundTripAbort([ScriptedReply(token_ids=[5] * 2000)], token_delay_s=0.005)
+    request = GenerateRequest(
+        request_id="ex/c0", prompt_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=2000)
+    )
+    with anyio.fail_after(30):
+        async with Router({"a": engine}, config=RouterConfig(abort_timeout_s=20.0)) as router:
+            async with contextlib.aclosing(router.generate(request)) as stream:
+                for _ in range(5):
+                    await anext(stream)
+                with anyio.CancelScope() as scope:
+                    scope.cancel()
+                    await router.abort("ex/c0")  # raises Cancelled at once, caught by the scope
+                with anyio.CancelScope(shield=True):
+                    await router.abort("ex/c0")  # returns once the attempt has ended
+                assert engine.aborts_done == 1
+                assert engine.statistics().running_requests == 0
+    assert router.statistics().aborts_failed == 0
