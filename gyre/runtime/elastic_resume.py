@@ -120,10 +120,12 @@ def check_resume_config(
     the config's, before anything is started. The run's values are its last recorded launch's.
     Only a run that `trained` (it holds a checkpoint) is held to them: a start that failed before
     its first step trained nothing; and a run with no launch recorded (or only launches of an
-    older gyre) passes."""
+    older gyre) passes. A key the run's launch lacks (a setting added since; `trainer.adam_eps`)
+    held its default then: the behaviour of the gyre that recorded it."""
     recorded = next((x.settings for x in reversed(_read_launches(run_dir)) if x.settings), None)
     if recorded is None or not trained:
         return
+    recorded = {**resume_fixed(RunConfig()), **recorded}
     now = launch_settings(config, train, heldout)
     changed = [
         f"{key} = {now[key]!r} (the run: {recorded[key]!r})"

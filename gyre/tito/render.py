@@ -417,7 +417,11 @@ class ChatRenderer:
         )
 
     def _best_candidate(
-        self, state: RenderState, messages: list[ChatMessage], tools, limit: int = 256
+        self,
+        state: RenderState,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None,
+        limit: int = 256,
     ) -> tuple[Node | None, int]:
         """The recent chat choice sharing the most leading messages with `messages` (reply
         compared by what renders), and that count; one with the same `tools` goes first, and

@@ -325,6 +325,18 @@ async def test_a_resume_that_changes_what_the_run_trains_with_is_refused(tmp_pat
     # one task held out instead of trained: the split differs, however the suites are written
     with pytest.raises(ConfigError, match=r"tasks = \{'train': 31, 'heldout': 1, 'sha256': "):
         check_resume_config(run_dir, base, tasks[1:], tasks[:1], trained=True)
+    # A launch recorded before `trainer.adam_eps` existed trained at its default (PyTorch's
+    # 1e-8): a resume at another epsilon is refused, not let through for want of the key.
+    lines = (run_dir / LAUNCHES_FILE).read_bytes().splitlines()
+    older = msgspec.json.decode(lines[-1], type=Launch)
+    del older.settings["trainer.adam_eps"]
+    (run_dir / LAUNCHES_FILE).write_bytes(b"\n".join([*lines[:-1], msgspec.json.encode(older)]))
+    check_resume_config(run_dir, base, tasks, (), trained=True)
+    eps = msgspec.structs.replace(
+        base, trainer=msgspec.structs.replace(base.trainer, adam_eps=1e-5)
+    )
+    with pytest.raises(ConfigError, match=r"trainer\.adam_eps = 1e-05 \(the run: 1e-08\)\. "):
+        check_resume_config(run_dir, eps, tasks, (), trained=True)
 
 
 class _Core:

@@ -109,7 +109,10 @@ async def test_b29_closing_the_execution_records_its_calls_before_the_end_entry(
         assert json.loads(result["body"])["error"]["code"] == "execution_closed"
 
 
-async def test_a_record_begun_under_a_cancel_is_written_whole(tok, anyio_backend, tmp_path: Path):
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+async def test_a_record_begun_under_a_cancel_is_written_whole(
+    tok, anyio_backend, tmp_path: Path, stream: bool
+):
     """B29's cause in a streamed call: closing the execution cancels the stream's producer, the
     stream then ends as if finished and records the call inside the cancelled scope. The record
     marks the call recorded first, so a cancel at its log append lost it (only the end entry was
@@ -126,7 +129,7 @@ async def test_a_record_begun_under_a_cancel_is_written_whole(tok, anyio_backend
     proxy.recorder.record = record_under_a_cancel
     key = proxy.mint_key("cancelled")
     with anyio.fail_after(30):
-        status, _ = await asgi_post(proxy, CHAT, key, body(False))
+        status, _ = await asgi_post(proxy, CHAT, key, body(stream))
         summary = await proxy.close("cancelled")
     assert status == 200
     entries = frames(tmp_path / "calls.log")
