@@ -5,13 +5,11 @@ names load on first use (`gyre._lazy`), so `import gyre.agents.react` in an agen
 import the runtime and torch.
 """
 
-from __future__ import annotations
-
-import typing
+import typing as _typing
 
 from gyre._lazy import lazy_exports as _lazy_exports
 
-if typing.TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from gyre.config import RunConfig, load_config
     from gyre.job import run
 

@@ -37,6 +37,11 @@ def test_every_package_is_covered() -> None:
 def test_top_level_api() -> None:
     assert sorted(gyre.__all__) == ["RunConfig", "load_config", "run"]
     assert callable(gyre.run) and callable(gyre.load_config)
+    # `dir(gyre)` shows the API and gyre's own modules, not `typing` or `annotations`
+    public = [n for n in dir(gyre) if not n.startswith("_")]
+    modules = {n for n in public if isinstance(getattr(gyre, n), type(gyre))}
+    assert sorted(set(public) - modules) == ["RunConfig", "load_config", "run"]
+    assert all(getattr(gyre, m).__name__ == f"gyre.{m}" for m in modules)
 
 
 @pytest.mark.parametrize("name", [*PACKAGES, "gyre.errors"])
