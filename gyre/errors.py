@@ -5,7 +5,8 @@ Every error gyre raises on purpose derives from `GyreError`; user-input errors a
 library still catch them. Each class carries a stable `code` string, so it survives the cell wire
 (the cell server sends `{code, message}` and the client re-raises the same class,
 `error_from_code`), and the HTTP status and OpenAI error `type` the proxy answers with
-(`http_status`, `http_type`), so no caller maps errors to statuses by hand.
+(`http_status`, `http_type`), so no caller maps errors to statuses by hand. `grouped_errors`
+takes them out of the exception groups that task groups raise.
 
     GyreError                                 500  an unexpected gyre failure
     +-- ConfigError (ValueError)              400  a run config key or value is wrong; names the key
@@ -33,6 +34,7 @@ library still catch them. Each class carries a stable `code` string, so it survi
 from __future__ import annotations
 
 __all__ = [
+    "grouped_errors",
     "GyreError",
     "ConfigError",
     "TaskError",
@@ -223,6 +225,27 @@ _BY_CODE: dict[str, type[GyreError]] = {
     if not cls.__name__.startswith("_")
 }
 """Every public class of the tree by its `code` (a test checks the codes are unique)."""
+
+
+def grouped_errors(
+    exc: BaseException, kind: type[BaseException] = GyreError
+) -> list[BaseException]:
+    """The `kind` errors of an exception group that holds nothing else, nested groups flattened
+    in order (trio and anyio raise a task's error out of its task group wrapped in a group); []
+    for anything else, a bare exception included."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return []
+    match, rest = exc.split(kind)
+    if match is None or rest is not None:
+        return []
+    out, todo = [], [match]
+    while todo:
+        e = todo.pop()
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(reversed(e.exceptions))
+        else:
+            out.append(e)
+    return out
 
 
 def error_from_code(code: str, message: str) -> GyreError:

@@ -19,8 +19,8 @@ import sys
 import msgspec
 
 from gyre.config import load_config
-from gyre.errors import GyreError
-from gyre.node import _gyre_errors, _interrupted
+from gyre.errors import GyreError, grouped_errors
+from gyre.node import _interrupted
 
 __all__ = ["main"]
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gyre: error: {exc}", file=sys.stderr)
         return 2
     except BaseException as exc:
-        errors = _gyre_errors(exc)
+        errors = grouped_errors(exc)
         if errors:
             print(f"gyre: error: {'; '.join(str(e) for e in errors)}", file=sys.stderr)
             return 2

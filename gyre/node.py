@@ -18,7 +18,7 @@ import os
 import sys
 
 from gyre.config import load_config
-from gyre.errors import GyreError
+from gyre.errors import GyreError, grouped_errors
 
 __all__ = ["main"]
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gyre: error: {exc}", file=sys.stderr)
         return 2
     except BaseException as exc:
-        errors = _gyre_errors(exc)
+        errors = grouped_errors(exc)
         if errors:  # e.g. a cell that died, raised out of the driver's task groups
             print(f"gyre: error: {'; '.join(str(e) for e in errors)}", file=sys.stderr)
             return 2
@@ -133,24 +133,6 @@ def _join(head: str) -> int:
     from gyre.runtime.join import run_worker
 
     return anyio.run(run_worker, head, backend="trio")
-
-
-def _gyre_errors(exc: BaseException) -> list[GyreError]:
-    """The `GyreError`s of an exception group that holds nothing else (trio and anyio raise
-    errors out of task groups wrapped in groups); [] when it holds anything else."""
-    if not isinstance(exc, BaseExceptionGroup):
-        return []
-    match, rest = exc.split(GyreError)
-    if match is None or rest is not None:
-        return []
-    out, todo = [], [match]
-    while todo:
-        e = todo.pop()
-        if isinstance(e, BaseExceptionGroup):
-            todo.extend(reversed(e.exceptions))
-        else:
-            out.append(e)
-    return out
 
 
 def _interrupted(exc: BaseException) -> bool:

@@ -39,7 +39,7 @@ def test_each_class_has_its_place_status_and_wire_code(name, base, status, type_
 
 
 def test_the_tree_is_complete_and_codes_are_unique():
-    classes = [n for n in errors.__all__ if n not in ("error_from_code",)]
+    classes = [n for n in errors.__all__ if n not in ("error_from_code", "grouped_errors")]
     assert sorted(classes) == sorted([*(row[0] for row in TREE), "ProxyError"])
     codes = [getattr(errors, n).code for n in classes]
     assert len(set(codes)) == len(codes)
@@ -50,3 +50,16 @@ def test_proxy_error_status_is_per_instance_and_unknown_codes_are_engine_errors(
     assert errors.ProxyError("x", status=503).http_status == 503
     assert errors.ProxyError("x", status=503).http_type == "server_error"
     assert type(errors.error_from_code("no_such_code", "m")) is errors.EngineError
+
+
+def test_grouped_errors_flattens_a_group_of_nothing_else_in_order():
+    from gyre.errors import ConfigError, EngineError, GyreError, grouped_errors
+
+    a, b, c = EngineError("a"), ConfigError("b"), EngineError("c")
+    nested = BaseExceptionGroup("outer", [a, BaseExceptionGroup("inner", [b, c])])
+    assert grouped_errors(nested) == [a, b, c]
+    assert grouped_errors(nested, EngineError) == []  # b is no EngineError
+    assert grouped_errors(BaseExceptionGroup("g", [a, c]), EngineError) == [a, c]
+    assert grouped_errors(ExceptionGroup("g", [a, ValueError("x")])) == []  # something else too
+    assert grouped_errors(BaseExceptionGroup("g", [a, KeyboardInterrupt()])) == []
+    assert grouped_errors(a) == [] and grouped_errors(GyreError("bare")) == []

@@ -42,6 +42,7 @@ from gyre.errors import (
     GyreError,
     WeightSyncError,
     error_from_code,
+    grouped_errors,
 )
 from gyre.runtime.cell_inbox import DeltaInbox, Outbox, expire_inboxes
 from gyre.runtime.cell_process import (
@@ -574,10 +575,8 @@ async def open_cells(
                 if remote is not None:
                     tg.start_soon(wait_remote)
         except BaseExceptionGroup as group:
-            if all(isinstance(e, EngineError) for e in group.exceptions):
-                raise group.exceptions[
-                    0
-                ] from None  # the first failure, as `wait_cell_ready` raises it
+            if errors := grouped_errors(group, EngineError):
+                raise errors[0] from None  # the first failure, as `wait_cell_ready` raises it
             raise
         async with AsyncExitStack() as stack:
             cells = [

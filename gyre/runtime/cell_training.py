@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from gyre.errors import GyreError
+from gyre.errors import grouped_errors
 from gyre.runtime.batch_formation import Group
 from gyre.runtime.cell_handle import DrivenCell
 from gyre.runtime.weight_version import WeightVersion
@@ -91,8 +91,8 @@ async def send_gradients(satellite: DrivenCell, core: DrivenCell) -> None:
                 tg.start_soon(satellite.client.send_gradients, core.index)
                 tg.start_soon(core.client.receive_gradients, satellite.index)
         except BaseExceptionGroup as group:
-            if all(isinstance(e, GyreError) for e in group.exceptions):
-                raise group.exceptions[0] from None
+            if errors := grouped_errors(group):
+                raise errors[0] from None
             raise
         satellite.has_grads = False
         core.has_grads = True
