@@ -94,6 +94,8 @@ async def asgi_post(
     `gone_after_s` after sending it (never: inf), or once `gone_when()` holds (polled every 5 ms:
     for a test that needs tokens sampled first, whatever the machine's load). Returns (status,
     response body: SSE chunks joined)."""
+    if gone_when is not None and gone_after_s != math.inf:
+        raise ValueError("asgi_post: give gone_after_s or gone_when, not both")
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     sent_body = False
     status, chunks = 0, []
