@@ -4,13 +4,15 @@ Owns `switch_role` (a cell's side of a role change, with the router told), `trai
 training cell takes one finished group's micro-batches, loading the published weights first when
 its trainer is behind) and `send_gradients` (a satellite's accumulated gradient into the core's).
 They hold the cells' trainer locks (a trainer is not reentrant) and update the driver's
-`DrivenCell` bookkeeping. Knows nothing about scheduling,
-batch formation or steps: the driver (`gyre.runtime.elastic`) decides which cell does what.
+`DrivenCell` bookkeeping; `load_published_weights` loads a step's weights on the rollout cells.
+Knows nothing about scheduling, batch formation or steps: the driver (`gyre.runtime.elastic`)
+decides which cell does what.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -20,7 +22,9 @@ from gyre.runtime.batch_formation import Group
 from gyre.runtime.cell_handle import DrivenCell
 from gyre.runtime.weight_version import WeightVersion
 
-__all__ = ["switch_role", "train_group", "send_gradients"]
+__all__ = ["switch_role", "load_published_weights", "train_group", "send_gradients"]
+
+logger = logging.getLogger(__name__)
 
 
 async def switch_role(
@@ -52,6 +56,28 @@ async def switch_role(
         version = weights.version
         await cell.client.load_weights(weights.snapshot, version)
         cell.engine_version = version
+
+
+async def load_published_weights(
+    router: Any, cells: Sequence[DrivenCell], weights: WeightVersion
+) -> dict[str, str]:
+    """Load the published `weights` on the router's rollout cells. A cell whose load fails is out of
+    service (field case B17: its engine may hold half-loaded weights) and is tried once more on its
+    own; a cell that loads serves again. Sets `engine_version` of each of `cells` in rollout that
+    loaded. Returns cell name -> why, for the cells whose load failed twice (still out of
+    service)."""
+    failed = await router.try_load_weights(weights.snapshot, weights.version)
+    if failed:
+        logger.warning(
+            "weight load of version %d failed on %s: trying those cells once more",
+            weights.version,
+            failed,
+        )
+        failed = await router.try_load_weights(weights.snapshot, weights.version, failed)
+    for cell in cells:
+        if cell.role == "rollout" and cell.name not in failed:
+            cell.engine_version = weights.version
+    return failed
 
 
 async def train_group(

@@ -44,11 +44,16 @@ from typing import Any
 import anyio
 
 from gyre.config import RunConfig
-from gyre.errors import CellDiedError, GyreError
+from gyre.errors import CellDiedError, GyreError, WeightSyncError
 from gyre.runtime.batch import group_batch
 from gyre.runtime.batch_formation import BatchFormation, Group
 from gyre.runtime.cell_handle import CellHandle, DrivenCell, confirm_death, wait_cell_deaths
-from gyre.runtime.cell_training import send_gradients, switch_role, train_group
+from gyre.runtime.cell_training import (
+    load_published_weights,
+    send_gradients,
+    switch_role,
+    train_group,
+)
 from gyre.runtime.data_stream import pick_tasks
 from gyre.runtime.evaluation import HeldoutEvaluation, hold
 from gyre.runtime.mechanics import assign_training, decide_until_idle, least_loaded
@@ -413,10 +418,10 @@ class ElasticRuntime:
             weights = self.weights
             weights.publish(result.version, result.snapshot)
             core.trainer_version = weights.version
-            await self.router.load_weights(weights.snapshot, weights.version)
+            failed = await load_published_weights(self.router, self._live(), weights)
             for cell in self._live():
-                if cell.role == "rollout":
-                    cell.engine_version = weights.version
+                if cell.name in failed:
+                    self._drop_unloaded(cell, failed[cell.name])
         self._activity(core, "idle")
         trained = [g.index for g in self.batches.step_groups]
         self._finish_step(result, t_step)
@@ -519,6 +524,9 @@ class ElasticRuntime:
     async def _switch(self, cell: DrivenCell, role: CellRole) -> None:
         try:
             await self._switch_roles(cell, role)
+        except WeightSyncError as exc:
+            if cell.alive:
+                self._drop_unloaded(cell, str(exc))
         except GyreError:
             if not await confirm_death(cell):
                 raise
@@ -553,20 +561,25 @@ class ElasticRuntime:
             for cell in await wait_cell_deaths(self._live, _WATCH_S):
                 self._lose(cell)
 
-    def _lose(self, cell: DrivenCell) -> None:
-        code = cell.process.poll()
+    def _drop_unloaded(self, cell: DrivenCell, why: str) -> None:
+        """A cell whose engine failed to load the published weights (B17: it may hold half-loaded
+        ones) is dropped like a dead cell; on the core cell the run stops."""
+        if cell is self.core:
+            raise WeightSyncError(f"core cell {cell.name}: {why}")
+        self._lose(cell, f"failed a weight load ({why})")
+
+    def _lose(self, cell: DrivenCell, why: str | None = None) -> None:
+        """Drop `cell` (`why`: what happened to it; None: its process exited)."""
+        why = why or f"died (exit {cell.process.poll()})"
         if cell is self.core:
             raise CellDiedError(
-                f"core cell {cell.name} died (exit {code}): "
-                "its weights and optimizer state are lost"
+                f"core cell {cell.name} {why}: its weights and optimizer state are lost"
             )
         logger.warning(
-            "cell %s died (exit %s): dropped; its executions move to the other cells",
-            cell.name,
-            code,
+            "cell %s %s: dropped; its executions move to the other cells", cell.name, why
         )
         cell.alive = False
-        self.router.retire(cell.name, f"process exited with {code}")
+        self.router.retire(cell.name, why)
         self._activity(cell, "idle")
         for execution_id in sorted(cell.executions):
             self._pin(execution_id, self._place(avoid=frozenset({cell.index})))

@@ -12,6 +12,7 @@ cell (`gyre.runtime.redirect`, `gyre.runtime.router`).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import get_args
 
 import anyio
@@ -233,9 +234,12 @@ class Membership:
         best.executions += 1
         return best
 
-    async def load_weights(self, snapshot: str, version: int) -> dict[str, str]:
-        """Load `snapshot` as `version` on every `rollout` cell at once (see `Router.load_weights`);
-        returns cell name -> why, for each cell that failed (and is now marked down)."""
+    async def load_weights(
+        self, snapshot: str, version: int, names: Collection[str] | None = None
+    ) -> dict[str, str]:
+        """Load `snapshot` as `version` on every `rollout` cell at once, or on those of them named
+        in `names` (see `Router.load_weights`); returns cell name -> why, for each cell that failed
+        (and is now marked down)."""
         failed: dict[str, str] = {}
 
         async def load(cell: CellMember) -> None:
@@ -250,7 +254,8 @@ class Membership:
 
         async with anyio.create_task_group() as tg:
             for cell in self.cells.values():
-                if cell.role == "rollout" and not cell.retired:
+                wanted = names is None or cell.name in names
+                if cell.role == "rollout" and not cell.retired and wanted:
                     tg.start_soon(load, cell)
         self.changed.notify()
         return failed

@@ -18,7 +18,7 @@ cell calls `set_role` first and switches the cell after it returns.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 
 import anyio
 import msgspec
@@ -372,10 +372,19 @@ class Router:
         (each bounded by its own engine's weight-load timeout). A cell that fails is marked down and
         gets no requests until a later load succeeds on it (field case B17); a down cell whose load
         succeeds serves again. Raises `WeightSyncError` naming every cell that failed and why."""
-        failed = await self._members.load_weights(snapshot, version)
+        failed = await self.try_load_weights(snapshot, version)
         if failed:
             raise WeightSyncError(f"weight load of version {version} failed on cells {failed}")
-        self._weight_loads += 1
+
+    async def try_load_weights(
+        self, snapshot: str, version: int, cells: Collection[str] | None = None
+    ) -> dict[str, str]:
+        """`load_weights` on the `rollout` cells named in `cells` (None: all of them); returns
+        cell name -> why, for each cell that failed (marked down), instead of raising."""
+        failed = await self._members.load_weights(snapshot, version, cells)
+        if not failed:
+            self._weight_loads += 1
+        return failed
 
     async def pause(self) -> None:
         """Refuse new requests (`EngineUnavailableError`); requests in flight run on. Cells are

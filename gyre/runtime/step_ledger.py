@@ -59,7 +59,8 @@ class RuntimeStatistics(msgspec.Struct, frozen=True, kw_only=True):
     weight_version: int
     """The published weight version."""
     roles: tuple[str, ...]
-    """Each cell's role, in cell order (`rollout`, `train`, `switching`, or `dead`)."""
+    """Each cell's role, in cell order (`rollout`, `train`, `switching`, or `dead`: dropped, its
+    process gone or its engine failed a weight load)."""
     cells_rollout: int
     cells_train: int
     cells_switching: int

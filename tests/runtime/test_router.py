@@ -723,6 +723,31 @@ async def test_weight_load_failure_takes_the_cell_out_until_a_load_succeeds() ->
         assert stats.cells_down == 0 and stats.weight_version == 2 and stats.weight_loads == 1
 
 
+async def test_try_load_weights_reports_failures_and_loads_only_the_named_cells() -> None:
+    class BadLoad(LoggingEngine):
+        fail = True
+
+        async def load_weights(self, snapshot: str, version: int) -> None:
+            if self.fail:
+                from gyre.errors import WeightSyncError
+
+                raise WeightSyncError(f"tensor 3 of {snapshot}: wrong shape")
+            await self.inner.load_weights(snapshot, version)
+
+    bad = BadLoad("a", scripted(0), [])
+    good = LoggingEngine("b", scripted(0), [])
+    async with Router({"a": bad, "b": good}) as router:
+        failed = await router.try_load_weights("snap1", 1)
+        assert failed == {"a": "tensor 3 of snap1: wrong shape"}
+        assert router.statistics().cells_down == 1 and good.inner.weight_version == 1
+        bad.fail = False
+        assert await router.try_load_weights("snap1", 1, ["a"]) == {}
+        stats = router.statistics()
+        assert stats.cells_down == 0 and bad.inner.weight_version == 1
+        assert {c.name: c.weight_version for c in stats.cells} == {"a": 1, "b": 1}
+        assert good.inner.statistics().weight_loads == 1  # `b` was not loaded again
+
+
 async def test_a_retired_cell_is_left_out_of_weight_loads_and_requests() -> None:
     """A cell whose process died is retired: later loads skip it (a dead cell fails every load,
     which stopped the run: faults.json `satellite_kill9`), it gets no requests, `mark_up` refuses
