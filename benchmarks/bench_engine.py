@@ -1,20 +1,26 @@
 """Engine overhead: tokens/s through gyre's engine protocol (cell process + client) vs vLLM direct.
 
-One engine at a time (an idle engine beside the measured one slows it down several times on 2
-cores): vLLM's AsyncLLM called in-process (`generate` with token prompts, DELTA outputs,
-sampled-token logprobs: what gyre asks of it); gyre's `CellClient` -> cell (one multiplexed delta
-stream) -> `VLLMEngine` -> its own AsyncLLM; then, at concurrency 32, an OpenAI `/v1/completions`
-client through gyre's `TitoProxy` + that cell, against vLLM's own OpenAI server
-(`vllm.entrypoints.openai.api_server`) on the same model. Every request decodes exactly
-`max_tokens` tokens (no stop IDs; `ignore_eos` for vLLM's server).
+Each round starts one cell process (`benchmarks.engine_host`: `python -m gyre.runtime.cell` plus a
+route that drives the same engine directly) and times, batch by batch in turn, vLLM's AsyncLLM
+called in that process (`generate` with token prompts, DELTA outputs, sampled-token logprobs: what
+gyre asks of it) and gyre's `CellClient` in this process -> the cell (one multiplexed delta
+stream) -> `VLLMEngine` -> the same AsyncLLM. Both paths thus run on one engine start: until
+2026-12-06 each path had an engine of its own, and how fast a start happened to run moved a
+ratio by up to 30% (committed runs gave 0.90-1.23 at one request for the same code). Then, at
+concurrency 32, an OpenAI `/v1/completions` client through gyre's `TitoProxy` + that cell, against
+vLLM's own OpenAI server (`vllm.entrypoints.openai.api_server`, its own engine start) on the same
+model. Every request decodes exactly `max_tokens` tokens (no stop IDs; `ignore_eos` for vLLM's
+server). One engine runs at a time.
 
 Writes benchmarks/results/engine.json: tokens/s per concurrency (1, 8, 32), `overhead_ratio_<n>` =
-gyre time / direct time (medians of `--rounds` x `--repeats` batches, every engine started afresh
-each round; goal <= 1.10; `per_round` keeps each round's own ratios),
+gyre time / direct time, the median over `--rounds` x `--repeats` pairs of adjacent batches on
+one engine (every engine started afresh each round; goal <= 1.10; `per_round` keeps each round's
+own; tokens/s are of the pooled median times),
 `proxy_vs_vllm_server_ratio_32` (goal <= 1.15; None with `vllm_server_error` when that server
 cannot start), how much the cell's wire batched (`stream_frames_per_write`,
 `generate_requests_per_post`), the CPU seconds per batch of 32 of the processes on each path
-(`direct_process_cpu_s_32`, `gyre_node_cpu_s_32`, `gyre_cell_cpu_s_32`; means over rounds,
+(`direct_process_cpu_s_32`: the cell process driving its engine directly; `gyre_node_cpu_s_32`,
+`gyre_cell_cpu_s_32`: this process and the cell's main process on gyre's path; means over rounds,
 steadier than wall time on a shared machine), and the scheduling facts the cell path depends on:
 `sched_autogroup_enabled` and `cells_share_node_sched_group`.
 
@@ -36,6 +42,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import msgspec
 
 from benchmarks.common import print_table, summarize, write_result
 from gyre.config import EngineConfig, KVTransferConfig, ModelConfig
@@ -44,34 +51,6 @@ from gyre.engines import GenerateRequest, SamplingParams, collect
 CONCURRENCY = (1, 8, 32)
 SERVER_CONCURRENCY = 32
 """Concurrency of the proxy-vs-vLLM-server comparison."""
-
-
-async def _direct(llm, prompts: list[list[int]], max_tokens: int, tag: str) -> int:
-    from vllm import SamplingParams as VSamplingParams
-    from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
-
-    params = VSamplingParams(
-        max_tokens=max_tokens,
-        temperature=1.0,
-        seed=0,
-        ignore_eos=True,
-        logprobs=0,
-        detokenize=False,
-        output_kind=RequestOutputKind.DELTA,
-    )
-    total = 0
-
-    async def one(i: int, ids: list[int]) -> None:
-        nonlocal total
-        async for out in llm.generate(TokensPrompt(prompt_token_ids=ids), params, f"{tag}-{i}"):
-            c = out.outputs[0]
-            total += len([c.logprobs[j][t].logprob for j, t in enumerate(c.token_ids)])
-
-    async with anyio.create_task_group() as tg:
-        for i, ids in enumerate(prompts):
-            tg.start_soon(one, i, ids)
-    return total
 
 
 async def _gyre(engine, prompts: list[list[int]], max_tokens: int, tag: str) -> int:
@@ -100,30 +79,85 @@ def _cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _measure(
-    run,
-    prompts,
-    repeats: int,
-    max_tokens: int,
-    out: dict[int, list[float]],
-    tag: str,
-    cpu: dict[str, int | None] | None = None,
-) -> dict[str, float]:
-    """Warm `run` at every concurrency, then time `repeats` batches at each into `out[n]`
-    (seconds). Returns the CPU seconds per batch at the highest concurrency of each process in
-    `cpu` (name -> pid, None: this one), less noisy than wall time on a shared machine."""
+async def _paired(
+    engine, http: httpx.AsyncClient, cell_pid: int, prompts, repeats: int, max_tokens: int
+) -> dict:
+    """Warm both paths at every concurrency, then time `repeats` batches of each at each, the
+    paths in turn (direct then gyre, then gyre then direct, ...) on the one engine: direct is
+    `POST /bench/direct` (timed inside the cell process, `benchmarks.engine_host`), gyre is
+    `engine` (the node's `CellClient`). Returns seconds per batch by path and concurrency, and
+    the CPU seconds per batch at the highest concurrency of the direct path's process (the cell
+    process), and of gyre's node (this process) and cell main process."""
+    seconds: dict[str, dict[int, list[float]]] = {
+        path: {n: [] for n in CONCURRENCY} for path in ("direct", "gyre")
+    }
+    cpu: dict[str, list[float]] = {"direct": [], "node": [], "cell": []}
+
+    async def direct(n: int, tag: str, keep: bool = True) -> None:
+        body = {"prompts": prompts[:n], "max_tokens": max_tokens, "tag": tag}
+        r = await http.post("/bench/direct", json=body)
+        r.raise_for_status()
+        timed = r.json()
+        if keep:
+            seconds["direct"][n].append(timed["seconds"])
+            cpu["direct"].append(timed["cpu_s"])
+
+    async def gyre(n: int, tag: str, keep: bool = True) -> None:
+        node0, cell0 = _cpu_s(), _cpu_s(cell_pid)
+        t0 = time.perf_counter()
+        tokens = await _gyre(engine, prompts[:n], max_tokens, tag)
+        if keep:
+            seconds["gyre"][n].append(time.perf_counter() - t0)
+            cpu["node"].append(_cpu_s() - node0)
+            cpu["cell"].append(_cpu_s(cell_pid) - cell0)
+        assert tokens == n * max_tokens, tokens
+
     for n in CONCURRENCY:
-        await run(prompts[:n], f"warm-{tag}{n}")
-    used: dict[str, float] = {}
+        await direct(n, f"warm-d{n}", keep=False)
+        await gyre(n, f"warm-g{n}", keep=False)
     for n in CONCURRENCY:
-        if n == CONCURRENCY[-1]:
-            used = {name: -_cpu_s(pid) for name, pid in (cpu or {}).items()}
+        if n == CONCURRENCY[-1]:  # CPU is counted at the highest concurrency only
+            for samples in cpu.values():
+                samples.clear()
         for r in range(repeats):
-            t0 = time.perf_counter()
-            tokens = await run(prompts[:n], f"{tag}{n}-{r}")
-            out[n].append(time.perf_counter() - t0)
-            assert tokens == n * max_tokens, tokens
-    return {name: (s + _cpu_s((cpu or {})[name])) / repeats for name, s in used.items()}
+            for run in (direct, gyre) if r % 2 == 0 else (gyre, direct):
+                await run(n, f"{run.__name__[0]}{n}-{r}")
+    return {
+        "direct_s": seconds["direct"],
+        "gyre_s": seconds["gyre"],
+        "cpu": {name: statistics.fmean(samples) for name, samples in cpu.items()},
+    }
+
+
+def _spawn_host(model_dir: Path, config: EngineConfig, log_path: Path):
+    """Start `benchmarks.engine_host` (gyre's cell process plus the direct route) as `spawn_cell`
+    starts a cell: its own process group in this process's session."""
+    from gyre.runtime.cell_process import CellProcess, cell_kv_config
+    from gyre.runtime.cell_wire import cell_secret
+
+    port_file = Path(tempfile.mkdtemp(prefix="bench-engine-host-")) / "port"
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.engine_host",
+        "--model",
+        str(model_dir),
+        "--engine-config",
+        msgspec.json.encode(cell_kv_config(config)).decode(),
+        "--port-file",
+        str(port_file),
+    ]
+    cell_secret()  # in our environment before the cell inherits it
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+    return CellProcess(process=process, port_file=port_file, log_path=log_path)
 
 
 def _autogroup(pid: int) -> str | None:
@@ -315,45 +349,23 @@ async def _round(
     max_tokens: int,
     log_dir: Path,
 ) -> dict:
-    """One round: the direct engine, then a cell (engine protocol, then the proxy), then vLLM's
-    server, each started, timed `repeats` times and stopped before the next starts."""
-    from vllm.v1.engine.async_llm import AsyncLLM
+    """One round: one cell process (`benchmarks.engine_host`), timed direct and through gyre's
+    protocol in turn, then through the proxy; then vLLM's own server. One engine runs at a time:
+    an idle vLLM engine beside the measured one took 2-7x off the measured path on 2 cores
+    (2026-12-01: gyre 55 tok/s at concurrency 1 with the direct engine alive, 344 tok/s alone)."""
+    from gyre.runtime.cell_client import CellClient, wait_cell_ready
+    from gyre.runtime.cell_wire import cell_secret
 
-    from gyre.engines.vllm_params import engine_args
-    from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
-
-    direct_s: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
-    gyre_s: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
-    # One engine at a time: an idle vLLM engine beside the measured one took 2-7x off the measured
-    # path on 2 cores (measured 2026-12-01: gyre 55 tok/s at concurrency 1 with the direct engine
-    # alive, 344 tok/s alone), which no alternation within one engine's life cancels.
-    llm = AsyncLLM.from_engine_args(engine_args(str(model_dir), config))
-    try:
-        direct_cpu = await _measure(
-            lambda ps, tag: _direct(llm, ps, max_tokens, tag),
-            prompts,
-            repeats,
-            max_tokens,
-            direct_s,
-            "d",
-            cpu={"node": None},
-        )
-    finally:
-        llm.shutdown()
-    cell = spawn_cell(model_dir, config, log_path=log_dir / "cell.log")
+    cell = _spawn_host(model_dir, config, log_dir / "cell.log")
     try:
         url = await anyio.to_thread.run_sync(wait_cell_ready, cell, config.startup_timeout_s)
         groups = sched_groups(cell.process.pid)
-        async with CellClient(url, config) as engine:
-            gyre_cpu = await _measure(
-                lambda ps, tag: _gyre(engine, ps, max_tokens, tag),
-                prompts,
-                repeats,
-                max_tokens,
-                gyre_s,
-                "g",
-                cpu={"node": None, "cell": cell.process.pid},
-            )
+        auth = {"Authorization": f"Bearer {cell_secret()}"}
+        async with (
+            CellClient(url, config) as engine,
+            httpx.AsyncClient(base_url=url, headers=auth, timeout=600) as http,
+        ):
+            paired = await _paired(engine, http, cell.process.pid, prompts, repeats, max_tokens)
             proxy_s = await _proxy_path(
                 engine, model_dir, prompts[:SERVER_CONCURRENCY], repeats, max_tokens
             )
@@ -369,13 +381,12 @@ async def _round(
         log_dir / "vllm-server.log",
     )
     return {
-        "direct_s": direct_s,
-        "gyre_s": gyre_s,
+        "direct_s": paired["direct_s"],
+        "gyre_s": paired["gyre_s"],
         "proxy_s": proxy_s,
         "server_s": server_s,
         "server_error": server_error,
-        "direct_cpu": direct_cpu,
-        "gyre_cpu": gyre_cpu,
+        "cpu": paired["cpu"],
         "streamed": streamed,
         "groups": groups,
     }
@@ -383,6 +394,15 @@ async def _round(
 
 def _median_ratio(a: list[float], b: list[float] | None) -> float | None:
     return None if not b else statistics.median(a) / statistics.median(b)
+
+
+def _paired_ratio(rounds: list[dict], n: int) -> float:
+    """Median over every pair (the same repeat of one round: adjacent batches on one engine) of
+    gyre time / direct time at concurrency `n`. A ratio of medians pooled over rounds would mix
+    engine starts of different speeds (one round's direct batches took 0.13 s, another's 0.19)."""
+    return statistics.median(
+        g / d for r in rounds for g, d in zip(r["gyre_s"][n], r["direct_s"][n], strict=True)
+    )
 
 
 async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
@@ -416,13 +436,13 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
         numbers[f"gyre_s_{n}"] = g
         numbers[f"direct_tokens_per_s_{n}"] = n * max_tokens / d["median"]
         numbers[f"gyre_tokens_per_s_{n}"] = n * max_tokens / g["median"]
-        numbers[f"overhead_ratio_{n}"] = g["median"] / d["median"]
+        numbers[f"overhead_ratio_{n}"] = _paired_ratio(done, n)
         rows.append(
             {
                 "concurrency": n,
                 "direct tok/s": n * max_tokens / d["median"],
                 "gyre tok/s": n * max_tokens / g["median"],
-                "gyre/direct time": g["median"] / d["median"],
+                "gyre/direct time (paired)": numbers[f"overhead_ratio_{n}"],
             }
         )
     n = SERVER_CONCURRENCY
@@ -436,12 +456,8 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
     # CPU seconds per batch of 32: the direct path's one process (client + AsyncLLM's output
     # handling) against gyre's node (client) and cell main process (server + AsyncLLM's)
     top = CONCURRENCY[-1]
-    for key, path, name in (
-        ("direct_process", "direct_cpu", "node"),
-        ("gyre_node", "gyre_cpu", "node"),
-        ("gyre_cell", "gyre_cpu", "cell"),
-    ):
-        numbers[f"{key}_cpu_s_{top}"] = statistics.fmean(r[path][name] for r in done)
+    for key, name in (("direct_process", "direct"), ("gyre_node", "node"), ("gyre_cell", "cell")):
+        numbers[f"{key}_cpu_s_{top}"] = statistics.fmean(r["cpu"][name] for r in done)
     frames = sum(r["streamed"].stream_frames for r in done)
     writes = sum(r["streamed"].stream_writes for r in done)
     numbers["stream_frames_per_write"] = frames / max(writes, 1)
@@ -452,10 +468,7 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
     # the same ratios within each round (its own engine starts), to show the spread
     numbers["per_round"] = [
         {
-            **{
-                f"overhead_ratio_{n}": _median_ratio(r["gyre_s"][n], r["direct_s"][n])
-                for n in CONCURRENCY
-            },
+            **{f"overhead_ratio_{n}": _paired_ratio([r], n) for n in CONCURRENCY},
             f"proxy_vs_vllm_server_ratio_{SERVER_CONCURRENCY}": _median_ratio(
                 r["proxy_s"], r["server_s"]
             ),

@@ -1,0 +1,90 @@
+"""`python -m benchmarks.engine_host`: gyre's cell process with one benchmark route added.
+
+It runs `gyre.runtime.cell`'s own `main` (same arguments, start-up and serving) with
+`POST /bench/direct` added to the cell's aiohttp app: that route times batches sent straight to the
+cell engine's vLLM `AsyncLLM`, in this process, as a program using vLLM directly would. So
+`bench_engine` times the direct path and the path through the cell on one engine start, batch by
+batch in turn: how fast an engine start happens to run (direct alone: 0.128-0.194 s a request of 64
+tokens across starts on 2 cores, 2026-12-06) no longer lands in the ratio.
+
+`POST /bench/direct` body: {"prompts": [[token IDs]], "max_tokens": int, "tag": str}; answer:
+{"seconds": float (the batch's wall time), "cpu_s": float (this process's CPU seconds during it)}.
+Every request decodes exactly `max_tokens` tokens with the sampled token's logprob (what gyre asks
+of vLLM). Bearer-checked like the cell's other routes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import anyio
+from aiohttp import web
+
+import gyre.runtime.cell as cell_module
+from gyre.runtime.cell_api import CellAPI, cell_app
+
+__all__ = ["direct_batch", "main"]
+
+
+async def direct_batch(llm, prompts: list[list[int]], max_tokens: int, tag: str) -> int:
+    """Run `prompts` concurrently on vLLM's `AsyncLLM` `llm` (token prompts, DELTA outputs, the
+    sampled token's logprob, no detokenization, EOS ignored); returns the tokens decoded."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0,
+        seed=0,
+        ignore_eos=True,
+        logprobs=0,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+    total = 0
+
+    async def one(i: int, ids: list[int]) -> None:
+        nonlocal total
+        async for out in llm.generate(TokensPrompt(prompt_token_ids=ids), params, f"{tag}-{i}"):
+            c = out.outputs[0]
+            total += len([c.logprobs[j][t].logprob for j, t in enumerate(c.token_ids)])
+
+    async with anyio.create_task_group() as tg:
+        for i, ids in enumerate(prompts):
+            tg.start_soon(one, i, ids)
+    return total
+
+
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _app_with_direct(cell: CellAPI) -> web.Application:
+    app = cell_app(cell)
+
+    async def direct(request: web.Request) -> web.Response:
+        body = await request.json()
+        max_tokens = body["max_tokens"]
+        cpu0, t0 = _cpu_s(), time.perf_counter()
+        tokens = await direct_batch(cell.engine.llm, body["prompts"], max_tokens, body["tag"])
+        seconds, cpu_s = time.perf_counter() - t0, _cpu_s() - cpu0
+        expected = len(body["prompts"]) * max_tokens
+        if tokens != expected:
+            return web.Response(status=500, text=f"decoded {tokens} tokens, not {expected}")
+        return web.json_response({"seconds": seconds, "cpu_s": cpu_s})
+
+    app.router.add_post("/bench/direct", direct)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    cell_module.cell_app = _app_with_direct  # `serve` builds its app with this name
+    return cell_module.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
