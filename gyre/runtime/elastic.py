@@ -22,7 +22,8 @@ Cells (`CellHandle`, tracked as `DrivenCell`s, `gyre.runtime.cell_handle`): anyt
 `CellClient` methods and, optionally, a process to watch. Cell 0 is the core. A cell whose
 process dies (also mid-switch or mid-training) is dropped: its executions move to the survivors
 (beyond their capacity until they finish), groups its trainer held are trained again; losing the
-core stops the run with `CellDiedError`.
+core stops the run with `CellDiedError`. A cell whose engine fails a weight load is dropped too
+(a step's load after a second try); the core or the last cell rolling out stops the run.
 
 Held-out evaluations run on rollout cells; while one is due or running the driver holds the step
 (`gyre.runtime.evaluation`). Trained groups are released when their step ends. One cell is the
@@ -421,7 +422,8 @@ class ElasticRuntime:
             failed = await load_published_weights(self.router, self._live(), weights)
             for cell in self._live():
                 if cell.name in failed:
-                    self._drop_unloaded(cell, failed[cell.name])
+                    why = f"weight load of version {weights.version} failed twice"
+                    self._drop_unloaded(cell, f"{why}: {failed[cell.name]}")
         self._activity(core, "idle")
         trained = [g.index for g in self.batches.step_groups]
         self._finish_step(result, t_step)
@@ -563,9 +565,11 @@ class ElasticRuntime:
 
     def _drop_unloaded(self, cell: DrivenCell, why: str) -> None:
         """A cell whose engine failed to load the published weights (B17: it may hold half-loaded
-        ones) is dropped like a dead cell; on the core cell the run stops."""
-        if cell is self.core:
-            raise WeightSyncError(f"core cell {cell.name}: {why}")
+        ones) is dropped like a dead cell; the run stops if it is the core or no other rolls out."""
+        others = [c for c in self._live() if c is not cell and "rollout" in (c.role, c.target)]
+        if cell is self.core or not others:
+            who = "the core cell" if cell is self.core else "the last cell to roll out"
+            raise WeightSyncError(f"{cell.name}, {who}: {why}")
         self._lose(cell, f"failed a weight load ({why})")
 
     def _lose(self, cell: DrivenCell, why: str | None = None) -> None:

@@ -3,8 +3,9 @@
 Before, the step's `Router.load_weights` raised `WeightSyncError` out of the step and the run
 stopped, even with other cells serving. Now the failed cell is out of service, tried once more,
 and dropped like a dead cell when it fails again (its engine may hold half-loaded weights); a
-satellite whose load fails while it switches to rollout is dropped too; on the core cell the run
-stops with the error. Cells are `fake_cells.FakeTrainingCell` doubles, as in `test_elastic`.
+satellite whose load fails while it switches to rollout is dropped too; on the core cell, or when
+no other cell rolls out, the run stops with the error. Cells are `fake_cells.FakeTrainingCell`
+doubles, as in `test_elastic`.
 """
 
 from __future__ import annotations
@@ -106,5 +107,20 @@ async def test_a_core_cell_that_fails_its_load_stops_the_run(tmp_path: Path) -> 
         await drive(config(tmp_path / "run", "colocate"), fakes)
     (error,) = grouped_errors(caught.value) or [caught.value]
     assert isinstance(error, WeightSyncError)
-    assert str(error).startswith("core cell cell-0: cell 0: tensor 3 of ")
+    assert str(error).startswith("cell-0, the core cell: cell 0: tensor 3 of ")
     assert str(error).endswith("/v1: wrong shape")
+
+
+async def test_the_last_cell_to_roll_out_that_fails_its_load_stops_the_run(tmp_path: Path) -> None:
+    # async, 2 cells: the core trains throughout and cell 1 is the only one rolling out; dropping
+    # it would leave the run waiting for rollouts that never come
+    fakes = make_cells(build_tokenizer(), n=2)
+    tries = fail_loads(fakes[1], None)
+    with pytest.raises(BaseException) as caught:
+        await drive(config(tmp_path / "run", "async"), fakes)
+    (error,) = grouped_errors(caught.value) or [caught.value]
+    assert isinstance(error, WeightSyncError)
+    assert str(error).startswith(
+        "cell-1, the last cell to roll out: weight load of version 1 failed twice: cell 1: "
+    )
+    assert tries == [(1, False), (1, False)]
