@@ -269,3 +269,33 @@ async def test_a_joined_call_outlives_its_first_client_and_aborts_with_its_last(
     assert (stats.retries_joined, stats.disconnect_aborts) == (2, 1)
     summary = await proxy.close("join")  # no retry can come now: it is recorded before the end
     assert summary.num_calls == 2 and proxy.statistics().retries_superseded == 0
+
+
+async def test_b29_a_streamed_responses_call_is_aborted_before_its_request_ends(
+    tok, anyio_backend, tmp_path: Path
+):
+    """B29 through the Responses API, which streams by translating a chat stream: when the client
+    leaves, the engine has stopped by the time the request returns (read before any other task
+    runs), and closing the execution records what was sampled, once, before the end entry. (The
+    translation also closes the chat stream itself, 7a8b91f; this test passes without that too:
+    the stream's cleanup ran in time from its finalizer.)"""
+    engine, ids = slow_engine(tok)
+    proxy = make_proxy(tok, engine, log_path=str(tmp_path / "calls.log"))
+    key = proxy.mint_key("b29")
+    request = {"model": "gyre", "input": "write", "stream": True}
+    with anyio.fail_after(30):
+        sampled = lambda: engine.statistics().tokens_generated >= 10  # noqa: E731
+        status, _ = await asgi_post(proxy, "/v1/responses", key, request, gone_when=sampled)
+        # no checkpoint between the request's end and these reads
+        stats, engine_stats = proxy.statistics(), engine.statistics()
+        summary = await proxy.close("b29")
+    assert status == 200
+    assert (stats.disconnect_aborts, stats.in_flight) == (1, 0)
+    assert engine_stats.running_requests == 0 and engine_stats.tokens_generated < len(ids)
+    entries = frames(tmp_path / "calls.log")
+    assert [type(e) for e in entries] == [CallEntry, EndEntry]
+    call = entries[0].call
+    assert call.finish_reason == "abort"
+    assert 0 < len(call.completion_ids) < len(ids)
+    assert call.completion_ids == ids[: len(call.completion_ids)]
+    assert summary.num_calls == 1
