@@ -42,13 +42,14 @@ from pathlib import Path
 
 import anyio
 import httpx
-import msgspec
 
 from benchmarks.common import print_table, summarize, write_result
 from gyre.config import EngineConfig, KVTransferConfig, ModelConfig
 from gyre.engines import GenerateRequest, SamplingParams, collect
 
 CONCURRENCY = (1, 8, 32)
+HOST_MODULE = "benchmarks.engine_host"
+"""The cell process the benchmark starts: gyre's cell plus the direct route."""
 SERVER_CONCURRENCY = 32
 """Concurrency of the proxy-vs-vLLM-server comparison."""
 
@@ -127,37 +128,6 @@ async def _paired(
         "gyre_s": seconds["gyre"],
         "cpu": {name: statistics.fmean(samples) for name, samples in cpu.items()},
     }
-
-
-def _spawn_host(model_dir: Path, config: EngineConfig, log_path: Path):
-    """Start `benchmarks.engine_host` (gyre's cell process plus the direct route) as `spawn_cell`
-    starts a cell: its own process group in this process's session."""
-    from gyre.runtime.cell_process import CellProcess, cell_kv_config
-    from gyre.runtime.cell_wire import cell_secret
-
-    port_file = Path(tempfile.mkdtemp(prefix="bench-engine-host-")) / "port"
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.engine_host",
-        "--model",
-        str(model_dir),
-        "--engine-config",
-        msgspec.json.encode(cell_kv_config(config)).decode(),
-        "--port-file",
-        str(port_file),
-    ]
-    cell_secret()  # in our environment before the cell inherits it
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            process_group=0,
-            cwd=Path(__file__).resolve().parents[1],
-        )
-    return CellProcess(process=process, port_file=port_file, log_path=log_path)
 
 
 def _autogroup(pid: int) -> str | None:
@@ -353,10 +323,10 @@ async def _round(
     protocol in turn, then through the proxy; then vLLM's own server. One engine runs at a time:
     an idle vLLM engine beside the measured one took 2-7x off the measured path on 2 cores
     (2026-12-01: gyre 55 tok/s at concurrency 1 with the direct engine alive, 344 tok/s alone)."""
-    from gyre.runtime.cell_client import CellClient, wait_cell_ready
+    from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
     from gyre.runtime.cell_wire import cell_secret
 
-    cell = _spawn_host(model_dir, config, log_dir / "cell.log")
+    cell = spawn_cell(model_dir, config, log_path=log_dir / "cell.log", module=HOST_MODULE)
     try:
         url = await anyio.to_thread.run_sync(wait_cell_ready, cell, config.startup_timeout_s)
         groups = sched_groups(cell.process.pid)

@@ -89,13 +89,17 @@ def spawn_cell(
     group_store: str | None = None,
     env: dict[str, str] | None = None,
     devices_per_cell: int = 1,
+    module: str = "gyre.runtime.cell",
 ) -> CellProcess:
     """Start a cell worker process (returns at once; see `wait_cell_ready`). With `trainer_config`
     the cell also holds a trainer on `model_dir`, over `devices_per_cell` ranks (processes); with
     `rank` (this cell's index), `world_size` (cells) and `group_store` ("HOST:PORT" of
     `host_group_store`) it joins the run-wide gradient group. `env` adds to the environment it
     inherits (`cell_devices`: its devices). A KV folder left empty in `config` (a run's is made by
-    `gyre.engines.kv_transport.open_kv_folder`) is this process's own (`cell_kv_config`)."""
+    `gyre.engines.kv_transport.open_kv_folder`) is this process's own (`cell_kv_config`).
+    `module` is the program run as `python -m MODULE` with the cell's arguments (a benchmark's
+    cell with routes of its own: `benchmarks.engine_host`); it must be importable from the
+    current folder or the installed packages."""
     config = cell_kv_config(config)
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +107,7 @@ def spawn_cell(
     cmd = [
         sys.executable,
         "-m",
-        "gyre.runtime.cell",
+        module,
         "--model",
         str(model_dir),
         "--engine-config",

@@ -695,18 +695,21 @@ async def test_n_choices_are_continued_each_from_its_own_tokens() -> None:
     }
 
 
+class _BadLoad(LoggingEngine):
+    """A `LoggingEngine` whose weight loads fail while `fail` is set."""
+
+    fail = True
+
+    async def load_weights(self, snapshot: str, version: int) -> None:
+        if self.fail:
+            from gyre.errors import WeightSyncError
+
+            raise WeightSyncError(f"tensor 3 of {snapshot}: wrong shape")
+        await self.inner.load_weights(snapshot, version)
+
+
 async def test_weight_load_failure_takes_the_cell_out_until_a_load_succeeds() -> None:
-    class BadLoad(LoggingEngine):
-        fail = True
-
-        async def load_weights(self, snapshot: str, version: int) -> None:
-            if self.fail:
-                from gyre.errors import WeightSyncError
-
-                raise WeightSyncError(f"tensor 3 of {snapshot}: wrong shape")
-            await self.inner.load_weights(snapshot, version)
-
-    bad = BadLoad("a", scripted(0), [])
+    bad = _BadLoad("a", scripted(0), [])
     good = scripted(0)
     async with Router({"a": bad, "b": good}) as router:
         from gyre.errors import WeightSyncError
@@ -724,17 +727,7 @@ async def test_weight_load_failure_takes_the_cell_out_until_a_load_succeeds() ->
 
 
 async def test_try_load_weights_reports_failures_and_loads_only_the_named_cells() -> None:
-    class BadLoad(LoggingEngine):
-        fail = True
-
-        async def load_weights(self, snapshot: str, version: int) -> None:
-            if self.fail:
-                from gyre.errors import WeightSyncError
-
-                raise WeightSyncError(f"tensor 3 of {snapshot}: wrong shape")
-            await self.inner.load_weights(snapshot, version)
-
-    bad = BadLoad("a", scripted(0), [])
+    bad = _BadLoad("a", scripted(0), [])
     good = LoggingEngine("b", scripted(0), [])
     async with Router({"a": bad, "b": good}) as router:
         failed = await router.try_load_weights("snap1", 1)
