@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from gyre.errors import grouped_errors
+from gyre.errors import WeightSyncError, grouped_errors
 from gyre.runtime.batch_formation import Group
 from gyre.runtime.cell_handle import DrivenCell
 from gyre.runtime.weight_version import WeightVersion
@@ -51,6 +51,9 @@ async def switch_role(
         version = weights.version
         await cell.client.switch_role("rollout", weights.snapshot, version)
         cell.engine_version = version
+    if not cell.alive:  # dropped meanwhile: a step's weight load failed on it
+        return
+    router.mark_up(cell.name)  # it loaded: back in service if a failed load took it out (B17)
     await router.set_role(cell.name, "rollout")
     while weights.is_stale(cell.engine_version):  # a step was published meanwhile
         version = weights.version
@@ -62,20 +65,31 @@ async def load_published_weights(
     router: Any, cells: Sequence[DrivenCell], weights: WeightVersion
 ) -> dict[str, str]:
     """Load the published `weights` on the router's rollout cells. A cell whose load fails is out of
-    service (field case B17: its engine may hold half-loaded weights) and is tried once more on its
-    own; a cell that loads serves again. Sets `engine_version` of each of `cells` in rollout that
+    service (field case B17: its engine may hold half-loaded weights; the router unpinned its
+    executions) and is tried once more on its own; a cell that loads then serves again, its
+    executions pinned to it again. Sets `engine_version` of each of `cells` in rollout that
     loaded. Returns cell name -> why, for the cells whose load failed twice (still out of
-    service)."""
-    failed = await router.try_load_weights(weights.snapshot, weights.version)
-    if failed:
+    service). Raises `WeightSyncError` when it failed twice on every rollout cell."""
+    first = await router.try_load_weights(weights.snapshot, weights.version)
+    failed = first
+    if first:
         logger.warning(
             "weight load of version %d failed on %s: trying those cells once more",
             weights.version,
-            failed,
+            first,
         )
-        failed = await router.try_load_weights(weights.snapshot, weights.version, failed)
-    for cell in cells:
-        if cell.role == "rollout" and cell.name not in failed:
+        failed = await router.try_load_weights(weights.snapshot, weights.version, first)
+    rollout = [c for c in cells if c.role == "rollout"]
+    if failed and all(c.name in failed for c in rollout):
+        raise WeightSyncError(
+            f"weight load of version {weights.version} failed twice on every rollout cell: "
+            f"{dict(sorted(failed.items()))}"
+        )
+    for cell in rollout:
+        if cell.name in first and cell.name not in failed:
+            for execution_id in sorted(cell.executions):
+                router.pin(execution_id, cell.name)
+        if cell.name not in failed:
             cell.engine_version = weights.version
     return failed
 

@@ -21,9 +21,9 @@ step.
 Cells (`CellHandle`, tracked as `DrivenCell`s, `gyre.runtime.cell_handle`): anything with the
 `CellClient` methods and, optionally, a process to watch. Cell 0 is the core. A cell whose
 process dies (also mid-switch or mid-training) is dropped: its executions move to the survivors
-(beyond their capacity until they finish), groups its trainer held are trained again; losing the
-core stops the run with `CellDiedError`. A cell whose engine fails a weight load is dropped too
-(a step's load after a second try); the core or the last cell rolling out stops the run.
+(beyond their capacity; suspended if only a switch will bring one), groups its trainer held are
+trained again; losing the core stops the run (`CellDiedError`). So is a cell whose engine fails
+a weight load (a step's, after a second try; the core's stops the run, docs/design.md).
 
 Held-out evaluations run on rollout cells; while one is due or running the driver holds the step
 (`gyre.runtime.evaluation`). Trained groups are released when their step ends. One cell is the
@@ -311,12 +311,10 @@ class ElasticRuntime:
 
     # -- executions -----------------------------------------------------------------------------
 
-    def _place(self, avoid: frozenset[int] = frozenset()) -> DrivenCell:
-        """The least loaded live rollout cell (index not in `avoid`) with room, else the least
-        loaded one beyond its capacity (the survivors of a lost cell take its executions)."""
+    def _place(self) -> DrivenCell:
+        """The least loaded live rollout cell with room, else the least loaded one."""
         live = self._live()
-        cell = least_loaded(live, capacity=self.capacity, avoid=avoid)
-        cell = cell or least_loaded(live, capacity=None, avoid=avoid)
+        cell = least_loaded(live, capacity=self.capacity) or least_loaded(live, capacity=None)
         if cell is None:
             raise RuntimeError(f"{self.policy.name}: no rollout cell to place an execution on")
         return cell
@@ -526,19 +524,22 @@ class ElasticRuntime:
     async def _switch(self, cell: DrivenCell, role: CellRole) -> None:
         try:
             await self._switch_roles(cell, role)
-        except WeightSyncError as exc:
-            if cell.alive:
-                self._drop_unloaded(cell, str(exc))
-        except GyreError:
-            if not await confirm_death(cell):
-                raise
-            if cell.alive:  # died mid-switch: dropped like any dead cell
+        except GyreError as exc:
+            if not cell.alive:  # dropped meanwhile (a step's weight load failed on it)
+                return
+            if await confirm_death(cell):  # died mid-switch: dropped like any dead cell
                 self._lose(cell)
+            elif isinstance(exc, WeightSyncError):
+                self._drop_unloaded(cell, str(exc))
+            else:
+                raise
 
     async def _switch_roles(self, cell: DrivenCell, role: CellRole) -> None:
         t0 = self._now()
         self._activity(cell, "switch", t0)
         await switch_role(cell, role, core=self.core, weights=self.weights, router=self.router)
+        if not cell.alive:
+            return
         self.switch_s.append(self._now() - t0)
         self.switches_done += 1
         self._set_role(cell, role)
@@ -579,15 +580,11 @@ class ElasticRuntime:
             raise CellDiedError(
                 f"core cell {cell.name} {why}: its weights and optimizer state are lost"
             )
-        logger.warning(
-            "cell %s %s: dropped; its executions move to the other cells", cell.name, why
-        )
+        logger.warning("cell %s %s: dropped; its executions move to the others", cell.name, why)
         cell.alive = False
         self.router.retire(cell.name, why)
         self._activity(cell, "idle")
-        for execution_id in sorted(cell.executions):
-            self._pin(execution_id, self._place(avoid=frozenset({cell.index})))
-        cell.executions.clear()
+        self.suspension.rehome(cell, self._live(), self._pin)
         if self.evaluation is not None:
             self.evaluation.move_off(cell, self.cells, self.router)
         for group in cell.trained_groups:  # its gradients died with it

@@ -59,6 +59,7 @@ class MembershipStatistics(msgspec.Struct, frozen=True, kw_only=True):
     executions: int
     executions_held: int
     holds: int
+    weight_loads_failed: int
     cells: tuple[CellRecord, ...]
 
 
@@ -107,6 +108,7 @@ class Membership:
         self.pins: dict[str, CellMember] = {}  # execution -> the member it is pinned to
         self.held: set[str] = set()  # suspended executions: their choices wait for a pin
         self.holds = 0  # times an execution was held, in all
+        self.weight_loads_failed = 0  # a cell's weight load failed (it was marked down)
         self.changed = Signal()
 
     def add(self, name: str, engine: InferenceEngine, role: CellRole) -> None:
@@ -236,17 +238,19 @@ class Membership:
 
     async def load_weights(
         self, snapshot: str, version: int, names: Collection[str] | None = None
-    ) -> dict[str, str]:
+    ) -> tuple[int, dict[str, str]]:
         """Load `snapshot` as `version` on every `rollout` cell at once, or on those of them named
-        in `names` (see `Router.load_weights`); returns cell name -> why, for each cell that failed
-        (and is now marked down)."""
+        in `names` (see `Router.load_weights`); returns how many cells were tried and cell name ->
+        why, for each cell that failed (and is now marked down)."""
         failed: dict[str, str] = {}
+        tried = 0
 
         async def load(cell: CellMember) -> None:
             try:
                 await cell.engine.load_weights(snapshot, version)
             except (EngineError, WeightSyncError) as exc:
                 failed[cell.name] = str(exc)
+                self.weight_loads_failed += 1
                 self.mark_down(cell, f"weight load of version {version} failed: {exc}")
                 return
             cell.weight_version = version
@@ -256,9 +260,10 @@ class Membership:
             for cell in self.cells.values():
                 wanted = names is None or cell.name in names
                 if cell.role == "rollout" and not cell.retired and wanted:
+                    tried += 1
                     tg.start_soon(load, cell)
         self.changed.notify()
-        return failed
+        return tried, failed
 
     def statistics(self) -> MembershipStatistics:
         """A snapshot of every cell and of the pins."""
@@ -285,6 +290,7 @@ class Membership:
             executions=len(self.pins),
             executions_held=len(self.held),
             holds=self.holds,
+            weight_loads_failed=self.weight_loads_failed,
             cells=cells,
         )
 

@@ -95,6 +95,8 @@ class RouterStatistics(EngineStatistics, frozen=True, kw_only=True):
     """Executions held now (`Router.hold`): their requests wait for their next pin."""
     holds: int = 0
     """Times an execution was held (suspended), in all."""
+    weight_loads_failed: int = 0
+    """Weight loads that failed on a cell (each marked the cell down until a load succeeds)."""
     cells: tuple[CellRecord, ...] = ()
     """Every cell, in the order they were added."""
 
@@ -380,9 +382,10 @@ class Router:
         self, snapshot: str, version: int, cells: Collection[str] | None = None
     ) -> dict[str, str]:
         """`load_weights` on the `rollout` cells named in `cells` (None: all of them); returns
-        cell name -> why, for each cell that failed (marked down), instead of raising."""
-        failed = await self._members.load_weights(snapshot, version, cells)
-        if not failed:
+        cell name -> why, for each cell that failed (marked down), instead of raising. A load of
+        all of them counts in `weight_loads` unless every cell tried failed."""
+        tried, failed = await self._members.load_weights(snapshot, version, cells)
+        if cells is None and (not failed or len(failed) < tried):
             self._weight_loads += 1
         return failed
 
