@@ -5,7 +5,9 @@ suspended first, and its counts. When a cell leaves rollout, `move_off` moves ea
 executions to the least loaded rollout cell that stays and has room, and suspends the others
 (`gyre.runtime.mechanics.move_off`, the rule `gyre.sim.engine` applies); `resume` puts them back,
 first in, first out, as soon as a rollout slot is free (`mechanics.resume_suspended`), before the
-policy dispatches anything new. A suspended execution is held in the `Router` (`Router.hold`): its
+policy dispatches anything new. `rehome` empties a lost cell (dead, or dropped after a failed
+weight load): its executions go to the survivors in rollout, or wait suspended for a cell
+switching to rollout. A suspended execution is held in the `Router` (`Router.hold`): its
 model calls in flight are aborted with their sampled tokens kept and its agent's requests wait,
 unanswered, until its next pin, where they continue from their tokens so far like a redirected
 call. Its agent runs on and its deadline still counts: one that ends while suspended is stopped
