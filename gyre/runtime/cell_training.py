@@ -54,11 +54,13 @@ async def switch_role(
     if not cell.alive:  # dropped meanwhile: a step's weight load failed on it
         return
     router.mark_up(cell.name)  # it loaded: back in service if a failed load took it out (B17)
+    router.note_weight_version(cell.name, version)
     await router.set_role(cell.name, "rollout")
     while weights.is_stale(cell.engine_version):  # a step was published meanwhile
         version = weights.version
         await cell.client.load_weights(weights.snapshot, version)
         cell.engine_version = version
+        router.note_weight_version(cell.name, version)
 
 
 async def load_published_weights(

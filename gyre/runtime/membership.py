@@ -42,7 +42,8 @@ class CellRecord(msgspec.Struct, frozen=True, kw_only=True):
     executions: int
     """Executions pinned to the cell (session affinity); 0 unless it rolls out."""
     weight_version: int
-    """Version last loaded through the router (or reported when the cell was added)."""
+    """Version last loaded through the router or noted after a role switch loaded it
+    (`Router.note_weight_version`); when neither happened, the one reported when it was added."""
 
 
 class MembershipStatistics(msgspec.Struct, frozen=True, kw_only=True):

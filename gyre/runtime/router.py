@@ -251,6 +251,12 @@ class Router:
         """Put cell `name` back into service (it gets requests again if its role is `rollout`)."""
         self._members.mark_up(name)
 
+    def note_weight_version(self, name: str, version: int) -> None:
+        """Record that cell `name`'s engine now holds weight `version`, loaded outside the router
+        (a role switch loads it in the cell directly), so that `statistics()` reports it. Raises
+        `ValueError` (unknown cell)."""
+        self._members.member(name).weight_version = version
+
     def pin(self, execution_id: str, name: str) -> None:
         """Route the requests of `execution_id` to cell `name` from now on (a driver's placement;
         without one the router places an execution on its first request). Its attempts already

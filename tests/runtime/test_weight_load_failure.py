@@ -216,6 +216,8 @@ async def test_a_cell_that_switches_to_rollout_and_loads_is_back_in_service(anyi
         stats = router.statistics()
         assert (stats.cells_down, stats.cells_rollout) == (0, 1)
         assert cell.engine_version == fake.engine.weight_version == 1
+        # the router reports the version the switch loaded in the cell, not the one before
+        assert stats.weight_version == stats.cells[0].weight_version == 1
 
 
 def test_a_lost_cells_executions_go_to_a_survivor_or_wait_for_a_cell_switching_in() -> None:
