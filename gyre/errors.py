@@ -27,8 +27,9 @@ takes them out of the exception groups that task groups raise.
     +-- ExecutionError                        500  an execution failed for infrastructure reasons
     |   +-- VerifierError                     500  the verifier crashed, hung or reported nothing
     +-- ToolError                             400  an agent tool call cannot be carried out
-    +-- SimulationStalled (RuntimeError)      500  a simulated run has no pending event but
-                                                   unfinished steps
+    +-- RunStalled (RuntimeError)             500  a run has unfinished steps, nothing running
+    |                                              and a policy that starts nothing
+    |   +-- SimulationStalled                 500  the same, in a simulated run
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ __all__ = [
     "ExecutionError",
     "VerifierError",
     "ToolError",
+    "RunStalled",
     "SimulationStalled",
     "error_from_code",
 ]
@@ -205,7 +207,15 @@ class ToolError(GyreError):
     http_type = "invalid_request_error"
 
 
-class SimulationStalled(GyreError, RuntimeError):
+class RunStalled(GyreError, RuntimeError):
+    """The run has not finished its steps, but nothing runs (no execution, training, optimizer
+    step, role switch or evaluation) and its policy starts nothing: it would wait for ever. For
+    example the `async` policy, which never changes a role, after its last rollout cell died."""
+
+    code = "run_stalled"
+
+
+class SimulationStalled(RunStalled):
     """No event is pending but the simulated run has not finished its steps (a policy never
     acts)."""
 

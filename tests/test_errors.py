@@ -24,7 +24,8 @@ TREE = [
     ("ExecutionError", errors.GyreError, 500, "server_error"),
     ("VerifierError", errors.ExecutionError, 500, "server_error"),
     ("ToolError", errors.GyreError, 400, "invalid_request_error"),
-    ("SimulationStalled", RuntimeError, 500, "server_error"),
+    ("RunStalled", RuntimeError, 500, "server_error"),
+    ("SimulationStalled", errors.RunStalled, 500, "server_error"),
 ]
 
 

@@ -23,7 +23,9 @@ Cells (`CellHandle`, tracked as `DrivenCell`s, `gyre.runtime.cell_handle`): anyt
 process dies (also mid-switch or mid-training) is dropped: its executions move to the survivors
 (beyond their capacity; suspended if only a switch will bring one), groups its trainer held are
 trained again; losing the core stops the run (`CellDiedError`). So is a cell whose engine fails
-a weight load (a step's, after a second try; the core's stops the run, docs/design.md).
+a weight load (a step's, after a second try; the core's stops the run, docs/design.md). A run
+with nothing in flight and a policy that starts nothing stops with `RunStalled`, not waiting for
+ever (the `async` policy after its only rollout cell died).
 
 Held-out evaluations run on rollout cells; while one is due or running the driver holds the step
 (`gyre.runtime.evaluation`). Trained groups are released when their step ends. One cell is the
@@ -57,7 +59,7 @@ from gyre.runtime.cell_training import (
 )
 from gyre.runtime.data_stream import pick_tasks
 from gyre.runtime.evaluation import HeldoutEvaluation, hold
-from gyre.runtime.mechanics import assign_training, decide_until_idle, least_loaded
+from gyre.runtime.mechanics import Running, assign_training, decide_until_idle, least_loaded
 from gyre.runtime.rollout import Rollout
 from gyre.runtime.router import Router
 from gyre.runtime.scheduler import CellRole, CellView, SchedulerPolicy, SchedulerState
@@ -171,6 +173,7 @@ class ElasticRuntime:
         """The run clock and each step's marks, records and metrics."""
         self._changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
+        self._running = Running()  # tasks `_spawn` started that are still in flight
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -195,6 +198,7 @@ class ElasticRuntime:
                 self.eval_due = self.steps_done
             while self.steps_done < steps or self.eval_due is not None or self.evaluating:
                 self._decide()
+                self._running.check(self.policy.name, self.steps_done, steps, self.cells)
                 await self._changed.wait()
                 self._changed = anyio.Event()
             tg.cancel_scope.cancel()
@@ -280,7 +284,7 @@ class ElasticRuntime:
 
     def _spawn(self, fn, *args) -> None:
         assert self._tg is not None
-        self._tg.start_soon(fn, *args)
+        self._running.start(self._tg, fn, *args)
 
     # -- timeline -------------------------------------------------------------------------------
 
@@ -427,8 +431,7 @@ class ElasticRuntime:
         self._finish_step(result, t_step)
         if self.journal is not None:  # before the next step can start or train
             await self.journal.checkpoint(self, trained)
-        self.step_running = False
-        core.busy = False
+        self.step_running = core.busy = False
         self._notify()
 
     def _finish_step(self, result: Any, t_step: float) -> None:

@@ -5,9 +5,11 @@ batch formation (`gyre.runtime.batch_formation`): `least_loaded` (placement of a
 rollout cell, with the capacity rule), `move_off` and `resume_suspended` (the executions of a cell
 leaving rollout move to cells with room, or are suspended; the suspended resume first in, first
 out, when room returns), `assign_training` (ready groups to idle training cells,
-in queue order) and `decide_until_idle` (call `policy.decide` and apply its actions through the
+in queue order), `decide_until_idle` (call `policy.decide` and apply its actions through the
 driver's callbacks until it returns none, checking each action against the snapshot it came
-from; one stall rule, `MAX_DECISIONS`). `gyre.runtime.elastic.ElasticRuntime` (real cells, wall
+from; one stall rule, `MAX_DECISIONS`) and `Running` (the runtime's tasks in flight: with none
+and a policy that starts nothing, the run is stalled; the simulator's rule is its empty event
+queue). `gyre.runtime.elastic.ElasticRuntime` (real cells, wall
 clock) and `gyre.sim.engine` (simulated cells, event queue) both call these functions on their own
 cell objects. Knows nothing about clocks, engines, processes or what a group holds.
 """
@@ -18,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Sequence, Sized
 from typing import Any, Protocol, TypeVar
 
+from gyre.errors import RunStalled
 from gyre.runtime.scheduler import (
     Action,
     CellRole,
@@ -36,6 +39,7 @@ __all__ = [
     "resume_suspended",
     "assign_training",
     "decide_until_idle",
+    "Running",
 ]
 
 MAX_DECISIONS = 1000
@@ -142,7 +146,7 @@ def decide_until_idle(
     switch_to_rollout: Callable[[int], None],
     start_step: Callable[[], None],
     hold: Callable[[Sequence[Action]], Sequence[Action]] = lambda actions: actions,
-    stalled: type[Exception] = RuntimeError,
+    stalled: type[Exception] = RunStalled,
     max_decisions: int = MAX_DECISIONS,
 ) -> int:
     """Call `policy.decide` until it returns no action; returns the decisions that acted.
@@ -199,3 +203,36 @@ def _check(name: str, act: Any, state: SchedulerState) -> None:
             raise ValueError(f"{name}: StartStep before the batch is trained ({state.trained=})")
     else:
         raise TypeError(f"{name}: unknown action {act!r}")
+
+
+class Running:
+    """How many of a driver's tasks are in flight: executions, training, optimizer steps, role
+    switches, evaluations, anything that may change what the policy sees. When none is and the
+    policy starts nothing, nothing ever will: `check` raises instead of letting the run wait for
+    ever (for example the `async` policy, which never changes a role, after its last rollout cell
+    died with no execution on it)."""
+
+    def __init__(self) -> None:
+        self.tasks = 0
+
+    def start(self, tg: Any, fn: Callable[..., Any], *args: Any) -> None:
+        """Start `fn(*args)` in task group `tg`, counted in `tasks` from now (not from when the
+        task first runs) until it returns or raises."""
+        self.tasks += 1
+        tg.start_soon(self._run, fn, *args)
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            await fn(*args)
+        finally:
+            self.tasks -= 1
+
+    def check(self, policy: str, steps_done: int, steps: int, cells: Iterable[Any]) -> None:
+        """Raise `RunStalled` if no task is in flight; call it after the policy decided.
+        `cells`: objects with `name`, `role` and `alive`, named in the message."""
+        if not self.tasks:
+            roles = ", ".join(f"{c.name} {c.role if c.alive else 'dead'}" for c in cells)
+            raise RunStalled(
+                f"{policy}: nothing runs after {steps_done} of {steps} steps and the policy "
+                f"starts nothing (cells: {roles})"
+            )

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gyre.errors import RunStalled
 from gyre.runtime.mechanics import least_loaded, move_off, resume_suspended
 from gyre.runtime.router import Router
 
@@ -71,11 +72,11 @@ class Suspension:
         """Empty `cell`, which is lost (dead or dropped; not in `cells`): each execution, in ID
         order, is pinned to the least loaded rollout cell of `cells`, beyond its capacity if need
         be (the survivors take them); with none in rollout but one switching to it, each is
-        suspended and resumes there. Raises `RuntimeError` when it has executions and no cell rolls
-        out or is switching to (none could ever run them)."""
+        suspended and resumes there. Raises `RunStalled` when it has executions and no cell rolls
+        out or is switching to it (none could ever run them)."""
         if cell.executions and least_loaded(cells, capacity=None) is None:
             if not any(c.target == "rollout" for c in cells):
-                raise RuntimeError(f"no rollout cell to move cell {cell.name}'s executions to")
+                raise RunStalled(f"no rollout cell to move cell {cell.name}'s executions to")
             for execution_id in sorted(cell.executions):
                 self._suspend(execution_id)
         else:

@@ -19,13 +19,19 @@ import pytest
 from gyre.agents.longtail import LongtailSettings, draw_plan, longtail_command, plan_seed
 from gyre.config import config_from_dict
 from gyre.engines.scripted import ScriptedEngine
-from gyre.errors import EngineUnavailableError
+from gyre.errors import EngineUnavailableError, RunStalled, grouped_errors
 from gyre.model.recipe import build_tokenizer
 from gyre.report.live import RuntimeFeed
 from gyre.runtime.cell_handle import CellHandle
 from gyre.runtime.elastic_job import run_cells
 from gyre.runtime.metrics import StepMetrics, read_metrics
-from gyre.runtime.scheduler import ElasticPolicy, StartStep, SwitchToRollout, SwitchToTrain
+from gyre.runtime.scheduler import (
+    AsyncPolicy,
+    ElasticPolicy,
+    StartStep,
+    SwitchToRollout,
+    SwitchToTrain,
+)
 from gyre.runtime.timeline import read_timeline
 from gyre.tasks.task import load_suite
 from gyre.tito.log import read_log
@@ -232,6 +238,54 @@ async def test_a_satellite_that_dies_sending_its_gradient_is_dropped(tmp_path: P
     assert [c.alive for c in runtime.cells] == [i != victim for i in range(3)]
     stats = runtime.statistics()
     assert stats.steps_done == STEPS and stats.cells_dead == 1
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # slow tier: the node's backend only
+async def test_a_fixed_split_that_loses_its_only_rollout_cell_stops_instead_of_waiting(
+    tmp_path: Path,
+) -> None:
+    """`async` never changes a role. Its only rollout cell dies between executions (staleness 0:
+    the 4 executions of step 1 all ended before the core steps), so nothing can roll out step 2.
+    The run used to wait for ever; it stops with `RunStalled` naming the cells."""
+    fakes = make_cells(build_tokenizer(), n=2)
+    victim = _Process()
+    runtimes = []
+    step = fakes[0].step
+
+    async def step_then_lose_the_rollout_cell(snapshot_root):
+        result = await step(snapshot_root)
+        (runtime,) = runtimes
+        assert runtime.cells[1].executions == set()  # nothing for it to hand on
+        victim.code = -9
+        fakes[1].role = "dead"  # its engine refuses from now on, as a dead process would
+        while runtime.cells[1].alive:  # dropped by the runtime's watch before the weights load
+            await anyio.sleep(0.05)
+        return result
+
+    fakes[0].step = step_then_lose_the_rollout_cell
+    cells = [
+        CellHandle(name=f"cell-{i}", client=f, process=victim if i else None)
+        for i, f in enumerate(fakes)
+    ]
+    with pytest.raises(BaseException) as caught:
+        await run_cells(
+            config(tmp_path / "run", "async"),
+            cells,
+            tokenizer=build_tokenizer(),
+            tasks=load_suite(REPO / "examples/tasks/learnable"),
+            snapshot="model",
+            policy=AsyncPolicy(num_train_cells=1, max_staleness_steps=0),
+            on_runtime=runtimes.append,
+        )
+    (error,) = grouped_errors(caught.value) or [caught.value]
+    assert isinstance(error, RunStalled)
+    assert str(error) == (
+        "async: nothing runs after 1 of 3 steps and the policy starts nothing "
+        "(cells: cell-0 train, cell-1 dead)"
+    )
+    assert len(fakes[0].steps) == 1 and sum(fakes[0].steps[0].values()) == B
 
 
 class ChaosPolicy:

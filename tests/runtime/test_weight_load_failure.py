@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gyre.errors import WeightSyncError, grouped_errors
+from gyre.errors import RunStalled, WeightSyncError, grouped_errors
 from gyre.model.recipe import build_tokenizer
 from gyre.runtime.cell_handle import CellHandle, DrivenCell
 from gyre.runtime.cell_training import load_published_weights, switch_role
@@ -246,7 +246,7 @@ def test_a_lost_cells_executions_go_to_a_survivor_or_wait_for_a_cell_switching_i
     # none in rollout or switching to it: nothing could run them
     lost.executions = {"x1"}
     training = SimpleNamespace(index=1, name="b", role="train", executions=set(), target=None)
-    with pytest.raises(RuntimeError, match="no rollout cell to move cell a's executions to"):
+    with pytest.raises(RunStalled, match="no rollout cell to move cell a.s executions to"):
         Suspension(router).rehome(lost, [training], pin)
     lost.executions = set()  # nothing to move: nothing to say
     Suspension(router).rehome(lost, [training], pin)
