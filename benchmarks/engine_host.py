@@ -22,7 +22,7 @@ import time
 import anyio
 from aiohttp import web
 
-import gyre.runtime.cell as cell_module
+import gyre.runtime.cell as cell
 from gyre.runtime.cell_api import CellAPI, cell_app
 
 __all__ = ["direct_batch", "main"]
@@ -63,14 +63,14 @@ def _cpu_s() -> float:
     return t.user + t.system
 
 
-def _app_with_direct(cell: CellAPI) -> web.Application:
-    app = cell_app(cell)
+def _app_with_direct(api: CellAPI) -> web.Application:
+    app = cell_app(api)
 
     async def direct(request: web.Request) -> web.Response:
         body = await request.json()
         max_tokens = body["max_tokens"]
         cpu0, t0 = _cpu_s(), time.perf_counter()
-        tokens = await direct_batch(cell.engine.llm, body["prompts"], max_tokens, body["tag"])
+        tokens = await direct_batch(api.engine.llm, body["prompts"], max_tokens, body["tag"])
         seconds, cpu_s = time.perf_counter() - t0, _cpu_s() - cpu0
         expected = len(body["prompts"]) * max_tokens
         if tokens != expected:
@@ -82,8 +82,7 @@ def _app_with_direct(cell: CellAPI) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cell_module.cell_app = _app_with_direct  # `serve` builds its app with this name
-    return cell_module.main(argv)
+    return cell.main(argv, app_factory=_app_with_direct)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -101,13 +102,15 @@ async def serve(
     rl: RLConfig | None = None,
     group: tuple[str, int, int] | None = None,
     devices_per_cell: int = 1,
+    app_factory: Callable[[CellAPI], web.Application] = cell_app,
 ) -> None:
     """Serve one cell until shutdown; writes the bound port to `port_file` before starting the
     engine, then the trainer (`trainer` given; over `devices_per_cell` ranks) and the gradient
     group (`group` = (store address, this cell's index, the number of cells)); `/health` says
-    ready once all three are up."""
+    ready once all three are up. `app_factory` builds the aiohttp app over the cell's `CellAPI`
+    (`cell_app`; `benchmarks.engine_host` adds a route to it)."""
     cell = CellAPI()
-    app = cell_app(cell)
+    app = app_factory(cell)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -165,7 +168,12 @@ def _exit_while_starting(signum: int, _frame) -> None:
     os._exit(128 + signum)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    *,
+    app_factory: Callable[[CellAPI], web.Application] = cell_app,
+) -> int:
+    """The cell process's command line (see `serve`; `app_factory` is passed on to it)."""
     parser = argparse.ArgumentParser(prog="python -m gyre.runtime.cell")
     parser.add_argument("--model", required=True, help="Hugging Face model folder")
     parser.add_argument("--engine-config", default="{}", help="EngineConfig as JSON")
@@ -223,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             rl=rl,
             group=group,
             devices_per_cell=args.devices_per_cell,
+            app_factory=app_factory,
         )
     )
     return 0
