@@ -173,7 +173,7 @@ class ElasticRuntime:
         """The run clock and each step's marks, records and metrics."""
         self._changed = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._running = Running()  # tasks `_spawn` started that are still in flight
+        self._running = Running(self._notify)  # tasks `_spawn` started, still in flight
 
     # -- the loop -------------------------------------------------------------------------------
 

@@ -146,7 +146,7 @@ def decide_until_idle(
     switch_to_rollout: Callable[[int], None],
     start_step: Callable[[], None],
     hold: Callable[[Sequence[Action]], Sequence[Action]] = lambda actions: actions,
-    stalled: type[Exception] = RunStalled,
+    stalled: type[Exception] = RuntimeError,
     max_decisions: int = MAX_DECISIONS,
 ) -> int:
     """Call `policy.decide` until it returns no action; returns the decisions that acted.
@@ -210,27 +210,36 @@ class Running:
     switches, evaluations, anything that may change what the policy sees. When none is and the
     policy starts nothing, nothing ever will: `check` raises instead of letting the run wait for
     ever (for example the `async` policy, which never changes a role, after its last rollout cell
-    died with no execution on it)."""
+    died with no execution on it). `ended` is called each time a task returns, after the count
+    drops, so the driver checks again even when the task itself told nobody; a task that raises
+    is not told (its error ends the driver's task group: a check then would add a second one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ended: Callable[[], None]) -> None:
         self.tasks = 0
+        self.ended = ended
+        self.failed = False
+        """A task raised (or was cancelled): the run is ending with its error, not stalled."""
 
     def start(self, tg: Any, fn: Callable[..., Any], *args: Any) -> None:
         """Start `fn(*args)` in task group `tg`, counted in `tasks` from now (not from when the
         task first runs) until it returns or raises."""
-        self.tasks += 1
         tg.start_soon(self._run, fn, *args)
+        self.tasks += 1  # after `start_soon`, which may raise; the task cannot run before this
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> None:
         try:
             await fn(*args)
+        except BaseException:
+            self.failed = True  # its error ends the driver's task group: no check after it
+            raise
         finally:
             self.tasks -= 1
+        self.ended()
 
     def check(self, policy: str, steps_done: int, steps: int, cells: Iterable[Any]) -> None:
-        """Raise `RunStalled` if no task is in flight; call it after the policy decided.
-        `cells`: objects with `name`, `role` and `alive`, named in the message."""
-        if not self.tasks:
+        """Raise `RunStalled` if no task is in flight and none failed; call it after the policy
+        decided. `cells`: objects with `name`, `role` and `alive`, named in the message."""
+        if not self.tasks and not self.failed:
             roles = ", ".join(f"{c.name} {c.role if c.alive else 'dead'}" for c in cells)
             raise RunStalled(
                 f"{policy}: nothing runs after {steps_done} of {steps} steps and the policy "

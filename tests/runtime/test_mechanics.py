@@ -14,11 +14,11 @@ import pytest
 
 from gyre.config import config_from_dict
 from gyre.engines.scripted import ScriptedEngine
-from gyre.errors import SimulationStalled
+from gyre.errors import RunStalled, SimulationStalled
 from gyre.runtime.batch_formation import BatchFormation, Group
 from gyre.runtime.cell_handle import CellHandle
 from gyre.runtime.elastic import ElasticRuntime
-from gyre.runtime.mechanics import assign_training, decide_until_idle, least_loaded
+from gyre.runtime.mechanics import Running, assign_training, decide_until_idle, least_loaded
 from gyre.runtime.rollout import Executed
 from gyre.runtime.router import Router
 from gyre.runtime.scheduler import (
@@ -163,6 +163,42 @@ def test_a_policy_that_never_settles_is_stalled() -> None:
     snap = state(CellView(index=0, role="rollout", is_core=True))
     with pytest.raises(SimulationStalled, match="still acting after 7 decisions"):
         drive(Forever(), snap, stalled=SimulationStalled, max_decisions=7)
+
+
+@pytest.mark.anyio
+async def test_running_counts_a_task_from_its_start_to_its_end_and_says_when_one_ends(
+    anyio_backend,
+) -> None:
+    seen = []  # `tasks` each time a task returned
+    running = Running(lambda: seen.append(running.tasks))
+    release = anyio.Event()
+
+    async def waits() -> None:
+        await release.wait()
+
+    async def fails() -> None:
+        raise KeyError("boom")
+
+    with pytest.raises(BaseExceptionGroup) as caught:  # anyio 4: a task group's errors
+        async with anyio.create_task_group() as tg:
+            running.start(tg, waits)
+            running.start(tg, waits)
+            assert running.tasks == 2  # counted before either task first ran
+            await anyio.sleep(0)
+            release.set()
+            await anyio.wait_all_tasks_blocked()
+            assert (running.tasks, seen) == (0, [1, 0])
+            running.start(tg, fails)  # an error ends it too; the task group's error says so
+    assert [type(e) for e in caught.value.exceptions] == [KeyError]
+    assert (running.tasks, seen) == (0, [1, 0])
+    cells = [SimpleNamespace(name="c0", role="train", alive=True)]
+    running.check("async", 2, 5, cells)  # a task failed: the run ends with its error instead
+    running.failed = False
+    with pytest.raises(RunStalled) as stalled:
+        running.check("async", 2, 5, cells)
+    assert str(stalled.value) == (
+        "async: nothing runs after 2 of 5 steps and the policy starts nothing (cells: c0 train)"
+    )
 
 
 # -- batch formation: the simulator's third mode ------------------------------------------------
