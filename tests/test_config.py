@@ -64,10 +64,13 @@ def test_defaults_and_frozen() -> None:
     [
         ("[engin]\nx = 1\n", "unknown field `engin`"),
         ("[engine]\nmax_tokenz = 3\n", "unknown field `max_tokenz` - at `$.engine`"),
-        ("[engine]\nmax_model_len = -4\n", "max_model_len=-4 must be > 0 - at `$.engine`"),
+        (
+            "[engine]\nmax_model_len = -4\n",
+            "max_model_len=-4 must be > 0 - at `$.engine.max_model_len`",
+        ),
         (
             "[warm_start]\nslip_fraction = 1.5\n",
-            "slip_fraction=1.5 must be in [0, 1) - at `$.warm_start`",
+            "slip_fraction=1.5 must be in [0, 1) - at `$.warm_start.slip_fraction`",
         ),
         (
             '[engine]\nmax_model_len = "big"\n',
@@ -75,10 +78,10 @@ def test_defaults_and_frozen() -> None:
         ),
         ('[engine]\nbackend = "tgi"\n', "Invalid enum value 'tgi' - at `$.engine.backend`"),
         ("[model]\nhidden_size = 64\n", "head_dim=16"),
-        ("[cells]\nnum_cells = 0\n", "num_cells=0 must be > 0"),
+        ("[cells]\nnum_cells = -1\n", "num_cells=-1 must be > 0 - at `$.cells.num_cells`"),
         (
             "[loop]\nmax_consecutive_failures = -1\n",
-            "max_consecutive_failures=-1 must be >= 0 - at `$.loop`",
+            "max_consecutive_failures=-1 must be >= 0 - at `$.loop.max_consecutive_failures`",
         ),
         ("[cells]\ndevices_per_cell = 0\n", "devices_per_cell=0 must be > 0"),
         (
@@ -96,11 +99,12 @@ def test_defaults_and_frozen() -> None:
         ),
         (
             '[tasks.harness.env]\n"A-B" = "1"\n',
-            "env: 'A-B' is not an environment variable name - at `$.tasks.harness`",
+            "env: 'A-B' is not an environment variable name - at `$.tasks.harness.env`",
         ),
         (  # was a traceback from the mount namespace's check (found by a tester)
             '[tasks.harness]\nvisible_paths = ["/"]\n',
-            "visible_paths: '/' is the whole filesystem: name a folder - at `$.tasks.harness`",
+            "visible_paths: '/' is the whole filesystem: name a folder "
+            "- at `$.tasks.harness.visible_paths`",
         ),
         ('[tasks.harness]\nhidden_paths = ["//"]\n', "hidden_paths: '//' is the whole filesystem"),
         (  # was refused with a misleading "/root has mode 700"
@@ -126,8 +130,25 @@ def test_missing_file() -> None:
 
 
 def test_config_from_dict_names_path() -> None:
-    with pytest.raises(ConfigError, match=r"block_size=0 must be > 0 - at `\$.engine`"):
-        config_from_dict({"engine": {"block_size": 0}})
+    # a struct's own check is reported at its struct's path by msgspec; gyre extends the path to
+    # the field the check names, as msgspec's type errors give it
+    cases = {
+        "invalid config: block_size=0 must be > 0 - at `$.engine.block_size`": {
+            "engine": {"block_size": 0}
+        },
+        "invalid config: run_dir='' must not be empty - at `$.run_dir`": {"run_dir": ""},
+        # the check names a key of two tables: left as msgspec gave it
+        "invalid config: cells.devices_per_cell=2 needs trainer.zero_stage = 3 (got 1)": {
+            "cells": {"devices_per_cell": 2}
+        },
+        "invalid config: Expected `int`, got `str` - at `$.cells.num_cells`": {
+            "cells": {"num_cells": "2"}
+        },
+    }
+    for message, data in cases.items():
+        with pytest.raises(ConfigError) as info:
+            config_from_dict(data)
+        assert str(info.value) == message
 
 
 def test_engine_config_round_trips_through_json() -> None:
@@ -150,7 +171,7 @@ def test_node_cli_bad_config_exits_2_with_one_line(tmp_path) -> None:
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"gyre: error: {path}: max_model_len=0 must be > 0 - at `$.engine`"
+        f"gyre: error: {path}: max_model_len=0 must be > 0 - at `$.engine.max_model_len`"
     ]
 
 

@@ -570,12 +570,12 @@ def test_known_parser_names_pass_the_preflight(tmp_path):
 @pytest.mark.parametrize(
     ("sections", "message"),
     [
-        ({"cells": {"num_cells": 0}}, r"num_cells=0 must be > 0 - at `\$.cells`"),
-        ({"cells": {"num_cells": -2}}, r"num_cells=-2 must be > 0 - at `\$.cells`"),
+        ({"cells": {"num_cells": 0}}, r"num_cells=0 must be > 0 - at `\$.cells.num_cells`"),
+        ({"cells": {"num_cells": -2}}, r"num_cells=-2 must be > 0 - at `\$.cells.num_cells`"),
         ({"scheduler": {"policy": "fifo"}}, r"'fifo' - at `\$.scheduler.policy`"),
         (
             {"scheduler": {"capacity_per_cell": 0}},
-            r"capacity_per_cell=0 must be > 0 - at `\$.scheduler`",
+            r"capacity_per_cell=0 must be > 0 - at `\$.scheduler.capacity_per_cell`",
         ),
     ],
 )

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from gyre.config.agents import ProxyConfig, TaskConfig
-from gyre.config.base import Config, load_toml
+from gyre.config.base import Config, load_toml, validation_message
 from gyre.config.cluster import ClusterConfig
 from gyre.config.engine import EngineConfig, ModelConfig, TrainerConfig
 from gyre.config.gateway import GatewayConfig
@@ -78,7 +78,7 @@ def config_from_dict(data: dict) -> RunConfig:
     try:
         return msgspec.convert(data, RunConfig)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid config: {exc}") from None
+        raise ConfigError(f"invalid config: {validation_message(exc, RunConfig)}") from None
 
 
 def check_types(config: RunConfig) -> None:

@@ -187,7 +187,8 @@ def test_config_requires_the_network_seal_with_require_isolation() -> None:
         with pytest.raises(
             ConfigError,
             match=r"isolate_network=false needs require_isolation=false too: .* set "
-            r"require_isolation = false to run agents unisolated - at `\$.tasks.harness`",
+            r"require_isolation = false to run agents unisolated "
+            r"- at `\$.tasks.harness.isolate_network`",
         ):
             config_from_dict({"tasks": {"harness": harness}})
     relaxed = config_from_dict(
