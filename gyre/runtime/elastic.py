@@ -316,7 +316,8 @@ class ElasticRuntime:
     # -- executions -----------------------------------------------------------------------------
 
     def _place(self) -> DrivenCell:
-        """The least loaded live rollout cell with room, else the least loaded one."""
+        """The least loaded live rollout cell with room, else the least loaded one (beyond its
+        capacity: survivors of a lost cell may hold more). Raises `RuntimeError` with none."""
         live = self._live()
         cell = least_loaded(live, capacity=self.capacity) or least_loaded(live, capacity=None)
         if cell is None:

@@ -260,8 +260,9 @@ async def test_a_fixed_split_that_loses_its_only_rollout_cell_stops_instead_of_w
         assert runtime.cells[1].executions == set()  # nothing for it to hand on
         victim.code = -9
         fakes[1].role = "dead"  # its engine refuses from now on, as a dead process would
-        while runtime.cells[1].alive:  # dropped by the runtime's watch before the weights load
-            await anyio.sleep(0.05)
+        with anyio.fail_after(30):  # dropped by the runtime's watch before the weights load
+            while runtime.cells[1].alive:
+                await anyio.sleep(0.05)
         return result
 
     fakes[0].step = step_then_lose_the_rollout_cell
