@@ -53,7 +53,7 @@ from gyre.engines.protocol import (
     choice_seed,
 )
 from gyre.engines.validate import remember_abort, validate_request
-from gyre.engines.vllm_params import engine_args, sampling_params, top_entries
+from gyre.engines.vllm_params import engine_args, sampled_logprobs, sampling_params, top_entries
 from gyre.errors import (
     EngineError,
     EngineTimeoutError,
@@ -396,7 +396,7 @@ class VLLMEngine:
                 c = out.outputs[0]
                 ids = list(c.token_ids)
                 if ids:
-                    lps = [c.logprobs[i][tok].logprob for i, tok in enumerate(ids)]
+                    lps = sampled_logprobs(c.logprobs, ids)
                     vers = [self.weight_version] * len(ids)
                     choice.ids += ids
                     choice.lps += lps

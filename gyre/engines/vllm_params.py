@@ -3,7 +3,8 @@
 Owns `engine_args` (vLLM's `AsyncEngineArgs` for a rollout engine: processed logprobs, xgrammar
 structured outputs compiled compact, no chunked prefill on CPU, the KV transport's keywords),
 `sampling_params` (one choice's `SamplingParams` as vLLM takes it: token IDs out, EOS not special,
-deltas), `structured_outputs` and `top_entries` (vLLM's per-position logprob dicts to top-k lists).
+deltas, flat logprobs), `structured_outputs`, `sampled_logprobs` and `top_entries` (vLLM's
+per-position logprobs to the sampled token's and to top-k lists).
 Knows nothing about requests in flight, weight loads or HTTP: `gyre.engines.vllm_engine` drives
 the engine with these.
 """
@@ -16,8 +17,16 @@ from typing import Any
 from gyre.config import EngineConfig
 from gyre.engines.kv_transport import kv_transport
 from gyre.engines.protocol import SamplingParams, StructuredOutput
+from gyre.errors import EngineError
 
-__all__ = ["on_cpu", "engine_args", "sampling_params", "structured_outputs", "top_entries"]
+__all__ = [
+    "on_cpu",
+    "engine_args",
+    "sampling_params",
+    "structured_outputs",
+    "sampled_logprobs",
+    "top_entries",
+]
 
 
 def on_cpu() -> bool:
@@ -86,6 +95,7 @@ def sampling_params(
         stop_token_ids=list(s.stop_token_ids),
         ignore_eos=True,
         logprobs=s.top_logprobs,
+        flat_logprobs=True,  # flat lists, not a dict and a `Logprob` per token: `sampled_logprobs`
         logit_bias=s.logit_bias,
         presence_penalty=s.presence_penalty,
         frequency_penalty=s.frequency_penalty,
@@ -113,10 +123,24 @@ def structured_outputs(c: StructuredOutput | None) -> Any:
     return StructuredOutputsParams(structural_tag=c.spec)
 
 
+def sampled_logprobs(positions: Any, token_ids: list[int]) -> list[float]:
+    """The logprob of the sampled token at each position of `positions` (vLLM's `FlatLogprobs` of
+    the positions of `token_ids`, one per token: vLLM's sampler puts the sampled token first at
+    each position). Raises `EngineError` if the positions do not hold `token_ids` there."""
+    first = positions.start_indices
+    if len(first) != len(token_ids) or [positions.token_ids[i] for i in first] != token_ids:
+        raise EngineError(
+            f"vLLM's logprobs do not match the sampled tokens {token_ids[:8]}... "
+            f"({len(first)} positions for {len(token_ids)} tokens)"
+        )
+    return [positions.logprobs[i] for i in first]
+
+
 def top_entries(positions: Any, count: int, k: int) -> tuple[list[list[int]], list[list[float]]]:
-    """The k most likely tokens of each of the last `count` positions of vLLM's logprobs (a
-    `{token_id: Logprob(logprob, rank)}` per position, holding the top k and the sampled token),
-    by rank; tokens the constraint masked (logprob -inf) are left out."""
+    """The k most likely tokens of each of the last `count` positions of vLLM's logprobs (a list or
+    `FlatLogprobs`, either giving a `{token_id: Logprob(logprob, rank)}` per position, holding the
+    top k and the sampled token), by rank; tokens the constraint masked (logprob -inf) are left
+    out."""
     ids: list[list[int]] = []
     lps: list[list[float]] = []
     for pos in positions[len(positions) - count :]:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import vllm.inputs  # noqa: F401 - imported here, not by the first request: it takes seconds,
 import vllm.sampling_params  # noqa: F401 - longer than the deadlines below
+from vllm.logprobs import FlatLogprobs
 
 from gyre.config import EngineConfig, KVTransferConfig
 from gyre.engines import GenerateRequest, SamplingParams, TokenDelta, collect
@@ -27,7 +28,8 @@ def anyio_backend() -> str:
 
 class FakeLLM:
     """`AsyncLLM.generate`/`abort` as gyre uses them: DELTA outputs of one token each, token k of
-    a sub-request being `first + k` (first: 100) with logprob `-0.5 * (k + 1)`; after
+    a sub-request being `first + k` (first: 100) with logprob `-0.5 * (k + 1)` (vLLM's
+    `FlatLogprobs`: gyre asks for flat logprobs; a request for other logprobs is refused); after
     `stall_after` tokens it waits until aborted, then ends with finish reason "abort" (what vLLM
     does); a consumer that leaves aborts it too."""
 
@@ -42,6 +44,8 @@ class FakeLLM:
         self._abort_events: dict[str, asyncio.Event] = {}
 
     async def generate(self, prompt, params, sub_id):
+        if params.logprobs is not None and not params.flat_logprobs:
+            raise ValueError("FakeLLM only gives flat logprobs")
         try:
             async for out in self._outputs(sub_id):
                 yield out
@@ -71,7 +75,14 @@ class FakeLLM:
 
 
 def _output(ids: list[int], lps: list[float], *, finished: bool, reason: str):
-    positions = [{tok: SimpleNamespace(logprob=lp, rank=1)} for tok, lp in zip(ids, lps)]
+    positions = FlatLogprobs(
+        start_indices=list(range(len(ids))),
+        end_indices=list(range(1, len(ids) + 1)),
+        token_ids=ids,
+        logprobs=lps,
+        ranks=[1] * len(ids),
+        decoded_tokens=[None] * len(ids),
+    )
     completion = SimpleNamespace(token_ids=ids, logprobs=positions, finish_reason=reason)
     return SimpleNamespace(
         outputs=[completion], num_cached_tokens=0, finished=finished, kv_transfer_params=None

@@ -15,8 +15,8 @@ import xgrammar as xgr
 
 from gyre.engines.protocol import GenerateRequest, SamplingParams, StructuredOutput, TokenDelta
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
-from gyre.engines.vllm_params import top_entries
-from gyre.errors import ProxyError
+from gyre.engines.vllm_params import sampled_logprobs, top_entries
+from gyre.errors import EngineError, ProxyError
 from gyre.runtime.cell_wire import Frame, FrameBatch, StreamedGenerate, decode, encode
 from gyre.tito.constraints import chat_constraint
 from gyre.tito.wire import CHAT_DECODER
@@ -376,6 +376,24 @@ def test_vllm_top_k_is_ranked_and_drops_masked_tokens():
     ids, lps = top_entries(positions, 2, 3)
     assert ids == [[1, 2, 3], [4]]
     assert lps == [[-0.2, -1.9, -2.5], [-0.0]]
+
+
+def test_vllm_flat_logprobs_give_the_sampled_tokens_logprob_and_the_top_k():
+    """gyre asks vLLM for flat logprobs (`sampling_params`: flat lists instead of a dict and a
+    `Logprob` per token). Built here by vLLM's own code from two steps as its sampler reports
+    them: the sampled token first with its rank, then the top k (k=2)."""
+    vllm_logprobs = pytest.importorskip("vllm.logprobs")
+    flat = vllm_logprobs.FlatLogprobs()
+    step = vllm_logprobs.append_logprobs_for_next_position
+    step(flat, [9, 1, 2], [-3.0, -0.2, -1.9], [None] * 3, 5, 2)  # sampled 9, rank 5
+    step(flat, [4, 4, 7], [-0.1, -0.1, -2.4], [None] * 3, 1, 2)  # sampled 4, the top token
+    assert sampled_logprobs(flat, [9, 4]) == [-3.0, -0.1]
+    assert sampled_logprobs(flat[1:], [4]) == [-0.1]  # a delta's positions: vLLM slices them
+    assert top_entries(flat, 2, 2) == ([[1, 2], [4, 7]], [[-0.2, -1.9], [-0.1, -2.4]])
+    with pytest.raises(EngineError, match="do not match the sampled tokens"):
+        sampled_logprobs(flat, [9, 5])
+    with pytest.raises(EngineError, match="2 positions for 1 tokens"):
+        sampled_logprobs(flat, [9])
 
 
 def strict_tools() -> list[dict]:
