@@ -7,22 +7,31 @@ gyre asks of it) and gyre's `CellClient` in this process -> the cell (one multip
 stream) -> `VLLMEngine` -> the same AsyncLLM. Both paths thus run on one engine start: until
 2026-12-06 each path had an engine of its own, and how fast a start happened to run moved a
 ratio by up to 30% (committed runs gave 0.90-1.23 at one request for the same code). Then, at
-concurrency 32, an OpenAI `/v1/completions` client through gyre's `TitoProxy` + that cell, against
-vLLM's own OpenAI server (`vllm.entrypoints.openai.api_server`, its own engine start) on the same
-model. Every request decodes exactly `max_tokens` tokens (no stop IDs; `ignore_eos` for vLLM's
-server). One engine runs at a time.
+concurrency 32, an OpenAI `/v1/completions` client (this process) through gyre's `TitoProxy`
+(`benchmarks.proxy_host`: a process of its own on trio, as the node serves it; in this process
+until 2026-12-06, sharing one thread with the load client) + that cell, against vLLM's own OpenAI
+server (`vllm.entrypoints.openai.api_server`, its own engine start) on the same model. Every
+request decodes exactly `max_tokens` tokens (no stop IDs; `ignore_eos` for vLLM's server). One
+engine runs at a time.
 
-Writes benchmarks/results/engine.json: tokens/s per concurrency (1, 8, 32), `overhead_ratio_<n>` =
-gyre time / direct time, the median over `--rounds` x `--repeats` pairs of adjacent batches on
-one engine (every engine started afresh each round; goal <= 1.10; `per_round` keeps each round's
-own; tokens/s are of the pooled median times),
-`proxy_vs_vllm_server_ratio_32` (goal <= 1.15; None with `vllm_server_error` when that server
-cannot start), how much the cell's wire batched (`stream_frames_per_write`,
-`generate_requests_per_post`), the CPU seconds per batch of 32 of the processes on each path
-(`direct_process_cpu_s_32`: the cell process driving its engine directly; `gyre_node_cpu_s_32`,
-`gyre_cell_cpu_s_32`: this process and the cell's main process on gyre's path; means over rounds,
-steadier than wall time on a shared machine), and the scheduling facts the cell path depends on:
-`sched_autogroup_enabled` and `cells_share_node_sched_group`.
+Writes benchmarks/results/engine.json:
+- tokens/s per concurrency (1, 8, 32) and `overhead_ratio_<n>` = gyre time / direct time, the
+  median over `--rounds` x `--repeats` pairs of adjacent batches on one engine (every engine
+  started afresh each round; goal <= 1.10; `per_round` keeps each round's own; tokens/s are of
+  the pooled median times);
+- `proxy_vs_vllm_server_ratio_32` (goal <= 1.15): calls that ask for no logprobs, as the goal
+  was set (gyre's path computes the sampled token's logprob of every call all the same; vLLM's
+  server then skips that work); None with `vllm_server_error` when that server cannot start.
+  `proxy_vs_vllm_server_logprobs_ratio_32` (since 2026-12-06): the same calls asking for the
+  sampled token's logprob (`logprobs: 0`), as a rollout does, so that both paths do that work;
+- how much the cell's wire batched (`stream_frames_per_write`, `generate_requests_per_post`);
+- CPU seconds per batch of 32 of the processes on each path: `direct_process_cpu_s_32` (the cell
+  process driving its engine directly), `gyre_node_cpu_s_32` and `gyre_cell_cpu_s_32` (this
+  process and the cell's main process on gyre's path), `proxy_process_cpu_s_32` and
+  `vllm_server_process_cpu_s_32` (the process serving the OpenAI API on each path, its engine
+  client included); means over rounds, steadier than wall time on a shared machine;
+- the scheduling facts the cell path depends on: `sched_autogroup_enabled` and
+  `cells_share_node_sched_group`.
 
 Run: .venv/bin/python -m benchmarks.bench_engine [--rounds 3] [--repeats 5] [--max-tokens 64]
 """
@@ -30,6 +39,7 @@ Run: .venv/bin/python -m benchmarks.bench_engine [--rounds 3] [--repeats 5] [--m
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -42,6 +52,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import msgspec
 
 from benchmarks.common import print_table, summarize, write_result
 from gyre.config import EngineConfig, KVTransferConfig, ModelConfig
@@ -50,8 +61,12 @@ from gyre.engines import GenerateRequest, SamplingParams, collect
 CONCURRENCY = (1, 8, 32)
 HOST_MODULE = "benchmarks.engine_host"
 """The cell process the benchmark starts: gyre's cell plus the direct route."""
+PROXY_HOST_MODULE = "benchmarks.proxy_host"
+"""The process serving gyre's proxy in front of that cell, on trio like the node."""
 SERVER_CONCURRENCY = 32
 """Concurrency of the proxy-vs-vLLM-server comparison."""
+KINDS = (("plain", ""), ("logprobs", "_logprobs"))
+"""The calls of that comparison, and the suffix of their keys: without and with `logprobs: 0`."""
 
 
 async def _gyre(engine, prompts: list[list[int]], max_tokens: int, tag: str) -> int:
@@ -177,7 +192,8 @@ def sched_groups(cell_pid: int) -> dict[str, object]:
 async def _openai(
     http: httpx.AsyncClient, prompts, body: dict, keys: list[str] | None, max_tokens: int
 ) -> int:
-    """`len(prompts)` concurrent `/v1/completions` calls; returns the completion tokens."""
+    """`len(prompts)` concurrent `/v1/completions` calls; returns the completion tokens. A body
+    asking for `logprobs` must get one per completion token back."""
     total = 0
 
     async def one(i: int, ids: list[int]) -> None:
@@ -189,7 +205,11 @@ async def _openai(
             headers=headers,
         )
         r.raise_for_status()
-        total += r.json()["usage"]["completion_tokens"]
+        answer = r.json()
+        if body.get("logprobs") is not None:
+            returned = len(answer["choices"][0]["logprobs"]["token_logprobs"])
+            assert returned == max_tokens, f"{returned} logprobs for {max_tokens} tokens"
+        total += answer["usage"]["completion_tokens"]
 
     async with anyio.create_task_group() as tg:
         for i, ids in enumerate(prompts):
@@ -198,44 +218,83 @@ async def _openai(
 
 
 async def _time_openai(
-    base_url: str, prompts, body, keys, repeats: int, max_tokens: int
-) -> list[float]:
-    out = []
+    base_url: str, prompts, body, keys, repeats: int, max_tokens: int, server_pid: int
+) -> dict[str, dict]:
+    """Batches of `len(prompts)` concurrent `/v1/completions` calls of `body`, in two kinds taken
+    in turn: "logprobs" asks for the sampled token's logprob (`logprobs: 0`, what a rollout needs
+    of any server; gyre's proxy records it either way), "plain" does not. Per kind, after one batch
+    that warms up: {"s": seconds per batch, "cpu_s": mean CPU seconds per batch of the server's
+    main process `server_pid`}."""
+    bodies = {"logprobs": {**body, "logprobs": 0}, "plain": body}
+    out: dict[str, dict] = {kind: {"s": [], "cpu": []} for kind in bodies}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as http:
         for r in range(repeats + 1):  # the first round warms up
-            t0 = time.perf_counter()
-            tokens = await _openai(http, prompts, body, keys, max_tokens)
-            if r:
-                out.append(time.perf_counter() - t0)
-            assert tokens == len(prompts) * max_tokens, tokens
-    return out
+            for kind in bodies if r % 2 == 0 else reversed(bodies):
+                cpu0, t0 = _cpu_s(server_pid), time.perf_counter()
+                tokens = await _openai(http, prompts, bodies[kind], keys, max_tokens)
+                if r:
+                    out[kind]["s"].append(time.perf_counter() - t0)
+                    out[kind]["cpu"].append(_cpu_s(server_pid) - cpu0)
+                assert tokens == len(prompts) * max_tokens, tokens
+    return {k: {"s": v["s"], "cpu_s": statistics.fmean(v["cpu"])} for k, v in out.items()}
 
 
 async def _proxy_path(
-    engine, model_dir: Path, prompts, repeats: int, max_tokens: int
-) -> list[float]:
-    """Seconds per batch of `/v1/completions` calls through gyre's TitoProxy in front of
-    `engine`."""
-    from transformers import AutoTokenizer
-
-    from gyre.config import ProxyConfig
-    from gyre.tito.proxy import TitoProxy
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    proxy = TitoProxy(tokenizer=tokenizer, engine_for=lambda _: engine, config=ProxyConfig())
-    # decode exactly max_tokens, like `ignore_eos` on vLLM's server
-    proxy.intake.stop_token_ids = ()
-    keys = [proxy.mint_key(f"bench-{i}") for i in range(len(prompts))]
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(proxy.serve)
-        body = {"model": proxy.config.model_name, "temperature": 1.0}
+    cell_url: str,
+    model_dir: Path,
+    config: EngineConfig,
+    prompts,
+    repeats: int,
+    max_tokens: int,
+    log_path: Path,
+) -> dict[str, dict]:
+    """`_time_openai` through gyre's TitoProxy (its own process, `benchmarks.proxy_host`, on trio
+    like the node) in front of the cell at `cell_url`; CPU is the proxy process's."""
+    port_file = log_path.with_suffix(".port")
+    port_file.unlink(missing_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        PROXY_HOST_MODULE,
+        "--cell-url",
+        cell_url,
+        "--model",
+        str(model_dir),
+        "--engine-config",
+        msgspec.json.encode(config).decode(),
+        "--keys",
+        str(len(prompts)),
+        "--port-file",
+        str(port_file),
+    ]
+    with open(log_path, "ab") as log:  # like the node: the cell's session
+        host = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + config.startup_timeout_s
+        while not port_file.exists():
+            if host.poll() is not None or time.monotonic() > deadline:
+                tail = " | ".join(log_path.read_text(errors="replace").splitlines()[-15:])
+                raise RuntimeError(f"{PROXY_HOST_MODULE} did not start: {tail}")
+            await anyio.sleep(0.2)
+        served = json.loads(port_file.read_text())
+        body = {"model": served["model"], "temperature": 1.0}
+        return await _time_openai(
+            f"http://127.0.0.1:{served['port']}",
+            prompts,
+            body,
+            served["keys"],
+            repeats,
+            max_tokens,
+            host.pid,
+        )
+    finally:
+        host.terminate()
         try:
-            return await _time_openai(
-                f"http://127.0.0.1:{port}", prompts, body, keys, repeats, max_tokens
-            )
-        finally:
-            tg.cancel_scope.cancel()
+            await anyio.to_thread.run_sync(host.wait, 30)
+        except subprocess.TimeoutExpired:
+            host.kill()
+            host.wait()
 
 
 def _free_port() -> int:
@@ -246,8 +305,9 @@ def _free_port() -> int:
 
 async def _vllm_server_path(
     model_dir: Path, config: EngineConfig, prompts, repeats: int, max_tokens: int, log_path: Path
-) -> tuple[list[float] | None, str | None]:
-    """Seconds per batch against vLLM's own OpenAI server, or (None, why it did not start)."""
+) -> tuple[dict[str, dict] | None, str | None]:
+    """`_time_openai` against vLLM's own OpenAI server (CPU: its API server process; EngineCore
+    and the worker are its children, not counted), or (None, why it did not start)."""
     port = _free_port()
     cmd = [
         sys.executable,
@@ -299,9 +359,10 @@ async def _vllm_server_path(
                     pass  # not listening yet
                 await anyio.sleep(0.5)
         body = {"model": str(model_dir), "temperature": 1.0, "ignore_eos": True}
-        return await _time_openai(
-            f"http://127.0.0.1:{port}", prompts, body, None, repeats, max_tokens
-        ), None
+        timed = await _time_openai(
+            f"http://127.0.0.1:{port}", prompts, body, None, repeats, max_tokens, server.pid
+        )
+        return timed, None
     finally:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -336,13 +397,19 @@ async def _round(
             httpx.AsyncClient(base_url=url, headers=auth, timeout=600) as http,
         ):
             paired = await _paired(engine, http, cell.process.pid, prompts, repeats, max_tokens)
-            proxy_s = await _proxy_path(
-                engine, model_dir, prompts[:SERVER_CONCURRENCY], repeats, max_tokens
+            proxy = await _proxy_path(
+                url,
+                model_dir,
+                config,
+                prompts[:SERVER_CONCURRENCY],
+                repeats,
+                max_tokens,
+                log_dir / "proxy.log",
             )
             streamed = await engine.cell_statistics()
     finally:
         await anyio.to_thread.run_sync(cell.stop)
-    server_s, server_error = await _vllm_server_path(
+    server, server_error = await _vllm_server_path(
         model_dir,
         config,
         prompts[:SERVER_CONCURRENCY],
@@ -353,8 +420,8 @@ async def _round(
     return {
         "direct_s": paired["direct_s"],
         "gyre_s": paired["gyre_s"],
-        "proxy_s": proxy_s,
-        "server_s": server_s,
+        "proxy": proxy,
+        "server": server,
         "server_error": server_error,
         "cpu": paired["cpu"],
         "streamed": streamed,
@@ -362,8 +429,8 @@ async def _round(
     }
 
 
-def _median_ratio(a: list[float], b: list[float] | None) -> float | None:
-    return None if not b else statistics.median(a) / statistics.median(b)
+def _median_ratio(a: list[float], b: list[float]) -> float:
+    return statistics.median(a) / statistics.median(b)
 
 
 def _paired_ratio(rounds: list[dict], n: int) -> float:
@@ -395,9 +462,7 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
     ]
     direct_s = {n: [t for r in done for t in r["direct_s"][n]] for n in CONCURRENCY}
     gyre_s = {n: [t for r in done for t in r["gyre_s"][n]] for n in CONCURRENCY}
-    proxy_s = [t for r in done for t in r["proxy_s"]]
     server_error = next((r["server_error"] for r in done if r["server_error"]), None)
-    server_s = None if server_error else [t for r in done for t in r["server_s"]]
     groups = done[0]["groups"]
     rows, numbers = [], {}
     for n in CONCURRENCY:
@@ -416,12 +481,29 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
             }
         )
     n = SERVER_CONCURRENCY
-    numbers[f"proxy_s_{n}"] = summarize(proxy_s)
-    numbers[f"vllm_server_s_{n}"] = None if server_s is None else summarize(server_s)
-    numbers[f"proxy_vs_vllm_server_ratio_{n}"] = (
-        None if server_s is None else summarize(proxy_s)["median"] / summarize(server_s)["median"]
-    )
+    # Both servers get the same requests: "plain" ones (the goal's) and "logprobs" ones (what a
+    # rollout needs of any server; gyre's path computes the logprob for every call either way)
+    served = {"proxy": [r["proxy"] for r in done]}
+    if server_error is None:
+        served["vllm_server"] = [r["server"] for r in done]
+    for kind, suffix in KINDS:
+        for name, timed in served.items():
+            numbers[f"{name}{suffix}_s_{n}"] = summarize([t for r in timed for t in r[kind]["s"]])
+        numbers[f"proxy_vs_vllm_server{suffix}_ratio_{n}"] = (
+            None
+            if server_error is not None
+            else numbers[f"proxy{suffix}_s_{n}"]["median"]
+            / numbers[f"vllm_server{suffix}_s_{n}"]["median"]
+        )
     numbers["vllm_server_error"] = server_error
+    # CPU seconds per batch of the process serving the API on each path: gyre's proxy process
+    # (its CellClient included; the cell's main process is not counted) and vLLM's API server
+    # process (its engine client included; EngineCore and the worker are not)
+    for kind, suffix in KINDS:
+        for name, timed in served.items():
+            numbers[f"{name}_process{suffix}_cpu_s_{n}"] = statistics.fmean(
+                r[kind]["cpu_s"] for r in timed
+            )
     # request deltas per write on the cell's delta stream (1.0: no batching), over the cell's run
     # CPU seconds per batch of 32: the direct path's one process (client + AsyncLLM's output
     # handling) against gyre's node (client) and cell main process (server + AsyncLLM's)
@@ -439,9 +521,12 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
     numbers["per_round"] = [
         {
             **{f"overhead_ratio_{n}": _paired_ratio([r], n) for n in CONCURRENCY},
-            f"proxy_vs_vllm_server_ratio_{SERVER_CONCURRENCY}": _median_ratio(
-                r["proxy_s"], r["server_s"]
-            ),
+            **{
+                f"proxy_vs_vllm_server{suffix}_ratio_{SERVER_CONCURRENCY}": None
+                if r["server"] is None
+                else _median_ratio(r["proxy"][kind]["s"], r["server"][kind]["s"])
+                for kind, suffix in KINDS
+            },
         }
         for r in done
     ]
@@ -466,10 +551,12 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
         numbers,
     )
     print_table("engine throughput: gyre protocol vs vLLM direct (medians)", rows)
-    ratio = numbers[f"proxy_vs_vllm_server_ratio_{n}"]
-    print(
-        f"proxy+cell vs vLLM's OpenAI server at {n}: {ratio if ratio is not None else server_error}"
-    )
+    for _, suffix in KINDS:
+        ratio = numbers[f"proxy_vs_vllm_server{suffix}_ratio_{n}"]
+        print(
+            f"proxy+cell vs vLLM's OpenAI server at {n}{suffix.replace('_', ' ')}: "
+            f"{ratio if ratio is not None else server_error}"
+        )
     print({k: groups[k] for k in ("sched_autogroup_enabled", "cells_share_node_sched_group")})
     print(f"wrote {path}")
 
