@@ -2,8 +2,8 @@
 
 Each round starts one cell process (`benchmarks.engine_host`: `python -m gyre.runtime.cell` plus a
 route that drives the same engine directly) and times, batch by batch in turn, vLLM's AsyncLLM
-called in that process (`generate` with token prompts, DELTA outputs, sampled-token logprobs: what
-gyre asks of it) and gyre's `CellClient` in this process -> the cell (one multiplexed delta
+called in that process (`generate` with token prompts, DELTA outputs, flat sampled-token logprobs:
+what gyre asks of it) and gyre's `CellClient` in this process -> the cell (one multiplexed delta
 stream) -> `VLLMEngine` -> the same AsyncLLM. Both paths thus run on one engine start: until
 2026-12-06 each path had an engine of its own, and how fast a start happened to run moved a
 ratio by up to 30% (committed runs gave 0.90-1.23 at one request for the same code). Then, at
@@ -24,12 +24,14 @@ Writes benchmarks/results/engine.json:
   server then skips that work); None with `vllm_server_error` when that server cannot start.
   `proxy_vs_vllm_server_logprobs_ratio_32` (since 2026-12-06): the same calls asking for the
   sampled token's logprob (`logprobs: 0`), as a rollout does, so that both paths do that work;
+  `proxy_s_32`, `vllm_server_s_32` and their `_logprobs_` twins are the seconds per batch;
 - how much the cell's wire batched (`stream_frames_per_write`, `generate_requests_per_post`);
 - CPU seconds per batch of 32 of the processes on each path: `direct_process_cpu_s_32` (the cell
   process driving its engine directly), `gyre_node_cpu_s_32` and `gyre_cell_cpu_s_32` (this
   process and the cell's main process on gyre's path), `proxy_process_cpu_s_32` and
   `vllm_server_process_cpu_s_32` (the process serving the OpenAI API on each path, its engine
-  client included); means over rounds, steadier than wall time on a shared machine;
+  client included; `proxy_logprobs_process_cpu_s_32` ...: with logprobs asked); means over
+  rounds, steadier than wall time on a shared machine;
 - the scheduling facts the cell path depends on: `sched_autogroup_enabled` and
   `cells_share_node_sched_group`.
 
@@ -290,11 +292,12 @@ async def _proxy_path(
         )
     finally:
         host.terminate()
-        try:
-            await anyio.to_thread.run_sync(host.wait, 30)
-        except subprocess.TimeoutExpired:
-            host.kill()
-            host.wait()
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(host.wait, 30)
+            except subprocess.TimeoutExpired:
+                host.kill()
+                host.wait()
 
 
 def _free_port() -> int:
@@ -483,12 +486,15 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
     n = SERVER_CONCURRENCY
     # Both servers get the same requests: "plain" ones (the goal's) and "logprobs" ones (what a
     # rollout needs of any server; gyre's path computes the logprob for every call either way)
-    served = {"proxy": [r["proxy"] for r in done]}
-    if server_error is None:
-        served["vllm_server"] = [r["server"] for r in done]
+    served = {
+        "proxy": [r["proxy"] for r in done],
+        "vllm_server": None if server_error else [r["server"] for r in done],
+    }
     for kind, suffix in KINDS:
         for name, timed in served.items():
-            numbers[f"{name}{suffix}_s_{n}"] = summarize([t for r in timed for t in r[kind]["s"]])
+            numbers[f"{name}{suffix}_s_{n}"] = (
+                None if timed is None else summarize([t for r in timed for t in r[kind]["s"]])
+            )
         numbers[f"proxy_vs_vllm_server{suffix}_ratio_{n}"] = (
             None
             if server_error is not None
@@ -501,8 +507,8 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
     # process (its engine client included; EngineCore and the worker are not)
     for kind, suffix in KINDS:
         for name, timed in served.items():
-            numbers[f"{name}_process{suffix}_cpu_s_{n}"] = statistics.fmean(
-                r[kind]["cpu_s"] for r in timed
+            numbers[f"{name}{suffix}_process_cpu_s_{n}"] = (
+                None if timed is None else statistics.fmean(r[kind]["cpu_s"] for r in timed)
             )
     # request deltas per write on the cell's delta stream (1.0: no batching), over the cell's run
     # CPU seconds per batch of 32: the direct path's one process (client + AsyncLLM's output

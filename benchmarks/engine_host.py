@@ -9,8 +9,9 @@ tokens across starts on 2 cores, 2026-12-06) no longer lands in the ratio.
 
 `POST /bench/direct` body: {"prompts": [[token IDs]], "max_tokens": int, "tag": str}; answer:
 {"seconds": float (the batch's wall time), "cpu_s": float (this process's CPU seconds during it)}.
-Every request decodes exactly `max_tokens` tokens with the sampled token's logprob (what gyre asks
-of vLLM). Bearer-checked like the cell's other routes.
+Every request decodes exactly `max_tokens` tokens with the sampled token's logprob, as flat
+logprobs (what gyre asks of vLLM: `gyre.engines.vllm_params`). Bearer-checked like the cell's
+other routes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import anyio
 from aiohttp import web
 
 import gyre.runtime.cell as cell
+from gyre.engines.vllm_params import sampled_logprobs
 from gyre.runtime.cell_api import CellAPI, cell_app
 
 __all__ = ["direct_batch", "main"]
@@ -30,7 +32,8 @@ __all__ = ["direct_batch", "main"]
 
 async def direct_batch(llm, prompts: list[list[int]], max_tokens: int, tag: str) -> int:
     """Run `prompts` concurrently on vLLM's `AsyncLLM` `llm` (token prompts, DELTA outputs, the
-    sampled token's logprob, no detokenization, EOS ignored); returns the tokens decoded."""
+    sampled token's logprob as flat logprobs, no detokenization, EOS ignored); returns the tokens
+    decoded."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
@@ -41,6 +44,7 @@ async def direct_batch(llm, prompts: list[list[int]], max_tokens: int, tag: str)
         seed=0,
         ignore_eos=True,
         logprobs=0,
+        flat_logprobs=True,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
     )
@@ -50,7 +54,7 @@ async def direct_batch(llm, prompts: list[list[int]], max_tokens: int, tag: str)
         nonlocal total
         async for out in llm.generate(TokensPrompt(prompt_token_ids=ids), params, f"{tag}-{i}"):
             c = out.outputs[0]
-            total += len([c.logprobs[j][t].logprob for j, t in enumerate(c.token_ids)])
+            total += len(sampled_logprobs(c.logprobs, list(c.token_ids)))
 
     async with anyio.create_task_group() as tg:
         for i, ids in enumerate(prompts):

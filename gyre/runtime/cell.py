@@ -22,10 +22,11 @@ one write per engine step instead of one HTTP chunk per request per step (17.8 r
 per write in `bench_engine` at load 11 on 2 cores). What was left (2026-12-05, a probe timing
 each token): the engine stepped about 10% slower through a cell (2.17 against 1.96 ms a token at
 one request), the CPU that the node and the cell spend on each step's wake-up taken from an
-engine whose processes already fill both cores. So a stream write waits up to 5 ms for more
-deltas (never a request's first or last): 43 request deltas a write, the node's CPU per round of
-32 x 64 tokens 0.033 -> 0.023 s, gyre/direct 1.12 / 1.13 / 1.09 -> 1.02-1.04 / 1.03-1.06 /
-1.05-1.12 at 1 / 8 / 32 requests (two runs; one engine start still moves a ratio by 30%).
+engine whose processes already fill both cores. So a stream write waited up to 5 ms for more
+deltas (never a request's first or last; 20 ms since 2026-12-06, below): 43 request deltas a
+write, the node's CPU per round of 32 x 64 tokens 0.033 -> 0.023 s, gyre/direct 1.12 / 1.13 /
+1.09 -> 1.02-1.04 / 1.03-1.06 / 1.05-1.12 at 1 / 8 / 32 requests (two runs; one engine start
+still moves a ratio by 30%).
 Through the OpenAI proxy (probes of 2026-12-05, 32 x 64 tokens a batch, same engine start):
 0.30-0.39 s a batch against vLLM's own server's 0.22-0.25 s. The node spent 0.11 s of CPU a batch
 (proxy and client; vLLM's server 0.039 s, its client 0.027 s), the cell 0.081 s. Not the cause:
