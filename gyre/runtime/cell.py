@@ -36,10 +36,11 @@ apart), the garbage collector (5 ms a batch; `gc.freeze` changed nothing), the c
 made it slower (direct engine 0.25 -> 0.32 s): the proxy's own CPU a request is what is left.
 Since 2026-12-06 (`bench_engine`, the direct path and the cell path batch by batch on one engine
 start): the window is 20 ms, since at 5 ms (one engine step of 32 requests here) each request's
-consumer on the node still woke every step (node CPU a batch 0.043 -> 0.021 s), and the engine
-asks vLLM for flat logprobs (`vllm_params`); gyre/direct 1.09 / 1.02 / 1.04 at 1 / 8 / 32. With
-the proxy in a process of its own, it spends what vLLM's API server does (0.059 against 0.051
-CPU-s a batch of 32); this process between them (0.097) is what gyre's path adds.
+consumer on the node still woke every step (node CPU a batch 0.043 -> 0.019 s), and the engine
+asks vLLM for flat logprobs (`vllm_params`); gyre/direct 1.04 / 1.02 / 1.01 at 1 / 8 / 32. With
+the proxy in a process of its own, it spends what vLLM's API server does (0.054 against 0.052
+CPU-s a batch of 32); this process between them (0.089) is what gyre's path adds: 1.32 against
+vLLM's server (1.20 when both are asked for logprobs).
 Agents and verifiers keep their own sessions (untrusted code gets no controlling terminal), so
 each CPU-bound one weighs as much as the node and its cells together; an agent's tool commands no
 longer open a session (autogroup) each.
