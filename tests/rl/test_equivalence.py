@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gyre.rl import microbatch_loss, packed_logprobs, policy_loss
@@ -37,6 +37,7 @@ def test_packed_tree_equals_separate_trajectories(seed, jmax, executions):
 @pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), jmax=st.integers(1, 8), executions=st.integers(1, 3))
+@example(seed=6870, jmax=1, executions=2)  # an all-but-zero gradient (see `_check_equivalence`)
 def test_packed_tree_equals_separate_trajectories_many(seed, jmax, executions):
     _check_equivalence(seed, jmax, executions)
 
@@ -94,9 +95,13 @@ def _check_equivalence(seed, jmax, executions):
     )
     assert abs(loss_sep.item() - loss_packed.item()) <= 1e-6 * max(abs(loss_sep.item()), 1e-12)
     grads_sep = _grads(MODEL, loss_sep)
+    # A parameter whose gradient is zero but for rounding (seed 6870, jmax 1, 2 executions:
+    # k_proj.weight's was at most 1.1e-15 one way and 1.3e-15 apart) is held to float64 rounding
+    # of the whole gradient, not to its own scale.
+    noise = 1e-12 * max(g.abs().max().item() for g in grads_sep.values())
     for name, g in grads_sep.items():
         scale = g.abs().max().item()
-        assert (grads_packed[name] - g).abs().max().item() <= 1e-6 * scale + 1e-15, name
+        assert (grads_packed[name] - g).abs().max().item() <= 1e-6 * scale + noise, name
 
 
 def test_microbatch_loss_equals_manual_composition():
