@@ -80,6 +80,10 @@ def test_defaults_and_frozen() -> None:
         ("[model]\nhidden_size = 64\n", "head_dim=16"),
         ("[cells]\nnum_cells = -1\n", "num_cells=-1 must be > 0 - at `$.cells.num_cells`"),
         (
+            "[engine]\nstream_interval = 0\n",
+            "stream_interval=0 must be > 0 - at `$.engine.stream_interval`",
+        ),
+        (
             "[loop]\nmax_consecutive_failures = -1\n",
             "max_consecutive_failures=-1 must be >= 0 - at `$.loop.max_consecutive_failures`",
         ),

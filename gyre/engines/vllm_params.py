@@ -70,6 +70,7 @@ def engine_args(model_path: str, config: EngineConfig, *, tensor_parallel_size: 
         ),
         seed=0,
         disable_log_stats=True,
+        stream_interval=config.stream_interval,
         **kv,
     )
 

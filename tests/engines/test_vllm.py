@@ -13,6 +13,7 @@ import anyio
 import pytest
 import torch
 
+from gyre.config import EngineConfig
 from gyre.engines import GenerateRequest, SamplingParams, collect
 from gyre.errors import ContextLengthError, EngineUnavailableError, InvalidRequestError
 from gyre.model.behaviour_logprobs import completion_logprobs
@@ -212,6 +213,22 @@ async def test_abort_mid_stream_returns_the_streamed_tokens(vllm_engine, tokeniz
     assert (
         mid_stream == 1
     )  # streams reach the client as they are sampled, so the abort lands mid-stream
+
+
+async def test_tokens_reach_the_client_in_stream_interval_chunks(vllm_engine, tokenizer) -> None:
+    """vLLM hands a request's tokens over every `stream_interval` tokens (the first and the last
+    at once); the cell's stream may merge chunks but never splits one. So every count of tokens
+    received so far is 1 + a multiple of the interval, or the whole completion. With an interval
+    of 1 the ~25 boundaries of 200 tokens would land anywhere."""
+    every = vllm_engine.config.stream_interval
+    assert every == EngineConfig().stream_interval == 4  # the shared cell runs the default
+    received, counts = 0, []
+    async for d in vllm_engine.generate(req("chunks", prompt(tokenizer, "count"), max_tokens=200)):
+        received += len(d.token_ids)
+        if d.token_ids:
+            counts.append(received)
+    assert counts[-1] == 200 and len(counts) >= 3
+    assert [n for n in counts[:-1] if (n - 1) % every] == []
 
 
 async def test_b22_n4_seed7_distinct_and_repeatable(vllm_engine, tokenizer) -> None:
