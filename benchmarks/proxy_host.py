@@ -26,6 +26,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
+from gyre._heap import freeze_startup_heap
 from gyre.config import EngineConfig, ProxyConfig
 from gyre.runtime.cell_client import CellClient
 from gyre.runtime.cell_wire import CELL_SECRET_ENV
@@ -44,6 +45,7 @@ async def serve(cell_url: str, model_dir: Path, config: EngineConfig, keys: int,
         proxy = TitoProxy(tokenizer=tokenizer, engine_for=lambda _: engine, config=ProxyConfig())
         proxy.intake.stop_token_ids = ()
         minted = [proxy.mint_key(f"bench-{i}") for i in range(keys)]
+        freeze_startup_heap()  # as the node does once its cells are up
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with anyio.create_task_group() as tg:
                 port = await tg.start(proxy.serve)

@@ -60,6 +60,7 @@ from pathlib import Path
 import msgspec
 from aiohttp import web
 
+from gyre._heap import freeze_startup_heap
 from gyre.config import EngineConfig, RLConfig, TrainerConfig
 from gyre.runtime.cell_api import CellAPI, cell_app
 from gyre.runtime.cell_wire import CELL_SECRET_ENV, Health
@@ -146,8 +147,15 @@ async def serve(
                     world_size,
                     timeout_s=TrainerConfig().train_timeout_s,
                 )
+            frozen = freeze_startup_heap()  # before /health says ready: no request waits on it
             cell.health = Health(state="ready")
-            logger.info("cell ready on %s:%d (backend %s)", host, bound, config.backend)
+            logger.info(
+                "cell ready on %s:%d (backend %s; %d start-up objects frozen)",
+                host,
+                bound,
+                config.backend,
+                frozen,
+            )
         except Exception as exc:  # reported through /health; the node decides what to do
             logger.exception("engine failed to start")
             cell.health = Health(state="failed", error=f"{type(exc).__name__}: {exc}")

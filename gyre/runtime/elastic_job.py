@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from gyre._heap import freeze_startup_heap
 from gyre.config import RunConfig
 from gyre.engines.kv_transport import open_kv_folder
 from gyre.runtime.cell_client import open_cells
@@ -190,6 +191,7 @@ async def run_elastic(
         cells = [
             CellHandle(name=f"cell-{i}", client=c, process=c.process) for i, c in enumerate(clients)
         ]
+        freeze_startup_heap()  # the node's start-up heap: no full collection walks it again
         return await run_cells(
             config,
             cells,

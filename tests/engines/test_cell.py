@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import re
 import subprocess
 import sys
 import time
@@ -120,6 +121,19 @@ async def test_pause_is_reported_as_unavailable(engine) -> None:
             await collect(engine, req("paused"))
     finally:
         await engine.resume()
+
+
+def test_a_cell_freezes_its_start_up_heap_before_it_reports_ready(tmp_path) -> None:
+    """`gyre._heap.freeze_startup_heap` runs before `/health` says ready, so a full collection in
+    the loop serving requests never walks the imports' objects (the log line gives the count)."""
+    process = spawn_cell("unused", CONFIG, log_path=tmp_path / "cell.log")
+    try:
+        wait_cell_ready(process, 60)
+        log = (tmp_path / "cell.log").read_text()
+    finally:
+        assert process.stop() == 0
+    [frozen] = re.findall(r"cell ready on .*; (\d+) start-up objects frozen", log)
+    assert int(frozen) > 10_000  # aiohttp, msgspec and gyre's modules: ~10^4-10^5 objects
 
 
 async def test_dead_cell_is_unavailable_not_a_hang(tmp_path) -> None:
