@@ -57,6 +57,7 @@ import httpx
 import msgspec
 
 from benchmarks.common import print_table, summarize, write_result
+from gyre._heap import freeze_startup_heap
 from gyre.config import EngineConfig, KVTransferConfig, ModelConfig
 from gyre.engines import GenerateRequest, SamplingParams, collect
 
@@ -457,6 +458,10 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
     prompts = [
         [5 + (7 * i + j) % 500 for j in range(32 + 8 * (i % 4))] for i in range(max(CONCURRENCY))
     ]
+    # This process stands in for the node (its CellClient is the gyre path's client), so its
+    # start-up heap (torch, transformers) is frozen as the node's is: a full collection walking it
+    # stops the client for 0.2-0.4 s, and batches through the client allocate more than direct ones
+    freeze_startup_heap()
     # Rounds, each starting every engine afresh: one engine's whole life is one sample of its
     # speed (identical runs of one round moved the ratios +-10%, 2026-12-02..04), so a median over
     # several starts of each path is the steadier comparison. Every ratio is also kept per round.
