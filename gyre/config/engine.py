@@ -126,11 +126,11 @@ class EngineConfig(Config):
     """vLLM hands a request's tokens to the cell in chunks of this many: the first token and the
     request's end at once, the rest every `stream_interval` tokens (vLLM's own
     `SchedulerConfig.stream_interval`). 1 wakes each request's consumer in the cell at every
-    engine step; 4 cut the cell process's CPU a batch of 32 x 64 tokens by about a sixth
-    (2026-12-06, `benchmarks/results/engine.json`). An abort (a weight load, a redirect) still
-    returns every token sampled: vLLM's final output carries those not yet handed out; what a
-    cell's `/abort` returns is what its stream carried. Larger values delay a stop string's abort
-    on the node by up to that many tokens."""
+    engine step; 4 took the cell process's CPU a batch of 32 x 64 tokens from 0.089 s to
+    0.057-0.067 s (three `benchmarks/bench_engine.py` runs, 2026-12-06). An abort (a weight
+    load, a redirect) still returns every token sampled: vLLM's final output carries those not
+    yet handed out; what a cell's `/abort` returns is what its stream carried. Larger values
+    delay a stop string's abort on the node by up to that many tokens."""
     request_timeout_s: float = 600.0
     """Longest wait for one generate request before it is aborted."""
     startup_timeout_s: float = 300.0

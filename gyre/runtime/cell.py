@@ -41,6 +41,16 @@ asks vLLM for flat logprobs (`vllm_params`); gyre/direct 1.04 / 1.02 / 1.01 at 1
 the proxy in a process of its own, it spends what vLLM's API server does (0.054 against 0.052
 CPU-s a batch of 32); this process between them (0.089) is what gyre's path adds: 1.32 against
 vLLM's server (1.20 when both are asked for logprobs).
+Later on 2026-12-06: vLLM hands each request's tokens over every 4 tokens, not every step
+(`EngineConfig.stream_interval`, vLLM's own setting; the first token and the end at once), so a
+request's consumer here wakes every 4th step: this process's CPU a batch of 32 fell from 0.089 to
+0.057-0.067 s and the node's stayed 0.014-0.029. The start-up heap is frozen before the cell
+reports ready (`gyre._heap`: a full collection walked ~383,000 import objects with the loop
+stopped, 0.2-0.4 s). Three `bench_engine` runs: gyre/direct 1.01-1.04 / 1.04-1.11 / 1.03-1.07 at
+1 / 8 / 32, proxy against vLLM's server 1.21 / 1.31 / 1.24 (per round 1.05-1.50: each path is its
+own engine start). What is left is the proxy hop: the 32 calls of a batch reach `generate` 25-35
+ms after they were sent (each costs the proxy ~1.5 ms of CPU, half of it Hypercorn, h11 and
+trio), and the last response leaves 15-25 ms after the last token.
 Agents and verifiers keep their own sessions (untrusted code gets no controlling terminal), so
 each CPU-bound one weighs as much as the node and its cells together; an agent's tool commands no
 longer open a session (autogroup) each.
