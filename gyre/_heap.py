@@ -1,4 +1,4 @@
-"""The garbage collector in gyre's long-lived processes: `freeze_startup_heap`.
+"""The garbage collector in gyre's long-lived processes: `freeze_startup_heap`, `thaw_heap`.
 
 A node or cell process imports torch, transformers and (in a cell) vLLM: about 383,000 objects the
 collector tracks once a tokenizer is loaded (2026-12-06). CPython's full collection walks all of
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gc
 
-__all__ = ["freeze_startup_heap"]
+__all__ = ["freeze_startup_heap", "thaw_heap"]
 
 
 def freeze_startup_heap() -> int:
@@ -25,3 +25,10 @@ def freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def thaw_heap() -> None:
+    """Undo `freeze_startup_heap` (`gc.unfreeze`): the frozen objects join the oldest generation
+    again, so a cycle among them can be collected. For a run that ends in a process that goes on
+    (`gyre.run()` in a caller's process, a cell shutting its engine down)."""
+    gc.unfreeze()

@@ -127,10 +127,12 @@ class EngineConfig(Config):
     request's end at once, the rest every `stream_interval` tokens (vLLM's own
     `SchedulerConfig.stream_interval`). 1 wakes each request's consumer in the cell at every
     engine step; 4 took the cell process's CPU a batch of 32 x 64 tokens from 0.089 s to
-    0.057-0.067 s (three `benchmarks/bench_engine.py` runs, 2026-12-06). An abort (a weight
-    load, a redirect) still returns every token sampled: vLLM's final output carries those not
-    yet handed out; what a cell's `/abort` returns is what its stream carried. Larger values
-    delay a stop string's abort on the node by up to that many tokens."""
+    0.057-0.067 s (three `benchmarks/bench_engine.py` runs, 2026-12-06). A weight load keeps
+    every token sampled (vLLM's final abort output carries those not yet handed over, at the
+    version that sampled them); an abort by the caller (`/abort`, so a redirect, or a deadline)
+    returns what the stream carried, so up to `stream_interval - 1` sampled tokens are dropped
+    and sampled again where the request continues. A stop string's abort on the node comes up to
+    `stream_interval - 1` tokens later."""
     request_timeout_s: float = 600.0
     """Longest wait for one generate request before it is aborted."""
     startup_timeout_s: float = 300.0

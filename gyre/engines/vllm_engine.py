@@ -15,13 +15,15 @@ Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node 
 - each of the n choices is its own vLLM request with seed `choice_seed(seed, i)` (B22: vLLM's own
   n>1 reuses one seed); EOS is not special: the request's stop IDs decide, the stop token is kept;
   a one-choice request is driven in its consumer's task (no task or queue between vLLM's output
-  and the consumer: one wake-up per engine step, not two), n > 1 choices each in a task of their
+  and the consumer: one wake-up per vLLM output, not two; vLLM emits one every
+  `EngineConfig.stream_interval` tokens), n > 1 choices each in a task of their
   own, merged through a queue; a request's deadline (`request_timeout_s`) is one timer, not a
   timeout scope per delta;
-- `load_weights` aborts in-flight requests with their tokens so far (those that reach vLLM after
-  its pause too: B32), reloads (`reload_weights`), resets the prefix cache (B12), bumps the
-  version and continues each request from prompt + tokens so far, so every token carries the
-  version that sampled it and callers see one stream;
+- `load_weights` aborts in-flight requests with their tokens so far (vLLM's final abort output
+  carries those sampled but not yet handed over under a `stream_interval` > 1; requests that
+  reach vLLM after its pause too: B32), reloads (`reload_weights`), resets the prefix cache
+  (B12), bumps the version and continues each request from prompt + tokens so far, so every
+  token carries the version that sampled it and callers see one stream;
 - KV migration (`export_kv`, `release_kv`, a request's `kv_import`) goes through the engine's
   `KVTransport` (`gyre.engines.kv_transport`, one per `kv_transfer.connector`); the engine only
   runs the export request the transport asks for (`run_export_request`), and loads an import only
@@ -268,7 +270,7 @@ class VLLMEngine:
         self, request: GenerateRequest, choice: _Choice, max_tokens: int
     ) -> AsyncIterator[TokenDelta]:
         """A one-choice request driven in its consumer's task: no task or queue between vLLM's
-        output and the consumer, so an engine step costs one wake-up per request, not two. At
+        output and the consumer, so a vLLM output costs one wake-up per request, not two. At
         the deadline the choice is aborted in vLLM and `EngineTimeoutError` raised."""
         expired: list[bool] = []
 

@@ -31,9 +31,11 @@ Through the OpenAI proxy (probes of 2026-12-05, 32 x 64 tokens a batch, same eng
 0.30-0.39 s a batch against vLLM's own server's 0.22-0.25 s. The node spent 0.11 s of CPU a batch
 (proxy and client; vLLM's server 0.039 s, its client 0.027 s), the cell 0.081 s. Not the cause:
 the client in a process of its own (no change), the 32 requests' arrival at the cell (4-8 ms
-apart), the garbage collector (5 ms a batch; `gc.freeze` changed nothing), the coalescing window
-(20 ms: 0.340 against 0.354 s). Keeping the node, the cell and EngineCore off the worker's core
-made it slower (direct engine 0.25 -> 0.32 s): the proxy's own CPU a request is what is left.
+apart), the garbage collector (5 ms a batch on average; `gc.freeze` changed no median: the
+full collections it prevents are rare, but each stops the loop for 0.2-0.4 s, below), the
+coalescing window (20 ms: 0.340 against 0.354 s). Keeping the node, the cell and EngineCore off
+the worker's core made it slower (direct engine 0.25 -> 0.32 s): the proxy's own CPU a request
+is what is left.
 Since 2026-12-06 (`bench_engine`, the direct path and the cell path batch by batch on one engine
 start): the window is 20 ms, since at 5 ms (one engine step of 32 requests here) each request's
 consumer on the node still woke every step (node CPU a batch 0.043 -> 0.019 s), and the engine
@@ -70,7 +72,7 @@ from pathlib import Path
 import msgspec
 from aiohttp import web
 
-from gyre._heap import freeze_startup_heap
+from gyre._heap import freeze_startup_heap, thaw_heap
 from gyre.config import EngineConfig, RLConfig, TrainerConfig
 from gyre.runtime.cell_api import CellAPI, cell_app
 from gyre.runtime.cell_wire import CELL_SECRET_ENV, Health
@@ -178,6 +180,7 @@ async def serve(
         signal.signal(signal.SIGTERM, previous)
         cell.streams.close_all()
         await runner.cleanup()
+        thaw_heap()  # so the engine's shutdown can collect what it leaves in cycles
         if cell.roles.trainer is not None:
             await asyncio.to_thread(cell.roles.trainer.close)
         if cell.engine is not None and hasattr(cell.engine, "shutdown"):

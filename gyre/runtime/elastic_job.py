@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from gyre._heap import freeze_startup_heap
+from gyre._heap import freeze_startup_heap, thaw_heap
 from gyre.config import RunConfig
 from gyre.engines.kv_transport import open_kv_folder
 from gyre.runtime.cell_client import open_cells
@@ -192,19 +192,22 @@ async def run_elastic(
             CellHandle(name=f"cell-{i}", client=c, process=c.process) for i, c in enumerate(clients)
         ]
         freeze_startup_heap()  # the node's start-up heap: no full collection walks it again
-        return await run_cells(
-            config,
-            cells,
-            tokenizer=tokenizer,
-            tasks=train,
-            heldout=heldout,
-            snapshot=str(model_dir),
-            policy=policy,
-            launch=journal.launch,
-            on_runtime=on_runtime,
-            progress=progress,
-            journal=journal,
-        )
+        try:
+            return await run_cells(
+                config,
+                cells,
+                tokenizer=tokenizer,
+                tasks=train,
+                heldout=heldout,
+                snapshot=str(model_dir),
+                policy=policy,
+                launch=journal.launch,
+                on_runtime=on_runtime,
+                progress=progress,
+                journal=journal,
+            )
+        finally:
+            thaw_heap()  # `gyre.run()` may be called in a process that goes on
 
 
 def _offered(joins: JoinServer):

@@ -29,16 +29,24 @@ def anyio_backend() -> str:
 class FakeLLM:
     """`AsyncLLM.generate`/`abort` as gyre uses them: DELTA outputs of one token each, token k of
     a sub-request being `first + k` (first: 100) with logprob `-0.5 * (k + 1)` (vLLM's
-    `FlatLogprobs`: gyre asks for flat logprobs; a request for other logprobs is refused); after
-    `stall_after` tokens it waits until aborted, then ends with finish reason "abort" (what vLLM
-    does); a consumer that leaves aborts it too."""
+    `FlatLogprobs`: gyre asks for flat logprobs; a request for other logprobs is refused); a
+    first attempt (sub-request ID ending in /0) waits after `stall_after` tokens until aborted,
+    then ends with finish reason "abort" (what vLLM does), its last output carrying the next
+    `unsent` tokens: sampled, not yet handed over (vLLM's `stream_interval` > 1); a consumer that
+    leaves aborts it too."""
 
     def __init__(
-        self, tokens: int, stall_after: int | None = None, step_s: float = 0.0, first: int = 100
+        self,
+        tokens: int,
+        stall_after: int | None = None,
+        step_s: float = 0.0,
+        first: int = 100,
+        unsent: int = 0,
     ) -> None:
         self.tokens = tokens
         self.first = first
         self.stall_after = stall_after
+        self.unsent = unsent
         self.step_s = step_s  # seconds per token (an engine step)
         self.aborted: list[str] = []
         self._abort_events: dict[str, asyncio.Event] = {}
@@ -55,18 +63,21 @@ class FakeLLM:
 
     async def _outputs(self, sub_id):
         aborted = self._abort_events.setdefault(sub_id, asyncio.Event())
+        held: range = range(0)
         for k in range(self.tokens):
             if aborted.is_set():
                 break
-            if self.stall_after is not None and k == self.stall_after:
+            if self.stall_after == k and sub_id.endswith("/0"):
                 await aborted.wait()
+                held = range(k, min(k + self.unsent, self.tokens))
                 break
             await asyncio.sleep(self.step_s)
             last = k == self.tokens - 1
             yield _output([self.first + k], [-0.5 * (k + 1)], finished=last, reason="length")
         else:
             return
-        yield _output([], [], finished=True, reason="abort")
+        ids, lps = [self.first + k for k in held], [-0.5 * (k + 1) for k in held]
+        yield _output(ids, lps, finished=True, reason="abort")
 
     async def abort(self, sub_ids) -> None:
         for sub_id in [sub_ids] if isinstance(sub_ids, str) else sub_ids:
@@ -188,8 +199,8 @@ class PausingLLM(FakeLLM):
     the pause has begun: the order in which a request and a pause cross the engine core's socket
     (B32)."""
 
-    def __init__(self, tokens: int, late: str) -> None:
-        super().__init__(tokens)
+    def __init__(self, tokens: int, late: str, **fake) -> None:
+        super().__init__(tokens, **fake)
         self.late_prefix = late
         self.late = asyncio.Event()
         self.arrived: set[str] = set()
@@ -248,6 +259,39 @@ async def test_a_request_that_reaches_vllm_after_a_loads_pause_continues_after_i
     assert completion.versions == [1, 1, 1, 1]
     assert completion.finish_reason == "length"
     assert engine.weight_version == 1
+
+
+async def test_tokens_vllm_had_not_handed_over_at_an_abort() -> None:
+    """With `stream_interval` > 1 vLLM's final abort output carries tokens it sampled but had not
+    handed over. The caller's abort (`/abort`, a redirect, a deadline) returns what the stream
+    carried and drops them; a weight load keeps them at the version that sampled them and
+    continues after them."""
+    llm = FakeLLM(tokens=4, stall_after=2, unsent=2)
+    engine = _engine(llm)
+    seen: list[int] = []
+
+    async def consume() -> None:
+        async for delta in engine.generate(_request("a", max_tokens=8)):
+            seen.extend(delta.token_ids)
+
+    task = asyncio.create_task(consume())
+    while len(seen) < 2:
+        await asyncio.sleep(0)
+    [aborted] = await engine.abort("a")
+    await task
+    assert aborted.token_ids == seen == [100, 101] and aborted.finish_reason == "abort"
+
+    llm = PausingLLM(tokens=4, late="none", stall_after=2, unsent=2)
+    engine = _engine(llm, load_timeout_s=5.0)
+    consumer = asyncio.create_task(collect(engine, _request("w", max_tokens=8)))
+    while engine.statistics().tokens_generated < 2:
+        await asyncio.sleep(0)
+    await engine.load_weights("snapshot-1", 1)
+    [completion] = await consumer
+    assert completion.token_ids == [100, 101, 102, 103, 100, 101, 102, 103]  # 2nd attempt: 100..
+    assert completion.versions == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert completion.logprobs == [-0.5, -1.0, -1.5, -2.0] * 2
+    assert completion.finish_reason == "length"
 
 
 async def test_an_export_request_a_load_aborts_is_refused_not_awaited() -> None:

@@ -10,6 +10,7 @@ every role switch is in the timeline.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import anyio
@@ -215,6 +216,7 @@ def test_the_documented_elastic_config_shrunk_runs_the_elastic_policy(
     config = config_from_dict(data)
     state = run(config)
     assert (state.step, state.version) == (2, 2)
+    assert gc.get_freeze_count() == 0  # the node froze its start-up heap and thawed it at the end
     run_dir = tmp_path / "run"
     records = read_metrics(run_dir)
     steps = [r for r in records if isinstance(r, StepMetrics)]
