@@ -14,7 +14,7 @@ import vllm.sampling_params  # noqa: F401 - longer than the deadlines below
 from vllm.logprobs import FlatLogprobs
 
 from gyre.config import EngineConfig, KVTransferConfig
-from gyre.engines import GenerateRequest, SamplingParams, TokenDelta, collect
+from gyre.engines import Completion, GenerateRequest, SamplingParams, TokenDelta, collect
 from gyre.engines.vllm_engine import VLLMEngine
 from gyre.errors import EngineTimeoutError, EngineUnavailableError
 
@@ -159,25 +159,30 @@ async def test_the_deadline_holds_for_a_consumer_slower_than_the_engine() -> Non
     assert engine.statistics().running_requests == 0
 
 
-async def test_abort_mid_stream_returns_exactly_the_tokens_streamed() -> None:
-    llm = FakeLLM(tokens=8, stall_after=3)
-    engine = _engine(llm)
-    seen: list[int] = []
-    finish = []
+async def _abort_after(engine: VLLMEngine, tokens: int) -> tuple[Completion, list[TokenDelta]]:
+    """Request "a" (max_tokens 8) consumed in a task of its own, aborted by the caller once
+    `tokens` tokens were streamed: the abort's completion and every delta the stream gave."""
+    deltas: list[TokenDelta] = []
 
     async def consume() -> None:
         async for delta in engine.generate(_request("a", max_tokens=8)):
-            seen.extend(delta.token_ids)
-            finish.append(delta.finish_reason)
+            deltas.append(delta)
 
     task = asyncio.create_task(consume())
-    while len(seen) < 3:
+    while sum(len(d.token_ids) for d in deltas) < tokens:
         await asyncio.sleep(0)
     [completion] = await engine.abort("a")
     await task
+    return completion, deltas
+
+
+async def test_abort_mid_stream_returns_exactly_the_tokens_streamed() -> None:
+    llm = FakeLLM(tokens=8, stall_after=3)
+    completion, deltas = await _abort_after(_engine(llm), 3)
+    seen = [t for d in deltas for t in d.token_ids]
     assert completion.token_ids == seen == [100, 101, 102]
     assert completion.finish_reason == "abort"
-    assert finish[-1] == "abort"
+    assert deltas[-1].finish_reason == "abort"
     assert set(llm.aborted) == {"a/0/0"}
 
 
@@ -266,19 +271,8 @@ async def test_tokens_vllm_had_not_handed_over_at_an_abort() -> None:
     handed over. The caller's abort (`/abort`, a redirect, a deadline) returns what the stream
     carried and drops them; a weight load keeps them at the version that sampled them and
     continues after them."""
-    llm = FakeLLM(tokens=4, stall_after=2, unsent=2)
-    engine = _engine(llm)
-    seen: list[int] = []
-
-    async def consume() -> None:
-        async for delta in engine.generate(_request("a", max_tokens=8)):
-            seen.extend(delta.token_ids)
-
-    task = asyncio.create_task(consume())
-    while len(seen) < 2:
-        await asyncio.sleep(0)
-    [aborted] = await engine.abort("a")
-    await task
+    aborted, deltas = await _abort_after(_engine(FakeLLM(tokens=4, stall_after=2, unsent=2)), 2)
+    seen = [t for d in deltas for t in d.token_ids]
     assert aborted.token_ids == seen == [100, 101] and aborted.finish_reason == "abort"
 
     llm = PausingLLM(tokens=4, late="none", stall_after=2, unsent=2)
