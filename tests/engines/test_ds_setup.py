@@ -33,19 +33,42 @@ def test_start_builds_no_op_and_all_reduce_works(tmp_path):
     nor loaded from an earlier build)."""
     ext = tmp_path / "ext"
     ext.mkdir()
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(ext))
+    out = _run_child(_CHILD, ext)
+    assert out.stdout.splitlines()[-1] == "1 [3.0, -1.5]"
+    assert list(ext.iterdir()) == []
+
+
+_CHILD_AT_EXIT = """
+import atexit
+import torch
+from gyre.engines.ds_setup import init_process_group
+
+atexit.register(lambda: print("at exit, group alive:", torch.distributed.is_initialized()))
+init_process_group()
+init_process_group()  # a second call registers no second hook
+print("group alive:", torch.distributed.is_initialized())
+"""
+
+
+def test_the_group_is_destroyed_at_exit(tmp_path):
+    """The group is gone by the time an exit hook registered before `init_process_group` runs
+    (`atexit` runs hooks last in, first out): a gloo group left alive can abort the process in C++
+    teardown ("terminate called without an active exception", 1 start in 120 on 2026-12-07)."""
+    out = _run_child(_CHILD_AT_EXIT, tmp_path)
+    assert out.stdout.splitlines()[-2:] == ["group alive: True", "at exit, group alive: False"]
+
+
+def _run_child(code: str, extensions_dir) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter with no launcher variables; fails with its stderr when it
+    exits non-zero."""
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(extensions_dir))
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(key, None)
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        env=env,
-        check=True,
-        timeout=300,
-        capture_output=True,
-        text=True,
+        [sys.executable, "-c", code], env=env, timeout=300, capture_output=True, text=True
     )
-    assert out.stdout.splitlines()[-1] == "1 [3.0, -1.5]"
-    assert list(ext.iterdir()) == []
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
 
 
 def test_the_op_named_is_deepspeeds_shared_memory_all_reduce():
