@@ -15,9 +15,22 @@ from typing import Any
 import anyio
 import sniffio
 
-__all__ = ["listening_socket", "serve_asgi"]
+__all__ = ["KEEP_ALIVE_S", "listening_socket", "serve_asgi"]
 
 logger = logging.getLogger("gyre.http")
+
+KEEP_ALIVE_S = 1.0
+"""Seconds an idle HTTP/1.1 connection is kept open (Hypercorn's `keep_alive_timeout`, 5 s by
+default). Hypercorn 0.18 also holds a connection its client closed until this timer ends (on
+asyncio after any close; on trio when the close races the end of the response, as under load):
+the socket stays in CLOSE-WAIT and its task alive. A client that opens a connection a call (httpx
+without keep-alive, as `bench_engine` does) left 865-1,487 such sockets on trio under ~300 calls/s
+(2026-12-06). Measured 2026-12-07, the proxy in front of a scripted engine, 300 batches of 32
+calls on new connections: proxy CPU 16.1-21.2 s at 5 s, 15.6-16.0 at 1 s, 13.1-16.0 at 0.5 s;
+batches over twice the median 23-24 at 5 s, 11-14 at 1 s. A request in flight is never idle, so
+this bounds only the gap between one response and the next request on a connection; a client
+that waits longer reconnects (httpx drops a pooled connection the server closed:
+`httpcore.AsyncHTTP11Connection.has_expired`)."""
 
 
 def listening_socket(host: str, port: int, *, backlog: int = 128) -> socket.socket:
@@ -51,9 +64,9 @@ async def serve_asgi(
     coroutine functions run for as long as the server (e.g. the call log's fsync timer).
     Raises `OSError` when the address cannot be bound.
 
-    Hypercorn stops through its shutdown trigger, not by cancellation (its asyncio worker
-    mishandles `CancelledError`): on cancellation the trigger fires and the server gets its
-    graceful period (1 s) inside a shielded scope.
+    An idle connection is closed after `KEEP_ALIVE_S`. Hypercorn stops through its shutdown
+    trigger, not by cancellation (its asyncio worker mishandles `CancelledError`): on cancellation
+    the trigger fires and the server gets its graceful period (1 s) inside a shielded scope.
     """
     from hypercorn.config import Config as HypercornConfig
 
@@ -68,6 +81,7 @@ async def serve_asgi(
     hc.accesslog = None
     hc.errorlog = log
     hc.graceful_timeout = 1.0
+    hc.keep_alive_timeout = KEEP_ALIVE_S
     shutdown = anyio.Event()
 
     async def run_server() -> None:

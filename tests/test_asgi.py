@@ -1,0 +1,85 @@
+"""`gyre._asgi.serve_asgi`: an idle connection is closed after `KEEP_ALIVE_S`; a request in
+flight longer than that is answered whole, and a pooled client that waited longer reconnects by
+itself."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import anyio
+import httpx
+import pytest
+
+from gyre._asgi import KEEP_ALIVE_S, serve_asgi
+
+pytestmark = pytest.mark.anyio
+
+
+def _app(delay_s: float = 0.0):
+    """An ASGI app answering every request with `ok` after `delay_s` (lifespan handled)."""
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        await anyio.sleep(delay_s)
+        headers = [(b"content-type", b"text/plain"), (b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    return app
+
+
+async def test_an_idle_connection_is_closed_after_the_keep_alive(anyio_backend):
+    """A client that keeps its connection open after a response sees the server close it within
+    `KEEP_ALIVE_S` (plus scheduling slack; Hypercorn's default held it 5 s), and the same timer ends
+    a connection its client closed, which Hypercorn otherwise holds in CLOSE-WAIT."""
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(partial(serve_asgi, _app(), host="127.0.0.1", port=0))
+        async with await anyio.connect_tcp("127.0.0.1", port) as client:
+            await client.send(b"GET / HTTP/1.1\r\nHost: gyre\r\n\r\n")
+            reply = b""
+            while not reply.endswith(b"ok"):
+                reply += await client.receive()
+            assert reply.startswith(b"HTTP/1.1 200")
+            with anyio.fail_after(KEEP_ALIVE_S + 2):
+                with pytest.raises(anyio.EndOfStream):
+                    await client.receive()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_request_longer_than_the_keep_alive_is_answered_and_a_pooled_client_reconnects(
+    anyio_backend,
+):
+    """A response that takes `KEEP_ALIVE_S` + 0.5 s arrives whole (a request in flight is not
+    idle); a second call after the connection sat idle past `KEEP_ALIVE_S` succeeds on a new
+    connection of httpx's pool."""
+    async with anyio.create_task_group() as tg:
+        app = _app(delay_s=KEEP_ALIVE_S + 0.5)
+        port = await tg.start(partial(serve_asgi, app, host="127.0.0.1", port=0))
+        opened: list[str] = []
+
+        async def on_request(request: httpx.Request) -> None:
+            opened.append(request.url.path)
+
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}",
+            event_hooks={"request": [on_request]},
+            timeout=30,
+        ) as http:
+            first = await http.get("/a")
+            await anyio.sleep(KEEP_ALIVE_S + 0.5)
+            second = await http.get("/b")
+        assert (first.status_code, first.text, second.status_code, second.text) == (
+            200,
+            "ok",
+            200,
+            "ok",
+        )
+        assert opened == ["/a", "/b"]  # no retry: the closed connection was never written to
+        tg.cancel_scope.cancel()
