@@ -53,6 +53,11 @@ stopped, 0.2-0.4 s). Three `bench_engine` runs: gyre/direct 1.01-1.04 / 1.04-1.1
 own engine start). What is left is the proxy hop: the 32 calls of a batch reach `generate` 25-35
 ms after they were sent (each costs the proxy ~1.5 ms of CPU, half of it Hypercorn, h11 and
 trio), and the last response leaves 15-25 ms after the last token.
+On 2026-12-07 the proxy's idle connections close after 1 s, not Hypercorn's 5 s (`gyre._asgi`):
+Hypercorn kept each connection its client closed until then, a few hundred dead ones at a time
+under a connection a call. Four `bench_engine` runs since: proxy against vLLM's server 1.03 / 1.13
+/ 1.24 / 1.23, rounds 0.78-1.63 (median 1.17, against 1.25 before); the 1.15 goal is not met
+reliably.
 Agents and verifiers keep their own sessions (untrusted code gets no controlling terminal), so
 each CPU-bound one weighs as much as the node and its cells together; an agent's tool commands no
 longer open a session (autogroup) each.
