@@ -23,14 +23,19 @@ KEEP_ALIVE_S = 1.0
 """Seconds an idle HTTP/1.1 connection is kept open (Hypercorn's `keep_alive_timeout`, 5 s by
 default). Hypercorn 0.18 also holds a connection its client closed until this timer ends (on
 asyncio after any close; on trio when the close races the end of the response, as under load):
-the socket stays in CLOSE-WAIT and its task alive. A client that opens a connection a call (httpx
-without keep-alive, as `bench_engine` does) left 865-1,487 such sockets on trio under ~300 calls/s
-(2026-12-06). Measured 2026-12-07, the proxy in front of a scripted engine, 300 batches of 32
-calls on new connections: proxy CPU 16.1-21.2 s at 5 s, 15.6-16.0 at 1 s, 13.1-16.0 at 0.5 s;
-batches over twice the median 23-24 at 5 s, 11-14 at 1 s. A request in flight is never idle, so
-this bounds only the gap between one response and the next request on a connection; a client
-that waits longer reconnects (httpx drops a pooled connection the server closed:
-`httpcore.AsyncHTTP11Connection.has_expired`)."""
+the socket stays in CLOSE-WAIT and its task and objects alive. A client that opens a connection a
+call (httpx without keep-alive, as `bench_engine` does) left 865-1,487 such sockets on trio under
+~300 calls/s (2026-12-06), and full collections walk what they hold. Measured 2026-12-07, the
+proxy in front of a scripted engine, 300 batches of 32 calls on new connections, runs
+interleaved: proxy CPU 16.1-21.5 s at 5 s (5 runs), 19.1-22.1 at 2 s (3), 15.6-18.4 at 1 s (4),
+13.1-16.0 at 0.5 s (2); batches over twice the median 22-24, 18-21, 7-14, 9-10; time in full
+collections 4.2-4.7 s at 5 s, 3.0-3.1 at 2 s, 2.2-2.4 at 1 s.
+The timer runs while a connection waits for a request: from its accept to the request's headers
+(a client sends them at once) and from a response's end to the next request; a request in flight
+is never idle. A client that waits longer reconnects: httpx drops a pooled connection the server
+closed (`httpcore.AsyncHTTP11Connection.has_expired`). A request sent as the server closes fails
+unread, so a retry is safe: the OpenAI and Anthropic SDKs retry it, browsers retry an idempotent
+request on a reused connection, the worker's `POST /cell_exit` tries 3 times."""
 
 
 def listening_socket(host: str, port: int, *, backlog: int = 128) -> socket.socket:

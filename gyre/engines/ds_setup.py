@@ -43,7 +43,7 @@ def init_process_group(
     is written to the environment, so child processes (agents, other nodes) never inherit a stale
     one (only LOCAL_RANK, which DeepSpeed requires: `rank` unless set). On CPU DeepSpeed's
     `SHM_OP` is marked incompatible first, so no start compiles it (GPU accelerators have no such
-    op). The group is destroyed at the process's exit (`atexit`), before C++ teardown. Raises
+    op). A gloo group is destroyed at the process's exit (`atexit`, `_destroy_at_exit`). Raises
     `ValueError` for a bad rank or a group of several ranks without `init_method`."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
@@ -67,14 +67,18 @@ def init_process_group(
             world_size=world_size,
         )
     deepspeed.init_distributed(dist_backend=backend)  # adopts an existing group
-    atexit.unregister(_destroy_at_exit)  # registered once however often this is called
-    atexit.register(_destroy_at_exit)
+    if backend == "gloo":
+        atexit.unregister(_destroy_at_exit)  # registered once however often this is called
+        atexit.register(_destroy_at_exit)
 
 
 def _destroy_at_exit() -> None:
-    """Destroy the process group while the interpreter is still whole (`atexit`). A process that
-    exits with a gloo group alive can die in C++ teardown: 1 in 120 one-rank starts here ended in
-    "terminate called without an active exception" (SIGABRT) after a clean run (2026-12-07, the
-    CI failure of 7259070; PyTorch's own docs ask for `destroy_process_group` before exit)."""
+    """Destroy the gloo process group while the interpreter is still whole (`atexit`): its
+    backend is shut down and its store released there, not in C++ teardown. A process that exited
+    with the group alive could abort: 1 in 120 one-rank starts here ended in "terminate called
+    without an active exception" (SIGABRT) after a clean run, 0 in 120 with this hook (2026-12-07,
+    the CI failure of 7259070; PyTorch's docs ask for `destroy_process_group` before exit). Not
+    for NCCL: its shutdown may wait on work in flight or on peers (a collective in some NCCL
+    versions, `destroy_process_group`'s own comment), which an exit must not; unmeasured here."""
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -439,6 +439,24 @@ async def run_worker(head: str, *, secret: str | None = None) -> int:
             return await _hold(http, offer, clients, reply.heartbeat_s)
 
 
+async def _report_exit(
+    http: httpx.AsyncClient, body: CellExit, *, attempts: int = 3, pause_s: float = 0.5
+) -> bool:
+    """`POST /cell_exit` with `body`, tried up to `attempts` times `pause_s` apart on a transport
+    error: a pooled connection the head closes as it is reused fails without the head having read
+    the request (its idle connections close after `gyre._asgi.KEEP_ALIVE_S`), and the head takes a
+    repeated report as one. Returns whether the head answered; False when it is gone (the offer
+    stream ends too)."""
+    for attempt in range(attempts):
+        try:
+            await http.post("/cell_exit", content=msgspec.json.encode(body))
+            return True
+        except httpx.TransportError:
+            if attempt + 1 < attempts:
+                await anyio.sleep(pause_s)
+    return False
+
+
 async def _hold(http: httpx.AsyncClient, offer: Offer, clients, heartbeat_s: float) -> int:
     """Offer the cells and keep the connection until `done` (0) or its end (1); report a cell that
     exits meanwhile (`POST /cell_exit`)."""
@@ -454,10 +472,7 @@ async def _hold(http: httpx.AsyncClient, offer: Offer, clients, heartbeat_s: flo
                     if code is not None and client.rank not in reported:
                         reported.add(client.rank)
                         body = CellExit(worker=offer.worker, rank=client.rank, code=code)
-                        try:
-                            await http.post("/cell_exit", content=msgspec.json.encode(body))
-                        except httpx.TransportError:
-                            pass  # the head is gone: the offer stream ends too
+                        await _report_exit(http, body)
 
         tg.start_soon(watch_cells)
         try:

@@ -51,9 +51,10 @@ print("group alive:", torch.distributed.is_initialized())
 
 
 def test_the_group_is_destroyed_at_exit(tmp_path):
-    """The group is gone by the time an exit hook registered before `init_process_group` runs
-    (`atexit` runs hooks last in, first out): a gloo group left alive can abort the process in C++
-    teardown ("terminate called without an active exception", 1 start in 120 on 2026-12-07)."""
+    """The (gloo) group is gone by the time an exit hook registered before `init_process_group`
+    runs (`atexit` runs hooks last in, first out): a gloo group left alive can abort the process
+    in C++ teardown ("terminate called without an active exception", 1 start in 120 on
+    2026-12-07)."""
     out = _run_child(_CHILD_AT_EXIT, tmp_path)
     assert out.stdout.splitlines()[-2:] == ["group alive: True", "at exit, group alive: False"]
 

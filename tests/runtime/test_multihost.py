@@ -26,7 +26,7 @@ import torch
 from gyre.config import config_from_dict
 from gyre.errors import ConfigError
 from gyre.runtime.grad_group import GradientGroup, host_group_store, local_address_for
-from gyre.runtime.join import open_join_server, run_worker
+from gyre.runtime.join import CellExit, _report_exit, open_join_server, run_worker
 
 
 def test_a_join_with_a_wrong_or_no_secret_is_refused_on_both_sides(tmp_path: Path) -> None:
@@ -56,6 +56,31 @@ def test_a_worker_without_a_secret_is_refused_before_connecting(monkeypatch) -> 
     monkeypatch.delenv("GYRE_JOIN_SECRET", raising=False)
     with pytest.raises(ConfigError, match=r"\$GYRE_JOIN_SECRET"):
         anyio.run(run_worker, "127.0.0.1:1", backend="trio")
+
+
+@pytest.mark.parametrize("failures", [1, 3])
+def test_a_cell_exit_report_is_tried_again_after_a_transport_error(failures: int) -> None:
+    """A worker's `POST /cell_exit` that fails before the head answers (a pooled connection the
+    head closed as it was reused) is sent again: after 1 failure the second try lands with the
+    same body; 3 failures in 3 tries report the head gone."""
+    seen: list[bytes] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.content)
+        if len(seen) <= failures:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx.Response(200, json={})
+
+    body = CellExit(worker=1, rank=2, code=-9)
+
+    async def main() -> bool:
+        transport = httpx.MockTransport(answer)
+        async with httpx.AsyncClient(transport=transport, base_url="http://head") as http:
+            return await _report_exit(http, body, attempts=3, pause_s=0.0)
+
+    landed = anyio.run(main)
+    expected = b'{"worker":1,"rank":2,"code":-9}'
+    assert (landed, seen) == ((True, [expected] * 2) if failures == 1 else (False, [expected] * 3))
 
 
 def test_gradient_group_device_on_the_route_to_the_store() -> None:
