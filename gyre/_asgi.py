@@ -1,8 +1,9 @@
 """Serving an ASGI app with Hypercorn inside the caller's event loop (trio or asyncio).
 
-Owns `listening_socket` (bind first, so a port that cannot be had fails before anything is served)
-and `serve_asgi`, which every gyre HTTP server uses: the TITO proxy, the gateway's execution API and
-the live run page. Knows nothing about what the apps serve.
+Owns `listening_socket` (bind first, so a port that cannot be had fails before anything is served),
+`serve_asgi`, which every gyre HTTP server uses (the TITO proxy, the gateway's execution API, the
+live run page and the head's join endpoint), and `KEEP_ALIVE_S`, how long those servers keep an idle
+connection. Knows nothing about what the apps serve or who their clients are.
 """
 
 from __future__ import annotations
