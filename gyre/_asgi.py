@@ -20,23 +20,54 @@ __all__ = ["KEEP_ALIVE_S", "listening_socket", "serve_asgi"]
 
 logger = logging.getLogger("gyre.http")
 
-KEEP_ALIVE_S = 1.0
+KEEP_ALIVE_S = 120.0
 """Seconds an idle HTTP/1.1 connection is kept open (Hypercorn's `keep_alive_timeout`, 5 s by
-default). Hypercorn 0.18 also holds a connection its client closed until this timer ends (on
-asyncio after any close; on trio when the close races the end of the response, as under load):
-the socket stays in CLOSE-WAIT and its task and objects alive. A client that opens a connection a
-call (httpx without keep-alive, as `bench_engine` does) left 865-1,487 such sockets on trio under
-~300 calls/s (2026-12-06), and full collections walk what they hold. Measured 2026-12-07, the
-proxy in front of a scripted engine, 300 batches of 32 calls on new connections, runs
-interleaved: proxy CPU 16.1-21.5 s at 5 s (5 runs), 19.1-22.1 at 2 s (3), 15.6-18.4 at 1 s (4),
-13.1-16.0 at 0.5 s (2); batches over twice the median 22-24, 18-21, 7-14, 9-10; time in full
-collections 4.2-4.7 s at 5 s, 3.0-3.1 at 2 s, 2.2-2.4 at 1 s.
-The timer runs while a connection waits for a request: from its accept to the request's headers
-(a client sends them at once) and from a response's end to the next request; a request in flight
-is never idle. A client that waits longer reconnects: httpx drops a pooled connection the server
-closed (`httpcore.AsyncHTTP11Connection.has_expired`). A request sent as the server closes fails
-unread, so a retry is safe: the OpenAI and Anthropic SDKs retry it, browsers retry an idempotent
-request on a reused connection, the worker's `POST /cell_exit` tries 3 times."""
+default), longer than the idle expiry of the client pools agents use (httpx 5 s, so the OpenAI and
+Anthropic SDKs; aiohttp 15 s; Node's undici 4 s; Go's `net/http` 90 s): those clients close an
+idle connection first and never send a call on one the server is closing. A call that meets that
+close fails unread; at 1 s (2026-12-07) 16 of 32 agents, each on its own keep-alive httpx client
+and calling about every second, got `httpx.ReadError` in one batch. The timer runs while a
+connection waits for a request: from its accept to the request's headers and from a response's
+end to the next request; a request in flight is never idle. A connection its client closed ends
+at once (`_close_on_eof`), whatever this says."""
+
+
+def _close_on_eof(tcp_server: type) -> type:
+    """Hypercorn's connection handler `tcp_server` (its trio or asyncio `TCPServer`), except that
+    a connection ends as soon as it can read no more (its client closed it, or a read failed).
+    Hypercorn 0.18 stops reading there but leaves the keep-alive timer running, and the
+    connection's task group waits for it: the socket stays in CLOSE-WAIT, its task and objects
+    alive, until `keep_alive_timeout` ends. A client that opens a connection a call (httpx without
+    keep-alive, as `bench_engine` does) left 865-1,487 such sockets in the proxy under ~300 calls/s
+    at the 5-s default (2026-12-06), and full collections walk what they hold; a 1-s keep-alive
+    (2026-12-07 until this) bounded them but broke agents that call about once a second (see
+    `KEEP_ALIVE_S`). The proxy in front of a scripted engine, 300 batches of 32 calls on new
+    connections, two runs each interleaved (2026-12-07): proxy CPU 21.4-22.2 s at 1 s without
+    this, 20.0-22.0 at 120 s with it; time in full collections 2.6-2.7 s, 2.0; batches over twice
+    the median 9-10, 1-3. Not found in Hypercorn's tracker (2026-12-07)."""
+
+    class ClosingTCPServer(tcp_server):
+        async def _read_data(self) -> None:
+            await super()._read_data()
+            await self.idle_task.stop()  # nothing more can arrive: let the connection end
+
+    ClosingTCPServer.__qualname__ = f"_close_on_eof({tcp_server.__module__}.TCPServer)"
+    return ClosingTCPServer
+
+
+def _hypercorn_serve(library: str) -> Callable[..., Awaitable[None]]:
+    """Hypercorn's `serve` for `library` ("trio" or "asyncio"), its connections handled by
+    `_close_on_eof` (installed once a process in Hypercorn's module, where its `serve` looks the
+    handler up)."""
+    if library == "trio":
+        import hypercorn.trio.run as run_module
+        from hypercorn.trio import serve
+    else:
+        import hypercorn.asyncio.run as run_module
+        from hypercorn.asyncio import serve
+    if not getattr(run_module.TCPServer, "__qualname__", "").startswith("_close_on_eof"):
+        run_module.TCPServer = _close_on_eof(run_module.TCPServer)
+    return serve
 
 
 def listening_socket(host: str, port: int, *, backlog: int = 128) -> socket.socket:
@@ -76,10 +107,7 @@ async def serve_asgi(
     """
     from hypercorn.config import Config as HypercornConfig
 
-    if sniffio.current_async_library() == "trio":
-        from hypercorn.trio import serve as hypercorn_serve
-    else:
-        from hypercorn.asyncio import serve as hypercorn_serve
+    hypercorn_serve = _hypercorn_serve(sniffio.current_async_library())
     sock = listening_socket(host, port, backlog=backlog)
     bound = sock.getsockname()[1]
     hc = HypercornConfig()
