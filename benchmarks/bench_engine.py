@@ -10,7 +10,9 @@ ratio by up to 30% (committed runs gave 0.90-1.23 at one request for the same co
 concurrency 32, an OpenAI `/v1/completions` client (this process) through gyre's `TitoProxy`
 (`benchmarks.proxy_host`: a process of its own on trio, as the node serves it; in this process
 until 2026-12-06, sharing one thread with the load client) + that cell, against vLLM's own OpenAI
-server (`vllm.entrypoints.openai.api_server`, its own engine start) on the same model. Every
+server (`vllm.entrypoints.openai.api_server`, its own engine start) on the same model, batch by
+batch in turn, the server not being timed stopped (SIGSTOP; until 2026-12-07 one server after
+the other, minutes apart, and the machine's drift moved a round's ratio 0.78-1.63). Every
 request decodes exactly `max_tokens` tokens (no stop IDs; `ignore_eos` for vLLM's server). One
 engine runs at a time.
 
@@ -19,9 +21,10 @@ Writes benchmarks/results/engine.json:
   median over `--rounds` x `--repeats` pairs of adjacent batches on one engine (every engine
   started afresh each round; goal <= 1.10; `per_round` keeps each round's own; tokens/s are of
   the pooled median times);
-- `proxy_vs_vllm_server_ratio_32` (goal <= 1.15): calls that ask for no logprobs, as the goal
-  was set (gyre's path computes the sampled token's logprob of every call all the same; vLLM's
-  server then skips that work); None with `vllm_server_error` when that server cannot start.
+- `proxy_vs_vllm_server_ratio_32` (goal <= 1.15): proxy time / vLLM server time, the median
+  over `--rounds` x `--repeats` pairs of adjacent batches; calls that ask for no logprobs, as the
+  goal was set (gyre's path computes the sampled token's logprob of every call all the same;
+  vLLM's server then skips that work); None with `vllm_server_error` when it cannot start.
   `proxy_vs_vllm_server_logprobs_ratio_32` (since 2026-12-06): the same calls asking for the
   sampled token's logprob (`logprobs: 0`), as a rollout does, so that both paths do that work;
   `proxy_s_32`, `vllm_server_s_32` and their `_logprobs_` twins are the seconds per batch;
@@ -50,6 +53,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -220,40 +225,63 @@ async def _openai(
     return total
 
 
-async def _time_openai(
-    base_url: str, prompts, body, keys, repeats: int, max_tokens: int, server_pid: int
-) -> dict[str, dict]:
-    """Batches of `len(prompts)` concurrent `/v1/completions` calls of `body`, in two kinds taken
-    in turn: "logprobs" asks for the sampled token's logprob (`logprobs: 0`, what a rollout needs
-    of any server; gyre's proxy records it either way), "plain" does not. Per kind, after one batch
-    that warms up: {"s": seconds per batch, "cpu_s": mean CPU seconds per batch of the server's
-    main process `server_pid`}."""
-    bodies = {"logprobs": {**body, "logprobs": 0}, "plain": body}
-    out: dict[str, dict] = {kind: {"s": [], "cpu": []} for kind in bodies}
+async def _time_served(
+    served: dict[str, dict], prompts, repeats: int, max_tokens: int
+) -> dict[str, dict[str, dict]]:
+    """Batches of `len(prompts)` concurrent `/v1/completions` calls against each server of
+    `served` ({name: {"url", "body", "keys", "pid", "pgid"}}), interleaved batch by batch: each
+    repeat runs both kinds of call ("logprobs" asks for the sampled token's logprob, `logprobs: 0`,
+    what a rollout needs of any server; gyre's proxy records it either way; "plain" does not) on
+    every server, the orders reversed every other repeat, after one repeat that warms up. While
+    one server is timed the others' process groups (`pgid`: their engines) are stopped (SIGSTOP),
+    so an idle engine takes no CPU from the timed one and every pair of batches meets the same
+    machine. Returns {name: {kind: {"s": seconds per batch, "cpu_s": mean CPU seconds per batch of
+    the process serving the API (`pid`)}}}; the i-th batch of a kind is adjacent in time on every
+    server."""
+    kinds = {"logprobs": {"logprobs": 0}, "plain": {}}
+    out = {name: {kind: {"s": [], "cpu": []} for kind in kinds} for name in served}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-    async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as http:
-        for r in range(repeats + 1):  # the first round warms up
-            for kind in bodies if r % 2 == 0 else reversed(bodies):
-                cpu0, t0 = _cpu_s(server_pid), time.perf_counter()
-                tokens = await _openai(http, prompts, bodies[kind], keys, max_tokens)
-                if r:
-                    out[kind]["s"].append(time.perf_counter() - t0)
-                    out[kind]["cpu"].append(_cpu_s(server_pid) - cpu0)
-                assert tokens == len(prompts) * max_tokens, tokens
-    return {k: {"s": v["s"], "cpu_s": statistics.fmean(v["cpu"])} for k, v in out.items()}
+    clients = {
+        name: httpx.AsyncClient(base_url=server["url"], timeout=600, limits=limits)
+        for name, server in served.items()
+    }
+    running = None
+    try:
+        for r in range(repeats + 1):  # the first repeat warms up
+            for kind in kinds if r % 2 == 0 else reversed(kinds):
+                for name in served if r % 2 == 0 else reversed(served):
+                    if running != name:
+                        for other, server in served.items():
+                            os.killpg(
+                                server["pgid"], signal.SIGCONT if other == name else signal.SIGSTOP
+                            )
+                        running = name
+                    server = served[name]
+                    body = {**server["body"], **kinds[kind]}
+                    cpu0, t0 = _cpu_s(server["pid"]), time.perf_counter()
+                    tokens = await _openai(clients[name], prompts, body, server["keys"], max_tokens)
+                    if r:
+                        out[name][kind]["s"].append(time.perf_counter() - t0)
+                        out[name][kind]["cpu"].append(_cpu_s(server["pid"]) - cpu0)
+                    assert tokens == len(prompts) * max_tokens, tokens
+    finally:
+        for server in served.values():
+            os.killpg(server["pgid"], signal.SIGCONT)
+        for http in clients.values():
+            await http.aclose()
+    return {
+        name: {k: {"s": v["s"], "cpu_s": statistics.fmean(v["cpu"])} for k, v in kinds_.items()}
+        for name, kinds_ in out.items()
+    }
 
 
-async def _proxy_path(
-    cell_url: str,
-    model_dir: Path,
-    config: EngineConfig,
-    prompts,
-    repeats: int,
-    max_tokens: int,
-    log_path: Path,
-) -> dict[str, dict]:
-    """`_time_openai` through gyre's TitoProxy (its own process, `benchmarks.proxy_host`, on trio
-    like the node) in front of the cell at `cell_url`; CPU is the proxy process's."""
+@asynccontextmanager
+async def _proxy_host(
+    cell_url: str, cell_pid: int, model_dir: Path, config: EngineConfig, keys: int, log_path: Path
+) -> AsyncIterator[dict]:
+    """gyre's TitoProxy in a process of its own (`benchmarks.proxy_host`, on trio like the node)
+    in front of the cell at `cell_url`; yields it as `_time_served` takes a server, with the
+    process group of the cell (`cell_pid`) as the one to stop; its CPU is the proxy process's."""
     port_file = log_path.with_suffix(".port")
     port_file.unlink(missing_ok=True)
     cmd = [
@@ -267,7 +295,7 @@ async def _proxy_path(
         "--engine-config",
         msgspec.json.encode(config).decode(),
         "--keys",
-        str(len(prompts)),
+        str(keys),
         "--port-file",
         str(port_file),
     ]
@@ -281,16 +309,13 @@ async def _proxy_path(
                 raise RuntimeError(f"{PROXY_HOST_MODULE} did not start: {tail}")
             await anyio.sleep(0.2)
         served = json.loads(port_file.read_text())
-        body = {"model": served["model"], "temperature": 1.0}
-        return await _time_openai(
-            f"http://127.0.0.1:{served['port']}",
-            prompts,
-            body,
-            served["keys"],
-            repeats,
-            max_tokens,
-            host.pid,
-        )
+        yield {
+            "url": f"http://127.0.0.1:{served['port']}",
+            "body": {"model": served["model"], "temperature": 1.0},
+            "keys": served["keys"],
+            "pid": host.pid,
+            "pgid": os.getpgid(cell_pid),
+        }
     finally:
         host.terminate()
         with anyio.CancelScope(shield=True):
@@ -307,11 +332,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def _vllm_server_path(
-    model_dir: Path, config: EngineConfig, prompts, repeats: int, max_tokens: int, log_path: Path
-) -> tuple[dict[str, dict] | None, str | None]:
-    """`_time_openai` against vLLM's own OpenAI server (CPU: its API server process; EngineCore
-    and the worker are its children, not counted), or (None, why it did not start)."""
+@asynccontextmanager
+async def _vllm_server(
+    model_dir: Path, config: EngineConfig, log_path: Path
+) -> AsyncIterator[tuple[dict | None, str | None]]:
+    """vLLM's own OpenAI server (`vllm.entrypoints.openai.api_server`, its own engine start; its
+    own process group, in this session, like a cell) on the same model and engine settings;
+    yields (the server as `_time_served` takes it, None), CPU being its API server process's
+    (EngineCore and the worker are its children, not counted), or (None, why it did not
+    start)."""
     port = _free_port()
     cmd = [
         sys.executable,
@@ -343,35 +372,43 @@ async def _vllm_server_path(
         *(["--enforce-eager"] if config.enforce_eager else []),
         *([] if config.enable_prefix_caching else ["--no-enable-prefix-caching"]),
     ]
-    with open(log_path, "ab") as log:  # like a cell: its own process group, in the node's session
+    with open(log_path, "ab") as log:
         server = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0
         )
     try:
         deadline = time.monotonic() + config.startup_timeout_s
+        error = None
         async with httpx.AsyncClient(timeout=5) as http:
             while True:
                 if server.poll() is not None:
                     tail = log_path.read_text(errors="replace").splitlines()[-15:]
-                    return None, f"exited with code {server.returncode}: " + " | ".join(tail)
+                    error = f"exited with code {server.returncode}: " + " | ".join(tail)
+                    break
                 if time.monotonic() > deadline:
-                    return None, f"not ready within startup_timeout_s={config.startup_timeout_s}"
+                    error = f"not ready within startup_timeout_s={config.startup_timeout_s}"
+                    break
                 try:
                     if (await http.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
                         break
                 except httpx.TransportError:
                     pass  # not listening yet
                 await anyio.sleep(0.5)
-        body = {"model": str(model_dir), "temperature": 1.0, "ignore_eos": True}
-        timed = await _time_openai(
-            f"http://127.0.0.1:{port}", prompts, body, None, repeats, max_tokens, server.pid
-        )
-        return timed, None
+        if error is not None:
+            yield None, error
+        else:
+            body = {"model": str(model_dir), "temperature": 1.0, "ignore_eos": True}
+            url = f"http://127.0.0.1:{port}"
+            yield (
+                {"url": url, "body": body, "keys": None, "pid": server.pid, "pgid": server.pid},
+                None,
+            )
     finally:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        for sig in (signal.SIGCONT, signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(server.pid, sig)
-                server.wait(30)
+                if sig != signal.SIGCONT:
+                    server.wait(30)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
 
@@ -385,9 +422,13 @@ async def _round(
     log_dir: Path,
 ) -> dict:
     """One round: one cell process (`benchmarks.engine_host`), timed direct and through gyre's
-    protocol in turn, then through the proxy; then vLLM's own server. One engine runs at a time:
-    an idle vLLM engine beside the measured one took 2-7x off the measured path on 2 cores
-    (2026-12-01: gyre 55 tok/s at concurrency 1 with the direct engine alive, 344 tok/s alone)."""
+    protocol in turn, alone. Then the cell stays, stopped, while vLLM's own server starts, and
+    the two OpenAI servers (gyre's proxy + that cell; vLLM's server) are timed batch by batch in
+    turn (`_time_served`), each stopped while the other runs. An idle vLLM engine left running
+    beside the measured one took 2-7x off the measured path on 2 cores (2026-12-01: gyre 55 tok/s
+    at concurrency 1 with the direct engine alive, 344 tok/s alone); until 2026-12-07 the two
+    servers ran one after the other, a minute or more apart, and a round's ratio moved 0.78-1.63
+    with the machine's speed, while paired batches of one round, then, gave 1.21-1.29."""
     from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
     from gyre.runtime.cell_wire import cell_secret
 
@@ -401,31 +442,28 @@ async def _round(
             httpx.AsyncClient(base_url=url, headers=auth, timeout=600) as http,
         ):
             paired = await _paired(engine, http, cell.process.pid, prompts, repeats, max_tokens)
-            proxy = await _proxy_path(
-                url,
-                model_dir,
-                config,
-                prompts[:SERVER_CONCURRENCY],
-                repeats,
-                max_tokens,
-                log_dir / "proxy.log",
+            hosted = _proxy_host(
+                url, cell.process.pid, model_dir, config, SERVER_CONCURRENCY, log_dir / "proxy.log"
             )
+            async with hosted as proxy:
+                os.killpg(proxy["pgid"], signal.SIGSTOP)  # the cell's engine waits, stopped
+                try:
+                    async with _vllm_server(model_dir, config, log_dir / "vllm.log") as started:
+                        server, server_error = started
+                        served = {"proxy": proxy} | ({"server": server} if server else {})
+                        timed = await _time_served(
+                            served, prompts[:SERVER_CONCURRENCY], repeats, max_tokens
+                        )
+                finally:
+                    os.killpg(proxy["pgid"], signal.SIGCONT)
             streamed = await engine.cell_statistics()
     finally:
         await anyio.to_thread.run_sync(cell.stop)
-    server, server_error = await _vllm_server_path(
-        model_dir,
-        config,
-        prompts[:SERVER_CONCURRENCY],
-        repeats,
-        max_tokens,
-        log_dir / "vllm-server.log",
-    )
     return {
         "direct_s": paired["direct_s"],
         "gyre_s": paired["gyre_s"],
-        "proxy": proxy,
-        "server": server,
+        "proxy": timed["proxy"],
+        "server": timed.get("server"),
         "server_error": server_error,
         "cpu": paired["cpu"],
         "streamed": streamed,
@@ -433,8 +471,9 @@ async def _round(
     }
 
 
-def _median_ratio(a: list[float], b: list[float]) -> float:
-    return statistics.median(a) / statistics.median(b)
+def _median_of_pairs(a: list[float], b: list[float]) -> float:
+    """Median of a[i] / b[i] over pairs of batches adjacent in time."""
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
 def _paired_ratio(rounds: list[dict], n: int) -> float:
@@ -503,8 +542,11 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
         numbers[f"proxy_vs_vllm_server{suffix}_ratio_{n}"] = (
             None
             if server_error is not None
-            else numbers[f"proxy{suffix}_s_{n}"]["median"]
-            / numbers[f"vllm_server{suffix}_s_{n}"]["median"]
+            else statistics.median(
+                p / v
+                for r in done
+                for p, v in zip(r["proxy"][kind]["s"], r["server"][kind]["s"], strict=True)
+            )
         )
     numbers["vllm_server_error"] = server_error
     # CPU seconds per batch of the process serving the API on each path: gyre's proxy process
@@ -535,7 +577,7 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
             **{
                 f"proxy_vs_vllm_server{suffix}_ratio_{SERVER_CONCURRENCY}": None
                 if r["server"] is None
-                else _median_ratio(r["proxy"][kind]["s"], r["server"][kind]["s"])
+                else _median_of_pairs(r["proxy"][kind]["s"], r["server"][kind]["s"])
                 for kind, suffix in KINDS
             },
         }
