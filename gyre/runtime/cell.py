@@ -58,6 +58,11 @@ Hypercorn kept each connection its client closed until then, a few hundred dead 
 under a connection a call. Four `bench_engine` runs since: proxy against vLLM's server 1.03 / 1.13
 / 1.24 / 1.23, rounds 0.78-1.63 (median 1.17, against 1.25 before); the 1.15 goal is not met
 reliably.
+Those runs timed the two servers one after the other, a minute or more apart, and the machine's
+speed drifted between them. Since later that day `bench_engine` times them batch by batch in
+turn, the one not timed stopped (SIGSTOP), and the ratio is the median over adjacent pairs: 1.19
+(rounds 1.16-1.29; with logprobs 1.17) in 5 rounds, missed. The idle-connection timer is 120 s
+again, with the cause of the dead connections fixed instead (`gyre._asgi._close_on_eof`).
 Agents and verifiers keep their own sessions (untrusted code gets no controlling terminal), so
 each CPU-bound one weighs as much as the node and its cells together; an agent's tool commands no
 longer open a session (autogroup) each.
