@@ -14,7 +14,7 @@ server (`vllm.entrypoints.openai.api_server`, its own engine start) on the same 
 batch in turn, the server not being timed stopped (SIGSTOP; until 2026-12-07 one server after
 the other, minutes apart, and the machine's drift moved a round's ratio 0.78-1.63). Every
 request decodes exactly `max_tokens` tokens (no stop IDs; `ignore_eos` for vLLM's server). One
-engine runs at a time.
+engine runs at a time: the other is stopped or not started yet.
 
 Writes benchmarks/results/engine.json:
 - tokens/s per concurrency (1, 8, 32) and `overhead_ratio_<n>` = gyre time / direct time, the

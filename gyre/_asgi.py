@@ -27,10 +27,11 @@ Anthropic SDKs; aiohttp 15 s; Node's undici 4 s; Go's `net/http` 90 s): those cl
 idle connection first and never send a call on one the server is closing. A call that meets that
 close fails unread: at 1 s (2026-12-07), 32 agents on their own keep-alive httpx clients, each
 calling every 0.95-1.05 s, saw 11 transport errors in 480 calls (0 at 120 s; in `bench_engine`'s
-setting, 16 of 32 calls of one batch failed). The timer runs while a
-connection waits for a request: from its accept to the request's headers and from a response's
-end to the next request; a request in flight is never idle. A connection its client closed ends
-at once (`_close_on_eof`), whatever this says."""
+setting, 16 of 32 calls of one batch failed). The timer runs while a connection waits for a
+request: from its accept to the request's headers and from a response's end to the next request;
+a request in flight is never idle. So a client that connects and sends nothing holds a socket and
+a task for up to this long (1 s before). A connection its client closed, or whose read failed,
+does not wait for the timer: it ends once its request does (`_close_on_eof`)."""
 
 
 def _close_on_eof(tcp_server: type) -> type:
@@ -47,10 +48,21 @@ def _close_on_eof(tcp_server: type) -> type:
     this, 20.0-22.0 at 120 s with it; time in full collections 2.6-2.7 s, 2.0; batches over twice
     the median 9-10, 1-3. Not found in Hypercorn's tracker (2026-12-07)."""
 
+    from hypercorn.events import Updated
+
     class ClosingTCPServer(tcp_server):
+        _read_ended = False
+
         async def _read_data(self) -> None:
             await super()._read_data()
+            self._read_ended = True
             await self.idle_task.stop()  # nothing more can arrive: let the connection end
+
+        async def protocol_send(self, event) -> None:
+            # A request that ends after the read did (a client reset mid-response: h11 never saw
+            # an end of file, so it recycles the connection) would start the timer again
+            if not (self._read_ended and isinstance(event, Updated) and event.idle):
+                await super().protocol_send(event)
 
     ClosingTCPServer.__qualname__ = f"_close_on_eof({tcp_server.__module__}.TCPServer)"
     return ClosingTCPServer
