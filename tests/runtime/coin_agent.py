@@ -2,19 +2,26 @@
 its `learnable` task when its group slot (`...-g<slot>` in its execution id) is odd, so every
 group has rewards 0 and 1.
 
-Run by the harness as `python coin_agent.py` with OPENAI_BASE_URL, OPENAI_API_KEY,
-GYRE_EXECUTION_ID and GYRE_INSTRUCTION_FILE set, in its workspace.
+Run by the harness as `python coin_agent.py [--linger-even S]` with OPENAI_BASE_URL,
+OPENAI_API_KEY, GYRE_EXECUTION_ID and GYRE_INSTRUCTION_FILE set, in its workspace. With
+`--linger-even S`, even group slots wait S seconds after their last call before they end, so a
+group's odd member finishes well before its even one.
 """
 
+import argparse
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import openai
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--linger-even", type=float, default=0.0)
+    linger_even = parser.parse_args().linger_even
     instruction = Path(os.environ["GYRE_INSTRUCTION_FILE"]).read_text()
     word, path = re.search(r"Write the word (\S+) to the file (\S+)\.", instruction).groups()
     client = openai.OpenAI(max_retries=0)
@@ -29,6 +36,8 @@ def main() -> int:
         ]
     if int(os.environ["GYRE_EXECUTION_ID"].rsplit("-g", 1)[1]) % 2:  # odd group slots solve it
         Path(path).write_text(word)
+    else:
+        time.sleep(linger_even)
     return 0
 
 

@@ -58,14 +58,19 @@ B, G = 4, 2
 SEED = 1
 
 
-def config(run_dir: Path, *, steps: int = 3, policy: str = "elastic") -> object:
+def config(
+    run_dir: Path, *, steps: int = 3, policy: str = "elastic", agent_args: tuple[str, ...] = ()
+) -> object:
     return config_from_dict(
         {
             "run_dir": str(run_dir),
             "seed": SEED,
             "loop": {"steps": steps, "batch_executions": B, "group_size": G, "keep_checkpoints": 2},
             "scheduler": {"policy": policy, "capacity_per_cell": 2},
-            "tasks": {"suites": [str(SUITE)], "harness": {"agent_command": ["python", str(AGENT)]}},
+            "tasks": {
+                "suites": [str(SUITE)],
+                "harness": {"agent_command": ["python", str(AGENT), *agent_args]},
+            },
             "router": {"no_cell_timeout_s": 60},
         }
     )
@@ -443,9 +448,9 @@ def key(eid: str) -> tuple[int, int]:
     return int(group), int(member)
 
 
-async def launch(run_dir: Path, fakes, *, resume: bool, stop=None):
+async def launch(run_dir: Path, fakes, *, resume: bool, stop=None, agent_args=()):
     """One start of the run on `fakes`; `stop(runtime)` (polled) ends it at once, as a kill."""
-    cfg = config(run_dir)
+    cfg = config(run_dir, agent_args=agent_args)
     tasks = load_suite(SUITE)
     found = check_run_dir(run_dir, resume=resume, records=("calls.log", LAUNCHES_FILE))
     journal = await RunJournal.open(cfg, run_dir, found, tasks=tasks, heldout=(), resume=resume)
@@ -485,10 +490,18 @@ async def test_a_run_stopped_mid_step_resumes_without_training_a_group_twice(
     ledger = ExecutionLedger(run_dir)
     first = make_cells(tok, 2)
 
-    def mid_step_2(rt) -> bool:  # step 1 done, some of step 2 finished, some still running
-        return rt.steps_done == 1 and any(e.step == 2 for e in ledger.entries()) and rt.where
+    def mid_step_2(rt) -> bool:
+        """Step 1 saved, some of step 2 finished, and an execution step 1's checkpoint holds in
+        flight still running (one that finished after it is recovered, not run again: with any
+        execution running, a kill once left none to rerun). Even group slots linger 1 s after
+        their last call, so a group's even member outlives its odd one."""
+        if rt.steps_done != 1 or not any(e.step == 2 for e in ledger.entries()):
+            return False
+        saved = latest_checkpoint(run_dir)
+        return saved is not None and bool(set(saved[0].in_flight) & set(rt.where))
 
-    j1, _ = await launch(run_dir, first, resume=False, stop=mid_step_2)
+    linger = ("--linger-even", "1.0")
+    j1, _ = await launch(run_dir, first, resume=False, stop=mid_step_2, agent_args=linger)
     state, trainer = latest_checkpoint(run_dir)
     assert (state.step, state.version) == (1, 1)
     assert json.loads((trainer / "deepspeed" / "trainer.json").read_text()) == {"version": 1}
