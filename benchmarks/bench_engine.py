@@ -404,11 +404,11 @@ async def _vllm_server(
                 None,
             )
     finally:
-        for sig in (signal.SIGCONT, signal.SIGTERM, signal.SIGKILL):
+        for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
+                os.killpg(server.pid, signal.SIGCONT)  # a stopped process takes no SIGTERM
                 os.killpg(server.pid, sig)
-                if sig != signal.SIGCONT:
-                    server.wait(30)
+                server.wait(30)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
 
@@ -480,8 +480,8 @@ def _paired_ratio(rounds: list[dict], n: int) -> float:
     """Median over every pair (the same repeat of one round: adjacent batches on one engine) of
     gyre time / direct time at concurrency `n`. A ratio of medians pooled over rounds would mix
     engine starts of different speeds (one round's direct batches took 0.13 s, another's 0.19)."""
-    return statistics.median(
-        g / d for r in rounds for g, d in zip(r["gyre_s"][n], r["direct_s"][n], strict=True)
+    return _median_of_pairs(
+        [t for r in rounds for t in r["gyre_s"][n]], [t for r in rounds for t in r["direct_s"][n]]
     )
 
 
@@ -542,10 +542,9 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
         numbers[f"proxy_vs_vllm_server{suffix}_ratio_{n}"] = (
             None
             if server_error is not None
-            else statistics.median(
-                p / v
-                for r in done
-                for p, v in zip(r["proxy"][kind]["s"], r["server"][kind]["s"], strict=True)
+            else _median_of_pairs(
+                [t for r in done for t in r["proxy"][kind]["s"]],
+                [t for r in done for t in r["server"][kind]["s"]],
             )
         )
     numbers["vllm_server_error"] = server_error

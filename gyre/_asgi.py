@@ -51,6 +51,7 @@ def _close_on_eof(tcp_server: type) -> type:
     from hypercorn.events import Updated
 
     class ClosingTCPServer(tcp_server):
+        closes_on_eof = True
         _read_ended = False
 
         async def _read_data(self) -> None:
@@ -64,7 +65,6 @@ def _close_on_eof(tcp_server: type) -> type:
             if not (self._read_ended and isinstance(event, Updated) and event.idle):
                 await super().protocol_send(event)
 
-    ClosingTCPServer.__qualname__ = f"_close_on_eof({tcp_server.__module__}.TCPServer)"
     return ClosingTCPServer
 
 
@@ -78,7 +78,7 @@ def _hypercorn_serve(library: str) -> Callable[..., Awaitable[None]]:
     else:
         import hypercorn.asyncio.run as run_module
         from hypercorn.asyncio import serve
-    if not getattr(run_module.TCPServer, "__qualname__", "").startswith("_close_on_eof"):
+    if not getattr(run_module.TCPServer, "closes_on_eof", False):
         run_module.TCPServer = _close_on_eof(run_module.TCPServer)
     return serve
 
