@@ -63,6 +63,12 @@ speed drifted between them. Since later that day `bench_engine` times them batch
 turn, the one not timed stopped (SIGSTOP), and the ratio is the median over adjacent pairs: 1.19
 (rounds 1.16-1.29; with logprobs 1.17) in 5 rounds, missed. The idle-connection timer is 120 s
 again, with the cause of the dead connections fixed instead (`gyre._asgi._close_on_eof`).
+On 2026-12-07 (5 rounds each, one after the other): this process on uvloop, as `vllm serve` runs,
+against asyncio: its CPU a batch 0.062 against 0.056 s, gyre/direct 1.03 / 1.07 / 1.03 against
+1.06 / 1.02 / 0.99, proxy against vLLM's server 1.22 against 1.25, no change beyond run-to-run
+spread, so the cell stays on asyncio. Two more runs of main gave 1.25 and 1.33 (rounds
+1.20-1.45); vLLM's server against the cell's own engine driven directly swings 0.91-1.20 from one
+engine start to the next, as much as the gap being measured.
 Agents and verifiers keep their own sessions (untrusted code gets no controlling terminal), so
 each CPU-bound one weighs as much as the node and its cells together; an agent's tool commands no
 longer open a session (autogroup) each.
