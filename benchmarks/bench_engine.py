@@ -28,6 +28,12 @@ Writes benchmarks/results/engine.json:
   `proxy_vs_vllm_server_logprobs_ratio_32` (since 2026-12-06): the same calls asking for the
   sampled token's logprob (`logprobs: 0`), as a rollout does, so that both paths do that work;
   `proxy_s_32`, `vllm_server_s_32` and their `_logprobs_` twins are the seconds per batch;
+- `proxy_vs_vllm_app_ratio_32` and `proxy_vs_vllm_app_logprobs_ratio_32` (since 2026-12-07):
+  the same pairs against vLLM's OpenAI app as `vllm serve` builds it, served in the cell process
+  on the cell's own `AsyncLLM` (`benchmarks.engine_host.vllm_openai_server`), so both paths meet
+  one engine start: vLLM's server and the cell's engine driven directly differ by 0.91-1.20 from
+  one start to the next, as much as the gap measured (it runs on asyncio, not uvloop: the cell on
+  uvloop changed nothing beyond run-to-run spread); `proxy_beside_app_s_32`, `vllm_app_s_32`;
 - how much the cell's wire batched (`stream_frames_per_write`, `generate_requests_per_post`);
 - CPU seconds per batch of 32 of the processes on each path: `direct_process_cpu_s_32` (the cell
   process driving its engine directly), `gyre_node_cpu_s_32` and `gyre_cell_cpu_s_32` (this
@@ -235,9 +241,9 @@ async def _time_served(
     every server, the orders reversed every other repeat, after one repeat that warms up. While
     one server is timed the others' process groups (`pgid`: their engines) are stopped (SIGSTOP),
     so an idle engine takes no CPU from the timed one and every pair of batches meets the same
-    machine. Returns {name: {kind: {"s": seconds per batch, "cpu_s": mean CPU seconds per batch of
-    the process serving the API (`pid`)}}}; the i-th batch of a kind is adjacent in time on every
-    server."""
+    machine (`pgid` None: nothing to stop, as for two servers on one engine). Returns {name:
+    {kind: {"s": seconds per batch, "cpu_s": mean CPU seconds per batch of the process serving
+    the API (`pid`)}}}; the i-th batch of a kind is adjacent in time on every server."""
     kinds = {"logprobs": {"logprobs": 0}, "plain": {}}
     out = {name: {kind: {"s": [], "cpu": []} for kind in kinds} for name in served}
     # A connection a call. A keep-alive pool (64) made both servers slower, from the client's
@@ -255,9 +261,9 @@ async def _time_served(
                 for name in served if r % 2 == 0 else reversed(served):
                     if running != name:
                         for other, server in served.items():
-                            os.killpg(
-                                server["pgid"], signal.SIGCONT if other == name else signal.SIGSTOP
-                            )
+                            if server["pgid"] is not None:
+                                stop = signal.SIGCONT if other == name else signal.SIGSTOP
+                                os.killpg(server["pgid"], stop)
                         running = name
                     server = served[name]
                     body = {**server["body"], **kinds[kind]}
@@ -269,7 +275,8 @@ async def _time_served(
                     assert tokens == len(prompts) * max_tokens, tokens
     finally:
         for server in served.values():
-            os.killpg(server["pgid"], signal.SIGCONT)
+            if server["pgid"] is not None:
+                os.killpg(server["pgid"], signal.SIGCONT)
         for http in clients.values():
             await http.aclose()
     return {
@@ -459,6 +466,18 @@ async def _round(
                         )
                 finally:
                     os.killpg(proxy["pgid"], signal.SIGCONT)
+                # vLLM's OpenAI app on the cell's own engine: the two paths meet one engine start
+                app = (await http.post("/bench/vllm_app")).raise_for_status().json()
+                body = {"model": app["model"], "temperature": 1.0, "ignore_eos": True}
+                url = f"http://127.0.0.1:{app['port']}"
+                pid = cell.process.pid
+                beside = {
+                    "proxy": {**proxy, "pgid": None},
+                    "app": {"url": url, "body": body, "keys": None, "pid": pid, "pgid": None},
+                }
+                one_engine = await _time_served(
+                    beside, prompts[:SERVER_CONCURRENCY], repeats, max_tokens
+                )
             streamed = await engine.cell_statistics()
     finally:
         await anyio.to_thread.run_sync(cell.stop)
@@ -468,6 +487,8 @@ async def _round(
         "proxy": timed["proxy"],
         "server": timed.get("server"),
         "server_error": server_error,
+        "beside": one_engine["proxy"],
+        "app": one_engine["app"],
         "cpu": paired["cpu"],
         "streamed": streamed,
         "groups": groups,
@@ -551,6 +572,12 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
             )
         )
     numbers["vllm_server_error"] = server_error
+    for kind, suffix in KINDS:
+        beside = [t for r in done for t in r["beside"][kind]["s"]]
+        app = [t for r in done for t in r["app"][kind]["s"]]
+        numbers[f"proxy_beside_app{suffix}_s_{n}"] = summarize(beside)
+        numbers[f"vllm_app{suffix}_s_{n}"] = summarize(app)
+        numbers[f"proxy_vs_vllm_app{suffix}_ratio_{n}"] = _median_of_pairs(beside, app)
     # CPU seconds per batch of the process serving the API on each path: gyre's proxy process
     # (its CellClient included; the cell's main process is not counted) and vLLM's API server
     # process (its engine client included; EngineCore and the worker are not)
@@ -580,6 +607,12 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
                 f"proxy_vs_vllm_server{suffix}_ratio_{SERVER_CONCURRENCY}": None
                 if r["server"] is None
                 else _median_of_pairs(r["proxy"][kind]["s"], r["server"][kind]["s"])
+                for kind, suffix in KINDS
+            },
+            **{
+                f"proxy_vs_vllm_app{suffix}_ratio_{SERVER_CONCURRENCY}": _median_of_pairs(
+                    r["beside"][kind]["s"], r["app"][kind]["s"]
+                )
                 for kind, suffix in KINDS
             },
         }
@@ -612,6 +645,9 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
             f"proxy+cell vs vLLM's OpenAI server at {n}{suffix.replace('_', ' ')}: "
             f"{ratio if ratio is not None else server_error}"
         )
+        ratio = numbers[f"proxy_vs_vllm_app{suffix}_ratio_{n}"]
+        label = f"{n}{suffix.replace('_', ' ')}"
+        print(f"proxy+cell vs vLLM's OpenAI app on the cell's engine at {label}: {ratio}")
     print({k: groups[k] for k in ("sched_autogroup_enabled", "cells_share_node_sched_group")})
     print(f"wrote {path}")
 

@@ -16,7 +16,10 @@ other routes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import socket
 import sys
 import time
 
@@ -24,6 +27,7 @@ import anyio
 from aiohttp import web
 
 import gyre.runtime.cell as cell
+from gyre._asgi import listening_socket
 from gyre.engines.vllm_params import sampled_logprobs
 from gyre.runtime.cell_api import CellAPI, cell_app
 
@@ -67,8 +71,36 @@ def _cpu_s() -> float:
     return t.user + t.system
 
 
+async def vllm_openai_server(llm, sock: socket.socket):
+    """vLLM's own OpenAI server, as `vllm serve` builds it (`build_app` + `init_app_state`, a
+    uvicorn server), on this cell's `AsyncLLM` `llm`, for the listening socket `sock`; returns
+    the server's coroutine (serves until cancelled). Its model name is the model folder's path.
+    uvicorn's signal handlers are not installed: the cell's stay."""
+    import uvicorn
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+        ["--model", llm.model_config.model, "--disable-log-stats", "--disable-uvicorn-access-log"]
+    )
+    tasks = await llm.get_supported_tasks()
+    app = build_app(args, tasks, llm.model_config)
+    await init_app_state(llm, app.state, args, tasks)
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    return Server(config).serve(sockets=[sock])
+
+
 def _app_with_direct(api: CellAPI) -> web.Application:
     app = cell_app(api)
+    hosted: dict = {}  # vLLM's OpenAI app on this cell's engine, once asked for: task, port
 
     async def direct(request: web.Request) -> web.Response:
         body = await request.json()
@@ -81,7 +113,24 @@ def _app_with_direct(api: CellAPI) -> web.Application:
             return web.Response(status=500, text=f"decoded {tokens} tokens, not {expected}")
         return web.json_response({"seconds": seconds, "cpu_s": cpu_s})
 
+    async def vllm_app(request: web.Request) -> web.Response:
+        if not hosted:
+            sock = listening_socket("127.0.0.1", 0)  # connections wait in its backlog
+            serving = await vllm_openai_server(api.engine.llm, sock)
+            hosted["task"] = asyncio.create_task(serving)
+            hosted["port"] = sock.getsockname()[1]
+        model = api.engine.llm.model_config.model
+        return web.json_response({"port": hosted["port"], "model": model})
+
+    async def stop_vllm_app(_app: web.Application) -> None:
+        if hosted:
+            hosted["task"].cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await hosted["task"]
+
     app.router.add_post("/bench/direct", direct)
+    app.router.add_post("/bench/vllm_app", vllm_app)
+    app.on_cleanup.append(stop_vllm_app)
     return app
 
 
