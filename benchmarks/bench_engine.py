@@ -14,7 +14,9 @@ server (`vllm.entrypoints.openai.api_server`, its own engine start) on the same 
 batch in turn, the server not being timed stopped (SIGSTOP; until 2026-12-07 one server after
 the other, minutes apart, and the machine's drift moved a round's ratio 0.78-1.63). Every
 request decodes exactly `max_tokens` tokens (no stop IDs; `ignore_eos` for vLLM's server). One
-engine runs at a time: the other is stopped or not started yet.
+engine runs at a time: the other is stopped or not started yet. Last, the proxy against vLLM's
+OpenAI server built in the cell process on the cell's own engine (`engine_host`), batch by batch
+in turn: one engine start for both.
 
 Writes benchmarks/results/engine.json:
 - tokens/s per concurrency (1, 8, 32) and `overhead_ratio_<n>` = gyre time / direct time, the
@@ -29,11 +31,14 @@ Writes benchmarks/results/engine.json:
   sampled token's logprob (`logprobs: 0`), as a rollout does, so that both paths do that work;
   `proxy_s_32`, `vllm_server_s_32` and their `_logprobs_` twins are the seconds per batch;
 - `proxy_vs_vllm_app_ratio_32` and `proxy_vs_vllm_app_logprobs_ratio_32` (since 2026-12-07):
-  the same pairs against vLLM's OpenAI app as `vllm serve` builds it, served in the cell process
-  on the cell's own `AsyncLLM` (`benchmarks.engine_host.vllm_openai_server`), so both paths meet
-  one engine start: vLLM's server and the cell's engine driven directly differ by 0.91-1.20 from
-  one start to the next, as much as the gap measured (it runs on asyncio, not uvloop: the cell on
-  uvloop changed nothing beyond run-to-run spread); `proxy_beside_app_s_32`, `vllm_app_s_32`;
+  the same pairs against vLLM's OpenAI server as `vllm serve` builds it, served in the cell
+  process on the cell's own `AsyncLLM` (`benchmarks.engine_host.vllm_openai_server`), so both
+  paths meet one engine start: vLLM's server and the cell's engine driven directly differ by
+  0.91-1.20 from one start to the next, as much as the gap measured. It runs on the cell's
+  asyncio loop, not uvloop as `vllm serve` does (uvloop against asyncio was measured for the
+  cell's own path only: no change beyond run-to-run spread). `proxy_beside_app_s_32`,
+  `vllm_app_s_32` and their `_logprobs_` twins are the seconds per batch; None for all of them,
+  with `vllm_app_error`, when that server cannot start;
 - how much the cell's wire batched (`stream_frames_per_write`, `generate_requests_per_post`);
 - CPU seconds per batch of 32 of the processes on each path: `direct_process_cpu_s_32` (the cell
   process driving its engine directly), `gyre_node_cpu_s_32` and `gyre_cell_cpu_s_32` (this
@@ -438,7 +443,10 @@ async def _round(
     beside the measured one took 2-7x off the measured path on 2 cores (2026-12-01: gyre 55 tok/s
     at concurrency 1 with the direct engine alive, 344 tok/s alone); until 2026-12-07 the two
     servers ran one after the other, a minute or more apart, and a round's ratio moved 0.78-1.63
-    with the machine's speed, while paired batches of one round, then, gave 1.21-1.29."""
+    with the machine's speed, while paired batches of one round, then, gave 1.21-1.29. Last,
+    vLLM's server is gone and the proxy is timed against vLLM's OpenAI server built in the cell
+    process on the same engine (`POST /bench/vllm_app`), batch by batch in turn, nothing
+    stopped."""
     from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
     from gyre.runtime.cell_wire import cell_secret
 
@@ -466,18 +474,28 @@ async def _round(
                         )
                 finally:
                     os.killpg(proxy["pgid"], signal.SIGCONT)
-                # vLLM's OpenAI app on the cell's own engine: the two paths meet one engine start
-                app = (await http.post("/bench/vllm_app")).raise_for_status().json()
-                body = {"model": app["model"], "temperature": 1.0, "ignore_eos": True}
-                url = f"http://127.0.0.1:{app['port']}"
-                pid = cell.process.pid
-                beside = {
-                    "proxy": {**proxy, "pgid": None},
-                    "app": {"url": url, "body": body, "keys": None, "pid": pid, "pgid": None},
-                }
-                one_engine = await _time_served(
-                    beside, prompts[:SERVER_CONCURRENCY], repeats, max_tokens
-                )
+                # vLLM's OpenAI server on the cell's own engine: both paths meet one engine start
+                started = await http.post("/bench/vllm_app")
+                one_engine, app_error = {"proxy": None, "app": None}, None
+                if started.status_code != 200:
+                    app_error = f"{started.status_code}: {started.text}"
+                else:
+                    app = started.json()
+                    body = {"model": app["model"], "temperature": 1.0, "ignore_eos": True}
+                    app_url, pid = f"http://127.0.0.1:{app['port']}", cell.process.pid
+                    beside = {
+                        "proxy": {**proxy, "pgid": None},
+                        "app": {
+                            "url": app_url,
+                            "body": body,
+                            "keys": None,
+                            "pid": pid,
+                            "pgid": None,
+                        },
+                    }
+                    one_engine = await _time_served(
+                        beside, prompts[:SERVER_CONCURRENCY], repeats, max_tokens
+                    )
             streamed = await engine.cell_statistics()
     finally:
         await anyio.to_thread.run_sync(cell.stop)
@@ -489,6 +507,7 @@ async def _round(
         "server_error": server_error,
         "beside": one_engine["proxy"],
         "app": one_engine["app"],
+        "app_error": app_error,
         "cpu": paired["cpu"],
         "streamed": streamed,
         "groups": groups,
@@ -572,12 +591,18 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
             )
         )
     numbers["vllm_server_error"] = server_error
+    app_error = next((r["app_error"] for r in done if r["app_error"] is not None), None)
+    numbers["vllm_app_error"] = app_error
     for kind, suffix in KINDS:
+        keys = [f"proxy_beside_app{suffix}_s_{n}", f"vllm_app{suffix}_s_{n}"]
+        ratio_key = f"proxy_vs_vllm_app{suffix}_ratio_{n}"
+        if app_error is not None:
+            numbers.update(dict.fromkeys([*keys, ratio_key]))
+            continue
         beside = [t for r in done for t in r["beside"][kind]["s"]]
         app = [t for r in done for t in r["app"][kind]["s"]]
-        numbers[f"proxy_beside_app{suffix}_s_{n}"] = summarize(beside)
-        numbers[f"vllm_app{suffix}_s_{n}"] = summarize(app)
-        numbers[f"proxy_vs_vllm_app{suffix}_ratio_{n}"] = _median_of_pairs(beside, app)
+        numbers[keys[0]], numbers[keys[1]] = summarize(beside), summarize(app)
+        numbers[ratio_key] = _median_of_pairs(beside, app)
     # CPU seconds per batch of the process serving the API on each path: gyre's proxy process
     # (its CellClient included; the cell's main process is not counted) and vLLM's API server
     # process (its engine client included; EngineCore and the worker are not)
@@ -610,9 +635,9 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
                 for kind, suffix in KINDS
             },
             **{
-                f"proxy_vs_vllm_app{suffix}_ratio_{SERVER_CONCURRENCY}": _median_of_pairs(
-                    r["beside"][kind]["s"], r["app"][kind]["s"]
-                )
+                f"proxy_vs_vllm_app{suffix}_ratio_{SERVER_CONCURRENCY}": None
+                if r["app"] is None
+                else _median_of_pairs(r["beside"][kind]["s"], r["app"][kind]["s"])
                 for kind, suffix in KINDS
             },
         }
@@ -647,7 +672,7 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
         )
         ratio = numbers[f"proxy_vs_vllm_app{suffix}_ratio_{n}"]
         label = f"{n}{suffix.replace('_', ' ')}"
-        print(f"proxy+cell vs vLLM's OpenAI app on the cell's engine at {label}: {ratio}")
+        print(f"proxy+cell vs vLLM's server on the cell's engine at {label}: {ratio or app_error}")
     print({k: groups[k] for k in ("sched_autogroup_enabled", "cells_share_node_sched_group")})
     print(f"wrote {path}")
 
