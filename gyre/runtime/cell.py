@@ -68,7 +68,10 @@ against asyncio: its CPU a batch 0.062 against 0.056 s, gyre/direct 1.03 / 1.07 
 1.06 / 1.02 / 0.99, proxy against vLLM's server 1.22 against 1.25, no change beyond run-to-run
 spread, so the cell stays on asyncio. Two more runs of main gave 1.25 and 1.33 (rounds
 1.20-1.45); vLLM's server against the cell's own engine driven directly swings 0.91-1.20 from one
-engine start to the next, as much as the gap being measured.
+engine start to the next. Against vLLM's OpenAI server built in this process on the cell's own
+engine (`benchmarks.engine_host`), one engine start for both: 1.22 (rounds 1.14-1.33), 1.04 with
+logprobs asked of both. The gap is the proxy's fixed cost a call and the logprob that gyre's
+path computes for every call.
 Agents and verifiers keep their own sessions (untrusted code gets no controlling terminal), so
 each CPU-bound one weighs as much as the node and its cells together; an agent's tool commands no
 longer open a session (autogroup) each.
