@@ -341,6 +341,14 @@ async def _proxy_host(
                 host.wait()
 
 
+def _vllm_served(port: int, model: str, *, pid: int, pgid: int | None) -> dict:
+    """A vLLM OpenAI server on 127.0.0.1:`port` serving `model`, as `_time_served` takes it:
+    no keys, `ignore_eos` so every call decodes `max_tokens`; `pid` serves the API, `pgid` is
+    the process group to stop while another server is timed (None: nothing to stop)."""
+    body = {"model": model, "temperature": 1.0, "ignore_eos": True}
+    return {"url": f"http://127.0.0.1:{port}", "body": body, "keys": None, "pid": pid, "pgid": pgid}
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -412,12 +420,7 @@ async def _vllm_server(
         if error is not None:
             yield None, error
         else:
-            body = {"model": str(model_dir), "temperature": 1.0, "ignore_eos": True}
-            url = f"http://127.0.0.1:{port}"
-            yield (
-                {"url": url, "body": body, "keys": None, "pid": server.pid, "pgid": server.pid},
-                None,
-            )
+            yield _vllm_served(port, str(model_dir), pid=server.pid, pgid=server.pid), None
     finally:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -481,17 +484,11 @@ async def _round(
                     app_error = f"{started.status_code}: {started.text}"
                 else:
                     app = started.json()
-                    body = {"model": app["model"], "temperature": 1.0, "ignore_eos": True}
-                    app_url, pid = f"http://127.0.0.1:{app['port']}", cell.process.pid
                     beside = {
                         "proxy": {**proxy, "pgid": None},
-                        "app": {
-                            "url": app_url,
-                            "body": body,
-                            "keys": None,
-                            "pid": pid,
-                            "pgid": None,
-                        },
+                        "app": _vllm_served(
+                            app["port"], app["model"], pid=cell.process.pid, pgid=None
+                        ),
                     }
                     one_engine = await _time_served(
                         beside, prompts[:SERVER_CONCURRENCY], repeats, max_tokens
@@ -672,7 +669,8 @@ async def main_async(repeats: int, max_tokens: int, rounds: int) -> None:
         )
         ratio = numbers[f"proxy_vs_vllm_app{suffix}_ratio_{n}"]
         label = f"{n}{suffix.replace('_', ' ')}"
-        print(f"proxy+cell vs vLLM's server on the cell's engine at {label}: {ratio or app_error}")
+        shown = app_error if ratio is None else ratio
+        print(f"proxy+cell vs vLLM's server on the cell's engine at {label}: {shown}")
     print({k: groups[k] for k in ("sched_autogroup_enabled", "cells_share_node_sched_group")})
     print(f"wrote {path}")
 

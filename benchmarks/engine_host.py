@@ -81,7 +81,8 @@ async def vllm_openai_server(llm, sock: socket.socket):
     without signal handlers, so the cell's stay) on this cell's `AsyncLLM` `llm`, for the
     listening socket `sock`. Its model name is the model folder's path. It runs on the cell's
     asyncio loop (`vllm serve`: uvloop). Returns the uvicorn server, not yet serving: `serve`
-    it in a task and wait for `started`."""
+    it in a task and wait for `started`. Raises what vLLM raises when its app cannot be built
+    (an argument its parser refuses, an engine that does not answer `get_supported_tasks`)."""
     import uvicorn
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.app import build_app
