@@ -100,7 +100,8 @@ async def _prefill(engine, tag: str, seed: int) -> float:
 
 
 async def _one_cell(model_dir: Path, connector: str, binding: str, root: Path, run: int) -> dict:
-    from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
+    from gyre.cell.client import CellClient
+    from gyre.cell.spawn import spawn_cell, wait_cell_ready
 
     shared = Path(tempfile.mkdtemp(prefix="gyre-kv-bench-idle-", dir="/dev/shm"))
     config = _config(connector, shared)

@@ -1,6 +1,6 @@
 """Engine overhead: tokens/s through gyre's engine protocol (cell process + client) vs vLLM direct.
 
-Each round starts one cell process (`benchmarks.engine_host`: `python -m gyre.runtime.cell` plus a
+Each round starts one cell process (`benchmarks.engine_host`: `python -m gyre.cell.server` plus a
 route that drives the same engine directly) and times, batch by batch in turn, vLLM's AsyncLLM
 called in that process (`generate` with token prompts, DELTA outputs, flat sampled-token logprobs:
 what gyre asks of it) and gyre's `CellClient` in this process -> the cell (one multiplexed delta
@@ -450,8 +450,9 @@ async def _round(
     vLLM's server is gone and the proxy is timed against vLLM's OpenAI server built in the cell
     process on the same engine (`POST /bench/vllm_app`), batch by batch in turn, nothing
     stopped."""
-    from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
-    from gyre.runtime.cell_wire import cell_secret
+    from gyre.cell.client import CellClient
+    from gyre.cell.spawn import spawn_cell, wait_cell_ready
+    from gyre.cell.wire import cell_secret
 
     cell = spawn_cell(model_dir, config, log_path=log_dir / "cell.log", module=HOST_MODULE)
     try:

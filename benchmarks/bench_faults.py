@@ -81,7 +81,7 @@ def cells_of(node_pid: int) -> list[int]:
         argv = cmdline(pid).split()
         return int(argv[argv.index("--rank") + 1]) if "--rank" in argv else 0
 
-    pids = [p for p in descendants(node_pid) if "-m gyre.runtime.cell" in cmdline(p)]
+    pids = [p for p in descendants(node_pid) if "-m gyre.cell.server" in cmdline(p)]
     return sorted(pids, key=rank)
 
 

@@ -304,9 +304,9 @@ async def real_part(sizes: dict[str, int], work: Path) -> tuple[dict, dict]:
     a full-context prompt (`full_context_call`). Returns (numbers by size, that call's)."""
     from transformers import AutoTokenizer
 
+    from gyre.cell.spawn import open_cell
     from gyre.engines.trainer import DeepSpeedTrainer
     from gyre.rl import PolicyObjective
-    from gyre.runtime.cell_client import open_cell
     from gyre.tito.proxy import TitoProxy
 
     model_dir = long_model(work)

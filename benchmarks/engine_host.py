@@ -1,6 +1,6 @@
 """`python -m benchmarks.engine_host`: gyre's cell process with two benchmark routes added.
 
-It runs `gyre.runtime.cell`'s own `main` (same arguments, start-up and serving) with
+It runs `gyre.cell.server`'s own `main` (same arguments, start-up and serving) with
 `POST /bench/direct` added to the cell's aiohttp app: that route times batches sent straight to the
 cell engine's vLLM `AsyncLLM`, in this process, as a program using vLLM directly would. So
 `bench_engine` times the direct path and the path through the cell on one engine start, batch by
@@ -30,10 +30,10 @@ import time
 import anyio
 from aiohttp import web
 
-import gyre.runtime.cell as cell
+import gyre.cell.server as cell
 from gyre._asgi import listening_socket
+from gyre.cell.api import CellAPI, cell_app
 from gyre.engines.vllm_params import sampled_logprobs
-from gyre.runtime.cell_api import CellAPI, cell_app
 
 __all__ = ["direct_batch", "main", "vllm_openai_server"]
 

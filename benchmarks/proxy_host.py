@@ -27,9 +27,9 @@ import anyio
 import msgspec
 
 from gyre._heap import freeze_startup_heap
+from gyre.cell.client import CellClient
+from gyre.cell.wire import CELL_SECRET_ENV
 from gyre.config import EngineConfig, ProxyConfig
-from gyre.runtime.cell_client import CellClient
-from gyre.runtime.cell_wire import CELL_SECRET_ENV
 
 __all__ = ["main", "serve"]
 

@@ -35,7 +35,7 @@ from gyre.engines.schedule import warmup_scheduler
 from gyre.model.demonstrations import generation_prompt
 from gyre.rl.advantages import group_advantages
 from gyre.rl.loss import policy_loss
-from gyre.runtime.data_stream import pick_tasks, split_tasks
+from gyre.rollout.tasks import pick_tasks, split_tasks
 from gyre.tasks.solution import load_solution
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)

@@ -3,7 +3,7 @@
 Owns the command line only. It runs the same job as `python -m gyre.node` on the same config
 file (engines or cells, the TITO proxy, the RL driver, checkpoints, the report) with
 `[gateway] enabled` forced on: the harness starts no agent; each execution the driver asks for is
-published on the execution API (`gyre.runtime.external`, address in `<run_dir>/gateway.json`),
+published on the execution API (`gyre.rollout.gateway`, address in `<run_dir>/gateway.json`),
 where an agent loop run anywhere claims it, runs its agent against the proxy with the key it got,
 posts a reward or asks for the task's verifier, and closes it. Training consumes these executions
 exactly like the harness's. Knows nothing about HTTP routes or how the run trains.

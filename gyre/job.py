@@ -23,9 +23,10 @@ from gyre.agents.harness import check_agent_command
 from gyre.agents.isolation import check_isolation
 from gyre.config import RunConfig, check_types
 from gyre.errors import ConfigError
+from gyre.rollout.harness import with_interpreter
+from gyre.rollout.tasks import split_tasks
 from gyre.runtime.checkpoint import LoopState, check_run_dir
-from gyre.runtime.data_stream import evaluated, split_tasks
-from gyre.runtime.rollout import with_interpreter
+from gyre.runtime.data_stream import evaluated
 from gyre.runtime.sinks import check_sinks
 from gyre.tasks.scorer import check_verifier_python
 from gyre.tito.model_format import check_parser_names
@@ -134,7 +135,7 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
     check_verifier_python([*train, *heldout])
     harness = config.tasks.harness
     if config.gateway.enabled:  # agent loops run elsewhere: no agent program, no isolation
-        from gyre.runtime.external import check_gateway
+        from gyre.rollout.gateway import check_gateway
 
         check_gateway(config)
     else:
@@ -241,9 +242,9 @@ async def _observed(config: RunConfig, model_dir: Path, job):
     `[observe] page` is on (the runtime's feed attached); off, no port is opened."""
     if not config.observe.page:
         return await job(config, model_dir)
+    from gyre.cell.wire import cell_secret
     from gyre.report.live import RuntimeFeed, open_page
     from gyre.report.live.server import tokenizer_decode, view_for
-    from gyre.runtime.cell_wire import cell_secret
 
     decode = await anyio.to_thread.run_sync(tokenizer_decode, model_dir)
     feed = RuntimeFeed()

@@ -2,7 +2,7 @@
 `python -m gyre.node --join HEAD:PORT` (a worker host): one node's entry point.
 
 Owns the command line only: load and validate the config (one clear line on error, before
-anything starts), then hand it to `gyre.job.run`; or join a head (`gyre.runtime.join.run_worker`).
+anything starts), then hand it to `gyre.job.run`; or join a head (`gyre.cell.join.run_worker`).
 The launchers' rendezvous variables are read here and removed from the environment (so no cell's
 DeepSpeed mistakes them for its own group): `RANK` 0 is the head, with `WORLD_SIZE - 1` workers
 and its join endpoint at `MASTER_ADDR:MASTER_PORT`; any other `RANK` joins `MASTER_ADDR:
@@ -130,7 +130,7 @@ def _join(head: str) -> int:
     """Run this host as a worker of the head at `head` until the run ends."""
     import anyio
 
-    from gyre.runtime.join import run_worker
+    from gyre.cell.join import run_worker
 
     return anyio.run(run_worker, head, backend="trio")
 

@@ -61,7 +61,7 @@ class VLLMCell:
 def start_vllm_cell(model_dir: Path, log_path: Path, **overrides):
     """Spawn a vLLM cell on `model_dir` and wait for it; returns (CellProcess, VLLMCell)."""
     require_vllm()
-    from gyre.runtime.cell_client import spawn_cell, wait_cell_ready
+    from gyre.cell.spawn import spawn_cell, wait_cell_ready
 
     config = EngineConfig(
         **{"max_model_len": VLLM_MAX_MODEL_LEN, "request_timeout_s": 300.0, **overrides}
@@ -82,7 +82,7 @@ def vllm_cell(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 async def vllm_engine(vllm_cell: VLLMCell):
     """A `CellClient` (the `InferenceEngine` protocol) on the shared vLLM cell, at
     weight version 0+."""
-    from gyre.runtime.cell_client import CellClient
+    from gyre.cell.client import CellClient
 
     async with CellClient(vllm_cell.url, vllm_cell.config) as client:
         client.tokenizer_dir = vllm_cell.model_dir

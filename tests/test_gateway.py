@@ -29,8 +29,8 @@ from gyre.config import GatewayConfig, config_from_dict, load_config
 from gyre.engines.scripted import ScriptedEngine
 from gyre.errors import ConfigError, ExecutionError
 from gyre.model.recipe import build_tokenizer
-from gyre.runtime.external import ExternalRollout, check_gateway
-from gyre.runtime.external_api import ExecutionApi, serve_app
+from gyre.rollout.gateway import ExternalRollout, check_gateway
+from gyre.rollout.gateway_api import ExecutionApi, serve_app
 from gyre.tasks.task import Task, load_suite
 from gyre.tito.log import read_log
 from tests.tito.conftest import make_proxy, serving

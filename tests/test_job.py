@@ -513,7 +513,7 @@ def test_a_resume_with_a_changed_penalty_is_refused_before_anything_is_built(tmp
     the key and both values. Before its first checkpoint a run trained nothing: any config may
     resume it."""
     from gyre.job import preflight
-    from gyre.runtime.data_stream import split_tasks
+    from gyre.rollout.tasks import split_tasks
     from gyre.runtime.elastic_resume import LAUNCHES_FILE, Launch, launch_settings
 
     started = make_config(tmp_path, rl={"stop_penalty": 0.5})
@@ -613,7 +613,7 @@ def test_each_policy_gets_its_own_staleness_bound_from_the_config(tmp_path):
 def test_a_suite_with_no_task_that_fits_the_context_stops_before_anything(tmp_path, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from gyre.runtime.data_stream import split_tasks
+    from gyre.rollout.tasks import split_tasks
 
     sections = {
         "model": {"path": str(tiny_model_dir), "init_if_missing": False},

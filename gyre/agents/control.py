@@ -2,7 +2,7 @@
 
 Owns `ExecutionControl` (model calls and sampled tokens so far, the task's limits, the reason an
 execution was stopped from outside), `mint_api_key` and `check_execution_id`. Whoever watches the
-model calls feeds the control: the rollout (`gyre.runtime.rollout`) polls the proxy's running
+model calls feeds the control: the rollout (`gyre.rollout`) polls the proxy's running
 totals into `observe_totals` through the `refresh` callback; a driver that counts calls itself
 calls `note_model_call` and `context_exceeded`. The harness waits on its `event`. Knows nothing
 about processes, HTTP, tokens or the proxy.

@@ -1,7 +1,7 @@
 """The config of a run over several hosts: `ClusterConfig` (the `[cluster]` section).
 
 Owns where the head node listens for workers, how many it waits for, and the shared secret a join
-must carry. Knows nothing about the join protocol itself (`gyre.runtime.join`) or the file format.
+must carry. Knows nothing about the join protocol itself (`gyre.cell.join`) or the file format.
 """
 
 from __future__ import annotations

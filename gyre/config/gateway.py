@@ -2,7 +2,7 @@
 
 Owns `GatewayConfig` (`[gateway]`: on or off, the address of the execution API, its admin token,
 how long a claim may wait and how long an execution may stay unclaimed). Knows nothing about the
-HTTP routes (`gyre.runtime.external`) or the file format.
+HTTP routes (`gyre.rollout.gateway`) or the file format.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ __all__ = ["GatewayConfig"]
 
 
 class GatewayConfig(Config):
-    """The gateway (`gyre.runtime.external`, `python -m gyre.gateway`): bring your own agent loop.
+    """The gateway (`gyre.rollout.gateway`, `python -m gyre.gateway`): bring your own agent loop.
 
     On, the run's executions are not started by the harness: each one is published as pending,
     an agent loop claims it over HTTP (`POST /gyre/v1/executions` on `host:port`), runs its agent

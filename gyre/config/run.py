@@ -130,7 +130,7 @@ RESUME_FIXED = (
 (and `trainer.zero_stage`, whose DeepSpeed checkpoint does not load at another stage). A
 `--resume` must keep them: a run that changed one halfway would be neither run, and nothing in
 its metrics would say so. The tasks (`tasks.suites`, `loop.heldout_tasks`) are compared by the
-split they give (`gyre.runtime.data_stream.split_digest`), not by how the paths are written.
+split they give (`gyre.rollout.tasks.split_digest`), not by how the paths are written.
 Every other setting may change on a resume: `loop.steps` (to extend a run), evaluation, cells
 and scheduling, engine memory, micro-batch and chunk sizes (the same loss in other pieces),
 reporting."""

@@ -33,7 +33,7 @@ class CellConfig(Config):
     devices_per_cell: int = 1
     """k: devices (ranks) per cell. A cell of k > 1 is k processes: its trainer one DeepSpeed
     ZeRO-3 group over them (`trainer.zero_stage = 3`), its engine vLLM tensor-parallel over them
-    on GPU; on CPU, k gloo ranks (`gyre.runtime.cell_ranks`)."""
+    on GPU; on CPU, k gloo ranks (`gyre.cell.ranks`)."""
 
     def __post_init__(self) -> None:
         check_positive(num_cells=self.num_cells, devices_per_cell=self.devices_per_cell)
@@ -94,7 +94,7 @@ class SchedulerConfig(Config):
 
 
 class RouterConfig(Config):
-    """The router in front of the rollout cells (`gyre.runtime.router`): every wait it makes is
+    """The router in front of the rollout cells (`gyre.routing.router`): every wait it makes is
     bounded."""
 
     attempt_timeout_s: float = 300.0
@@ -155,7 +155,7 @@ class LoopConfig(Config):
     gateway loop claiming any): such a run would otherwise skip every step for want of anything to
     train on. One broken task, whose whole group fails together, never stops it. Training and
     evaluation executions count alike (the first evaluation runs first). 0: never stop. A resumed
-    run re-runs the executions in flight at the stop (`gyre.runtime.rollout.FailureStreak`)."""
+    run re-runs the executions in flight at the stop (`gyre.rollout.source.FailureStreak`)."""
 
     def __post_init__(self) -> None:
         if self.max_consecutive_failures < 0:

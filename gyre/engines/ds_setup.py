@@ -37,7 +37,7 @@ def init_process_group(
 ) -> None:
     """Join (or form) torch.distributed for DeepSpeed: from RANK/WORLD_SIZE/MASTER_* when a
     launcher set them; else rank `rank` of `world_size` at `init_method` ("tcp://HOST:PORT", a
-    cell's own group: `gyre.runtime.cell_ranks`); else a one-process group on a free loopback
+    cell's own group: `gyre.cell.ranks`); else a one-process group on a free loopback
     port. A no-op for the group when one is initialised. On GPU the rank's device is
     `cuda:LOCAL_RANK` (the cell's processes see only the cell's devices). No rendezvous variable
     is written to the environment, so child processes (agents, other nodes) never inherit a stale

@@ -10,7 +10,7 @@ than the importing engine's, which then prefills instead. Where the `example` fo
 `open_kv_folder` (a run's own, removed at its end) and `cell_kv_config` (what a cell is spawned
 with: never an empty folder).
 
-Knows nothing about routing or when to migrate (`gyre.runtime.continuation` decides that); the
+Knows nothing about routing or when to migrate (`gyre.routing.continuation` decides that); the
 vLLM side of each connector is `gyre.engines.kv_connector` / `gyre.engines.kv_nixl`.
 """
 
@@ -413,7 +413,7 @@ _process_folder: kv_folder.RunFolder | None = None
 
 
 def cell_kv_config(config: EngineConfig) -> EngineConfig:
-    """The engine config a cell is spawned with (`gyre.runtime.cell_process.spawn_cell`): as
+    """The engine config a cell is spawned with (`gyre.cell.spawn.spawn_cell`): as
     given, except an `example` folder left empty (a cell spawned outside `open_kv_folder`: by a
     test, a benchmark or by hand), which becomes this process's own folder, one for every cell it
     spawns (so they can migrate between each other), made on first use and removed when the

@@ -2,7 +2,7 @@
 protocol.
 
 Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node reaches it through
-`gyre.runtime.cell_client.CellClient`. Owns how gyre drives vLLM:
+`gyre.cell.client.CellClient`. Owns how gyre drives vLLM:
 
 - logprobs are vLLM's `processed_logprobs` (after the structured-output mask, logit bias,
   penalties, temperature, top-k, top-p: the distribution actually sampled from, field case B05;

@@ -16,7 +16,7 @@ import msgspec
 
 from gyre.config import RunConfig, TrajectoryConfig
 from gyre.rl import group_advantages, reward_of
-from gyre.runtime.rollout import Executed
+from gyre.rollout.source import Executed
 from gyre.trajectory.pack import PackedBatch, pack_batch
 from gyre.trajectory.select import select_trajectories
 from gyre.trajectory.tree import TreeStatistics, build_tree

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Literal
 
+from gyre.rollout.source import Executed
 from gyre.runtime.batch import TrainingBatch
-from gyre.runtime.rollout import Executed
 from gyre.tasks.task import Task
 
 __all__ = ["BatchFormation", "Group"]

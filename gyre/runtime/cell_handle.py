@@ -5,8 +5,8 @@ Owns `CellHandle` (a cell as the driver is given it: a name, its client, its pro
 the weight versions its trainer and engine hold, gradients and groups in its trainer, whether it
 is alive, its current activity interval), and the death watch (`died`, `wait_cell_deaths`).
 Knows nothing about HTTP, how policies decide, or batches beyond holding a cell's trained
-`Group`s; the cell itself (a worker process) is `gyre.runtime.cell`, its client
-`gyre.runtime.cell_client`.
+`Group`s; the cell itself (a worker process) is `gyre.cell.server`, its client
+`gyre.cell.client`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from gyre.runtime.scheduler import CellRole
+from gyre.cell.wire import CellRole
 
 if TYPE_CHECKING:
     from gyre.runtime.batch_formation import Group

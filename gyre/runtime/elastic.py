@@ -32,8 +32,7 @@ Held-out evaluations run on rollout cells; while one is due or running the drive
 colocate policy on it (the cell switches roles inside its process). `statistics()`: a frozen
 `RuntimeStatistics`.
 
-Every role change and activity interval goes to the run's timeline (`gyre.runtime.timeline`).
-Knows nothing about HTTP, vLLM or DeepSpeed internals.
+Role changes and activity go to the run's timeline. Knows nothing about HTTP, vLLM, DeepSpeed.
 """
 
 from __future__ import annotations
@@ -46,8 +45,12 @@ from typing import Any
 
 import anyio
 
+from gyre.cell.wire import CellRole
 from gyre.config import RunConfig
 from gyre.errors import CellDiedError, GyreError, WeightSyncError
+from gyre.rollout.source import RolloutSource
+from gyre.rollout.tasks import pick_tasks
+from gyre.routing.router import Router
 from gyre.runtime.batch import group_batch
 from gyre.runtime.batch_formation import BatchFormation, Group
 from gyre.runtime.cell_handle import CellHandle, DrivenCell, confirm_death, wait_cell_deaths
@@ -57,12 +60,9 @@ from gyre.runtime.cell_training import (
     switch_role,
     train_group,
 )
-from gyre.runtime.data_stream import pick_tasks
 from gyre.runtime.evaluation import HeldoutEvaluation, hold
 from gyre.runtime.mechanics import Running, assign_training, decide_until_idle, least_loaded
-from gyre.runtime.rollout import Rollout
-from gyre.runtime.router import Router
-from gyre.runtime.scheduler import CellRole, CellView, SchedulerPolicy, SchedulerState
+from gyre.runtime.scheduler import CellView, SchedulerPolicy, SchedulerState
 from gyre.runtime.step_ledger import (
     RuntimeStatistics,
     StepLedger,
@@ -108,7 +108,7 @@ class ElasticRuntime:
         config: RunConfig,
         cells: Sequence[CellHandle],
         router: Router,
-        rollout: Rollout,
+        rollout: RolloutSource,
         policy: SchedulerPolicy,
         tasks: Sequence[Task],
         snapshot: str,

@@ -6,10 +6,10 @@ continuation for redirected requests (`continuation_for`: KV migration when
 `[engine.kv_transfer]` names a connector, recompute otherwise), the harness, the timeline and
 metrics files in `run_dir`, and the driver with the configured policy, `auto` resolved by the
 cell count) and `run_elastic` (starts `cells.num_cells` cell processes, and with `[cluster]
-workers` takes the worker hosts' cells too, `gyre.runtime.join`; then `run_cells` on the
+workers` takes the worker hosts' cells too, `gyre.cell.join`; then `run_cells` on the
 training and held-out tasks; the run's KV folder, `open_kv_folder`, lives as long as its cells).
 Knows nothing about how the driver moves cells (`gyre.runtime.elastic`) or what a cell runs
-inside (`gyre.runtime.cell`).
+inside (`gyre.cell.server`).
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ from typing import Any
 import msgspec
 
 from gyre._heap import freeze_startup_heap, thaw_heap
+from gyre.cell.join import JoinServer, open_join_server
+from gyre.cell.spawn import open_cells
 from gyre.config import RunConfig
 from gyre.engines.kv_transport import open_kv_folder
-from gyre.runtime.cell_client import open_cells
+from gyre.rollout.sources import open_rollout
+from gyre.rollout.tasks import split_tasks
+from gyre.routing.continuation import Continuation, MigrateContinuation, RecomputeContinuation
+from gyre.routing.router import Router
 from gyre.runtime.cell_handle import CellHandle
 from gyre.runtime.checkpoint import check_run_dir
-from gyre.runtime.continuation import Continuation, MigrateContinuation, RecomputeContinuation
-from gyre.runtime.data_stream import split_tasks
 from gyre.runtime.elastic import ElasticRuntime
 from gyre.runtime.elastic_resume import LAUNCHES_FILE, RunJournal
-from gyre.runtime.join import JoinServer, open_join_server
 from gyre.runtime.metrics import MetricsWriter
-from gyre.runtime.rollout import open_rollout
-from gyre.runtime.router import Router
 from gyre.runtime.scheduler import SchedulerPolicy, make_policy
 from gyre.runtime.sinks import open_sinks
 from gyre.runtime.timeline import TimelineWriter
@@ -44,7 +44,7 @@ __all__ = ["run_cells", "run_elastic", "continuation_for", "scheduler_policy"]
 
 
 def continuation_for(config: RunConfig) -> Continuation:
-    """How the router continues a request redirected off a cell (`gyre.runtime.continuation`):
+    """How the router continues a request redirected off a cell (`gyre.routing.continuation`):
     `MigrateContinuation` (the KV cache moves, recompute as its fallback) when
     `engine.kv_transfer.connector` is not `none`, else `RecomputeContinuation`. The export's
     timeout is half `router.abort_timeout_s` (a drain waits for it)."""

@@ -34,6 +34,8 @@ import msgspec
 
 from gyre.config import RESUME_FIXED, RunConfig, resume_fixed
 from gyre.errors import ConfigError, RunDirError
+from gyre.rollout.source import Executed
+from gyre.rollout.tasks import pick_tasks, split_digest
 from gyre.runtime.batch import group_batch
 from gyre.runtime.batch_formation import Group
 from gyre.runtime.checkpoint import (
@@ -42,9 +44,7 @@ from gyre.runtime.checkpoint import (
     LoopState,
     save_checkpoint_async,
 )
-from gyre.runtime.data_stream import pick_tasks, split_digest
 from gyre.runtime.metrics import METRICS_FILE, append_line
-from gyre.runtime.rollout import Executed
 from gyre.runtime.timeline import TIMELINE_FILE, read_timeline
 from gyre.tasks.task import Task
 from gyre.tito.log import read_log

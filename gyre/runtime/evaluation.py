@@ -20,10 +20,10 @@ from typing import Any
 import anyio
 
 from gyre.config import RunConfig
+from gyre.rollout.source import Executed
 from gyre.runtime.cell_handle import DrivenCell
 from gyre.runtime.data_stream import evaluated, pass_rate
 from gyre.runtime.metrics import EvalMetrics
-from gyre.runtime.rollout import Executed
 from gyre.runtime.scheduler import Action, Dispatch, StartStep, SwitchToTrain
 from gyre.tasks.task import Task
 

@@ -20,10 +20,10 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Sequence, Sized
 from typing import Any, Protocol, TypeVar
 
+from gyre.cell.wire import CellRole
 from gyre.errors import RunStalled
 from gyre.runtime.scheduler import (
     Action,
-    CellRole,
     Dispatch,
     SchedulerPolicy,
     SchedulerState,

@@ -20,6 +20,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
+from gyre.cell.wire import CellRole
+
 __all__ = [
     "CellRole",
     "CellView",
@@ -36,10 +38,6 @@ __all__ = [
     "admission_room",
     "make_policy",
 ]
-
-CellRole = Literal["rollout", "train", "switching"]
-"""A cell's role (docs/design.md terms); `switching` lasts from the switch order to its
-completion."""
 
 
 class CellView(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,11 +19,11 @@ from typing import Any
 import msgspec
 
 from gyre.engines.protocol import mismatch_split
+from gyre.rollout.source import RolloutSource
+from gyre.routing.router import Router, RouterStatistics
 from gyre.runtime.batch_formation import Group
 from gyre.runtime.data_stream import pass_rate
 from gyre.runtime.metrics import StepMetrics
-from gyre.runtime.rollout import Rollout
-from gyre.runtime.router import Router, RouterStatistics
 from gyre.runtime.weight_version import WeightVersion
 
 __all__ = [
@@ -245,7 +245,7 @@ def runtime_statistics(rt: Any) -> RuntimeStatistics:
 
 
 def sink_statistics(
-    *, router: Router, rollout: Rollout, weights: WeightVersion, runtime: RuntimeStatistics
+    *, router: Router, rollout: RolloutSource, weights: WeightVersion, runtime: RuntimeStatistics
 ) -> dict[str, Any]:
     """The `statistics()` records the metric sinks stream at each step (`sinks`): the router's,
     the proxy's, the harness's, the published weights' and the runtime's own."""

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gyre.errors import RunStalled
+from gyre.routing.router import Router
 from gyre.runtime.mechanics import least_loaded, move_off, resume_suspended
-from gyre.runtime.router import Router
 
 __all__ = ["Suspension"]
 

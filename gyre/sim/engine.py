@@ -28,10 +28,11 @@ from collections import deque
 import msgspec
 import numpy as np
 
+from gyre.cell.wire import CellRole
 from gyre.errors import SimulationStalled
 from gyre.runtime.batch_formation import BatchFormation
 from gyre.runtime.mechanics import assign_training, decide_until_idle, least_loaded
-from gyre.runtime.scheduler import CellRole, CellView, SchedulerPolicy, SchedulerState
+from gyre.runtime.scheduler import CellView, SchedulerPolicy, SchedulerState
 from gyre.runtime.timeline import Interval, Timeline
 from gyre.runtime.weight_version import WeightVersion
 from gyre.sim.config import SimConfig

@@ -397,7 +397,7 @@ async def test_the_main_jobs_agent_starts_sealed(tmp_path: Path, server, bridge)
     own flags) on a `learnable-long` task as its own uid, sealed, relayed to the model server."""
     from gyre.agents.isolation import check_isolation
     from gyre.config import load_config
-    from gyre.runtime.rollout import with_interpreter
+    from gyre.rollout.harness import with_interpreter
     from gyre.tasks.task import load_suite
 
     if mount_namespace_problem() is not None:

@@ -163,7 +163,7 @@ def test_warmup_steps_scale_the_rate_and_resume_from_a_checkpoint(
     from transformers import AutoModelForCausalLM
 
     from gyre.engines.trainer import DeepSpeedTrainer
-    from tests.runtime.test_cell_roles import snapshot_state
+    from tests.cell.test_roles import snapshot_state
 
     config = TrainerConfig(learning_rate=1e-3, grad_clip=0.0, warmup_steps=3, zero_stage=zero_stage)
     first = DeepSpeedTrainer(tiny_model_dir, config, PolicyObjective(RLConfig()))

@@ -9,7 +9,7 @@ import torch
 
 from gyre.config import RLConfig, TrainerConfig
 from gyre.rl import PolicyObjective, microbatch_loss
-from tests.runtime.test_cell_roles import batch_of_three
+from tests.cell.test_roles import batch_of_three
 
 pytestmark = pytest.mark.slow  # DeepSpeed init per stage: ~5-10 s each
 

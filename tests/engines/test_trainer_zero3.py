@@ -1,6 +1,6 @@
 """A 2-rank ZeRO-3 trainer over gloo equals a 1-rank trainer on the same batch.
 
-Two processes form one group of 2 ranks (a cell of 2 devices, as `gyre.runtime.cell_ranks`
+Two processes form one group of 2 ranks (a cell of 2 devices, as `gyre.cell.ranks`
 hosts it) and train `batch_of_three` split between them: rank 0 takes micro-batches 0 and 2,
 rank 1 takes micro-batch 1 plus a zero pass. Checked against a 1-rank ZeRO-0 trainer in this
 process that trains the whole batch (fp32: 1e-5 relative, over two steps, Adam state included):
@@ -31,7 +31,7 @@ import torch
 
 from gyre.config import RLConfig, TrainerConfig
 from gyre.rl import PolicyObjective
-from tests.runtime.test_cell_roles import assert_close, batch_of_three, snapshot_state
+from tests.cell.test_roles import assert_close, batch_of_three, snapshot_state
 
 pytestmark = pytest.mark.slow  # two DeepSpeed ZeRO-3 ranks in processes: ~20-40 s on 2 cores
 

@@ -373,7 +373,7 @@ async def test_b05_behaviour_logprob_is_after_temperature(tmp_path) -> None:
     write_b05_model(tmp_path / "b05")
     process, cell = start_vllm_cell(tmp_path / "b05", tmp_path / "b05.log", max_model_len=64)
     try:
-        from gyre.runtime.cell_client import CellClient
+        from gyre.cell.client import CellClient
 
         async with CellClient(cell.url, cell.config) as engine:
             [c] = await collect(
@@ -398,7 +398,7 @@ async def test_a_seeded_prompt_longer_than_a_prefill_chunk_does_not_kill_the_cpu
     default chunk is 2,048 tokens) made the engine rewind a CPU random generator and die. The
     engine now prefills any prompt in one chunk: the same seed gives the same tokens twice, and
     an unseeded request still works after."""
-    from gyre.runtime.cell_client import CellClient
+    from gyre.cell.client import CellClient
 
     process, cell = start_vllm_cell(tiny_model_dir, tmp_path / "cell.log", max_model_len=8192)
     try:

@@ -33,16 +33,16 @@ from gyre.engines import GenerateRequest, SamplingParams, collect
 from gyre.engines.protocol import KVExport, KVTransferEngine
 from gyre.engines.scripted import ScriptedEngine
 from gyre.errors import EngineUnavailableError, InvalidRequestError
+from gyre.routing.continuation import MigrateContinuation
+from gyre.routing.router import Router
 from gyre.runtime.cell_handle import CellHandle
-from gyre.runtime.continuation import MigrateContinuation
 from gyre.runtime.elastic import ElasticRuntime
 from gyre.runtime.elastic_job import continuation_for
-from gyre.runtime.router import Router
 from gyre.runtime.scheduler import Dispatch, StartStep, SwitchToTrain
 from gyre.tasks.task import load_suite
 from tests.conftest import start_vllm_cell
+from tests.routing.test_router import prefix_rule
 from tests.runtime.fake_cells import Exchange, FakeTrainingCell
-from tests.runtime.test_router import prefix_rule
 from tests.runtime.test_suspension import failed
 
 pytestmark = pytest.mark.anyio
@@ -93,7 +93,7 @@ def cells(tiny_model_dir, tmp_path_factory, shared_dir):
 
 
 async def client(cell):
-    from gyre.runtime.cell_client import CellClient
+    from gyre.cell.client import CellClient
 
     return CellClient(cell.url, cell.config)
 

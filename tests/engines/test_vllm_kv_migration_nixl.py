@@ -14,8 +14,8 @@ import pytest
 
 from gyre.config import KVTransferConfig
 from gyre.engines import collect
-from gyre.runtime.continuation import MigrateContinuation
-from gyre.runtime.router import Router
+from gyre.routing.continuation import MigrateContinuation
+from gyre.routing.router import Router
 from tests.conftest import start_vllm_cell
 from tests.engines.test_vllm_kv_migration import (
     BLOCK,

@@ -15,7 +15,7 @@ import msgspec
 
 from gyre.engines.scripted import ScriptedEngine
 from gyre.errors import EngineUnavailableError
-from gyre.runtime.rollout import Executed
+from gyre.rollout.source import Executed
 from gyre.tasks.outcome import Outcome
 from gyre.tito.records import ExecutionSummary
 

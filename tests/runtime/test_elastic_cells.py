@@ -18,10 +18,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from gyre.cell.spawn import open_cells
 from gyre.config import config_from_dict
-from gyre.runtime.cell_client import open_cells
+from gyre.rollout.tasks import split_tasks
 from gyre.runtime.cell_handle import CellHandle
-from gyre.runtime.data_stream import split_tasks
 from gyre.runtime.elastic_job import run_cells
 from gyre.runtime.metrics import EvalMetrics, StepMetrics, read_metrics
 from gyre.runtime.timeline import read_timeline

@@ -17,10 +17,10 @@ import pytest
 from gyre.config import config_from_dict
 from gyre.engines.scripted import ScriptedEngine
 from gyre.model.recipe import build_tokenizer
+from gyre.rollout.tasks import split_tasks
+from gyre.routing.continuation import MigrateContinuation, RecomputeContinuation
 from gyre.runtime.batch_formation import Group
 from gyre.runtime.cell_handle import CellHandle
-from gyre.runtime.continuation import MigrateContinuation, RecomputeContinuation
-from gyre.runtime.data_stream import split_tasks
 from gyre.runtime.elastic_job import continuation_for, run_cells
 from gyre.runtime.evaluation import HeldoutEvaluation, hold
 from gyre.runtime.metrics import EvalMetrics, MetricsWriter, StepMetrics, read_metrics

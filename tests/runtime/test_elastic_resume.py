@@ -24,6 +24,7 @@ from gyre.config import config_from_dict
 from gyre.engines.scripted import ScriptedEngine
 from gyre.errors import ConfigError, RunDirError
 from gyre.model.recipe import build_tokenizer
+from gyre.rollout.tasks import pick_tasks
 from gyre.runtime.batch_formation import BatchFormation
 from gyre.runtime.cell_handle import CellHandle
 from gyre.runtime.checkpoint import (
@@ -33,7 +34,6 @@ from gyre.runtime.checkpoint import (
     check_run_dir,
     latest_checkpoint,
 )
-from gyre.runtime.data_stream import pick_tasks
 from gyre.runtime.elastic_job import run_cells
 from gyre.runtime.elastic_resume import (
     LAUNCHES_FILE,
@@ -576,8 +576,8 @@ class _TrainerWithoutGradients:
 async def test_a_step_with_nothing_trained_is_skipped_not_an_error(tmp_path: Path) -> None:
     """Every group of a step without a trainable token (all failed, or equal rewards): the core's
     step is no update (version kept, nothing published) rather than DeepSpeed's IndexError."""
-    from gyre.runtime.cell_roles import CellRoles
-    from gyre.runtime.cell_wire import StepRequest, StepResult
+    from gyre.cell.roles import CellRoles
+    from gyre.cell.wire import StepRequest, StepResult
 
     roles = CellRoles(lambda: None, set())
     roles.trainer, roles.role = _TrainerWithoutGradients(), "train"

@@ -59,9 +59,9 @@ async def test_32k_execution_trains_and_syncs_on_a_128k_engine(tmp_path: Path) -
     require_vllm()
     from transformers import AutoTokenizer
 
+    from gyre.cell.spawn import open_cell
     from gyre.engines.trainer import DeepSpeedTrainer
     from gyre.rl import PolicyObjective
-    from gyre.runtime.cell_client import open_cell
     from gyre.tito.proxy import TitoProxy
 
     model_dir = long_model(tmp_path)

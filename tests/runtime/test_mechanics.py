@@ -15,12 +15,12 @@ import pytest
 from gyre.config import config_from_dict
 from gyre.engines.scripted import ScriptedEngine
 from gyre.errors import RunStalled, SimulationStalled
+from gyre.rollout.source import Executed
+from gyre.routing.router import Router
 from gyre.runtime.batch_formation import BatchFormation, Group
 from gyre.runtime.cell_handle import CellHandle
 from gyre.runtime.elastic import ElasticRuntime
 from gyre.runtime.mechanics import Running, assign_training, decide_until_idle, least_loaded
-from gyre.runtime.rollout import Executed
-from gyre.runtime.router import Router
 from gyre.runtime.scheduler import (
     AsyncPolicy,
     CellView,

@@ -20,16 +20,16 @@ import anyio
 from gyre.config import config_from_dict
 from gyre.engines.protocol import Completion, GenerateRequest, SamplingParams, collect
 from gyre.engines.scripted import ScriptedEngine
+from gyre.rollout.source import Executed
+from gyre.routing.router import Router
 from gyre.runtime.cell_handle import CellHandle
 from gyre.runtime.elastic import ElasticRuntime
 from gyre.runtime.mechanics import move_off, resume_suspended
-from gyre.runtime.rollout import Executed
-from gyre.runtime.router import Router
 from gyre.runtime.scheduler import ColocatePolicy
 from gyre.tasks.task import Task, load_suite
+from tests.routing.test_router import VOCAB, prefix_rule
 from tests.runtime.fake_cells import Exchange, FakeTrainingCell, failed_execution
 from tests.runtime.test_mechanics import BatchRecorder, TimedRollout
-from tests.runtime.test_router import VOCAB, prefix_rule
 
 REPO = Path(__file__).resolve().parents[2]
 B, G, STEPS, CAP = 4, 2, 3, 2

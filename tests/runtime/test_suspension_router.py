@@ -13,8 +13,8 @@ import pytest
 
 from gyre.config import RouterConfig
 from gyre.errors import EngineTimeoutError
-from gyre.runtime import Router
-from tests.runtime.test_router import Consumer, reference, request, scripted, wait_until
+from gyre.routing import Router
+from tests.routing.test_router import Consumer, reference, request, scripted, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -102,7 +102,7 @@ async def test_a_held_execution_past_its_deadline_is_stopped_and_partially_score
     from gyre.config import config_from_dict
     from gyre.engines.scripted import ScriptedEngine
     from gyre.model.recipe import build_tokenizer
-    from gyre.runtime.rollout import open_rollout
+    from gyre.rollout.sources import open_rollout
     from gyre.tasks.task import load_suite
 
     repo = Path(__file__).resolve().parents[2]

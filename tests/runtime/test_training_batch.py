@@ -6,8 +6,8 @@ import msgspec
 import pytest
 
 from gyre.config import RLConfig, RunConfig, TrajectoryConfig
+from gyre.rollout.source import Executed
 from gyre.runtime.batch import build_training_batch, group_batch
-from gyre.runtime.rollout import Executed
 from gyre.tasks.outcome import Outcome, Score
 from gyre.tito.records import ExecutionSummary, ModelCall
 

@@ -17,13 +17,13 @@ import pytest
 
 from gyre.errors import RunStalled, WeightSyncError, grouped_errors
 from gyre.model.recipe import build_tokenizer
+from gyre.routing.router import Router
 from gyre.runtime.cell_handle import CellHandle, DrivenCell
 from gyre.runtime.cell_training import load_published_weights, switch_role
-from gyre.runtime.router import Router
 from gyre.runtime.suspension import Suspension
 from gyre.runtime.weight_version import WeightVersion
+from tests.routing.test_router import _BadLoad, scripted
 from tests.runtime.test_elastic import STEPS, check_accounting, config, drive, make_cells
-from tests.runtime.test_router import _BadLoad, scripted
 
 pytestmark = pytest.mark.anyio
 SLOW = [

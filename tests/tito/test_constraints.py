@@ -13,11 +13,11 @@ import msgspec
 import pytest
 import xgrammar as xgr
 
+from gyre.cell.wire import Frame, FrameBatch, StreamedGenerate, decode, encode
 from gyre.engines.protocol import GenerateRequest, SamplingParams, StructuredOutput, TokenDelta
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
 from gyre.engines.vllm_params import sampled_logprobs, top_entries
 from gyre.errors import EngineError, ProxyError
-from gyre.runtime.cell_wire import Frame, FrameBatch, StreamedGenerate, decode, encode
 from gyre.tito.constraints import chat_constraint
 from gyre.tito.wire import CHAT_DECODER
 from tests.tito.conftest import asgi_post, make_proxy

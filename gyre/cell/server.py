@@ -1,13 +1,13 @@
 """A cell worker process: start-up, signals and the command line of one long-lived asyncio process.
 
-`python -m gyre.runtime.cell --model DIR --engine-config JSON --port-file FILE` binds the cell's
-aiohttp server (`gyre.runtime.cell_api`) first (the port goes to FILE), then starts the engine
+`python -m gyre.cell.server --model DIR --engine-config JSON --port-file FILE` binds the cell's
+aiohttp server (`gyre.cell.api`) first (the port goes to FILE), then starts the engine
 (`VLLMEngine`, or the scripted fake when `backend = "scripted"`); with `--trainer-config JSON
 [--rl-config JSON]` also a trainer on the same model folder: with `--devices-per-cell K` (default
 1) a DeepSpeed group of K ranks, this process rank 0 and K - 1 worker processes it starts
-(`gyre.runtime.cell_ranks`), and with `--rank I --world-size N --group-store HOST:PORT` (I: this
+(`gyre.cell.ranks`), and with `--rank I --world-size N --group-store HOST:PORT` (I: this
 cell of N) its ranks join the run-wide gradient group (`grad_group`) as ranks I*K .. I*K + K - 1;
-both held by the cell's `CellRoles` (`gyre.runtime.cell_roles`). It serves until
+both held by the cell's `CellRoles` (`gyre.cell.roles`). It serves until
 `POST /shutdown` or SIGTERM (during start-up SIGTERM exits at once, with the cell's process
 group, the worker ranks included). Owns `serve` and `main`; knows nothing about the routes'
 bodies or the roles.
@@ -92,9 +92,9 @@ import msgspec
 from aiohttp import web
 
 from gyre._heap import freeze_startup_heap, thaw_heap
+from gyre.cell.api import CellAPI, cell_app
+from gyre.cell.wire import CELL_SECRET_ENV, Health
 from gyre.config import EngineConfig, RLConfig, TrainerConfig
-from gyre.runtime.cell_api import CellAPI, cell_app
-from gyre.runtime.cell_wire import CELL_SECRET_ENV, Health
 
 __all__ = ["serve", "main"]
 
@@ -124,7 +124,7 @@ async def _start_trainer(
     group: tuple[str, int, int] | None,
 ):
     """The cell's `CellTrainer` and its rank 0's `GradientGroup` (None without `group`)."""
-    from gyre.runtime.cell_ranks import start_cell_trainer
+    from gyre.cell.ranks import start_cell_trainer
 
     return await asyncio.to_thread(
         lambda: start_cell_trainer(model, trainer, rl, ranks=ranks, group=group)
@@ -168,7 +168,7 @@ async def serve(
                     model, trainer, rl or RLConfig(), devices_per_cell, group
                 )
             elif group is not None:
-                from gyre.runtime.grad_group import GradientGroup
+                from gyre.cell.grad_group import GradientGroup
 
                 address, rank, world_size = group
                 cell.roles.group = await asyncio.to_thread(
@@ -222,7 +222,7 @@ def main(
     app_factory: Callable[[CellAPI], web.Application] = cell_app,
 ) -> int:
     """The cell process's command line (see `serve`; `app_factory` is passed on to it)."""
-    parser = argparse.ArgumentParser(prog="python -m gyre.runtime.cell")
+    parser = argparse.ArgumentParser(prog="python -m gyre.cell.server")
     parser.add_argument("--model", required=True, help="Hugging Face model folder")
     parser.add_argument("--engine-config", default="{}", help="EngineConfig as JSON")
     parser.add_argument("--host", default="127.0.0.1")

@@ -34,7 +34,7 @@ from gyre.engines.protocol import (
     choice_seed,
 )
 from gyre.errors import EngineError, EngineTimeoutError, EngineUnavailableError, InvalidRequestError
-from gyre.runtime.continuation import Continuation, ContinuationPlan
+from gyre.routing.continuation import Continuation, ContinuationPlan
 
 __all__ = [
     "Choice",

@@ -6,7 +6,7 @@ Owns `CellRoles`: the cell's role (`rollout` at start, `switching`, `train`), it
 and the checkpoints, with the counts `CellStatistics` reports. Nothing is rebuilt for a switch.
 Torch work runs in a worker thread, one call at a time, never on the event loop. Knows nothing
 about HTTP, the delta stream or process start-up; the engine and the generate requests in flight
-are the serving side's (`gyre.runtime.cell_api`), handed in at construction.
+are the serving side's (`gyre.cell.api`), handed in at construction.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable, Collection
 
-from gyre.errors import EngineError, EngineTimeoutError, GyreError, InvalidRequestError
-from gyre.runtime.cell_wire import (
+from gyre.cell.wire import (
     CheckpointRequest,
     LoadWeightsRequest,
     ReceiveGradientsRequest,
@@ -27,6 +26,7 @@ from gyre.runtime.cell_wire import (
     SwitchResult,
     TrainRequest,
 )
+from gyre.errors import EngineError, EngineTimeoutError, GyreError, InvalidRequestError
 
 __all__ = ["CellRoles"]
 
@@ -39,7 +39,7 @@ class CellRoles:
     def __init__(self, engine: Callable[[], object], inflight: Collection[str]) -> None:
         self._engine = engine
         self._inflight = inflight
-        self.trainer = None  # CellTrainer (gyre.runtime.cell_ranks), with --trainer-config
+        self.trainer = None  # CellTrainer (gyre.cell.ranks), with --trainer-config
         self.group = None  # GradientGroup, with --rank/--world-size/--group-store
         self.role = "rollout"
         self._switch_lock = asyncio.Lock()
@@ -150,7 +150,7 @@ class CellRoles:
         self._need_role("train", "/send_gradients")
 
         # every rank of the cell sends its shard to the core's matching rank, then zeroes it (only
-        # once delivered: a failed send keeps the gradients); `gyre.runtime.cell_ranks`
+        # once delivered: a failed send keeps the gradients); `gyre.cell.ranks`
         await self._torch(
             _exchange, trainer.send_gradients, req.dst, f"send of gradients to {peer}"
         )

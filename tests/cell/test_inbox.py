@@ -9,10 +9,10 @@ import time
 import anyio
 import pytest
 
+from gyre.cell.inbox import DeltaInbox, expire_inboxes
+from gyre.cell.wire import Frame, WireError, merge_deltas
 from gyre.engines.protocol import TokenDelta
 from gyre.errors import ContextLengthError, EngineUnavailableError
-from gyre.runtime.cell_inbox import DeltaInbox, expire_inboxes
-from gyre.runtime.cell_wire import Frame, WireError, merge_deltas
 
 
 def delta(index=0, ids=(), versions=None, finish=None, cached=None, top=False) -> TokenDelta:

@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import torch
 
+from gyre.cell.client import CellClient
+from gyre.cell.spawn import open_cells, spawn_cell, wait_cell_ready
 from gyre.config import EngineConfig, RLConfig, TrainerConfig
 from gyre.engines import GenerateRequest, SamplingParams, collect
 from gyre.errors import EngineTimeoutError, EngineUnavailableError, InvalidRequestError
 from gyre.rl import PolicyObjective
-from gyre.runtime.cell_client import CellClient, open_cells, spawn_cell, wait_cell_ready
 from gyre.trajectory.pack import pack_batch
 from gyre.trajectory.select import select_trajectories
 from gyre.trajectory.tree import build_tree
@@ -162,7 +163,7 @@ async def distributed_steps(cells: list[CellClient], tmp_path, reference, steps:
 @pytest.fixture(scope="module")
 def fp32_cells(tiny_model_dir, tmp_path_factory):
     """Three cells (ranks 0-2) with fp32 ZeRO-2 trainers in one gradient group; their URLs."""
-    from gyre.runtime.grad_group import host_group_store
+    from gyre.cell.grad_group import host_group_store
 
     store = host_group_store()
     logs = tmp_path_factory.mktemp("cells")
@@ -307,7 +308,7 @@ def test_bad_input_gets_clear_errors_and_the_cell_keeps_serving(tiny_model_dir, 
 
 
 def test_packed_batches_cross_the_wire_exactly() -> None:
-    from gyre.runtime.cell_wire import TrainRequest, decode, encode
+    from gyre.cell.wire import TrainRequest, decode, encode
 
     micro_batches, advantages = batch_of_three(3)
     back = decode(

@@ -21,9 +21,9 @@ import time
 import anyio
 
 from gyre._mailbox import Mailbox
+from gyre.cell.wire import Frame, StreamedGenerate, merge_deltas
 from gyre.engines.protocol import TokenDelta
 from gyre.errors import EngineUnavailableError, GyreError, error_from_code
-from gyre.runtime.cell_wire import Frame, StreamedGenerate, merge_deltas
 
 __all__ = ["DeltaInbox", "Outbox", "expire_inboxes"]
 

@@ -5,10 +5,10 @@ Owns `Router` (itself an `InferenceEngine`; `Router.engine_for(execution_id)` gi
 per-execution view the TITO proxy asks for): request intake, replay of finished requests, aborts,
 and its statistics (`RouterStatistics`). An execution's requests stay on one rollout cell while that
 cell rolls out (prefix-cache reuse); a new execution goes to the least-loaded cell: the cells, their
-roles and that placement are `gyre.runtime.membership`. When a cell leaves rollout (`set_role`,
+roles and that placement are `gyre.routing.membership`. When a cell leaves rollout (`set_role`,
 `drain`), dies (`EngineUnavailableError`) or stalls, its in-flight attempts move to other cells: the
-driving of attempts is `gyre.runtime.redirect`, how a choice continues there (KV migrated or
-recomputed) is `gyre.runtime.continuation`. A held (suspended) execution's attempts are stopped
+driving of attempts is `gyre.routing.redirect`, how a choice continues there (KV migrated or
+recomputed) is `gyre.routing.continuation`. A held (suspended) execution's attempts are stopped
 with their tokens kept and its requests wait, unanswered, until a `pin` names its next cell
 (`hold`). Every wait is bounded (`RouterConfig`, invariant 7).
 
@@ -24,6 +24,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
+from gyre.cell.wire import CellRole
 from gyre.config import RouterConfig
 from gyre.engines.protocol import (
     Completion,
@@ -34,10 +35,9 @@ from gyre.engines.protocol import (
 )
 from gyre.engines.validate import remember_abort, validate_request
 from gyre.errors import EngineTimeoutError, EngineUnavailableError, WeightSyncError
-from gyre.runtime.continuation import Continuation, RecomputeContinuation
-from gyre.runtime.membership import CellMember, CellRecord, Membership, check_role
-from gyre.runtime.redirect import Redirector, RequestState
-from gyre.runtime.scheduler import CellRole
+from gyre.routing.continuation import Continuation, RecomputeContinuation
+from gyre.routing.membership import CellMember, CellRecord, Membership, check_role
+from gyre.routing.redirect import Redirector, RequestState
 
 __all__ = ["Router", "RouterStatistics"]
 

@@ -1,4 +1,4 @@
-"""Several hosts under one head node (`gyre.runtime.join`, `python -m gyre.node --join`).
+"""Several hosts under one head node (`gyre.cell.join`, `python -m gyre.node --join`).
 
 Fast: the head's join endpoint refuses a wrong secret on both sides (the worker's `ConfigError`
 carries the head's 401 message; the head counts the refusal), and a gloo gradient group whose
@@ -23,10 +23,10 @@ import httpx
 import pytest
 import torch
 
+from gyre.cell.grad_group import GradientGroup, host_group_store, local_address_for
+from gyre.cell.join import CellExit, _report_exit, open_join_server, run_worker
 from gyre.config import config_from_dict
 from gyre.errors import ConfigError
-from gyre.runtime.grad_group import GradientGroup, host_group_store, local_address_for
-from gyre.runtime.join import CellExit, _report_exit, open_join_server, run_worker
 
 
 def test_a_join_with_a_wrong_or_no_secret_is_refused_on_both_sides(tmp_path: Path) -> None:

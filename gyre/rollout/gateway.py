@@ -9,7 +9,7 @@ task's sealed verifier score the workspace (`verify`), and closes it (`close`). 
 closed by its task's deadline, or past its turn or token limit, is closed by gyre and scored on
 what its workspace holds (partial scoring, as the harness does); one no loop claims within
 `gateway.claim_timeout_s` fails. Bad calls raise `ProxyError` with their 4xx and change nothing.
-The HTTP routes over these operations are `gyre.runtime.external_api`. Knows nothing about
+The HTTP routes over these operations are `gyre.rollout.gateway_api`. Knows nothing about
 trees, training, HTTP or what the agent loop runs.
 """
 
@@ -32,7 +32,7 @@ import msgspec
 from gyre.agents.control import ExecutionControl, check_execution_id
 from gyre.config import GatewayConfig, RunConfig
 from gyre.errors import ConfigError, VerifierError
-from gyre.runtime.rollout import Executed, FailureStreak, run_jobs
+from gyre.rollout.source import Executed, FailureStreak, run_jobs
 from gyre.sandbox import Limits
 from gyre.tasks.outcome import Outcome, Score, Termination
 from gyre.tasks.scorer import score_workspace
@@ -176,7 +176,7 @@ class ExternalRollout:
         keep_workspaces: keep each execution's folder after it ended.
         max_consecutive_failures: `FailureStreak`'s limit (0: a failure streak never raises).
 
-    Its HTTP routes: `gyre.runtime.external_api.ExecutionApi`.
+    Its HTTP routes: `gyre.rollout.gateway_api.ExecutionApi`.
     """
 
     def __init__(

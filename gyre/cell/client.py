@@ -1,7 +1,7 @@
 """The node's view of a cell: `CellClient` (the `InferenceEngine` protocol over HTTP) and start-up.
 
 Owns `CellClient`, `open_cell`, `open_cells` (n cells around a gradient-group store, with other
-hosts' cells when the head of several hosts, `gyre.runtime.join`);
+hosts' cells when the head of several hosts, `gyre.cell.join`);
 re-exports `cell_process`'s `spawn_cell`, `wait_cell_ready`, `CellProcess`. On anyio + httpx: the
 node's trio loop and asyncio alike; code above it cannot tell a cell from the scripted engine.
 Besides the `InferenceEngine` protocol it drives the cell's role and trainer (`switch_role`,
@@ -17,42 +17,14 @@ import itertools
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
-from pathlib import Path
-from typing import Any
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import anyio
 import httpx
 import msgspec
 
-from gyre.config import EngineConfig, RLConfig, TrainerConfig
-from gyre.engines.protocol import (
-    AccumulateStatistics,
-    Completion,
-    EngineStatistics,
-    GenerateRequest,
-    KVExport,
-    TokenDelta,
-)
-from gyre.errors import (
-    EngineError,
-    EngineTimeoutError,
-    EngineUnavailableError,
-    GyreError,
-    WeightSyncError,
-    error_from_code,
-    grouped_errors,
-)
-from gyre.runtime.cell_inbox import DeltaInbox, Outbox, expire_inboxes
-from gyre.runtime.cell_process import (
-    CellProcess,
-    _cpu_binding,
-    cell_devices,
-    spawn_cell,
-    wait_cell_ready,
-)
-from gyre.runtime.cell_wire import (
+from gyre.cell.inbox import DeltaInbox, Outbox, expire_inboxes
+from gyre.cell.wire import (
     AbortRequest,
     CellStatistics,
     CheckpointRequest,
@@ -71,29 +43,34 @@ from gyre.runtime.cell_wire import (
     SwitchResult,
     TrainRequest,
     WireError,
-    cell_secret,
+    auth_headers,
     decode,
     encode,
 )
+from gyre.config import EngineConfig, TrainerConfig
+from gyre.engines.protocol import (
+    AccumulateStatistics,
+    Completion,
+    EngineStatistics,
+    GenerateRequest,
+    KVExport,
+    TokenDelta,
+)
+from gyre.errors import (
+    EngineError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    GyreError,
+    WeightSyncError,
+    error_from_code,
+)
 from gyre.trajectory.pack import PackedBatch
 
-__all__ = [
-    "CellClient",
-    "CellProcess",
-    "spawn_cell",
-    "wait_cell_ready",
-    "open_cell",
-    "open_cells",
-    "StepResult",
-]
+__all__ = ["CellClient", "StepResult"]
 
 _HEADERS = {"Content-Type": "application/msgpack"}
 _TRAIN_TIMEOUT_MARGIN_S = 10.0
 """Seconds the client waits for a training call beyond the cell's own `train_timeout_s`."""
-
-
-def _auth_headers() -> dict[str, str]:
-    return {"Authorization": f"Bearer {cell_secret()}"}
 
 
 def _raise_for(response: httpx.Response, body: bytes) -> None:
@@ -107,7 +84,7 @@ def _raise_for(response: httpx.Response, body: bytes) -> None:
 
 
 class CellClient:
-    """`InferenceEngine` over a cell's token-level API (see `gyre.runtime.cell_api`).
+    """`InferenceEngine` over a cell's token-level API (see `gyre.cell.api`).
 
     Use as `async with CellClient(url, config) as engine:`. `statistics()` returns the snapshot
     fetched by the last `refresh_statistics()` (HTTP cannot be called synchronously).
@@ -143,7 +120,7 @@ class CellClient:
     async def __aenter__(self) -> CellClient:
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
-            headers=_auth_headers(),
+            headers=auth_headers(),
             timeout=httpx.Timeout(self.config.request_timeout_s, connect=10.0),
             # no idle keep-alive connections: a burst of requests was assigned one idle
             # connection and the losers retried (185 retries for 32 requests)
@@ -428,170 +405,3 @@ class CellClient:
     async def cell_statistics(self) -> CellStatistics:
         """The cell's role, trainer version and gradient traffic, fetched now."""
         return await self._get("/cell_statistics", CellStatistics)
-
-
-@asynccontextmanager
-async def open_cell(
-    model_dir: str | Path,
-    config: EngineConfig,
-    *,
-    log_path: str | Path,
-    host: str = "127.0.0.1",
-    trainer_config: TrainerConfig | None = None,
-    rl_config: RLConfig | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    group_store: str | None = None,
-    devices_per_cell: int = 1,
-) -> AsyncIterator[CellClient]:
-    """Spawn a cell (its trainer over `devices_per_cell` ranks; on GPU it sees the first
-    `devices_per_cell` devices), wait until it serves, yield its client; stop the process on
-    exit."""
-    cell = spawn_cell(
-        model_dir,
-        config,
-        log_path=log_path,
-        host=host,
-        trainer_config=trainer_config,
-        rl_config=rl_config,
-        rank=rank,
-        world_size=world_size,
-        group_store=group_store,
-        env=cell_devices(0, devices_per_cell),
-        devices_per_cell=devices_per_cell,
-    )
-    try:
-        url = await anyio.to_thread.run_sync(wait_cell_ready, cell, config.startup_timeout_s, host)
-        async with CellClient(url, config, trainer_config) as client:
-            client.rank = rank
-            yield client
-    finally:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(cell.stop)
-
-
-@asynccontextmanager
-async def open_cells(
-    n: int,
-    model_dir: str | Path,
-    config: EngineConfig,
-    *,
-    log_dir: str | Path,
-    trainer_config: TrainerConfig | None = None,
-    rl_config: RLConfig | None = None,
-    host: str = "127.0.0.1",
-    first_rank: int = 0,
-    world_size: int | None = None,
-    group_store: str | None = None,
-    store_host: str | None = None,
-    store_port: int = 0,
-    remote: Callable[[str], Awaitable[Sequence[tuple[int, str, Any]]]] | None = None,
-    devices_per_cell: int = 1,
-) -> AsyncIterator[list[CellClient]]:
-    """Start `n` cells at once on this host; yield their clients in rank order (logs at
-    `log_dir/cell-<rank>.log`). Without `trainer_config` the cells have no trainer and no group.
-    Every process is stopped on exit; a cell that fails to start stops the others and raises as
-    `wait_cell_ready` does.
-
-    The gradient group has `world_size` ranks (default `n`); these cells are ranks `first_rank`
-    .. `first_rank + n - 1`. Its TCPStore is hosted here at `store_host` (default `host`; port
-    `store_port`, 0: a free one) unless `group_store` ("HOST:PORT") names one elsewhere (a worker
-    host's cells: `gyre.runtime.join`). `remote` (the head of several hosts) is awaited with the
-    store's address, while the local cells start, for the other hosts' ready cells as (rank, base
-    URL, process-like with `poll()`); their clients are yielded with the local ones, all in rank
-    order, so `clients[i].rank == i` over the whole group.
-
-    `devices_per_cell` (k, `cells.devices_per_cell`): each cell's trainer is k ranks (ZeRO-3,
-    `gyre.runtime.cell_ranks`), and on GPU the i-th local cell sees only devices i*k .. i*k+k-1
-    (`cell_devices`); `rank` stays the cell's index, its ranks in the gradient group are
-    rank*k .. rank*k + k - 1. Raises `ValueError` for k < 1, k > 1 with a trainer below ZeRO-3,
-    or too few devices."""
-    if n < 1:
-        raise ValueError(f"n={n} must be >= 1")
-    if devices_per_cell < 1:
-        raise ValueError(f"devices_per_cell={devices_per_cell} must be >= 1")
-    if devices_per_cell > 1 and trainer_config is not None and trainer_config.zero_stage != 3:
-        raise ValueError(
-            f"devices_per_cell={devices_per_cell} needs trainer.zero_stage=3, "
-            f"got {trainer_config.zero_stage}"
-        )
-    devices = [cell_devices(i, devices_per_cell) for i in range(n)]
-    world_size = n if world_size is None else world_size
-    if first_rank < 0 or first_rank + n > world_size:
-        raise ValueError(f"ranks {first_rank}..{first_rank + n - 1} must be in [0, {world_size})")
-    store = None
-    address = group_store
-    if trainer_config is not None and group_store is None:
-        from gyre.runtime.grad_group import host_group_store
-
-        store_host = store_host or host
-        store = host_group_store(
-            store_host,
-            timeout_s=max(config.startup_timeout_s, trainer_config.train_timeout_s),
-            port=store_port,
-        )
-        address = f"{store_host}:{store.port}"
-    if trainer_config is None:
-        address = None
-    processes = [
-        spawn_cell(
-            model_dir,
-            config,
-            log_path=Path(log_dir) / f"cell-{rank}.log",
-            host=host,
-            trainer_config=trainer_config,
-            rl_config=rl_config,
-            rank=None if address is None else rank,
-            world_size=None if address is None else world_size,
-            group_store=address,
-            env={**(_cpu_binding(rank, world_size) or {}), **(devices[rank - first_rank] or {})},
-            devices_per_cell=devices_per_cell,
-        )
-        for rank in range(first_rank, first_rank + n)
-    ]
-    remote_cells: list[tuple[int, str, Any]] = []
-    try:
-        urls: list[str | None] = [None] * n
-
-        async def wait(rank: int) -> None:
-            # abandoned on cancel: the first cell that fails must not wait out the others' start-up
-            # timeouts (ranks blocked on a missing peer never become ready); `finally` stops them
-            urls[rank] = await anyio.to_thread.run_sync(
-                wait_cell_ready,
-                processes[rank],
-                config.startup_timeout_s,
-                host,
-                abandon_on_cancel=True,
-            )
-
-        async def wait_remote() -> None:
-            assert remote is not None
-            remote_cells.extend(await remote(address or ""))
-
-        try:
-            async with anyio.create_task_group() as tg:
-                for rank in range(n):
-                    tg.start_soon(wait, rank)
-                if remote is not None:
-                    tg.start_soon(wait_remote)
-        except BaseExceptionGroup as group:
-            if errors := grouped_errors(group, EngineError):
-                raise errors[0] from None  # the first failure, as `wait_cell_ready` raises it
-            raise
-        async with AsyncExitStack() as stack:
-            cells = [
-                (first_rank + i, url, process.process)  # the node watches it for death
-                for i, (url, process) in enumerate(zip(urls, processes, strict=True))
-            ]
-            clients = []
-            for rank, url, process in sorted([*cells, *remote_cells], key=lambda c: c[0]):
-                client = await stack.enter_async_context(CellClient(url, config, trainer_config))
-                client.rank = rank
-                client.process = process
-                clients.append(client)
-            yield clients
-    finally:
-        with anyio.CancelScope(shield=True):
-            for process in processes:
-                await anyio.to_thread.run_sync(process.stop)
-        del store  # the store outlives every cell that used it

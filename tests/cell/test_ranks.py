@@ -1,7 +1,7 @@
 """Cells of 2 devices: 2 trainer ranks each (ZeRO-3 over gloo), gradients exchanged by shard.
 
 Two cells (scripted engine) with `devices_per_cell=2` are 4 trainer processes: each cell process
-is rank 0 of its cell and starts rank 1 (`gyre.runtime.cell_ranks`); the run-wide group has 4
+is rank 0 of its cell and starts rank 1 (`gyre.cell.ranks`); the run-wide group has 4
 ranks, cell c's ranks at 2c and 2c + 1. The core trains micro-batches 0 and 1 (one per rank),
 the satellite micro-batch 2 (rank 1 runs a zero pass); the satellite's rank r sends its shard to
 the core's rank r, and the core's step equals a 1-rank ZeRO-0 trainer in this process on the
@@ -19,11 +19,11 @@ import anyio
 import pytest
 import torch
 
+from gyre.cell.spawn import open_cells
 from gyre.config import RLConfig, TrainerConfig
 from gyre.errors import InvalidRequestError
 from gyre.rl import PolicyObjective
-from gyre.runtime.cell_client import open_cells
-from tests.runtime.test_cell_roles import CONFIG, assert_close, batch_of_three, snapshot_state
+from tests.cell.test_roles import CONFIG, assert_close, batch_of_three, snapshot_state
 
 ZERO3 = TrainerConfig(learning_rate=1e-3, grad_clip=0.0, zero_stage=3, train_timeout_s=300.0)
 REFERENCE = TrainerConfig(learning_rate=1e-3, grad_clip=0.0, zero_stage=0)
@@ -130,7 +130,7 @@ def test_devices_per_cell_is_checked() -> None:
 @needs_gpus
 def test_gpu_each_cell_sees_only_its_devices(tmp_path) -> None:
     """Placement: cell i of 2-device cells gets physical devices 2i and 2i + 1."""
-    from gyre.runtime.cell_process import cell_devices
+    from gyre.cell.spawn import cell_devices
 
     assert cell_devices(0, 2) == {"CUDA_VISIBLE_DEVICES": "0,1"}
     assert cell_devices(1, 2) == {"CUDA_VISIBLE_DEVICES": "2,3"}

@@ -4,8 +4,8 @@ Owns `CellAPI` (the handlers, the cell's health and the stop event), `cell_app` 
 behind the bearer-token check of `$GYRE_CELL_SECRET`) and `status_of`. Bodies are msgpack
 (`cell_wire`). Errors answer with a status and a `WireError` whose code names the `gyre.errors`
 class. Generate deltas go out on the client's delta stream (`cell_stream`); role switches and
-training are `gyre.runtime.cell_roles`'. Knows nothing about process start-up, signals or the
-command line (`gyre.runtime.cell`), nor about executions, chat or the node's scheduling.
+training are `gyre.cell.roles`'. Knows nothing about process start-up, signals or the
+command line (`gyre.cell.server`), nor about executions, chat or the node's scheduling.
 """
 
 from __future__ import annotations
@@ -17,17 +17,9 @@ from collections import Counter
 import msgspec
 from aiohttp import web
 
-from gyre.engines.protocol import KVTransferEngine
-from gyre.errors import (
-    ContextLengthError,
-    EngineTimeoutError,
-    EngineUnavailableError,
-    GyreError,
-    InvalidRequestError,
-)
-from gyre.runtime.cell_roles import CellRoles
-from gyre.runtime.cell_stream import DeltaStreams
-from gyre.runtime.cell_wire import (
+from gyre.cell.roles import CellRoles
+from gyre.cell.stream import DeltaStreams
+from gyre.cell.wire import (
     CELL_SECRET_ENV,
     AbortRequest,
     CellStatistics,
@@ -46,6 +38,14 @@ from gyre.runtime.cell_wire import (
     cell_secret,
     decode,
     encode,
+)
+from gyre.engines.protocol import KVTransferEngine
+from gyre.errors import (
+    ContextLengthError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    GyreError,
+    InvalidRequestError,
 )
 
 __all__ = ["CellAPI", "cell_app", "status_of"]

@@ -14,8 +14,9 @@ import pytest
 
 from gyre.config import config_from_dict
 from gyre.errors import ExecutionError
+from gyre.rollout.harness import Rollout
+from gyre.rollout.source import FailureStreak
 from gyre.runtime.metrics import StepMetrics, read_metrics
-from gyre.runtime.rollout import FailureStreak, Rollout
 from gyre.tasks.outcome import Outcome, Score
 from gyre.tito.records import ExecutionSummary
 from tests.runtime.fake_cells import failed_execution

@@ -31,9 +31,9 @@ from gyre.engines.protocol import (
 )
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
 from gyre.errors import EngineUnavailableError, InvalidRequestError
-from gyre.runtime import Router
-from gyre.runtime.continuation import MigrateContinuation, RecomputeContinuation
-from gyre.runtime.router import RouterStatistics
+from gyre.routing import Router
+from gyre.routing.continuation import MigrateContinuation, RecomputeContinuation
+from gyre.routing.router import RouterStatistics
 
 pytestmark = pytest.mark.anyio
 
@@ -508,7 +508,7 @@ async def test_a_failed_abort_is_counted_logged_and_marks_the_cell_down(fail: st
     a = AbortFailsEngine("a", scripted(1, 0.002), log, fail)
     b = LoggingEngine("b", scripted(2, 0.002), log)
     config = RouterConfig(abort_timeout_s=0.2)
-    caplog.set_level("WARNING", logger="gyre.runtime.redirect")
+    caplog.set_level("WARNING", logger="gyre.routing.redirect")
     async with Router({"a": a, "b": b}, config=config) as router:
         consumer = Consumer()
         req = request("e/1", [6, 1], 400)  # 0.8 s on one cell: longer than the abort wait
@@ -940,7 +940,7 @@ def second_vllm_cell(vllm_cell, tiny_model_dir, tmp_path_factory):
 async def test_vllm_greedy_redirect_equals_an_uninterrupted_run(
     vllm_cell, second_vllm_cell
 ) -> None:
-    from gyre.runtime.cell_client import CellClient
+    from gyre.cell.client import CellClient
 
     sampling = SamplingParams(max_tokens=400, temperature=0.0)
     prompt = [(7 * i + 3) % 500 + 10 for i in range(40)]
@@ -1001,7 +1001,7 @@ async def test_vllm_cell_killed_mid_request_continues_on_another_cell(
     token as an uninterrupted greedy run; the dead cell is marked down."""
     import psutil
 
-    from gyre.runtime.cell_client import CellClient
+    from gyre.cell.client import CellClient
     from tests.conftest import start_vllm_cell
 
     process, doomed = await anyio.to_thread.run_sync(

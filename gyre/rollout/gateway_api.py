@@ -37,8 +37,8 @@ from starlette.routing import Route
 from gyre._asgi import serve_asgi
 from gyre.config import GatewayConfig, RunConfig
 from gyre.errors import GyreError, ProxyError
-from gyre.runtime.data_stream import configured_tasks
-from gyre.runtime.external import ExternalRollout
+from gyre.rollout.gateway import ExternalRollout
+from gyre.rollout.tasks import configured_tasks
 from gyre.tasks.outcome import Outcome
 from gyre.tito.openai_requests import proxy_error
 from gyre.tito.proxy import TitoProxy

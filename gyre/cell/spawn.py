@@ -3,7 +3,7 @@
 A cell runs in its own process group, so stopping it takes vLLM's engine-core and worker
 processes with it, but in the node's session: a new session is a new scheduling autogroup, and
 the spinning vLLM processes of a cell in a group of its own starved the node's client (see the
-`gyre.runtime.cell` docstring). A cell also gets SIGTERM when the node dies (`PR_SET_PDEATHSIG`).
+`gyre.cell.server` docstring). A cell also gets SIGTERM when the node dies (`PR_SET_PDEATHSIG`).
 `cell_devices` gives each cell of k devices its own (`CUDA_VISIBLE_DEVICES`); its worker ranks
 are in its process group. Knows nothing about the cell's HTTP API beyond `/health`.
 """
@@ -18,23 +18,31 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import anyio
 import httpx
 import msgspec
 
+from gyre.cell.client import CellClient
+from gyre.cell.wire import Health, auth_headers, cell_secret, decode
 from gyre.config import EngineConfig, RLConfig, TrainerConfig
 from gyre.engines.kv_transport import cell_kv_config
-from gyre.errors import EngineTimeoutError, EngineUnavailableError
-from gyre.runtime.cell_wire import Health, cell_secret, decode
+from gyre.errors import EngineError, EngineTimeoutError, EngineUnavailableError, grouped_errors
 
-__all__ = ["CellProcess", "spawn_cell", "wait_cell_ready", "cell_devices"]
+__all__ = [
+    "CellProcess",
+    "spawn_cell",
+    "wait_cell_ready",
+    "cell_devices",
+    "open_cell",
+    "open_cells",
+]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _auth_headers() -> dict[str, str]:
-    return {"Authorization": f"Bearer {cell_secret()}"}
 
 
 _PORT_DIR_PREFIX = "gyre-cell-"
@@ -89,7 +97,7 @@ def spawn_cell(
     group_store: str | None = None,
     env: dict[str, str] | None = None,
     devices_per_cell: int = 1,
-    module: str = "gyre.runtime.cell",
+    module: str = "gyre.cell.server",
 ) -> CellProcess:
     """Start a cell worker process (returns at once; see `wait_cell_ready`). With `trainer_config`
     the cell also holds a trainer on `model_dir`, over `devices_per_cell` ranks (processes); with
@@ -138,7 +146,7 @@ def spawn_cell(
             env=None if env is None else {**os.environ, **env},
             # its own process group (`stop` can reap vLLM's children too) but the node's session:
             # a new session is a new autogroup, whose spinning vLLM processes starved the node's
-            # client (requests reached the engine one by one; see the `gyre.runtime.cell` docstring)
+            # client (requests reached the engine one by one; see the `gyre.cell.server` docstring)
             process_group=0,
         )
     return CellProcess(process=process, port_file=port_file, log_path=log_path)
@@ -194,7 +202,7 @@ def wait_cell_ready(cell: CellProcess, timeout_s: float, host: str = "127.0.0.1"
     tail of its log), `EngineTimeoutError` after `timeout_s`.
     """
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=5.0, headers=_auth_headers()) as http:
+    with httpx.Client(timeout=5.0, headers=auth_headers()) as http:
         while time.monotonic() < deadline:
             if cell.process.poll() is not None:
                 raise EngineUnavailableError(
@@ -227,3 +235,170 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+@asynccontextmanager
+async def open_cell(
+    model_dir: str | Path,
+    config: EngineConfig,
+    *,
+    log_path: str | Path,
+    host: str = "127.0.0.1",
+    trainer_config: TrainerConfig | None = None,
+    rl_config: RLConfig | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    group_store: str | None = None,
+    devices_per_cell: int = 1,
+) -> AsyncIterator[CellClient]:
+    """Spawn a cell (its trainer over `devices_per_cell` ranks; on GPU it sees the first
+    `devices_per_cell` devices), wait until it serves, yield its client; stop the process on
+    exit."""
+    cell = spawn_cell(
+        model_dir,
+        config,
+        log_path=log_path,
+        host=host,
+        trainer_config=trainer_config,
+        rl_config=rl_config,
+        rank=rank,
+        world_size=world_size,
+        group_store=group_store,
+        env=cell_devices(0, devices_per_cell),
+        devices_per_cell=devices_per_cell,
+    )
+    try:
+        url = await anyio.to_thread.run_sync(wait_cell_ready, cell, config.startup_timeout_s, host)
+        async with CellClient(url, config, trainer_config) as client:
+            client.rank = rank
+            yield client
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(cell.stop)
+
+
+@asynccontextmanager
+async def open_cells(
+    n: int,
+    model_dir: str | Path,
+    config: EngineConfig,
+    *,
+    log_dir: str | Path,
+    trainer_config: TrainerConfig | None = None,
+    rl_config: RLConfig | None = None,
+    host: str = "127.0.0.1",
+    first_rank: int = 0,
+    world_size: int | None = None,
+    group_store: str | None = None,
+    store_host: str | None = None,
+    store_port: int = 0,
+    remote: Callable[[str], Awaitable[Sequence[tuple[int, str, Any]]]] | None = None,
+    devices_per_cell: int = 1,
+) -> AsyncIterator[list[CellClient]]:
+    """Start `n` cells at once on this host; yield their clients in rank order (logs at
+    `log_dir/cell-<rank>.log`). Without `trainer_config` the cells have no trainer and no group.
+    Every process is stopped on exit; a cell that fails to start stops the others and raises as
+    `wait_cell_ready` does.
+
+    The gradient group has `world_size` ranks (default `n`); these cells are ranks `first_rank`
+    .. `first_rank + n - 1`. Its TCPStore is hosted here at `store_host` (default `host`; port
+    `store_port`, 0: a free one) unless `group_store` ("HOST:PORT") names one elsewhere (a worker
+    host's cells: `gyre.cell.join`). `remote` (the head of several hosts) is awaited with the
+    store's address, while the local cells start, for the other hosts' ready cells as (rank, base
+    URL, process-like with `poll()`); their clients are yielded with the local ones, all in rank
+    order, so `clients[i].rank == i` over the whole group.
+
+    `devices_per_cell` (k, `cells.devices_per_cell`): each cell's trainer is k ranks (ZeRO-3,
+    `gyre.cell.ranks`), and on GPU the i-th local cell sees only devices i*k .. i*k+k-1
+    (`cell_devices`); `rank` stays the cell's index, its ranks in the gradient group are
+    rank*k .. rank*k + k - 1. Raises `ValueError` for k < 1, k > 1 with a trainer below ZeRO-3,
+    or too few devices."""
+    if n < 1:
+        raise ValueError(f"n={n} must be >= 1")
+    if devices_per_cell < 1:
+        raise ValueError(f"devices_per_cell={devices_per_cell} must be >= 1")
+    if devices_per_cell > 1 and trainer_config is not None and trainer_config.zero_stage != 3:
+        raise ValueError(
+            f"devices_per_cell={devices_per_cell} needs trainer.zero_stage=3, "
+            f"got {trainer_config.zero_stage}"
+        )
+    devices = [cell_devices(i, devices_per_cell) for i in range(n)]
+    world_size = n if world_size is None else world_size
+    if first_rank < 0 or first_rank + n > world_size:
+        raise ValueError(f"ranks {first_rank}..{first_rank + n - 1} must be in [0, {world_size})")
+    store = None
+    address = group_store
+    if trainer_config is not None and group_store is None:
+        from gyre.cell.grad_group import host_group_store
+
+        store_host = store_host or host
+        store = host_group_store(
+            store_host,
+            timeout_s=max(config.startup_timeout_s, trainer_config.train_timeout_s),
+            port=store_port,
+        )
+        address = f"{store_host}:{store.port}"
+    if trainer_config is None:
+        address = None
+    processes = [
+        spawn_cell(
+            model_dir,
+            config,
+            log_path=Path(log_dir) / f"cell-{rank}.log",
+            host=host,
+            trainer_config=trainer_config,
+            rl_config=rl_config,
+            rank=None if address is None else rank,
+            world_size=None if address is None else world_size,
+            group_store=address,
+            env={**(_cpu_binding(rank, world_size) or {}), **(devices[rank - first_rank] or {})},
+            devices_per_cell=devices_per_cell,
+        )
+        for rank in range(first_rank, first_rank + n)
+    ]
+    remote_cells: list[tuple[int, str, Any]] = []
+    try:
+        urls: list[str | None] = [None] * n
+
+        async def wait(rank: int) -> None:
+            # abandoned on cancel: the first cell that fails must not wait out the others' start-up
+            # timeouts (ranks blocked on a missing peer never become ready); `finally` stops them
+            urls[rank] = await anyio.to_thread.run_sync(
+                wait_cell_ready,
+                processes[rank],
+                config.startup_timeout_s,
+                host,
+                abandon_on_cancel=True,
+            )
+
+        async def wait_remote() -> None:
+            assert remote is not None
+            remote_cells.extend(await remote(address or ""))
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for rank in range(n):
+                    tg.start_soon(wait, rank)
+                if remote is not None:
+                    tg.start_soon(wait_remote)
+        except BaseExceptionGroup as group:
+            if errors := grouped_errors(group, EngineError):
+                raise errors[0] from None  # the first failure, as `wait_cell_ready` raises it
+            raise
+        async with AsyncExitStack() as stack:
+            cells = [
+                (first_rank + i, url, process.process)  # the node watches it for death
+                for i, (url, process) in enumerate(zip(urls, processes, strict=True))
+            ]
+            clients = []
+            for rank, url, process in sorted([*cells, *remote_cells], key=lambda c: c[0]):
+                client = await stack.enter_async_context(CellClient(url, config, trainer_config))
+                client.rank = rank
+                client.process = process
+                clients.append(client)
+            yield clients
+    finally:
+        with anyio.CancelScope(shield=True):
+            for process in processes:
+                await anyio.to_thread.run_sync(process.stop)
+        del store  # the store outlives every cell that used it

@@ -3,7 +3,7 @@
 Owns `CellTrainer` (in the cell process, rank 0: the trainer `CellRoles` drives; every call runs
 on all k ranks), `start_cell_trainer` (rank 0's start-up: the worker ranks, the cell's DeepSpeed
 group, its run-wide gradient-group ranks), `spawn_ranks` and `main` (ranks 1 .. k-1:
-`python -m gyre.runtime.cell_ranks`, driven by rank 0). Rank 0 broadcasts each command (its name
+`python -m gyre.cell.ranks`, driven by rank 0). Rank 0 broadcasts each command (its name
 and arguments, pickled) over a gloo group of the cell's ranks, every rank runs it on its own
 `DeepSpeedTrainer`, and the outcomes are gathered back, so an error on any rank is rank 0's
 error and the ranks stay in step. `accumulate` deals the micro-batches round robin, with zero
@@ -276,17 +276,17 @@ def spawn_ranks(
     init_method: str,
     group: tuple[str, int, int] | None = None,
 ) -> list[subprocess.Popen]:
-    """Start worker ranks 1 .. `ranks` - 1 of this cell (`python -m gyre.runtime.cell_ranks`;
+    """Start worker ranks 1 .. `ranks` - 1 of this cell (`python -m gyre.cell.ranks`;
     output to this process's, they die with it). `group` = (store address, this cell's index,
     the number of cells) puts rank r at run-wide rank index * k + r."""
-    from gyre.runtime.cell_process import _die_with_parent
+    from gyre.cell.spawn import _die_with_parent
 
     workers = []
     for rank in range(1, ranks):
         cmd = [
             sys.executable,
             "-m",
-            "gyre.runtime.cell_ranks",
+            "gyre.cell.ranks",
             "--model",
             model,
             "--trainer-config",
@@ -337,7 +337,7 @@ def _start_rank(
     commands = dist.new_group(backend="gloo", timeout=_IDLE) if ranks > 1 else None
     gradient_group = None
     if group is not None:
-        from gyre.runtime.grad_group import GradientGroup
+        from gyre.cell.grad_group import GradientGroup
 
         address, cell, cells = group
         gradient_group = GradientGroup(
@@ -398,9 +398,9 @@ def serve_rank(rank: _Rank, commands) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m gyre.runtime.cell_ranks`: one worker rank (1 .. k-1) of a cell; it joins the
+    """`python -m gyre.cell.ranks`: one worker rank (1 .. k-1) of a cell; it joins the
     cell's groups, then runs rank 0's commands until told to stop. Returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m gyre.runtime.cell_ranks")
+    parser = argparse.ArgumentParser(prog="python -m gyre.cell.ranks")
     parser.add_argument("--model", required=True)
     parser.add_argument("--trainer-config", required=True, help="TrainerConfig as JSON")
     parser.add_argument("--rl-config", required=True, help="RLConfig as JSON")

@@ -26,10 +26,10 @@ import anyio
 import httpx
 import msgspec
 
+from gyre.cell.wire import CELL_SECRET_ENV, cell_secret
 from gyre.config import RunConfig
 from gyre.config.cluster import JOIN_SECRET_ENV
 from gyre.errors import ConfigError, EngineTimeoutError
-from gyre.runtime.cell_wire import CELL_SECRET_ENV, cell_secret
 
 __all__ = [
     "JoinServer",
@@ -386,9 +386,9 @@ async def run_worker(head: str, *, secret: str | None = None) -> int:
 
     Raises `ConfigError` without a secret (`$GYRE_JOIN_SECRET`) or when the head refuses the join
     (a wrong secret: the head's 401 message), `EngineError` when a cell fails to start."""
+    from gyre.cell.grad_group import local_address_for
+    from gyre.cell.spawn import open_cells
     from gyre.config import config_from_dict
-    from gyre.runtime.cell_client import open_cells
-    from gyre.runtime.grad_group import local_address_for
 
     secret = secret if secret is not None else os.environ.get(JOIN_SECRET_ENV, "")
     if not secret:

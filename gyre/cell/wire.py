@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import struct
+from typing import Literal
 
 import msgspec
 import numpy as np
@@ -27,12 +28,13 @@ from gyre.engines.protocol import (
     KVExport,
     TokenDelta,
 )
-from gyre.runtime.scheduler import CellRole
 from gyre.trajectory.pack import PackedBatch
 
 __all__ = [
+    "CellRole",
     "CELL_SECRET_ENV",
     "cell_secret",
+    "auth_headers",
     "AbortRequest",
     "LoadWeightsRequest",
     "ExportKVRequest",
@@ -58,6 +60,10 @@ __all__ = [
     "merge_deltas",
 ]
 
+CellRole = Literal["rollout", "train", "switching"]
+"""A cell's role (docs/design.md terms); `switching` lasts from the switch order to its
+completion."""
+
 CELL_SECRET_ENV = "GYRE_CELL_SECRET"
 """The environment variable holding the node's cell secret: every request to a cell carries it
 (`Authorization: Bearer <secret>`), so an agent on the node, which can reach the cells' loopback
@@ -70,6 +76,11 @@ def cell_secret() -> str:
     never hold it: the harness passes them only PATH, LANG, LC_ALL and TZ, and another uid cannot
     read a root process's /proc/<pid>/environ. Several nodes sharing cells set the same value."""
     return os.environ.setdefault(CELL_SECRET_ENV, secrets.token_hex(32))
+
+
+def auth_headers() -> dict[str, str]:
+    """The headers every request to a cell carries: `Authorization: Bearer <cell_secret()>`."""
+    return {"Authorization": f"Bearer {cell_secret()}"}
 
 
 class AbortRequest(msgspec.Struct, frozen=True):

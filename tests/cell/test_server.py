@@ -19,13 +19,9 @@ import anyio
 import httpx
 import pytest
 
-from gyre.config import EngineConfig
-from gyre.engines import GenerateRequest, InferenceEngine, SamplingParams, collect
-from gyre.engines.protocol import TokenDelta
-from gyre.engines.scripted import ScriptedEngine
-from gyre.errors import ContextLengthError, EngineUnavailableError, InvalidRequestError
-from gyre.runtime.cell_client import CellClient, spawn_cell, wait_cell_ready
-from gyre.runtime.cell_wire import (
+from gyre.cell.client import CellClient
+from gyre.cell.spawn import spawn_cell, wait_cell_ready
+from gyre.cell.wire import (
     CELL_SECRET_ENV,
     Frame,
     FrameBatch,
@@ -34,6 +30,11 @@ from gyre.runtime.cell_wire import (
     cell_secret,
     encode_frame,
 )
+from gyre.config import EngineConfig
+from gyre.engines import GenerateRequest, InferenceEngine, SamplingParams, collect
+from gyre.engines.protocol import TokenDelta
+from gyre.engines.scripted import ScriptedEngine
+from gyre.errors import ContextLengthError, EngineUnavailableError, InvalidRequestError
 
 pytestmark = pytest.mark.anyio
 
@@ -153,15 +154,15 @@ async def test_one_cell_failing_to_start_stops_the_others_at_once(tmp_path, monk
     """`open_cells`: a rank that dies during start-up fails the start with its own error and the
     other ranks are stopped, without waiting out their start-up timeout (a rank blocked on a missing
     gradient-group peer never becomes ready). Before the fix this took the full timeout."""
-    import gyre.runtime.cell_client as cell_client
+    import gyre.cell.spawn as cell_spawn
 
-    spawned: list[cell_client.CellProcess] = []
+    spawned: list[cell_spawn.CellProcess] = []
 
     def spawn(model_dir, config, *, log_path, **_):  # rank 0 never becomes ready, rank 1 exits 3
         code = "import time; time.sleep(600)" if not spawned else "raise SystemExit(3)"
         process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
         spawned.append(
-            cell_client.CellProcess(
+            cell_spawn.CellProcess(
                 process=process,
                 port_file=tmp_path / f"port-{len(spawned)}",
                 log_path=tmp_path / "no.log",
@@ -169,11 +170,11 @@ async def test_one_cell_failing_to_start_stops_the_others_at_once(tmp_path, monk
         )
         return spawned[-1]
 
-    monkeypatch.setattr(cell_client, "spawn_cell", spawn)
+    monkeypatch.setattr(cell_spawn, "spawn_cell", spawn)
     config = EngineConfig(backend="scripted", startup_timeout_s=60.0)
     started = time.monotonic()
     with pytest.raises(EngineUnavailableError, match="exited with code 3"):
-        async with cell_client.open_cells(2, "unused", config, log_dir=tmp_path):
+        async with cell_spawn.open_cells(2, "unused", config, log_dir=tmp_path):
             pytest.fail("no cell started, so nothing may be yielded")
     # a liveness bound, not a speed one: rank 0 can only end its wait by being stopped or at its
     # 60 s deadline (before the fix, its thread ran to the deadline and the error came after it)
@@ -287,7 +288,7 @@ async def test_gpu_pause_sleeps_and_frees_memory_then_resume_serves(
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device: vLLM sleep mode is GPU-only")
-    from gyre.runtime.cell_client import open_cell
+    from gyre.cell.spawn import open_cell
 
     config = EngineConfig(max_model_len=512, sleep_mode=True)
     async with open_cell(tiny_model_dir, config, log_path=tmp_path / "c.log") as engine:
@@ -321,7 +322,7 @@ async def test_requests_without_the_node_secret_are_refused(
     assert engine.statistics().weight_version == before
     env = {k: v for k, v in os.environ.items() if k != CELL_SECRET_ENV}
     done = subprocess.run(
-        [sys.executable, "-m", "gyre.runtime.cell", "--model", "m", "--port-file", "p"],
+        [sys.executable, "-m", "gyre.cell.server", "--model", "m", "--port-file", "p"],
         env=env,
         capture_output=True,
         text=True,
@@ -377,7 +378,7 @@ async def stepped_cell():
     `SteppedEngine`."""
     from aiohttp import web
 
-    from gyre.runtime.cell_api import CellAPI, cell_app
+    from gyre.cell.api import CellAPI, cell_app
 
     cell = CellAPI()
     cell.engine, cell.health = SteppedEngine(), Health(state="ready")
@@ -448,7 +449,7 @@ async def test_steps_within_the_coalescing_window_go_out_in_one_write(
     wait up to `_COALESCE_S` and go out with the next write (the client merges them per choice)."""
     from contextlib import aclosing
 
-    from gyre.runtime import cell_stream
+    from gyre.cell import stream as cell_stream
 
     monkeypatch.setattr(cell_stream, "_COALESCE_S", 30.0)  # only an urgent frame ends a wait
     engine, cell, url = stepped_cell
@@ -481,7 +482,7 @@ async def test_steps_within_the_coalescing_window_go_out_in_one_write(
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_closed_idle_stream_is_dropped(stepped_cell, monkeypatch) -> None:
-    from gyre.runtime import cell_stream
+    from gyre.cell import stream as cell_stream
 
     monkeypatch.setattr(cell_stream, "_IDLE_CHECK_S", 0.05)
     engine, cell, url = stepped_cell
@@ -496,7 +497,7 @@ async def test_a_closed_idle_stream_is_dropped(stepped_cell, monkeypatch) -> Non
 async def test_a_consumer_that_leaves_aborts_and_a_lost_stream_aborts_all(stepped_cell) -> None:
     from contextlib import aclosing
 
-    from gyre.runtime.cell_wire import StreamedGenerate, encode
+    from gyre.cell.wire import StreamedGenerate, encode
 
     engine, cell, url = stepped_cell
     async with CellClient(url, CONFIG) as client:

@@ -16,7 +16,7 @@ import threading
 import pytest
 import torch
 
-from gyre.runtime.grad_group import GradientGroup, host_group_store
+from gyre.cell.grad_group import GradientGroup, host_group_store
 
 SHARD = 1000
 

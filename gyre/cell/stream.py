@@ -30,9 +30,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
+from gyre.cell.wire import Frame, FrameBatch, WireError, encode_frame
 from gyre.engines.protocol import TokenDelta
 from gyre.errors import EngineError, EngineUnavailableError, GyreError, InvalidRequestError
-from gyre.runtime.cell_wire import Frame, FrameBatch, WireError, encode_frame
 
 __all__ = ["DeltaStreams"]
 

@@ -7,7 +7,7 @@ rollout cells, marking down those that fail), `CellMember` (one cell: engine,
 role, health, attempts in flight) and its records (`CellRecord`, `MembershipStatistics`).
 
 Knows nothing about requests beyond their affinity key, nor how attempts are driven or moved off a
-cell (`gyre.runtime.redirect`, `gyre.runtime.router`).
+cell (`gyre.routing.redirect`, `gyre.routing.router`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import get_args
 import anyio
 import msgspec
 
+from gyre.cell.wire import CellRole
 from gyre.config import RouterConfig
 from gyre.engines.protocol import EngineStatistics, InferenceEngine
 from gyre.errors import EngineError, EngineUnavailableError, WeightSyncError
-from gyre.runtime.redirect import Choice, Leg, RequestState, Signal
-from gyre.runtime.scheduler import CellRole
+from gyre.routing.redirect import Choice, Leg, RequestState, Signal
 
 __all__ = ["CellMember", "CellRecord", "Membership", "MembershipStatistics", "check_role"]
 
@@ -66,7 +66,7 @@ class MembershipStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 class CellMember:
     """One cell as a member of the router: its engine, role, health, pinned executions and the
-    attempts in flight on it (a `gyre.runtime.redirect.Member`)."""
+    attempts in flight on it (a `gyre.routing.redirect.Member`)."""
 
     def __init__(
         self,
