@@ -21,11 +21,13 @@ run: $(VENV)/.installed-$(GYRE_EXTRA)
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Lint and format check (ruff, configured in pyproject.toml); `make test` runs it first, so a lint
-# error fails `.ci/run`. `ruff check --fix . && ruff format .` mends most of what it reports.
+# Lint, format and type check (ruff and mypy, configured in pyproject.toml); `make test` runs it
+# first, so a lint or type error fails `.ci/run`. `ruff check --fix . && ruff format .` mends most
+# of what ruff reports.
 lint: $(VENV)/.installed-$(GYRE_EXTRA)-test
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy gyre
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
