@@ -16,7 +16,7 @@ from gyre.config.base import Config, check_positive
 __all__ = ["ProxyConfig", "HarnessConfig", "TaskConfig", "AGENT_ENV_OWNED", "check_agent_env"]
 
 
-class ProxyConfig(Config):
+class ProxyConfig(Config, frozen=True):
     """The TITO proxy: the OpenAI-compatible endpoint agents talk to (`gyre.tito.proxy`)."""
 
     host: str = "127.0.0.1"
@@ -134,7 +134,7 @@ def check_agent_env(env: dict[str, str], passthrough: tuple[str, ...]) -> None:
             raise ValueError(f"env: the value of {name!r} holds a NUL byte")
 
 
-class HarnessConfig(Config):
+class HarnessConfig(Config, frozen=True):
     """Agent processes of executions (`gyre.agents.harness`): command, limits, workspaces, the
     agents' environment, their isolation (required unless `require_isolation = false`)."""
 
@@ -244,7 +244,7 @@ class HarnessConfig(Config):
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0: no limit)")
 
 
-class TaskConfig(Config):
+class TaskConfig(Config, frozen=True):
     """Which task suites a run samples from, and how executions run (`gyre.tasks`,
     `gyre.agents`)."""
 

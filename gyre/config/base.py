@@ -39,6 +39,11 @@ _FIELD_CHECK = re.compile(
 """A struct's own check (`field=value must ...`, `field: ...`) as msgspec reports it."""
 
 
+def _struct_type(type_: object) -> type[msgspec.Struct] | None:
+    """`type_` if it is a Struct class, else None."""
+    return type_ if isinstance(type_, type) and issubclass(type_, msgspec.Struct) else None
+
+
 def validation_message(exc: msgspec.ValidationError, type_: type) -> str:
     """`exc`'s message, with the key path of the field a struct's own check names.
 
@@ -52,12 +57,14 @@ def validation_message(exc: msgspec.ValidationError, type_: type) -> str:
     if match is None:
         return message
     at = match["at"] or "$"
-    struct: type = type_
+    struct = _struct_type(type_)
     for name in at.split(".")[1:]:
+        if struct is None:
+            break
         fields = {f.name: f.type for f in msgspec.structs.fields(struct)}
-        struct = fields.get(name)  # type: ignore[assignment]
-        if not (isinstance(struct, type) and issubclass(struct, msgspec.Struct)):
-            return message  # a path through a list, dict or union: left as msgspec gave it
+        struct = _struct_type(fields.get(name))
+    if struct is None:
+        return message  # a path through a list, dict or union: left as msgspec gave it
     field = match["field"]
     if field not in struct.__struct_fields__:
         return message

@@ -17,7 +17,7 @@ JOIN_SECRET_ENV = "GYRE_JOIN_SECRET"
 `[cluster] secret` is empty)."""
 
 
-class ClusterConfig(Config):
+class ClusterConfig(Config, frozen=True):
     """The head node of a run over several hosts (`python -m gyre.node --config F` on the head,
     `python -m gyre.node --join HEAD:PORT` on each worker). With `workers = 0` (the default) the
     run stays on this host and nothing listens."""

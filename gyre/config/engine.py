@@ -14,7 +14,7 @@ from gyre.config.base import Config, check_positive
 __all__ = ["ModelConfig", "KVTransferConfig", "EngineConfig", "TrainerConfig"]
 
 
-class ModelConfig(Config):
+class ModelConfig(Config, frozen=True):
     """The reference tiny model (`gyre.model`) or any Hugging Face folder vLLM can serve."""
 
     path: str = "runs/model"
@@ -63,7 +63,7 @@ class ModelConfig(Config):
             raise ValueError(f"vocab_size={self.vocab_size} must be >= 300 (256 bytes + specials)")
 
 
-class KVTransferConfig(Config):
+class KVTransferConfig(Config, frozen=True):
     """KV-cache migration between engines through vLLM's KV connectors
     (`gyre.engines.kv_connector`): how a request redirected off a cell that leaves rollout
     continues on another (`gyre.runtime.elastic_job.continuation_for`).
@@ -103,7 +103,7 @@ class KVTransferConfig(Config):
             )
 
 
-class EngineConfig(Config):
+class EngineConfig(Config, frozen=True):
     """The inference engine of every rollout cell."""
 
     backend: Literal["vllm", "scripted"] = "vllm"
@@ -156,7 +156,7 @@ class EngineConfig(Config):
         )
 
 
-class TrainerConfig(Config):
+class TrainerConfig(Config, frozen=True):
     """The DeepSpeed trainer (`gyre.engines.trainer`)."""
 
     zero_stage: int = 1

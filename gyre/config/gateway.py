@@ -12,7 +12,7 @@ from gyre.config.base import Config, check_positive
 __all__ = ["GatewayConfig"]
 
 
-class GatewayConfig(Config):
+class GatewayConfig(Config, frozen=True):
     """The gateway (`gyre.rollout.gateway`, `python -m gyre.gateway`): bring your own agent loop.
 
     On, the run's executions are not started by the harness: each one is published as pending,

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-class RunConfig(Config):
+class RunConfig(Config, frozen=True):
     """One run of one node. Loaded from TOML with `load_config`; see `examples/`."""
 
     run_dir: str = "runs/default"

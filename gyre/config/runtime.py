@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 
-class CellConfig(Config):
+class CellConfig(Config, frozen=True):
     """Cell worker processes on this node."""
 
     num_cells: int = 1
@@ -41,7 +41,7 @@ class CellConfig(Config):
             raise ValueError(f"base_port={self.base_port} must be in [0, 65535]")
 
 
-class SchedulerConfig(Config):
+class SchedulerConfig(Config, frozen=True):
     """Which cells roll out and which train (`gyre.runtime.scheduler`, driven by
     `gyre.runtime.elastic`, the one RL driver for every cell count)."""
 
@@ -93,7 +93,7 @@ class SchedulerConfig(Config):
         return self.policy
 
 
-class RouterConfig(Config):
+class RouterConfig(Config, frozen=True):
     """The router in front of the rollout cells (`gyre.routing.router`): every wait it makes is
     bounded."""
 
@@ -126,7 +126,7 @@ class RouterConfig(Config):
             raise ValueError(f"remember_finished={self.remember_finished} must be >= 0")
 
 
-class LoopConfig(Config):
+class LoopConfig(Config, frozen=True):
     """The RL run (`gyre.runtime.elastic`): steps, batches, groups, held-out evaluation."""
 
     steps: int = 8
@@ -181,7 +181,7 @@ class LoopConfig(Config):
             )
 
 
-class ObserveConfig(Config):
+class ObserveConfig(Config, frozen=True):
     """The live run page (`gyre.report.live`): read-only, behind the run's secret."""
 
     page: bool = False
@@ -201,7 +201,7 @@ class ObserveConfig(Config):
         check_positive(poll_interval_s=self.poll_interval_s)
 
 
-class ReportConfig(Config):
+class ReportConfig(Config, frozen=True):
     """Where a run's metrics go besides `metrics.jsonl` (`gyre.runtime.sinks`).
 
     Every step and evaluation record, and the runtime's `statistics()` records at each step, are

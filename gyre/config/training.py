@@ -15,7 +15,7 @@ from gyre.config.base import Config, check_positive
 __all__ = ["TrajectoryConfig", "RLConfig", "WarmStartConfig"]
 
 
-class TrajectoryConfig(Config):
+class TrajectoryConfig(Config, frozen=True):
     """Trajectory trees -> training data (`gyre.trajectory`): Jmax selection and packing."""
 
     jmax: int = 8
@@ -35,7 +35,7 @@ class TrajectoryConfig(Config):
                 )
 
 
-class RLConfig(Config):
+class RLConfig(Config, frozen=True):
     """The policy loss (`gyre.rl`)."""
 
     clip_eps: float = 0.2
@@ -66,7 +66,7 @@ class RLConfig(Config):
             raise ValueError(f"stop_penalty={self.stop_penalty} must be in [0, 1]")
 
 
-class WarmStartConfig(Config):
+class WarmStartConfig(Config, frozen=True):
     """Supervised warm start (`gyre.model.sft`): the tiny model learns the `learnable` suite's
     demonstrations before RL, so RL starts from a non-zero pass rate."""
 
