@@ -68,7 +68,7 @@ class _Block(
     known prefix of an execution anyway."""
 
 
-class TextBlock(_Block, tag="text"):
+class TextBlock(_Block, tag="text", frozen=True):
     """A `text` content block."""
 
     text: str
@@ -76,11 +76,11 @@ class TextBlock(_Block, tag="text"):
     """Citations are not produced, so an echoed block carries none (null only)."""
 
 
-class ImageBlock(_Block, tag="image", forbid_unknown_fields=False):
+class ImageBlock(_Block, tag="image", forbid_unknown_fields=False, frozen=True):
     """Decoded only to be refused with a clear 400 (the served models read text only)."""
 
 
-class DocumentBlock(_Block, tag="document", forbid_unknown_fields=False):
+class DocumentBlock(_Block, tag="document", forbid_unknown_fields=False, frozen=True):
     """Decoded only to be refused with a clear 400."""
 
 
@@ -91,7 +91,7 @@ class DirectCaller(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     type: Literal["direct"]
 
 
-class ToolUseBlock(_Block, tag="tool_use"):
+class ToolUseBlock(_Block, tag="tool_use", frozen=True):
     """A `tool_use` block the assistant sent: the call `id`, tool `name` and its `input` object."""
 
     id: str
@@ -104,7 +104,7 @@ class ToolUseBlock(_Block, tag="tool_use"):
     null only."""
 
 
-class ToolResultBlock(_Block, tag="tool_result"):
+class ToolResultBlock(_Block, tag="tool_result", frozen=True):
     """A `tool_result` block of a user turn: the result of call `tool_use_id` (`is_error`: reaches
     the model with `TOOL_ERROR_PREFIX`)."""
 
@@ -113,7 +113,7 @@ class ToolResultBlock(_Block, tag="tool_result"):
     is_error: bool = False
 
 
-class ThinkingBlock(_Block, tag="thinking"):
+class ThinkingBlock(_Block, tag="thinking", frozen=True):
     """A `thinking` block the assistant sent (its text is compared with the recorded reasoning)."""
 
     thinking: str
@@ -121,7 +121,7 @@ class ThinkingBlock(_Block, tag="thinking"):
     """Not checked: gyre compares the thinking text itself with what it recorded."""
 
 
-class RedactedThinkingBlock(_Block, tag="redacted_thinking"):
+class RedactedThinkingBlock(_Block, tag="redacted_thinking", frozen=True):
     """Decoded only to be refused with a clear 400 (gyre never redacts what it recorded)."""
 
     data: str
