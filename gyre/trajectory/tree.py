@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import array
 from collections.abc import Sequence
+from typing import TypeGuard
 
 import msgspec
 import numpy as np
@@ -94,6 +95,26 @@ class TrajectoryTree:
         "divergence_R",
         "tokens_in_calls",
     )
+
+    execution_id: str
+    call_ids: list[str]
+    call_roles: list[Role]
+    token_N: np.ndarray
+    parent_N: np.ndarray
+    depth_N: np.ndarray
+    policy_N: np.ndarray
+    logprob_N: np.ndarray
+    version_N: np.ndarray
+    temperature_N: np.ndarray
+    call_N: np.ndarray
+    role_N: np.ndarray
+    path_policy_N: np.ndarray
+    run_start_R: np.ndarray
+    run_len_R: np.ndarray
+    run_parent_R: np.ndarray
+    end_node_R: np.ndarray
+    divergence_R: np.ndarray
+    tokens_in_calls: int
 
     def __init__(self, **arrays: object) -> None:
         for name in self.__slots__:
@@ -185,6 +206,10 @@ def _check_call(call: ModelCall) -> None:
         )
 
 
+def _in_reference_form(calls: Sequence[ModelCall | FullCall]) -> TypeGuard[Sequence[ModelCall]]:
+    return not any(isinstance(call, FullCall) for call in calls)
+
+
 def build_tree(calls: Sequence[ModelCall | FullCall]) -> TrajectoryTree:
     """Merge one execution's model calls into a `TrajectoryTree`, in O(the calls' own tokens).
 
@@ -204,12 +229,11 @@ def build_tree(calls: Sequence[ModelCall | FullCall]) -> TrajectoryTree:
     """
     if not calls:
         raise ValueError("build_tree needs at least one model call")
-    if any(isinstance(call, FullCall) for call in calls):
-        calls = to_reference(calls)
-    execution_id = calls[0].execution_id
+    refs = calls if _in_reference_form(calls) else to_reference(calls)
+    execution_id = refs[0].execution_id
     call_ids: list[str] = []
     index_of: dict[str, int] = {}
-    for call in calls:
+    for call in refs:
         _check_call(call)
         if call.execution_id != execution_id:
             raise ValueError(
@@ -226,7 +250,7 @@ def build_tree(calls: Sequence[ModelCall | FullCall]) -> TrajectoryTree:
         index_of[call.call_id] = len(call_ids)
         call_ids.append(call.call_id)
 
-    num_calls = len(calls)
+    num_calls = len(refs)
     run_start_R = np.zeros(num_calls, dtype=np.int64)
     run_len_R = np.zeros(num_calls, dtype=np.int64)
     run_parent_R = np.full(num_calls, -1, dtype=np.int64)
@@ -248,7 +272,7 @@ def build_tree(calls: Sequence[ModelCall | FullCall]) -> TrajectoryTree:
     num_nodes = 0
     tokens_in_calls = 0
 
-    for r, call in enumerate(calls):
+    for r, call in enumerate(refs):
         shared = call.shared_len
         prompt_len = len(call.prompt_tail)  # the call's own prompt tokens
         seq = _as_int32(call.prompt_tail, call.completion_ids)
@@ -344,7 +368,7 @@ def build_tree(calls: Sequence[ModelCall | FullCall]) -> TrajectoryTree:
 
     return _finish(
         execution_id=execution_id,
-        calls=calls,
+        calls=refs,
         call_ids=call_ids,
         run_tokens=run_tokens,
         run_policy=run_policy,
