@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import bisect
 import os
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 __all__ = [
     "TreeKVCache",
@@ -172,7 +175,7 @@ class TreeKVCache:
         self._v: dict[int, list[torch.Tensor]] = {}
         self._chunk = -1
         self._plan: list[tuple[int, list[tuple[int, torch.Tensor]], torch.Tensor]] = []
-        self._block_mask = None
+        self._block_mask: BlockMask | None = None
 
     def _picks(self, keys: list[int]) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
         """Keys (ascending packed indices, all in chunks <= the current one) as (part, local

@@ -70,5 +70,8 @@ def group_advantages(
     return GroupAdvantages(
         execution_ids=tuple(execution_ids),
         baseline=baseline,
-        advantages=tuple(None if r is None else float(r) - baseline for r in rewards),
+        # baseline is None only when every reward is None
+        advantages=tuple(
+            None if r is None or baseline is None else float(r) - baseline for r in rewards
+        ),
     )

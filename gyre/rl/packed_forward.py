@@ -17,10 +17,12 @@ Shape suffix legend: `T` packed tokens, `N` loss positions, `H` hidden size, `V`
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import numpy as np
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedConfig
 
 from gyre.errors import ContextLengthError
 from gyre.kernels.cached_tree_attention import ChunkAttention, TreeKVCache
@@ -30,10 +32,24 @@ from gyre.trajectory.pack import PackedBatch
 __all__ = ["packed_logprobs", "check_context"]
 
 _ATTENTION_NAME = "gyre_tree"
-_MODEL_ATTENTION = {"sdpa": "sdpa", "flex_attention": "flex"}
+_MODEL_ATTENTION: dict[str, ChunkAttention] = {"sdpa": "sdpa", "flex_attention": "flex"}
 
 
-def _tree_attention_forward(module, query, key, value, attention_mask, scaling=None, **kwargs):
+class _AttentionLayer(Protocol):
+    """What transformers passes as `module` to an attention function (Qwen2Attention, ...)."""
+
+    layer_idx: int
+
+
+def _tree_attention_forward(
+    module: _AttentionLayer,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: object,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers attention function: q [1, H, Q, D], k/v [1, G, Q, D] -> ([1, Q, H, D], None)."""
     cache: TreeKVCache = kwargs["gyre_tree_cache"]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
@@ -45,15 +61,32 @@ AttentionInterface.register(_ATTENTION_NAME, _tree_attention_forward)
 
 
 @contextlib.contextmanager
-def _tree_attention(model: torch.nn.Module):
+def _tree_attention(config: PreTrainedConfig) -> Iterator[None]:
     """The model's attention layers call `_tree_attention_forward` inside the block."""
-    config = model.config
     before = config._attn_implementation
     config._attn_implementation = _ATTENTION_NAME
     try:
         yield
     finally:
         config._attn_implementation = before
+
+
+def _causal_lm(model: torch.nn.Module) -> tuple[PreTrainedConfig, torch.nn.Module, torch.Tensor]:
+    """`model.config`, `model.model` (the decoder) and `model.lm_head.weight`: the Hugging Face
+    layout this module knows. Raises `TypeError` for a model without it."""
+    config = getattr(model, "config", None)
+    decoder = getattr(model, "model", None)
+    head_weight = getattr(getattr(model, "lm_head", None), "weight", None)
+    if not (
+        isinstance(config, PreTrainedConfig)
+        and isinstance(decoder, torch.nn.Module)
+        and isinstance(head_weight, torch.Tensor)
+    ):
+        raise TypeError(
+            f"{type(model).__name__} is not a Hugging Face causal LM with `config`, `model` "
+            "(the decoder) and `lm_head.weight`"
+        )
+    return config, decoder, head_weight
 
 
 def check_context(model: torch.nn.Module, batch: PackedBatch) -> None:
@@ -96,8 +129,9 @@ def packed_logprobs(
     (a root token has nothing to predict it) or sampled greedily (temperature 0), and
     `ContextLengthError` for a path longer than the model's context (`check_context`).
     """
+    config, decoder, head_weight = _causal_lm(model)
     if attention is None:
-        attn = model.config._attn_implementation
+        attn = config._attn_implementation
         if attn not in _MODEL_ATTENTION:
             raise ValueError(
                 f"attn_implementation={attn!r} is not supported for tree attention: use 'sdpa' "
@@ -124,7 +158,7 @@ def packed_logprobs(
                 "only tokens sampled at a temperature > 0 can be trained"
             )
     check_context(model, batch)
-    device = model.lm_head.weight.device
+    device = head_weight.device
     cache = TreeKVCache(
         torch.as_tensor(batch.dfs_out_T, device=device),
         batch.chunk_start_C.tolist(),
@@ -135,10 +169,10 @@ def packed_logprobs(
     position_ids_T = torch.as_tensor(batch.position_ids_T, device=device)
     no_mask = {"full_attention": None, "sliding_attention": None}
     hidden = []
-    with _tree_attention(model):
+    with _tree_attention(config):
         for c in range(len(cache.bounds)):
             lo, hi = cache.begin_chunk(c)
-            out = model.model(
+            out = decoder(
                 input_ids=input_ids_T[None, lo:hi],
                 position_ids=position_ids_T[None, lo:hi],
                 attention_mask=no_mask,
@@ -149,13 +183,14 @@ def packed_logprobs(
     hidden_TH = hidden[0] if len(hidden) == 1 else torch.cat(hidden)
     hidden_NH = hidden_TH[torch.as_tensor(parents, device=device)]
     labels_N = torch.as_tensor(batch.input_ids_T[positions], device=device)
+    temp: torch.Tensor | float
     if temperature is None:
         temp = torch.as_tensor(batch.temperature_T[positions], device=device)
     else:
         temp = temperature
     return selective_logprob_entropy(
         hidden_NH,
-        model.lm_head.weight,
+        head_weight,
         labels_N,
         temperature=temp,
         chunk_size=chunk_size,
