@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import anyio
@@ -72,14 +73,21 @@ def _hypercorn_serve(library: str) -> Callable[..., Awaitable[None]]:
     """Hypercorn's `serve` for `library` ("trio" or "asyncio"), its connections handled by
     `_close_on_eof` (installed once a process in Hypercorn's module, where its `serve` looks the
     handler up)."""
+    run_module: types.ModuleType  # either one: both define the `TCPServer` that `serve` uses
+    serve: Callable[..., Awaitable[None]]
     if library == "trio":
-        import hypercorn.trio.run as run_module
-        from hypercorn.trio import serve
+        import hypercorn.trio.run as trio_run
+        from hypercorn.trio import serve as trio_serve
+
+        run_module, serve = trio_run, trio_serve
     else:
-        import hypercorn.asyncio.run as run_module
-        from hypercorn.asyncio import serve
+        import hypercorn.asyncio.run as asyncio_run
+        from hypercorn.asyncio import serve as asyncio_serve
+
+        run_module, serve = asyncio_run, asyncio_serve
     if not getattr(run_module.TCPServer, "closes_on_eof", False):
-        run_module.TCPServer = _close_on_eof(run_module.TCPServer)
+        # a class of Hypercorn's module, replaced in the namespace where `serve` looks it up
+        vars(run_module)["TCPServer"] = _close_on_eof(run_module.TCPServer)
     return serve
 
 
@@ -105,7 +113,7 @@ async def serve_asgi(
     host: str,
     port: int,
     backlog: int = 128,
-    alongside: Sequence[Callable[[], Awaitable[None]]] = (),
+    alongside: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
     log: logging.Logger = logger,
     task_status=anyio.TASK_STATUS_IGNORED,
 ) -> None:

@@ -222,17 +222,16 @@ class SimulationStalled(RunStalled):
     code = "simulation_stalled"
 
 
-def _subclasses(cls: type[GyreError]) -> list[type[GyreError]]:
-    out = []
+def _class_tree(cls: type[GyreError]) -> list[type[GyreError]]:
+    """`cls` and every class below it, depth first."""
+    out: list[type[GyreError]] = [cls]
     for sub in cls.__subclasses__():
-        out += [sub, *_subclasses(sub)]
+        out += _class_tree(sub)
     return out
 
 
 _BY_CODE: dict[str, type[GyreError]] = {
-    cls.code: cls
-    for cls in [GyreError, *_subclasses(GyreError)]
-    if not cls.__name__.startswith("_")
+    cls.code: cls for cls in _class_tree(GyreError) if not cls.__name__.startswith("_")
 }
 """Every public class of the tree by its `code` (a test checks the codes are unique)."""
 
@@ -248,7 +247,8 @@ def grouped_errors(
     match, rest = exc.split(kind)
     if match is None or rest is not None:
         return []
-    out, todo = [], [match]
+    out: list[BaseException] = []
+    todo: list[BaseException] = [match]
     while todo:
         e = todo.pop()
         if isinstance(e, BaseExceptionGroup):
