@@ -102,6 +102,7 @@ class GyreKVConnector(ExampleConnector):
         its requests' blocks are reported failed and vLLM recomputes them
         (`kv_load_failure_policy="recompute"`)."""
         metadata = self._get_connector_metadata()
+        assert isinstance(metadata, ExampleConnectorMetadata)  # built by build_connector_meta
         loads = [r for r in metadata.requests if not r.is_store]
         if not loads:  # else ExampleConnector warns every step
             return

@@ -153,7 +153,7 @@ class TokenDelta(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=
             versions=self.versions + later.versions,
             finish_reason=later.finish_reason,
             cached_tokens=later.cached_tokens,
-            top_ids=self.top_ids + (later.top_ids or []) if tops else None,
+            top_ids=self.top_ids + (later.top_ids or []) if self.top_ids is not None else None,
             top_logprobs=(self.top_logprobs or []) + (later.top_logprobs or []) if tops else None,
         )
 

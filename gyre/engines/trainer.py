@@ -21,6 +21,7 @@ import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,6 +38,9 @@ from gyre.engines.protocol import (
 )
 from gyre.engines.schedule import check_schedule, schedule_record, warmup_scheduler
 from gyre.engines.zero3 import ZERO3_CONFIG, Zero3
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = [
     "DeepSpeedTrainer",
@@ -182,7 +186,7 @@ class DeepSpeedTrainer:
         self._micro_batches = self._tokens = 0
 
     @property
-    def model(self) -> torch.nn.Module:
+    def model(self) -> PreTrainedModel:
         """The Hugging Face model (full parameters at ZeRO stages 0-2; at ZeRO-3 each holds an
         empty tensor outside a pass: `gyre.engines.zero3`)."""
         return self.engine.module
@@ -292,6 +296,7 @@ class DeepSpeedTrainer:
             self._vector = None
             total_loss += float(loss.detach())
         for _ in range(passes - len(micro_batches)):
+            assert self._zero3 is not None  # more passes than micro-batches: checked above
             self._zero3.zero_pass()
             self._has_gradients = True  # zeros: the same on every rank
             self._vector = None
@@ -430,8 +435,9 @@ class DeepSpeedTrainer:
     def _shard_of(self, vec: torch.Tensor) -> torch.Tensor:
         """ZeRO-3: this rank's partition of each parameter's slice of a whole flat vector,
         zero-padded as DeepSpeed pads the last partition."""
+        assert self._zero3 is not None  # called at ZeRO-3 only
         parts, offset = [], 0
-        for p in self.model.parameters():
+        for p in self._zero3.params:  # the model's parameters, as DeepSpeed partitioned them
             n, part = Zero3.numel(p), int(p.ds_tensor.numel())
             flat = vec[offset : offset + n]
             offset += n

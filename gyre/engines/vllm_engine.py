@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import gc
 import logging
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Final
 
 from gyre.config import EngineConfig
 from gyre.engines.kv_transport import KVTransport, kv_transport
@@ -87,7 +88,13 @@ class _Choice:
         self.done = asyncio.Event()
 
 
-_DEADLINE = object()
+class _Wake(enum.Enum):
+    """A wake-up queued for a request's consumer that is no delta."""
+
+    DEADLINE = enum.auto()
+
+
+_DEADLINE: Final = _Wake.DEADLINE
 """Queued by a request's deadline timer: wakes its consumer, which then ends it."""
 
 _DRAIN_RETRY_S = 0.05
@@ -95,7 +102,11 @@ _DRAIN_RETRY_S = 0.05
 vLLM before the request it names is a no-op there: B32)."""
 
 
-def _coalesce(first: TokenDelta | BaseException | object, queue: asyncio.Queue) -> list[TokenDelta]:
+_Queued = TokenDelta | BaseException | _Wake
+"""What a request's queue holds: its choices' deltas, their errors, the deadline's wake-up."""
+
+
+def _coalesce(first: _Queued, queue: asyncio.Queue[_Queued]) -> list[TokenDelta]:
     """`first` plus every delta already queued, merged per choice in order (fewer, larger deltas
     when the consumer is slower than the engine; nothing is reordered across a finish); the
     `_DEADLINE` wake-up is skipped."""
@@ -225,7 +236,7 @@ class VLLMEngine:
             finally:
                 self._requests.pop(request.request_id, None)
             return
-        queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
+        queue: asyncio.Queue[_Queued] = asyncio.Queue()
         tasks = [
             asyncio.create_task(
                 self._run_choice(request, choice, max_tokens, queue),
@@ -268,7 +279,7 @@ class VLLMEngine:
 
     async def _generate_one(
         self, request: GenerateRequest, choice: _Choice, max_tokens: int
-    ) -> AsyncIterator[TokenDelta]:
+    ) -> AsyncGenerator[TokenDelta, None]:
         """A one-choice request driven in its consumer's task: no task or queue between vLLM's
         output and the consumer, so a vLLM output costs one wake-up per request, not two. At
         the deadline the choice is aborted in vLLM and `EngineTimeoutError` raised."""
@@ -297,7 +308,11 @@ class VLLMEngine:
                 await asyncio.gather(*aborts, return_exceptions=True)
 
     async def _run_choice(
-        self, request: GenerateRequest, choice: _Choice, max_tokens: int, queue: asyncio.Queue
+        self,
+        request: GenerateRequest,
+        choice: _Choice,
+        max_tokens: int,
+        queue: asyncio.Queue[_Queued],
     ) -> None:
         """Drive one choice of several in a task of its own, its deltas into `queue` (an error
         too, which the consumer re-raises). Never raises but `CancelledError`."""
@@ -312,9 +327,11 @@ class VLLMEngine:
 
     async def _drive(
         self, request: GenerateRequest, choice: _Choice, max_tokens: int
-    ) -> AsyncIterator[TokenDelta]:
+    ) -> AsyncGenerator[TokenDelta, None]:
         """Drive one choice through vLLM; continue it after a weight load. Yields its deltas, the
         last one with its finish. Raises `GyreError` (any other error as `EngineError`)."""
+        finish: FinishReason
+        cached: int | None
         try:
             attempt = 0
             while True:
@@ -358,7 +375,7 @@ class VLLMEngine:
 
     async def _attempt(
         self, request: GenerateRequest, choice: _Choice, max_tokens: int, attempt: int
-    ) -> AsyncIterator[TokenDelta]:
+    ) -> AsyncGenerator[TokenDelta, None]:
         """One vLLM request of `choice`: yields its token deltas; leaves (finish, cached tokens)
         in `choice.ended`."""
         from vllm.inputs import TokensPrompt
