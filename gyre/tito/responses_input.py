@@ -194,7 +194,8 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
             raise bad_request(f"{param} must be an object", param, "invalid_type")
         kind = item.get("type", "message")
         if kind == "message":
-            role = _ROLES.get(item.get("role"))
+            asked = item.get("role")
+            role = _ROLES.get(asked) if isinstance(asked, str) else None  # a list is unhashable
             if role is None:
                 raise bad_request(
                     f"{param}.role {item.get('role')!r} is not one of {list(_ROLES)}", param
@@ -216,7 +217,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
             turn["reasoning"] = _text_of(parts, f"{param}.content", ("reasoning_text",))
         elif kind == "function_call":
             name, args, call_id = item.get("name"), item.get("arguments"), item.get("call_id")
-            if not all(isinstance(v, str) for v in (name, args, call_id)):
+            if not (isinstance(name, str) and isinstance(args, str) and isinstance(call_id, str)):
                 raise bad_request(f"{param} needs string name, arguments and call_id", param)
             turn.setdefault("tool_calls", []).append(
                 ToolCall(id=call_id, function=FunctionCall(name=name, arguments=args))

@@ -218,6 +218,7 @@ async def test_max_output_tokens_gives_incomplete(tok, anyio_backend):
             "previous_response_not_found",
         ),
         ({"input": [{"type": "web_search_call", "id": "x"}]}, "input[0]", "invalid_value"),
+        ({"input": [{"role": ["user"], "content": "x"}]}, "input[0]", "invalid_value"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
             "input[0].content[0]",
