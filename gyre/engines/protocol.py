@@ -12,7 +12,7 @@ its loss only as the `Objective` its caller hands it, never trees, advantages or
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -222,7 +222,7 @@ class InferenceEngine(Protocol):
     `EngineUnavailableError` (paused, shut down), `EngineTimeoutError`, `WeightSyncError`.
     """
 
-    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         """Stream the choices' tokens; every choice ends with exactly one delta with a finish
         reason."""
         ...

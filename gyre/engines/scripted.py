@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -126,7 +126,7 @@ class ScriptedEngine:
             reply = ScriptedReply(token_ids=[*reply.token_ids, self.eos_token_id], logprobs=None)
         return reply
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         if self._paused:
             raise EngineUnavailableError(
                 f"engine is paused; request {request.request_id!r} refused"

@@ -37,11 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import gc
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Final
 
 from gyre.config import EngineConfig
@@ -88,13 +87,7 @@ class _Choice:
         self.done = asyncio.Event()
 
 
-class _Wake(enum.Enum):
-    """A wake-up queued for a request's consumer that is no delta."""
-
-    DEADLINE = enum.auto()
-
-
-_DEADLINE: Final = _Wake.DEADLINE
+_DEADLINE: Final = None
 """Queued by a request's deadline timer: wakes its consumer, which then ends it."""
 
 _DRAIN_RETRY_S = 0.05
@@ -102,11 +95,7 @@ _DRAIN_RETRY_S = 0.05
 vLLM before the request it names is a no-op there: B32)."""
 
 
-_Queued = TokenDelta | BaseException | _Wake
-"""What a request's queue holds: its choices' deltas, their errors, the deadline's wake-up."""
-
-
-def _coalesce(first: _Queued, queue: asyncio.Queue[_Queued]) -> list[TokenDelta]:
+def _coalesce(first: TokenDelta | BaseException | None, queue: asyncio.Queue) -> list[TokenDelta]:
     """`first` plus every delta already queued, merged per choice in order (fewer, larger deltas
     when the consumer is slower than the engine; nothing is reordered across a finish); the
     `_DEADLINE` wake-up is skipped."""
@@ -206,7 +195,7 @@ class VLLMEngine:
 
     # -- generation -------------------------------------------------------------------------
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         self._check_serving(request.request_id)
         max_tokens = validate_request(
             request, vocab_size=self.vocab_size, max_model_len=self.max_model_len
@@ -236,7 +225,7 @@ class VLLMEngine:
             finally:
                 self._requests.pop(request.request_id, None)
             return
-        queue: asyncio.Queue[_Queued] = asyncio.Queue()
+        queue: asyncio.Queue[TokenDelta | BaseException | None] = asyncio.Queue()
         tasks = [
             asyncio.create_task(
                 self._run_choice(request, choice, max_tokens, queue),
@@ -308,11 +297,7 @@ class VLLMEngine:
                 await asyncio.gather(*aborts, return_exceptions=True)
 
     async def _run_choice(
-        self,
-        request: GenerateRequest,
-        choice: _Choice,
-        max_tokens: int,
-        queue: asyncio.Queue[_Queued],
+        self, request: GenerateRequest, choice: _Choice, max_tokens: int, queue: asyncio.Queue
     ) -> None:
         """Drive one choice of several in a task of its own, its deltas into `queue` (an error
         too, which the consumer re-raises). Never raises but `CancelledError`."""
@@ -331,7 +316,6 @@ class VLLMEngine:
         """Drive one choice through vLLM; continue it after a weight load. Yields its deltas, the
         last one with its finish. Raises `GyreError` (any other error as `EngineError`)."""
         finish: FinishReason
-        cached: int | None
         try:
             attempt = 0
             while True:

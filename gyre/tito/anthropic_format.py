@@ -12,7 +12,7 @@ or engines.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import msgspec
@@ -194,7 +194,7 @@ async def message_stream(
     text: TokenText,
     model: str,
     recorder: Recorder,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The events of a streamed one-choice call: `message_start` and `ping` with the first
     engine delta, the content blocks (`thinking_delta`, `text_delta` as text is released; each
     tool_use whole, one `input_json_delta`, when the reply ends), then, once the call is recorded,

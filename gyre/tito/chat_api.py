@@ -10,7 +10,7 @@ Knows nothing about routes, keys or engines.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Protocol
 
 from gyre.tito.detok import TokenText
@@ -56,7 +56,7 @@ class ChatApi(Protocol):
         native: Any,
         events: AsyncIterator[tuple[Choice, int]],
         recorder: Recorder,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """Server-sent events of a streamed call; records the call (through `recorder`) before
         its last event, and what was sampled when cut short (as `openai_format.chat_stream`)."""
         ...
@@ -94,7 +94,7 @@ class OpenAIChat:
         native: ChatCompletionRequest,
         events: AsyncIterator[tuple[Choice, int]],
         recorder: Recorder,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         return chat_stream(
             call, native, events, text=self.text, model=self.model, recorder=recorder
         )

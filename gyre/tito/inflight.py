@@ -12,13 +12,14 @@ rendering, OpenAI's response format or the call log.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
 import msgspec
 from starlette.responses import Response
+from starlette.types import Receive
 
 from gyre.errors import EngineError, ProxyError
 from gyre.tito.detok import TokenText
@@ -42,7 +43,7 @@ client's retry to join (the openai SDK backs off 0.5-8 s between tries); without
 disconnect aborts at once (B29)."""
 
 
-async def wait_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+async def wait_disconnect(receive: Receive) -> None:
     """Return once the ASGI server reports `http.disconnect` (call after the body was read)."""
     while (await receive())["type"] != "http.disconnect":
         pass
@@ -118,7 +119,7 @@ class InFlight:
                 del self._flights[flight.execution_id]
         flight.done.set()
 
-    async def watch(self, flight: Flight, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    async def watch(self, flight: Flight, receive: Receive) -> None:
         """Wait for this waiter's client to disconnect, then leave the flight: the last waiter
         to leave aborts a call that is still generating (after `RETRY_GRACE_S` if idempotent)."""
         await wait_disconnect(receive)
@@ -163,7 +164,7 @@ class InFlight:
         role: str,
         body: bytes,
         idempotency_key: str | None,
-        receive: Callable[[], Awaitable[dict[str, Any]]],
+        receive: Receive,
         produce: Callable[[Flight], Awaitable[Response]],
         gone: Callable[[Flight], Response],
     ) -> Response:
@@ -208,7 +209,7 @@ class InFlight:
         self,
         flight: Flight,
         body: bytes,
-        receive: Callable[[], Awaitable[dict[str, Any]]],
+        receive: Receive,
         gone: Callable[[Flight], Response],
     ) -> Response:
         if flight.body != body:
@@ -247,7 +248,7 @@ class SSEResponse:
     def __init__(
         self,
         call: Call,
-        chunks: Callable[[Any], AsyncIterator[bytes]],
+        chunks: Callable[[Any], AsyncGenerator[bytes, None]],
         *,
         text: TokenText,
         inflight: InFlight,

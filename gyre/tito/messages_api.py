@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
 
 import msgspec
@@ -248,6 +248,7 @@ def _assistant(blocks: list, at: str, known_args: dict[str, str]) -> tuple[ChatM
     reasoning: str | None = None
     texts: list[str] = []
     calls: list[ToolCall] = []
+    call_ids: list[str] = []
     for b in blocks:
         if isinstance(b, ThinkingBlock):
             if reasoning is not None or texts or calls:
@@ -262,6 +263,7 @@ def _assistant(blocks: list, at: str, known_args: dict[str, str]) -> tuple[ChatM
             if raw is None or loads_or_none(raw) != b.input:
                 raw = json.dumps(b.input, ensure_ascii=False)
             calls.append(ToolCall(id=b.id, function=FunctionCall(name=b.name, arguments=raw)))
+            call_ids.append(b.id)
         elif isinstance(b, RedactedThinkingBlock):
             raise _bad(
                 f"{at}: redacted_thinking holds another model's encrypted reasoning, which "
@@ -277,7 +279,7 @@ def _assistant(blocks: list, at: str, known_args: dict[str, str]) -> tuple[ChatM
         reasoning_content=reasoning,
         tool_calls=calls or None,
     )
-    return message, [c.id for c in calls]
+    return message, call_ids
 
 
 def _user(blocks: list, at: str, pending: list[str]) -> list[ChatMessage]:
@@ -487,7 +489,7 @@ class AnthropicMessages:
         native: MessagesRequest,
         events: AsyncIterator[tuple[Choice, int]],
         recorder: Recorder,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         return message_stream(call, events, text=self.text, model=self.model, recorder=recorder)
 
     def error_body(self, message: str, *, type: str, code: str | None, param: str | None) -> bytes:

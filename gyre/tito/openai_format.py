@@ -10,7 +10,7 @@ Knows nothing about routes, API keys or how the engine is driven. Requests in ar
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import msgspec
@@ -253,7 +253,7 @@ async def chat_stream(
     text: TokenText,
     model: str,
     recorder: Recorder,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """SSE chunks: every engine delta becomes one chunk carrying its token IDs and logprobs,
     even when it adds no text (B04); tool calls are sent whole when their choice ends."""
     started = set()
@@ -327,7 +327,7 @@ async def completion_stream(
     text: TokenText,
     model: str,
     recorder: Recorder,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """SSE chunks of a completions call: every engine delta becomes one chunk with its token IDs."""
     started = False
     try:

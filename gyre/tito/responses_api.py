@@ -54,7 +54,8 @@ class _Link:
 
     def history(self) -> list[ChatMessage]:
         """The whole conversation up to and including this response's reply, oldest first."""
-        parts, link = [], self
+        parts: list[tuple[ChatMessage, ...]] = []
+        link: _Link | None = self
         while link is not None:
             parts.append(link.messages)
             link = link.parent
@@ -167,7 +168,7 @@ class ResponsesApi:
         native: ResponsesCall,
         events: AsyncIterator[tuple[Choice, int]],
         recorder: Recorder,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         chunks = chat_stream(
             call, native.chat, events, text=self.text, model=self.model, recorder=recorder
         )
@@ -301,7 +302,7 @@ class _ResponseEvents:
             "usage": None,
         }
 
-    async def translate(self, chunks: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    async def translate(self, chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
         """The Responses API events for the chat stream `chunks`. Closes `chunks` however it
         ends, under a shield: the chat stream's own cleanup (recording what was sampled) must
         run inside the request, not later in a finalizer after the call has left `InFlight`."""
@@ -349,6 +350,7 @@ class _ResponseEvents:
         they come before any function call)."""
         index = len(self.opened)
         self.opened[kind] = index
+        part: dict[str, Any]
         if kind == "reasoning":
             item = reasoning_item(self.base, None, "in_progress")
             part = {"type": "reasoning_text", "text": ""}
