@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from gyre.tito.detok import TokenText
 from gyre.tito.heal import (
@@ -55,8 +55,11 @@ def _encode(backend: Any, text: str) -> list[int]:
     return backend.encode(text, add_special_tokens=False).ids
 
 
-def _reply_key(m: ChatMessage) -> tuple:
-    """What of an assistant message a template renders: echoes that differ elsewhere still match."""
+def _reply_key(m: ChatMessage | None) -> tuple | None:
+    """What of an assistant message a template renders: echoes that differ elsewhere still match.
+    None for no message (a node without a reply matches no echo)."""
+    if m is None:
+        return None
     reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
     calls = tuple(
         (
@@ -189,7 +192,7 @@ class ChatRenderer:
     def _probearguments_for(self) -> str:
         """`mapping` when the template renders a string argument double-encoded (it applies
         `tojson`) or only renders a mapping; else `string`."""
-        call = {"id": "abcdefghi", "type": "function"}
+        call: dict[str, Any] = {"id": "abcdefghi", "type": "function"}
         call["function"] = {"name": "gyre_probe", "arguments": PROBE_ARGUMENTS}
         conv = [
             {"role": "user", "content": "p"},
@@ -216,7 +219,7 @@ class ChatRenderer:
         *,
         add_generation_prompt: bool = True,
         template_kwargs: dict[str, Any] | None = None,
-        parent: Node | None | bool = True,
+        parent: Node | None | Literal[True] = True,
     ) -> Rendered:
         """Prompt IDs for a chat request of the execution whose state is `state`.
 
@@ -227,7 +230,8 @@ class ChatRenderer:
             parent = self.find_parent(state, messages, tools, template_kwargs)
         if not add_generation_prompt:
             parent = None
-        sent, heals = messages, ()
+        sent = messages
+        heals: tuple[str, ...] = ()
         if parent is not None:
             messages, heals = self._link(parent, messages)
         rendered = self._render(
@@ -302,7 +306,7 @@ class ChatRenderer:
             k = len(conv)
             if k > n or node.tools != tools or node.template_kwargs != template_kwargs:
                 continue
-            healed = False
+            healed: ChatMessage | None = None  # the reply the echo was healed against
             if k < n and _reply_key(messages[k]) != _reply_key(node.reply):
                 echo = messages[k]
                 if not heal or node.reply is None:
@@ -313,9 +317,9 @@ class ChatRenderer:
                     continue
                 if not heal_echo(echo, node.reply)[1]:
                     continue
-                healed = True
+                healed = node.reply
             if messages[:k] == conv:
-                if healed and self._heal_echo(messages[k], node.reply) is None:
+                if healed is not None and self._heal_echo(messages[k], healed) is None:
                     continue
                 return node if k == n or k + 1 > dropped_k else dropped
         return dropped
@@ -345,18 +349,19 @@ class ChatRenderer:
         """`messages` in `parent.messages`' terms (the conversation its tokens render, then the
         new messages), and the client habits healed on the way (`find_parent` chose `parent`):
         an echoed reply healed or a dropped one is `parent.reply` again."""
-        conv = parent.conversation
+        conv, shared, reply = parent.conversation, parent.messages, parent.reply
+        assert conv is not None and shared is not None  # find_parent picks chat calls only
         k = len(conv)
         if k == len(messages):
-            return parent.messages, ()
+            return shared, ()
         echo = messages[k]
-        if self.history == "heal" and _reply_key(echo) != _reply_key(parent.reply):
-            if echo.role != "assistant" and parent.reply is not None:
-                return parent.messages + [parent.reply] + messages[k:], ("reply_dropped",)
-            reasons = self._heal_echo(echo, parent.reply) if parent.reply is not None else None
+        if self.history == "heal" and reply is not None and _reply_key(echo) != _reply_key(reply):
+            if echo.role != "assistant":
+                return shared + [reply] + messages[k:], ("reply_dropped",)
+            reasons = self._heal_echo(echo, reply)
             if reasons:
-                return parent.messages + [parent.reply] + messages[k + 1 :], reasons
-        return parent.messages + messages[k:], ()
+                return shared + [reply] + messages[k + 1 :], reasons
+        return shared + messages[k:], ()
 
     def _finish(
         self, r: Rendered, sent: list[ChatMessage], heals: tuple[str, ...], parent: Node | None
@@ -394,6 +399,7 @@ class ChatRenderer:
         and `history="as_sent"` (the echo's U+FFFD is then not what was sampled: a branch)."""
         if self.history != "heal" and _invalid_utf8(self.text, parent):
             return None
+        assert parent.messages is not None  # a chat call's (find_parent picks those only)
         k = len(parent.messages)
         head = self._head(messages)
         if parent.head_text is None:
@@ -466,7 +472,9 @@ class ChatRenderer:
         leading messages, over the longest shared text; flag a divergence where they differ."""
         self.stats.full += 1
         text = self.render_text(messages, tools, add_generation_prompt, template_kwargs)
+        conv: list[ChatMessage] | None
         if parent is not None:
+            assert parent.messages is not None  # a chat call's (find_parent picks those only)
             conv, matched = parent.messages, len(parent.messages) + 1
         else:
             parent, matched = self._best_candidate(state, messages, tools)
@@ -479,6 +487,7 @@ class ChatRenderer:
                 messages=list(messages),
                 tools=tools,
             )
+        assert conv is not None  # _best_candidate picks chat calls only
         ids, index = self._splice(parent, text)
         divergence = None
         if index is not None:

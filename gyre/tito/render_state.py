@@ -95,7 +95,8 @@ class Node:
         assert ids[n : n + len(self.completion_ids)] == self.completion_ids, (
             "lend_prefix: not an extension"
         )
-        old, node = self.prompt_ref, self
+        old = self.prompt_ref
+        node: Node | None = self
         if ids is old:  # extended in place: every view of it already sees the new prompt
             return
         while node is not None and node.prompt_ref is old:
