@@ -30,9 +30,9 @@ from gyre.engines.protocol import (
 )
 from gyre.errors import EngineError
 from gyre.tito.detok import TokenText
+from gyre.tito.model_format import TextStream
 from gyre.tito.records import Role
 from gyre.tito.render_state import Rendered
-from gyre.tito.reply import ReplyStream
 from gyre.tito.sessions import Execution
 
 __all__ = ["Choice", "Call", "engine_events", "run_to_end"]
@@ -61,7 +61,7 @@ class Choice:
     stop_string: bool = False
     pending: str = ""
     """Streaming: text held back because it may be the start of a stop string."""
-    stream: ReplyStream | None = None
+    stream: TextStream | None = None
     emitted_reasoning: int = 0
     emitted_content: int = 0
 

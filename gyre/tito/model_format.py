@@ -132,7 +132,10 @@ class VllmParser:
             return hit
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-        request = ChatCompletionRequest(messages=[], model="gyre", tools=tools)
+        # validated from plain data: pydantic turns the tool dicts into vLLM's tool params
+        request = ChatCompletionRequest.model_validate(
+            {"messages": [], "model": "gyre", "tools": tools}
+        )
         parser = None
         if self.tool_cls is not None:
             try:

@@ -294,11 +294,12 @@ class TitoProxy:
             media_type="application/json",
         )
 
-    async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
+    async def _http_exception(self, request: Request, exc: Exception) -> Response:
         """Starlette's 404 and 405 in OpenAI's error shape. A 404 names the path, with code
         `unknown_route`: clients report any 404 as a missing model (LangChain raises
         `ModelNotFoundError` for every `openai.NotFoundError`), so the message must say it is the
         route that does not exist."""
+        assert isinstance(exc, HTTPException)  # registered for HTTPException only
         self._count_request(request)
         if exc.status_code == 404:
             return self._error(
@@ -458,14 +459,14 @@ class TitoProxy:
         retry = request.headers.get("x-stainless-retry-count", "0")
         self._counts["client_retries"] += retry.isdecimal() and int(retry) > 0
 
-    async def _chat(self, request: Request) -> Response:
+    async def _chat(self, request: Request) -> Response | SSEResponse:
         return await self._serve_chat(request, self.chat_api)
 
-    async def _responses(self, request: Request) -> Response:
+    async def _responses(self, request: Request) -> Response | SSEResponse:
         """`POST /v1/responses`, the OpenAI Responses API (`responses_api`)."""
         return await self._serve_chat(request, self.responses_api)
 
-    async def _messages(self, request: Request) -> Response:
+    async def _messages(self, request: Request) -> Response | SSEResponse:
         """`POST /v1/messages`, the Anthropic Messages API (`messages_api`); its
         `anthropic-version` header is accepted whatever its value."""
         return await self._serve_chat(request, self.messages_api)
@@ -482,7 +483,7 @@ class TitoProxy:
         await self.recorder.settle(ex.execution_id, key)
         return key
 
-    async def _serve_chat(self, request: Request, api: ChatApi) -> Response:
+    async def _serve_chat(self, request: Request, api: ChatApi) -> Response | SSEResponse:
         """One chat call of any API that maps onto chat (`chat_api.ChatApi`): resolve the key,
         decode, render, generate, record, answer in the API's shape, whole or streamed."""
         self._count_request(request)
@@ -528,7 +529,7 @@ class TitoProxy:
 
     # -- completions --------------------------------------------------------------------------
 
-    async def _completions(self, request: Request) -> Response:
+    async def _completions(self, request: Request) -> Response | SSEResponse:
         self._count_request(request)
         try:
             ex = self._resolve(request)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import anyio
 
@@ -58,7 +58,7 @@ class Recorder:
         self.records_dropped_closed = 0
         """Records not written because their execution had been closed (its end entry written)."""
 
-    async def record(self, call: Call, replies: list[ChatMessage | None]) -> list[ModelCall]:
+    async def record(self, call: Call, replies: Sequence[ChatMessage | None]) -> list[ModelCall]:
         """Record every choice (log first, then memory): the response may complete after this.
 
         Shielded from cancellation: a call is marked recorded when this starts, so a cancel at
@@ -70,9 +70,10 @@ class Recorder:
             self.records_dropped_closed += len(call.choices)
             return []
         with anyio.CancelScope(shield=True):
-            return await self._record(call, replies)
+            recorded = await self._record(call, replies)
+        return recorded
 
-    async def _record(self, call: Call, replies: list[ChatMessage | None]) -> list[ModelCall]:
+    async def _record(self, call: Call, replies: Sequence[ChatMessage | None]) -> list[ModelCall]:
         ex, rendered = call.execution, call.rendered
         parent = rendered.parent
         prompt = rendered.prompt_ids
