@@ -54,7 +54,10 @@ def local_address_for(host: str) -> str:
         return probe.getsockname()[0]
 
 
-def _gloo_options(store_host: str, timeout: datetime.timedelta) -> dist.ProcessGroupGloo._Options:  # type: ignore[name-defined]  # torch's stubs omit _Options
+def _gloo_options(
+    store_host: str,
+    timeout: datetime.timedelta,
+) -> dist.ProcessGroupGloo._Options:  # type: ignore[name-defined]  # torch's stubs omit _Options
     """Gloo's device: on `$GLOO_SOCKET_IFNAME` when set (torch's own convention), else on this
     host's address on the route to the store. gloo's default (the address the hostname resolves
     to, loopback when it cannot bind it) is unreachable from other hosts or network namespaces."""
