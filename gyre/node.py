@@ -97,22 +97,23 @@ def _launcher_rendezvous() -> tuple[int, int, str] | None:
     os.environ.pop("LOCAL_RANK", None)
     if all(v is None for v in values.values()):
         return None
-    missing = [name for name, v in values.items() if not v]
+    given = {name: v for name, v in values.items() if v}
+    missing = [name for name in _RENDEZVOUS if name not in given]
     if missing:
         raise SystemExit(
             f"gyre: error: launcher variables {missing} are not set (all four: "
             f"{', '.join(_RENDEZVOUS)})"
         )
     try:
-        rank, world = int(values["RANK"]), int(values["WORLD_SIZE"])
-        port = int(values["MASTER_PORT"])
+        rank, world = int(given["RANK"]), int(given["WORLD_SIZE"])
+        port = int(given["MASTER_PORT"])
     except ValueError:
         raise SystemExit(
             f"gyre: error: RANK, WORLD_SIZE and MASTER_PORT must be integers: {values}"
         ) from None
     if not 0 <= rank < world:
         raise SystemExit(f"gyre: error: RANK={rank} must be in [0, WORLD_SIZE={world})")
-    return rank, world, f"{values['MASTER_ADDR']}:{port}"
+    return rank, world, f"{given['MASTER_ADDR']}:{port}"
 
 
 def _as_head(config, rendezvous: tuple[int, int, str]):

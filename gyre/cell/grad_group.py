@@ -54,11 +54,14 @@ def local_address_for(host: str) -> str:
         return probe.getsockname()[0]
 
 
-def _gloo_options(store_host: str, timeout: datetime.timedelta) -> dist.ProcessGroupGloo._Options:
+def _gloo_options(
+    store_host: str,
+    timeout: datetime.timedelta,
+) -> dist.ProcessGroupGloo._Options:  # type: ignore[name-defined]  # torch's stubs omit _Options
     """Gloo's device: on `$GLOO_SOCKET_IFNAME` when set (torch's own convention), else on this
     host's address on the route to the store. gloo's default (the address the hostname resolves
     to, loopback when it cannot bind it) is unreachable from other hosts or network namespaces."""
-    options = dist.ProcessGroupGloo._Options()
+    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # as above
     interface = os.environ.get("GLOO_SOCKET_IFNAME")
     if interface:
         options._devices = [dist.ProcessGroupGloo.create_device(interface=interface)]
@@ -118,6 +121,7 @@ class GradientGroup:
         store = dist.PrefixStore(
             _PREFIX, dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
         )
+        self._group: dist.ProcessGroupNCCL | dist.ProcessGroupGloo
         if backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
@@ -149,7 +153,8 @@ class GradientGroup:
         for a bad peer, `RuntimeError` from the backend when `dst` does not receive within
         `timeout_s`."""
         self._check_peer(dst)
-        work = self._group.send([self._wire(tensor)], dst, GRADIENT_TAG)
+        # torch's stubs omit Backend.send / recv, which both bindings have
+        work = self._group.send([self._wire(tensor)], dst, GRADIENT_TAG)  # type: ignore[union-attr]
         work.wait(datetime.timedelta(seconds=self.timeout_s))
         self.sent += 1
 
@@ -158,7 +163,7 @@ class GradientGroup:
         Raises as `send` does when `src` sends nothing within `timeout_s`."""
         self._check_peer(src)
         wire = self._wire(tensor)
-        work = self._group.recv([wire], src, GRADIENT_TAG)
+        work = self._group.recv([wire], src, GRADIENT_TAG)  # type: ignore[union-attr]  # as send
         work.wait(datetime.timedelta(seconds=self.timeout_s))
         if wire is not tensor:
             tensor.copy_(wire)

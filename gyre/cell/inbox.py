@@ -65,6 +65,8 @@ class DeltaInbox:
                 )
             if frame.error is not None:
                 return merge_deltas(deltas), error_from_code(frame.error.code, frame.error.message)
+            if frame.delta is None:  # a `Frame` holds a delta or an error
+                raise ValueError(f"a frame of request {request_id!r} holds no delta and no error")
             deltas.append(frame.delta)
         return merge_deltas(deltas), None
 

@@ -155,7 +155,7 @@ class CellTrainer:
 
         dist.broadcast_object_list([(name, args)], src=0, group=self._commands)
         result, outcome = _outcome(self._rank, 0, name, args)
-        outcomes = [None] * self.ranks
+        outcomes: list[Any] = [None] * self.ranks  # each rank's outcome, by all_gather_object
         dist.all_gather_object(outcomes, outcome, group=self._commands)
         if isinstance(result, BaseException):
             raise result
@@ -363,12 +363,13 @@ def start_cell_trainer(
     (store address, cell index, number of cells), the run-wide group. Returns the `CellTrainer`
     and rank 0's `GradientGroup` (None without `group`). Raises `ValueError` for k > 1 below
     ZeRO-3; a worker that fails to start makes this raise (or time out) as the group does."""
-    init_method = f"tcp://127.0.0.1:{_free_port()}" if ranks > 1 else None
-    workers = (
-        spawn_ranks(model, trainer_config, rl, ranks=ranks, init_method=init_method, group=group)
-        if ranks > 1
-        else []
-    )
+    init_method: str | None = None
+    workers: list[subprocess.Popen] = []
+    if ranks > 1:
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        workers = spawn_ranks(
+            model, trainer_config, rl, ranks=ranks, init_method=init_method, group=group
+        )
     try:
         trainer, commands, gradient_group = _start_rank(
             model, trainer_config, rl, rank=0, ranks=ranks, init_method=init_method, group=group
@@ -388,7 +389,7 @@ def serve_rank(rank: _Rank, commands) -> None:
     import torch.distributed as dist
 
     while True:
-        box = [None]
+        box: list[Any] = [None]  # rank 0's (name, args), by broadcast_object_list
         dist.broadcast_object_list(box, src=0, group=commands)
         name, args = box[0]
         _, outcome = _outcome(rank, rank.rank, name, args)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
 
 from gyre.cell.wire import (
+    CellRole,
     CheckpointRequest,
     LoadWeightsRequest,
     ReceiveGradientsRequest,
@@ -27,6 +29,9 @@ from gyre.cell.wire import (
     TrainRequest,
 )
 from gyre.errors import EngineError, EngineTimeoutError, GyreError, InvalidRequestError
+
+if TYPE_CHECKING:  # torch is imported only by a cell with a gradient group
+    from gyre.cell.grad_group import GradientGroup
 
 __all__ = ["CellRoles"]
 
@@ -40,8 +45,8 @@ class CellRoles:
         self._engine = engine
         self._inflight = inflight
         self.trainer = None  # CellTrainer (gyre.cell.ranks), with --trainer-config
-        self.group = None  # GradientGroup, with --rank/--world-size/--group-store
-        self.role = "rollout"
+        self.group: GradientGroup | None = None  # with --rank/--world-size/--group-store
+        self.role: CellRole = "rollout"
         self._switch_lock = asyncio.Lock()
         self._torch_lock = asyncio.Lock()  # one trainer call at a time
         self.counts = dict(

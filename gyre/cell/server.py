@@ -171,12 +171,9 @@ async def serve(
                 from gyre.cell.grad_group import GradientGroup
 
                 address, rank, world_size = group
+                timeout_s = TrainerConfig().train_timeout_s
                 cell.roles.group = await asyncio.to_thread(
-                    GradientGroup,
-                    address,
-                    rank,
-                    world_size,
-                    timeout_s=TrainerConfig().train_timeout_s,
+                    lambda: GradientGroup(address, rank, world_size, timeout_s=timeout_s)
                 )
             frozen = freeze_startup_heap()  # before /health says ready: no request waits on it
             cell.health = Health(state="ready")

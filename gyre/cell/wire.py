@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import struct
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
@@ -240,7 +240,7 @@ def _enc_hook(obj: object) -> object:
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
 
 
-def _dec_hook(type_: type, obj: object) -> object:
+def _dec_hook(type_: type, obj: Any) -> object:  # obj: any decoded value, checked below
     if type_ is np.ndarray:
         try:
             dtype, shape, data = obj

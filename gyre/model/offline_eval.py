@@ -191,7 +191,7 @@ def offline_pass_rate(
     )
 
 
-def _load(model_dir: str | Path, seed: int) -> tuple[Any, Any, Any]:
+def _load(model_dir: str | os.PathLike[str], seed: int) -> tuple[Any, Any, Any]:
     """(tokenizer, float32 model in eval mode, CPU generator seeded with `seed`) of `model_dir`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -201,7 +201,10 @@ def _load(model_dir: str | Path, seed: int) -> tuple[Any, Any, Any]:
     return tokenizer, model, torch.Generator().manual_seed(seed)
 
 
-def _loads(text: str) -> Any:
+def _loads(text: str | dict[str, Any]) -> Any:
+    """Tool-call arguments as a JSON value (None when `text` is not JSON); an object as it is."""
+    if isinstance(text, dict):
+        return text
     try:
         return json.loads(text)
     except ValueError:
@@ -261,7 +264,10 @@ class _ChainPlayer:
 
         system = SUB_AGENT_PROMPT if sub_agent else SYSTEM_PROMPT
         tools = SUB_AGENT_TOOL_SCHEMAS if sub_agent else TOOL_SCHEMAS
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
+        messages: list[dict] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": task},
+        ]
         while self.calls < self.max_calls:
             if self.compact_chars and history_chars(messages) > self.compact_chars:
                 ask = [*messages, {"role": "user", "content": COMPACT_PROMPT}]

@@ -129,12 +129,13 @@ def build_model(config: ModelConfig, vocab_size: int):
         num_key_value_heads=config.num_key_value_heads,
         max_position_embeddings=config.max_position_embeddings,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        dtype="float32",
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = Qwen2ForCausalLM(hf_config)
-    return model.to(torch.float32).eval()
+    # transformers wraps `to` with functools.wraps, whose stub does not bind `self`
+    return model.to(torch.float32).eval()  # type: ignore[arg-type]
 
 
 def init_model_dir(path: str | Path, config: ModelConfig = ModelConfig()) -> Path:

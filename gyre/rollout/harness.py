@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import anyio
 import msgspec
@@ -23,6 +24,7 @@ from gyre.config import HarnessConfig
 from gyre.rollout.source import Executed, FailureStreak, run_jobs
 from gyre.tasks.task import Task
 from gyre.tito.proxy import TitoProxy
+from gyre.tito.records import ModelCall
 
 __all__ = ["Rollout", "with_interpreter"]
 
@@ -80,7 +82,8 @@ class Rollout:
                         task, execution_id, control=control, api_key=key
                     )
                     tg.cancel_scope.cancel()
-                calls = self.proxy.calls(execution_id)
+                # reference form (`full` left False): `TitoProxy.calls` types both forms as one
+                calls = cast(list[ModelCall], self.proxy.calls(execution_id))
             finally:
                 with anyio.CancelScope(shield=True):
                     summary = await self.proxy.close(execution_id)

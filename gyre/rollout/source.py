@@ -98,9 +98,10 @@ async def run_jobs(
         for i, (task, execution_id) in enumerate(jobs):
 
             async def one(i: int = i, task: Task = task, execution_id: str = execution_id) -> None:
-                results[i] = await run(task, execution_id)
+                executed = await run(task, execution_id)
+                results[i] = executed
                 if on_done is not None:
-                    on_done(i, results[i])
+                    on_done(i, executed)
 
             tg.start_soon(one)
     return [r for r in results if r is not None]

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar, cast
 
 import anyio
 import msgspec
@@ -504,7 +504,9 @@ class Redirector(Generic[M]):
                 leg.member.name,
                 why,
             )
-            self._mark_down(leg.member, f"abort of attempt {leg.request_id!r} failed: {why}")
+            # an M: every leg is made by `_run_leg` on a member that `place` returned
+            member = cast(M, leg.member)
+            self._mark_down(member, f"abort of attempt {leg.request_id!r} failed: {why}")
 
 
 def _continues(choice: Choice, leg: Leg, stop_ids: set[int]) -> bool:

@@ -18,7 +18,8 @@ cell calls `set_role` first and switches the cell after it returns.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncGenerator, Collection, Mapping
+from types import TracebackType
 
 import anyio
 import msgspec
@@ -162,12 +163,17 @@ class Router:
         self._tg = tg
         return self
 
-    async def __aexit__(self, *exc_info: object) -> bool | None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
         """Cancel every request still running (each is aborted on its cell) and close."""
         tg, self._tg = self._tg, None
         assert tg is not None
         tg.cancel_scope.cancel()
-        return await tg.__aexit__(*exc_info)
+        return await tg.__aexit__(exc_type, exc, tb)
 
     # -- cells and roles ------------------------------------------------------------------------
 
@@ -299,7 +305,7 @@ class Router:
 
     async def generate(
         self, request: GenerateRequest, *, execution_id: str | None = None
-    ) -> AsyncIterator[TokenDelta]:
+    ) -> AsyncGenerator[TokenDelta, None]:
         """Stream the choices of `request` from the rollout cells as one uninterrupted stream.
 
         `execution_id` is the affinity key; without it, the request ID up to its last `/` (the
@@ -411,7 +417,10 @@ class Router:
             paused=self._paused,
             weight_loads=self._weight_loads,
             prefix_cache_resets=self._weight_loads,
-            **self._counts,
+            requests_total=self._counts["requests_total"],
+            requests_aborted=self._counts["requests_aborted"],
+            requests_replayed=self._counts["requests_replayed"],
+            requests_abandoned=self._counts["requests_abandoned"],
             **msgspec.structs.asdict(self._redirect.statistics()),
             **msgspec.structs.asdict(self._members.statistics()),
         )
@@ -497,7 +506,7 @@ class _ExecutionEngine:
         self.router = router
         self.execution_id = execution_id
 
-    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         return self.router.generate(request, execution_id=self.execution_id)
 
     async def abort(self, request_id: str) -> list[Completion]:

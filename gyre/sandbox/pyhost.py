@@ -21,12 +21,21 @@ import signal
 import socket
 import struct
 import sys
+from collections.abc import Callable
+from typing import Any
 
 MAX_FRAME_BYTES = 64 << 20
 """Largest frame either side accepts, bytes."""
 
 _SCALARS = (type(None), bool, int, float, str)
-_BUILTIN_OPS = {"iter": iter, "len": len, "bool": bool, "str": str, "repr": repr, "hash": hash}
+_BUILTIN_OPS: dict[str, Callable[[Any], Any]] = {  # on any object: each raises what it raises
+    "iter": iter,
+    "len": len,
+    "bool": bool,
+    "str": str,
+    "repr": repr,
+    "hash": hash,
+}
 
 
 def encode(value: object, keep=None) -> object:
@@ -36,15 +45,15 @@ def encode(value: object, keep=None) -> object:
     kind = type(value)
     if kind in _SCALARS:
         return value
-    if kind is list:
+    if type(value) is list:
         return [encode(v, keep) for v in value]
-    if kind is tuple:
+    if type(value) is tuple:
         return {"t": [encode(v, keep) for v in value]}
-    if kind in (set, frozenset):
+    if type(value) is set or type(value) is frozenset:
         return {"s" if kind is set else "fs": [encode(v, keep) for v in value]}
-    if kind is dict:
+    if type(value) is dict:
         return {"d": [[encode(k, keep), encode(v, keep)] for k, v in value.items()]}
-    if kind is bytes:
+    if type(value) is bytes:
         return {"b": base64.b64encode(value).decode()}
     if keep is None:
         raise TypeError(f"a {kind.__name__} cannot cross the sealed verifier (plain data only)")
@@ -103,8 +112,9 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket) -> object:
-    """One frame; `EOFError` when the peer is gone, `ValueError` for an oversized frame."""
+def recv_frame(sock: socket.socket) -> Any:
+    """One frame (its decoded JSON); `EOFError` when the peer is gone, `ValueError` for an
+    oversized frame."""
     (size,) = struct.unpack(">I", _recv_exact(sock, 4))
     if size > MAX_FRAME_BYTES:
         raise ValueError(f"frame of {size} bytes > MAX_FRAME_BYTES={MAX_FRAME_BYTES}")
@@ -152,7 +162,8 @@ class _Worker:
         if op == "import":
             importlib.import_module(request["name"])
             return None
-        target = self.resolve(request["target"])
+        # any object of the workspace: each operation raises what Python raises for it
+        target: Any = self.resolve(request["target"])
         if op == "getattr":
             return self.attr(target, request["name"])
         if op == "setattr":

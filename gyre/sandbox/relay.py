@@ -21,6 +21,7 @@ import struct
 import sys
 import threading
 import time
+from typing import cast
 
 __all__ = ["bring_up_loopback", "probe", "seal", "serve"]
 
@@ -157,7 +158,8 @@ def _relay(listeners: list[socket.socket], target: tuple[str, int]) -> None:
         for key, mask in sel.select():
             if key.data is None:  # a listener: a new connection from inside
                 try:
-                    inner, _addr = key.fileobj.accept()
+                    # data None: one of `listeners`, registered above as a socket
+                    inner, _addr = cast(socket.socket, key.fileobj).accept()
                 except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                     continue
                 except OSError:  # out of descriptors or memory: the client waits in the backlog

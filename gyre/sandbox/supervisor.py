@@ -416,17 +416,18 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGUSR1, on_parent_death)
     signal.signal(signal.SIGTERM, on_term)
     threading.Thread(target=watchdog, daemon=True).start()
-    relay, channel, child_channel = limits.get("relay"), None, None
+    relay = limits.get("relay")
+    channels: tuple[socket.socket, socket.socket] | None = None  # (ours, the child's)
     if relay is not None:
         relay_module = _load_relay()
-        channel, child_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        channels = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     child = os.fork()
     if child == 0:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            if relay is not None:
-                channel.close()
-                relay_module.seal(relay["listen"], child_channel)
+            if channels is not None:
+                channels[0].close()
+                relay_module.seal(relay["listen"], channels[1])
             if limits.get("mounts") is not None:
                 enter_mount_namespace(limits["mounts"])
                 if (
@@ -440,9 +441,9 @@ def main(argv: list[str]) -> int:
         except BaseException as exc:  # noqa: BLE001 - report any exec failure and exit
             os.write(2, f"gyre supervisor: cannot run {command[0]!r}: {exc}\n".encode())
         os._exit(127)
-    if relay is not None:
-        child_channel.close()
-        relay_module.serve(channel, relay["target"])
+    if channels is not None:
+        channels[1].close()
+        relay_module.serve(channels[0], relay["target"])
     status = None
     while True:
         try:

@@ -67,7 +67,8 @@ def compare(config: SimConfig) -> Comparison:
     """Run the policies named in `config.policies.compare` on the same workload draws."""
     workload = Workload(config)
     results: dict[str, SimResult] = {}
-    split, splits = 1, {}
+    split = 1
+    splits: dict[int, float] = {}
     names = config.policies.compare
     if "async" in names or "elastic" in names:
         split, results_async, splits = best_async(config, workload)

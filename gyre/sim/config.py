@@ -34,7 +34,7 @@ SWITCH_TO_ROLLOUT_S = 3.46
 """QwenGyre's measured train -> rollout switch (notes/anchors-performance.md §0, §1d)."""
 
 
-class ClusterConfig(Config):
+class ClusterConfig(Config, frozen=True):
     """C identical cells; each holds one training copy or one inference engine."""
 
     num_cells: int = 16
@@ -55,7 +55,7 @@ class ClusterConfig(Config):
             raise ValueError(f"train_mfu={self.train_mfu} must be in (0, 1]")
 
 
-class SimModelConfig(Config):
+class SimModelConfig(Config, frozen=True):
     """Size of the simulated policy model (only what the cost formulas need)."""
 
     active_params: float = 10e9
@@ -86,7 +86,7 @@ class SimModelConfig(Config):
             )
 
 
-class WorkloadConfig(Config):
+class WorkloadConfig(Config, frozen=True):
     """Executions: lognormal wall durations with a timeout cap, tokens from tool and decode rates.
 
     Duration ``d = min(median_duration_s * exp(sigma * Z), timeout_s)`` with ``Z ~ N(0, 1)``; an
@@ -151,7 +151,7 @@ class WorkloadConfig(Config):
         return min(float(self.max_context_tokens), self.prompt_tokens + duration_s * rate)
 
 
-class CostConfig(Config):
+class CostConfig(Config, frozen=True):
     """Overheads of the elastic mechanics, in seconds or bytes per second."""
 
     switch_to_train_s: float = SWITCH_TO_TRAIN_S
@@ -176,7 +176,7 @@ class CostConfig(Config):
         )
 
 
-class PolicyConfig(Config):
+class PolicyConfig(Config, frozen=True):
     """Which policies to compare and their knobs.
 
     A step's batch is formed one of three ways. Streaming: the first
@@ -247,7 +247,7 @@ class PolicyConfig(Config):
         return flags[policy]
 
 
-class SimConfig(Config):
+class SimConfig(Config, frozen=True):
     """One simulated scenario."""
 
     name: str = "sim"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hmac
+import inspect
 import json
 import math
 import os
@@ -206,7 +207,8 @@ def _prepare(
         shutil.copytree(task.tests_dir, scratch / "tests", symlinks=True)
         (scratch / "sealed").mkdir()
         for module in (pyhost, sealed):
-            shutil.copyfile(module.__file__, scratch / "sealed" / Path(module.__file__).name)
+            source = inspect.getfile(module)  # module.__file__, never None for a source file
+            shutil.copyfile(source, scratch / "sealed" / Path(source).name)
         (scratch / "pytest.ini").write_text(_PYTEST_INI)
         (scratch / "verifier").mkdir()
         (scratch / "tmp").mkdir()

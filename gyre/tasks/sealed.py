@@ -229,6 +229,13 @@ class _Remote:
     def __next__(self):
         return _host().request("next", self)
 
+    def __contains__(self, item: object) -> bool:
+        """`item in obj`: asked of the worker for a workspace object; for plain data, the items
+        are fetched and compared here (a container cannot claim to hold every value)."""
+        if isinstance(item, _Remote):
+            return bool(_host().request("op_contains", self, args=(item,)))
+        return any(element == item for element in iter(self))
+
     def __instancecheck__(self, instance: object) -> bool:  # isinstance(x, workspace_class)
         return isinstance(instance, _Remote) and bool(
             _host().request("isinstance", self, args=[instance])
@@ -253,14 +260,6 @@ def _ordering(name: str):
     return forward
 
 
-def _contains(self: _Remote, item: object) -> bool:
-    """`item in obj`: asked of the worker for a workspace object; for plain data, the items are
-    fetched and compared here (a container cannot claim to hold every value)."""
-    if isinstance(item, _Remote):
-        return bool(_host().request("op_contains", self, args=(item,)))
-    return any(element == item for element in iter(self))
-
-
 for _name in (
     "add",
     "sub",
@@ -277,7 +276,6 @@ for _name in (
     setattr(_Remote, f"__{_name}__", _operator(_name))
 for _name in ("lt", "le", "gt", "ge"):
     setattr(_Remote, f"__{_name}__", _ordering(_name))
-_Remote.__contains__ = _contains
 
 
 class _RemoteModule(types.ModuleType):

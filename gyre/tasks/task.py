@@ -43,7 +43,7 @@ def _check_positive(**fields: float | None) -> None:
             raise ValueError(f"{name}={value!r} must be > 0")
 
 
-class Metadata(_Section):
+class Metadata(_Section, frozen=True):
     """Descriptive fields; not used by the harness."""
 
     difficulty: int = 1
@@ -56,7 +56,7 @@ class Metadata(_Section):
             raise ValueError(f"difficulty={self.difficulty} must be in [1, 5]")
 
 
-class AgentLimits(_Section):
+class AgentLimits(_Section, frozen=True):
     """When an execution is stopped and partially scored."""
 
     deadline_s: float = 600.0
@@ -72,7 +72,7 @@ class AgentLimits(_Section):
         )
 
 
-class TrainingSpec(_Section):
+class TrainingSpec(_Section, frozen=True):
     """How the task is used for RL."""
 
     group_size: int = 4
@@ -82,7 +82,7 @@ class TrainingSpec(_Section):
         _check_positive(group_size=self.group_size)
 
 
-class VerifierSpec(_Section):
+class VerifierSpec(_Section, frozen=True):
     """The hidden verifier in `tests/`."""
 
     kind: Literal["pytest", "script"] = "pytest"
@@ -101,7 +101,7 @@ class VerifierSpec(_Section):
         )
 
 
-class TaskSpec(_Section):
+class TaskSpec(_Section, frozen=True):
     """The contents of `task.toml`."""
 
     version: int = 1

@@ -141,3 +141,11 @@ async def test_inbox_errors_come_after_the_deltas_before_them_and_keep_their_typ
     assert deltas == []
     assert isinstance(failure, EngineUnavailableError)
     assert str(failure) == "cell x lost the delta stream (request 'exec/call-3')"
+
+
+async def test_a_frame_with_neither_a_delta_nor_an_error_is_refused_by_name() -> None:
+    inbox = DeltaInbox(time.monotonic() + 5)
+    inbox.put(Frame(delta=delta(ids=[1]), tag=0))
+    inbox.put(Frame(tag=0))  # no delta, no error: never handed on as a None delta
+    with pytest.raises(ValueError, match="frame of request 'exec/call-1' holds no delta"):
+        await inbox.wait_deltas("exec/call-1")

@@ -124,11 +124,11 @@ class CallIndex:
         call = entry.call
         ex = self._execution(call.execution_id)
         if isinstance(entry, LegacyCallEntry):
-            prompt = len(call.prompt_ids)
+            prompt = len(entry.call.prompt_ids)
             if entry.prompt_base is not None:
                 prompt += ex.prompt_len.get(entry.prompt_base, 0)
         else:
-            prompt = call.prompt_len
+            prompt = entry.call.prompt_len
         ex.prompt_len[call.call_id] = prompt + len(call.completion_ids)
         ex.calls += 1
         ex.prompt_tokens += prompt

@@ -14,6 +14,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +169,7 @@ class RunView:
             out["num_cells"] = max(out["num_cells"], len(live.get("cells", ())))
         return out
 
-    def _state(self, eid: str, suspended: object) -> str:
+    def _state(self, eid: str, suspended: Container[str]) -> str:
         ex = self.calls.executions.get(eid)
         closed = ex is not None and ex.summary is not None
         return state_of(self.outcomes.get(eid), closed, eid in suspended)
@@ -312,6 +313,10 @@ class _TimelineTail:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._start()
+
+    def _start(self) -> None:
+        """Nothing read yet."""
         self.offset = 0
         self.intervals: list[list] = []
         """[cell, start_s, end_s, kind, step] per interval, in file order."""
@@ -327,7 +332,7 @@ class _TimelineTail:
         except FileNotFoundError:
             return
         if size < self.offset:  # a new run in the folder: start over
-            self.__init__(self.path)
+            self._start()
         if size == self.offset:
             return
         with open(self.path, "rb") as f:

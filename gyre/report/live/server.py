@@ -162,7 +162,8 @@ def tokenizer_decode(model_dir: Any) -> Callable[[list[int]], list[str]] | None:
         out = []
         for i in ids:
             if i not in cache:
-                cache[i] = tok.decode([i])
+                # transformers types decode without overloads: one sequence decodes to a str
+                cache[i] = tok.decode([i])  # type: ignore[assignment]
             out.append(cache[i])
         return out
 
