@@ -3,8 +3,8 @@
 Each policy gets 4 fresh cells (each a vLLM CPU engine and a DeepSpeed trainer on the tiny model,
 one run-wide gloo gradient group) and runs the same executions: the `longtail` suite with the
 `gyre.agents.longtail` agent, whose executions draw lognormal turn counts and spend most of their
-wall time in (sleeping) tool calls, as hours-long executions do (shared/notes/vllm-kv-and-cells.md:
-on 2 cores at most one computing engine per core pays). Execution IDs, hence every execution's
+wall time in (sleeping) tool calls, as hours-long executions do (`docs/notes/vllm-cpu.md`: on 2
+cores at most one computing engine per core pays). Execution IDs, hence every execution's
 draw, are the same for all three policies.
 
 Reported per policy: median step seconds (steps after the first, whose start-up differs), the

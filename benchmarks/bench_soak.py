@@ -291,7 +291,7 @@ def parse(argv=None):
     p.add_argument("--sessions", type=int, default=1000)
     p.add_argument("--stream-every", type=int, default=4)
     p.add_argument("--request-timeout-s", type=float, default=300.0)
-    p.add_argument("--name", default="soak", help="result file name (benchmarks/results/NAME.json)")
+    p.add_argument("--name", default="soak", help="result file: benchmarks/results/<name>.json")
     args = p.parse_args(argv)
     if args.warmup_s is None:
         args.warmup_s = max(20.0, 0.1 * args.duration_s)

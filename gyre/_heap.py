@@ -1,11 +1,9 @@
 """The garbage collector in gyre's long-lived processes: `freeze_startup_heap`, `thaw_heap`.
 
-A node or cell process imports torch, transformers and (in a cell) vLLM: about 383,000 objects the
-collector tracks once a tokenizer is loaded (2026-12-06). CPython's full collection walks all of
-them, 0.23 s on a quiet core of this machine and up to 0.38 s under load, and it stops the event
-loop meanwhile: every request in flight through the proxy or the cell waits. Measured with the
-proxy in front of a scripted engine, 32 concurrent calls a batch: 20 full collections in 300
-batches, 13 batches at over twice the median time. vLLM freezes its engine core's and workers'
+A node or cell process imports torch, transformers and (in a cell) vLLM: hundreds of thousands
+of objects the collector tracks. CPython's full collection walks all of them and stops the event
+loop meanwhile (a few tenths of a second: `docs/notes/engine-speed.md`), so every request in
+flight through the proxy or the cell waits. vLLM freezes its engine core's and workers'
 start-up heaps for the same reason (`vllm.utils.gc_utils.freeze_gc_heap`).
 """
 

@@ -1,11 +1,10 @@
 """`Mailbox`: items handed from producers to one waiting consumer within one event loop.
 
 A plain list and one `anyio.Event` per wait. An anyio memory stream builds a task record on every
-blocking `receive` (measured 2026-12-04: about a tenth of the node's CPU at 32 requests through a
-cell, a fifth of the proxy's own), and its consumer takes one item per wake-up; here `put` never
-blocks and the consumer takes every item queued at each wake-up. Used by the cell client's
-per-request inboxes and request poster (`gyre.cell.inbox`) and by the proxy's engine
-hand-off (`gyre.tito.generation`). Knows nothing about what the items are.
+blocking `receive` (its cost: `docs/notes/engine-speed.md`), and its consumer takes one item per
+wake-up; here `put` never blocks and the consumer takes every item queued at each wake-up. Used
+by the cell client's per-request inboxes and request poster (`gyre.cell.inbox`) and by the
+proxy's engine hand-off (`gyre.tito.generation`). Knows nothing about what the items are.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""One exception hierarchy for gyre.
+"""One exception hierarchy for gyre: every error it raises on purpose derives from `GyreError`.
 
-Every error gyre raises on purpose derives from `GyreError`; user-input errors also derive from
-`ValueError` (and waits that ran out from `TimeoutError`) so callers that only know the standard
-library still catch them. Each class carries a stable `code` string, so it survives the cell wire
-(the cell server sends `{code, message}` and the client re-raises the same class,
-`error_from_code`), and the HTTP status and OpenAI error `type` the proxy answers with
-(`http_status`, `http_type`), so no caller maps errors to statuses by hand. `grouped_errors`
-takes them out of the exception groups that task groups raise.
+User-input errors also derive from `ValueError` (waits that ran out from `TimeoutError`). Each
+class carries a stable wire `code` (a peer re-raises the same class, `error_from_code`), the HTTP
+status and the OpenAI error `type` the proxy answers with; `grouped_errors` unwraps task groups.
 
     GyreError                                 500  an unexpected gyre failure
     +-- ConfigError (ValueError)              400  a run config key or value is wrong; names the key
     +-- TaskError (ValueError)                400  a task folder fails validation; names the path
-    +-- RunDirError (ValueError)              400  a run folder's record is unreadable; file and
-                                                   line
+    +-- RunDirError (ValueError)              400  a run folder's record is unreadable: file, line
     +-- LogCorruptError (ValueError)          500  a call-log frame before the last one is corrupt
     +-- EngineError                           502  an inference engine or cell failed
     |   +-- InvalidRequestError (ValueError)  400  the request itself is bad (prompt, sampling)
@@ -20,15 +15,12 @@ takes them out of the exception groups that task groups raise.
     |   +-- EngineUnavailableError            503  the engine is paused, loading, not ready or gone
     |   +-- EngineTimeoutError (TimeoutError) 504  a bounded wait on the engine ran out
     +-- CellDiedError                         500  the core cell's process died mid-run
-    +-- WeightSyncError                       500  a weight load failed; the engine keeps its
-                                                   version
-    +-- ProxyError                         status  the TITO proxy refused a call (status per
-                                                   instance)
+    +-- WeightSyncError                       500  a weight load failed; the old weights still serve
+    +-- ProxyError                         status  the TITO proxy refused a call (per instance)
     +-- ExecutionError                        500  an execution failed for infrastructure reasons
     |   +-- VerifierError                     500  the verifier crashed, hung or reported nothing
     +-- ToolError                             400  an agent tool call cannot be carried out
-    +-- RunStalled (RuntimeError)             500  a run has unfinished steps, nothing running
-    |                                              and a policy that starts nothing
+    +-- RunStalled (RuntimeError)             500  steps unfinished, nothing running, none started
     |   +-- SimulationStalled                 500  the same, in a simulated run
 """
 

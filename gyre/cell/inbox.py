@@ -8,8 +8,8 @@ reader puts each `Frame` of a request (or the error that lost the stream) in its
 checkpoint; the request's `generate` takes every frame queued at each wake-up and hands its deltas
 on merged (`cell_wire.merge_deltas`: one delta per choice, never across a finish), so a consumer
 slower than the engine costs one task hop per wake-up, not one per engine step. Both queue in a
-`gyre._mailbox.Mailbox`, not an anyio memory stream (a task record on every blocking `receive`:
-about a tenth of the node's CPU at 32 requests, measured 2026-12-04). Request deadlines
+`gyre._mailbox.Mailbox`, not an anyio memory stream (a task record on every blocking `receive`;
+its cost: `docs/notes/engine-speed.md`). Request deadlines
 are kept by one task per client (`expire_inboxes`), not a cancel scope per wait (12-15 us each, one
 per request and engine step). Knows nothing about HTTP or what the frames carry beyond `Frame`.
 """

@@ -12,69 +12,10 @@ both held by the cell's `CellRoles` (`gyre.cell.roles`). It serves until
 group, the worker ranks included). Owns `serve` and `main`; knows nothing about the routes'
 bodies or the roles.
 
-Serving at engine speed (measured 2026-12-01, 2 cores; shared/notes/cell-serving.md): a cell in
-a session of its own is a scheduling autogroup of its own, and while vLLM's queue readers spin
-(`sched_yield`, 1 s after each message) the node's client got 3-4% of a CPU, so concurrent
-requests reached the engine one by one (gyre/direct time 4.7 at 8, 10.2 at 32). Cells therefore
-run in the node's session (`cell_process`), the client keeps no idle keep-alive connections (a
-burst retried on one), and all of a client's requests share one delta stream (`cell_stream`):
-one write per engine step instead of one HTTP chunk per request per step (17.8 request deltas
-per write in `bench_engine` at load 11 on 2 cores). What was left (2026-12-05, a probe timing
-each token): the engine stepped about 10% slower through a cell (2.17 against 1.96 ms a token at
-one request), the CPU that the node and the cell spend on each step's wake-up taken from an
-engine whose processes already fill both cores. So a stream write waited up to 5 ms for more
-deltas (never a request's first or last; 20 ms since 2026-12-06, below): 43 request deltas a
-write, the node's CPU per round of 32 x 64 tokens 0.033 -> 0.023 s, gyre/direct 1.12 / 1.13 /
-1.09 -> 1.02-1.04 / 1.03-1.06 / 1.05-1.12 at 1 / 8 / 32 requests (two runs; one engine start
-still moves a ratio by 30%).
-Through the OpenAI proxy (probes of 2026-12-05, 32 x 64 tokens a batch, same engine start):
-0.30-0.39 s a batch against vLLM's own server's 0.22-0.25 s. The node spent 0.11 s of CPU a batch
-(proxy and client; vLLM's server 0.039 s, its client 0.027 s), the cell 0.081 s. Not the cause:
-the client in a process of its own (no change), the 32 requests' arrival at the cell (4-8 ms
-apart), the garbage collector (5 ms a batch on average; `gc.freeze` changed no median: the
-full collections it prevents are rare, but each stops the loop for 0.2-0.4 s, below), the
-coalescing window (20 ms: 0.340 against 0.354 s). Keeping the node, the cell and EngineCore off
-the worker's core made it slower (direct engine 0.25 -> 0.32 s): the proxy's own CPU a request
-is what is left.
-Since 2026-12-06 (`bench_engine`, the direct path and the cell path batch by batch on one engine
-start): the window is 20 ms, since at 5 ms (one engine step of 32 requests here) each request's
-consumer on the node still woke every step (node CPU a batch 0.043 -> 0.019 s), and the engine
-asks vLLM for flat logprobs (`vllm_params`); gyre/direct 1.04 / 1.02 / 1.01 at 1 / 8 / 32. With
-the proxy in a process of its own, it spends what vLLM's API server does (0.054 against 0.052
-CPU-s a batch of 32); this process between them (0.089) is what gyre's path adds: 1.32 against
-vLLM's server (1.20 when both are asked for logprobs).
-Later on 2026-12-06: vLLM hands each request's tokens over every 4 tokens, not every step
-(`EngineConfig.stream_interval`, vLLM's own setting; the first token and the end at once), so a
-request's consumer here wakes every 4th step: this process's CPU a batch of 32 fell from 0.089 to
-0.057-0.067 s and the node's stayed 0.014-0.029. The start-up heap is frozen before the cell
-reports ready (`gyre._heap`: a full collection walked ~383,000 import objects with the loop
-stopped, 0.2-0.4 s). Three `bench_engine` runs: gyre/direct 1.01-1.04 / 1.04-1.11 / 1.03-1.07 at
-1 / 8 / 32, proxy against vLLM's server 1.21 / 1.31 / 1.24 (per round 1.05-1.50: each path is its
-own engine start). What is left is the proxy hop: the 32 calls of a batch reach `generate` 25-35
-ms after they were sent (each costs the proxy ~1.5 ms of CPU, half of it Hypercorn, h11 and
-trio), and the last response leaves 15-25 ms after the last token.
-On 2026-12-07 the proxy's idle connections close after 1 s, not Hypercorn's 5 s (`gyre._asgi`):
-Hypercorn kept each connection its client closed until then, a few hundred dead ones at a time
-under a connection a call. Four `bench_engine` runs since: proxy against vLLM's server 1.03 / 1.13
-/ 1.24 / 1.23, rounds 0.78-1.63 (median 1.17, against 1.25 before); the 1.15 goal is not met
-reliably.
-Those runs timed the two servers one after the other, a minute or more apart, and the machine's
-speed drifted between them. Since later that day `bench_engine` times them batch by batch in
-turn, the one not timed stopped (SIGSTOP), and the ratio is the median over adjacent pairs: 1.19
-(rounds 1.16-1.29; with logprobs 1.17) in 5 rounds, missed. The idle-connection timer is 120 s
-again, with the cause of the dead connections fixed instead (`gyre._asgi._close_on_eof`).
-On 2026-12-07 (5 rounds each, one after the other): this process on uvloop, as `vllm serve` runs,
-against asyncio: its CPU a batch 0.062 against 0.056 s, gyre/direct 1.03 / 1.07 / 1.03 against
-1.06 / 1.02 / 0.99, proxy against vLLM's server 1.22 against 1.25, no change beyond run-to-run
-spread, so the cell stays on asyncio. Two more runs of main gave 1.25 and 1.33 (rounds
-1.20-1.45); vLLM's server against the cell's own engine driven directly swings 0.91-1.20 from one
-engine start to the next. Against vLLM's OpenAI server built in this process on the cell's own
-engine (`benchmarks.engine_host`), one engine start for both: 1.22 (rounds 1.14-1.33), 1.04 with
-logprobs asked of both. The gap is the proxy's fixed cost a call and the logprob that gyre's
-path computes for every call.
-Agents and verifiers keep their own sessions (untrusted code gets no controlling terminal), so
-each CPU-bound one weighs as much as the node and its cells together; an agent's tool commands no
-longer open a session (autogroup) each.
+The cell runs in the node's session (`gyre.cell.spawn`), so the scheduler does not starve the
+node's client behind vLLM's spinning queue readers (`docs/notes/cell-serving.md`), and it
+freezes its start-up heap before it reports ready (`gyre._heap`). How fast this path runs
+against vLLM driven directly, run by run: `docs/notes/engine-speed.md`.
 """
 
 from __future__ import annotations

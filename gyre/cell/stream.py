@@ -10,17 +10,8 @@ all the client's requests, so those steps cost one write, one syscall and one cl
 one per request and step; a request's first delta and the end of a choice are written at once.
 A stream that breaks aborts its requests in the engine.
 
-Where a cell's main process spends its CPU (2026-12-04, py-spy `--gil` and process CPU times, 32
-requests x 64 tokens on 2 shared cores): about 60% is vLLM's own (its output handler, msgpack
-decoding of the engine core's outputs, logprob lists, `AsyncLLM.generate`), the same work vLLM's
-in-process path does; gyre's per-token share is the hand-off of each request's delta (one
-wake-up per request per vLLM output: `VLLMEngine` drives a one-choice request in this stream's
-pump task, no queue or task between; since 2026-12-06 vLLM emits an output every
-`EngineConfig.stream_interval` = 4 tokens, not every step) and one msgpack encode per write.
-The socket write is a third of wall samples but not CPU (0.004 CPU-s of system time a round):
-the cell is pre-empted by the node it wakes. Per round, 0.11-0.12 CPU-s before that hand-off was
-cut, 0.09-0.11 after, on a loaded machine (vLLM in-process alone: 0.052 quiet); 0.057-0.067 with
-the stream interval of 4. Knows nothing about routes, roles or the engine behind `generate`.
+Where a cell's main process spends its CPU: `docs/notes/engine-speed.md`. Knows nothing about
+routes, roles or the engine behind `generate`.
 """
 
 from __future__ import annotations

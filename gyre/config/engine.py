@@ -50,7 +50,7 @@ class ModelConfig(Config, frozen=True):
                 f"num_attention_heads={self.num_attention_heads}"
             )
         head_dim = self.hidden_size // self.num_attention_heads
-        if head_dim < 32:  # vLLM's CPU attention rejects head_dim 16 (shared/notes, vLLM CPU)
+        if head_dim < 32:  # vLLM's CPU attention rejects head_dim 16 (docs/notes/vllm-cpu.md)
             raise ValueError(
                 f"head_dim={head_dim} (hidden_size / num_attention_heads) must be >= 32"
             )
@@ -121,7 +121,7 @@ class EngineConfig(Config, frozen=True):
     """Skip torch.compile: saves ~22 s of start-up on CPU at equal speed for tiny models."""
     sleep_mode: bool = False
     """GPU only: `pause()` puts vLLM to sleep (level 1) so a cell switching to training frees
-    its accelerator memory. vLLM's CPU backend refuses sleep mode (shared/notes)."""
+    its accelerator memory. vLLM's CPU backend refuses sleep mode (docs/notes/vllm-cpu.md)."""
     stream_interval: int = 4
     """vLLM hands a request's tokens to the cell in chunks of this many: the first token and the
     request's end at once, the rest every `stream_interval` tokens (vLLM's own

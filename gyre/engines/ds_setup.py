@@ -24,7 +24,7 @@ def _free_port() -> int:
 
 SHM_OP = "deepspeed_shm_comm"
 """The DeepSpeed op its CPU accelerator would JIT-build at `deepspeed.init_distributed`: C++
-compiled for 30-55 s on the 2-core CPU machine (shared/notes/vllm-cpu-and-deepspeed.md). Only
+compiled for 30-55 s on the 2-core CPU machine (`docs/notes/vllm-cpu.md`). Only
 `inference_all_reduce` uses it (DeepSpeed's tensor-parallel inference, `module_inject`); ZeRO's
 collectives go through torch.distributed, so gyre never builds it (`init_process_group`). The
 switch is DeepSpeed's own table of compatible ops (`deepspeed.ops.__compatible_ops__`, read by

@@ -4,7 +4,7 @@ vLLM loads the connector from here (`kv_connector_module_path="gyre.engines.kv_n
 `NixlConnector`, so vLLM's own checks on that name still apply) in every process that builds one.
 Importing this module makes vLLM's NIXL worker create its agents with `enable_prog_thread=False`:
 NIXL's default progress thread busy-spins a whole core even when idle, which halves prefill speed
-on a CPU cell (`shared/notes/vllm-kv-and-cells.md`); pulls still complete (UCX one-sided reads).
+on a CPU cell (`docs/notes/vllm-cpu.md`); pulls still complete (UCX one-sided reads).
 
 Owns nothing else: the connector is vLLM's. Needs the `nixl` package (NIXL wheels); without it
 vLLM refuses to start the engine with a clear error.

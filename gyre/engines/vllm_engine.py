@@ -1,36 +1,26 @@
 """The vLLM inference backend: `VLLMEngine` wraps vLLM's AsyncLLM behind the `InferenceEngine`
-protocol.
-
-Runs on asyncio inside a cell worker process (vLLM is asyncio-native); the node reaches it through
+protocol. Runs on asyncio inside a cell worker process; the node reaches it through
 `gyre.cell.client.CellClient`. Owns how gyre drives vLLM:
 
-- logprobs are vLLM's `processed_logprobs` (after the structured-output mask, logit bias,
-  penalties, temperature, top-k, top-p: the distribution actually sampled from, field case B05;
-  vLLM's `Sampler` docstring lists that order, and the grammar bitmask is applied to the logits
-  before the sampler runs), one per sampled token, plus the top k of the same distribution when
-  asked;
-- a structured-output constraint (`SamplingParams.structured`) becomes vLLM's
-  `StructuredOutputsParams` (xgrammar); a constrained choice is never continued after a weight
-  load (vLLM would restart the grammar mid-completion): it ends with `abort` and its tokens so far;
-- each of the n choices is its own vLLM request with seed `choice_seed(seed, i)` (B22: vLLM's own
-  n>1 reuses one seed); EOS is not special: the request's stop IDs decide, the stop token is kept;
-  a one-choice request is driven in its consumer's task (no task or queue between vLLM's output
-  and the consumer: one wake-up per vLLM output, not two; vLLM emits one every
-  `EngineConfig.stream_interval` tokens), n > 1 choices each in a task of their
-  own, merged through a queue; a request's deadline (`request_timeout_s`) is one timer, not a
-  timeout scope per delta;
-- `load_weights` aborts in-flight requests with their tokens so far (vLLM's final abort output
-  carries those sampled but not yet handed over under a `stream_interval` > 1; requests that
-  reach vLLM after its pause too: B32), reloads (`reload_weights`), resets the prefix cache
-  (B12), bumps the version and continues each request from prompt + tokens so far, so every
-  token carries the version that sampled it and callers see one stream;
-- KV migration (`export_kv`, `release_kv`, a request's `kv_import`) goes through the engine's
-  `KVTransport` (`gyre.engines.kv_transport`, one per `kv_transfer.connector`); the engine only
-  runs the export request the transport asks for (`run_export_request`), and loads an import only
-  if it was computed with the weights it serves now (else it prefills: `kv_imports_refused`).
+- logprobs are vLLM's `processed_logprobs`: the distribution actually sampled from, after the
+  structured-output mask, logit bias, penalties, temperature, top-k and top-p (B05; the order of
+  vLLM's `Sampler` docstring), one per sampled token, plus that distribution's top k when asked;
+- a structured-output constraint becomes vLLM's `StructuredOutputsParams` (xgrammar); a
+  constrained choice is never continued after a weight load: it ends with `abort`;
+- each of n choices is its own vLLM request seeded `choice_seed(seed, i)` (B22); the request's
+  stop IDs decide, not EOS, and the stop token is kept; a one-choice request is driven in its
+  consumer's task (one wake-up per vLLM output, every `EngineConfig.stream_interval` tokens),
+  n > 1 choices each in a task, merged through a queue; a deadline is one timer per request;
+- `load_weights` aborts in-flight requests with their tokens so far (those sampled but not yet
+  handed over included, and requests reaching vLLM after its pause: B32), reloads
+  (`reload_weights`), resets the prefix cache (B12), bumps the version and continues each
+  request from prompt + tokens so far: every token carries the version that sampled it;
+- KV migration (`export_kv`, `release_kv`, `kv_import`) goes through the engine's `KVTransport`
+  (`gyre.engines.kv_transport`); an import computed with other weights is refused (it prefills:
+  `kv_imports_refused`).
 
-The engine settings and each choice's sampling parameters in vLLM's terms are
-`gyre.engines.vllm_params`'. It knows nothing about chat messages, executions or HTTP.
+Engine settings and sampling parameters in vLLM's terms are `gyre.engines.vllm_params`'. Knows
+nothing about chat messages, executions or HTTP.
 """
 
 from __future__ import annotations

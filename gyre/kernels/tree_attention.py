@@ -7,7 +7,7 @@ from the same rule), `model_attention_mask` (what to pass to a Hugging Face mode
 (`dfs_in = arange(T)`): key k is visible to query q iff `k <= q < dfs_out[k]`, i.e. k is an
 ancestor of q or q itself. Knows nothing about trees, calls or losses; only `dfs_out_T`.
 
-Backends (shared/notes/kernels-and-async-stack.md): SDPA with a 4D boolean mask is exact on CPU,
+Backends (`docs/notes/kernels.md`): SDPA with a 4D boolean mask is exact on CPU,
 forward and backward; FlexAttention is exact but forward-only on CPU (its backward raises
 NotImplementedError there), so `flex` is the GPU training path. transformers' *eager* attention
 adds a boolean mask to the scores instead of masking, silently wrong: `model_attention_mask`

