@@ -387,8 +387,8 @@ class Objective(Protocol):
         advantages: Mapping[str, float | None],
         *,
         version: int,
-        attention: str = "sdpa",
-        logprob_impl: str = "torch",
+        attention: Literal["sdpa", "flex"] = "sdpa",
+        logprob_impl: Literal["torch", "triton"] = "torch",
     ) -> tuple[torch.Tensor, ObjectiveStatistics]:
         """Loss of one micro-batch `batch` (a `MicroBatch`) under `model`: a differentiable scalar
         tensor whose gradients add up over a batch's micro-batches, and its statistics.
