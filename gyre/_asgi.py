@@ -23,16 +23,14 @@ logger = logging.getLogger("gyre.http")
 
 KEEP_ALIVE_S = 120.0
 """Seconds an idle HTTP/1.1 connection is kept open (Hypercorn's `keep_alive_timeout`, 5 s by
-default), longer than the idle expiry of the client pools agents use (httpx 5 s, so the OpenAI and
-Anthropic SDKs; aiohttp 15 s; Node's undici 4 s; Go's `net/http` 90 s): those clients close an
-idle connection first and never send a call on one the server is closing. A call that meets that
-close fails unread: at 1 s (2026-12-07), 32 agents on their own keep-alive httpx clients, each
-calling every 0.95-1.05 s, saw 11 transport errors in 480 calls (0 at 120 s; in `bench_engine`'s
-setting, 16 of 32 calls of one batch failed). The timer runs while a connection waits for a
-request: from its accept to the request's headers and from a response's end to the next request;
-a request in flight is never idle. So a client that connects and sends nothing holds a socket and
-a task for up to this long (1 s before). A connection its client closed, or whose read failed,
-does not wait for the timer: it ends once its request does (`_close_on_eof`)."""
+default): longer than the idle expiry of the client pools agents use (httpx 5 s, so the OpenAI and
+Anthropic SDKs; aiohttp 15 s; Node's undici 4 s; Go's `net/http` 90 s), so those clients close an
+idle connection first and never send a call on one the server is closing (such a call fails
+unread). The timer runs while a connection waits for a request: from its accept to the request's
+headers and from a response's end to the next request; a request in flight is never idle. So a
+client that connects and sends nothing holds a socket and a task for up to this long. A connection
+its client closed, or whose read failed, does not wait for the timer: it ends once its request
+does (`_close_on_eof`). Measurements: `docs/notes/http-connections.md`."""
 
 
 def _close_on_eof(tcp_server: type) -> type:
@@ -40,14 +38,7 @@ def _close_on_eof(tcp_server: type) -> type:
     a connection ends as soon as it can read no more (its client closed it, or a read failed).
     Hypercorn 0.18 stops reading there but leaves the keep-alive timer running, and the
     connection's task group waits for it: the socket stays in CLOSE-WAIT, its task and objects
-    alive, until `keep_alive_timeout` ends. A client that opens a connection a call (httpx without
-    keep-alive, as `bench_engine` does) left 865-1,487 such sockets in the proxy under ~300 calls/s
-    at the 5-s default (2026-12-06), and full collections walk what they hold; a 1-s keep-alive
-    (2026-12-07 until this) bounded them but broke agents that call about once a second (see
-    `KEEP_ALIVE_S`). The proxy in front of a scripted engine, 300 batches of 32 calls on new
-    connections, two runs each interleaved (2026-12-07): proxy CPU 21.4-22.2 s at 1 s without
-    this, 20.0-22.0 at 120 s with it; time in full collections 2.6-2.7 s, 2.0; batches over twice
-    the median 9-10, 1-3. Not found in Hypercorn's tracker (2026-12-07)."""
+    alive, until `keep_alive_timeout` ends (measured: `docs/notes/http-connections.md`)."""
 
     from hypercorn.events import Updated
 

@@ -30,10 +30,9 @@ __all__ = ["DeltaStreams"]
 _COALESCE_S = 0.02
 """Longest a ready frame waits for the next ones before it is written, seconds; a request's first
 frame and a frame that ends a choice or a request go out at once. See `_write_until_closed`.
-5 ms until 2026-12-06: one engine step of 32 requests on 2 cores (5 ms), so each request's
-consumer on the node still woke once a step. 20 ms wakes it every ~4 steps: the node's CPU per
-batch of 32 x 64 tokens fell from 0.041-0.047 to 0.022-0.023 s (50 ms: 0.015-0.016), and a
-streaming client gets its tokens in 20-ms chunks (time to first token and to the end unchanged)."""
+20 ms wakes each request's consumer on the node every few engine steps, not every step, and a
+streaming client gets its tokens in 20-ms chunks (time to first token and to the end unchanged);
+measured against 5 and 50 ms in `docs/notes/engine-speed.md`."""
 
 _IDLE_CHECK_S = 5.0
 """Seconds between checks that the client of an idle stream is still connected (a stream with

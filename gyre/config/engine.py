@@ -126,8 +126,8 @@ class EngineConfig(Config, frozen=True):
     """vLLM hands a request's tokens to the cell in chunks of this many: the first token and the
     request's end at once, the rest every `stream_interval` tokens (vLLM's own
     `SchedulerConfig.stream_interval`). 1 wakes each request's consumer in the cell at every
-    engine step; 4 took the cell process's CPU a batch of 32 x 64 tokens from 0.089 s to
-    0.057-0.067 s (three `benchmarks/bench_engine.py` runs, 2026-12-06). A weight load keeps
+    engine step, and 4 costs the cell process less CPU a batch (`docs/notes/engine-speed.md`).
+    A weight load keeps
     every token sampled (vLLM's final abort output carries those not yet handed over, at the
     version that sampled them); an abort by the caller (`/abort`, so a redirect, or a deadline)
     returns what the stream carried, so up to `stream_interval - 1` sampled tokens are dropped

@@ -74,11 +74,10 @@ def init_process_group(
 
 def _destroy_at_exit() -> None:
     """Destroy the gloo process group while the interpreter is still whole (`atexit`): its
-    backend is shut down and its store released there, not in C++ teardown. A process that exited
-    with the group alive could abort: 1 in 120 one-rank starts here ended in "terminate called
-    without an active exception" (SIGABRT) after a clean run, 0 in 120 with this hook (2026-12-07,
-    the CI failure of 7259070; PyTorch's docs ask for `destroy_process_group` before exit). Not
-    for NCCL: its shutdown may wait on work in flight or on peers (a collective in some NCCL
-    versions, `destroy_process_group`'s own comment), which an exit must not; unmeasured here."""
+    backend is shut down and its store released there, not in C++ teardown: a process that exited
+    with the group alive could abort with SIGABRT after a clean run (PyTorch's docs ask for
+    `destroy_process_group` before exit; measured in `docs/notes/vllm-cpu.md`). Not for NCCL: its
+    shutdown may wait on work in flight or on peers (`destroy_process_group`'s own comment), which
+    an exit must not."""
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
