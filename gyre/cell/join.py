@@ -432,10 +432,11 @@ async def run_worker(head: str, *, secret: str | None = None) -> int:
             group_store=reply.store,
             devices_per_cell=config.cells.devices_per_cell,
         ) as clients:
-            offer = Offer(
-                worker=reply.worker,
-                cells=[OfferedCell(rank=c.rank, url=c.base_url) for c in clients],
-            )
+            offered = []
+            for c in clients:
+                assert c.rank is not None, "open_cells ranks every cell it opens"
+                offered.append(OfferedCell(rank=c.rank, url=c.base_url))
+            offer = Offer(worker=reply.worker, cells=offered)
             return await _hold(http, offer, clients, reply.heartbeat_s)
 
 

@@ -385,10 +385,11 @@ async def open_cells(
             if errors := grouped_errors(group, EngineError):
                 raise errors[0] from None  # the first failure, as `wait_cell_ready` raises it
             raise
+        ready = [url for url in urls if url is not None]  # each wait set its url or raised
         async with AsyncExitStack() as stack:
             cells = [
                 (first_rank + i, url, process.process)  # the node watches it for death
-                for i, (url, process) in enumerate(zip(urls, processes, strict=True))
+                for i, (url, process) in enumerate(zip(ready, processes, strict=True))
             ]
             clients = []
             for rank, url, process in sorted([*cells, *remote_cells], key=lambda c: c[0]):

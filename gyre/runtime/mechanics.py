@@ -47,15 +47,20 @@ MAX_DECISIONS = 1000
 shipped policy settles within a few decisions per change (one switch at a time)."""
 
 
-class _Placeable(Protocol):
-    index: int
-    role: CellRole
-    executions: Sized
+class _Placeable(Protocol):  # read-only members: a cell's own fields may be narrower types
+    @property
+    def index(self) -> int: ...
+    @property
+    def role(self) -> CellRole: ...
+    @property
+    def executions(self) -> Sized: ...
 
 
 class _Trainable(Protocol):
-    role: CellRole
-    busy: bool
+    @property
+    def role(self) -> CellRole: ...
+    @property
+    def busy(self) -> bool: ...
 
 
 P = TypeVar("P", bound=_Placeable)
