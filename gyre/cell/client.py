@@ -14,10 +14,10 @@ Knows nothing about what the cell runs inside (vLLM, DeepSpeed).
 from __future__ import annotations
 
 import itertools
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Protocol
 
 import anyio
 import httpx
@@ -66,7 +66,7 @@ from gyre.errors import (
 )
 from gyre.trajectory.pack import PackedBatch
 
-__all__ = ["CellClient", "StepResult"]
+__all__ = ["CellClient", "StepResult", "WatchedProcess"]
 
 _HEADERS = {"Content-Type": "application/msgpack"}
 _TRAIN_TIMEOUT_MARGIN_S = 10.0
@@ -81,6 +81,15 @@ def _raise_for(response: httpx.Response, body: bytes) -> None:
     except (msgspec.ValidationError, msgspec.DecodeError):
         raise EngineError(f"cell answered HTTP {response.status_code}: {body[:200]!r}") from None
     raise error_from_code(err.code, err.message)
+
+
+class WatchedProcess(Protocol):
+    """A cell's process as the node watches it for death: a local one (`subprocess.Popen`, of
+    `gyre.cell.spawn.CellProcess`) or a worker host's (`gyre.cell.join.RemoteCellProcess`)."""
+
+    def poll(self) -> int | None:
+        """None while it runs, else its exit code."""
+        ...
 
 
 class CellClient:
@@ -106,7 +115,7 @@ class CellClient:
         self.trainer_config = trainer_config or TrainerConfig()
         self.rank: int | None = None
         """The cell's rank in the run-wide gradient group (set by `open_cells`)."""
-        self.process: subprocess.Popen | None = None
+        self.process: WatchedProcess | None = None
         """The cell's process when this node started it (set by `open_cells`); None otherwise."""
         self._http: httpx.AsyncClient | None = None
         self._stats: EngineStatistics | None = None

@@ -58,7 +58,7 @@ async def switch_role(
     await router.set_role(cell.name, "rollout")
     while weights.is_stale(cell.engine_version):  # a step was published meanwhile
         version = weights.version
-        await cell.client.load_weights(weights.snapshot, version)
+        await cell.client.load_weights(weights.saved(), version)
         cell.engine_version = version
         router.note_weight_version(cell.name, version)
 
@@ -109,7 +109,7 @@ async def train_group(
     async with cell.lock:
         if weights.is_stale(cell.trainer_version):
             activity(cell, "load")
-            await cell.client.load_trainer_weights(weights.snapshot, weights.version)
+            await cell.client.load_trainer_weights(weights.saved(), weights.version)
             cell.trainer_version = weights.version
         activity(cell, "train")
         stats = []
