@@ -1,9 +1,9 @@
-"""The node's view of a cell: `CellClient` (the `InferenceEngine` protocol over HTTP) and start-up.
+"""The node's view of a cell: `CellClient` (the `InferenceEngine` protocol over HTTP).
 
-Owns `CellClient`, `open_cell`, `open_cells` (n cells around a gradient-group store, with other
-hosts' cells when the head of several hosts, `gyre.cell.join`);
-re-exports `cell_process`'s `spawn_cell`, `wait_cell_ready`, `CellProcess`. On anyio + httpx: the
-node's trio loop and asyncio alike; code above it cannot tell a cell from the scripted engine.
+Owns `CellClient` and `WatchedProcess` (a cell's process as the node watches it for death: a
+local `subprocess.Popen` or a worker host's `gyre.cell.join.RemoteCellProcess`); starting cells is
+`gyre.cell.spawn`'s (`open_cell`, `open_cells`). On anyio + httpx: the node's trio loop and
+asyncio alike; code above it cannot tell a cell from the scripted engine.
 Besides the `InferenceEngine` protocol it drives the cell's role and trainer (`switch_role`,
 `train`, `send_gradients`, `receive_gradients`, `step`, ...). Every wait is bounded (docs/design.md
 invariant 7): requests by `request_timeout_s`, weight loads by `weight_load_timeout_s`, training

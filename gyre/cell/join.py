@@ -101,7 +101,7 @@ class CellExit(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RemoteCellProcess:
-    """A cell on a worker host, as the elastic runtime watches processes (`poll()`): None while it
+    """A cell on a worker host as a `gyre.cell.client.WatchedProcess` (`poll()`): None while it
     runs, its exit code once its worker reported the exit, `WORKER_LOST_EXIT` once the worker's
     connection ended (a lost worker is all its cells dying)."""
 

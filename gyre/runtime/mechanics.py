@@ -17,8 +17,10 @@ cell objects. Knows nothing about clocks, engines, processes or what a group hol
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Sequence, Sized
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence, Sized
 from typing import Any, Protocol, TypeVar
+
+from anyio.abc import TaskGroup
 
 from gyre.cell.wire import CellRole
 from gyre.errors import RunStalled
@@ -225,13 +227,13 @@ class Running:
         self.failed = False
         """A task raised (or was cancelled): the run is ending with its error, not stalled."""
 
-    def start(self, tg: Any, fn: Callable[..., Any], *args: Any) -> None:
+    def start(self, tg: TaskGroup, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Start `fn(*args)` in task group `tg`, counted in `tasks` from now (not from when the
         task first runs) until it returns or raises."""
         tg.start_soon(self._run, fn, *args)
         self.tasks += 1  # after `start_soon`, which may raise; the task cannot run before this
 
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> None:
+    async def _run(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         try:
             await fn(*args)
         except BaseException:

@@ -555,7 +555,7 @@ async def test_a_run_stopped_mid_step_resumes_without_training_a_group_twice(
     third = make_cells(tok, 2)
     size = (run_dir / "metrics.jsonl").stat().st_size
     _, rt3 = await launch(run_dir, third, resume=True)
-    assert rt3.steps_done == 3 and third[0].steps == []
+    assert rt3.state.steps_done == 3 and third[0].steps == []
     last = msgspec.json.decode((run_dir / LAUNCHES_FILE).read_bytes().splitlines()[-1], type=Launch)
     assert (last.resumed_from_step, last.recovered, last.rerun) == (3, [], [])
     assert (run_dir / "metrics.jsonl").stat().st_size == size
