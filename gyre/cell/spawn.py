@@ -154,8 +154,8 @@ def spawn_cell(
 
 def _cpu_binding(rank: int, n: int) -> dict[str, str] | None:
     """Spread several cells' vLLM CPU workers over the cores, one core each, round robin: left to
-    itself every engine binds its worker to core 0 (shared/notes/vllm-kv-and-cells.md §2). None
-    for one cell, on a GPU, or when the user set `VLLM_CPU_OMP_THREADS_BIND`."""
+    itself every engine binds its worker to core 0 (docs/notes/vllm-cpu.md, "Several engines on 2
+    cores"). None for one cell, on a GPU, or when the user set `VLLM_CPU_OMP_THREADS_BIND`."""
     import torch
 
     if n < 2 or torch.cuda.is_available() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
