@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Protocol
 
 import anyio
@@ -240,7 +240,7 @@ class CellClient:
             for inbox in list(self._inboxes.values()):
                 inbox.put(lost)
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         # No cancel scope spans a `yield` (a consumer may resume this generator from another
         # task): each wait is bounded by the request's deadline (`expire_inboxes`). Each wake-up
         # takes every frame queued for the request and yields a choice's consecutive deltas as one.
