@@ -226,14 +226,15 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
         job = partial(run_elastic, progress=progress, resume=resume)
         runtime = anyio.run(partial(_observed, config, model_dir, job), backend="trio")
         summary = write_report(config.run_dir, log_name=config.proxy.log_name)
+        done = runtime.state
         progress.message(
-            f"done: {runtime.steps_done} steps, weight version {runtime.weights.version}; "
+            f"done: {done.steps_done} steps, weight version {done.weights.version}; "
             f"report: {summary}"
         )
     return LoopState(
-        step=runtime.steps_done,
-        version=runtime.weights.version,
-        task_cursor=-(-runtime.dispatched // runtime.G),
+        step=runtime.state.steps_done,
+        version=runtime.state.weights.version,
+        task_cursor=-(-runtime.state.dispatched // runtime.G),
     )
 
 

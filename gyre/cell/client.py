@@ -1,9 +1,9 @@
-"""The node's view of a cell: `CellClient` (the `InferenceEngine` protocol over HTTP) and start-up.
+"""The node's view of a cell: `CellClient` (the `InferenceEngine` protocol over HTTP).
 
-Owns `CellClient`, `open_cell`, `open_cells` (n cells around a gradient-group store, with other
-hosts' cells when the head of several hosts, `gyre.cell.join`);
-re-exports `cell_process`'s `spawn_cell`, `wait_cell_ready`, `CellProcess`. On anyio + httpx: the
-node's trio loop and asyncio alike; code above it cannot tell a cell from the scripted engine.
+Owns `CellClient` and `WatchedProcess` (a cell's process as the node watches it for death: a
+local `subprocess.Popen` or a worker host's `gyre.cell.join.RemoteCellProcess`); starting cells is
+`gyre.cell.spawn`'s (`open_cell`, `open_cells`). On anyio + httpx: the node's trio loop and
+asyncio alike; code above it cannot tell a cell from the scripted engine.
 Besides the `InferenceEngine` protocol it drives the cell's role and trainer (`switch_role`,
 `train`, `send_gradients`, `receive_gradients`, `step`, ...). Every wait is bounded (docs/design.md
 invariant 7): requests by `request_timeout_s`, weight loads by `weight_load_timeout_s`, training
@@ -14,10 +14,10 @@ Knows nothing about what the cell runs inside (vLLM, DeepSpeed).
 from __future__ import annotations
 
 import itertools
-import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Protocol
 
 import anyio
 import httpx
@@ -66,7 +66,7 @@ from gyre.errors import (
 )
 from gyre.trajectory.pack import PackedBatch
 
-__all__ = ["CellClient", "StepResult"]
+__all__ = ["CellClient", "StepResult", "WatchedProcess"]
 
 _HEADERS = {"Content-Type": "application/msgpack"}
 _TRAIN_TIMEOUT_MARGIN_S = 10.0
@@ -81,6 +81,15 @@ def _raise_for(response: httpx.Response, body: bytes) -> None:
     except (msgspec.ValidationError, msgspec.DecodeError):
         raise EngineError(f"cell answered HTTP {response.status_code}: {body[:200]!r}") from None
     raise error_from_code(err.code, err.message)
+
+
+class WatchedProcess(Protocol):
+    """A cell's process as the node watches it for death: a local one (`subprocess.Popen`, of
+    `gyre.cell.spawn.CellProcess`) or a worker host's (`gyre.cell.join.RemoteCellProcess`)."""
+
+    def poll(self) -> int | None:
+        """None while it runs, else its exit code."""
+        ...
 
 
 class CellClient:
@@ -106,7 +115,7 @@ class CellClient:
         self.trainer_config = trainer_config or TrainerConfig()
         self.rank: int | None = None
         """The cell's rank in the run-wide gradient group (set by `open_cells`)."""
-        self.process: subprocess.Popen | None = None
+        self.process: WatchedProcess | None = None
         """The cell's process when this node started it (set by `open_cells`); None otherwise."""
         self._http: httpx.AsyncClient | None = None
         self._stats: EngineStatistics | None = None
@@ -231,7 +240,7 @@ class CellClient:
             for inbox in list(self._inboxes.values()):
                 inbox.put(lost)
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenDelta, None]:
         # No cancel scope spans a `yield` (a consumer may resume this generator from another
         # task): each wait is bounded by the request's deadline (`expire_inboxes`). Each wake-up
         # takes every frame queued for the request and yields a choice's consecutive deltas as one.

@@ -101,7 +101,7 @@ class CellExit(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RemoteCellProcess:
-    """A cell on a worker host, as the elastic runtime watches processes (`poll()`): None while it
+    """A cell on a worker host as a `gyre.cell.client.WatchedProcess` (`poll()`): None while it
     runs, its exit code once its worker reported the exit, `WORKER_LOST_EXIT` once the worker's
     connection ended (a lost worker is all its cells dying)."""
 
@@ -432,10 +432,11 @@ async def run_worker(head: str, *, secret: str | None = None) -> int:
             group_store=reply.store,
             devices_per_cell=config.cells.devices_per_cell,
         ) as clients:
-            offer = Offer(
-                worker=reply.worker,
-                cells=[OfferedCell(rank=c.rank, url=c.base_url) for c in clients],
-            )
+            offered = []
+            for c in clients:
+                assert c.rank is not None, "open_cells ranks every cell it opens"
+                offered.append(OfferedCell(rank=c.rank, url=c.base_url))
+            offer = Offer(worker=reply.worker, cells=offered)
             return await _hold(http, offer, clients, reply.heartbeat_s)
 
 

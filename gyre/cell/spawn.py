@@ -154,8 +154,8 @@ def spawn_cell(
 
 def _cpu_binding(rank: int, n: int) -> dict[str, str] | None:
     """Spread several cells' vLLM CPU workers over the cores, one core each, round robin: left to
-    itself every engine binds its worker to core 0 (shared/notes/vllm-kv-and-cells.md §2). None
-    for one cell, on a GPU, or when the user set `VLLM_CPU_OMP_THREADS_BIND`."""
+    itself every engine binds its worker to core 0 (docs/notes/vllm-cpu.md, "Several engines on 2
+    cores"). None for one cell, on a GPU, or when the user set `VLLM_CPU_OMP_THREADS_BIND`."""
     import torch
 
     if n < 2 or torch.cuda.is_available() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
@@ -385,10 +385,11 @@ async def open_cells(
             if errors := grouped_errors(group, EngineError):
                 raise errors[0] from None  # the first failure, as `wait_cell_ready` raises it
             raise
+        ready = [url for url in urls if url is not None]  # each wait set its url or raised
         async with AsyncExitStack() as stack:
             cells = [
                 (first_rank + i, url, process.process)  # the node watches it for death
-                for i, (url, process) in enumerate(zip(urls, processes, strict=True))
+                for i, (url, process) in enumerate(zip(ready, processes, strict=True))
             ]
             clients = []
             for rank, url, process in sorted([*cells, *remote_cells], key=lambda c: c[0]):

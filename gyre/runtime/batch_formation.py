@@ -17,7 +17,7 @@ clocks or training; the driver moves groups.
 from __future__ import annotations
 
 from collections import deque
-from typing import Literal
+from typing import Generic, Literal, Protocol, TypeVar
 
 from gyre.rollout.source import Executed
 from gyre.runtime.batch import TrainingBatch
@@ -39,8 +39,17 @@ class Group:
         """The group's training batch, built once every member finished."""
 
 
-class BatchFormation:
-    """The groups of a run and how they form each step's batch (see the module docstring)."""
+class _Indexed(Protocol):
+    @property
+    def index(self) -> int: ...
+
+
+GroupT = TypeVar("GroupT", bound=_Indexed)
+
+
+class BatchFormation(Generic[GroupT]):
+    """The groups of a run and how they form each step's batch (see the module docstring); a
+    group is anything with an `index` (the runtime's `Group`, the simulator's own)."""
 
     def __init__(
         self,
@@ -57,16 +66,16 @@ class BatchFormation:
         self.streaming = streaming
         self.by_dispatch = not streaming and unstreamed == "dispatched"
         """The batch is the groups dispatched for the step (else the first to finish)."""
-        self.dispatching: dict[int, Group] = {}
+        self.dispatching: dict[int, GroupT] = {}
         """Groups some of whose members are still to be dispatched, by index; the driver drops a
         group when its last member starts. From then on only its executions, this formation
         (queue, step, backlog) and the trainers' bookkeeping hold it, and the step that trained
         it lets go of it (`next_step`): memory is bounded by the work in flight."""
-        self.queue: deque[Group] = deque()
+        self.queue: deque[GroupT] = deque()
         """Groups of the current step's batch ready for training and not handed to a cell."""
-        self.backlog: deque[Group] = deque()
+        self.backlog: deque[GroupT] = deque()
         """Finished groups waiting for a later step's batch."""
-        self.step_groups: list[Group] = []
+        self.step_groups: list[GroupT] = []
         """Groups admitted to the current step's batch (streaming) or waiting for it."""
 
     @property
@@ -74,7 +83,7 @@ class BatchFormation:
         """The current step's batch has all its groups."""
         return len(self.step_groups) == self.groups_per_batch
 
-    def complete(self, group: Group, steps_done: int) -> bool:
+    def complete(self, group: GroupT, steps_done: int) -> bool:
         """Take in `group`, all of whose members finished; True when this filled the batch."""
         if self.by_dispatch:
             self.backlog.append(group)
@@ -95,7 +104,7 @@ class BatchFormation:
             filled = self._admit(self.backlog.popleft()) or filled
         return filled
 
-    def _admit(self, group: Group) -> bool:
+    def _admit(self, group: GroupT) -> bool:
         """`group` joins the step's batch: trainable now when streaming, else (and by dispatch,
         where the batch is admitted whole) once the batch is full."""
         self.step_groups.append(group)

@@ -12,12 +12,15 @@ Knows nothing about HTTP, how policies decide, or batches beyond holding a cell'
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
 
+from gyre.cell.client import CellClient, WatchedProcess
 from gyre.cell.wire import CellRole
+from gyre.runtime.scheduler import SwitchTarget
+from gyre.runtime.timeline import TimelineWriter
 
 if TYPE_CHECKING:
     from gyre.runtime.batch_formation import Group
@@ -29,10 +32,10 @@ class CellHandle(msgspec.Struct, kw_only=True):
     """One cell as the driver is given it: a name, its client, and its process if it has one."""
 
     name: str
-    client: Any
-    """A `CellClient` (or any object with its methods)."""
-    process: Any = None
-    """Something with `poll()` (a `subprocess.Popen`); None: never checked for death."""
+    client: CellClient
+    """A `CellClient` (or, in tests, any object with its methods)."""
+    process: WatchedProcess | None = None
+    """Its process as the node watches it (`poll()`); None: never checked for death."""
 
 
 class DrivenCell:
@@ -44,7 +47,8 @@ class DrivenCell:
         self.client = handle.client
         self.process = handle.process
         self.role: CellRole = "rollout"
-        self.target: CellRole | None = None
+        self.target: SwitchTarget | None = None
+        """The role it switches to while `role == "switching"`."""
         self.executions: set[str] = set()
         self.busy = False
         self.trainer_version = version
@@ -62,7 +66,9 @@ class DrivenCell:
         self.since = 0.0
         """Run seconds when that interval opened."""
 
-    def begin_activity(self, kind: str, now: float, timeline: Any, step: int) -> None:
+    def begin_activity(
+        self, kind: str, now: float, timeline: TimelineWriter | None, step: int
+    ) -> None:
         """Close the open interval at `now` (written to `timeline`, when it has length) and open one
         of `kind`; nothing changes when the cell is already doing `kind`."""
         if kind == self.kind:
@@ -70,6 +76,10 @@ class DrivenCell:
         if timeline is not None and now > self.since:
             timeline.interval(self.index, self.since, now, self.kind, step=step)
         self.kind, self.since = kind, now
+
+    def exit_code(self) -> int | None:
+        """Its process's exit code; None while it runs or when it has no process."""
+        return None if self.process is None else self.process.poll()
 
 
 def died(cell: DrivenCell) -> bool:

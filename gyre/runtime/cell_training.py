@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 
 from gyre.errors import WeightSyncError, grouped_errors
+from gyre.routing.router import Router
 from gyre.runtime.batch_formation import Group
 from gyre.runtime.cell_handle import DrivenCell
 from gyre.runtime.weight_version import WeightVersion
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 
 async def switch_role(
-    cell: DrivenCell, role: str, *, core: DrivenCell, weights: WeightVersion, router: Any
+    cell: DrivenCell, role: str, *, core: DrivenCell, weights: WeightVersion, router: Router
 ) -> None:
     """Move `cell` to `role` ("train" or "rollout"). To train: `router` first stops routing to it
     (redirecting its in-flight requests), then the cell switches; a satellite's trainer loads the
@@ -58,13 +59,13 @@ async def switch_role(
     await router.set_role(cell.name, "rollout")
     while weights.is_stale(cell.engine_version):  # a step was published meanwhile
         version = weights.version
-        await cell.client.load_weights(weights.snapshot, version)
+        await cell.client.load_weights(weights.saved(), version)
         cell.engine_version = version
         router.note_weight_version(cell.name, version)
 
 
 async def load_published_weights(
-    router: Any, cells: Sequence[DrivenCell], weights: WeightVersion
+    router: Router, cells: Sequence[DrivenCell], weights: WeightVersion
 ) -> dict[str, str]:
     """Load the published `weights` on the router's rollout cells. A cell whose load fails is out of
     service (field case B17: its engine may hold half-loaded weights; the router unpinned its
@@ -72,7 +73,7 @@ async def load_published_weights(
     executions pinned to it again. Sets `engine_version` of each of `cells` in rollout that
     loaded. Returns cell name -> why, for the cells whose load failed twice (still out of
     service). Raises `WeightSyncError` when it failed twice on every rollout cell."""
-    first = await router.try_load_weights(weights.snapshot, weights.version)
+    first = await router.try_load_weights(weights.saved(), weights.version)
     failed = first
     if first:
         logger.warning(
@@ -80,7 +81,7 @@ async def load_published_weights(
             weights.version,
             first,
         )
-        failed = await router.try_load_weights(weights.snapshot, weights.version, first)
+        failed = await router.try_load_weights(weights.saved(), weights.version, first)
     rollout = [c for c in cells if c.role == "rollout"]
     if failed and all(c.name in failed for c in rollout):
         raise WeightSyncError(
@@ -109,7 +110,7 @@ async def train_group(
     async with cell.lock:
         if weights.is_stale(cell.trainer_version):
             activity(cell, "load")
-            await cell.client.load_trainer_weights(weights.snapshot, weights.version)
+            await cell.client.load_trainer_weights(weights.saved(), weights.version)
             cell.trainer_version = weights.version
         activity(cell, "train")
         stats = []

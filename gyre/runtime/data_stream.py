@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 def pass_rate(executed: Sequence[Executed]) -> tuple[float, float]:
     """(fraction of scored executions whose hidden tests all passed, their mean score); failed
     executions are left out; (NaN, NaN) when none was scored."""
-    scored = [ex.outcome.score for ex in executed if not ex.outcome.failed]
+    scored = [ex.outcome.score for ex in executed if ex.outcome.score is not None]
     if not scored:
         return math.nan, math.nan
     return sum(s.all_passed for s in scored) / len(scored), sum(s.score for s in scored) / len(

@@ -35,6 +35,7 @@ from gyre.runtime.checkpoint import check_run_dir
 from gyre.runtime.elastic import ElasticRuntime
 from gyre.runtime.elastic_resume import LAUNCHES_FILE, RunJournal
 from gyre.runtime.metrics import MetricsWriter
+from gyre.runtime.progress import Progress
 from gyre.runtime.scheduler import SchedulerPolicy, make_policy
 from gyre.runtime.sinks import open_sinks
 from gyre.runtime.timeline import TimelineWriter
@@ -80,7 +81,7 @@ async def run_cells(
     policy: SchedulerPolicy | None = None,
     launch: str = "0",
     on_runtime: Callable[[ElasticRuntime], None] | None = None,
-    progress: Any = None,
+    progress: Progress | None = None,
     journal: RunJournal | None = None,
 ) -> ElasticRuntime:
     """Run `config.loop.steps` steps on `cells` (open clients; `cells[0]` is the core): the TITO
@@ -140,7 +141,7 @@ async def run_elastic(
     policy: SchedulerPolicy | None = None,
     launch: str | None = None,
     on_runtime: Callable[[ElasticRuntime], None] | None = None,
-    progress: Any = None,
+    progress: Progress | None = None,
     resume: bool = False,
 ) -> ElasticRuntime:
     """The RL job: start `config.cells.num_cells` cells (each a vLLM engine and a DeepSpeed

@@ -25,13 +25,14 @@ import os
 import secrets
 import shutil
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
 
+from gyre.cell.client import CellClient
 from gyre.config import RESUME_FIXED, RunConfig, resume_fixed
 from gyre.errors import ConfigError, RunDirError
 from gyre.rollout.source import Executed
@@ -44,7 +45,9 @@ from gyre.runtime.checkpoint import (
     LoopState,
     save_checkpoint_async,
 )
+from gyre.runtime.driver_state import DriverState
 from gyre.runtime.metrics import METRICS_FILE, append_line
+from gyre.runtime.step_ledger import StepLedger
 from gyre.runtime.timeline import TIMELINE_FILE, read_timeline
 from gyre.tasks.task import Task
 from gyre.tito.log import read_log
@@ -301,7 +304,7 @@ class RunJournal:
     # -- start ----------------------------------------------------------------------------------
 
     async def restore_cells(
-        self, clients: Sequence[Any], snapshot: str, version: int
+        self, clients: Sequence[CellClient], snapshot: str, version: int
     ) -> tuple[str, int]:
         """Load the checkpoint into the cells (`clients[0]` is the core: its trainer gets the
         checkpoint's trainer state; every cell's engine gets its weights at its version). Returns
@@ -316,32 +319,42 @@ class RunJournal:
                 tg.start_soon(client.load_weights, weights, self.state.version)
         return weights, self.state.version
 
-    def continue_clock(self, step_ledger: Any) -> None:
+    def continue_clock(self, step_ledger: StepLedger) -> None:
         """Shift a started `StepLedger`'s clock so run seconds continue where the previous
         launch's timeline ended (its water-level times stay non-decreasing)."""
         step_ledger.t0 -= self.clock_offset_s
 
-    async def begin(self, runtime: Any) -> None:
-        """Put the checkpoint's position into `runtime` (an `ElasticRuntime` whose initial roles
-        are set, before its first decision): steps done, executions dispatched and finished,
-        the untrained groups with their recovered members (a complete group's batch built and
-        handed to batch formation, in group order), and the executions to run again, placed and
-        started."""
+    async def begin(
+        self,
+        state: DriverState,
+        *,
+        tasks: Sequence[Task],
+        ledger: StepLedger,
+        rerun: Callable[[Group, int, str], None],
+    ) -> bool:
+        """Put the checkpoint's position into `state` (a run whose initial roles are set, before
+        its first decision; `tasks`: its training tasks): steps done, executions dispatched and
+        finished, the untrained groups with their recovered members (a complete group's batch
+        built and handed to batch formation, in group order; `ledger` marks the batch in), and
+        the executions to run again, each handed to `rerun(group, member, execution_id)`
+        (`ElasticRuntime.rerun`). Returns whether it rebuilt anything (False: a fresh run, or
+        a finished one)."""
         if not self.resumed:
-            return
-        G = runtime.G
-        runtime.steps_done = self.state.step
+            return False
+        G = self.config.loop.group_size
+        state.steps_done = self.state.step
         if self.state.step >= self.config.loop.steps:
-            return  # a finished run: nothing to rebuild or run again
-        reruns = defaultdict(list)
+            return False  # a finished run: nothing to rebuild or run again
+        reruns: defaultdict[int, list[Rerun]] = defaultdict(list)
         for r in self._reruns:
             reruns[r.group].append(r)
-        complete, groups = [], {}
+        complete: list[Group] = []
+        groups: dict[int, Group] = {}
         for g in sorted(self._open):
-            task = pick_tasks(runtime.tasks, g, 1, runtime.config.seed)[0]
+            task = pick_tasks(tasks, g, 1, self.config.seed)[0]
             group = groups[g] = Group(g, task, G)
             if g * G + G > self._dispatched:  # members still to dispatch: the runtime's to start
-                runtime.batches.dispatching[g] = group
+                state.batches.dispatching[g] = group
             for m in range(G):
                 executed = self._recovered.get((g, m))
                 if executed is not None:
@@ -351,14 +364,15 @@ class RunJournal:
                 complete.append(group)
             else:  # its missing members run again, or are not dispatched yet
                 assert reruns[g] or g * G + G > self._dispatched, g
-        runtime.dispatched = self._dispatched
-        runtime.finished = self._dispatched - len(self._reruns)
+        state.dispatched = self._dispatched
+        state.finished = self._dispatched - len(self._reruns)
         for group in complete:
+            members = [m for m in group.members if m is not None]
             group.batch = await anyio.to_thread.run_sync(
-                group_batch, list(group.members), self.config, runtime.B
+                group_batch, members, self.config, self.config.loop.batch_executions
             )
-            if runtime.batches.complete(group, runtime.steps_done):
-                runtime.ledger.mark_batch_in()
+            if state.batches.complete(group, state.steps_done):
+                ledger.mark_batch_in()
         for r in self._reruns:
             logger.warning(
                 "group %d member %d runs again as %s (was %s): %s",
@@ -368,18 +382,18 @@ class RunJournal:
                 r.was or "unknown",
                 r.reason,
             )
-            runtime._pin(r.execution_id, runtime._place())
-            runtime._spawn(runtime._execute, groups[r.group], r.member, r.execution_id)
-        runtime._water()
+            rerun(groups[r.group], r.member, r.execution_id)
         self._recovered = {}  # the groups hold them now
+        return True
 
     # -- while running --------------------------------------------------------------------------
 
-    def finished(self, runtime: Any, group: Group, member: int, executed: Executed) -> None:
-        """Append a finished execution to the ledger (fsynced), before its group can train."""
+    def finished(self, step: int, group: Group, member: int, executed: Executed) -> None:
+        """Append an execution of group `group` that finished during step `step` to the ledger
+        (fsynced), before its group can train."""
         self.ledger.append(
             LedgerEntry(
-                step=runtime.steps_done + 1,
+                step=step,
                 task_id=group.task.task_id,
                 slot=member,
                 group=group.index,
@@ -387,26 +401,26 @@ class RunJournal:
             )
         )
 
-    async def checkpoint(self, runtime: Any, trained: Sequence[int]) -> Path:
-        """Checkpoint `runtime` after a step that trained the groups `trained` (indices): its
-        position now, the core cell's trainer (under the core's lock) and the published weights;
-        keeps the newest `loop.keep_checkpoints`. Returns the checkpoint folder."""
-        G = runtime.G
-        cursor = -(-runtime.dispatched // G)
+    async def checkpoint(self, state: DriverState, trained: Sequence[int]) -> Path:
+        """Checkpoint the run in `state` after a step that trained the groups `trained`
+        (indices): its position now, the core cell's trainer (under the core's lock) and the
+        published weights; keeps the newest `loop.keep_checkpoints`. Returns the checkpoint
+        folder."""
+        cursor = -(-state.dispatched // self.config.loop.group_size)
         self._open |= set(range(self._cursor, cursor))
         self._cursor = cursor
         self._open -= set(trained)
-        weights = runtime.weights
-        state = LoopState(
-            step=runtime.steps_done,
+        weights = state.weights
+        loop_state = LoopState(
+            step=state.steps_done,
             version=weights.version,
             task_cursor=cursor,
-            dispatched=runtime.dispatched,
+            dispatched=state.dispatched,
             open_groups=tuple(sorted(self._open)),
-            in_flight=tuple(sorted(runtime.where)),
+            in_flight=tuple(sorted(state.where)),
         )
-        snapshot = Path(weights.snapshot)
-        core = runtime.core
+        snapshot = Path(weights.saved())
+        core = state.core
 
         async def save(folder: Path) -> None:
             async with core.lock:
@@ -414,7 +428,7 @@ class RunJournal:
             await anyio.to_thread.run_sync(_link_tree, snapshot, folder / WEIGHTS_DIR)
 
         return await save_checkpoint_async(
-            self.run_dir, state, save, keep=self.config.loop.keep_checkpoints
+            self.run_dir, loop_state, save, keep=self.config.loop.keep_checkpoints
         )
 
 

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import anyio
 
 from gyre.config import RunConfig
-from gyre.rollout.source import Executed
+from gyre.rollout.source import Executed, RolloutSource
+from gyre.routing.router import Router
 from gyre.runtime.cell_handle import DrivenCell
 from gyre.runtime.data_stream import evaluated, pass_rate
-from gyre.runtime.metrics import EvalMetrics
+from gyre.runtime.metrics import EvalMetrics, MetricsWriter
+from gyre.runtime.progress import Progress
 from gyre.runtime.scheduler import Action, Dispatch, StartStep, SwitchToTrain
 from gyre.tasks.task import Task
 
@@ -86,7 +87,9 @@ class HeldoutEvaluation:
         """Evaluation executions in flight -> the cell they are pinned to."""
 
     @classmethod
-    def of(cls, config: RunConfig, heldout: Sequence[Task], steps: int, launch: str):
+    def of(
+        cls, config: RunConfig, heldout: Sequence[Task], steps: int, launch: str
+    ) -> HeldoutEvaluation:
         """The evaluations `config.loop` asks for over `heldout`, in a run of `steps` steps."""
         loop = config.loop
         return cls(
@@ -143,7 +146,7 @@ class HeldoutEvaluation:
             raise RuntimeError("no rollout cell for an evaluation execution")
         return min(pool, key=lambda c: (len(c.executions) + self.load(c), c.index))
 
-    def move_off(self, cell: DrivenCell, cells: Sequence[DrivenCell], router: Any) -> None:
+    def move_off(self, cell: DrivenCell, cells: Sequence[DrivenCell], router: Router) -> None:
         """Pin the evaluation executions on `cell` (leaving rollout, or dead) to other cells."""
         for execution_id in sorted(e for e, c in self.where.items() if c is cell):
             target = self.place(cells, avoid=cell)
@@ -156,12 +159,12 @@ class HeldoutEvaluation:
         *,
         version: int,
         cells: Sequence[DrivenCell],
-        rollout: Any,
-        router: Any,
+        rollout: RolloutSource,
+        router: Router,
         clock: Callable[[], float],
         on_change: Callable[[DrivenCell], None],
-        metrics: Any = None,
-        progress: Any = None,
+        metrics: MetricsWriter | None = None,
+        progress: Progress | None = None,
     ) -> EvalMetrics:
         """Run the evaluation of `step` at weight `version`: every job at once, each pinned in
         `router` to the least loaded rollout cell of `cells` (`on_change(cell)` after a cell

@@ -17,8 +17,10 @@ cell objects. Knows nothing about clocks, engines, processes or what a group hol
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Sequence, Sized
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence, Sized
 from typing import Any, Protocol, TypeVar
+
+from anyio.abc import TaskGroup
 
 from gyre.cell.wire import CellRole
 from gyre.errors import RunStalled
@@ -47,15 +49,20 @@ MAX_DECISIONS = 1000
 shipped policy settles within a few decisions per change (one switch at a time)."""
 
 
-class _Placeable(Protocol):
-    index: int
-    role: CellRole
-    executions: Sized
+class _Placeable(Protocol):  # read-only members: a cell's own fields may be narrower types
+    @property
+    def index(self) -> int: ...
+    @property
+    def role(self) -> CellRole: ...
+    @property
+    def executions(self) -> Sized: ...
 
 
 class _Trainable(Protocol):
-    role: CellRole
-    busy: bool
+    @property
+    def role(self) -> CellRole: ...
+    @property
+    def busy(self) -> bool: ...
 
 
 P = TypeVar("P", bound=_Placeable)
@@ -220,13 +227,13 @@ class Running:
         self.failed = False
         """A task raised (or was cancelled): the run is ending with its error, not stalled."""
 
-    def start(self, tg: Any, fn: Callable[..., Any], *args: Any) -> None:
+    def start(self, tg: TaskGroup, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Start `fn(*args)` in task group `tg`, counted in `tasks` from now (not from when the
         task first runs) until it returns or raises."""
         tg.start_soon(self._run, fn, *args)
         self.tasks += 1  # after `start_soon`, which may raise; the task cannot run before this
 
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> None:
+    async def _run(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         try:
             await fn(*args)
         except BaseException:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from gyre.runtime.metrics import EvalMetrics, StepMetrics
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 __all__ = ["Progress", "format_step", "format_eval"]
 
@@ -82,7 +85,7 @@ class Progress:
         self.rows = rows
         self._steps: list[StepMetrics] = []
         self._evals: list[EvalMetrics] = []
-        self._live = None
+        self._live: Live | None = None
 
     # -- events -----------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from gyre.cell.wire import CellRole
 
 __all__ = [
     "CellRole",
+    "SwitchTarget",
     "CellView",
     "SchedulerState",
     "Dispatch",
@@ -39,6 +40,11 @@ __all__ = [
     "make_policy",
 ]
 
+SwitchTarget = Literal["rollout", "train"]
+"""The role a switching cell is on its way to (a `CellRole` other than `switching`)."""
+
+_ROLLOUT: CellRole = "rollout"
+
 
 class CellView(msgspec.Struct, frozen=True, kw_only=True):
     """One cell as a policy sees it."""
@@ -48,7 +54,7 @@ class CellView(msgspec.Struct, frozen=True, kw_only=True):
     role: CellRole
     is_core: bool = False
     """The training cell that holds the authoritative weights and optimizer state."""
-    switching_to: Literal["rollout", "train"] | None = None
+    switching_to: SwitchTarget | None = None
     """Target role while `role == "switching"`, else None."""
     executions: int = 0
     """Executions in flight on this cell (only a rollout cell hosts executions)."""
@@ -80,7 +86,7 @@ class SchedulerState(msgspec.Struct, frozen=True, kw_only=True):
 
     Counters are in executions. The water level (docs/design.md) is ``dispatched - finished``; the
     rollout capacity is ``capacity_per_cell`` times the number of cells whose role is `rollout`.
-    "The current step" is the step that will produce weight version ``weight_version + 1``.
+    "The current step" is step ``steps_done + 1``.
     """
 
     cells: tuple[CellView, ...]
@@ -96,8 +102,9 @@ class SchedulerState(msgspec.Struct, frozen=True, kw_only=True):
     """Unfinished executions on no cell: their cell left rollout and no rollout cell had room
     (partial rollouts). They count in the water level and resume, before any new dispatch, when
     rollout slots are free."""
-    weight_version: int = 0
-    """Published weight version = optimizer steps completed."""
+    steps_done: int = 0
+    """Optimizer steps completed. Not the published weight version (`WeightVersion`), which
+    only a step that applies an update bumps."""
     train_ready: int = 0
     """Executions of the current step's batch ready for training and not yet handed to a cell."""
     train_running: int = 0
@@ -136,7 +143,7 @@ class SchedulerState(msgspec.Struct, frozen=True, kw_only=True):
                 f"executions on cells ({in_flight}) + {self.suspended=} != water level "
                 f"({self.dispatched=} - {self.finished=})"
             )
-        for name in ("suspended", "train_ready", "train_running", "trained", "weight_version"):
+        for name in ("suspended", "train_ready", "train_running", "trained", "steps_done"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
 
@@ -216,7 +223,10 @@ Action = Dispatch | SwitchToTrain | SwitchToRollout | StartStep
 class SchedulerPolicy(Protocol):
     """What the runtime and the simulator drive: initial roles, then `decide` after every change."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The policy's name (`colocate`, `async`, `elastic`, ...)."""
+        ...
 
     def initial_roles(self, num_cells: int, core_cell: int) -> tuple[CellRole, ...]:
         """Roles at the start of the run (no switch cost is paid for them)."""
@@ -231,15 +241,15 @@ def admission_room(state: SchedulerState, max_staleness_steps: int) -> int:
     """Executions that may still start under the staleness bound.
 
     AReaL's admission rule (`max_head_offpolicyness`, see notes/anchors-performance.md §1a): an
-    execution may start only while ``dispatched < (weight_version + 1 + k) * batch_executions``,
-    so no execution starts more than ``k`` versions ahead of the step it is dispatched for (its
+    execution may start only while ``dispatched < (steps_done + 1 + k) * batch_executions``,
+    so no execution starts more than ``k`` steps ahead of the step it is dispatched for (its
     batch, in the node runtime). Where batches are instead the first groups to finish (the
     simulator's ``unstreamed_batch = "first_finished"``), a straggler can be trained later than
     that: the per-token `RLConfig.max_staleness` mask (default 2) is then what bounds the trained
     staleness. ``k = 0`` is on-policy dispatch: the next batch starts only after the previous
     update.
     """
-    bound = (state.weight_version + 1 + max_staleness_steps) * state.batch_executions
+    bound = (state.steps_done + 1 + max_staleness_steps) * state.batch_executions
     return max(0, bound - state.dispatched)
 
 
@@ -274,7 +284,7 @@ class ColocatePolicy(msgspec.Struct, frozen=True, kw_only=True):
         _check_staleness(self.max_staleness_steps)
 
     def initial_roles(self, num_cells: int, core_cell: int) -> tuple[CellRole, ...]:
-        return ("rollout",) * num_cells
+        return (_ROLLOUT,) * num_cells
 
     def decide(self, state: SchedulerState) -> tuple[Action, ...]:
         if state.step_ready:
@@ -389,7 +399,7 @@ class ElasticPolicy(msgspec.Struct, frozen=True, kw_only=True):
     def initial_roles(self, num_cells: int, core_cell: int) -> tuple[CellRole, ...]:
         if self.pinned:
             return self._fallback().initial_roles(num_cells, core_cell)
-        return ("rollout",) * num_cells
+        return (_ROLLOUT,) * num_cells
 
     def decide(self, state: SchedulerState) -> tuple[Action, ...]:
         if self.pinned:
@@ -453,8 +463,13 @@ def make_policy(
             num_train_cells=async_train_cells, max_staleness_steps=max_staleness_steps
         )
     if name == "elastic":
-        cost = {} if switch_cost_s is None else {"switch_cost_s": switch_cost_s}
+        if switch_cost_s is None:  # the published default
+            return ElasticPolicy(
+                max_staleness_steps=max_staleness_steps, fallback_train_cells=async_train_cells
+            )
         return ElasticPolicy(
-            max_staleness_steps=max_staleness_steps, fallback_train_cells=async_train_cells, **cost
+            max_staleness_steps=max_staleness_steps,
+            fallback_train_cells=async_train_cells,
+            switch_cost_s=switch_cost_s,
         )
     raise ValueError(f"{name=} must be colocate, async or elastic")

@@ -13,9 +13,9 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import ItemsView, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import msgspec
 
@@ -64,6 +64,7 @@ def flatten(record: Any, prefix: str) -> dict[str, float]:
     """The numeric fields of `record` (a msgspec Struct or a str-keyed dict, nested ones
     included) as `prefix/field[/subfield]` -> float; booleans are 0.0 / 1.0, None is NaN, strings
     and sequences are left out."""
+    items: ItemsView[Any, Any]
     if isinstance(record, msgspec.Struct):
         items = msgspec.structs.asdict(record).items()
     elif isinstance(record, Mapping):
@@ -153,7 +154,8 @@ class WandbSink:
             project=report.wandb_project,
             dir=str(root),
             name=run_dir.name,
-            mode=self.mode,
+            # `$WANDB_MODE` may hold any string: wandb.init checks it
+            mode=cast(Literal["online", "offline", "disabled", "shared"], self.mode),
             config=dict(config or {}),
             reinit="create_new",
             settings=wandb.Settings(console="off", silent=True),

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
+from gyre.cell.wire import StepResult
 from gyre.engines.protocol import mismatch_split
-from gyre.rollout.source import RolloutSource
+from gyre.rollout.source import Executed, RolloutSource
 from gyre.routing.router import Router, RouterStatistics
+from gyre.runtime.batch import TrainingBatch
 from gyre.runtime.batch_formation import Group
 from gyre.runtime.data_stream import pass_rate
-from gyre.runtime.metrics import StepMetrics
+from gyre.runtime.driver_state import DriverState
+from gyre.runtime.metrics import MetricsWriter, StepMetrics
 from gyre.runtime.weight_version import WeightVersion
 
 __all__ = [
@@ -157,9 +160,9 @@ class StepLedger:
         version: int,
         groups: Sequence[Group],
         switches: int,
-        result: Any,
+        result: StepResult,
         t_step: float,
-        metrics: Any,
+        metrics: MetricsWriter | None,
         statistics: Callable[[], dict[str, Any]],
     ) -> StepRecord:
         """Record step `step` (published as `version`; `switches` completed so far in the run;
@@ -193,8 +196,8 @@ class StepLedger:
                 "rollout_s": self.batch_in_s - (self.step_t0 - self.t0),
                 "train_s": t_step - self.batch_in_s,
                 "sync_s": now - t_step,
-                **{k: v - self.step_recovered[k] for k, v in recovered.items()},
             },
+            {k: v - self.step_recovered[k] for k, v in recovered.items()},
         )
         self.step_recovered = recovered
         if metrics is not None:
@@ -205,42 +208,44 @@ class StepLedger:
         return record
 
 
-def runtime_statistics(rt: Any) -> RuntimeStatistics:
-    """The `RuntimeStatistics` of the elastic runtime `rt` (`ElasticRuntime.statistics()`)."""
-    router = rt.router.statistics()
-    roles = tuple(c.role if c.alive else "dead" for c in rt.cells)
-    batches = rt.batches
+def runtime_statistics(state: DriverState, *, router: Router, capacity: int) -> RuntimeStatistics:
+    """The `RuntimeStatistics` of the run in `state` (`ElasticRuntime.statistics()`), routed by
+    `router`, with `capacity` executions per rollout cell."""
+    routed = router.statistics()
+    roles = tuple(c.role if c.alive else "dead" for c in state.cells)
+    batches = state.batches
     groups = {id(g) for g in (*batches.dispatching.values(), *batches.step_groups)}
     groups.update(id(g) for g in batches.backlog)
+    suspension = state.suspension
     return RuntimeStatistics(
-        steps_done=rt.steps_done,
-        weight_version=rt.weights.version,
+        steps_done=state.steps_done,
+        weight_version=state.weights.version,
         roles=roles,
         cells_rollout=roles.count("rollout"),
         cells_train=roles.count("train"),
         cells_switching=roles.count("switching"),
         cells_dead=roles.count("dead"),
-        dispatched=rt.dispatched,
-        finished=rt.finished,
-        water_level=rt.dispatched - rt.finished,
-        rollout_capacity=rt.capacity * roles.count("rollout"),
-        switches=rt.switches_done,
-        switch_s_total=sum(rt.switch_s),
-        switch_s_max=max(rt.switch_s, default=0.0),
-        redirections=router.requests_redirected,
-        migrations=router.requests_migrated,
-        tokens_migrated=router.tokens_migrated,
-        migrations_missed=router.migrations_missed,
-        tokens_recomputed=router.tokens_recomputed,
-        suspensions=rt.suspension.suspensions,
-        resumptions=rt.suspension.resumptions,
-        suspended=len(rt.suspension.queue),
+        dispatched=state.dispatched,
+        finished=state.finished,
+        water_level=state.water_level,
+        rollout_capacity=capacity * roles.count("rollout"),
+        switches=state.switches_done,
+        switch_s_total=sum(state.switch_s),
+        switch_s_max=max(state.switch_s, default=0.0),
+        redirections=routed.requests_redirected,
+        migrations=routed.requests_migrated,
+        tokens_migrated=routed.tokens_migrated,
+        migrations_missed=routed.migrations_missed,
+        tokens_recomputed=routed.tokens_recomputed,
+        suspensions=suspension.suspensions,
+        resumptions=suspension.resumptions,
+        suspended=len(suspension.queue),
         train_queue=len(batches.queue),
-        train_running=rt.running,
+        train_running=state.running,
         backlog=len(batches.backlog),
         groups_held=len(groups),
-        evaluating=rt.evaluating,
-        eval_executions=len(rt.evaluation.where) if rt.evaluation is not None else 0,
+        evaluating=state.evaluating,
+        eval_executions=len(state.evaluation.where) if state.evaluation is not None else 0,
     )
 
 
@@ -251,11 +256,30 @@ def sink_statistics(
     the proxy's, the harness's, the published weights' and the runtime's own."""
     return {
         "router": router.statistics(),
-        "proxy": rollout.proxy.statistics(),
+        "proxy": _proxied(rollout).proxy.statistics(),
         "harness": rollout.statistics(),
         "weights": weights.statistics(),
         "runtime": runtime,
     }
+
+
+@runtime_checkable
+class _Proxied(Protocol):
+    """A rollout source whose executions' model calls go through a proxy (the harness, the
+    gateway)."""
+
+    @property
+    def proxy(self) -> _Counted: ...
+
+
+class _Counted(Protocol):
+    def statistics(self) -> Any: ...
+
+
+def _proxied(rollout: RolloutSource) -> _Proxied:
+    if not isinstance(rollout, _Proxied):
+        raise TypeError(f"{type(rollout).__name__}: a rollout source without a proxy")
+    return rollout
 
 
 def _recovered(router: RouterStatistics) -> dict[str, int]:
@@ -270,16 +294,19 @@ def _recovered(router: RouterStatistics) -> dict[str, int]:
     }
 
 
-def _mismatch(stats) -> dict[str, float]:
-    """`StepMetrics`' same-version and stale mismatch from the step's `AccumulateStatistics`."""
-    split = mismatch_split(stats)
-    return {
-        "same_version_mismatch_mean": split["same_version_abs_diff_mean"],
-        "stale_mismatch_mean": split["stale_abs_diff_mean"],
-    }
-
-
-def _step_metrics(record, executed, batches, stats, counted, result, times) -> StepMetrics:
+def _step_metrics(
+    record: StepRecord,
+    executed: Sequence[Executed],
+    batches: Sequence[TrainingBatch],
+    stats: Sequence[Any],
+    counted: int,
+    result: StepResult,
+    times: dict[str, float],
+    recovered: dict[str, int],
+) -> StepMetrics:
+    """The `StepMetrics` of a step: `times` its phases' seconds, `recovered` the router's
+    recovered-failure counts during it (`_recovered`), `stats` its `AccumulateStatistics`."""
+    split = mismatch_split(stats)  # same-version and stale mismatch
     rate, reward = pass_rate(executed)
     linear = sum(b.linear_tokens for b in batches)
     packed = sum(b.packed_tokens for b in batches)
@@ -303,9 +330,18 @@ def _step_metrics(record, executed, batches, stats, counted, result, times) -> S
         if counted
         else math.nan,
         mean_ratio=sum(s.ratio_sum for s in stats) / counted if counted else math.nan,
-        **_mismatch(stats),
+        same_version_mismatch_mean=split["same_version_abs_diff_mean"],
+        stale_mismatch_mean=split["stale_abs_diff_mean"],
         applied=bool(result.applied),
         grad_norm=math.nan if result.grad_norm is None else float(result.grad_norm),
         step_s=record.step_s,
-        **times,
+        rollout_s=times["rollout_s"],
+        train_s=times["train_s"],
+        sync_s=times["sync_s"],
+        requests_redirected=recovered["requests_redirected"],
+        requests_retried=recovered["requests_retried"],
+        requests_abandoned=recovered["requests_abandoned"],
+        aborts_failed=recovered["aborts_failed"],
+        migrations_missed=recovered["migrations_missed"],
+        suspensions=recovered["suspensions"],
     )

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from gyre.errors import RunStalled
 from gyre.routing.router import Router
+from gyre.runtime.cell_handle import DrivenCell
 from gyre.runtime.mechanics import least_loaded, move_off, resume_suspended
 
 __all__ = ["Suspension"]
@@ -49,11 +49,11 @@ class Suspension:
 
     def move_off(
         self,
-        cell: Any,
-        cells: Sequence[Any],
+        cell: DrivenCell,
+        cells: Sequence[DrivenCell],
         capacity: int,
         avoid: frozenset[int],
-        pin: Callable[[str, Any], None],
+        pin: Callable[[str, DrivenCell], None],
     ) -> None:
         """Empty `cell` (leaving rollout; its `executions` are IDs): each execution, in ID order, is
         pinned (`pin(execution_id, target)`) to the least loaded cell of `cells` outside `avoid`
@@ -68,7 +68,9 @@ class Suspension:
         )
         cell.executions.clear()
 
-    def rehome(self, cell: Any, cells: Sequence[Any], pin: Callable[[str, Any], None]) -> None:
+    def rehome(
+        self, cell: DrivenCell, cells: Sequence[DrivenCell], pin: Callable[[str, DrivenCell], None]
+    ) -> None:
         """Empty `cell`, which is lost (dead or dropped; not in `cells`): each execution, in ID
         order, is pinned to the least loaded rollout cell of `cells`, beyond its capacity if need
         be (the survivors take them); with none in rollout but one switching to it, each is
@@ -81,7 +83,9 @@ class Suspension:
                 self._suspend(execution_id)
         else:
             for execution_id in sorted(cell.executions):
-                pin(execution_id, least_loaded(cells, capacity=None))
+                target = least_loaded(cells, capacity=None)
+                assert target is not None  # one rolls out (checked above); pins only add to it
+                pin(execution_id, target)
         cell.executions.clear()
 
     def _suspend(self, execution_id: str) -> None:
@@ -90,7 +94,7 @@ class Suspension:
         self.suspensions += 1
 
     def resume(
-        self, cells: Sequence[Any], *, capacity: int, pin: Callable[[str, Any], None]
+        self, cells: Sequence[DrivenCell], *, capacity: int, pin: Callable[[str, DrivenCell], None]
     ) -> int:
         """Pin suspended executions, oldest first, to the least loaded cells of `cells` with room
         (`pin` must add the execution to the cell's executions and pin it in the router, which

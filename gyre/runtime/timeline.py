@@ -275,16 +275,17 @@ class StepUtilisation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _union_length(spans: list[tuple[float, float]]) -> float:
-    total, cur_a, cur_b = 0.0, None, None
+    total = 0.0
+    current: tuple[float, float] | None = None  # the merged span being extended
     for a, b in sorted(spans):
-        if cur_b is None or a > cur_b:
-            if cur_b is not None:
-                total += cur_b - cur_a
-            cur_a, cur_b = a, b
+        if current is None or a > current[1]:
+            if current is not None:
+                total += current[1] - current[0]
+            current = (a, b)
         else:
-            cur_b = max(cur_b, b)
-    if cur_b is not None:
-        total += cur_b - cur_a
+            current = (current[0], max(current[1], b))
+    if current is not None:
+        total += current[1] - current[0]
     return total
 
 

@@ -51,6 +51,13 @@ class WeightVersion:
         """The folder holding the weights of `version` (None: not on disk)."""
         return self._snapshot
 
+    def saved(self) -> str:
+        """`snapshot`, for a driver whose weights are on disk (the node runtime); raises
+        `RuntimeError` when they are not."""
+        if self._snapshot is None:
+            raise RuntimeError(f"weight version {self._version} has no snapshot folder")
+        return self._snapshot
+
     def publish(self, version: int, snapshot: str | None = None) -> None:
         """Make `version` (saved at `snapshot`) the newest; versions never go back."""
         assert version >= self._version, f"weight version {version} published after {self._version}"

@@ -32,7 +32,7 @@ from gyre.cell.wire import CellRole
 from gyre.errors import SimulationStalled
 from gyre.runtime.batch_formation import BatchFormation
 from gyre.runtime.mechanics import assign_training, decide_until_idle, least_loaded
-from gyre.runtime.scheduler import CellView, SchedulerPolicy, SchedulerState
+from gyre.runtime.scheduler import CellView, SchedulerPolicy, SchedulerState, SwitchTarget
 from gyre.runtime.timeline import Interval, Timeline
 from gyre.runtime.weight_version import WeightVersion
 from gyre.sim.config import SimConfig
@@ -127,7 +127,7 @@ class _SimCell:
     def __init__(self, index: int, role: CellRole):
         self.index = index
         self.role = role
-        self.target: CellRole | None = None
+        self.target: SwitchTarget | None = None
         self.executions: set[int] = set()
         self.busy = False
         self.held_version = 0
@@ -164,7 +164,7 @@ class _Sim:
         self.cap = config.capacity_per_cell()
         self.B = w.batch_executions
         self.G = w.group_size
-        self.batches = BatchFormation(
+        self.batches: BatchFormation[_SimGroup] = BatchFormation(
             groups_per_batch=self.B // self.G,
             streaming=streaming,
             unstreamed=config.policies.unstreamed_batch,
@@ -229,7 +229,7 @@ class _Sim:
         self.water.append(self.dispatched - self.finished)
         self.capacity.append(self._rollout_capacity())
 
-    def _set_role(self, cell: _SimCell, role: CellRole, target: CellRole | None = None) -> None:
+    def _set_role(self, cell: _SimCell, role: CellRole, target: SwitchTarget | None = None) -> None:
         if cell.role in ("rollout", "switching") and self.t > cell.since:
             self.intervals.append(
                 Interval(
@@ -260,7 +260,7 @@ class _Sim:
             batch_executions=self.B,
             dispatched=self.dispatched,
             finished=self.finished,
-            weight_version=self.weights.version,
+            steps_done=self.weights.version,  # every simulated step publishes
             train_ready=self.G * len(self.batches.queue),
             train_running=self.running,
             trained=self.trained,

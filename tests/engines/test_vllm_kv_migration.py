@@ -370,7 +370,7 @@ class SwitchAtFirstFinish:
             self.switched = busy[0]
             return (SwitchToTrain(busy[0]),)
         if state.trained == state.batch_executions and not state.step_running:
-            return () if state.weight_version else (StartStep(),)
+            return () if state.steps_done else (StartStep(),)
         return ()
 
 

@@ -142,7 +142,7 @@ async def test_each_policy_trains_every_batch_once(policy: str, tmp_path: Path) 
         assert stats.roles == ("train", "rollout", "rollout")
         assert all(f.switches == [] for f in fakes[1:])
     else:  # colocate and elastic move cells, and every switch shows in the timeline
-        assert stats.switches == len(runtime.switch_s) > 0
+        assert stats.switches == len(runtime.state.switch_s) > 0
         # a switch writes "switching" when it begins and its target role when it ends; whether
         # the core is moved back to rollout before the last step depends on timing (elastic)
         roles = [rc.role for rc in timeline.roles]
@@ -197,7 +197,7 @@ async def test_a_cell_killed_mid_rollout_is_dropped_and_nothing_is_lost(tmp_path
         runtime = await drive(cfg, fakes, processes={2: victim})
         tg.cancel_scope.cancel()
     check_accounting(runtime, fakes, tmp_path / "run")
-    assert not runtime.cells[2].alive
+    assert not runtime.state.cells[2].alive
     assert (
         fakes[2].engine.statistics().requests_total == calls_at_kill["n"]
     )  # nothing more went there
@@ -235,7 +235,7 @@ async def test_a_satellite_that_dies_sending_its_gradient_is_dropped(tmp_path: P
     (victim,) = sent
     # Each batch trained once all the same; the dead cell's gradient is gone with its process.
     check_accounting(runtime, [f for i, f in enumerate(fakes) if i != victim], tmp_path / "run")
-    assert [c.alive for c in runtime.cells] == [i != victim for i in range(3)]
+    assert [c.alive for c in runtime.state.cells] == [i != victim for i in range(3)]
     stats = runtime.statistics()
     assert stats.steps_done == STEPS and stats.cells_dead == 1
 
@@ -257,11 +257,11 @@ async def test_a_fixed_split_that_loses_its_only_rollout_cell_stops_instead_of_w
     async def step_then_lose_the_rollout_cell(snapshot_root):
         result = await step(snapshot_root)
         (runtime,) = runtimes
-        assert runtime.cells[1].executions == set()  # nothing for it to hand on
+        assert runtime.state.cells[1].executions == set()  # nothing for it to hand on
         victim.code = -9
         fakes[1].role = "dead"  # its engine refuses from now on, as a dead process would
         with anyio.fail_after(30):  # dropped by the runtime's watch before the weights load
-            while runtime.cells[1].alive:
+            while runtime.state.cells[1].alive:
                 await anyio.sleep(0.05)
         return result
 
@@ -308,7 +308,7 @@ class ChaosPolicy:
 
     def decide(self, state):
         actions = self.inner.decide(state)
-        if self.forced < self.per_step * (state.weight_version + 1):  # each step takes its share
+        if self.forced < self.per_step * (state.steps_done + 1):  # each step takes its share
             actions = tuple(a for a in actions if not isinstance(a, StartStep))
         if self.forced == self.budget or state.any_switching or actions:
             return actions

@@ -115,8 +115,8 @@ def test_one_cell_evaluates_at_one_version_each_and_releases_trained_groups(tmp_
     stats = runtime.statistics()
     assert (stats.steps_done, stats.weight_version, stats.roles) == (2, 2, ("rollout",))
     assert (stats.cells_rollout, stats.cells_train, stats.cells_dead) == (1, 0, 0)
-    assert stats.switches == 4 == runtime.switches_done
-    assert stats.switch_s_total == pytest.approx(sum(runtime.switch_s))
+    assert stats.switches == 4 == runtime.state.switches_done
+    assert stats.switch_s_total == pytest.approx(sum(runtime.state.switch_s))
     assert (stats.suspensions, stats.evaluating, stats.eval_executions) == (0, False, 0)
     assert stats.water_level == stats.dispatched - stats.finished
     assert stats.rollout_capacity == 2

@@ -44,6 +44,7 @@ from gyre.runtime.elastic_resume import (
 )
 from gyre.runtime.metrics import EvalMetrics, StepMetrics, read_metrics
 from gyre.runtime.timeline import TimelineWriter, read_timeline
+from gyre.runtime.weight_version import WeightVersion
 from gyre.tasks.outcome import Outcome, Score
 from gyre.tasks.task import load_suite
 from gyre.tito.log import CallLog
@@ -244,28 +245,24 @@ async def test_a_resume_recovers_finished_untrained_groups_and_reruns_the_rest_o
     assert record.launch == "M" and record.resumed_from_step == 1 and record.version == 1
     assert record.recovered == ["x4-L-t2-g0", "x6-L-t3-g0", "x7-L-t3-g1"]
 
-    # begin: the runtime takes the position; group 3 is complete and goes to the batch
+    # begin: the runtime's state takes the position; group 3 is complete and goes to the batch
     spawned = []
-    runtime = SimpleNamespace(
-        G=G,
-        B=B,
-        tasks=tasks,
-        config=config(run_dir),
+    state = SimpleNamespace(
         steps_done=0,
         dispatched=0,
         finished=0,
         batches=BatchFormation(groups_per_batch=B // G, streaming=True),
-        ledger=SimpleNamespace(mark_batch_in=lambda: None),
-        _pin=lambda eid, cell: None,
-        _place=lambda: "cell",
-        _spawn=lambda fn, *args: spawned.append(args),
-        _execute=None,
-        _water=lambda: None,
     )
-    await journal.begin(runtime)
-    assert (runtime.steps_done, runtime.dispatched, runtime.finished) == (1, 10, 7)
-    assert [g.index for g in runtime.batches.step_groups] == [3]
-    assert runtime.batches.step_groups[0].batch is not None
+    rebuilt = await journal.begin(
+        state,
+        tasks=tasks,
+        ledger=SimpleNamespace(mark_batch_in=lambda: None),
+        rerun=lambda group, member, eid: spawned.append((group, member, eid)),
+    )
+    assert rebuilt
+    assert (state.steps_done, state.dispatched, state.finished) == (1, 10, 7)
+    assert [g.index for g in state.batches.step_groups] == [3]
+    assert state.batches.step_groups[0].batch is not None
     assert [(group.index, m, eid) for group, m, eid in spawned] == [
         (2, 1, "x5-M-t2-g1"),
         (4, 0, "x8-M-t4-g0"),
@@ -372,11 +369,10 @@ async def test_a_step_checkpoint_holds_the_trainer_the_weights_and_the_position(
     snapshot.mkdir(parents=True)
     (snapshot / "model.safetensors").write_bytes(b"s" * 64)
     core = SimpleNamespace(lock=anyio.Lock(), client=_Core())
-    runtime = SimpleNamespace(
-        G=G,
+    runtime = SimpleNamespace(  # the run's `DriverState`, as far as a checkpoint reads it
         dispatched=7,  # groups 0..3 begun (group 3: member 0 only)
         steps_done=1,
-        weights=SimpleNamespace(version=1, snapshot=str(snapshot)),
+        weights=WeightVersion(1, str(snapshot)),
         where={"x6-A-t3-g0": None, "x5-A-t2-g1": None},
         core=core,
     )
@@ -397,9 +393,11 @@ async def test_a_step_checkpoint_holds_the_trainer_the_weights_and_the_position(
     assert os.stat(weights).st_ino == os.stat(snapshot / "model.safetensors").st_ino  # a link
 
     # two more steps: group 1 and 3 trained, then nothing; keep_checkpoints = 2
-    runtime.steps_done, runtime.weights.version, runtime.dispatched = 2, 2, 8
+    runtime.weights.publish(2, str(snapshot))
+    runtime.steps_done, runtime.dispatched = 2, 8
     await journal.checkpoint(runtime, trained=[1, 3])
-    runtime.steps_done, runtime.weights.version, runtime.dispatched = 3, 3, 9
+    runtime.weights.publish(3, str(snapshot))
+    runtime.steps_done, runtime.dispatched = 3, 9
     await journal.checkpoint(runtime, trained=[])
     state, _ = latest_checkpoint(run_dir)
     assert (state.step, state.task_cursor, state.open_groups) == (3, 5, (4,))
@@ -495,10 +493,10 @@ async def test_a_run_stopped_mid_step_resumes_without_training_a_group_twice(
         flight still running (one that finished after it is recovered, not run again: with any
         execution running, a kill once left none to rerun). Even group slots linger 1 s after
         their last call, so a group's even member outlives its odd one."""
-        if rt.steps_done != 1 or not any(e.step == 2 for e in ledger.entries()):
+        if rt.state.steps_done != 1 or not any(e.step == 2 for e in ledger.entries()):
             return False
         saved = latest_checkpoint(run_dir)
-        return saved is not None and bool(set(saved[0].in_flight) & set(rt.where))
+        return saved is not None and bool(set(saved[0].in_flight) & set(rt.state.where))
 
     linger = ("--linger-even", "1.0")
     j1, _ = await launch(run_dir, first, resume=False, stop=mid_step_2, agent_args=linger)
@@ -516,7 +514,7 @@ async def test_a_run_stopped_mid_step_resumes_without_training_a_group_twice(
     second = make_cells(tok, 2)
     j2, rt = await launch(run_dir, second, resume=True)
     assert j2.launch != j1.launch
-    assert second[0].version == 3 and rt.steps_done == 3
+    assert second[0].version == 3 and rt.state.steps_done == 3
     # every surviving step: B executions of B/G whole groups; no group or member trained twice
     steps = [step1, *second[0].steps]
     assert len(steps) == 3
@@ -557,7 +555,7 @@ async def test_a_run_stopped_mid_step_resumes_without_training_a_group_twice(
     third = make_cells(tok, 2)
     size = (run_dir / "metrics.jsonl").stat().st_size
     _, rt3 = await launch(run_dir, third, resume=True)
-    assert rt3.steps_done == 3 and third[0].steps == []
+    assert rt3.state.steps_done == 3 and third[0].steps == []
     last = msgspec.json.decode((run_dir / LAUNCHES_FILE).read_bytes().splitlines()[-1], type=Launch)
     assert (last.resumed_from_step, last.recovered, last.rerun) == (3, [], [])
     assert (run_dir / "metrics.jsonl").stat().st_size == size

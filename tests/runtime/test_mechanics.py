@@ -313,13 +313,13 @@ class BatchRecorder:
     def continue_clock(self, ledger) -> None:  # noqa: ANN001
         pass
 
-    async def begin(self, runtime) -> None:  # noqa: ANN001
+    async def begin(self, state, *, tasks, ledger, rerun) -> bool:  # noqa: ANN001
+        return False
+
+    def finished(self, step, group, member, executed) -> None:  # noqa: ANN001
         pass
 
-    def finished(self, runtime, group, member, executed) -> None:  # noqa: ANN001
-        pass
-
-    async def checkpoint(self, runtime, trained) -> None:  # noqa: ANN001
+    async def checkpoint(self, state, trained) -> None:  # noqa: ANN001
         self.steps.append(sorted(trained))
 
 

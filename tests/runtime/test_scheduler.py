@@ -34,7 +34,7 @@ def state(
     busy: str = "",
     finished: int = 0,
     extra_dispatched: int = 0,
-    version: int = 0,
+    steps_done: int = 0,
     ready: int = 0,
     running: int = 0,
     trained: int = 0,
@@ -70,7 +70,7 @@ def state(
         batch_executions=B,
         dispatched=finished + water + extra_dispatched,
         finished=finished,
-        weight_version=version,
+        steps_done=steps_done,
         train_ready=ready,
         train_running=running,
         trained=trained,
@@ -128,8 +128,8 @@ def test_suspended_executions_count_in_the_water_level() -> None:
 
 
 def test_admission_room_is_areal_bound() -> None:
-    # (version + 1 + k) * B - dispatched, floored at 0.
-    s = state("rrrr", (2, 2, 2, 2), finished=8, version=1)  # dispatched 16
+    # (steps_done + 1 + k) * B - dispatched, floored at 0.
+    s = state("rrrr", (2, 2, 2, 2), finished=8, steps_done=1)  # dispatched 16
     assert admission_room(s, 0) == (1 + 1 + 0) * B - 16 == 0
     assert admission_room(s, 1) == (1 + 1 + 1) * B - 16 == 8
     assert admission_room(s, 2) == 16
@@ -175,7 +175,7 @@ def test_colocate_whole_batch_switches_every_cell_then_steps_then_returns() -> N
     assert p.decide(state("rrrr", finished=8, ready=8)) == tuple(SwitchToTrain(i) for i in range(4))
     assert p.decide(state("tttt", finished=8, trained=8)) == (StartStep(),)
     assert p.decide(state("tttt", busy="b", finished=8, trained=8, step_running=True)) == ()
-    after_step = state("tttt", finished=8, version=1)
+    after_step = state("tttt", finished=8, steps_done=1)
     assert p.decide(after_step) == tuple(SwitchToRollout(i) for i in range(4))
 
 
@@ -197,20 +197,20 @@ def test_colocate_partial_rollouts_switch_with_executions_running() -> None:
     assert p.decide(state("rrrr", (2, 1, 0, 0), finished=8, ready=8)) == tuple(
         SwitchToTrain(i) for i in range(4)
     )
-    after_step = state("tttt", suspended=3, finished=8, version=1)
+    after_step = state("tttt", suspended=3, finished=8, steps_done=1)
     assert p.decide(after_step) == tuple(SwitchToRollout(i) for i in range(4))
     # Back in rollout the 3 suspended count against the 16 slots: 13 free, room 3 x 8 - 11.
-    assert p.decide(state("rrrr", suspended=3, finished=8, version=1)) == (Dispatch(13),)
+    assert p.decide(state("rrrr", suspended=3, finished=8, steps_done=1)) == (Dispatch(13),)
 
 
 def test_colocate_returns_to_rollout_after_training_carried_over_groups() -> None:
     # After the update 4 carried-over executions were trained at once; the rest of the batch is
     # still to roll out, so every cell goes back (their gradients wait on the cells).
     p = ColocatePolicy(max_staleness_steps=1)
-    assert p.decide(state("tttt", suspended=4, finished=12, version=1, trained=4)) == tuple(
+    assert p.decide(state("tttt", suspended=4, finished=12, steps_done=1, trained=4)) == tuple(
         SwitchToRollout(i) for i in range(4)
     )
-    assert p.decide(state("tttt", busy="b", finished=12, version=1, running=1, trained=3)) == ()
+    assert p.decide(state("tttt", busy="b", finished=12, steps_done=1, running=1, trained=3)) == ()
 
 
 # ---- Async ---------------------------------------------------------------------------------------
@@ -311,10 +311,10 @@ def test_elastic_no_switch_when_an_idle_trainer_can_take_the_data() -> None:
 def test_elastic_returns_satellites_when_new_executions_need_room() -> None:
     p = ElasticPolicy(max_staleness_steps=0)
     # After step 1: all 8 trained and stepped, 3 trainers idle, one rollout cell (4 free slots).
-    s = state("tttr", finished=8, version=1)
+    s = state("tttr", finished=8, steps_done=1)
     assert p.decide(s) == (Dispatch(CAP), SwitchToRollout(2))
     # Satellites busy, the idle core already holds gradients of the new step: nobody returns.
-    s = state("tttr", finished=8, version=1, trained=1, running=2, busy=".bb")
+    s = state("tttr", finished=8, steps_done=1, trained=1, running=2, busy=".bb")
     assert p.decide(s) == (Dispatch(CAP),)
 
 
@@ -322,10 +322,10 @@ def test_elastic_core_returns_last() -> None:
     p = ElasticPolicy(max_staleness_steps=1)
     # Version 1, 16 dispatched, 10 in flight: room (1 + 1 + 1) * 8 - 16 = 8 > 2 free slots, and
     # nothing of the new step is on the core yet, so the core itself goes back to rollout.
-    s = state("trrr", (0, 4, 4, 2), finished=6, version=1)
+    s = state("trrr", (0, 4, 4, 2), finished=6, steps_done=1)
     assert p.decide(s) == (Dispatch(2), SwitchToRollout(0))
     # Same, but a micro-batch of the new step already ran on the core: it stays.
-    s = state("trrr", (0, 4, 4, 2), finished=6, version=1, trained=1)
+    s = state("trrr", (0, 4, 4, 2), finished=6, steps_done=1, trained=1)
     assert p.decide(s) == (Dispatch(2),)
 
 
@@ -350,11 +350,11 @@ def test_elastic_calls_the_core_back_when_satellites_hold_the_steps_gradients() 
     policy = ElasticPolicy()
     # 2 groups trained on satellite 1 (trained = B), nothing waiting; the core hosts 2 executions
     # that fit on cell 2 (capacity 4): the core switches to train
-    s = state("rtr", (2, 0, 1), trained=B, finished=3 * B + 5, version=3)
+    s = state("rtr", (2, 0, 1), trained=B, finished=3 * B + 5, steps_done=3)
     assert SwitchToTrain(0) in policy.decide(s)
     # a satellite is still computing a micro-batch of the step: same answer
-    s = state("rtr", (2, 0, 1), busy=".b.", running=1, finished=3 * B + 5, version=3)
+    s = state("rtr", (2, 0, 1), busy=".b.", running=1, finished=3 * B + 5, steps_done=3)
     assert SwitchToTrain(0) in policy.decide(s)
     # no gradient of the step anywhere: the core may keep rolling out
-    s = state("rtr", (2, 0, 1), finished=3 * B + 5, version=3)
+    s = state("rtr", (2, 0, 1), finished=3 * B + 5, steps_done=3)
     assert not any(isinstance(a, SwitchToTrain) for a in policy.decide(s))

@@ -136,15 +136,15 @@ async def run_colocate(tmp_path: Path):  # noqa: ANN201
             journal=journal,
         )
         seen = []  # (suspended, on cells, suspended count) at each decision
-        decide = runtime._state
+        decide = runtime._scheduler_state
 
         def watch():  # noqa: ANN202
             state = decide()
-            running = {e for c in runtime.cells for e in c.executions}
-            seen.append((tuple(runtime.suspension.queue), running, state.suspended))
+            running = {e for c in runtime.state.cells for e in c.executions}
+            seen.append((tuple(runtime.state.suspension.queue), running, state.suspended))
             return state
 
-        runtime._state = watch
+        runtime._scheduler_state = watch
         await runtime.run(STEPS)
     return journal.steps, runtime.statistics(), rollout.calls, seen, router.statistics()
 

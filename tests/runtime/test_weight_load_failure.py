@@ -64,14 +64,14 @@ async def test_a_load_that_fails_once_is_retried_and_the_cell_keeps_serving(tmp_
     check_accounting(runtime, fakes, tmp_path / "run")
     # async: cells 1 and 2 roll out throughout, so each step's weights go to both
     assert tries == [(1, False), (1, True), (2, True), (3, True)]
-    assert [c.alive for c in runtime.cells] == [True, True, True]
+    assert [c.alive for c in runtime.state.cells] == [True, True, True]
     router = runtime.router.statistics()
     assert router.cells_down == 0
     assert {c.name: c.weight_version for c in router.cells if c.role == "rollout"} == {
         "cell-1": STEPS,
         "cell-2": STEPS,
     }
-    assert runtime.cells[2].engine_version == STEPS
+    assert runtime.state.cells[2].engine_version == STEPS
 
 
 @slow
@@ -91,7 +91,7 @@ async def test_a_cell_that_fails_its_load_twice_is_dropped_and_the_run_goes_on(
     runtime = await drive(config(tmp_path / "run", "async"), fakes)
     check_accounting(runtime, fakes, tmp_path / "run")
     assert tries == [(1, False), (1, False)]  # tried twice at step 1, never again
-    assert [c.alive for c in runtime.cells] == [True, True, False]
+    assert [c.alive for c in runtime.state.cells] == [True, True, False]
     stats = runtime.statistics()
     assert stats.steps_done == STEPS and stats.cells_dead == 1
     assert stats.roles[2] == "dead"
@@ -111,7 +111,7 @@ async def test_a_satellite_that_fails_its_load_switching_to_rollout_is_dropped(
     runtime = await drive(config(tmp_path / "run", "colocate"), fakes)
     check_accounting(runtime, fakes, tmp_path / "run")
     assert tries == [(1, False)]  # its switch back after step 1
-    assert [c.alive for c in runtime.cells] == [True, True, False]
+    assert [c.alive for c in runtime.state.cells] == [True, True, False]
     assert fakes[2].switches == ["train"]  # it never rolled out again
     assert runtime.statistics().cells_dead == 1
 

@@ -30,3 +30,9 @@ def test_versions_never_go_back() -> None:
     weights = WeightVersion(2)
     with pytest.raises(AssertionError, match="weight version 1 published after 2"):
         weights.publish(1)
+
+
+def test_saved_is_the_snapshot_and_refuses_weights_not_on_disk() -> None:
+    assert WeightVersion(3, "model").saved() == "model"
+    with pytest.raises(RuntimeError, match="weight version 2 has no snapshot folder"):
+        WeightVersion(2).saved()

@@ -73,21 +73,21 @@ class RuntimeFeed:
                 "engine_version": c.engine_version,
                 "trainer_version": c.trainer_version,
             }
-            for c in rt.cells
+            for c in rt.state.cells
         ]
         stats = rt.router.statistics()
         return {
             "cells": cells,
-            "water_level": rt.dispatched - rt.finished,
+            "water_level": rt.state.dispatched - rt.state.finished,
             "rollout_capacity": rt.capacity
-            * sum(1 for c in rt.cells if c.alive and c.role == "rollout"),
-            "dispatched": rt.dispatched,
-            "finished": rt.finished,
-            "steps_done": rt.steps_done,
-            "switches": len(rt.switch_s),
-            "version": rt.weights.version,
+            * sum(1 for c in rt.state.cells if c.alive and c.role == "rollout"),
+            "dispatched": rt.state.dispatched,
+            "finished": rt.state.finished,
+            "steps_done": rt.state.steps_done,
+            "switches": len(rt.state.switch_s),
+            "version": rt.state.weights.version,
             "router": {f: getattr(stats, f) for f in _ROUTER_FIELDS},
             "outcomes": list(self.outcomes),
-            "suspended": tuple(rt.suspension.queue),
-            "where": {eid: c.index for c in rt.cells for eid in c.executions},
+            "suspended": tuple(rt.state.suspension.queue),
+            "where": {eid: c.index for c in rt.state.cells for eid in c.executions},
         }
