@@ -18,6 +18,7 @@ import msgspec
 from gyre.errors import ExecutionError
 from gyre.tasks.outcome import Outcome
 from gyre.tasks.task import Task
+from gyre.tito.proxy import TitoProxy
 from gyre.tito.records import ExecutionSummary, ModelCall
 
 __all__ = ["Executed", "FailureStreak", "RolloutSource", "run_jobs"]
@@ -67,7 +68,10 @@ class FailureStreak:
 
 
 class RolloutSource(Protocol):
-    """Where a run's executions come from: the harness's agents or loops run elsewhere."""
+    """Where a run's executions come from: the harness's agents or loops run elsewhere. Either
+    way every model call goes through the run's TITO proxy (`proxy`)."""
+
+    proxy: TitoProxy
 
     async def run(self, task: Task, execution_id: str) -> Executed:
         """Run one execution to its end (finished, stopped at a limit, or failed)."""

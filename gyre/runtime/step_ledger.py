@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import msgspec
 
@@ -256,30 +256,11 @@ def sink_statistics(
     the proxy's, the harness's, the published weights' and the runtime's own."""
     return {
         "router": router.statistics(),
-        "proxy": _proxied(rollout).proxy.statistics(),
+        "proxy": rollout.proxy.statistics(),
         "harness": rollout.statistics(),
         "weights": weights.statistics(),
         "runtime": runtime,
     }
-
-
-@runtime_checkable
-class _Proxied(Protocol):
-    """A rollout source whose executions' model calls go through a proxy (the harness, the
-    gateway)."""
-
-    @property
-    def proxy(self) -> _Counted: ...
-
-
-class _Counted(Protocol):
-    def statistics(self) -> Any: ...
-
-
-def _proxied(rollout: RolloutSource) -> _Proxied:
-    if not isinstance(rollout, _Proxied):
-        raise TypeError(f"{type(rollout).__name__}: a rollout source without a proxy")
-    return rollout
 
 
 def _recovered(router: RouterStatistics) -> dict[str, int]:
