@@ -27,6 +27,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
+from gyre._counters import Counters
 from gyre.agents.agent_users import AgentUser, hand_back, hand_over, held_folder
 from gyre.agents.control import ExecutionControl, check_execution_id, mint_api_key
 from gyre.agents.ending import AgentRun, failed_outcome, nothing_to_train_on
@@ -251,8 +252,7 @@ class Harness:
         self.verifier_limits = verifier_limits
         self.kill_grace_s = kill_grace_s
         self.keep_workspaces = keep_workspaces
-        self._running = self._finished = self._stopped = self._failed = self._isolated = 0
-        self._sealed = 0
+        self._counts = Counters("running", "finished", "stopped", "failed", "isolated", "sealed")
         self._template_ok: dict[str, bool] = {}  # task root -> its verifier works on the template
         self._hidden_tightened: set[str] = set()  # task roots whose tests/ and solution/ are 0700
 
@@ -306,14 +306,7 @@ class Harness:
 
     def statistics(self) -> HarnessStatistics:
         """Counters since this harness was built."""
-        return HarnessStatistics(
-            running=self._running,
-            finished=self._finished,
-            stopped=self._stopped,
-            failed=self._failed,
-            isolated=self._isolated,
-            sealed=self._sealed,
-        )
+        return HarnessStatistics(**self._counts)
 
     def execution_dir(self, execution_id: str) -> Path:
         """The private folder of an execution: `workspace/`, `instruction.md`, logs."""
@@ -360,17 +353,14 @@ class Harness:
             )
         api_key = api_key or mint_api_key(execution_id)
         command = tuple(agent_command or self.agent_command)
-        self._running += 1
+        self._counts["running"] += 1
         try:
             outcome = await self._run(task, execution_id, control, api_key, command)
         finally:
-            self._running -= 1
-        if outcome.failed:
-            self._failed += 1
-        elif outcome.stopped:
-            self._stopped += 1
-        else:
-            self._finished += 1
+            self._counts["running"] -= 1
+        self._counts[
+            "failed" if outcome.failed else "stopped" if outcome.stopped else "finished"
+        ] += 1
         return outcome
 
     async def _run(
@@ -433,8 +423,8 @@ class Harness:
             raise
         except OSError as exc:
             return failed_outcome(task, execution_id, f"cannot prepare the workspace: {exc}")
-        self._isolated += user is not None
-        self._sealed += self.sealed
+        self._counts["isolated"] += user is not None
+        self._counts["sealed"] += self.sealed
         workspace = _point_at(env, exec_dir, execution_id)
         agent_mounts, verifier_mounts = self._namespaces(exec_dir, command, env, user)
         verifier_user = _verifier_user(user, verifier_mounts)
