@@ -30,7 +30,8 @@ def failed_outcome(task: Task, execution_id: str, reason: str) -> Outcome:
 
 
 class AgentRun(msgspec.Struct, frozen=True, kw_only=True):
-    """How an agent's run ended, with its model calls once it is over: an outcome but the score."""
+    """How an agent's run ended, with its model calls once it is over: the fields of its
+    `Outcome` but the score and the failure reason."""
 
     execution_id: str
     task_id: str
@@ -82,20 +83,10 @@ class AgentRun(msgspec.Struct, frozen=True, kw_only=True):
 
     def outcome(self, *, score: Score | None = None, failure_reason: str | None = None) -> Outcome:
         """Its `Outcome`: scored, or failed for `failure_reason`."""
-        return Outcome(
-            execution_id=self.execution_id,
-            task_id=self.task_id,
-            termination="failed" if failure_reason is not None else self.termination,
-            score=score,
-            failure_reason=failure_reason,
-            exit_code=self.exit_code,
-            model_calls=self.model_calls,
-            completion_tokens=self.completion_tokens,
-            started_s=self.started_s,
-            agent_s=self.agent_s,
-            stdout_tail=self.stdout_tail,
-            stderr_tail=self.stderr_tail,
-        )
+        fields = msgspec.structs.asdict(self)  # every field of a run is one of its outcome's
+        if failure_reason is not None:
+            fields["termination"] = "failed"
+        return Outcome(**fields, score=score, failure_reason=failure_reason)
 
 
 def nothing_to_train_on(run: AgentRun) -> str | None:

@@ -7,11 +7,13 @@ new session; `gyre.sandbox`) with the proxy's address, a minted key and the mode
 (`gyre.agents.environment`: OpenAI and Anthropic variables, `[tasks.harness] env`) and the
 instruction, stops it at the deadline or when its `ExecutionControl` (`gyre.agents.control`) says
 so (turns, tokens, context), kills its whole tree, runs the verifier on what the workspace holds,
-and returns one `Outcome`. Never raises for an execution's failure: infrastructure problems
-become `termination="failed"` with a reason (docs/design.md invariant 5). Agents run as their
-own uids in a default-deny mount namespace and a sealed network namespace whose one way out is
-the proxy, where the node allows it (`gyre.agents.isolation` says how). Knows nothing about HTTP,
-tokens or the proxy but its URL: whoever watches the model calls feeds `ExecutionControl`.
+and returns one `Outcome` (`gyre.agents.ending`: the termination and the failure rules). Each
+concern of an execution is one step with its own cleanup (`_run_as`). Never raises for an
+execution's failure: infrastructure problems become `termination="failed"` with a reason
+(docs/design.md invariant 5). Agents run as their own uids in a default-deny mount namespace and
+a sealed network namespace whose one way out is the proxy, where the node allows it
+(`gyre.agents.isolation` says how). Knows nothing about HTTP, tokens or the proxy but its URL:
+whoever watches the model calls feeds `ExecutionControl`.
 """
 
 from __future__ import annotations
