@@ -15,7 +15,7 @@ import gyre
 ROOT = Path(gyre.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("gyre.errors", "gyre._lazy", "gyre._asgi", "gyre._mailbox", "gyre._heap"),
+    ("gyre.errors", "gyre._lazy", "gyre._asgi", "gyre._mailbox", "gyre._heap", "gyre._counters"),
     ("gyre.config",),
     ("gyre.kernels",),
     ("gyre.engines",),

@@ -1,25 +1,41 @@
 """Agent uids on a node: holding one per execution, and an execution's files handed to it and back.
 
 Owns `AgentUser` (a uid held with a lock file in `UID_LOCK_DIR` while its execution runs, so no two
-running executions on the node share one), `AGENT_OWNED`, `hand_over` / `hand_back` and
-`chown_tree`. The policy of when agents get uids is `gyre.agents.isolation`'s; the harness
-(`gyre.agents.harness`) calls these per execution. Knows nothing about namespaces or processes.
+running executions on the node share one), `AGENT_OWNED`, `hand_over` / `hand_back`, `chown_tree`
+and `held_folder` (an execution's folder while it runs: handed back once, then removed). The
+policy of when agents get uids is `gyre.agents.isolation`'s; the harness (`gyre.agents.harness`)
+calls these per execution. Knows nothing about namespaces or processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import functools
 import grp
 import os
 import pwd
 import secrets
+import shutil
 import stat
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import IO
 
+import anyio
+
 from gyre.errors import ExecutionError
 
-__all__ = ["AGENT_OWNED", "UID_LOCK_DIR", "AgentUser", "chown_tree", "hand_back", "hand_over"]
+__all__ = [
+    "AGENT_OWNED",
+    "UID_LOCK_DIR",
+    "AgentUser",
+    "Handover",
+    "chown_tree",
+    "hand_back",
+    "hand_over",
+    "held_folder",
+]
 
 UID_LOCK_DIR = Path("/run/gyre-agent-uids" if os.path.isdir("/run") else "/tmp/gyre-agent-uids")
 """Root-only folder of one lock file per agent uid in use on this node (all harnesses share it)."""
@@ -95,3 +111,40 @@ def hand_back(exec_dir: Path) -> None:
     for name in AGENT_OWNED:
         if os.path.lexists(exec_dir / name):
             chown_tree(exec_dir / name, 0, 0)
+
+
+class Handover:
+    """An execution's folder whose `AGENT_OWNED` files the agent's uid has until `hand_back`."""
+
+    def __init__(self, exec_dir: Path, *, pending: bool) -> None:
+        self.exec_dir = exec_dir
+        self.pending = pending
+        """The agent's uid still has the files (false without an agent uid)."""
+
+    async def hand_back(self) -> None:
+        """`hand_back` the folder (in a thread) the first time; then, or if not pending, nothing."""
+        if self.pending:
+            self.pending = False
+            await anyio.to_thread.run_sync(hand_back, self.exec_dir)
+
+
+@contextlib.asynccontextmanager
+async def held_folder(exec_dir: Path, *, handed_over: bool, keep: bool) -> AsyncIterator[Handover]:
+    """An execution's folder while it runs (`handed_over`: its files are the agent uid's). On the
+    way out, whatever happens and shielded from cancellation: handed back if it still has to be,
+    then removed unless `keep`, even where handing back fails (whose error is raised)."""
+    async with contextlib.AsyncExitStack() as cleanup:
+        if not keep:
+            remove = functools.partial(shutil.rmtree, exec_dir, ignore_errors=True)
+            cleanup.push_async_callback(
+                _shielded, functools.partial(anyio.to_thread.run_sync, remove)
+            )
+        handover = Handover(exec_dir, pending=handed_over)
+        cleanup.push_async_callback(_shielded, handover.hand_back)
+        yield handover
+
+
+async def _shielded(step: Callable[[], Awaitable[object]]) -> None:
+    """Await `step` shielded from cancellation: a cleanup runs to its end."""
+    with anyio.CancelScope(shield=True):
+        await step()

@@ -7,11 +7,13 @@ new session; `gyre.sandbox`) with the proxy's address, a minted key and the mode
 (`gyre.agents.environment`: OpenAI and Anthropic variables, `[tasks.harness] env`) and the
 instruction, stops it at the deadline or when its `ExecutionControl` (`gyre.agents.control`) says
 so (turns, tokens, context), kills its whole tree, runs the verifier on what the workspace holds,
-and returns one `Outcome`. Never raises for an execution's failure: infrastructure problems
-become `termination="failed"` with a reason (docs/design.md invariant 5). Agents run as their
-own uids in a default-deny mount namespace and a sealed network namespace whose one way out is
-the proxy, where the node allows it (`gyre.agents.isolation` says how). Knows nothing about HTTP,
-tokens or the proxy but its URL: whoever watches the model calls feeds `ExecutionControl`.
+and returns one `Outcome` (`gyre.agents.ending`: the termination and the failure rules). Each
+concern of an execution is one step with its own cleanup (`_run_as`). Never raises for an
+execution's failure: infrastructure problems become `termination="failed"` with a reason
+(docs/design.md invariant 5). Agents run as their own uids in a default-deny mount namespace and
+a sealed network namespace whose one way out is the proxy, where the node allows it
+(`gyre.agents.isolation` says how). Knows nothing about HTTP, tokens or the proxy but its URL:
+whoever watches the model calls feeds `ExecutionControl`.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from gyre.agents.agent_users import AgentUser, hand_back, hand_over
+from gyre._counters import Counters
+from gyre.agents.agent_users import AgentUser, hand_back, hand_over, held_folder
 from gyre.agents.control import ExecutionControl, check_execution_id, mint_api_key
+from gyre.agents.ending import AgentRun, failed_outcome, nothing_to_train_on
 from gyre.agents.environment import agent_environment
 from gyre.agents.isolation import (
     agent_namespace,
@@ -48,8 +52,16 @@ from gyre.agents.isolation import (
 from gyre.config import HarnessConfig
 from gyre.config.agents import check_agent_env
 from gyre.errors import ConfigError, ExecutionError
-from gyre.sandbox import Limits, Mounts, network_namespace_problem, run_supervised, tail
-from gyre.tasks.outcome import Outcome, Termination
+from gyre.sandbox import (
+    Limits,
+    Mounts,
+    ProcessResult,
+    Relay,
+    network_namespace_problem,
+    run_supervised,
+    tail,
+)
+from gyre.tasks.outcome import Outcome
 from gyre.tasks.scorer import VerifierError, score_workspace
 from gyre.tasks.task import Task
 
@@ -226,9 +238,10 @@ class Harness:
             warn_once("network", "%s", net_problem)
         self.sealed = isolate_network and net_problem is None
         """Agents run in a network namespace of their own whose one way out is `relay`."""
-        self.relay, self.agent_base_url = (
-            sealed_endpoint(base_url) if self.sealed else (None, base_url)
-        )
+        self.relay: Relay | None = None
+        self.agent_base_url = base_url
+        if self.sealed:
+            self.relay, self.agent_base_url = sealed_endpoint(base_url)
         """How an agent's namespace reaches the proxy (None: not sealed), and the
         `OPENAI_BASE_URL` it is given."""
         if uid_problem is not None:
@@ -241,8 +254,7 @@ class Harness:
         self.verifier_limits = verifier_limits
         self.kill_grace_s = kill_grace_s
         self.keep_workspaces = keep_workspaces
-        self._running = self._finished = self._stopped = self._failed = self._isolated = 0
-        self._sealed = 0
+        self._counts = Counters("running", "finished", "stopped", "failed", "isolated", "sealed")
         self._template_ok: dict[str, bool] = {}  # task root -> its verifier works on the template
         self._hidden_tightened: set[str] = set()  # task roots whose tests/ and solution/ are 0700
 
@@ -296,14 +308,7 @@ class Harness:
 
     def statistics(self) -> HarnessStatistics:
         """Counters since this harness was built."""
-        return HarnessStatistics(
-            running=self._running,
-            finished=self._finished,
-            stopped=self._stopped,
-            failed=self._failed,
-            isolated=self._isolated,
-            sealed=self._sealed,
-        )
+        return HarnessStatistics(**self._counts)
 
     def execution_dir(self, execution_id: str) -> Path:
         """The private folder of an execution: `workspace/`, `instruction.md`, logs."""
@@ -350,17 +355,14 @@ class Harness:
             )
         api_key = api_key or mint_api_key(execution_id)
         command = tuple(agent_command or self.agent_command)
-        self._running += 1
+        self._counts["running"] += 1
         try:
             outcome = await self._run(task, execution_id, control, api_key, command)
         finally:
-            self._running -= 1
-        if outcome.failed:
-            self._failed += 1
-        elif outcome.stopped:
-            self._stopped += 1
-        else:
-            self._finished += 1
+            self._counts["running"] -= 1
+        self._counts[
+            "failed" if outcome.failed else "stopped" if outcome.stopped else "finished"
+        ] += 1
         return outcome
 
     async def _run(
@@ -379,17 +381,16 @@ class Harness:
             env=self.env,
             passthrough=self.env_passthrough,
         )
-        common = dict(execution_id=execution_id, task_id=task.task_id)
         user: AgentUser | None = None
         path, hidden = env.get("PATH", os.defpath), self._hidden | self._suite_hidden
         closed = None
         if self.isolated:  # root only because other users cannot reach it: refused or warned
             closed = unreachable_executable(command, path, self.mounts, hidden)
         if closed is not None and self.require_isolation:
-            return Outcome(
-                **common,
-                termination="failed",
-                failure_reason=f"tasks.harness.require_isolation: "
+            return failed_outcome(
+                task,
+                execution_id,
+                f"tasks.harness.require_isolation: "
                 f"{unreachable_refused(closed, 'the agent command')}; it did not run",
             )
         if closed is not None:
@@ -400,8 +401,7 @@ class Harness:
                     AgentUser.acquire, self.agent_uid_base, self.agent_uid_count
                 )
             except (OSError, ExecutionError) as exc:
-                reason = f"cannot pick an agent uid: {exc}"
-                return Outcome(**common, termination="failed", failure_reason=reason)
+                return failed_outcome(task, execution_id, f"cannot pick an agent uid: {exc}")
         try:
             return await self._run_as(task, execution_id, control, command, env, user)
         finally:
@@ -417,153 +417,153 @@ class Harness:
         env: dict[str, str],
         user: AgentUser | None,
     ) -> Outcome:
+        """Set up the execution's folder, run the agent there, apply the failure rules and score
+        what it left. The folder is handed back and removed (unless kept) whatever happens."""
         try:
-            exec_dir = await anyio.to_thread.run_sync(self._prepare, task, execution_id, user)
+            exec_dir = await self._set_up(task, execution_id, user)
         except FileExistsError:
             raise
         except OSError as exc:
-            if user is not None and self.execution_dir(execution_id).is_dir():
-                await anyio.to_thread.run_sync(hand_back, self.execution_dir(execution_id))
-            return Outcome(
-                execution_id=execution_id,
-                task_id=task.task_id,
-                termination="failed",
-                failure_reason=f"cannot prepare the workspace: {exc}",
-            )
-        if user is not None:
-            self._isolated += 1
-        if self.sealed:
-            self._sealed += 1
-        workspace = exec_dir / "workspace"
-        env.update(
-            HOME=str(exec_dir / "home"),
-            TMPDIR=str(exec_dir / "tmp"),
-            GYRE_EXECUTION_ID=execution_id,
-            GYRE_WORKSPACE=str(workspace),
-            GYRE_INSTRUCTION_FILE=str(exec_dir / "instruction.md"),
-        )
-        common = dict(execution_id=execution_id, task_id=task.task_id)
-        handed_back = user is None
-        agent_mounts = verifier_mounts = None
-        if user is not None and self.mounts is not None:
-            sockets = node_sockets() if self.sealed else set()
-            hide = tuple(sorted({*self.mounts.hide, *self._suite_hidden, *sockets}))
-            path = env.get("PATH", os.defpath)
-            named = shown_paths(command, path, self._hidden | self._suite_hidden)
-            expose = (*self.mounts.expose, *named)
-            agent_mounts = msgspec.structs.replace(
-                self.mounts, hide=hide, expose=expose, writable=(os.path.abspath(exec_dir),)
-            )
-            verifier_mounts = msgspec.structs.replace(
-                self.mounts, hide=hide, read_only=True, network=False
-            )
-        # the verifier runs as the agent's uid once the agent's tree is gone, if its Python is
-        # reachable
-        verifier_user = None
-        if (
-            user is not None
-            and closed_to_others(Path(sys.executable), executable=True, mounts=verifier_mounts)
-            is None
-        ):
-            verifier_user = (user.uid, user.uid)
-        elif user is not None:
-            warn_once(
-                "verifier-root",
-                "isolate_uid: verifiers run as root: other users cannot reach %s",
-                sys.executable,
-            )
-        try:
-            # 0600: other agents pass through this folder (0711) but must not read the logs
-            with (
-                open(exec_dir / "stdout.log", "wb+", opener=_private) as out,
-                open(exec_dir / "stderr.log", "wb+", opener=_private) as err,
-            ):
-                result = await run_supervised(
-                    command,
-                    cwd=workspace,
-                    env=env,
-                    limits=self.limits,
-                    deadline_s=task.spec.agent.deadline_s,
-                    stdout=out,
-                    stderr=err,
-                    kill_grace_s=self.kill_grace_s,
-                    stop=control.event,
-                    user=None if user is None else (user.uid, user.uid),
-                    mounts=agent_mounts,
-                    relay=self.relay,
-                )
-                stdout_tail, stderr_tail = tail(out), tail(err)
-            if not handed_back:  # the tree is gone: nothing runs as the agent's uid any more
-                handed_back = True
-                await anyio.to_thread.run_sync(hand_back, exec_dir)
-            reason_before = control.reason
-            control.refresh()
-            stats = dict(
-                exit_code=result.exit_code,
-                model_calls=control.model_calls,
-                completion_tokens=control.completion_tokens,
-                started_s=result.started_s,
-                agent_s=result.wall_s,
-                stdout_tail=stdout_tail,
-                stderr_tail=stderr_tail,
-            )
-            termination: Termination
-            if result.ended == "exited":
-                # an agent that gave up on a refused over-long prompt was cut off, not finished
-                # (B15)
-                cut_off = control.reason == "context_exceeded"
-                termination = "context_exceeded" if cut_off else "finished"
-            elif result.ended == "deadline":
-                termination = "timeout"
-            else:
-                assert reason_before is not None
-                termination = reason_before
-            # Nothing to train on: out of the loss and the group baseline (field case B20).
-            if control.model_calls == 0:
-                how = (
-                    f"agent exited (status {result.exit_code})"
-                    if termination == "finished"
-                    else f"agent stopped ({termination})"
-                )
-                return Outcome(
-                    **common,
-                    **stats,
-                    termination="failed",
-                    failure_reason=(
-                        f"{how} before its first model call: {stats['stderr_tail'][-500:]}"
-                    ),
-                )
-            if control.completion_tokens == 0:
-                return Outcome(
-                    **common,
-                    **stats,
-                    termination="failed",
-                    failure_reason=f"no policy tokens: all {control.model_calls} model calls ended "
-                    "before their first token (aborted)",
-                )
+            return failed_outcome(task, execution_id, f"cannot prepare the workspace: {exc}")
+        self._counts["isolated"] += user is not None
+        self._counts["sealed"] += self.sealed
+        workspace = _point_at(env, exec_dir, execution_id)
+        agent_mounts, verifier_mounts = self._namespaces(exec_dir, command, env, user)
+        verifier_user = _verifier_user(user, verifier_mounts)
+        held = held_folder(exec_dir, handed_over=user is not None, keep=self.keep_workspaces)
+        async with held as handover:
             try:
-                score = await score_workspace(
-                    task,
-                    workspace,
-                    limits=self.verifier_limits,
-                    template_ok=self._template_ok,
-                    user=verifier_user,
-                    mounts=verifier_mounts if verifier_user else None,
+                result, tails = await self._supervise(
+                    task, exec_dir, command, env, control, user, agent_mounts
                 )
-            except VerifierError as exc:
-                return Outcome(**common, **stats, termination="failed", failure_reason=str(exc))
-            return Outcome(**common, **stats, termination=termination, score=score)
-        except (OSError, ExecutionError) as exc:
-            return Outcome(
-                **common, termination="failed", failure_reason=f"{type(exc).__name__}: {exc}"
+                await handover.hand_back()  # the tree is gone: nothing runs as the agent's uid
+                ran = AgentRun.ended(task, execution_id, result, tails, control)
+                reason = nothing_to_train_on(ran)
+                if reason is not None:
+                    return ran.outcome(failure_reason=reason)
+                return await self._score(task, workspace, ran, verifier_user, verifier_mounts)
+            except (OSError, ExecutionError) as exc:
+                return failed_outcome(task, execution_id, f"{type(exc).__name__}: {exc}")
+
+    async def _set_up(self, task: Task, execution_id: str, user: AgentUser | None) -> Path:
+        """`_prepare` the execution's folder (in a thread). Where that fails with `OSError`, what
+        the agent's uid was handed of it is handed back before the error is raised."""
+        try:
+            return await anyio.to_thread.run_sync(self._prepare, task, execution_id, user)
+        except FileExistsError:
+            raise
+        except OSError:
+            exec_dir = self.execution_dir(execution_id)
+            if user is not None and exec_dir.is_dir():
+                await anyio.to_thread.run_sync(hand_back, exec_dir)
+            raise
+
+    def _namespaces(
+        self,
+        exec_dir: Path,
+        command: tuple[str, ...],
+        env: dict[str, str],
+        user: AgentUser | None,
+    ) -> tuple[Mounts | None, Mounts | None]:
+        """The agent's and the verifier's mount namespaces (None, None without mount isolation or
+        an agent uid): both hide what every agent's hides, the suites' hidden files and, when
+        sealed, the node's sockets; the agent's shows what its command names and writes only its
+        execution's folder; the verifier's is read-only and has no network."""
+        if user is None or self.mounts is None:
+            return None, None
+        sockets = node_sockets() if self.sealed else set()
+        hide = tuple(sorted({*self.mounts.hide, *self._suite_hidden, *sockets}))
+        path = env.get("PATH", os.defpath)
+        named = shown_paths(command, path, self._hidden | self._suite_hidden)
+        expose = (*self.mounts.expose, *named)
+        agent_mounts = msgspec.structs.replace(
+            self.mounts, hide=hide, expose=expose, writable=(os.path.abspath(exec_dir),)
+        )
+        verifier_mounts = msgspec.structs.replace(
+            self.mounts, hide=hide, read_only=True, network=False
+        )
+        return agent_mounts, verifier_mounts
+
+    async def _supervise(
+        self,
+        task: Task,
+        exec_dir: Path,
+        command: tuple[str, ...],
+        env: dict[str, str],
+        control: ExecutionControl,
+        user: AgentUser | None,
+        mounts: Mounts | None,
+    ) -> tuple[ProcessResult, tuple[str, str]]:
+        """Run the agent under the supervisor in its workspace until it exits, its deadline passes
+        or `control` stops it; return how it ended and the tails of its stdout and stderr."""
+        # 0600: other agents pass through this folder (0711) but must not read the logs
+        with (
+            open(exec_dir / "stdout.log", "wb+", opener=_private) as out,
+            open(exec_dir / "stderr.log", "wb+", opener=_private) as err,
+        ):
+            result = await run_supervised(
+                command,
+                cwd=exec_dir / "workspace",
+                env=env,
+                limits=self.limits,
+                deadline_s=task.spec.agent.deadline_s,
+                stdout=out,
+                stderr=err,
+                kill_grace_s=self.kill_grace_s,
+                stop=control.event,
+                user=None if user is None else (user.uid, user.uid),
+                mounts=mounts,
+                relay=self.relay,
             )
-        finally:
-            with anyio.CancelScope(shield=True):
-                try:
-                    if not handed_back:
-                        await anyio.to_thread.run_sync(hand_back, exec_dir)
-                finally:
-                    if not self.keep_workspaces:
-                        await anyio.to_thread.run_sync(
-                            lambda: shutil.rmtree(exec_dir, ignore_errors=True)
-                        )
+            return result, (tail(out), tail(err))
+
+    async def _score(
+        self,
+        task: Task,
+        workspace: Path,
+        ran: AgentRun,
+        user: tuple[int, int] | None,
+        mounts: Mounts | None,
+    ) -> Outcome:
+        """Run the task's verifier on `workspace` (as `user` in `mounts`, if given) and return
+        the scored outcome, or a failed one where the verifier fails."""
+        try:
+            score = await score_workspace(
+                task,
+                workspace,
+                limits=self.verifier_limits,
+                template_ok=self._template_ok,
+                user=user,
+                mounts=mounts if user else None,
+            )
+        except VerifierError as exc:
+            return ran.outcome(failure_reason=str(exc))
+        return ran.outcome(score=score)
+
+
+def _point_at(env: dict[str, str], exec_dir: Path, execution_id: str) -> Path:
+    """Point the agent's environment at its execution's folder; return its workspace."""
+    workspace = exec_dir / "workspace"
+    env.update(
+        HOME=str(exec_dir / "home"),
+        TMPDIR=str(exec_dir / "tmp"),
+        GYRE_EXECUTION_ID=execution_id,
+        GYRE_WORKSPACE=str(workspace),
+        GYRE_INSTRUCTION_FILE=str(exec_dir / "instruction.md"),
+    )
+    return workspace
+
+
+def _verifier_user(user: AgentUser | None, mounts: Mounts | None) -> tuple[int, int] | None:
+    """The uid and gid the verifier runs as: the agent's, once the agent's tree is gone, if its
+    Python is reachable in `mounts`; None (root) otherwise, with a warning, once."""
+    if user is None:
+        return None
+    if closed_to_others(Path(sys.executable), executable=True, mounts=mounts) is None:
+        return (user.uid, user.uid)
+    warn_once(
+        "verifier-root",
+        "isolate_uid: verifiers run as root: other users cannot reach %s",
+        sys.executable,
+    )
+    return None

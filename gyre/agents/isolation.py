@@ -12,53 +12,15 @@ mechanics (uids, `Mounts`, `Relay`, namespaces) are `gyre.sandbox`'s. Knows noth
 processes' lifetimes, HTTP or tokens; of the proxy only its URL.
 
 Isolation (`isolate_uid`, when the node runs as root): each agent runs as its own unprivileged uid
-(`agent_uid_base` + a slot held with a lock file while the execution runs, so no two running
-executions on the node share one) with gid = uid and no supplementary groups. Its workspace, HOME,
-TMPDIR and instruction are chowned to it; the execution folder (0711, root) and its logs (0600) stay
-root's; the task's `tests/` and `solution/` are tightened to 0700 before the first run. With
-`isolate_mounts` (and CAP_SYS_ADMIN) each agent also starts in a private mount namespace
-(`gyre.sandbox.Mounts`) that denies by default: every top-level folder but the system's
-(`SYSTEM_DIRS`: /usr, /etc, /var, ...) is covered by an empty read-only tmpfs (so /root, /home, the
-checkout with its .git, other runs), as are `hidden_paths`, the run folder, the workspace root, the
-suites' generator and the `tests/` and `solution/` of every task of the configured suites; /tmp,
-/var/tmp, /dev/shm and /run are fresh and private. Bound back read-only at their real paths: the
-interpreter's installation, the gyre package, `visible_paths`, and the files the agent command names
-(its executable and absolute-path arguments); writable: its own execution folder. So a venv whose
-Python lives under a private /root still runs agents as their uid. After the agent's tree is gone
-its files are handed back to root, and the verifier runs on a copy (its workspace code as the same
-uid, its tests as `gyre.tasks.scorer.JUDGE_USER`), in a namespace where the whole filesystem is
-read-only except that copy (and fresh /tmp, /var/tmp, /dev/shm and /run that die with it), with no
-network at all.
-
-Network (`isolate_network`): each agent starts in a network namespace of its own where only
-loopback is up and one port listens: the proxy's, at the address of `OPENAI_BASE_URL` (unchanged
-for a loopback URL, so any HTTP client works as before). Its supervisor, still in the node's
-namespace, relays each connection to the proxy
-(`gyre.sandbox.Relay`). The node's cells, gloo TCPStore and every other port, its abstract unix
-sockets and the outside world are out of reach; its unix sockets bound at a path
-(`node_sockets`, as found when the agent starts) are covered by /dev/null in the agent's and its
-verifier's mount namespaces, and /run, where services keep theirs, is a fresh tmpfs there.
-An agent that runs as root could leave the namespace: only with `require_isolation = false` does
-one (below). Without root the network namespace
-is owned by a user namespace of the agent's own that maps only the node's user, to itself (no
-capability survives the agent's exec): the same reach over the network, but the node's unix
-sockets at a path stay as reachable as its files (no mount namespace).
-
-`require_isolation` (true by default) refuses, with one `ConfigError` naming the key and the opt-out
-(`isolation_refused`), a node that is not root (user namespaces map only the node's user: no agent
-gets a uid or a mount namespace of its own, so they cannot give the same guarantee), one that is
-root but cannot switch to agent uids (`agent_uid_problem`: `unshare -r`, no CAP_SETUID), one without
-a mount or network namespace, an `isolate_*` switched off, and a workspace root other users cannot
-reach: the run's preflight (`check_isolation`) before anything starts, the harness when it is built.
-Both also refuse an agent command whose executable agent uids cannot reach
-(`unreachable_executable`: mode bits, as the namespace shows the tree, with what the command names
-bound back unless hidden on purpose), and a verifiers' interpreter they cannot reach: such an agent,
-or the agent code its verifier imports, would run as root (`reach_refused`). A command given to one
-execution (`Harness.run(agent_command=...)`; tasks bring none) is checked when it starts:
-unreachable, that execution is `failed` with the path in its reason, and nothing of it runs. With
-`require_isolation = false` agents then run as the node's user, a warning saying why, once; so do
-agents without a network namespace (they reach every port of the node); and an agent whose
-executable other users cannot reach runs as root, with a warning."""
+(one held per running execution) with gid = uid and no supplementary groups; its workspace, HOME,
+TMPDIR and instruction are chowned to it, the execution folder (0711, root) and its logs (0600)
+stay root's, the task's `tests/` and `solution/` are tightened to 0700 before the first run. With
+`isolate_mounts` it starts in a private mount namespace that denies by default, and its verifier in
+a read-only one without network (`agent_namespace` says what they hide and bind back); with
+`isolate_network`, in a network namespace whose one way out is the proxy (`sealed_endpoint`).
+`require_isolation` (true by default) refuses what cannot give all three (`check_isolation` says
+what; docs/design.md's invariants, the guarantee).
+"""
 
 from __future__ import annotations
 
@@ -338,7 +300,21 @@ def agent_namespace(
     is what is hidden on purpose (`hidden_paths`, the workspace `root`, `run_dir`, all absolute,
     and the suites' generator); or `(None, set(), problem)` when no private mount namespace can be
     built here. The closed parents of `root` and of what is exposed are passed through. Raises
-    `check_visible_paths`' `ConfigError`."""
+    `check_visible_paths`' `ConfigError`.
+
+    With `isolate_mounts` (and CAP_SYS_ADMIN) each agent also starts in a private mount namespace
+    (`gyre.sandbox.Mounts`) that denies by default: every top-level folder but the system's
+    (`SYSTEM_DIRS`: /usr, /etc, /var, ...) is covered by an empty read-only tmpfs (so /root, /home,
+    the checkout with its .git, other runs), as are `hidden_paths`, the run folder, the workspace
+    root, the suites' generator and the `tests/` and `solution/` of every task of the configured
+    suites; /tmp, /var/tmp, /dev/shm and /run are fresh and private. Bound back read-only at their
+    real paths: the interpreter's installation, the gyre package, `visible_paths`, and the files the
+    agent command names (its executable and absolute-path arguments); writable: its own execution
+    folder. So a venv whose Python lives under a private /root still runs agents as their uid. After
+    the agent's tree is gone its files are handed back to root, and the verifier runs on a copy (its
+    workspace code as the same uid, its tests as `gyre.tasks.scorer.JUDGE_USER`), in a namespace
+    where the whole filesystem is read-only except that copy (and fresh /tmp, /var/tmp, /dev/shm and
+    /run that die with it), with no network at all."""
     check_visible_paths(visible_paths, root=root, run_dir=run_dir)
     hide = {os.path.abspath(p) for p in hidden_paths}
     for folder in (root, *(() if run_dir is None else (run_dir,))):
@@ -426,7 +402,24 @@ def check_isolation(config: HarnessConfig, *, run_dir: Path) -> None:
     cannot be reached by other users in the agents' namespace (`reach_refused`: they would run as
     root), with the run's `run_dir` (absolute) and workspace root hidden as the harness hides them.
     The harness also refuses a workspace root other users cannot reach, when it is built. Whether or
-    not isolation is required, `check_visible_paths` first."""
+    not isolation is required, `check_visible_paths` first.
+
+    `require_isolation` (true by default) refuses, with one `ConfigError` naming the key and the
+    opt-out (`isolation_refused`), a node that is not root (user namespaces map only the node's
+    user: no agent gets a uid or a mount namespace of its own, so they cannot give the same
+    guarantee), one that is root but cannot switch to agent uids (`agent_uid_problem`: `unshare -r`,
+    no CAP_SETUID), one without a mount or network namespace, an `isolate_*` switched off, and a
+    workspace root other users cannot reach: the run's preflight (`check_isolation`) before anything
+    starts, the harness when it is built. Both also refuse an agent command whose executable agent
+    uids cannot reach (`unreachable_executable`: mode bits, as the namespace shows the tree, with
+    what the command names bound back unless hidden on purpose), and a verifiers' interpreter they
+    cannot reach: such an agent, or the agent code its verifier imports, would run as root
+    (`reach_refused`). A command given to one execution (`Harness.run(agent_command=...)`; tasks
+    bring none) is checked when it starts: unreachable, that execution is `failed` with the path in
+    its reason, and nothing of it runs. With `require_isolation = false` agents then run as the
+    node's user, a warning saying why, once; so do agents without a network namespace (they reach
+    every port of the node); and an agent whose executable other users cannot reach runs as root,
+    with a warning."""
     root = Path(config.workspace_root) if config.workspace_root else run_dir / "executions"
     check_visible_paths(config.visible_paths, root=root, run_dir=run_dir)
     if not config.require_isolation:
@@ -468,7 +461,20 @@ def sealed_endpoint(base_url: str) -> tuple[Relay, str]:
     port is bound on that address, 127.0.0.1 for `localhost`, inside the agent's namespace), else
     the same URL with host 127.0.0.1 there. The relay connects to the proxy's host and port from
     the node's namespace (0.0.0.0 and :: as loopback). Raises `ValueError` for a URL that is not
-    http(s) with a host."""
+    http(s) with a host.
+
+    Network (`isolate_network`): each agent starts in a network namespace of its own where only
+    loopback is up and one port listens: the proxy's, at the address of `OPENAI_BASE_URL` (unchanged
+    for a loopback URL, so any HTTP client works as before). Its supervisor, still in the node's
+    namespace, relays each connection to the proxy (`gyre.sandbox.Relay`). The node's cells, gloo
+    TCPStore and every other port, its abstract unix sockets and the outside world are out of reach;
+    its unix sockets bound at a path (`node_sockets`, as found when the agent starts) are covered by
+    /dev/null in the agent's and its verifier's mount namespaces, and /run, where services keep
+    theirs, is a fresh tmpfs there. An agent that runs as root could leave the namespace: only with
+    `require_isolation = false` does one (below). Without root the network namespace is owned by a
+    user namespace of the agent's own that maps only the node's user, to itself (no capability
+    survives the agent's exec): the same reach over the network, but the node's unix sockets at a
+    path stay as reachable as its files (no mount namespace)."""
     parts = urllib.parse.urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"base_url={base_url!r} must be an http(s) URL with a host")

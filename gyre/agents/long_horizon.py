@@ -28,6 +28,7 @@ from pathlib import Path
 import openai
 
 from gyre.agents.longtail import instruction_and_seed
+from gyre.agents.tools import assistant_message
 
 __all__ = [
     "LONG_HORIZON_AGENT",
@@ -273,16 +274,7 @@ class LongHorizonAgent:
             extra_headers={"X-Gyre-Role": role},
         )
         msg = response.choices[0].message
-        assistant: dict = {"role": "assistant", "content": msg.content}
-        if msg.tool_calls:
-            assistant["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.function.name, "arguments": c.function.arguments},
-                }
-                for c in msg.tool_calls
-            ]
+        assistant = assistant_message(msg)
         history.messages.append(assistant)
         usage = response.usage
         if usage is None:

@@ -26,8 +26,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import openai
+
+from gyre.agents.tools import assistant_message
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 __all__ = [
     "LONGTAIL_AGENT",
@@ -175,25 +181,15 @@ def run_plan(
         msg = (
             client.chat.completions.create(
                 model=settings.model,
-                messages=messages,
+                messages=cast("list[ChatCompletionMessageParam]", messages),
                 max_tokens=settings.max_tokens,
                 temperature=settings.temperature,
             )
             .choices[0]
             .message
         )
-        assistant: dict = {"role": "assistant", "content": msg.content}
         calls = msg.tool_calls or []
-        if calls:
-            assistant["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.function.name, "arguments": c.function.arguments},
-                }
-                for c in calls
-            ]
-        messages.append(assistant)
+        messages.append(assistant_message(msg))
         sleep(plan.tool_s[k])
         result = f"step {k + 1} of {plan.turns} done after {plan.tool_s[k]:.2f} s"
         if calls:

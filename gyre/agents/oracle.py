@@ -9,7 +9,6 @@ what `gyre.agents.react` sends). Knows nothing about HTTP or training.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,6 +20,7 @@ from gyre.agents.tools import (
     TOOL_SCHEMAS,
     ToolError,
     Workspace,
+    tool_call_message,
 )
 from gyre.tasks.solution import Solution, Step, load_solution
 from gyre.tasks.task import Task
@@ -28,20 +28,6 @@ from gyre.tasks.task import Task
 __all__ = ["oracle_reply", "demonstration", "demonstration_for", "FINISH_SUMMARY"]
 
 FINISH_SUMMARY = "done"
-
-
-def _call(step_tool: str, arguments: dict, call_id: str) -> dict:
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": call_id,
-                "type": "function",
-                "function": {"name": step_tool, "arguments": json.dumps(arguments)},
-            }
-        ],
-    }
 
 
 def oracle_reply(
@@ -63,9 +49,9 @@ def oracle_reply(
     if role != "sub_agent" and stop_after is not None and turn >= stop_after:
         return None
     if turn < len(steps):
-        return _call(steps[turn].tool, steps[turn].arguments, f"call_{prefix}_{turn}")
+        return tool_call_message(steps[turn].tool, steps[turn].arguments, f"call_{prefix}_{turn}")
     if turn == len(steps):
-        return _call("finish", {"summary": FINISH_SUMMARY}, f"call_{prefix}_{turn}")
+        return tool_call_message("finish", {"summary": FINISH_SUMMARY}, f"call_{prefix}_{turn}")
     return {"role": "assistant", "content": FINISH_SUMMARY}
 
 
@@ -87,7 +73,7 @@ def _run_steps(
     ]
     prefix = "sub" if sub_agent else "main"
     for turn, step in enumerate(steps):
-        msg = _call(step.tool, step.arguments, f"call_{prefix}_{turn}")
+        msg = tool_call_message(step.tool, step.arguments, f"call_{prefix}_{turn}")
         messages.append(msg)
         if step.tool == "delegate":
             sub = _run_steps(
@@ -108,7 +94,9 @@ def _run_steps(
         messages.append(
             {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": result}
         )
-    messages.append(_call("finish", {"summary": FINISH_SUMMARY}, f"call_{prefix}_{len(steps)}"))
+    messages.append(
+        tool_call_message("finish", {"summary": FINISH_SUMMARY}, f"call_{prefix}_{len(steps)}")
+    )
     return messages
 
 

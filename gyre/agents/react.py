@@ -23,6 +23,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import openai
 
@@ -33,7 +34,11 @@ from gyre.agents.tools import (
     TOOL_SCHEMAS,
     ToolError,
     Workspace,
+    assistant_message,
 )
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 __all__ = [
     "AgentSettings",
@@ -144,7 +149,7 @@ class Agent:
         self.model_calls += 1
         return self.client.chat.completions.create(
             model=self.settings.model,
-            messages=messages,
+            messages=cast("list[ChatCompletionMessageParam]", messages),
             extra_headers={"X-Gyre-Role": role},
             **kwargs,
         )
@@ -246,18 +251,8 @@ class Agent:
                 messages = self._compact(messages, task, system, summary_role)
             choice = self._create(messages, role, tools).choices[0]
             msg = choice.message
-            assistant: dict = {"role": "assistant", "content": msg.content}
             calls = msg.tool_calls or []
-            if calls:
-                assistant["tool_calls"] = [
-                    {
-                        "id": c.id,
-                        "type": "function",
-                        "function": {"name": c.function.name, "arguments": c.function.arguments},
-                    }
-                    for c in calls
-                ]
-            messages.append(assistant)
+            messages.append(assistant_message(msg))
             errors: list[str] = []
             unparsed = (msg.model_extra or {}).get("gyre_tool_call_error")
             if not calls and isinstance(unparsed, str) and choice.finish_reason != "length":

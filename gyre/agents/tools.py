@@ -2,21 +2,28 @@
 
 Owns `ToolError`, `Workspace` (path resolution: `../`, absolute paths and symlinks that lead out of
 the workspace are refused), the tool implementations (`read_file`, `write_file`, `list_dir`,
-`run`), their OpenAI function schemas (`TOOL_SCHEMAS`, `SUB_AGENT_TOOL_SCHEMAS`) and the prompts
-both the agent and the demonstration generator use, so demonstrations match what the agent sends
-token for token. `finish` and `delegate` are handled by the agent loop (`gyre.agents.react`).
+`run`), their OpenAI function schemas (`TOOL_SCHEMAS`, `SUB_AGENT_TOOL_SCHEMAS`), the prompts
+and the assistant messages (`tool_call_message`, `assistant_message`: a reply as a history holds
+it) that the agents and the demonstration generator use, so demonstrations match what the agent
+sends token for token. `finish` and `delegate` are handled by the agent loop (`gyre.agents.react`).
 Knows nothing about HTTP or models. Path confinement protects against mistakes, not against a
 hostile `run` command: isolation from other executions is the harness's job.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import typing
 from pathlib import Path
+from typing import Any
 
 from gyre.errors import ToolError
+
+if typing.TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessage
 
 __all__ = [
     "ToolError",
@@ -26,6 +33,8 @@ __all__ = [
     "TOOL_SCHEMAS",
     "SUB_AGENT_TOOL_SCHEMAS",
     "format_run_result",
+    "tool_call_message",
+    "assistant_message",
 ]
 
 SYSTEM_PROMPT = (
@@ -61,6 +70,37 @@ TOOL_SCHEMAS: list[dict] = [_READ, _WRITE, _LIST, _RUN, _FINISH, _DELEGATE]
 """Tools of the main agent (OpenAI `tools=` format)."""
 SUB_AGENT_TOOL_SCHEMAS: list[dict] = [_READ, _WRITE, _LIST, _RUN, _FINISH]
 """Tools of a sub-agent: no further delegation."""
+
+
+def tool_call_message(name: str, arguments: dict, call_id: str) -> dict[str, Any]:
+    """An assistant message making one call of the tool `name` with `arguments`."""
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+        ],
+    }
+
+
+def assistant_message(reply: ChatCompletionMessage) -> dict[str, Any]:
+    """The assistant message a history holds for `reply` (a chat completion's message): its
+    content and, if it made any, its function tool calls. Raises `ValueError` for a tool call
+    that is not a function call (the agents declare functions only)."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        calls = []
+        for c in reply.tool_calls:
+            if c.type != "function":
+                raise ValueError(f"tool call {c.id!r} is a {c.type!r} call, not a function call")
+            function = {"name": c.function.name, "arguments": c.function.arguments}
+            calls.append({"id": c.id, "type": "function", "function": function})
+        message["tool_calls"] = calls
+    return message
 
 
 def format_run_result(exit_code: int, output: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from gyre._counters import Counters
 from gyre.config import EngineConfig
 from gyre.engines import kv_folder
 from gyre.engines.protocol import KVExport
@@ -136,8 +137,8 @@ class _Transport:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._counts = dict(
-            exports=0, tokens_exported=0, released=0, expired=0, imports=0, imports_refused=0
+        self._counts = Counters(
+            "exports", "tokens_exported", "released", "expired", "imports", "imports_refused"
         )
 
     def check_export(self, token_ids: list[int], *, max_model_len: int) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from gyre._counters import Counters
 from gyre.engines.protocol import (
     Completion,
     EngineStatistics,
@@ -110,8 +111,8 @@ class ScriptedEngine:
         self._running: dict[str, _Running] = {}
         self._tombstones: dict[str, bool] = {}  # aborted before they arrived
         self._paused = False
-        self._counts = dict(
-            requests_total=0, requests_aborted=0, tokens_generated=0, weight_loads=0
+        self._counts = Counters(
+            "requests_total", "requests_aborted", "tokens_generated", "weight_loads"
         )
 
     def push(self, *replies: ScriptedReply) -> None:

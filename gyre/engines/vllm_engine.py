@@ -33,6 +33,7 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any, Final
 
+from gyre._counters import Counters
 from gyre.config import EngineConfig
 from gyre.engines.kv_transport import KVTransport, kv_transport
 from gyre.engines.protocol import (
@@ -144,14 +145,14 @@ class VLLMEngine:
         self._load_lock = asyncio.Lock()
         self._paused = False
         self._broken: str | None = None  # set when a weight load failed half-way
-        self._counts = dict(
-            requests_total=0,
-            requests_aborted=0,
-            tokens_generated=0,
-            weight_loads=0,
-            prefix_cache_resets=0,
-            prompt_tokens_computed=0,
-            kv_tokens_loaded=0,
+        self._counts = Counters(
+            "requests_total",
+            "requests_aborted",
+            "tokens_generated",
+            "weight_loads",
+            "prefix_cache_resets",
+            "prompt_tokens_computed",
+            "kv_tokens_loaded",
         )
 
     @classmethod

@@ -18,7 +18,7 @@ import msgspec
 
 from gyre.tito.log import read_log
 from gyre.tito.records import ModelCall
-from gyre.trajectory.tree import build_tree
+from gyre.trajectory.tree import TreeStatistics, build_tree
 
 __all__ = ["ExecutionTree", "TreeTotals", "execution_trees", "tree_totals", "CALL_LOG"]
 
@@ -26,22 +26,10 @@ CALL_LOG = "calls.log"
 """The call log's default name under the run folder (`[proxy] log_name`)."""
 
 
-class ExecutionTree(msgspec.Struct, frozen=True, kw_only=True):
-    """One execution's trajectory tree (`gyre.trajectory.TreeStatistics` fields, flattened)."""
+class ExecutionTree(TreeStatistics, frozen=True, kw_only=True):
+    """One execution's trajectory tree: its `TreeStatistics`, its ID and its divergences."""
 
     execution_id: str
-    calls: int
-    """Model-call records merged into the tree."""
-    tokens_in_calls: int
-    """Sum over calls of prompt + completion tokens: what per-call rows would store."""
-    unique_tokens: int
-    """Tokens (nodes) the tree stores, every shared prefix once."""
-    policy_tokens: int
-    branches: int
-    """Root-to-leaf trajectories (leaves)."""
-    branch_points: int
-    depth: int
-    """Tokens on the longest root-to-leaf path."""
     divergences: dict[str, int]
     """Calls whose prompt rewrote history, by the reason the proxy flagged (`compaction`, ...)."""
 
@@ -73,18 +61,10 @@ class TreeTotals(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _tree(execution_id: str, calls: list[ModelCall]) -> ExecutionTree:
-    s = build_tree(calls).statistics()
+    tree = msgspec.structs.asdict(build_tree(calls).statistics())
     reasons = Counter(c.divergence.reason for c in calls if c.divergence is not None)
     return ExecutionTree(
-        execution_id=execution_id,
-        calls=s.calls,
-        tokens_in_calls=s.tokens_in_calls,
-        unique_tokens=s.unique_tokens,
-        policy_tokens=s.policy_tokens,
-        branches=s.branches,
-        branch_points=s.branch_points,
-        depth=s.depth,
-        divergences=dict(sorted(reasons.items())),
+        execution_id=execution_id, divergences=dict(sorted(reasons.items())), **tree
     )
 
 

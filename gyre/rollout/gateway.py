@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from gyre._counters import Counters
 from gyre.agents.control import ExecutionControl, check_execution_id
 from gyre.config import GatewayConfig, RunConfig
 from gyre.errors import ConfigError, VerifierError
@@ -210,7 +211,16 @@ class ExternalRollout:
         self._published = anyio.Event()
         """Set (and replaced) whenever an execution is published: wakes waiting claims."""
         self._template_ok: dict[str, bool] = {}
-        self._counts = collections.Counter[str]()
+        self._counts = Counters(
+            "finished",
+            "stopped",
+            "failed",
+            "unclaimed",
+            "rewards_posted",
+            "verifications",
+            "requests_total",
+            "requests_refused",
+        )
         self.streak = FailureStreak(max_consecutive_failures)
 
     @classmethod
@@ -463,18 +473,10 @@ class ExternalRollout:
 
     def statistics(self) -> GatewayStatistics:
         """Counters since this rollout was built."""
-        c = self._counts
         return GatewayStatistics(
             pending=len(self._pending),
             running=sum(e.state == "open" for e in self._live.values()),
-            finished=c["finished"],
-            stopped=c["stopped"],
-            failed=c["failed"],
-            unclaimed=c["unclaimed"],
-            rewards_posted=c["rewards_posted"],
-            verifications=c["verifications"],
-            requests_total=c["requests_total"],
-            requests_refused=c["requests_refused"],
+            **self._counts,
         )
 
     def note_request(self, *, refused: bool) -> None:

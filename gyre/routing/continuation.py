@@ -22,6 +22,7 @@ from typing import Literal, Protocol, runtime_checkable
 import anyio
 import msgspec
 
+from gyre._counters import Counters
 from gyre.engines.protocol import GenerateRequest, InferenceEngine, KVExport, KVTransferEngine
 from gyre.errors import GyreError
 
@@ -188,15 +189,15 @@ class MigrateContinuation:
         self.export_timeout_s = export_timeout_s
         self.release_timeout_s = release_timeout_s
         self._records: deque[MigrationRecord] = deque(maxlen=keep_records)
-        self._counts = dict(
-            migrated=0,
-            recomputed=0,
-            imports_missed=0,
-            tokens_moved=0,
-            exports_failed=0,
-            exports_stale=0,
-            released=0,
-            release_failed=0,
+        self._counts = Counters(
+            "migrated",
+            "recomputed",
+            "imports_missed",
+            "tokens_moved",
+            "exports_failed",
+            "exports_stale",
+            "released",
+            "release_failed",
         )
         self._export_s_total = 0.0
         self._export_s_max = 0.0

@@ -24,6 +24,7 @@ from typing import Generic, Literal, Protocol, TypeVar, cast
 import anyio
 import msgspec
 
+from gyre._counters import Counters
 from gyre.config import RouterConfig
 from gyre.engines.protocol import (
     Completion,
@@ -197,16 +198,16 @@ class Redirector(Generic[M]):
         self.continuation = continuation
         self._place = place
         self._mark_down = mark_down
-        self._counts = dict(
-            tokens_generated=0,
-            requests_routed=0,
-            requests_redirected=0,
-            requests_retried=0,
-            tokens_recomputed=0,
-            requests_migrated=0,
-            tokens_migrated=0,
-            migrations_missed=0,
-            aborts_failed=0,
+        self._counts = Counters(
+            "tokens_generated",
+            "requests_routed",
+            "requests_redirected",
+            "requests_retried",
+            "tokens_recomputed",
+            "requests_migrated",
+            "tokens_migrated",
+            "migrations_missed",
+            "aborts_failed",
         )
         self._latency_total_s = 0.0
         self._latency_max_s = 0.0

@@ -25,6 +25,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 
+from gyre._counters import Counters
 from gyre.cell.wire import CellRole
 from gyre.config import RouterConfig
 from gyre.engines.protocol import (
@@ -142,8 +143,8 @@ class Router:
         self._tg: TaskGroup | None = None
         self._paused = False
         self._weight_loads = 0
-        self._counts = dict(
-            requests_total=0, requests_aborted=0, requests_replayed=0, requests_abandoned=0
+        self._counts = Counters(
+            "requests_total", "requests_aborted", "requests_replayed", "requests_abandoned"
         )
         self._redirect: Redirector[CellMember] = Redirector(
             config, self.continuation, place=self._members.place, mark_down=self._members.mark_down

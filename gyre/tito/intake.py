@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 
 from gyre.config import ProxyConfig
-from gyre.engines.protocol import InferenceEngine
+from gyre.engines.protocol import InferenceEngine, StructuredOutput
 from gyre.errors import ProxyError
 from gyre.tito.constraints import GYRE_FORMAT, chat_constraint
 from gyre.tito.generation import Call
@@ -95,13 +95,12 @@ class CallIntake:
 
         # Rendering a few new messages takes microseconds, less than a thread hop; rendering
         # and tokenizing much text (a first call, a full re-render) must not block the loop.
-        new_bytes = (
-            len(body)
-            if parent is None or self.renderer.check_due(ex.render)
-            else sum(
-                len(message_text(m.content) or "") for m in req.messages[len(parent.messages) :]
-            )
-        )
+        if parent is None or self.renderer.check_due(ex.render):
+            new_bytes = len(body)
+        else:
+            assert parent.messages is not None  # a chat call's node holds its messages
+            added = req.messages[len(parent.messages) :]
+            new_bytes = sum(len(message_text(m.content) or "") for m in added)
         try:
             rendered = (
                 render()
@@ -122,16 +121,16 @@ class CallIntake:
         )
         return self._start(
             ex,
-            engine,
-            role,
-            started,
-            rendered,
-            req,
-            max_tokens,
-            len(rendered.prompt_ids),
+            engine=engine,
+            role=role,
+            started_s=started,
+            rendered=rendered,
+            req=req,
+            max_tokens=max_tokens,
+            prompt_len=len(rendered.prompt_ids),
+            structured=structured,
             parse_tools=bool(tools) and req.tool_choice != "none",
             template_kwargs=req.chat_template_kwargs,
-            structured=structured,
         )
 
     async def completion(
@@ -148,13 +147,13 @@ class CallIntake:
         rendered = self.renderer.link_tokens(ex.render, ids)
         return self._start(
             ex,
-            engine,
-            role,
-            started,
-            rendered,
-            req,
-            req.max_tokens,
-            len(ids),
+            engine=engine,
+            role=role,
+            started_s=started,
+            rendered=rendered,
+            req=req,
+            max_tokens=req.max_tokens,
+            prompt_len=len(ids),
             parse_tools=False,
             chat=False,
             template_kwargs=None,
@@ -162,20 +161,24 @@ class CallIntake:
 
     def _start(
         self,
-        ex,
-        engine,
-        role,
-        started,
-        rendered,
-        req,
-        max_tokens,
-        prompt_len,
-        structured=None,
-        **call_kwargs,
+        ex: Execution,
+        *,
+        engine: InferenceEngine,
+        role: Role,
+        started_s: float,
+        rendered: Rendered,
+        req: ChatCompletionRequest | CompletionRequest,
+        max_tokens: int | None,
+        prompt_len: int,
+        structured: StructuredOutput | None = None,
+        parse_tools: bool,
+        chat: bool = True,
+        template_kwargs: dict[str, Any] | None,
     ) -> Call:
-        """The tail both endpoints share: sampling params (with the reply's grammar,
-        `structured`), the closed-execution check, the `Call`. Raises what `sampling_params` and
-        `_check_open` raise (400s, 409)."""
+        """The tail both endpoints share: sampling params (the request's `max_tokens`, clamped to
+        the context left after `prompt_len`, and the reply's grammar, `structured`), the
+        closed-execution check, the `Call` (`parse_tools`, `chat`, `template_kwargs`: its
+        fields). Raises what `sampling_params` and `_check_open` raise (400s, 409)."""
         sampling = sampling_params(
             req,
             max_tokens,
@@ -191,10 +194,12 @@ class CallIntake:
             ex,
             engine,
             role,
-            started,
+            started_s,
             rendered,
             sampling,
             stop_strings(req.stop),
             reply_parser=self.model_format.parser,
-            **call_kwargs,
+            parse_tools=parse_tools,
+            chat=chat,
+            template_kwargs=template_kwargs,
         )

@@ -30,6 +30,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gyre._asgi import serve_asgi
+from gyre._counters import Counters
 from gyre.config import ProxyConfig, RunConfig
 from gyre.engines.protocol import InferenceEngine
 from gyre.errors import EngineError, GyreError, ProxyError
@@ -152,7 +153,7 @@ class TitoProxy:
         self.intake = CallIntake(
             tokenizer=tokenizer, renderer=self.renderer, engine_for=engine_for, config=config
         )
-        self._counts = dict(requests_total=0, requests_refused=0, client_retries=0)
+        self._counts = Counters("requests_total", "requests_refused", "client_retries")
         self.chat_api = OpenAIChat(text=self.text, model=config.model_name)
         self.responses_api = ResponsesApi(text=self.text, model=config.model_name)
         self.messages_api = AnthropicMessages(

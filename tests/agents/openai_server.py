@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from gyre.agents.tools import tool_call_message
+
 __all__ = ["ScriptedOpenAI", "Call", "HANG", "tool_call_message"]
 
 HANG = object()
@@ -31,21 +33,6 @@ class Call:
 
 
 Policy = Callable[[Call], "dict | object"]
-
-
-def tool_call_message(name: str, arguments: dict, call_id: str) -> dict:
-    """An assistant message making one tool call."""
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": call_id,
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments)},
-            }
-        ],
-    }
 
 
 @dataclass
