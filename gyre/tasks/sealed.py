@@ -77,7 +77,7 @@ class _Host:
         ones when `path`), or the workspace's exception raised as a local class."""
         message: dict = {"op": op, **fields}
         if target is not None:
-            message["target"] = target._gyre_tagged()
+            message["target"] = _tagged(target)
         message["args"] = [self.wire.encode(a, _tag) for a in fields.get("args", ())]
         kwargs = fields.get("kwargs", {})
         message["kwargs"] = {k: self.wire.encode(v, _tag) for k, v in kwargs.items()}
@@ -152,7 +152,7 @@ def _host() -> _Host:
 
 def _tag(value: object) -> dict:
     if isinstance(value, _Remote):
-        return value._gyre_tagged()
+        return _tagged(value)
     raise TypeError(
         f"a {type(value).__name__} cannot be passed to the workspace's code (plain data only)"
     )
@@ -170,6 +170,15 @@ def _import_or_remote(name: str) -> object:
 _PLAIN_DUNDERS = ("__name__", "__qualname__", "__doc__", "__module__", "__all__", "__version__")
 
 
+def _tagged(remote: _Remote) -> dict:
+    """The worker's reference of `remote` (a module function, not a method: every attribute of a
+    `_Remote` is the workspace object's). Raises `ReferenceError` once its process has ended."""
+    generation = object.__getattribute__(remote, "_gyre_generation")
+    if generation is not None and generation != _host().generation:
+        raise ReferenceError("an object of a workspace process that has ended")
+    return object.__getattribute__(remote, "_gyre_target")
+
+
 class _Remote:
     """An object of the workspace's code, living in the worker: every use is a request.
 
@@ -182,11 +191,6 @@ class _Remote:
     def __init__(self, target: dict, generation: int | None) -> None:
         object.__setattr__(self, "_gyre_target", target)
         object.__setattr__(self, "_gyre_generation", generation)
-
-    def _gyre_tagged(self) -> dict:
-        if self._gyre_generation is not None and self._gyre_generation != _host().generation:
-            raise ReferenceError("an object of a workspace process that has ended")
-        return self._gyre_target
 
     def __getattr__(self, name: str):
         if name.startswith("__") and name not in _PLAIN_DUNDERS:

@@ -100,7 +100,7 @@ class ResponsesApi:
         """Drop the response chains of a closed execution."""
         self._chains.pop(execution_id, None)
 
-    def _keep(self, call: Call, rc: ResponsesCall, reply: ChatMessage) -> None:
+    def keep(self, call: Call, rc: ResponsesCall, reply: ChatMessage) -> None:
         """Keep a response's conversation (with its reply) for `previous_response_id`."""
         if rc.request.store and not call.execution.closed:
             chains = self._chains.setdefault(call.execution.execution_id, {})
@@ -109,7 +109,7 @@ class ResponsesApi:
     # -- responses ------------------------------------------------------------------------------
 
     def answer(self, call: Call, native: ResponsesCall, replies: list[Reply]) -> bytes:
-        self._keep(call, native, replies[0][1])
+        self.keep(call, native, replies[0][1])
         return JSON_ENCODER.encode(self.response(call, native, replies))
 
     def response(self, call: Call, rc: ResponsesCall, replies: list[Reply]) -> dict[str, Any]:
@@ -500,6 +500,6 @@ class _ResponseEvents:
         body = self.final
         assert body is not None
         reply = reply_message(self.call, self.call.choices[0])[1]
-        self.api._keep(self.call, self.rc, reply)
+        self.api.keep(self.call, self.rc, reply)
         kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
         return [self._emit(kind, response=body)]
