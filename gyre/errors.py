@@ -28,6 +28,7 @@ from __future__ import annotations
 
 __all__ = [
     "grouped_errors",
+    "interrupted",
     "GyreError",
     "ConfigError",
     "TaskError",
@@ -254,3 +255,12 @@ def error_from_code(code: str, message: str) -> GyreError:
     """Rebuild the error a peer reported as ``{code, message}``; unknown codes give
     `EngineError`."""
     return _BY_CODE.get(code, EngineError)(message)
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether `exc` is Ctrl-C: a KeyboardInterrupt, or a group of nothing else (trio and anyio
+    raise it out of task groups wrapped in a `BaseExceptionGroup`), nested groups included."""
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(KeyboardInterrupt)
+        return rest is None
+    return isinstance(exc, KeyboardInterrupt)

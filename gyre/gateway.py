@@ -19,8 +19,7 @@ import sys
 import msgspec
 
 from gyre.config import load_config
-from gyre.errors import GyreError, grouped_errors
-from gyre.node import _interrupted
+from gyre.errors import GyreError, grouped_errors, interrupted
 
 __all__ = ["main"]
 
@@ -56,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         if errors:
             print(f"gyre: error: {'; '.join(str(e) for e in errors)}", file=sys.stderr)
             return 2
-        if not _interrupted(exc):
+        if not interrupted(exc):
             raise
         print("gyre: interrupted", file=sys.stderr)
         return 130

@@ -18,7 +18,7 @@ import os
 import sys
 
 from gyre.config import load_config
-from gyre.errors import GyreError, grouped_errors
+from gyre.errors import GyreError, grouped_errors, interrupted
 
 __all__ = ["main"]
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         if errors:  # e.g. a cell that died, raised out of the driver's task groups
             print(f"gyre: error: {'; '.join(str(e) for e in errors)}", file=sys.stderr)
             return 2
-        if not _interrupted(exc):
+        if not interrupted(exc):
             raise
         print(
             f"gyre: interrupted; `python -m gyre.node --config {args.config} --resume` "
@@ -134,15 +134,6 @@ def _join(head: str) -> int:
     from gyre.cell.join import run_worker
 
     return anyio.run(run_worker, head, backend="trio")
-
-
-def _interrupted(exc: BaseException) -> bool:
-    """Whether `exc` is Ctrl-C: a KeyboardInterrupt, or a group of nothing else (trio and anyio
-    raise it out of task groups wrapped in a `BaseExceptionGroup`)."""
-    if isinstance(exc, BaseExceptionGroup):
-        _, rest = exc.split(KeyboardInterrupt)
-        return rest is None
-    return isinstance(exc, KeyboardInterrupt)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def test_each_class_has_its_place_status_and_wire_code(name, base, status, type_
 
 
 def test_the_tree_is_complete_and_codes_are_unique():
-    classes = [n for n in errors.__all__ if n not in ("error_from_code", "grouped_errors")]
+    classes = [n for n in errors.__all__ if n not in ("error_from_code", "grouped_errors", "interrupted")]
     assert sorted(classes) == sorted([*(row[0] for row in TREE), "ProxyError"])
     codes = [getattr(errors, n).code for n in classes]
     assert len(set(codes)) == len(codes)
@@ -64,3 +64,16 @@ def test_grouped_errors_flattens_a_group_of_nothing_else_in_order():
     assert grouped_errors(ExceptionGroup("g", [a, ValueError("x")])) == []  # something else too
     assert grouped_errors(BaseExceptionGroup("g", [a, KeyboardInterrupt()])) == []
     assert grouped_errors(a) == [] and grouped_errors(GyreError("bare")) == []
+
+
+def test_interrupted_is_ctrl_c_alone_however_grouped() -> None:
+    """Ctrl-C as trio and anyio raise it out of (nested) task groups counts; a group that also
+    holds another error does not (that error must not be hidden as an interruption)."""
+    from gyre.errors import interrupted
+
+    ki = KeyboardInterrupt()
+    assert interrupted(ki)
+    assert interrupted(BaseExceptionGroup("g", [ki]))
+    assert interrupted(BaseExceptionGroup("g", [BaseExceptionGroup("inner", [ki]), ki]))
+    assert not interrupted(BaseExceptionGroup("g", [ki, ValueError("x")]))
+    assert not interrupted(ValueError("x"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gyre.errors import GyreError, RunDirError
+from gyre.errors import GyreError, RunDirError, interrupted
 from gyre.report import write_report
 
 
@@ -82,8 +82,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"bearer token (set GYRE_CELL_SECRET to choose it): {secret}", flush=True)
     try:
         serve_run_dir(view, secret=secret, host=args.host, port=args.port)
-    except KeyboardInterrupt:
-        pass
+    except BaseException as exc:  # Ctrl-C stops the page: trio raises it inside a group
+        if not interrupted(exc):
+            raise
     return 0
 
 
