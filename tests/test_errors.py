@@ -40,7 +40,9 @@ def test_each_class_has_its_place_status_and_wire_code(name, base, status, type_
 
 
 def test_the_tree_is_complete_and_codes_are_unique():
-    classes = [n for n in errors.__all__ if n not in ("error_from_code", "grouped_errors", "interrupted")]
+    classes = [
+        n for n in errors.__all__ if n not in ("error_from_code", "grouped_errors", "interrupted")
+    ]
     assert sorted(classes) == sorted([*(row[0] for row in TREE), "ProxyError"])
     codes = [getattr(errors, n).code for n in classes]
     assert len(set(codes)) == len(codes)

@@ -5,8 +5,11 @@ groups (a cell that died) is one `gyre: error:` line and exit status 2, like one
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import gyre
 import gyre.job
 from gyre.node import main
 
@@ -54,12 +57,20 @@ def test_python_m_gyre_names_the_commands() -> None:
         [sys.executable, "-m", "gyre"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
-    assert [line.split()[2] for line in done.stderr.splitlines()[2:]] == [
+    named = [line.split()[2] for line in done.stderr.splitlines()[2:]]
+    assert named == [
         "gyre.node",
+        "gyre.node",
+        "gyre.gateway",
         "gyre.report",
         "gyre.model",
         "gyre.sim",
+        "gyre.tasks",
     ]
+    # every package of gyre with a command (a __main__.py) is named, and gyre's own is not
+    root = Path(gyre.__file__).parent
+    commands = {f"gyre.{p.parent.name}" for p in root.glob("*/__main__.py")}
+    assert commands <= set(named) and "gyre" not in named
 
 
 def test_a_gyre_error_out_of_task_groups_is_one_line_and_status_2(monkeypatch, capsys) -> None:
