@@ -6,7 +6,7 @@ Async, whose unstreamed batch is AReaL's first finished groups; Elastic over Col
 streaming, i.e. partial rollouts at Elastic's staleness bound: stragglers are suspended through
 the training phase and carried over), and times the simulator itself on 48 steps x 64 cells.
 Writes `benchmarks/results/sim.json`: each headline key is the median over seeds, and
-`spread` holds min / median / max. Published numbers (notes/anchors-performance.md §0) are
+`spread` holds min / median / max. Published numbers (docs/notes/anchors.md §0) are
 printed next to ours; nothing here is tuned towards them.
 
 Run: .venv/bin/python -m benchmarks.bench_sim [--seeds 3]

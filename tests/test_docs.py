@@ -39,6 +39,8 @@ _REFERENCE = re.compile(
     r"(?<![\w/.<>-])(?:" + "|".join(re.escape(t) for t in TOP_FOLDERS) + r")/[\w./<>*{}-]*"
 )
 _SHARED = re.compile(r"(?<![\w.-])(?:\.\./)?shared/")
+_BARE_NOTE = re.compile(r"(?<![\w/.-])notes/[\w.-]+\.md")
+"""A note named without its folder (`notes/x.md`): the repository's notes are `docs/notes/`."""
 _HEX = re.compile(r"\b[0-9a-f]{7,40}\b")
 _DATE = re.compile(r"\b(?:19|20)\d{2}-(?:0[1-9]|1[0-2])\b")
 
@@ -81,18 +83,26 @@ def references(text: str) -> list[str]:
 
 
 def broken_references(text: str, repo: Path) -> list[str]:
-    """The references in `text` that do not exist under `repo`, and every `shared/` one."""
+    """The references in `text` that do not exist under `repo`, every `shared/` one and every
+    note named without `docs/`."""
     bad = [r for r in references(text) if r not in TASK_PATHS and not (repo / r).exists()]
-    return bad + [m.group() for m in _SHARED.finditer(text)]
+    return bad + [m.group() for m in (*_SHARED.finditer(text), *_BARE_NOTE.finditer(text))]
 
 
 def checked_files(repo: Path) -> list[Path]:
-    """gyre/**/*.py, docs/**/*.md, README.md and benchmarks/*.py."""
+    """gyre/**/*.py, docs/**/*.md, README.md, benchmarks/*.py, the example configs and notes (not
+    the generated task suites), the Makefile and pyproject.toml. Tests are left out: they write
+    task folders and mounts of their own, whose paths are not the repository's."""
     return [
         *sorted((repo / "gyre").rglob("*.py")),
         *sorted((repo / "docs").rglob("*.md")),
         repo / "README.md",
         *sorted((repo / "benchmarks").glob("*.py")),
+        *sorted((repo / "examples").glob("*.toml")),
+        *sorted((repo / "examples" / "sim").iterdir()),
+        repo / "examples" / "tasks" / "README.md",
+        repo / "Makefile",
+        repo / "pyproject.toml",
     ]
 
 
@@ -137,21 +147,29 @@ def test_every_repository_path_named_in_code_and_docs_exists() -> None:
 def test_broken_references_finds_a_missing_path_and_shared_notes(tmp_path: Path) -> None:
     (tmp_path / "docs" / "notes").mkdir(parents=True)
     (tmp_path / "docs" / "notes" / "here.md").write_text("")
+    outside = "sha" + "red"  # the folder beside a checkout, spelled so this file names none of it
     text = (
         "See `docs/notes/here.md`, docs/notes/ and `docs/notes/gone.md`.\n"
         "Patterns: `docs/notes/<topic>.md`, `benchmarks/bench_<name>.py`, gyre/**/*.py.\n"
         "Run-time paths: runs/cpu/report/, `<run_dir>/gateway.json`, /work/gyre/x.py,\n"
         "POST /gyre/v1/executions, results/main_job.json, gyre.cell.server, gyre/direct 1.02,\n"
         "`<task>/tests/test.sh`, httpx/tests/test_exported_members.py, tests/test_a.py::T.\n"
-        "Notes beside the checkout: shared/notes/cell-serving.md and ../shared/x.\n"
+        f"Notes beside the checkout: {outside}/notes/cell-serving.md and ../{outside}/x.\n"
+        "A note without its folder: notes/anchors.md; with it: docs/notes/here.md.\n"
     )
     assert references(text) == [
         "docs/notes/here.md",
         "docs/notes/",
         "docs/notes/gone.md",
         "tests/test_a.py",
+        "docs/notes/here.md",
     ]
-    assert broken_references(text, tmp_path) == ["docs/notes/gone.md", "shared/", "../shared/"]
+    assert broken_references(text, tmp_path) == [
+        "docs/notes/gone.md",
+        f"{outside}/",
+        f"../{outside}/",
+        "notes/anchors.md",
+    ]
 
 
 def test_readme_is_a_user_guide_of_at_most_160_lines_without_commit_hashes() -> None:

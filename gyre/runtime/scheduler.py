@@ -240,7 +240,7 @@ class SchedulerPolicy(Protocol):
 def admission_room(state: SchedulerState, max_staleness_steps: int) -> int:
     """Executions that may still start under the staleness bound.
 
-    AReaL's admission rule (`max_head_offpolicyness`, see notes/anchors-performance.md §1a): an
+    AReaL's admission rule (`max_head_offpolicyness`, see docs/notes/anchors.md §1a): an
     execution may start only while ``dispatched < (steps_done + 1 + k) * batch_executions``,
     so no execution starts more than ``k`` steps ahead of the step it is dispatched for (its
     batch, in the node runtime). Where batches are instead the first groups to finish (the
@@ -346,7 +346,7 @@ class AsyncPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ElasticPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """Water-level elastic cells (QwenGyre, notes/anchors-performance.md §0).
+    """Water-level elastic cells (QwenGyre, docs/notes/anchors.md §0).
 
     Every cell starts in rollout. With w the water level, C_R the rollout capacity and C_e one
     cell's capacity:

@@ -29,9 +29,9 @@ __all__ = [
 ]
 
 SWITCH_TO_TRAIN_S = 8.52
-"""QwenGyre's measured rollout -> train switch (notes/anchors-performance.md §0, §1d)."""
+"""QwenGyre's measured rollout -> train switch (docs/notes/anchors.md §0, §1d)."""
 SWITCH_TO_ROLLOUT_S = 3.46
-"""QwenGyre's measured train -> rollout switch (notes/anchors-performance.md §0, §1d)."""
+"""QwenGyre's measured train -> rollout switch (docs/notes/anchors.md §0, §1d)."""
 
 
 class ClusterConfig(Config, frozen=True):
@@ -159,7 +159,8 @@ class CostConfig(Config, frozen=True):
     switch_to_rollout_s: float = SWITCH_TO_ROLLOUT_S
     """Train -> rollout, including waking the engine with the newest weights (published 3.46 s)."""
     weight_sync_bytes_per_s: float = 100e9
-    """Trainer -> rollout-cell weight bandwidth; sync time = weight bytes / this (anchors §3)."""
+    """Trainer -> rollout-cell weight bandwidth; sync time = weight bytes / this
+    (docs/notes/anchors.md §3)."""
     kv_migration_bytes_per_s: float = 87e9
     """KV bandwidth when an execution moves off a cell leaving rollout (Mooncake 4x200 Gb/s)."""
     optimizer_step_s: float = 30.0

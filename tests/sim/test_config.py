@@ -71,7 +71,7 @@ def test_tokens_grow_with_duration_and_stop_at_the_context_cap() -> None:
 
 
 def test_attention_term_dominates_at_long_context() -> None:
-    # anchors-performance.md §3: 7B dense, 32 layers, d = 4096, L = 32K: attention share 38%.
+    # docs/notes/anchors.md §3: 7B dense, 32 layers, d = 4096, L = 32K: attention share 38%.
     c = msgspec.convert(
         {
             "model": {
