@@ -6,7 +6,7 @@ for partial scoring), then closes the execution in the proxy and returns the out
 exact model-call records. At most `max_concurrent` agents run at once. One execution's failure is
 its `failed` outcome (the harness's doing), never an exception; only a streak of them over
 several tasks is (`FailureStreak`). Also `with_interpreter` (a leading `python` in the agent
-command is the node's interpreter).
+command is the node's interpreter). Knows nothing about trees, losses, cells or training.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Which source a run's executions come from: `open_rollout` starts the run's TITO proxy and
 puts the harness (`gyre.rollout.harness`) or, with `[gateway] enabled`, the gateway
-(`gyre.rollout.gateway`) behind it.
+(`gyre.rollout.gateway`) behind it. Knows nothing about either source's inside, nor about
+cells or training: the engine a call goes to is the caller's `engine_for`.
 """
 
 from __future__ import annotations

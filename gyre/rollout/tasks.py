@@ -2,7 +2,8 @@
 
 Owns `configured_tasks` (every task of the configured suites, a bad suite named by its setting),
 `split_tasks` (training and held-out tasks), `split_digest` (what a resume compares them by) and
-`pick_tasks` (the data stream: a seeded shuffle of the training tasks per epoch).
+`pick_tasks` (the data stream: a seeded shuffle of the training tasks per epoch). Knows nothing
+about executions, scores or the run's files: a resume compares `split_digest`s, not task folders.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Owns `pass_rate` (a list of executions' pass rate and mean score), `evaluated` (whether
 `metrics.jsonl` holds an evaluation at a step) and `resume_log` (the one streaming pass a restart
-makes over the call log). Which tasks a run trains on is `gyre.rollout.tasks`.
+makes over the call log). Which tasks a run trains on is `gyre.rollout.tasks`. Knows nothing
+about cells, scheduling or training: the driver calls these.
 """
 
 from __future__ import annotations
