@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -24,11 +24,13 @@ from gyre.tito.model_format import ModelFormat
 from gyre.tito.openai_requests import proxy_error, sampling_params, stop_strings
 from gyre.tito.records import Role
 from gyre.tito.render import ChatRenderer
-from gyre.tito.render_state import Rendered
+from gyre.tito.render_state import Node, Rendered, link_tokens
 from gyre.tito.sessions import Execution
 from gyre.tito.wire import ChatCompletionRequest, CompletionRequest, message_text
 
 __all__ = ["CallIntake"]
+
+_T = TypeVar("_T")
 
 _INLINE_RENDER_BYTES = 32 * 1024
 """Chat requests adding up to this much text to a known parent (or whose whole body is this
@@ -93,29 +95,7 @@ class CallIntake:
                 parent=parent,
             )
 
-        # Rendering a few new messages takes microseconds, less than a thread hop; rendering
-        # and tokenizing much text (a first call, a full re-render) must not block the loop.
-        if parent is None or self.renderer.check_due(ex.render):
-            new_bytes = len(body)
-        else:
-            assert parent.messages is not None  # a chat call's node holds its messages
-            added = req.messages[len(parent.messages) :]
-            new_bytes = sum(len(message_text(m.content) or "") for m in added)
-        try:
-            rendered = (
-                render()
-                if new_bytes <= _INLINE_RENDER_BYTES
-                else await anyio.to_thread.run_sync(render)
-            )
-        except Exception as exc:  # jinja raises its own errors for messages a template rejects
-            if isinstance(exc, ProxyError):
-                raise
-            raise proxy_error(
-                f"the chat template cannot render these messages: {exc}",
-                400,
-                "invalid_messages",
-                param="messages",
-            ) from None
+        rendered = await self._run_render(ex, body, req, parent, render)
         max_tokens = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
@@ -133,6 +113,59 @@ class CallIntake:
             template_kwargs=req.chat_template_kwargs,
         )
 
+    async def count(self, ex: Execution, body: bytes, req: ChatCompletionRequest) -> int:
+        """The length of the prompt `chat` would render for `req` now (`ChatRenderer.count_chat`:
+        the same parent and path), rendered as `chat` renders it; starts nothing and leaves the
+        execution's render state as it was. Raises ProxyError(400) for messages the template
+        refuses."""
+        tools = req.tools or None
+        kwargs = req.chat_template_kwargs
+        parent = self.renderer.find_parent(ex.render, req.messages, tools, kwargs)
+
+        def count() -> int:
+            return self.renderer.count_chat(
+                ex.render,
+                req.messages,
+                tools,
+                add_generation_prompt=req.add_generation_prompt,
+                template_kwargs=kwargs,
+                parent=parent,
+            )
+
+        return await self._run_render(ex, body, req, parent, count)
+
+    async def _run_render(
+        self,
+        ex: Execution,
+        body: bytes,
+        req: ChatCompletionRequest,
+        parent: Node | None,
+        render: Callable[[], _T],
+    ) -> _T:
+        """`render()` on the event loop for a few new messages, in a worker thread for much text
+        (a first call, a full re-render): rendering a few new messages takes microseconds, less
+        than a thread hop; rendering and tokenizing much text must not block the loop. A
+        template's own error is a 400."""
+        if parent is None or self.renderer.check_due(ex.render):
+            new_bytes = len(body)
+        else:
+            assert parent.messages is not None  # a chat call's node holds its messages
+            added = req.messages[len(parent.messages) :]
+            new_bytes = sum(len(message_text(m.content) or "") for m in added)
+        try:
+            if new_bytes <= _INLINE_RENDER_BYTES:
+                return render()
+            return await anyio.to_thread.run_sync(render)
+        except Exception as exc:  # jinja raises its own errors for messages a template rejects
+            if isinstance(exc, ProxyError):
+                raise
+            raise proxy_error(
+                f"the chat template cannot render these messages: {exc}",
+                400,
+                "invalid_messages",
+                param="messages",
+            ) from None
+
     async def completion(
         self, ex: Execution, role: Role, prompt: str | list[int], req: CompletionRequest
     ) -> Call:
@@ -144,7 +177,7 @@ class CallIntake:
         ids = self.text.intern(ids if isinstance(prompt, str) else prompt)
         if not ids:
             raise proxy_error("prompt must not be empty", 400, "invalid_value", param="prompt")
-        rendered = self.renderer.link_tokens(ex.render, ids)
+        rendered = link_tokens(ex.render, ids, self.renderer.stats)
         return self._start(
             ex,
             engine=engine,

@@ -1,6 +1,7 @@
 """The Anthropic Messages API (`POST /v1/messages`) as a `ChatApi`: one more shape of a chat call.
 
-Owns the request Structs (`MessagesRequest` and its content blocks), `to_chat` (a Messages request
+Owns the request Structs (`MessagesRequest` and its content blocks; `CountTokensRequest`, the
+body of `count_tokens`: the same conversation without sampling), `to_chat` (a Messages request
 to the `ChatCompletionRequest` it means, with the protocol's checks) and `AnthropicMessages`, the
 `ChatApi` (its answers and events are written by `anthropic_format`). The reply the proxy
 records is the chat `ChatMessage` of `openai_format.reply_message`; a history echoed back in this
@@ -50,6 +51,7 @@ __all__ = [
     "ToolChoice",
     "ThinkingConfig",
     "Metadata",
+    "CountTokensRequest",
     "MessagesRequest",
     "to_chat",
     "AnthropicMessages",
@@ -179,26 +181,35 @@ class Metadata(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """An opaque end-user ID: accepted, never affects generation."""
 
 
-class MessagesRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """`POST /v1/messages` body. Every field is honoured or refused: an unknown field is a 400."""
+class CountTokensRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/messages/count_tokens` body (the SDK's `MessageCountTokensParams`): what a
+    Messages request renders, no sampling field (`max_tokens` included). An unknown field is a
+    400."""
 
     model: str
-    max_tokens: int
     messages: list[InputMessage]
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+
+
+class MessagesRequest(CountTokensRequest, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/messages` body: the conversation `CountTokensRequest` holds, and sampling.
+    Every field is honoured or refused: an unknown field is a 400."""
+
+    max_tokens: int
     temperature: float | None = None
     """In [0, 1] (the API's range; default 1)."""
     top_p: float | None = None
     top_k: int | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
-    thinking: ThinkingConfig | None = None
     metadata: Metadata | None = None
 
 
 _DECODER = msgspec.json.Decoder(MessagesRequest)
+_COUNT_DECODER = msgspec.json.Decoder(CountTokensRequest)
 _BLOCK_TYPES = "text, tool_use, tool_result, thinking"
 _INVALID_TAG = re.compile(r"Invalid value '(.*)' - at `\$\.(.*\.type)`")
 
@@ -207,10 +218,10 @@ def _bad(message: str, param: str | None = None) -> Exception:
     return proxy_error(message, 400, "invalid_value", param=param, type="invalid_request_error")
 
 
-def _decode(body: bytes) -> MessagesRequest:
+def _decode(body: bytes, decoder: msgspec.json.Decoder = _DECODER) -> Any:
     """The request, or a 400 naming the offending field (msgspec's JSON path)."""
     try:
-        return _DECODER.decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
         if m := _INVALID_TAG.search(text):
@@ -339,8 +350,10 @@ def _known_arguments(ex: Execution, ids: set[str]) -> dict[str, str]:
     return found
 
 
-def to_chat(req: MessagesRequest, ex: Execution, *, thinking_switch: bool) -> ChatCompletionRequest:
-    """The chat request a Messages request means.
+def to_chat(
+    req: CountTokensRequest, ex: Execution, *, thinking_switch: bool
+) -> ChatCompletionRequest:
+    """The chat request a Messages request means (a `CountTokensRequest`: without sampling).
 
     `system` becomes the first message; each assistant turn one assistant message
     (thinking -> `reasoning_content`, text -> content, tool_use -> tool calls); each user turn its
@@ -357,8 +370,18 @@ def to_chat(req: MessagesRequest, ex: Execution, *, thinking_switch: bool) -> Ch
             "supported)",
             "messages",
         )
-    if req.temperature is not None and not 0 <= req.temperature <= 1:
-        raise _bad(f"temperature={req.temperature} must be in [0, 1]", "temperature")
+    sampling: dict[str, Any] = {}
+    if isinstance(req, MessagesRequest):
+        if req.temperature is not None and not 0 <= req.temperature <= 1:
+            raise _bad(f"temperature={req.temperature} must be in [0, 1]", "temperature")
+        sampling = dict(
+            stream=req.stream,
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            stop=req.stop_sequences,
+        )
     out: list[ChatMessage] = []
     if req.system is not None:
         system = req.system if isinstance(req.system, str) else _texts(req.system, "system")
@@ -411,13 +434,8 @@ def to_chat(req: MessagesRequest, ex: Execution, *, thinking_switch: bool) -> Ch
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
-        stream=req.stream,
-        max_tokens=req.max_tokens,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        stop=req.stop_sequences,
         chat_template_kwargs=_thinking_kwargs(req, thinking_switch),
+        **sampling,
     )
 
 
@@ -435,15 +453,21 @@ def _tool_choice(choice: ToolChoice, tools: list[Tool]) -> tuple[Any, bool | Non
     return chat, (False if choice.disable_parallel_tool_use else None)
 
 
-def _thinking_kwargs(req: MessagesRequest, switch: bool) -> dict[str, Any] | None:
+def _thinking_kwargs(req: CountTokensRequest, switch: bool) -> dict[str, Any] | None:
     """`enable_thinking` for the chat template. `enabled` needs 1024 <= budget_tokens <
-    max_tokens (the API's rule); the budget bounds nothing beyond `max_tokens`, which thinking
-    and text share. `disabled` needs a template that reads `enable_thinking`."""
+    max_tokens (the API's rule; a count has no `max_tokens`); the budget bounds nothing beyond
+    `max_tokens`, which thinking and text share. `disabled` needs a template that reads
+    `enable_thinking`."""
     t = req.thinking
     if t is None:
         return None
     if t.type == "enabled":
-        if t.budget_tokens is None or not 1024 <= t.budget_tokens < req.max_tokens:
+        cap = req.max_tokens if isinstance(req, MessagesRequest) else None
+        if (
+            t.budget_tokens is None
+            or t.budget_tokens < 1024
+            or (cap is not None and t.budget_tokens >= cap)
+        ):
             raise _bad(
                 f"thinking.budget_tokens={t.budget_tokens} must be >= 1024 and < max_tokens",
                 "thinking.budget_tokens",
@@ -478,6 +502,11 @@ class AnthropicMessages:
     def decode(self, body: bytes, ex: Execution) -> tuple[MessagesRequest, ChatCompletionRequest]:
         req = _decode(body)
         return req, to_chat(req, ex, thinking_switch=self.thinking_switch)
+
+    def decode_count(self, body: bytes, ex: Execution) -> ChatCompletionRequest:
+        """The chat request a `count_tokens` body means: the one a Messages request of the same
+        conversation renders. Raises ProxyError(400) as `decode` does."""
+        return to_chat(_decode(body, _COUNT_DECODER), ex, thinking_switch=self.thinking_switch)
 
     def answer(self, call: Call, native: MessagesRequest, replies: list[Reply]) -> bytes:
         body = message_body(call, replies[0][0], text=self.text, model=self.model)

@@ -9,8 +9,9 @@ templates render in full for good). With `history="heal"` a history that differs
 recorded calls only by a client habit (`gyre.tito.heal`) is matched as sent and the recorded reply
 put back, so it extends the parent the same way (`Rendered.heals`). Otherwise the whole
 conversation is rendered, the parent's tokens kept over the longest shared text and a `Divergence`
-recorded where they differ. Generated text is never re-tokenized. Knows nothing about HTTP,
-engines or logs.
+recorded where they differ. Generated text is never re-tokenized. `count_chat` is the length of
+the prompt `render_chat` would build, with no trace in the execution's state. Knows nothing
+about HTTP, engines or logs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from gyre.tito.heal import (
     text_offset,
 )
 from gyre.tito.records import Divergence
-from gyre.tito.render_state import Node, Rendered, RenderState, RenderStatistics
+from gyre.tito.render_state import (
+    Node,
+    Rendered,
+    RenderState,
+    RenderStatistics,
+    common_prefix,
+)
 from gyre.tito.template_input import (
     PROBE_ARGUMENTS,
     LiteralText,
@@ -78,23 +85,8 @@ def _invalid_utf8(text: TokenText, node: Node) -> bool:
     return "\ufffd" in node.completion_text and has_invalid_utf8(text.bytes_of(node.completion_ids))
 
 
-def _common_prefix(a: bytes | list, b: bytes | list) -> int:
-    """Length of the common prefix of two sequences (C-speed slice compares, log steps)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 class ChatRenderer:
-    """Builds prompt token IDs for chat and completion requests of one tokenizer.
+    """Builds prompt token IDs for the chat requests of one tokenizer.
 
     Args:
         tokenizer: a `transformers` fast tokenizer with a chat template.
@@ -238,6 +230,39 @@ class ChatRenderer:
             state, messages, tools, add_generation_prompt, template_kwargs, parent
         )
         return self._finish(rendered, sent, heals, parent)
+
+    def count_chat(
+        self,
+        state: RenderState,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+        parent: Node | None | Literal[True] = True,
+    ) -> int:
+        """The length of the prompt `render_chat` would build for these messages now: the same
+        parent (`parent` as in `render_chat`), healing and path (fast, full or repeat), built
+        without a trace: `state`, its nodes' token lists and the statistics stay as they were
+        (Anthropic's `count_tokens`). Raises what `render_chat` raises."""
+        if parent is True:
+            parent = self.find_parent(state, messages, tools, template_kwargs)
+        if parent is not None and add_generation_prompt:
+            assert parent.messages is not None  # a chat call's (find_parent picks those only)
+            messages = self._link(parent, messages)[0]
+            if len(parent.messages) == len(messages):
+                return parent.prompt_len
+            if not self.check_due(state):  # `_render`'s unchecked fast path (a check: full)
+                suffix = self._fast_suffix(parent, messages, tools, template_kwargs)
+                if suffix is not None:
+                    known = parent.prompt_len + len(parent.completion_ids)
+                    return known + len(self.encode(suffix))
+        else:
+            parent = self._best_candidate(state, messages, tools)[0]
+        text = self.render_text(messages, tools, add_generation_prompt, template_kwargs)
+        if parent is None:
+            return len(self.encode(text))
+        return len(self.splice_tokens(parent.known_ids(), text)[0])
 
     def _render(
         self, state, messages, tools, add_generation_prompt, template_kwargs, parent
@@ -387,32 +412,34 @@ class ChatRenderer:
             return r
         return replace(r, sent=keep, heals=heals)
 
-    @staticmethod
-    def _head(messages: list[ChatMessage]) -> list[ChatMessage]:
-        """The anchor's first message: the conversation's first (the system prompt, usually);
-        templates render it specially, and refuse an empty conversation."""
-        return messages[:1]
-
-    def _render_fast(self, parent: Node, messages, tools, template_kwargs) -> Rendered | None:
-        """Render only [head, echoed reply, new messages]; None when the reply does not re-render
-        to exactly the parent's completion text, or when that text has U+FFFD for invalid bytes
-        and `history="as_sent"` (the echo's U+FFFD is then not what was sampled: a branch)."""
+    def _fast_suffix(self, parent: Node, messages, tools, template_kwargs) -> str | None:
+        """The text after the parent's prompt + completion, from a render of only [head (the
+        first message: templates render it specially), echoed reply, new messages]; None when
+        the reply does not re-render to exactly the parent's completion text, or when that text
+        has U+FFFD for invalid bytes and `history="as_sent"` (the echo's U+FFFD is then not what
+        was sampled: a branch)."""
         if self.history != "heal" and _invalid_utf8(self.text, parent):
             return None
         assert parent.messages is not None  # a chat call's (find_parent picks those only)
-        k = len(parent.messages)
-        head = self._head(messages)
-        if parent.head_text is None:
+        head = messages[:1]
+        if parent.head_text is None:  # a cache of the template's render of `head`
             parent.head_text = self.render_text(head, tools, True, template_kwargs)
         a = parent.head_text
-        b = self.render_text(head + messages[k:], tools, True, template_kwargs)
+        b = self.render_text(head + messages[len(parent.messages) :], tools, True, template_kwargs)
         ct = parent.completion_text
         if not (b.startswith(a) and b.startswith(ct, len(a))):
             return None
-        suffix = b[len(a) + len(ct) :]
+        return b[len(a) + len(ct) :]
+
+    def _render_fast(self, parent: Node, messages, tools, template_kwargs) -> Rendered | None:
+        """The parent's prompt + completion + the tokens of `_fast_suffix` (None without one)."""
+        suffix = self._fast_suffix(parent, messages, tools, template_kwargs)
+        if suffix is None:
+            return None
+        assert parent.messages is not None
         ids = parent.extend_ids()  # no copy of the history while the conversation is linear
         ids += self.encode(suffix)
-        shared = parent.messages + messages[k:]
+        shared = parent.messages + messages[len(parent.messages) :]
         return Rendered(
             prompt_ids=ids,
             parent=parent,
@@ -515,7 +542,7 @@ class ChatRenderer:
         table = self.text.table
         kb = self.text.bytes_of(known)
         tb = text.encode()
-        shared = _common_prefix(kb, tb)
+        shared = common_prefix(kb, tb)
         spans: list[tuple[int, int]] = []
         if self.history == "heal" and shared < len(tb):
             shared, _, spans = match_replacements(kb, tb, shared)
@@ -537,7 +564,7 @@ class ChatRenderer:
         ids = known[:j] + self.encode(tb[at:].decode())
         if j == len(known):
             return ids, None
-        return ids, _common_prefix(ids, known)
+        return ids, common_prefix(ids, known)
 
     def _reason(self, parent: Node, conv, messages, matched: int, tools) -> str:
         """Why `messages` (sharing `matched` leading messages with `conv`, the messages `parent`
@@ -561,34 +588,3 @@ class ChatRenderer:
         if reply is not None and reply.reasoning_content is not None:
             return "template_dropped_reasoning"
         return "template_rerendered"
-
-    # -- completions (token IDs in) -----------------------------------------------------------
-
-    def link_tokens(self, state: RenderState, prompt_ids: list[int], limit: int = 64) -> Rendered:
-        """Parent and divergence of a raw token prompt (completions API); the IDs are kept as
-        sent."""
-        best, best_len = None, 0
-        for node in reversed(state.nodes[-limit:]):
-            n = node.prompt_len
-            if (
-                n == len(prompt_ids) and node.prompt_ref[:n] == prompt_ids
-            ):  # the same prompt again: a sibling
-                return Rendered(
-                    prompt_ids=prompt_ids,
-                    parent=node.parent,
-                    divergence=node.divergence,
-                    path="repeat",
-                )
-            known = node.known_ids()
-            if len(known) <= len(prompt_ids) and prompt_ids[: len(known)] == known:
-                return Rendered(prompt_ids=prompt_ids, parent=node, divergence=None, path="tokens")
-            m = _common_prefix(known, prompt_ids)
-            if m > best_len:
-                best, best_len = node, m
-        if best is None:
-            return Rendered(prompt_ids=prompt_ids, parent=None, divergence=None, path="tokens")
-        self.stats.divergences += 1
-        div = Divergence(
-            parent_call_id=best.call_id, index=best_len, reason="prompt_tokens_changed"
-        )
-        return Rendered(prompt_ids=prompt_ids, parent=best, divergence=div, path="tokens")

@@ -2,7 +2,8 @@
 
 Owns `Node` (one recorded choice: its prompt as a view of a shared token list, completion, the
 messages and reply it came from), `RenderState` (an execution's nodes), `Rendered` (a prompt ready
-for the engine, with its parent, divergence and heals) and `RenderStatistics`. Memory stays
+for the engine, with its parent, divergence and heals), `RenderStatistics` and `link_tokens` (a
+completions prompt of token IDs linked to the nodes, no template involved). Memory stays
 O(history) per execution (`Node`). Knows nothing about templates or tokenizers.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 from gyre.tito.records import Divergence
 from gyre.tito.wire import ChatMessage
 
-__all__ = ["Node", "RenderState", "Rendered", "RenderStatistics"]
+__all__ = ["Node", "RenderState", "Rendered", "RenderStatistics", "common_prefix", "link_tokens"]
 
 _EXTEND_LOCK = threading.Lock()
 
@@ -152,3 +153,48 @@ class Rendered:
     """The request's messages as sent, when they differ from `messages` (`Node.sent`)."""
     heals: tuple[str, ...] = ()
     """The client habits healed to extend the parent (`HEAL_REASONS` order; `Node.heals`)."""
+
+
+def common_prefix(a: bytes | list, b: bytes | list) -> int:
+    """Length of the common prefix of two sequences (C-speed slice compares, log steps)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def link_tokens(
+    state: RenderState, prompt_ids: list[int], stats: RenderStatistics, limit: int = 64
+) -> Rendered:
+    """Parent and divergence of a raw token prompt (completions API) among the execution's last
+    `limit` nodes; the IDs are kept as sent (a divergence is counted in `stats`)."""
+    best, best_len = None, 0
+    for node in reversed(state.nodes[-limit:]):
+        n = node.prompt_len
+        if (
+            n == len(prompt_ids) and node.prompt_ref[:n] == prompt_ids
+        ):  # the same prompt again: a sibling
+            return Rendered(
+                prompt_ids=prompt_ids,
+                parent=node.parent,
+                divergence=node.divergence,
+                path="repeat",
+            )
+        known = node.known_ids()
+        if len(known) <= len(prompt_ids) and prompt_ids[: len(known)] == known:
+            return Rendered(prompt_ids=prompt_ids, parent=node, divergence=None, path="tokens")
+        m = common_prefix(known, prompt_ids)
+        if m > best_len:
+            best, best_len = node, m
+    if best is None:
+        return Rendered(prompt_ids=prompt_ids, parent=None, divergence=None, path="tokens")
+    stats.divergences += 1
+    div = Divergence(parent_call_id=best.call_id, index=best_len, reason="prompt_tokens_changed")
+    return Rendered(prompt_ids=prompt_ids, parent=best, divergence=div, path="tokens")

@@ -7,7 +7,8 @@ answer is that call's chat completion translated into a `response` object (a `re
 `message` item, `function_call` items); a stream is the chat path's own SSE chunks
 (`openai_format.chat_stream`, which records the call before its usage chunk) translated into
 Responses events, so the recording and reply-streaming logic exist once. Response chains
-(`previous_response_id`) are held per open execution and dropped by `forget` when it closes.
+(`previous_response_id`) are held per open execution and dropped by `forget` when it closes;
+a stateless client's reasoning comes back sealed in `encrypted_content` (`reasoning_seal`).
 Protocol: OpenAI's API reference for Responses, as typed by the official SDK
 (`openai.types.responses`) and vLLM (`vllm/entrypoints/openai/responses/protocol.py`). Knows
 nothing about routes, keys or engines.
@@ -16,7 +17,8 @@ nothing about routes, keys or engines.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -26,6 +28,7 @@ from gyre.tito.chat_api import Reply
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
 from gyre.tito.openai_format import chat_completion, chat_stream, reply_message
+from gyre.tito.reasoning_seal import ReasoningSeal, SealError
 from gyre.tito.recorder import Recorder
 from gyre.tito.responses_input import (
     ResponsesCall,
@@ -65,15 +68,21 @@ class _Link:
 class ResponsesApi:
     """OpenAI Responses (`POST /v1/responses`), served through the chat path (the request
     mapping: `responses_input.chat_request`). `previous_response_id` names a stored response of
-    the same open execution (its conversation and reply); an unknown one is a 400.
+    the same open execution (its conversation and reply); an unknown one, or one created with
+    `store: false`, is a 400. A stateless client instead sends the output items back as input:
+    with `include: ["reasoning.encrypted_content"]` each reasoning item carries its text sealed
+    to the execution (`ReasoningSeal`), which restores it exactly when the item comes back
+    without its text; a seal that does not open is a 400 naming it.
 
     Args:
         text: the proxy's `TokenText` (logprob token strings).
         model: the served model name written into responses.
+        seal: the `ReasoningSeal` of `encrypted_content` (None: a new one, its own random key).
     """
 
-    def __init__(self, *, text: TokenText, model: str) -> None:
+    def __init__(self, *, text: TokenText, model: str, seal: ReasoningSeal | None = None) -> None:
         self.text, self.model = text, model
+        self.seal = ReasoningSeal() if seal is None else seal
         self._chains: dict[str, dict[str, _Link]] = {}
 
     # -- requests ------------------------------------------------------------------------------
@@ -87,12 +96,20 @@ class ResponsesApi:
             if link is None:
                 raise bad_request(
                     f"previous_response_id {req.previous_response_id!r} names no stored response "
-                    "of this execution",
+                    "of this execution (a response created with store: false is not kept: send "
+                    "its output items back as input instead)",
                     "previous_response_id",
                     "previous_response_not_found",
                 )
             history = link.history()
-        new = input_messages(req.input)
+
+        def unseal(sealed: str, param: str) -> str:
+            try:
+                return self.seal.open(sealed, ex.execution_id)[1]
+            except SealError as exc:
+                raise bad_request(f"{param} {exc}", param, "invalid_encrypted_content") from None
+
+        new = input_messages(req.input, unseal)
         chat = chat_request(req, history + new)
         return ResponsesCall(req, chat, link, tuple(new)), chat
 
@@ -118,7 +135,7 @@ class ResponsesApi:
         choice = chat["choices"][0]
         msg, ch = choice["message"], call.choices[0]
         lps = choice["logprobs"]["content"] if choice["logprobs"] else None
-        output = output_items(response_id(call), msg, lps)
+        output = output_items(response_id(call), msg, lps, partial(self.reasoning, call, rc))
         incomplete = ch.finish == "length"
         req = rc.request
         body: dict[str, Any] = {
@@ -177,6 +194,19 @@ class ResponsesApi:
     def error_body(self, message: str, *, type: str, code: str | None, param: str | None) -> bytes:
         return error_body(message, type=type, code=code, param=param)
 
+    def reasoning(self, call: Call, rc: ResponsesCall, text: str) -> dict[str, Any]:
+        """The finished `reasoning` item of `call`: its text as content; as its summary too when
+        `reasoning.summary` asks for one (auto or detailed: the text is the most detailed
+        summary there is); and its `encrypted_content` when `include` asks for it."""
+        base = response_id(call)
+        item = reasoning_item(base, text)
+        req = rc.request
+        if req.reasoning is not None and req.reasoning.summarized and text:
+            item["summary"] = [{"type": "summary_text", "text": text}]
+        if "reasoning.encrypted_content" in (req.include or ()):
+            item["encrypted_content"] = self.seal.seal(call.execution.execution_id, base, text)
+        return item
+
 
 def response_id(call: Call) -> str:
     """`resp_<execution>_<call>`: unique across the proxy's executions."""
@@ -184,15 +214,20 @@ def response_id(call: Call) -> str:
 
 
 def output_items(
-    base: str, msg: dict[str, Any], logprobs: list[dict[str, Any]] | None
+    base: str,
+    msg: dict[str, Any],
+    logprobs: list[dict[str, Any]] | None,
+    reasoning: Callable[[str], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The output items of an assistant message (`openai_format.reply_message`'s JSON): a
-    `reasoning` item (its text as `reasoning_text` content), a `message` item unless the reply
-    is only tool calls, then one `function_call` item per call. `logprobs` (every completion
-    token's, reasoning and tool calls included) go on the `output_text` part."""
+    `reasoning` item (`reasoning(text)`, by default `reasoning_item`: its text as
+    `reasoning_text` content), a `message` item unless the reply is only tool calls, then one
+    `function_call` item per call. `logprobs` (every completion token's, reasoning and tool
+    calls included) go on the `output_text` part."""
     items: list[dict[str, Any]] = []
     if msg.get("reasoning_content") is not None:
-        items.append(reasoning_item(base, msg["reasoning_content"]))
+        text = msg["reasoning_content"]
+        items.append(reasoning_item(base, text) if reasoning is None else reasoning(text))
     if msg.get("content") is not None:
         part: dict[str, Any] = {"type": "output_text", "text": msg["content"], "annotations": []}
         if logprobs is not None:
@@ -391,7 +426,8 @@ class _ResponseEvents:
                 if reasoning is not None:
                     if "reasoning" not in self.opened:
                         out += self._open("reasoning")
-                    out += self._close_opened([reasoning_item(self.base, reasoning)], "reasoning")
+                    item = self.api.reasoning(self.call, self.rc, reasoning)
+                    out += self._close_opened([item], "reasoning")
                 out += self._open("message")
             out.append(
                 self._emit(
@@ -455,6 +491,17 @@ class _ResponseEvents:
                 part=part,
             )
         )
+        for i, summary in enumerate(item.get("summary") or ()):  # whole: the text just streamed
+            at = {"output_index": index, "item_id": item["id"], "summary_index": i}
+            added = {"type": "summary_text", "text": ""}
+            out.append(self._emit("response.reasoning_summary_part.added", part=added, **at))
+            out.append(
+                self._emit("response.reasoning_summary_text.delta", delta=summary["text"], **at)
+            )
+            out.append(
+                self._emit("response.reasoning_summary_text.done", text=summary["text"], **at)
+            )
+            out.append(self._emit("response.reasoning_summary_part.done", part=summary, **at))
         out.append(self._emit("response.output_item.done", output_index=index, item=item))
         return out
 

@@ -11,6 +11,7 @@ nothing about response chains, calls, HTTP or engines.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,10 @@ __all__ = [
 ]
 
 _CHAT_FIELDS = frozenset(ChatCompletionRequest.__struct_fields__)
-_INCLUDES = frozenset({"message.output_text.logprobs"})
+_INCLUDES = frozenset({"message.output_text.logprobs", "reasoning.encrypted_content"})
+_SUMMARIES = ("auto", "detailed")
+"""`reasoning.summary` values served: the summary is the reasoning text itself (the most detailed
+one there is); `concise` cannot be honoured."""
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 """Input message roles to chat roles: `developer` is the system role of chat templates."""
 
@@ -51,11 +55,17 @@ class TextConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 class ReasoningConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """`reasoning`: the effort asked for (`none` ... `xhigh`); summaries are not produced."""
+    """`reasoning`: the effort asked for (`none` ... `xhigh`) and the summary (`_SUMMARIES`)."""
 
     effort: str | None = None
     summary: str | None = None
     generate_summary: str | None = None
+    """The older name of `summary`."""
+
+    @property
+    def summarized(self) -> bool:
+        """Whether reasoning items carry a summary (the reasoning text: `_SUMMARIES`)."""
+        return (self.summary or self.generate_summary) is not None
 
 
 class ResponsesRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -160,15 +170,20 @@ def _text_of(content: Any, param: str, kinds: tuple[str, ...]) -> str:
     return "".join(out)
 
 
-def input_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
+def input_messages(
+    items: str | list[dict[str, Any]], unseal: Callable[[str, str], str] | None = None
+) -> list[ChatMessage]:
     """The chat messages that Responses `input` items mean.
 
     A string is one user message. `message` items become messages (`developer` as `system`);
     a `reasoning` item, an assistant `message` and `function_call` items that follow each other
     form one assistant message (reasoning, content, tool calls: the order the proxy answers
     them in), so an echoed response re-renders to the tokens that were sampled;
-    `function_call_output` becomes a `tool` message. Raises ProxyError(400) for an item type,
-    role or content part that is not supported, naming it.
+    `function_call_output` becomes a `tool` message. A reasoning item's text is its
+    `reasoning_text` content, or else what its `encrypted_content` holds: `unseal(sealed,
+    param)` gives that text or raises the 400 naming `param` (always checked; without `unseal`
+    every `encrypted_content` is refused). Raises ProxyError(400) for an item type, role or
+    content part that is not supported, naming it.
     """
     if isinstance(items, str):
         return [ChatMessage(role="user", content=items)]
@@ -210,11 +225,16 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
             flush()
             out.append(ChatMessage(role=role, content=text))
         elif kind == "reasoning":
-            if item.get("encrypted_content") is not None:
-                raise bad_request(f"{param}.encrypted_content was not issued by this server", param)
+            sealed, at = item.get("encrypted_content"), f"{param}.encrypted_content"
+            restored: str | None = None
+            if sealed is not None:
+                if unseal is None or not isinstance(sealed, str):
+                    raise bad_request(f"{at} was not issued by this server", at)
+                restored = unseal(sealed, at)
             parts = item.get("content") or []
+            text = _text_of(parts, f"{param}.content", ("reasoning_text",))
             flush()
-            turn["reasoning"] = _text_of(parts, f"{param}.content", ("reasoning_text",))
+            turn["reasoning"] = text if parts or restored is None else restored
         elif kind == "function_call":
             name, args, call_id = item.get("name"), item.get("arguments"), item.get("call_id")
             if not (isinstance(name, str) and isinstance(args, str) and isinstance(call_id, str)):
@@ -282,7 +302,7 @@ def _refuse_unsupported(req: ResponsesRequest) -> None:
         "background": bool(req.background),
         "service_tier": req.service_tier not in (None, "auto", "default"),
         "reasoning.summary": req.reasoning is not None
-        and (req.reasoning.summary or req.reasoning.generate_summary) is not None,
+        and (req.reasoning.summary or req.reasoning.generate_summary or "auto") not in _SUMMARIES,
     }
     for field, bad in refused.items():
         if bad:
