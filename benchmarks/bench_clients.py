@@ -4,7 +4,9 @@ Each client runs an unmodified tool loop of `TURNS` turns (reasoning + one tool 
 a final answer; the scripted engine plays the model, so every client sees the same replies)
 through the proxy, with the client's default habits: the OpenAI Agents SDK and LangChain drop
 reasoning from the history they echo, LangChain re-serialises tool-call JSON, the Responses API
-chains by `previous_response_id` or resends its items, the Anthropic SDK echoes content blocks.
+chains by `previous_response_id` or resends its items, the Anthropic SDK echoes content blocks
+(and, as Claude Code does, counts tokens before each turn), a Codex-style client keeps no server
+state (`store: false`, sealed reasoning sent back).
 Per client: `calls`, `branches` (leaves of the execution's trajectory tree), `heals` (histories the
 proxy healed back onto the recorded tokens), `divergences` and
 `policy_tokens_kept_fraction_jmax8` (policy tokens on the 8 selected trajectories over all policy
@@ -177,6 +179,69 @@ def anthropic_messages(base: str, key: str) -> None:
         )
 
 
+def openai_responses_stateless(base: str, key: str) -> None:
+    """A Codex-style stateless Responses client: `store: false`, the reasoning's
+    `encrypted_content` included, every turn's output items sent back as input (the reasoning
+    item without its text: summary and `encrypted_content` only), no `previous_response_id`."""
+    import openai
+
+    client = openai.OpenAI(base_url=base, api_key=key, max_retries=0)
+    tools = [{"type": "function", "name": "add", "description": "Add.", "parameters": ADD_SCHEMA}]
+    items: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
+    for _ in range(TURNS):
+        r = client.responses.create(
+            model="gyre",
+            input=items,
+            tools=tools,
+            store=False,
+            include=["reasoning.encrypted_content"],
+            reasoning={"summary": "auto"},
+        )
+        calls = []
+        for out in r.output:
+            item = out.model_dump(exclude_none=True)
+            if item["type"] == "reasoning":
+                item.pop("content", None)
+            items.append(item)
+            if item["type"] == "function_call":
+                calls.append(item)
+        if not calls:
+            return
+        for c in calls:
+            output = add(**json.loads(c["arguments"]))
+            items.append(
+                {"type": "function_call_output", "call_id": c["call_id"], "output": output}
+            )
+
+
+def anthropic_messages_counting(base: str, key: str) -> None:
+    """The anthropic SDK as Claude Code drives it: `messages.count_tokens` before every turn
+    (to decide when to compact), which must equal the turn's own `usage.input_tokens`."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key=key, max_retries=0)
+    tools = [{"name": "add", "description": "Add two integers.", "input_schema": ADD_SCHEMA}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
+    for _ in range(TURNS):
+        counted = client.messages.count_tokens(model="gyre", tools=tools, messages=messages)
+        r = client.messages.create(model="gyre", max_tokens=256, tools=tools, messages=messages)
+        if counted.input_tokens != r.usage.input_tokens:
+            raise AssertionError(f"count_tokens {counted.input_tokens} != {r.usage.input_tokens}")
+        messages.append({"role": "assistant", "content": [b.model_dump() for b in r.content]})
+        uses = [b for b in r.content if b.type == "tool_use"]
+        if not uses:
+            return
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": b.id, "content": add(**b.input)}
+                    for b in uses
+                ],
+            }
+        )
+
+
 CLIENTS: dict[str, Callable[[str, str], None]] = {
     "openai_chat": openai_chat,
     "agents_sdk_responses": agents_sdk_responses,
@@ -184,6 +249,8 @@ CLIENTS: dict[str, Callable[[str, str], None]] = {
     "langchain_chat": langchain_chat,
     "langchain_responses": langchain_responses,
     "anthropic_messages": anthropic_messages,
+    "openai_responses_stateless": openai_responses_stateless,
+    "anthropic_messages_counting": anthropic_messages_counting,
 }
 
 
