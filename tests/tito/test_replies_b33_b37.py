@@ -6,7 +6,6 @@ tokenizer, and each vLLM-parsed family of `tests/tito/families.py` on the Chat r
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
@@ -14,6 +13,7 @@ from gyre.engines.scripted import ScriptedEngine, ScriptedReply
 from tests.tito.answers import CHAT_ROUTES, Answer, ask
 from tests.tito.conftest import encode, make_proxy
 from tests.tito.families import FAMILIES, family_tokenizer
+from tests.tito.written import sampled_ids, write_call
 
 pytestmark = pytest.mark.anyio
 
@@ -104,38 +104,6 @@ def family(request, tmp_path_factory):
     return name, family_tokenizer(name, tmp_path_factory.mktemp(name))
 
 
-def family_reply(tok, name: str, arguments: dict) -> str:
-    """One `write_file` call as the family's template renders it (reasoning first where the
-    family's reasoning parser expects it)."""
-    fam = FAMILIES[name]
-    args = arguments if fam.arguments_as == "mapping" else json.dumps(arguments)
-    tools = [{"type": "function", "function": {"name": "write_file", "parameters": {}}}]
-    call = {"id": "t", "type": "function", "function": {"name": "write_file", "arguments": args}}
-    msgs = [{"role": "user", "content": "go"}]
-    head = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True)
-    msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
-    full = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
-    assert full.startswith(head)
-    text = full[len(head) :]
-    end = text.rfind(tok.eos_token)
-    text = text[:end] if end >= 0 else text
-    return "<think>r</think>" + text if name == "deepseek" else text
-
-
-def sampled_ids(tok, name: str, text: str) -> list[int]:
-    """`text` as a model samples it: control tokens as tokens, except the family's end tokens,
-    which end a reply when sampled: inside an argument they are written as plain text."""
-    ends = re.compile("|".join(map(re.escape, FAMILIES[name].end_tokens)))
-    ids, last = [], 0
-    for m in ends.finditer(text):
-        ids += tok.encode(text[last : m.start()], add_special_tokens=False)
-        ids += tok.encode(m.group(), add_special_tokens=False, split_special_tokens=True)
-        last = m.end()
-    ids += tok.encode(text[last:], add_special_tokens=False)
-    assert tok.decode(ids) == text
-    return ids
-
-
 async def family_answers(name, tok, reply: str) -> tuple[list[int], list[Answer], object]:
     fam = FAMILIES[name]
     ids = sampled_ids(tok, name, reply) + [tok.eos_token_id]
@@ -168,7 +136,7 @@ async def test_b33_control_token_text_in_a_string_argument_in_every_family(
     argument, Mistral's split the call at the inner `[TOOL_CALLS]`)."""
     name, tok = family
     arguments = {"path": "NOTES.md", "content": content}
-    ids, answers, proxy = await family_answers(name, tok, family_reply(tok, name, arguments))
+    ids, answers, proxy = await family_answers(name, tok, write_call(tok, name, arguments))
     for a in answers:
         assert a.status == 200 and a.calls == [("write_file", arguments)], (name, a)
         assert a.finish == "tool_calls" and a.tool_call_error is None, (name, a)
@@ -180,7 +148,7 @@ async def test_b37_lone_surrogate_in_every_family(family, anyio_backend):
     name, tok = family
     # As the model samples it: the escape's six characters (a template cannot render a lone
     # surrogate: no UTF-8 text holds one).
-    reply = family_reply(tok, name, {"path": "a", "content": "smile @"}).replace("@", "\\ud83d")
+    reply = write_call(tok, name, {"path": "a", "content": "smile @"}).replace("@", "\\ud83d")
     ids, answers, proxy = await family_answers(name, tok, reply)
     for a in answers:
         assert a.status == 200 and a.error is None and a.calls == [], (name, a)
