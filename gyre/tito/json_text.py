@@ -102,19 +102,15 @@ def loads_json(text: str) -> Any:
     return value
 
 
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_ESCAPE = re.compile(r"\\(?:u[0-9a-fA-F]{4}|.)", re.DOTALL)
+
+
 def _string_literals(text: str, start: int, end: int) -> Iterable[tuple[int, int]]:
     """(first, last + 1) offsets of the contents of every string literal in the valid JSON
     `text[start:end]`."""
-    i = start
-    while True:
-        i = text.find('"', i, end)
-        if i < 0:
-            return
-        j = i + 1
-        while text[j] != '"':
-            j += 2 if text[j] == "\\" else 1
-        yield i + 1, j
-        i = j + 1
+    for m in _STRING.finditer(text, start, end):
+        yield m.start() + 1, m.end() - 1
 
 
 def _escape(ch: str) -> str:
@@ -183,12 +179,13 @@ def shield(text: str, markers: Iterable[str]) -> Shielded:
             pos = text.find("{", pos + 1)
             continue
         for a, b in _string_literals(text, pos, end):
-            k = a
+            escapes = _ESCAPE.finditer(text, a, b)  # in step with the matches
+            esc = next(escapes, None)
             for m in pattern.finditer(text, a, b):
-                while k < m.start():  # the match must start a character, not an escape's tail
-                    k += 6 if text.startswith("\\u", k) else 2 if text[k] == "\\" else 1
-                if k == m.start():
-                    edits.append(k)
+                while esc is not None and esc.end() <= m.start():
+                    esc = next(escapes, None)
+                if esc is None or esc.start() > m.start():  # not inside an escape sequence
+                    edits.append(m.start())
         pos = text.find("{", end)
     if not edits:
         return Shielded(text, text, (), found)
