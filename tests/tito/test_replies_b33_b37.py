@@ -29,13 +29,17 @@ async def each_route(tok, text: str) -> tuple[list[int], dict, object]:
     """The reply `text` (+ EOS) scripted once per route and mode; (its IDs, answers, proxy)."""
     ids = encode(tok, text) + [tok.eos_token_id]
     engine = ScriptedEngine(
-        [ScriptedReply(token_ids=ids) for _ in CASES], eos_token_id=tok.eos_token_id
+        [ScriptedReply(token_ids=ids) for _ in CASES],
+        eos_token_id=tok.eos_token_id,
+        max_model_len=len(ids) + 1000,
     )
     proxy = make_proxy(tok, engine)
     answers = {}
     for route, stream in CASES:
         key = proxy.mint_key(f"{route}-{stream}")
-        answers[route, stream] = await ask(proxy, key, route, stream=stream, tools=("write_file",))
+        answers[route, stream] = await ask(
+            proxy, key, route, stream=stream, tools=("write_file",), max_tokens=len(ids)
+        )
     return ids, answers, proxy
 
 
@@ -156,3 +160,29 @@ async def test_b37_lone_surrogate_in_every_family(family, anyio_backend):
         assert a.finish == "stop" and a.token_ids == ids, (name, a)
     for stream in (False, True):
         assert [c.completion_ids for c in proxy.calls(f"chat-{stream}", full=True)] == [ids]
+
+
+@pytest.mark.parametrize(
+    "arguments, why",
+    [
+        ('{"x": NaN}', "NaN is not a JSON number"),
+        ('{"x": -Infinity}', "-Infinity is not a JSON number"),
+        ('{"x": 1e400}', "number 1e400 is beyond a double"),
+        ('{"x": ' + "[" * 128 + "]" * 128 + "}", "nested deeper than 128 levels"),
+        ('{"x": ' + "[" * 3000 + "]" * 3000 + "}", "nested"),
+    ],
+    ids=["nan", "infinity", "beyond-a-double", "129-levels", "3000-levels"],
+)
+async def test_b37_arguments_json_cannot_carry_are_a_reported_malformed_call(
+    tok, anyio_backend, arguments, why
+):
+    """B37's class: what Python's decoder takes but I-JSON does not (NaN, a number beyond a
+    double, nesting past 128 levels, or past the decoder's recursion limit: was a 500) is a
+    malformed call on every route, never JSON a strict client cannot read or a silent `null`."""
+    reply = f'<tool_call>{{"name": "write_file", "arguments": {arguments}}}</tool_call>'
+    ids, answers, proxy = await each_route(tok, reply)
+    for case, a in answers.items():
+        assert a.status == 200 and a.error is None, (case, a)
+        assert a.calls == [] and a.content == reply and a.finish == "stop", (case, a)
+        assert why in (a.tool_call_error or ""), (case, a.tool_call_error)
+    check_recorded_once(proxy, ids)
