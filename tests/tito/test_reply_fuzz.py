@@ -18,12 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
-from gyre.tito.detok import _bytes_to_unicode
 from gyre.tito.log import read_log
 from tests.tito.answers import CHAT_ROUTES, Answer, ask
 from tests.tito.conftest import encode, make_proxy
 from tests.tito.families import FAMILIES, family_tokenizer
-from tests.tito.written import write_call
+from tests.tito.written import byte_ids, write_call
 
 FUZZ = settings(
     deadline=None,
@@ -96,8 +95,7 @@ def strategy(tok, calls_in: list[tuple[str, str]]) -> st.SearchStrategy[list[int
     text), then tool calls whose string argument is such noise, then noise again."""
     vocab = len(tok)
     specials = sorted(tok.get_added_vocab().values())
-    table = _bytes_to_unicode()
-    high_bytes = tok.convert_tokens_to_ids([table[b] for b in range(0x80, 0x100)])
+    high_bytes = byte_ids(tok, bytes(range(0x80, 0x100)))
     piece = (
         st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4)
         | st.lists(st.sampled_from(specials), min_size=1, max_size=2)

@@ -23,12 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gyre.model.recipe import build_tokenizer
-from gyre.tito.detok import _bytes_to_unicode
+from gyre.tito.json_text import shield
 from tests.tito.families import FAMILIES
 from tests.tito.written import (
     FORMATS,
     TOOL,
     TOOLS,
+    byte_ids,
     format_parser,
     format_tokenizer,
     sampled_ids,
@@ -88,12 +89,6 @@ def test_any_argument_string_round_trips(fmt):
 high_bytes = st.lists(st.integers(0x80, 0xFF), min_size=1, max_size=6).map(bytes)
 """Bytes of no ASCII character (an ASCII byte is JSON syntax: a quote, a backslash, a newline
 sampled inside a string make the call malformed JSON, as they should)."""
-
-
-def byte_ids(tok, raw: bytes) -> list[int]:
-    """The byte-level BPE tokens of each byte of `raw` (every format here is byte-level)."""
-    table = _bytes_to_unicode()
-    return tok.convert_tokens_to_ids([table[b] for b in raw])
 
 
 def test_bytes_that_are_not_utf8_come_back_as_decoded(fmt):
@@ -157,3 +152,22 @@ def test_gyre_format_keeps_the_exact_text_of_a_compact_call():
     canonical = '<tool_call>{"name": "write_file", "arguments": {"a":"x" }}</tool_call>'
     (call,) = parser.parse(canonical, "c", tools=TOOLS).tool_calls
     assert call.function.arguments == '{"a":"x" }'
+
+
+@pytest.mark.parametrize(
+    "text, shielded",
+    [
+        ('{"a": "x\\\\<tool_call>"}', '{"a": "x\\\\\\u003ctool_call>"}'),  # after an escaped \
+        ('{"a": "\\u003c<tool_call>"}', '{"a": "\\u003c\\u003ctool_call>"}'),
+        ('{"a": "</tool_call>"} <tool_call>', '{"a": "\\u003c/tool_call>"} <tool_call>'),
+        ('{"a": 1} "<tool_call>"', '{"a": 1} "<tool_call>"'),  # a string outside JSON: prose
+        ('{"a": "<tool_call>" <tool_call>', '{"a": "<tool_call>" <tool_call>'),  # not JSON
+    ],
+)
+def test_shield_escapes_markers_only_inside_json_strings(text, shielded):
+    s = shield(text, ["<tool_call>", "</tool_call>"])
+    assert s.text == shielded and s.restore(s.text) == text
+    if s.text != text:
+        assert json.loads(s.text[: s.text.index("}") + 1]) == json.loads(
+            text[: text.index("}") + 1]
+        )

@@ -67,3 +67,12 @@ def sampled_ids(tok, name: str, text: str) -> list[int]:
     ids += tok.encode(text[last:], add_special_tokens=False)
     assert tok.decode(ids) == text
     return ids
+
+
+def byte_ids(tok, raw: bytes) -> list[int]:
+    """The byte-level BPE token of each byte of `raw` (GPT-2's byte <-> printable-character
+    table; every tokenizer here is byte-level)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in printable}
+    table |= {b: chr(256 + n) for n, b in enumerate(b for b in range(256) if b not in table)}
+    return tok.convert_tokens_to_ids([table[b] for b in raw])
