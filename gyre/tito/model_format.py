@@ -5,8 +5,10 @@ own `<think>` + `<tool_call>{json}</tool_call>` format, `gyre.tito.reply`), `Vll
 own tool and reasoning parsers, chosen by name from `vllm.tool_parsers.ToolParserManager` and
 `vllm.reasoning.ReasoningParserManager`: hermes, llama3_json, mistral, deepseek_v3, qwen3,
 deepseek_r1, ...) and `generation_stop_ids` (the model's `generation_config.json` end IDs plus
-the tokenizer's EOS). vLLM is imported only when one of its parsers is configured. Knows nothing
-about HTTP, engines or chat templates.
+the tokenizer's EOS). Every parser is JSON-aware: a marker inside a JSON string is text, and a
+call that cannot be passed on as I-JSON is a reported malformed call (`gyre.tito.json_text`). vLLM
+is imported only when one of its parsers is configured. Knows nothing about HTTP, engines or chat
+templates.
 """
 
 from __future__ import annotations
@@ -18,7 +20,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gyre.errors import ConfigError
-from gyre.tito.reply import ParsedReply, ReplyStream, parse_calls, parse_reply, split_reasoning
+from gyre.tito.json_text import check_json, loads_json, shield
+from gyre.tito.reply import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    THINK_CLOSE,
+    THINK_OPEN,
+    ParsedReply,
+    ReplyStream,
+    parse_calls,
+    parse_reply,
+    split_reasoning,
+)
 from gyre.tito.wire import FunctionCall, ToolCall
 
 __all__ = [
@@ -97,9 +110,16 @@ class VllmParser:
             `none`.
 
     Raises `ConfigError` for an unknown name or a tokenizer the parser cannot use (e.g. one
-    without the parser's marker tokens). Tool-call arguments are vLLM's re-serialisation
-    (`json.dumps(arguments, ensure_ascii=False)`); tool call IDs are gyre's, not vLLM's random
-    ones. Streaming holds text until the choice ends (`HeldStream`).
+    without the parser's marker tokens). vLLM's parsers read markers in the text, some without
+    knowing JSON strings (hermes ended a call at a `</tool_call>` inside an argument, qwen3's
+    reasoning parser deleted `</think>` and `<|im_end|>` from one, Mistral's split a call at an
+    inner `[TOOL_CALLS]`: B33), so they parse the text `json_text.shield` makes of it (markers
+    inside JSON strings escaped) and what they return is mapped back. A call whose arguments
+    are not a JSON object under `json_text.check_json` (a lone surrogate, B37; text cut where
+    vLLM split it) is malformed: the text stays content and `tool_call_error` says why.
+    Tool-call arguments are the text vLLM gives (its re-serialisation `json.dumps(arguments,
+    ensure_ascii=False)` for most parsers, the model's own for some); tool call IDs are gyre's,
+    not vLLM's random ones. Streaming holds text until the choice ends (`HeldStream`).
     """
 
     def __init__(self, tokenizer: Any, *, tool_parser: str, reasoning_parser: str) -> None:
@@ -108,6 +128,7 @@ class VllmParser:
 
         self.name = f"{tool_parser}+{reasoning_parser}"
         self.tokenizer = tokenizer
+        self.markers = _markers(tokenizer)
         self.tool_cls = None if tool_parser == GYRE else _lookup(ToolParserManager, tool_parser)
         self.reasoning_name = reasoning_parser
         self.reasoning = None
@@ -151,13 +172,15 @@ class VllmParser:
 
     def parse(self, text: str, call_id: str, *, tools: list[dict[str, Any]] | None) -> ParsedReply:
         request, tool_parser = self._tools(tools or None)
+        shielded = shield(text, self.markers)  # no marker inside a JSON string is a marker
         if self.reasoning is not None:
-            reasoning, rest = self.reasoning.extract_reasoning(text, request)
-            rest = rest or ""
+            reasoning, shielded_rest = self.reasoning.extract_reasoning(shielded.text, request)
+            shielded_rest = shielded_rest or ""
         elif self.reasoning_name == GYRE:
-            reasoning, rest, _ = split_reasoning(text)
+            reasoning, shielded_rest, _ = split_reasoning(shielded.text)
         else:
-            reasoning, rest = None, text
+            reasoning, shielded_rest = None, shielded.text
+        reasoning, rest = shielded.restore(reasoning), shielded.restore(shielded_rest) or ""
         if not tools:
             return ParsedReply(
                 content=rest, reasoning=reasoning, tool_calls=(), tool_call_error=None
@@ -167,22 +190,52 @@ class VllmParser:
             return ParsedReply(
                 content=content, reasoning=reasoning, tool_calls=calls, tool_call_error=error
             )
-        info = tool_parser.extract_tool_calls(rest, request)
-        calls = tuple(
-            ToolCall(
-                id=f"{call_id}_{i}",
-                type="function",
-                function=FunctionCall(name=tc.function.name, arguments=tc.function.arguments),
+        info = tool_parser.extract_tool_calls(shielded_rest, request)
+        found = info.tool_calls if info.tools_called else ()
+        try:
+            calls = tuple(
+                _checked_call(
+                    f"{call_id}_{i}",
+                    shielded.restore(tc.function.name),
+                    shielded.restore(tc.function.arguments),
+                )
+                for i, tc in enumerate(found)
             )
-            for i, tc in enumerate(info.tool_calls if info.tools_called else ())
-        )
-        content = info.content if info.content is not None else ("" if calls else rest)
+        except ValueError as exc:  # the whole text stays content, as in gyre's format (B23)
+            return ParsedReply(
+                content=rest,
+                reasoning=reasoning,
+                tool_calls=(),
+                tool_call_error=f"malformed tool call: {exc}",
+            )
+        said = shielded.restore(info.content)
+        content = said if said is not None else ("" if calls else rest)
         return ParsedReply(
             content=content, reasoning=reasoning, tool_calls=calls, tool_call_error=None
         )
 
     def stream(self, *, tools: bool) -> TextStream:
         return HeldStream(passthrough=not tools and self.reasoning_name == NONE)
+
+
+def _checked_call(call_id: str, name: Any, arguments: Any) -> ToolCall:
+    """A call vLLM's parser found, as the proxy passes it on: a string name and arguments that
+    are a JSON object under `json_text.check_json` (else ValueError: a malformed call)."""
+    if not isinstance(name, str) or not isinstance(arguments, str):
+        raise ValueError("a tool call needs a string name and arguments")
+    check_json(name)
+    if not isinstance(loads_json(arguments), dict):
+        raise ValueError('"arguments" must be a JSON object')
+    return ToolCall(
+        id=call_id, type="function", function=FunctionCall(name=name, arguments=arguments)
+    )
+
+
+def _markers(tokenizer: Any) -> tuple[str, ...]:
+    """The texts a vLLM parser may read as markers: the tokenizer's added tokens (control
+    tokens, tool and reasoning tags) that are not plain words, and gyre's own tags."""
+    added = [t for t in tokenizer.get_added_vocab() if t.strip() == t and not t.isalnum()]
+    return tuple({*added, THINK_OPEN, THINK_CLOSE, CALL_OPEN, CALL_CLOSE})
 
 
 def _lookup(manager: Any, name: str, *, kind: str = "tool_parser") -> type:

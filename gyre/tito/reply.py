@@ -3,9 +3,11 @@
 Owns `parse_reply` (the whole text to a `ParsedReply`; `split_reasoning` and `parse_calls` are its
 two halves), `partial_reply` and `ReplyStream` (prefixes of that parse, safe to stream while the
 text is still being generated) and `loads_or_none`. The tags are those the tiny model's template
-renders (`<think>`, `<tool_call>`), and tool-call arguments keep the model's exact text, so a reply
-echoed back re-renders to the tokens the model sampled. Other models' formats are parsed by vLLM's
-parsers (`gyre.tito.model_format`). Knows nothing about tokens, templates, HTTP or engines.
+renders (`<think>`, `<tool_call>`); a call's JSON is decoded from its opening brace, so a tag
+inside a string argument is text (`gyre.tito.json_text`, B33), and tool-call arguments keep the
+model's exact text, so a reply echoed back re-renders to the tokens the model sampled. Other
+models' formats are parsed by vLLM's parsers (`gyre.tito.model_format`). Knows nothing about
+tokens, templates, HTTP or engines.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gyre.tito.json_text import decode_json_at, skip_ws
 from gyre.tito.wire import FunctionCall, ToolCall
 
 __all__ = [
@@ -63,14 +66,14 @@ def split_reasoning(text: str) -> tuple[str | None, str, bool]:
     return text[len(THINK_OPEN) : j], rest[1:] if rest.startswith("\n") else rest, True
 
 
-def _parse_call(body: str, index: int, call_id: str) -> ToolCall:
-    obj = json.loads(body)
+def _call(obj: Any, body: str, index: int, call_id: str) -> ToolCall:
+    """The tool call of one decoded block; `body` is the block's exact JSON text."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         raise ValueError('a tool call must be a JSON object with a string "name"')
     args = obj.get("arguments", {})
     if not isinstance(args, dict):
         raise ValueError('"arguments" must be a JSON object')
-    m = _CANONICAL_CALL.fullmatch(body.strip())
+    m = _CANONICAL_CALL.fullmatch(body)
     if (
         m is not None
         and json.loads(m.group(1)) == obj["name"]
@@ -87,14 +90,19 @@ def _parse_call(body: str, index: int, call_id: str) -> ToolCall:
 
 
 def loads_or_none(text: str) -> Any:
+    """The JSON value of `text`, or None when it is not JSON (or nests past the decoder)."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
 def parse_calls(rest: str, call_id: str) -> tuple[str, tuple[ToolCall, ...], str | None]:
-    """(content, tool calls, error) of a reasoning-free text in gyre's format (`parse_reply`)."""
+    """(content, tool calls, error) of a reasoning-free text in gyre's format (`parse_reply`).
+
+    Each block's JSON object is decoded from its opening brace by a decoder that knows where
+    strings end (`json_text.decode_json_at`), so a `</tool_call>` (or any tag) inside a string
+    argument is text (B33); the block ends at the first `</tool_call>` after the object."""
     i = rest.find(CALL_OPEN)
     if i < 0:
         return rest, (), None
@@ -103,11 +111,15 @@ def parse_calls(rest: str, call_id: str) -> tuple[str, tuple[ToolCall, ...], str
     pos = i
     try:
         while pos >= 0:
-            end = rest.find(CALL_CLOSE, pos)
-            if end < 0:
+            if rest.find(CALL_CLOSE, pos) < 0:
                 raise ValueError("unterminated <tool_call>")
-            calls.append(_parse_call(rest[pos + len(CALL_OPEN) : end], len(calls), call_id))
-            after = end + len(CALL_CLOSE)
+            start = skip_ws(rest, pos + len(CALL_OPEN))
+            obj, end = decode_json_at(rest, start)
+            close = skip_ws(rest, end)
+            if not rest.startswith(CALL_CLOSE, close):
+                raise ValueError(f"expected </tool_call> after the JSON object at char {end}")
+            calls.append(_call(obj, rest[start:end], len(calls), call_id))
+            after = close + len(CALL_CLOSE)
             pos = rest.find(CALL_OPEN, after)
             between = rest[after:] if pos < 0 else rest[after:pos]
             if between.strip():  # text between or after calls is content (B27)
