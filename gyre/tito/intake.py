@@ -88,19 +88,7 @@ class CallIntake:
         tools = req.tools or None
         gyre_format = getattr(self.model_format.parser, "name", "gyre") == "gyre"
         structured = chat_constraint(req, GYRE_FORMAT if gyre_format else None)
-        if req.continue_final_message and req.add_generation_prompt:
-            raise proxy_error(
-                "continue_final_message needs add_generation_prompt: false (the reply continues "
-                "the last message instead of starting a new one)",
-                400,
-                "invalid_value",
-                param="continue_final_message",
-            )
-        if dropped := self.renderer.roles.dropped(req.messages):
-            raise proxy_error(
-                dropped[1], 400, "invalid_value", param=f"messages[{dropped[0]}].role"
-            )
-        kwargs = template_kwargs(req.chat_template_kwargs, req.reasoning_effort, req.verbosity)
+        kwargs = self._template_input(req)
         parent = self.renderer.find_parent(ex.render, req.messages, tools, kwargs)
 
         def render() -> Rendered:
@@ -138,7 +126,7 @@ class CallIntake:
         execution's render state as it was. Raises ProxyError(400) for messages the template
         refuses."""
         tools = req.tools or None
-        kwargs = req.chat_template_kwargs
+        kwargs = self._template_input(req)
         parent = self.renderer.find_parent(ex.render, req.messages, tools, kwargs)
 
         def count() -> int:
@@ -152,6 +140,24 @@ class CallIntake:
             )
 
         return await self._run_render(ex, body, req, parent, count)
+
+    def _template_input(self, req: ChatCompletionRequest) -> dict[str, Any] | None:
+        """The template kwargs of a chat request (`openai_requests.template_kwargs`), once its
+        messages and rendering switches are checked: 400 for a message the template would drop
+        (`template_input.TemplateRoles`) or `continue_final_message` with a generation prompt."""
+        if req.continue_final_message and req.add_generation_prompt:
+            raise proxy_error(
+                "continue_final_message needs add_generation_prompt: false (the reply continues "
+                "the last message instead of starting a new one)",
+                400,
+                "invalid_value",
+                param="continue_final_message",
+            )
+        if dropped := self.renderer.roles.dropped(req.messages):
+            raise proxy_error(
+                dropped[1], 400, "invalid_value", param=f"messages[{dropped[0]}].role"
+            )
+        return template_kwargs(req.chat_template_kwargs, req.reasoning_effort, req.verbosity)
 
     async def _run_render(
         self,
