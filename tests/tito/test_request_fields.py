@@ -23,7 +23,7 @@ from gyre.model.recipe import build_tokenizer
 from gyre.tito.messages_api import CountTokensRequest, MessagesRequest
 from gyre.tito.responses_input import ResponsesRequest
 from gyre.tito.wire import ChatCompletionRequest, CompletionRequest
-from tests.tito.conftest import asgi_post, make_proxy
+from tests.tito.conftest import asgi_post, make_proxy, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -336,3 +336,108 @@ async def test_b34_sampling_and_rendering_fields_are_honoured_or_refused(walk_to
     assert msgspec.structs.replace(b, **want) == s
     assert b != s
     assert tok.eos_token_id in b.stop_token_ids  # without ignore_eos the model's end stops
+
+
+# -- min_tokens and stop strings (as vLLM) ------------------------------------------------------
+
+
+async def test_min_tokens_holds_stop_strings_until_it_is_reached(walk_tok):
+    """A stop string counts only if it ends in a token after the first `min_tokens` (vLLM's
+    detokenizer rule): the first `answer` of `Hello, the answer is the answer.` ends in token k,
+    so min_tokens k - 1 stops there and min_tokens k passes it and stops at the second one."""
+    tok = walk_tok
+    text = "Hello, the answer is the answer."
+    ids = tok.encode(text, add_special_tokens=False)
+    pieces = [tok.decode(ids[: i + 1]) for i in range(len(ids))]
+    first = next(i for i, p in enumerate(pieces) if "answer" in p) + 1  # tokens to the first end
+    assert 0 < first < len(ids)
+    for min_tokens, content in ((first - 1, "Hello, the "), (first, "Hello, the answer is the ")):
+        engine = ScriptedEngine(
+            [ScriptedReply(token_ids=ids + [tok.eos_token_id])],
+            eos_token_id=tok.eos_token_id,
+            vocab_size=len(tok),
+        )
+        proxy = make_proxy(tok, engine)
+        body = {"stop": ["answer"], "min_tokens": min_tokens}
+        status, raw = await asgi_post(
+            proxy, "/v1/chat/completions", proxy.mint_key("m"), {**ROUTES["chat"][1], **body}
+        )
+        assert status == 200, raw
+        choice = json.loads(raw)["choices"][0]
+        assert (choice["message"]["content"], choice["finish_reason"]) == (content, "stop")
+
+
+async def test_the_scripted_engine_refuses_a_token_the_controls_mask(walk_tok):
+    """The fake engine honours what it can check: a scripted token outside `allowed_token_ids`,
+    completing a bad word, or a stop token before `min_tokens` is a broken script."""
+    from gyre.engines.protocol import GenerateRequest, SamplingParams
+    from gyre.errors import EngineError
+
+    tok = walk_tok
+    word = tok.encode("answer", add_special_tokens=False)
+    cases = {
+        "allowed_token_ids excludes it": (SamplingParams(allowed_token_ids=(5,)), [5, 6]),
+        "it completes a bad word": (SamplingParams(bad_words=("answer",)), [5, *word]),
+        "min_tokens=3 masks stop tokens": (
+            SamplingParams(min_tokens=3, stop_token_ids=(tok.eos_token_id,)),
+            [5, tok.eos_token_id],
+        ),
+    }
+    for why, (sampling, script) in cases.items():
+        engine = ScriptedEngine(
+            [ScriptedReply(token_ids=script)], tokenizer=tok, vocab_size=len(tok)
+        )
+        request = GenerateRequest(request_id="r", prompt_ids=[5], sampling=sampling)
+        with pytest.raises(EngineError, match=why):
+            async for _ in engine.generate(request):
+                pass
+
+
+# -- on vLLM (slow tier) -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_b34_fields_reach_vllm(vllm_engine):
+    """Through a real vLLM cell: `allowed_token_ids`, `bad_words`, `min_tokens`, `ignore_eos`,
+    `guided_choice` and `min_p` shape what vLLM samples (random weights, so each is checked by
+    what it forbids), not just the request."""
+    import openai
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(vllm_engine.tokenizer_dir))
+    eos = tok.eos_token_id
+    x, y = (tok.encode(t, add_special_tokens=False) for t in ("x", "y"))
+    assert len(x) == len(y) == 1
+    proxy = make_proxy(tok, vllm_engine)
+    key = proxy.mint_key("b34")
+    messages = [{"role": "user", "content": "Say something."}]
+    async with serving(proxy) as base:
+        client = openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0, timeout=300)
+
+        async def ask(temperature: float = 1.0, **extra):
+            r = await client.chat.completions.create(
+                model="gyre",
+                messages=messages,
+                max_tokens=8,
+                temperature=temperature,
+                extra_body=extra,
+            )
+            return r.choices[0], r.choices[0].model_extra["token_ids"]
+
+        for seed in range(3):
+            # `x` banned as a bad word: only `y` is left to sample
+            _, ids = await ask(seed=seed, allowed_token_ids=x + y, bad_words=["x"])
+            assert set(ids) == set(y), ids
+            # EOS masked for the first 5 tokens, then allowed
+            _, ids = await ask(seed=seed, allowed_token_ids=[eos, *y], min_tokens=5)
+            assert ids[:5] == y * 5, ids
+            # EOS does not stop the choice: max_tokens does
+            choice, ids = await ask(seed=seed, allowed_token_ids=[eos, *y], ignore_eos=True)
+            assert (len(ids), choice.finish_reason) == (8, "length")
+            choice, _ = await ask(seed=seed, guided_choice=["yes", "no"])
+            assert choice.message.content in ("yes", "no")
+        # min_p 1 keeps only the most likely token: greedy
+        _, sampled = await ask(seed=1, min_p=1.0)
+        _, greedy = await ask(temperature=0.0)
+        assert sampled == greedy
+        await client.close()
