@@ -338,6 +338,51 @@ async def test_b34_sampling_and_rendering_fields_are_honoured_or_refused(walk_to
     assert tok.eos_token_id in b.stop_token_ids  # without ignore_eos the model's end stops
 
 
+BAD = {
+    "stream_options.continuous_usage_stats": {
+        "stream": True,
+        "stream_options": {"continuous_usage_stats": True},
+    },
+    "structured_outputs.disable_additional_properties": {
+        "structured_outputs": {"json": SCHEMA, "disable_additional_properties": True}
+    },
+    "structured_outputs.whitespace_pattern": {
+        "structured_outputs": {"regex": "a", "whitespace_pattern": " "}
+    },
+    "structured_outputs.regex": {"structured_outputs": {"json": SCHEMA, "regex": "a"}},
+    "structured_outputs": {"structured_outputs": {}},
+    "guided_regex": {"guided_regex": "("},
+    "guided_json": {"guided_json": SCHEMA, "response_format": {"type": "json_object"}},
+    "guided_choice": {"guided_choice": []},
+    "continue_final_message": {"continue_final_message": True},
+    "min_tokens": {"min_tokens": 9, "max_tokens": 5},
+    "allowed_token_ids": {"allowed_token_ids": [10**6]},
+    "bad_words": {"bad_words": [" "]},
+    "min_p": {"min_p": 1.5},
+    "reasoning_effort": {"reasoning_effort": "extreme"},
+    "messages[1].function_call": {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": None,
+                "function_call": {"name": "f", "arguments": "{}"},
+            },
+            {"role": "user", "content": "go"},
+        ]
+    },
+}
+
+
+@pytest.mark.parametrize("param", list(BAD))
+async def test_a_bad_value_of_a_new_field_is_a_400_naming_it(walk_tok, param):
+    """Malformed, conflicting or out-of-range values of the fields B34 added, nested fields
+    refused unless they ask for nothing, and a message's legacy `function_call`."""
+    out = await send(walk_tok, "chat", BAD[param])
+    assert out.status == 400 and out.engine == [], out.body
+    assert out.error()["error"]["param"] == param, out.body
+
+
 # -- min_tokens and stop strings (as vLLM) ------------------------------------------------------
 
 
