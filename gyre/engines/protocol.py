@@ -61,6 +61,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """Nucleus mass in (0, 1]; 1 disables it."""
     top_k: int = 0
     """Keep the k most likely tokens; 0 disables it."""
+    min_p: float = 0.0
+    """Drop tokens less likely than min_p times the most likely one, in [0, 1]; 0 disables it
+    (vLLM's `min_p`: truncation, like top-k and top-p)."""
     seed: int | None = None
     """Base seed; choice i samples with `choice_seed(seed, i)` so n > 1 choices differ (B22)."""
     stop_token_ids: tuple[int, ...] = ()
@@ -81,6 +84,13 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """vLLM's multiplicative penalty (> 0; 1 disables it) on tokens in the prompt or completion."""
     structured: StructuredOutput | None = None
     """A grammar every completion must match (tokens it forbids are masked before sampling)."""
+    min_tokens: int = 0
+    """The stop token IDs are masked until this many tokens are sampled (vLLM's `min_tokens`)."""
+    allowed_token_ids: tuple[int, ...] | None = None
+    """Only these token IDs may be sampled (the others are masked); None allows every one."""
+    bad_words: tuple[str, ...] = ()
+    """Texts never sampled: the token that would complete one (tokenized by the engine's
+    tokenizer, with and without a leading space) is masked (vLLM's `bad_words`)."""
 
 
 class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,6 +104,8 @@ class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True):
       matching it;
     - `json_object`: any JSON object (`spec` is empty);
     - `regex`: `spec` is a regular expression the whole completion matches;
+    - `grammar`: `spec` is an EBNF grammar (xgrammar's dialect, rule `root`) the completion
+      matches;
     - `structural_tag`: `spec` is an xgrammar structural tag (JSON text, `{"type":
       "structural_tag", "format": ...}`; xgrammar docs, "Structural Tag"), e.g. tool calls in a
       model's own tags.
@@ -101,7 +113,7 @@ class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True):
     Generation ends with a stop token only where the grammar may end.
     """
 
-    kind: Literal["json_schema", "json_object", "regex", "structural_tag"]
+    kind: Literal["json_schema", "json_object", "regex", "grammar", "structural_tag"]
     spec: str = ""
 
 

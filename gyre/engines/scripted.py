@@ -8,11 +8,12 @@ abort returns the tokens so far. Runs on anyio, so on the node's trio loop and o
 
 Sampling controls are honoured where a script can be checked, never ignored: a structured-output
 constraint is enforced with xgrammar's `GrammarMatcher` over the engine's tokenizer (the same
-grammar engine vLLM uses; without a tokenizer such a request is refused), a token whose
-`logit_bias` is -100 (banned) is never emitted, and `top_logprobs` k lists k tokens per position,
-the sampled one first. A scripted token the constraint or the bias forbids is a broken script:
-`EngineError` names it. Temperature and penalties shape the distribution a script stands for;
-the scripted logprobs are taken as that distribution's.
+grammar engine vLLM uses; without a tokenizer such a request is refused, as is one with bad
+words), a token whose `logit_bias` is -100 (banned), outside `allowed_token_ids`, completing a
+bad word, or a stop token before `min_tokens` is never emitted, and `top_logprobs` k lists k
+tokens per position, the sampled one first. A scripted token these forbid is a broken script:
+`EngineError` names it. Temperature, min-p and penalties shape the distribution a script stands
+for; the scripted logprobs are taken as that distribution's.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gyre.engines.protocol import (
     EngineStatistics,
     FinishReason,
     GenerateRequest,
+    SamplingParams,
     StructuredOutput,
     TokenDelta,
     choice_seed,
@@ -58,6 +60,28 @@ def default_reply(request: GenerateRequest, index: int, vocab_size: int) -> Scri
     length = 4 + h % 8
     ids = [3 + (h // 7 + 17 * i * (i + 3)) % (vocab_size - 3) for i in range(length)]
     return ScriptedReply(token_ids=ids)
+
+
+def _forbidden(
+    tok: int,
+    done: list[int],
+    s: SamplingParams,
+    banned: set[int],
+    bad_words: list[list[int]],
+    stop_ids: set[int],
+) -> str | None:
+    """Why the sampling controls of `s` mask `tok` after the completion `done` (None: they do
+    not); the grammar is checked apart, since its matcher advances on the token."""
+    if tok in banned:
+        return "logit_bias bans it"
+    if s.allowed_token_ids is not None and tok not in s.allowed_token_ids:
+        return "allowed_token_ids excludes it"
+    if tok in stop_ids and len(done) < s.min_tokens:
+        return f"min_tokens={s.min_tokens} masks stop tokens"
+    for w in bad_words:
+        if w[-1] == tok and len(w) - 1 <= len(done) and done[len(done) - len(w) + 1 :] == w[:-1]:
+            return "it completes a bad word"
+    return None
 
 
 class _Running:
@@ -123,7 +147,12 @@ class ScriptedEngine:
         if self.replies:
             return self.replies.popleft()
         reply = self.rule(request, index, self.vocab_size)
-        if reply.finish_reason is None and self.eos_token_id in request.sampling.stop_token_ids:
+        s = request.sampling
+        if (
+            reply.finish_reason is None
+            and self.eos_token_id in s.stop_token_ids
+            and len(reply.token_ids) >= s.min_tokens
+        ):
             reply = ScriptedReply(token_ids=[*reply.token_ids, self.eos_token_id], logprobs=None)
         return reply
 
@@ -150,6 +179,7 @@ class ScriptedEngine:
         stop_ids = set(request.sampling.stop_token_ids)
         s = request.sampling
         banned = {t for t, b in (s.logit_bias or {}).items() if b <= -100}
+        bad_words = self._bad_words(s.bad_words)
         try:
             for index in range(n):
                 reply = self._reply(request, index)
@@ -164,8 +194,10 @@ class ScriptedEngine:
                         await anyio.sleep(self.token_delay_s)
                     if state.aborted:
                         break
-                    if tok in banned or (matcher is not None and not matcher.accept_token(tok)):
-                        why = "logit_bias bans it" if tok in banned else "the grammar forbids it"
+                    why = _forbidden(tok, state.ids[index], s, banned, bad_words, stop_ids)
+                    if why is None and matcher is not None and not matcher.accept_token(tok):
+                        why = "the grammar forbids it"
+                    if why is not None:
                         raise EngineError(
                             f"request {request.request_id!r}: scripted token {tok} at position "
                             f"{len(state.ids[index])} cannot be sampled: {why}"
@@ -199,6 +231,28 @@ class ScriptedEngine:
         finally:
             self._running.pop(request.request_id, None)
 
+    def _bad_words(self, words: tuple[str, ...]) -> list[list[int]]:
+        """The token sequences of `words` as vLLM bans them: each word (leading blanks
+        stripped) as tokenized, and with a leading space when that gives as many tokens with
+        another first token (`InvalidRequestError` without a tokenizer)."""
+        if not words:
+            return []
+        if self.tokenizer is None:
+            raise InvalidRequestError(
+                "the scripted engine enforces bad_words only with a tokenizer "
+                "(ScriptedEngine(tokenizer=...))"
+            )
+        out: list[list[int]] = []
+        for word in words:
+            plain = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            if not plain:
+                raise InvalidRequestError(f"bad word {word!r} tokenizes to no token")
+            out.append(plain)
+            if len(spaced) == len(plain) and spaced[0] != plain[0]:
+                out.append(spaced)
+        return out
+
     def _matcher(self, structured: StructuredOutput) -> Any:
         """A fresh xgrammar `GrammarMatcher` for `structured` over the engine's tokenizer
         (`InvalidRequestError` without a tokenizer, or for a spec xgrammar rejects)."""
@@ -226,6 +280,8 @@ class ScriptedEngine:
                 compiled = c.compile_json_schema('{"type": "object"}', **compact)
             elif structured.kind == "regex":
                 compiled = c.compile_regex(structured.spec)
+            elif structured.kind == "grammar":
+                compiled = c.compile_grammar(structured.spec)
             else:
                 compiled = c.compile_structural_tag(structured.spec)
         except (RuntimeError, ValueError) as exc:

@@ -26,7 +26,9 @@ def validate_request(request: GenerateRequest, *, vocab_size: int, max_model_len
     Raises:
         ContextLengthError: the prompt alone needs all of max_model_len (no room for one token).
         InvalidRequestError: empty prompt, a token ID outside [0, vocab_size), max_tokens < 1,
-            n < 1, temperature < 0, top_p outside (0, 1], top_k < 0, a stop ID out of vocabulary.
+            n < 1, temperature < 0, top_p outside (0, 1], top_k < 0, min_p outside [0, 1],
+            min_tokens outside [0, max_tokens], a stop ID or allowed token ID out of vocabulary,
+            an empty `allowed_token_ids` or bad word.
     """
     prompt = request.prompt_ids
     s = request.sampling
@@ -66,10 +68,24 @@ def validate_request(request: GenerateRequest, *, vocab_size: int, max_model_len
         )
     if s.top_k < 0:
         raise InvalidRequestError(f"request {request.request_id!r}: top_k={s.top_k} must be >= 0")
-    bad = next((t for t in s.stop_token_ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
+    if not (math.isfinite(s.min_p) and 0 <= s.min_p <= 1):
         raise InvalidRequestError(
-            f"request {request.request_id!r}: stop token ID {bad} outside [0, {vocab_size})"
+            f"request {request.request_id!r}: min_p={s.min_p} must be in [0, 1]"
+        )
+    if not 0 <= s.min_tokens <= s.max_tokens:
+        raise InvalidRequestError(
+            f"request {request.request_id!r}: min_tokens={s.min_tokens} must be in "
+            f"[0, max_tokens={s.max_tokens}]"
+        )
+    for what, ids in (("stop", s.stop_token_ids), ("allowed", s.allowed_token_ids or ())):
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"request {request.request_id!r}: {what} token ID {bad} outside [0, {vocab_size})"
+            )
+    if s.allowed_token_ids == () or any(not w for w in s.bad_words):
+        raise InvalidRequestError(
+            f"request {request.request_id!r}: allowed_token_ids and bad words must not be empty"
         )
     return min(s.max_tokens, max_model_len - len(prompt))
 

@@ -81,7 +81,8 @@ def sampling_params(
     """vLLM's `SamplingParams` for one choice of a gyre request (`n=1`: each choice is its own
     vLLM request with its own `seed`): `max_tokens` left to sample, token IDs only (no
     detokenizing), EOS not special (`ignore_eos`; `s.stop_token_ids` decide), `s.top_logprobs`
-    top entries, the penalties, bias and structured output of `s`, deltas out;
+    top entries, the penalties, bias, structured output, min-p, min-tokens, allowed tokens and bad
+    words of `s`, deltas out;
     `kv_transfer`: the KV connector's parameters of an import (None: none)."""
     from vllm.sampling_params import RequestOutputKind
     from vllm.sampling_params import SamplingParams as VSamplingParams
@@ -92,6 +93,7 @@ def sampling_params(
         temperature=s.temperature,
         top_p=s.top_p,
         top_k=s.top_k,
+        min_p=s.min_p,
         seed=seed,
         stop_token_ids=list(s.stop_token_ids),
         ignore_eos=True,
@@ -102,6 +104,9 @@ def sampling_params(
         frequency_penalty=s.frequency_penalty,
         repetition_penalty=s.repetition_penalty,
         structured_outputs=structured_outputs(s.structured),
+        min_tokens=s.min_tokens,
+        allowed_token_ids=None if s.allowed_token_ids is None else list(s.allowed_token_ids),
+        bad_words=list(s.bad_words) or None,
         detokenize=False,
         skip_special_tokens=False,
         output_kind=RequestOutputKind.DELTA,
@@ -121,6 +126,8 @@ def structured_outputs(c: StructuredOutput | None) -> Any:
         return StructuredOutputsParams(json_object=True)
     if c.kind == "regex":
         return StructuredOutputsParams(regex=c.spec)
+    if c.kind == "grammar":
+        return StructuredOutputsParams(grammar=c.spec)
     return StructuredOutputsParams(structural_tag=c.spec)
 
 

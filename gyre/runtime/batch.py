@@ -50,8 +50,11 @@ def _exclusion(ex: Executed) -> str | None:
         return "no tokens"
     if any(c.sampling.temperature == 0 for c in ex.calls):
         return "greedy calls (temperature 0): no sampling distribution to train"
-    if any(c.sampling.top_p < 1 or c.sampling.top_k > 0 for c in ex.calls):
-        return "truncated sampling (top_p < 1 or top_k > 0): refused for training (invariant 2)"
+    if any(c.sampling.top_p < 1 or c.sampling.top_k > 0 or c.sampling.min_p > 0 for c in ex.calls):
+        return (
+            "truncated sampling (top_p < 1, top_k > 0 or min_p > 0): refused for training "
+            "(invariant 2)"
+        )
     return None
 
 

@@ -16,11 +16,10 @@ from typing import Any, Protocol
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
 from gyre.tito.openai_format import chat_completion, chat_stream, reply_message
-from gyre.tito.openai_requests import decode_request
+from gyre.tito.openai_requests import decode_chat
 from gyre.tito.recorder import Recorder
 from gyre.tito.sessions import Execution
 from gyre.tito.wire import (
-    CHAT_DECODER,
     JSON_ENCODER,
     ChatCompletionRequest,
     ChatMessage,
@@ -80,7 +79,7 @@ class OpenAIChat:
     def decode(
         self, body: bytes, ex: Execution
     ) -> tuple[ChatCompletionRequest, ChatCompletionRequest]:
-        req: ChatCompletionRequest = decode_request(CHAT_DECODER, body)
+        req = decode_chat(body)
         return req, req
 
     def answer(self, call: Call, native: ChatCompletionRequest, replies: list[Reply]) -> bytes:

@@ -1,11 +1,12 @@
 """Constraints: what a chat request demands of the reply's shape, as a grammar the engine enforces.
 
 Owns `ToolCallFormat` (how a model writes reasoning and tool calls: its tags; `GYRE_FORMAT` is the
-tiny model's `<think>` + `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) and
-`chat_constraint`, which turns `tool_choice` (`required`, a named function), `parallel_tool_calls`
+tiny model's `<think>` + `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`),
+`tool_demands`, which turns `tool_choice` (`required`, a named function), `parallel_tool_calls`
 false, `strict` function tools and `response_format` (`json_object`, `json_schema`) into one
-xgrammar structural tag
-(`StructuredOutput`), or None when the request constrains nothing. An unsatisfiable or malformed
+xgrammar structural tag (`StructuredOutput`), `request_constraint` (vLLM's `structured_outputs`
+and legacy `guided_*` fields), and `chat_constraint` / `completion_constraint`, the one grammar
+of a request, or None when it constrains nothing. An unsatisfiable or malformed
 demand is a 400 naming the parameter. The engine masks the tokens the grammar forbids, so the
 constraint holds in every reply and the recorded behaviour logprobs are those of the masked
 distribution, the one sampled from (docs/design.md invariant 2). Knows nothing about tokens,
@@ -22,9 +23,16 @@ from typing import Any
 from gyre.engines.protocol import StructuredOutput
 from gyre.errors import ProxyError
 from gyre.tito.openai_requests import proxy_error
-from gyre.tito.wire import ChatCompletionRequest
+from gyre.tito.wire import ChatCompletionRequest, CompletionRequest
 
-__all__ = ["ToolCallFormat", "GYRE_FORMAT", "chat_constraint"]
+__all__ = [
+    "ToolCallFormat",
+    "GYRE_FORMAT",
+    "chat_constraint",
+    "completion_constraint",
+    "request_constraint",
+    "tool_demands",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +135,7 @@ def _tool_mode(req: ChatCompletionRequest, functions: dict[str, Any]) -> tuple[s
     return "required", [name]
 
 
-def _content_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
+def _content_schema(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any] | None:
     """The JSON schema `response_format` asks the content to match (None: free text)."""
     rf = req.response_format
     if rf is None or rf.type == "text":
@@ -151,7 +159,98 @@ def _content_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
 def chat_constraint(
     req: ChatCompletionRequest, fmt: ToolCallFormat | None = GYRE_FORMAT
 ) -> StructuredOutput | None:
-    """The grammar a chat request's replies must match, in the model's format `fmt` (None: a
+    """The grammar a chat request's replies must match: vLLM's `structured_outputs` (or a legacy
+    `guided_*` field: `request_constraint`) for the whole reply, else what the tool and format
+    demands ask for (`tool_demands`). 400 naming the vLLM field when both ask for something."""
+    explicit = request_constraint(req)
+    implied = tool_demands(req, fmt)
+    if explicit is None:
+        return implied
+    field, grammar = explicit
+    if implied is not None or _content_schema(req) is not None:
+        raise _bad(
+            f"{field} cannot be combined with response_format, a required or named tool_choice, "
+            "parallel_tool_calls false or strict tools (each constrains the reply)",
+            field,
+        )
+    return grammar
+
+
+def completion_constraint(req: CompletionRequest) -> StructuredOutput | None:
+    """The grammar a completions request's text must match: `response_format` (`json_object`,
+    `json_schema`) or vLLM's `structured_outputs` / `guided_*` (400 for both)."""
+    explicit = request_constraint(req)
+    content = _content_schema(req)
+    if explicit is not None and content is not None:
+        raise _bad(f"{explicit[0]} cannot be combined with response_format", explicit[0])
+    if explicit is not None:
+        return explicit[1]
+    return (
+        None if content is None else StructuredOutput(kind="json_schema", spec=json.dumps(content))
+    )
+
+
+def request_constraint(
+    req: ChatCompletionRequest | CompletionRequest,
+) -> tuple[str, StructuredOutput] | None:
+    """(the field, its grammar) for vLLM's `structured_outputs` (exactly one of `json`, `regex`,
+    `choice`, `grammar`, `json_object`, `structural_tag`) or a legacy `guided_json`,
+    `guided_regex`, `guided_choice`, `guided_grammar`; None when the request sends none. A
+    `choice` is the grammar of its texts (as vLLM's xgrammar backend writes it), a `grammar`
+    EBNF in xgrammar's dialect. 400 naming the field for two demands, an empty one, or one
+    xgrammar cannot compile."""
+    so = req.structured_outputs
+    asked: list[tuple[str, str, Any]] = []
+    if so is not None:
+        for name in ("json", "regex", "choice", "grammar", "json_object", "structural_tag"):
+            if getattr(so, name) is not None:
+                asked.append((f"structured_outputs.{name}", name, getattr(so, name)))
+        if not asked:
+            raise _bad(
+                "structured_outputs needs one of json, regex, choice, grammar, json_object, "
+                "structural_tag",
+                "structured_outputs",
+            )
+    for name in ("json", "regex", "choice", "grammar"):
+        value = getattr(req, f"guided_{name}")
+        if value is not None:
+            asked.append((f"guided_{name}", name, value))
+    if not asked:
+        return None
+    if len(asked) > 1:
+        raise _bad(
+            f"{asked[1][0]} cannot be combined with {asked[0][0]} (one constraint per request)",
+            asked[1][0],
+        )
+    field, name, value = asked[0]
+    if name == "json":
+        grammar = StructuredOutput(
+            kind="json_schema", spec=value if isinstance(value, str) else json.dumps(value)
+        )
+    elif name == "json_object":
+        if value is not True:
+            raise _bad(f"{field} must be true", field)
+        grammar = StructuredOutput(kind="json_object")
+    elif name == "choice":
+        if not value:
+            raise _bad(f"{field} needs at least one choice", field)
+        alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in value)
+        grammar = StructuredOutput(kind="grammar", spec=f"root ::= {alternatives}")
+    elif name == "regex":
+        grammar = StructuredOutput(kind="regex", spec=value)
+    elif name == "grammar":
+        grammar = StructuredOutput(kind="grammar", spec=value)
+    else:
+        grammar = StructuredOutput(kind="structural_tag", spec=value)
+    _check(grammar.kind, grammar.spec, field)
+    return field, grammar
+
+
+def tool_demands(
+    req: ChatCompletionRequest, fmt: ToolCallFormat | None = GYRE_FORMAT
+) -> StructuredOutput | None:
+    """The grammar a chat request's tool and format demands ask of its replies, in the model's
+    format `fmt` (None: a
     format with no `ToolCallFormat` yet, e.g. a vLLM tool parser: demands on tool calls are then
     refused with a 400, `strict` tools are served unenforced (the OpenAI Agents SDK marks every
     tool strict; docs/design.md "Not built yet"), and `response_format` constrains the whole
@@ -237,17 +336,26 @@ def chat_constraint(
         lead = {"type": "sequence", "elements": [think, {"type": "const_string", "value": "\n"}]}
         body = {"type": "sequence", "elements": [{"type": "optional", "content": lead}, body]}
     spec = json.dumps({"type": "structural_tag", "format": body})
-    _check(spec)
+    _check("structural_tag", spec, "tools")
     return StructuredOutput(kind="structural_tag", spec=spec)
 
 
 @functools.lru_cache(maxsize=256)
-def _check(spec: str) -> None:
-    """400 for a structural tag xgrammar cannot compile (a malformed client schema). Cached: an
-    agent sends the same tools on every call, and compiling costs milliseconds."""
+def _check(kind: str, spec: str, param: str) -> None:
+    """400 naming `param` for a grammar of `kind` xgrammar cannot compile (a malformed client
+    schema, regex or grammar). Cached: an agent sends the same tools on every call, and
+    compiling costs milliseconds."""
     import xgrammar as xgr
 
+    compile_: Any = {
+        "json_schema": xgr.Grammar.from_json_schema,
+        "regex": xgr.Grammar.from_regex,
+        "grammar": xgr.Grammar.from_ebnf,
+        "structural_tag": xgr.Grammar.from_structural_tag,
+    }.get(kind)
+    if compile_ is None:  # json_object: no spec
+        return
     try:
-        xgr.Grammar.from_structural_tag(spec)
+        compile_(spec)
     except Exception as exc:  # xgrammar raises RuntimeError, ValueError or pydantic errors
-        raise _bad(f"the requested output format cannot be enforced: {exc}", "tools") from None
+        raise _bad(f"the requested output format cannot be enforced: {exc}", param) from None

@@ -265,10 +265,11 @@ class _DeltaText:
     """Adds one engine delta to its choice: token IDs, logprobs, versions, the visible text
     (`new_text` is the delta's), and the finish, cut at the call's stop strings."""
 
-    __slots__ = ("stops", "stop_ids", "longest", "ints", "table")
+    __slots__ = ("stops", "stop_ids", "min_tokens", "longest", "ints", "table")
 
     def __init__(self, call: Call, table: TokenText) -> None:
         self.stops, self.stop_ids = call.stops, set(call.sampling.stop_token_ids)
+        self.min_tokens = call.sampling.min_tokens
         self.longest = max((len(s) for s in self.stops), default=0)
         self.ints, self.table = table.ints, table
 
@@ -287,8 +288,13 @@ class _DeltaText:
                 continue
             piece = ch.decoder.decode(self.table.token_bytes(tok))
             if stops and piece:
-                window = ch.tail + piece
-                hits = [q for q in (window.find(s) for s in stops) if q >= 0]
+                window, at = ch.tail + piece, len(ch.tail)
+                # A stop string ends in this token's text, after the first `min_tokens` (vLLM).
+                hits = (
+                    [q for q in (window.find(s, max(0, at - len(s) + 1)) for s in stops) if q >= 0]
+                    if len(ch.ids) > self.min_tokens
+                    else []
+                )
                 if hits:  # keep the text before the stop string, nothing of it or after it
                     keep = min(hits) - len(ch.tail)
                     if keep >= 0:

@@ -18,10 +18,15 @@ import anyio
 from gyre.config import ProxyConfig
 from gyre.engines.protocol import InferenceEngine, StructuredOutput
 from gyre.errors import ProxyError
-from gyre.tito.constraints import GYRE_FORMAT, chat_constraint
+from gyre.tito.constraints import GYRE_FORMAT, chat_constraint, completion_constraint
 from gyre.tito.generation import Call
 from gyre.tito.model_format import ModelFormat
-from gyre.tito.openai_requests import proxy_error, sampling_params, stop_strings
+from gyre.tito.openai_requests import (
+    proxy_error,
+    sampling_params,
+    stop_strings,
+    template_kwargs,
+)
 from gyre.tito.records import Role
 from gyre.tito.render import ChatRenderer
 from gyre.tito.render_state import Node, Rendered, link_tokens
@@ -83,7 +88,8 @@ class CallIntake:
         tools = req.tools or None
         gyre_format = getattr(self.model_format.parser, "name", "gyre") == "gyre"
         structured = chat_constraint(req, GYRE_FORMAT if gyre_format else None)
-        parent = self.renderer.find_parent(ex.render, req.messages, tools, req.chat_template_kwargs)
+        kwargs = self._template_input(req)
+        parent = self.renderer.find_parent(ex.render, req.messages, tools, kwargs)
 
         def render() -> Rendered:
             return self.renderer.render_chat(
@@ -91,7 +97,8 @@ class CallIntake:
                 req.messages,
                 tools,
                 add_generation_prompt=req.add_generation_prompt,
-                template_kwargs=req.chat_template_kwargs,
+                continue_final_message=req.continue_final_message,
+                template_kwargs=kwargs,
                 parent=parent,
             )
 
@@ -110,7 +117,7 @@ class CallIntake:
             prompt_len=len(rendered.prompt_ids),
             structured=structured,
             parse_tools=bool(tools) and req.tool_choice != "none",
-            template_kwargs=req.chat_template_kwargs,
+            template_kwargs=kwargs,
         )
 
     async def count(self, ex: Execution, body: bytes, req: ChatCompletionRequest) -> int:
@@ -119,7 +126,7 @@ class CallIntake:
         execution's render state as it was. Raises ProxyError(400) for messages the template
         refuses."""
         tools = req.tools or None
-        kwargs = req.chat_template_kwargs
+        kwargs = self._template_input(req)
         parent = self.renderer.find_parent(ex.render, req.messages, tools, kwargs)
 
         def count() -> int:
@@ -133,6 +140,24 @@ class CallIntake:
             )
 
         return await self._run_render(ex, body, req, parent, count)
+
+    def _template_input(self, req: ChatCompletionRequest) -> dict[str, Any] | None:
+        """The template kwargs of a chat request (`openai_requests.template_kwargs`), once its
+        messages and rendering switches are checked: 400 for a message the template would drop
+        (`template_input.TemplateRoles`) or `continue_final_message` with a generation prompt."""
+        if req.continue_final_message and req.add_generation_prompt:
+            raise proxy_error(
+                "continue_final_message needs add_generation_prompt: false (the reply continues "
+                "the last message instead of starting a new one)",
+                400,
+                "invalid_value",
+                param="continue_final_message",
+            )
+        if dropped := self.renderer.roles.dropped(req.messages):
+            raise proxy_error(
+                dropped[1], 400, "invalid_value", param=f"messages[{dropped[0]}].role"
+            )
+        return template_kwargs(req.chat_template_kwargs, req.reasoning_effort, req.verbosity)
 
     async def _run_render(
         self,
@@ -172,8 +197,12 @@ class CallIntake:
         """Tokenize a completions prompt (or take its token IDs) and start its `Call`."""
         started = time.time()
         engine = self.engine_for(ex.execution_id)
+        structured = completion_constraint(req)
         if isinstance(prompt, str):
-            ids = await anyio.to_thread.run_sync(lambda: self.tokenizer.encode(prompt))
+            special = req.add_special_tokens
+            ids = await anyio.to_thread.run_sync(
+                lambda: self.tokenizer.encode(prompt, add_special_tokens=special)
+            )
         ids = self.text.intern(ids if isinstance(prompt, str) else prompt)
         if not ids:
             raise proxy_error("prompt must not be empty", 400, "invalid_value", param="prompt")
@@ -187,6 +216,7 @@ class CallIntake:
             req=req,
             max_tokens=req.max_tokens,
             prompt_len=len(ids),
+            structured=structured,
             parse_tools=False,
             chat=False,
             template_kwargs=None,

@@ -24,9 +24,10 @@ from gyre.tito.anthropic_format import anthropic_error, message_body, message_st
 from gyre.tito.chat_api import Reply
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
-from gyre.tito.openai_requests import proxy_error
+from gyre.tito.openai_requests import proxy_error, template_kwargs
 from gyre.tito.recorder import Recorder
 from gyre.tito.reply import loads_or_none
+from gyre.tito.request_fields import unknown_field
 from gyre.tito.sessions import Execution
 from gyre.tito.wire import (
     JSON_ENCODER,
@@ -34,6 +35,7 @@ from gyre.tito.wire import (
     ChatMessage,
     ContentPart,
     FunctionCall,
+    ResponseFormat,
     ToolCall,
 )
 
@@ -51,6 +53,8 @@ __all__ = [
     "ToolChoice",
     "ThinkingConfig",
     "Metadata",
+    "OutputFormat",
+    "OutputConfig",
     "CountTokensRequest",
     "MessagesRequest",
     "to_chat",
@@ -181,10 +185,26 @@ class Metadata(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """An opaque end-user ID: accepted, never affects generation."""
 
 
+class OutputFormat(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`output_config.format`: the reply is JSON matching `schema` (as chat's `response_format`
+    `json_schema`)."""
+
+    type: Literal["json_schema"]
+    schema: dict[str, Any]
+
+
+class OutputConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`output_config`: `effort` reaches the chat template as a reasoning effort
+    (`openai_requests.template_kwargs`), `format` constrains the reply."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: OutputFormat | None = None
+
+
 class CountTokensRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`POST /v1/messages/count_tokens` body (the SDK's `MessageCountTokensParams`): what a
     Messages request renders, no sampling field (`max_tokens` included). An unknown field is a
-    400."""
+    400 (docs/request_fields.md)."""
 
     model: str
     messages: list[InputMessage]
@@ -192,11 +212,19 @@ class CountTokensRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    # Without effect on what is sampled or returned: a cache breakpoint (every known prefix is
+    # reused anyway), a speed hint, identifiers.
+    cache_control: dict[str, Any] | None = None
+    speed: Literal["standard", "fast"] | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
 
 
 class MessagesRequest(CountTokensRequest, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`POST /v1/messages` body: the conversation `CountTokensRequest` holds, and sampling.
-    Every field is honoured or refused: an unknown field is a 400."""
+    Every field is honoured, without effect on what is sampled or returned, or refused: an
+    unknown field is a 400 (docs/request_fields.md)."""
 
     max_tokens: int
     temperature: float | None = None
@@ -206,6 +234,9 @@ class MessagesRequest(CountTokensRequest, frozen=True, kw_only=True, forbid_unkn
     stop_sequences: list[str] | None = None
     stream: bool = False
     metadata: Metadata | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None
+    """Without effect, as `inference_geo`: capacity and region hints."""
+    inference_geo: str | None = None
 
 
 _DECODER = msgspec.json.Decoder(MessagesRequest)
@@ -226,8 +257,9 @@ def _decode(body: bytes, decoder: msgspec.json.Decoder = _DECODER) -> Any:
         text = str(exc)
         if m := _INVALID_TAG.search(text):
             text = f"content block type {m[1]!r} is not supported (supported: {_BLOCK_TYPES})"
-        elif text.startswith("Object contains unknown field"):
-            text += " (gyre refuses what it cannot honour rather than ignore it)"
+        unknown = unknown_field(text)
+        if unknown is not None:
+            raise _bad(f"invalid request: {unknown}", unknown.param) from None
         _, sep, path = str(exc).rpartition("at `")
         raise _bad(
             f"invalid request: {text}", path.rstrip("`").removeprefix("$.") or None
@@ -360,7 +392,9 @@ def to_chat(
     tool results as tool messages in order, then its text. Raises ProxyError(400) for what the
     API refuses (an orphan or missing tool_result, an assistant turn last: prefill) and for what
     gyre cannot honour (images, documents, redacted thinking, server tools, a thinking switch
-    the chat template lacks). `thinking_switch`: the template reads `enable_thinking`.
+    the chat template lacks). `output_config.effort` reaches the template as a reasoning effort,
+    `output_config.format` becomes `response_format`. `thinking_switch`: the template reads
+    `enable_thinking`.
     """
     if not req.messages:
         raise _bad("messages must not be empty", "messages")
@@ -382,6 +416,11 @@ def to_chat(
             top_k=req.top_k,
             stop=req.stop_sequences,
         )
+        out_format = req.output_config.format if req.output_config is not None else None
+        if out_format is not None:
+            sampling["response_format"] = ResponseFormat(
+                type="json_schema", json_schema={"name": "output", "schema": out_format.schema}
+            )
     out: list[ChatMessage] = []
     if req.system is not None:
         system = req.system if isinstance(req.system, str) else _texts(req.system, "system")
@@ -428,13 +467,14 @@ def to_chat(
     parallel = None
     if req.tool_choice is not None:
         tool_choice, parallel = _tool_choice(req.tool_choice, req.tools or [])
+    effort = req.output_config.effort if req.output_config is not None else None
     return ChatCompletionRequest(
         model=req.model,
         messages=out,
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
-        chat_template_kwargs=_thinking_kwargs(req, thinking_switch),
+        chat_template_kwargs=template_kwargs(_thinking_kwargs(req, thinking_switch), effort, None),
         **sampling,
     )
 

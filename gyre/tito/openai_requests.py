@@ -18,8 +18,11 @@ import msgspec
 from gyre.config import ProxyConfig
 from gyre.engines.protocol import InferenceEngine, SamplingParams, StructuredOutput
 from gyre.errors import ProxyError
+from gyre.tito.request_fields import refuse_unsupported, unknown_field
 from gyre.tito.sessions import Execution
 from gyre.tito.wire import (
+    CHAT_DECODER,
+    COMPLETION_DECODER,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
@@ -29,6 +32,9 @@ from gyre.tito.wire import (
 __all__ = [
     "proxy_error",
     "decode_request",
+    "decode_chat",
+    "decode_completion",
+    "template_kwargs",
     "check_model",
     "check_messages",
     "completion_prompt",
@@ -56,11 +62,15 @@ def _param_of(message: str) -> str | None:
 
 
 def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
-    """The request `body` decoded and validated by `decoder` (400 naming the offending field;
-    400 for JSON nested deeper than the decoder can recurse)."""
+    """The request `body` decoded and validated by `decoder` (400 naming the offending field, or
+    a field the request type does not declare: `request_fields.unknown_field`; 400 for JSON
+    nested deeper than the decoder can recurse)."""
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
+        unknown = unknown_field(str(exc))
+        if unknown is not None:
+            raise unknown from None
         raise proxy_error(
             f"invalid request: {exc}", 400, "invalid_type", param=_param_of(str(exc))
         ) from None
@@ -68,6 +78,38 @@ def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise proxy_error(f"malformed JSON body: {exc}", 400, "invalid_json") from None
     except RecursionError:  # msgspec's decoder recurses per level (about 1000 deep)
         raise proxy_error("malformed JSON body: nested too deeply", 400, "invalid_json") from None
+
+
+def decode_chat(body: bytes) -> ChatCompletionRequest:
+    """A Chat Completions body decoded and its fields checked (`request_fields`)."""
+    req: ChatCompletionRequest = decode_request(CHAT_DECODER, body)
+    refuse_unsupported(req)
+    return req
+
+
+def decode_completion(body: bytes) -> CompletionRequest:
+    """A Completions body decoded and its fields checked (`request_fields`)."""
+    req: CompletionRequest = decode_request(COMPLETION_DECODER, body)
+    refuse_unsupported(req)
+    return req
+
+
+def template_kwargs(
+    kwargs: dict[str, Any] | None, reasoning_effort: str | None, verbosity: str | None
+) -> dict[str, Any] | None:
+    """The chat template's kwargs: the client's own (`chat_template_kwargs`), then a reasoning
+    effort as `reasoning_effort` and `enable_thinking` (false for `none`) and a verbosity as
+    `verbosity`, where the client set no such key (as vLLM passes `reasoning_effort`). Every
+    chat API renders them this way (Chat's `reasoning_effort`, Responses' `reasoning.effort`,
+    Messages' `output_config.effort`). A template that reads none of them renders the same
+    prompt, as with vLLM."""
+    out = dict(kwargs or {})
+    if reasoning_effort is not None:
+        out.setdefault("reasoning_effort", reasoning_effort)
+        out.setdefault("enable_thinking", reasoning_effort != "none")
+    if verbosity is not None:
+        out.setdefault("verbosity", verbosity)
+    return out or None
 
 
 def check_model(model: str, served: tuple[str, ...]) -> None:
@@ -158,13 +200,17 @@ def sampling_params(
     before the request's own; `structured` is the reply's grammar (`constraints.chat_constraint`).
 
     Every parameter that changes what is sampled is passed to the engine or refused with a 400,
-    never dropped. `logit_bias` and the presence, frequency and repetition penalties are passed
-    to the engine and recorded with the call (`ModelCall.sampling`); the behaviour logprobs are
-    those of the distribution they produce (vLLM's processed logprobs, invariant 2), so the
-    trainer's importance ratio pi_theta / pi_behaviour accounts for them like any off-policy
-    sample. Ranges are OpenAI's (API reference, Chat and Completions): biases in [-100, 100] on
-    token IDs of the vocabulary, presence and frequency penalties in [-2, 2], `top_logprobs` (chat,
-    needs `logprobs: true`) and completions' `logprobs` in [0, 20]; `repetition_penalty` (vLLM's)
+    never dropped (docs/request_fields.md). `min_p` is truncation, like `top_p` and `top_k`:
+    passed on and recorded, and such executions are not trained (invariant 2); `min_tokens`,
+    `allowed_token_ids` and `bad_words` mask tokens, like `logit_bias`; `ignore_eos` leaves the
+    model's end IDs out of the stop IDs (the request's own still stop). `logit_bias` and the
+    presence, frequency and repetition penalties are passed to the engine and recorded with the
+    call (`ModelCall.sampling`); the behaviour logprobs are those of the distribution they
+    produce (vLLM's processed logprobs, invariant 2), so the trainer's importance ratio
+    pi_theta / pi_behaviour accounts for them like any off-policy sample. Ranges are
+    OpenAI's (API reference, Chat and Completions): biases in [-100, 100] on token IDs of the
+    vocabulary, presence and frequency penalties in [-2, 2], `top_logprobs` (chat, needs
+    `logprobs: true`) and completions' `logprobs` in [0, 20]; `repetition_penalty` (vLLM's)
     > 0; `seed` a signed 64-bit integer and `top_k` in [0, 2**63) (vLLM's ranges; larger ones
     cannot be recorded). Completions: `suffix` is refused (no fill-in-the-middle), `best_of` must
     equal `n` (no ranking of samples), `echo` with `logprobs` is refused (prompt logprobs are not
@@ -193,6 +239,9 @@ def sampling_params(
             f"seed={req.seed} must be a 64-bit signed integer", 400, "invalid_value", param="seed"
         )
     top_k = req.top_k or 0
+    min_p = req.min_p or 0.0
+    if not (math.isfinite(min_p) and 0 <= min_p <= 1):
+        raise proxy_error(f"min_p={min_p} must be in [0, 1]", 400, "invalid_value", param="min_p")
     if not 0 <= top_k <= _INT64_MAX:
         raise proxy_error(
             f"top_k={top_k} must be 0 (off) or a positive 64-bit integer",
@@ -219,6 +268,7 @@ def sampling_params(
         )
     if isinstance(req, CompletionRequest):
         _check_completion_extras(req)
+    allowed, bad_words = _masks(req, stats.vocab_size)
     max_model_len = stats.max_model_len
     room = max_model_len - prompt_len
     wanted = room if max_tokens is None else max_tokens
@@ -232,25 +282,59 @@ def sampling_params(
             "context_length_exceeded",
             param="messages",
         )
+    if req.min_tokens > min(wanted, room):
+        raise proxy_error(
+            f"min_tokens={req.min_tokens} must be in [0, max_tokens={min(wanted, room)}]",
+            400,
+            "invalid_value",
+            param="min_tokens",
+        )
+    ends = () if req.ignore_eos else stop_token_ids
     return SamplingParams(
         max_tokens=min(wanted, room),
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
+        min_p=min_p,
         seed=req.seed,
-        stop_token_ids=stop_token_ids
-        + tuple(t for t in req.stop_token_ids or () if t not in stop_token_ids),
+        stop_token_ids=ends + tuple(t for t in req.stop_token_ids or () if t not in ends),
         n=req.n,
         top_logprobs=top,
         logit_bias=bias,
         repetition_penalty=rep,
         structured=structured,
+        min_tokens=req.min_tokens,
+        allowed_token_ids=allowed,
+        bad_words=bad_words,
         **penalties,
     )
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 """vLLM's range for `seed` (its OpenAI protocol), also what the call log can store."""
+
+
+def _masks(
+    req: ChatCompletionRequest | CompletionRequest, vocab_size: int
+) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
+    """(`allowed_token_ids`: token IDs of the vocabulary, at least one; `bad_words`: non-blank
+    texts) as `SamplingParams` takes them; 400 naming the field otherwise."""
+    allowed = req.allowed_token_ids
+    if allowed is not None:
+        bad = next((t for t in allowed if not 0 <= t < vocab_size), None)
+        if not allowed or bad is not None:
+            raise proxy_error(
+                f"allowed_token_ids must be token IDs in [0, {vocab_size}), at least one"
+                + ("" if bad is None else f" ({bad} is not)"),
+                400,
+                "invalid_value",
+                param="allowed_token_ids",
+            )
+    if not all(w.strip() for w in req.bad_words or ()):
+        raise proxy_error(
+            "bad_words must be non-blank texts", 400, "invalid_value", param="bad_words"
+        )
+    return (None if allowed is None else tuple(allowed)), tuple(req.bad_words or ())
 
 
 def _top_logprobs(req: ChatCompletionRequest | CompletionRequest) -> int:

@@ -47,7 +47,7 @@ from gyre.tito.openai_requests import (
     check_messages,
     check_model,
     completion_prompt,
-    decode_request,
+    decode_completion,
     proxy_error,
 )
 from gyre.tito.recorder import Recorder
@@ -56,12 +56,7 @@ from gyre.tito.render import ChatRenderer
 from gyre.tito.render_state import RenderStatistics
 from gyre.tito.responses_api import ResponsesApi
 from gyre.tito.sessions import Execution, Sessions, parse_role
-from gyre.tito.wire import (
-    COMPLETION_DECODER,
-    JSON_ENCODER,
-    CompletionRequest,
-    error_body,
-)
+from gyre.tito.wire import JSON_ENCODER, error_body
 
 __all__ = ["TitoProxy", "ProxyStatistics"]
 
@@ -557,7 +552,7 @@ class TitoProxy:
             ex = self._resolve(request)
             role = parse_role(request.headers.get("x-gyre-role"))
             body = await self._body(request)
-            req: CompletionRequest = decode_request(COMPLETION_DECODER, body)
+            req = decode_completion(body)
             self._check_model(req.model)
             prompt = completion_prompt(req.prompt)
             key = await self._start_request(request, ex, role, body)

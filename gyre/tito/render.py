@@ -40,6 +40,7 @@ from gyre.tito.render_state import (
 from gyre.tito.template_input import (
     PROBE_ARGUMENTS,
     LiteralText,
+    TemplateRoles,
     message_to_template,
     placeholder,
 )
@@ -114,6 +115,7 @@ class ChatRenderer:
         self.arguments_as = self._probearguments_for()
         """How tool-call arguments reach this template: `string` or `mapping` (decided once, by
         rendering a probe call: `message_to_template`)."""
+        self.roles = TemplateRoles(tokenizer, self.arguments_as)  # messages as the template's
 
     # -- primitives ---------------------------------------------------------------------------
 
@@ -146,7 +148,8 @@ class ChatRenderer:
         add_generation_prompt: bool,
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        """The chat template's text for `messages` (`apply_chat_template(tokenize=False)`).
+        """The chat template's text for `messages` (`apply_chat_template(tokenize=False)`, each
+        role as `self.roles` maps it).
 
         A message other than the assistant's whose text holds an added token's text (`<|im_end|>`,
         `<tool_call>`) is rendered once more with a placeholder in its place, which locates its
@@ -155,7 +158,7 @@ class ChatRenderer:
         gets no such spans: its text is encoded as before."""
         self._literal.forget()
         kwargs = template_kwargs or {}
-        dicts = [message_to_template(m, arguments_as=self.arguments_as) for m in messages]
+        dicts = [self.roles.message(m) for m in messages]
         text = self.tokenizer.apply_chat_template(
             dicts,
             tools=tools,
@@ -166,9 +169,7 @@ class ChatRenderer:
         forged = self._literal.forged(messages)
         if forged:
             marked = [
-                message_to_template(m, arguments_as=self.arguments_as, content=placeholder(i))
-                if i in forged
-                else d
+                self.roles.message(m, placeholder(i)) if i in forged else d
                 for i, (m, d) in enumerate(zip(messages, dicts))
             ]
             template = self.tokenizer.apply_chat_template(
@@ -210,12 +211,14 @@ class ChatRenderer:
         tools: list[dict[str, Any]] | None = None,
         *,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
         parent: Node | None | Literal[True] = True,
     ) -> Rendered:
         """Prompt IDs for a chat request of the execution whose state is `state`.
 
-        `parent`: the result of `find_parent` when the caller already has it (True: look it up).
+        `parent`: the result of `find_parent` when the caller already has it (True: look it up);
+        `continue_final_message` (the reply continues the last message) renders in full.
         Raises ValueError when the template cannot render the messages (e.g. a non-text part).
         """
         if parent is True:
@@ -226,6 +229,9 @@ class ChatRenderer:
         heals: tuple[str, ...] = ()
         if parent is not None:
             messages, heals = self._link(parent, messages)
+        if continue_final_message:  # `apply_chat_template`'s own keyword, passed with the kwargs
+            kwargs = {**(template_kwargs or {}), "continue_final_message": True}
+            return self._render_full(state, messages, tools, False, kwargs)
         rendered = self._render(
             state, messages, tools, add_generation_prompt, template_kwargs, parent
         )

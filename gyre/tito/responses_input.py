@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from gyre.tito.openai_requests import decode_request, proxy_error
+from gyre.tito.openai_requests import decode_request, proxy_error, template_kwargs
 from gyre.tito.wire import (
     ChatCompletionRequest,
     ChatMessage,
@@ -68,6 +68,12 @@ class ReasoningConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         return (self.summary or self.generate_summary) is not None
 
 
+class StreamObfuscation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`stream_options`: no effect (the proxy never pads stream events with `obfuscation`)."""
+
+    include_obfuscation: bool | None = None
+
+
 class ResponsesRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`POST /v1/responses` body. A field not listed is refused (400), never ignored."""
 
@@ -95,8 +101,13 @@ class ResponsesRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    """Identifiers and a cache key: they change nothing that is sampled (prefix caching is
-    automatic), so they are accepted."""
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    max_tool_calls: int | None = None
+    """Bounds calls of built-in tools, and none is served."""
+    stream_options: StreamObfuscation | None = None
+    """Identifiers, cache hints, a bound on built-in tool calls and stream padding: they change
+    nothing that is sampled or returned (prefix caching is automatic), so they are accepted."""
     # Sampling fields of vLLM's Responses route (as on Chat Completions; checked there).
     top_k: int | None = None
     seed: int | None = None
@@ -338,12 +349,11 @@ def chat_request(req: ResponsesRequest, history: list[ChatMessage]) -> ChatCompl
     head = (
         [] if req.instructions is None else [ChatMessage(role="system", content=req.instructions)]
     )
-    kwargs = dict(req.chat_template_kwargs or {})
-    if req.reasoning is not None and req.reasoning.effort is not None:
-        kwargs.setdefault("reasoning_effort", req.reasoning.effort)
-        kwargs.setdefault("enable_thinking", req.reasoning.effort != "none")
-    if req.text is not None and req.text.verbosity is not None:
-        kwargs.setdefault("verbosity", req.text.verbosity)
+    kwargs = template_kwargs(
+        req.chat_template_kwargs,
+        req.reasoning.effort if req.reasoning is not None else None,
+        req.text.verbosity if req.text is not None else None,
+    )
     chat: dict[str, Any] = dict(
         model=req.model,
         messages=head + history,
@@ -359,7 +369,7 @@ def chat_request(req: ResponsesRequest, history: list[ChatMessage]) -> ChatCompl
         stop=req.stop,
         logprobs="message.output_text.logprobs" in (req.include or ()),
         top_logprobs=req.top_logprobs,
-        chat_template_kwargs=kwargs or None,
+        chat_template_kwargs=kwargs,
         return_token_ids=req.return_token_ids,
         logit_bias=req.logit_bias,
         presence_penalty=req.presence_penalty,

@@ -2,7 +2,9 @@
 that must stay text.
 
 Owns `message_to_template` (tool-call arguments as the template expects them: `arguments_for`,
-decided per template by a probe render with `PROBE_ARGUMENTS`) and `LiteralText`, which locates
+decided per template by a probe render with `PROBE_ARGUMENTS`), `TemplateRoles` (which chat roles
+a template renders where, by probe renders: `developer` reaches a template that does not name it
+as `system`, and a message the template would drop is refused) and `LiteralText`, which locates
 non-assistant message text holding added-token text in a render with `placeholder`s, so that
 `ChatRenderer.encode` tokenizes it as plain text (field case B26). Knows nothing about prompts,
 parents or HTTP.
@@ -22,6 +24,7 @@ from gyre.tito.wire import ChatMessage, message_text
 
 __all__ = [
     "message_to_template",
+    "TemplateRoles",
     "arguments_for",
     "PROBE_ARGUMENTS",
     "PLACEHOLDER",
@@ -148,3 +151,88 @@ class LiteralText:
             return []
         off = len(text) - len(piece)
         return [(max(a - off, 0), b - off) for a, b in spans if b > off]
+
+
+_PROBE_TEXT = "gyre role probe 7f3a"
+"""The content of a probe message: found in the render unless the template drops it."""
+
+
+class TemplateRoles:
+    """How chat roles reach one chat template, decided once by probe renders.
+
+    `developer` (OpenAI's newer name of the system role) reaches a template that does not name
+    that role as `system`; a template that names it (gpt-oss) gets it as is. `drops` holds the
+    (role, first) pairs whose message the template renders without its text (e.g. a system
+    message after the first message, for a template that reads only `messages[0]`): such a
+    message is refused rather than silently left out of the prompt. A probe the template raises
+    on decides nothing (the real render then says what is wrong).
+
+    Args:
+        tokenizer: a `transformers` tokenizer with a chat template.
+        arguments_as: how tool-call arguments reach the template (`ChatRenderer.arguments_as`).
+    """
+
+    def __init__(self, tokenizer: Any, arguments_as: str) -> None:
+        self.arguments_as = arguments_as
+        source = getattr(tokenizer, "chat_template", None)
+        self.developer_as = (
+            "developer" if isinstance(source, str) and "developer" in source else ("system")
+        )
+        call: dict[str, Any] = {
+            "id": "abcdefghi",
+            "type": "function",
+            "function": {
+                "name": "gyre_probe",
+                "arguments": arguments_for(PROBE_ARGUMENTS, arguments_as),
+            },
+        }
+        u: dict[str, Any] = {"role": "user", "content": "u"}
+        a: dict[str, Any] = {"role": "assistant", "content": "a"}
+        probes: dict[tuple[str, bool], list[dict[str, Any]]] = {
+            ("user", True): [],
+            ("user", False): [u, a],
+            ("assistant", True): [],
+            ("assistant", False): [u],
+            ("system", True): [],
+            ("system", False): [u, a],
+            ("tool", False): [u, {"role": "assistant", "content": "", "tool_calls": [call]}],
+        }
+        if self.developer_as == "developer":
+            probes |= {("developer", True): [], ("developer", False): [u, a]}
+        self.drops: set[tuple[str, bool]] = set()
+        for (role, first), before in probes.items():
+            probe: dict[str, Any] = {"role": role, "content": _PROBE_TEXT}
+            if role == "tool":
+                probe["tool_call_id"] = call["id"]
+            after = [] if role in ("user", "tool") else [{"role": "user", "content": "v"}]
+            try:
+                text = tokenizer.apply_chat_template(
+                    [*before, probe, *after], tokenize=False, add_generation_prompt=True
+                )
+            except Exception:  # the template refuses this conversation: the probe says nothing
+                continue
+            if _PROBE_TEXT not in text:
+                self.drops.add((role, first))
+
+    def template_role(self, role: str) -> str:
+        """The role a message of `role` has in the template's input."""
+        return self.developer_as if role == "developer" else role
+
+    def message(self, m: ChatMessage, content: str | None = None) -> dict[str, Any]:
+        """`message_to_template` for this template: its arguments' form, its role."""
+        d = message_to_template(m, arguments_as=self.arguments_as, content=content)
+        d["role"] = self.template_role(m.role)
+        return d
+
+    def dropped(self, messages: list[ChatMessage]) -> tuple[int, str] | None:
+        """(index, why) of the first message this template would leave out of the prompt, or
+        None."""
+        for i, m in enumerate(messages):
+            if (self.template_role(m.role), i == 0) in self.drops:
+                where = "as the first message" if i == 0 else "after the first message"
+                why = (
+                    f"this model's chat template does not render a {m.role} message {where} (it "
+                    "would be left out of the prompt)"
+                )
+                return i, why
+        return None

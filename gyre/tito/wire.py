@@ -2,15 +2,17 @@
 
 Owns the msgspec Structs that request bodies are decoded into (`ChatCompletionRequest`,
 `CompletionRequest`, `ChatMessage`, `ToolCall`, ...), one decoder per request type built once, and
-`error_body`. Unknown fields are ignored (clients send many extras); wrong types are refused by the
-decoder with the offending JSON path. Every field that changes what is sampled or returned is
-declared here, so it is honoured or refused, never dropped. Knows nothing about tokens, engines or
-executions.
+`error_body`. Every field of OpenAI's schemas and of vLLM's extras is declared: honoured, accepted
+without effect (it changes neither what is sampled nor what is returned), or refused unless it
+asks for nothing (`request_fields`); a top-level field no schema lists is refused with a 400
+naming it, and wrong types with the offending JSON path (docs/request_fields.md has the table).
+Message objects keep their lenient decoding: echoed replies carry response-only fields. Knows
+nothing about tokens, engines or executions.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -21,6 +23,7 @@ __all__ = [
     "ChatMessage",
     "StreamOptions",
     "ResponseFormat",
+    "StructuredOutputs",
     "ChatCompletionRequest",
     "CompletionRequest",
     "CHAT_DECODER",
@@ -55,7 +58,8 @@ class ContentPart(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One chat message as the agent sent it (extra fields such as `refusal` are dropped)."""
+    """One chat message as the agent sent it. Fields a template does not read that echoed replies
+    carry (`refusal`, `annotations`, `audio`) are dropped; a legacy `function_call` is refused."""
 
     role: str
     content: str | list[ContentPart] | None = None
@@ -65,13 +69,19 @@ class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     reasoning_content: str | None = None
     reasoning: str | None = None
     """Alias of `reasoning_content` used by newer vLLM and some clients."""
+    function_call: Any = None
+    """The deprecated legacy call: refused unless null (`tool_calls` carry calls)."""
 
 
-class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
+class StreamOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     include_usage: bool = False
+    include_obfuscation: bool | None = None
+    """No effect: the proxy never pads stream deltas with an `obfuscation` field."""
+    continuous_usage_stats: Any = None
+    """vLLM's usage in every chunk: refused unless false (`request_fields`)."""
 
 
-class ResponseFormat(msgspec.Struct, frozen=True, kw_only=True):
+class ResponseFormat(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`response_format`: `text`, `json_object`, or `json_schema` with
     `json_schema: {"name", "schema", "strict"}` (OpenAI API reference, Chat, "response_format")."""
 
@@ -79,25 +89,41 @@ class ResponseFormat(msgspec.Struct, frozen=True, kw_only=True):
     json_schema: dict[str, Any] | None = None
 
 
-class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """`POST /v1/chat/completions` body (the fields gyre honours; others are ignored)."""
+class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's `structured_outputs`: exactly one of `json` (a schema), `regex`, `choice`,
+    `grammar` (EBNF), `json_object`, `structural_tag` (`constraints.request_constraint`)."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    """No effect: JSON is always compiled without free whitespace (`engines.vllm_params`)."""
+    disable_additional_properties: Any = None
+    """Refused unless false: the schema is enforced as sent."""
+    whitespace_pattern: Any = None
+    """Refused unless null."""
+
+
+class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The fields Chat Completions and Completions share (OpenAI's schemas and vLLM's extras).
+
+    Every field a schema lists is declared: honoured, accepted without effect (it changes
+    neither what is sampled nor what is returned) or refused unless it asks for nothing
+    (`request_fields.REFUSED`); a field no schema lists is refused. docs/request_fields.md
+    holds the table."""
 
     model: str
-    messages: list[ChatMessage]
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    min_p: float | None = None
+    """vLLM's: truncation like `top_p` (recorded; such executions are not trained)."""
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -107,41 +133,123 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     """vLLM's extra sampling parameter."""
-    add_generation_prompt: bool = True
-    chat_template_kwargs: dict[str, Any] | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    """The model's end tokens do not stop the choice (only the request's own stop IDs do)."""
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | dict[str, Any] | None = None
+    """vLLM's legacy spelling of `structured_outputs.json` (also `guided_regex`,
+    `guided_choice`, `guided_grammar`): honoured as that."""
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    """No effect: xgrammar compiles every grammar."""
     return_token_ids: bool = False
     """vLLM's flag: also return `prompt_token_ids` (the whole prompt: O(history) bytes per call,
     so opt-in). Per-choice `token_ids` are always returned."""
+    # Without effect on what is sampled or returned: identifiers, cache and scheduling hints.
+    user: str | None = None
+    priority: int = 0
+    cache_salt: str | None = None
+    session_id: str | None = None
+    length_penalty: float = 1.0
+    """Beam search only (refused)."""
+    spaces_between_special_tokens: bool = True
+    """Fast-tokenizer decoding puts no spaces between tokens either way."""
+    stream_interval: int | None = None
+    """Tokens per streamed chunk: the chunks' joined text and tokens are the same."""
+    truncation_side: str | None = None
+    """Only read with `truncate_prompt_tokens` (refused)."""
+    # Refused unless they ask for nothing (`request_fields.REFUSED` says why).
+    include_stop_str_in_output: Any = None
+    skip_special_tokens: Any = None
+    return_tokens_as_token_ids: Any = None
+    return_token_offsets: Any = None
+    logprob_token_ids: Any = None
+    prompt_logprobs: Any = None
+    truncate_prompt_tokens: Any = None
+    use_beam_search: Any = None
+    thinking_token_budget: Any = None
+    repetition_detection: Any = None
+    watermarking: Any = None
+    vllm_xargs: Any = None
+    kv_transfer_params: Any = None
+    ec_transfer_params: Any = None
+    mm_payload: Any = None
+    return_mm_kwargs: Any = None
+    routed_experts_prompt_start: Any = None
+    request_id: Any = None
+    guided_whitespace_pattern: Any = None
 
 
-class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+class ChatCompletionRequest(_Request, frozen=True, kw_only=True):
+    """`POST /v1/chat/completions` body (every field is honoured, without effect or refused)."""
+
+    messages: list[ChatMessage]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    """The last message is left open and the reply continues it (needs
+    `add_generation_prompt: false`)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    """Rendered as the `reasoning_effort` and `enable_thinking` template kwargs (as the
+    Responses API's `reasoning.effort`)."""
+    verbosity: Literal["low", "medium", "high"] | None = None
+    """Rendered as the `verbosity` template kwarg (as the Responses API's `text.verbosity`)."""
+    # Without effect (see `_Request`).
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    """OpenAI's stored completions; the proxy records every call anyway."""
+    service_tier: str | None = None
+    modalities: list[str] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    include_reasoning: bool = True
+    # Refused unless they ask for nothing.
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    echo: Any = None
+    add_special_tokens: Any = None
+    chat_template: Any = None
+    documents: Any = None
+    media_io_kwargs: Any = None
+    mm_processor_kwargs: Any = None
+    return_prompt_text: Any = None
+
+
+class CompletionRequest(_Request, frozen=True, kw_only=True):
     """`POST /v1/completions` body: `prompt` is text or token IDs (one prompt per request)."""
 
-    model: str
     prompt: str | list[Any]
     """Text, token IDs, or a one-element list of either (see `openai_format.completion_prompt`)."""
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: int = 1
     max_tokens: int | None = 16
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
     logprobs: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    logit_bias: dict[str, float] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
     best_of: int | None = None
     """Refused unless equal to `n` (no server-side ranking)."""
     suffix: str | None = None
     """Refused (no fill-in-the-middle template)."""
     echo: bool = False
-    return_token_ids: bool = False
-    """Also return `prompt_token_ids`; per-choice `token_ids` are always returned."""
+    add_special_tokens: bool = True
+    """vLLM's: the tokenizer's special tokens (a BOS) are added to a text prompt."""
+    prompt_embeds: Any = None
+    """Refused (token IDs or text only)."""
 
 
 CHAT_DECODER = msgspec.json.Decoder(ChatCompletionRequest)

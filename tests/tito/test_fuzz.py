@@ -322,8 +322,8 @@ def check_deep_bodies(tok) -> None:
     for depth in (1000, 5000):
         deep = b"[" * depth + b"]" * depth
         for path, head in (
-            ("/v1/chat/completions", b'{"model":"gyre","messages":[],"x":'),
-            ("/v1/completions", b'{"model":"gyre","prompt":"hi","x":'),
+            ("/v1/chat/completions", b'{"model":"gyre","messages":[],"vllm_xargs":'),
+            ("/v1/completions", b'{"model":"gyre","prompt":"hi","vllm_xargs":'),
             (
                 "/v1/responses",
                 b'{"model":"gyre","input":"hi","tools":[{"type":"function",'

@@ -324,8 +324,8 @@ BAD = {
         "no tool_result",
     ),
     "unknown field": (
-        {"messages": [{"role": "user", "content": "x"}], "output_config": {"effort": "low"}},
-        "unknown field `output_config`",
+        {"messages": [{"role": "user", "content": "x"}], "container": "container_1"},
+        "container is not supported",
     ),
     "redacted thinking": (
         {

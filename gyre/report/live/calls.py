@@ -135,7 +135,7 @@ class CallIndex:
         ex.completion_tokens += len(call.completion_ids)
         ex.roles[call.role] = ex.roles.get(call.role, 0) + 1
         sp = call.sampling
-        if sp.temperature == 0 or sp.top_p < 1 or sp.top_k > 0:
+        if sp.temperature == 0 or sp.top_p < 1 or sp.top_k > 0 or sp.min_p > 0:
             ex.untrainable_sampling = True
         if call.divergence is not None:
             reason = call.divergence.reason
