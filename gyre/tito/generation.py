@@ -29,7 +29,7 @@ from gyre.engines.protocol import (
     TokenDelta,
 )
 from gyre.errors import EngineError
-from gyre.tito.detok import TokenText
+from gyre.tito.detok import TokenStream, TokenText
 from gyre.tito.model_format import TextStream
 from gyre.tito.records import Role
 from gyre.tito.render_state import Rendered
@@ -43,7 +43,7 @@ class Choice:
     """One choice being generated."""
 
     index: int
-    decoder: Any
+    decoder: TokenStream
     ids: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     vers: list[int] = field(default_factory=list)
@@ -140,11 +140,14 @@ class Call:
         rendered: Rendered,
         sampling: SamplingParams,
         stops: tuple[str, ...],
+        *,
+        text: TokenText,
         **kind: Any,
     ) -> Call:
-        """A new call of `execution` (its next call ID), one `Choice` per sample; `kind` sets
-        `parse_tools`, `chat`, `template_kwargs` and `reply_parser`."""
-        choices = [Choice(index=i, decoder=TokenText.incremental()) for i in range(sampling.n)]
+        """A new call of `execution` (its next call ID), one `Choice` per sample, each decoding
+        its tokens with a stream of `text`; `kind` sets `parse_tools`, `chat`, `template_kwargs`
+        and `reply_parser`."""
+        choices = [Choice(index=i, decoder=text.stream()) for i in range(sampling.n)]
         return cls(
             execution=execution,
             engine=engine,
@@ -285,7 +288,7 @@ class _DeltaText:
             ch.vers.append(ver)
             if tok in stop_ids:
                 continue
-            piece = ch.decoder.decode(self.table.token_bytes(tok))
+            piece = ch.decoder.push(tok)
             if stops and piece:
                 window = ch.tail + piece
                 hits = [q for q in (window.find(s) for s in stops) if q >= 0]
@@ -302,7 +305,7 @@ class _DeltaText:
                 ch.tail = window[-(longest - 1) :] if longest > 1 else ""
             added.append(piece)
         if ch.finish is None and delta.finish_reason is not None:
-            added.append(ch.decoder.decode(b"", final=True))
+            added.append(ch.decoder.end())
             ch.finish = delta.finish_reason
         ch.new_text = "".join(added)
         ch.parts.append(ch.new_text)

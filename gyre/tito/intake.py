@@ -198,6 +198,7 @@ class CallIntake:
             rendered,
             sampling,
             stop_strings(req.stop),
+            text=self.text,
             reply_parser=self.model_format.parser,
             parse_tools=parse_tools,
             chat=chat,

@@ -119,6 +119,10 @@ class ChatRenderer:
         self.stats = RenderStatistics()
         self._backend = tokenizer.backend_tokenizer
         self._literal = LiteralText(tokenizer)
+        self.faithful = self._probe_faithful()
+        """Whether the tokens of a text spell that text (byte-level BPE); else the tokenizer adds
+        to it (SentencePiece's `▁` before a text, after a control token), and a full render
+        splices known tokens on the tokens of the whole text (`splice_tokens`)."""
         self.arguments_as = self._probearguments_for()
         """How tool-call arguments reach this template: `string` or `mapping` (decided once, by
         rendering a probe call: `message_to_template`)."""
@@ -188,6 +192,16 @@ class ChatRenderer:
             )
             self._literal.locate(text, template, forged)
         return text
+
+    def _probe_faithful(self) -> bool:
+        """Whether `TokenText.context_text(encode(t)) == t` for probe texts: plain words, a
+        newline, and text around a control token."""
+        added = sorted(self.tokenizer.get_added_vocab(), key=len)
+        around = [f"x{added[0]} y z{added[0]}w", f"{added[-1]}q r"] if added else []
+        return all(
+            self.text.context_text(_encode(self._backend, t)) == t
+            for t in ["a b", "a\nb  c", *around]
+        )
 
     def _probearguments_for(self) -> str:
         """`mapping` when the template renders a string argument double-encoded (it applies
@@ -511,7 +525,10 @@ class ChatRenderer:
     def splice_tokens(self, known: list[int], text: str) -> tuple[list[int], int | None]:
         """(ids, divergence index or None): `known` tokens kept while their bytes prefix `text`;
         with `history="heal"` an invalid UTF-8 sequence of `known` also matches the U+FFFD that
-        `bytes.decode(errors="replace")` gives for it (`gyre.tito.heal.match_replacements`)."""
+        `bytes.decode(errors="replace")` gives for it (`gyre.tito.heal.match_replacements`).
+        A tokenizer that is not `faithful` is compared on the tokens of the whole `text`."""
+        if not self.faithful:
+            return self._splice_encoded(known, text)
         table = self.text.table
         kb = self.text.bytes_of(known)
         tb = text.encode()
@@ -535,6 +552,39 @@ class ChatRenderer:
             pos -= len(table[known[j]]) if 0 <= known[j] < ntab else 0
             at = text_offset(pos, spans)
         ids = known[:j] + self.encode(tb[at:].decode())
+        if j == len(known):
+            return ids, None
+        return ids, _common_prefix(ids, known)
+
+    def _splice_encoded(self, known: list[int], text: str) -> tuple[list[int], int | None]:
+        """`splice_tokens` for a tokenizer that adds to a text: `known` kept while their bytes
+        prefix the bytes of `encode(text)`, up to a boundary of both, then `encode(text)`'s
+        tokens from there (O(text): the whole text is tokenized)."""
+        enc = self.encode(text)
+        table, ntab = self.text.table, len(self.text.table)
+        kb, eb = self.text.bytes_of(known), self.text.bytes_of(enc)
+        shared = _common_prefix(kb, eb)
+        spans: list[tuple[int, int]] = []
+        if self.history == "heal" and shared < len(eb):
+            shared, _, spans = match_replacements(kb, eb, shared)
+        starts: dict[int, int] = {}  # byte offset in eb -> the first token of enc starting there
+        pos = 0
+        for k, t in enumerate(enc):
+            starts.setdefault(pos, k)
+            pos += len(table[t]) if 0 <= t < ntab else 0
+        starts.setdefault(pos, len(enc))
+        pos, j = 0, 0
+        for t in known:
+            size = len(table[t]) if 0 <= t < ntab else 0
+            if pos + size > shared:
+                break
+            pos += size
+            j += 1
+        while j > 0 and text_offset(pos, spans) not in starts:
+            j -= 1
+            pos -= len(table[known[j]]) if 0 <= known[j] < ntab else 0
+        at = text_offset(pos, spans)
+        ids = known[:j] + enc[starts[at if at is not None else 0] :]
         if j == len(known):
             return ids, None
         return ids, _common_prefix(ids, known)

@@ -35,7 +35,8 @@ class Node:
     """A list whose first `prompt_len` IDs are this prompt (this node's own, or a descendant's)."""
     completion_ids: list[int]
     completion_text: str
-    """Decoded completion, special tokens included (the text the template must reproduce)."""
+    """The completion's text inside a prompt, special tokens included (`TokenText.context_text`:
+    the text the template must reproduce)."""
     messages: list[ChatMessage] | None = None
     """The request's messages (chat calls); shared with the parent's list objects where equal."""
     reply: ChatMessage | None = None
