@@ -106,6 +106,8 @@ class Call:
     choices: list[Choice]
     reply_parser: Any = None
     """The proxy's `model_format.ReplyParser` (None: gyre's own format)."""
+    tool_ids: Any = None
+    """The format's `model_format.ToolCallIds` (None: OpenAI-style `call_...` IDs)."""
     chat: bool = True
     recorded: bool = False
     request_key: bytes | None = None
@@ -145,8 +147,8 @@ class Call:
         **kind: Any,
     ) -> Call:
         """A new call of `execution` (its next call ID), one `Choice` per sample, each decoding
-        its tokens with a stream of `text`; `kind` sets `parse_tools`, `chat`, `template_kwargs`
-        and `reply_parser`."""
+        its tokens with a stream of `text`; `kind` sets `parse_tools`, `chat`, `template_kwargs`,
+        `reply_parser` and `tool_ids`."""
         choices = [Choice(index=i, decoder=text.stream()) for i in range(sampling.n)]
         return cls(
             execution=execution,

@@ -20,23 +20,17 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from gyre.tito.detok import TokenText
-from gyre.tito.heal import (
-    HEAL_REASONS,
-    echo_heals,
-    has_invalid_utf8,
-    heal_echo,
-    match_replacements,
-    text_offset,
-)
+from gyre.tito.heal import HEAL_REASONS, echo_heals, has_invalid_utf8, heal_echo
 from gyre.tito.records import Divergence
 from gyre.tito.render_state import Node, Rendered, RenderState, RenderStatistics
+from gyre.tito.splice import common_prefix, splice
 from gyre.tito.template_input import (
     PROBE_ARGUMENTS,
     LiteralText,
     message_to_template,
     placeholder,
 )
-from gyre.tito.wire import ChatMessage, message_text
+from gyre.tito.wire import ChatMessage, FunctionCall, ToolCall, message_text
 
 __all__ = ["ChatRenderer"]
 
@@ -76,21 +70,6 @@ def _reply_key(m: ChatMessage | None) -> tuple | None:
 def _invalid_utf8(text: TokenText, node: Node) -> bool:
     """Whether `node`'s completion bytes are not UTF-8 (its text then has U+FFFD they lack)."""
     return "\ufffd" in node.completion_text and has_invalid_utf8(text.bytes_of(node.completion_ids))
-
-
-def _common_prefix(a: bytes | list, b: bytes | list) -> int:
-    """Length of the common prefix of two sequences (C-speed slice compares, log steps)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class ChatRenderer:
@@ -222,6 +201,22 @@ class ChatRenderer:
                 return "string"
             return "mapping"
         return "mapping" if json.dumps(PROBE_ARGUMENTS) in text else "string"
+
+    def refuses_tool_id(self, tool_id: str) -> str | None:
+        """The template's error for a tool call named `tool_id` and its result (Mistral's refuse
+        all but 9 letters and digits), or None when it renders them."""
+        call = ToolCall(id=tool_id, function=FunctionCall(name="gyre_probe", arguments="{}"))
+        conv = [
+            ChatMessage(role="user", content="p"),
+            ChatMessage(role="assistant", content=None, tool_calls=[call]),
+            ChatMessage(role="tool", content="r", tool_call_id=tool_id),
+        ]
+        dicts = [message_to_template(m, arguments_as=self.arguments_as) for m in conv]
+        try:
+            self.tokenizer.apply_chat_template(dicts, tokenize=False)
+        except Exception as exc:  # jinja's own errors, raise_exception's among them
+            return str(exc)
+        return None
 
     # -- chat ---------------------------------------------------------------------------------
 
@@ -523,71 +518,12 @@ class ChatRenderer:
         return self.splice_tokens(parent.known_ids(), text)
 
     def splice_tokens(self, known: list[int], text: str) -> tuple[list[int], int | None]:
-        """(ids, divergence index or None): `known` tokens kept while their bytes prefix `text`;
-        with `history="heal"` an invalid UTF-8 sequence of `known` also matches the U+FFFD that
-        `bytes.decode(errors="replace")` gives for it (`gyre.tito.heal.match_replacements`).
-        A tokenizer that is not `faithful` is compared on the tokens of the whole `text`."""
-        if not self.faithful:
-            return self._splice_encoded(known, text)
-        table = self.text.table
-        kb = self.text.bytes_of(known)
-        tb = text.encode()
-        shared = _common_prefix(kb, tb)
-        spans: list[tuple[int, int]] = []
-        if self.history == "heal" and shared < len(tb):
-            shared, _, spans = match_replacements(kb, tb, shared)
-        # Last token boundary inside the shared bytes that is outside every invalid sequence and
-        # starts a UTF-8 character of text.
-        pos, j = 0, 0
-        ntab = len(table)
-        for t in known:
-            size = len(table[t]) if 0 <= t < ntab else 0
-            if pos + size > shared:
-                break
-            pos += size
-            j += 1
-        at = text_offset(pos, spans)
-        while j > 0 and (at is None or (at < len(tb) and (tb[at] & 0xC0) == 0x80)):
-            j -= 1
-            pos -= len(table[known[j]]) if 0 <= known[j] < ntab else 0
-            at = text_offset(pos, spans)
-        ids = known[:j] + self.encode(tb[at:].decode())
-        if j == len(known):
-            return ids, None
-        return ids, _common_prefix(ids, known)
-
-    def _splice_encoded(self, known: list[int], text: str) -> tuple[list[int], int | None]:
-        """`splice_tokens` for a tokenizer that adds to a text: `known` kept while their bytes
-        prefix the bytes of `encode(text)`, up to a boundary of both, then `encode(text)`'s
-        tokens from there (O(text): the whole text is tokenized)."""
-        enc = self.encode(text)
-        table, ntab = self.text.table, len(self.text.table)
-        kb, eb = self.text.bytes_of(known), self.text.bytes_of(enc)
-        shared = _common_prefix(kb, eb)
-        spans: list[tuple[int, int]] = []
-        if self.history == "heal" and shared < len(eb):
-            shared, _, spans = match_replacements(kb, eb, shared)
-        starts: dict[int, int] = {}  # byte offset in eb -> the first token of enc starting there
-        pos = 0
-        for k, t in enumerate(enc):
-            starts.setdefault(pos, k)
-            pos += len(table[t]) if 0 <= t < ntab else 0
-        starts.setdefault(pos, len(enc))
-        pos, j = 0, 0
-        for t in known:
-            size = len(table[t]) if 0 <= t < ntab else 0
-            if pos + size > shared:
-                break
-            pos += size
-            j += 1
-        while j > 0 and text_offset(pos, spans) not in starts:
-            j -= 1
-            pos -= len(table[known[j]]) if 0 <= known[j] < ntab else 0
-        at = text_offset(pos, spans)
-        ids = known[:j] + enc[starts[at if at is not None else 0] :]
-        if j == len(known):
-            return ids, None
-        return ids, _common_prefix(ids, known)
+        """(ids, divergence index or None): `known` tokens kept while their bytes prefix `text`
+        (`gyre.tito.splice.splice`); with `history="heal"` an invalid UTF-8 sequence of `known`
+        also matches the U+FFFD that `bytes.decode(errors="replace")` gives for it. A tokenizer
+        that is not `faithful` is compared on the tokens of the whole `text`."""
+        heal = self.history == "heal"
+        return splice(self.text, self.encode, known, text, heal=heal, faithful=self.faithful)
 
     def _reason(self, parent: Node, conv, messages, matched: int, tools) -> str:
         """Why `messages` (sharing `matched` leading messages with `conv`, the messages `parent`
@@ -632,7 +568,7 @@ class ChatRenderer:
             known = node.known_ids()
             if len(known) <= len(prompt_ids) and prompt_ids[: len(known)] == known:
                 return Rendered(prompt_ids=prompt_ids, parent=node, divergence=None, path="tokens")
-            m = _common_prefix(known, prompt_ids)
+            m = common_prefix(known, prompt_ids)
             if m > best_len:
                 best, best_len = node, m
         if best is None:

@@ -53,7 +53,9 @@ MISTRAL_V3_CONTROLS = (
     "[/TOOL_RESULTS]",
 )
 
-MISTRAL_V3_TEMPLATE = """{%- set ns = namespace(index=0) %}
+MISTRAL_V3_TEMPLATE = """{%- set ns = namespace(index=0, last_user=-1) %}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}
+{%- endfor %}
 {%- for m in messages %}{% if m.role == 'system' %}{% elif m.role == 'tool' or m.tool_calls %}
 {%- elif (m.role == 'user') != (ns.index % 2 == 0) %}
 {{- raise_exception('After the optional system message, conversation roles must alternate') }}
@@ -61,7 +63,8 @@ MISTRAL_V3_TEMPLATE = """{%- set ns = namespace(index=0) %}
 {{- bos_token }}
 {%- for m in messages %}
 {%- if m.role == 'user' %}
-{%- if tools and loop.last %}[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}
+{%- if tools and loop.index0 == ns.last_user %}[AVAILABLE_TOOLS] {{ tools | tojson }}
+{{- '[/AVAILABLE_TOOLS]' }}{% endif %}
 {{- '[INST] ' + m.content + '[/INST]' }}
 {%- elif m.tool_calls %}[TOOL_CALLS] [
 {%- for tc in m.tool_calls %}
@@ -81,7 +84,8 @@ MISTRAL_V3_TEMPLATE = """{%- set ns = namespace(index=0) %}
 {%- endfor %}"""
 """Mistral v0.3's format (Mixtral, Nemo alike): the assistant's call is written as the model
 samples it (`[TOOL_CALLS] [{"name": ..., "arguments": {...}}]`), the tool-call ID goes into the
-tool result, and both refuse an ID that is not 9 alphanumeric characters. (Mistral's own
+tool result, and both refuse an ID that is not 9 alphanumeric characters; the tools are written
+before the last user message. (Mistral's own
 templates also write the ID into the assistant's call, which the model never samples: every
 tool turn then re-renders differently from the sampled tokens, whatever the ID.)"""
 
@@ -263,3 +267,13 @@ def sp_tokenizer(
     if end_ids:
         (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": end_ids}))
     return AutoTokenizer.from_pretrained(folder)
+
+
+def mistral_v3_tokenizer(folder: Path):
+    """A tiny model in Mistral's pre-v11 layout (v0.3, Mixtral, Nemo): the Metaspace
+    SentencePiece layout, `[INST]` `[TOOL_CALLS]` `[TOOL_RESULTS]` ... as control tokens, no
+    `[ARGS]` (vLLM's `mistral` parser reads `[TOOL_CALLS] [{...}]` then), and
+    `MISTRAL_V3_TEMPLATE`."""
+    return sp_tokenizer(
+        "metaspace", folder, controls=MISTRAL_V3_CONTROLS, template=MISTRAL_V3_TEMPLATE
+    )

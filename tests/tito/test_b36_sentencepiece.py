@@ -106,7 +106,8 @@ async def test_b36_sentencepiece_replies_are_the_tokenizers_decode(
     eos = tok.convert_tokens_to_ids("<end_of_turn>") if name == "gemma" else tok.eos_token_id
     replies = [tok.encode(r, add_special_tokens=False) + [eos] for r in REPLIES]
     engine = ScriptedEngine([ScriptedReply(token_ids=r) for r in replies], vocab_size=len(tok))
-    proxy = make_proxy(tok, engine, reasoning_parser="none")
+    parser = "mistral" if name == "metaspace" else "gyre"  # Mistral's template takes its IDs
+    proxy = make_proxy(tok, engine, tool_parser=parser, reasoning_parser="none")
     for i, text in enumerate(REPLIES):
         got, ids = await ask(proxy, f"{route}-{stream}-{i}", route, stream)
         assert ids == replies[i]
@@ -114,11 +115,11 @@ async def test_b36_sentencepiece_replies_are_the_tokenizers_decode(
         assert got == want == text
 
 
-async def two_turns(tok, template: str, reply: list[int], eos: int):
+async def two_turns(tok, template: str, reply: list[int], eos: int, **config):
     """Two chat turns answered with `reply` (+ EOS), the first echoed back; the calls."""
     tok.chat_template = template
     engine = ScriptedEngine([ScriptedReply(token_ids=reply + [eos])] * 2, vocab_size=len(tok))
-    proxy = make_proxy(tok, engine)
+    proxy = make_proxy(tok, engine, **config)
     key = proxy.mint_key("x")
     msgs = [{"role": "user", "content": "Run ls."}]
     for _ in range(2):
@@ -141,7 +142,8 @@ async def test_b36_a_sentencepiece_conversation_keeps_one_path(tmp_path, anyio_b
     # Mistral v0.3 (Metaspace): the template writes " " + reply + EOS, the model's "▁Sure".
     tok = sp_tokenizer("metaspace", tmp_path / "m", controls=MISTRAL_V3_CONTROLS)
     reply = tok.encode(REPLIES[0], add_special_tokens=False)
-    assert one_path(await two_turns(tok, MISTRAL_V3_TEMPLATE, reply, tok.eos_token_id))
+    mistral = {"tool_parser": "mistral", "reasoning_parser": "none"}
+    assert one_path(await two_turns(tok, MISTRAL_V3_TEMPLATE, reply, tok.eos_token_id, **mistral))
     # Llama 2's tokenizer adds "▁" after every control token; a reply sampled in pieces the
     # tokenizer would not choose ("▁", "w", "i", "l", "l" for "▁will") is kept as sampled.
     tok = sp_tokenizer("llama2", tmp_path / "l")
