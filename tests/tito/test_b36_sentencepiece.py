@@ -167,3 +167,28 @@ async def test_b36_llama2s_space_before_eos_branches_there(tmp_path, anyio_backe
         b.prompt_ids[: b.divergence.index]
         == (a.prompt_ids + a.completion_ids)[: b.divergence.index]
     )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_b36_tool_arguments_are_the_decoded_text(tmp_path, stream, anyio_backend):
+    """gyre's own call format in a SentencePiece layout: the arguments are the model's exact
+    text, spaces and byte pieces included."""
+    controls = ("<tool_call>", "</tool_call>")
+    tok = sp_tokenizer("metaspace", tmp_path / "m", controls=controls, template=LLAMA2_TEMPLATE)
+    reply = '<tool_call>\n{"name": "run", "arguments": {"cmd": "ls -la 读 🎉"}}\n</tool_call>'
+    ids = tok.encode(reply, add_special_tokens=False) + [tok.eos_token_id]
+    engine = ScriptedEngine([ScriptedReply(token_ids=ids)], vocab_size=len(tok))
+    proxy = make_proxy(tok, engine)
+    key = proxy.mint_key("t")
+    tools = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
+    body = {"model": "gyre", "messages": [{"role": "user", "content": "ls"}], "tools": tools}
+    status, raw = await asgi_post(proxy, "/v1/chat/completions", key, {**body, "stream": stream})
+    assert status == 200, raw
+    if stream:
+        deltas = [c["choices"][0]["delta"] for c in sse_data(raw)]
+        calls = [tc for d in deltas for tc in d.get("tool_calls") or ()]
+    else:
+        calls = json.loads(raw)["choices"][0]["message"]["tool_calls"]
+    decoded = tok.decode(ids[:-1], skip_special_tokens=False)
+    assert decoded == reply
+    assert [tc["function"]["arguments"] for tc in calls] == ['{"cmd": "ls -la 读 🎉"}']
