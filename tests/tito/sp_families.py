@@ -9,8 +9,9 @@ family's `tokenizer.json` does, saves it with `transformers` and loads it back w
 - `llama2` (Llama 2, Mistral v0.1, Phi-3): BPE with byte fallback (`<0x00>`..`<0xFF>` as
   ordinary pieces after `<unk>`, `<s>`, `</s>`), the legacy normalizer Prepend("▁") +
   Replace(" ", "▁"), the decoder Replace/ByteFallback/Fuse/Strip(1 leading space).
-- `metaspace` (Mistral v0.3, Mixtral, Llama converted with `legacy=False`): the same model and
-  decoder, the Metaspace pre-tokenizer (prepend "first", no split) instead of the normalizer.
+- `metaspace` (the same models' files converted with `legacy=False` or written by newer
+  `tokenizers`): the same model and decoder, the Metaspace pre-tokenizer (prepend "first", no
+  split) instead of the normalizer.
 - `gemma`: normalizer Replace(" ", "▁") only (no prefix space), the decoder without Strip.
 - `unigram` (T5-style): a Unigram model, Metaspace pre-tokenizer and Metaspace decoder.
 - `wordpiece` (BERT-style): WordPiece with its `##` decoder (which drops a space before
@@ -20,7 +21,8 @@ family's `tokenizer.json` does, saves it with `transformers` and loads it back w
 
 Characters outside the ASCII corpus (a newline, CJK, emoji) are byte pieces in the byte-fallback
 layouts. `MISTRAL_V3_TEMPLATE` is a chat template in Mistral's pre-v11 tool format
-(`[TOOL_CALLS] [{...}]`, `[TOOL_RESULTS]`), checking tool-call IDs as Mistral's templates do.
+(`[TOOL_CALLS] [{...}]`, `[TOOL_RESULTS]`), checking tool-call IDs as Mistral's templates do;
+`mistral_v3_tokenizer` the `metaspace` layout with its control tokens and that template.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ and show byte-fallback pieces as the bytes they stand for, on every route; and a
 through a SentencePiece tokenizer keeps one path where its template re-renders the reply, and
 branches where the tokenizer or template add text the model did not sample.
 
-Tokenizers in the Llama 2 / Mistral v0.1 / Phi-3 (`llama2`: legacy Prepend normalizer),
-Mistral v0.3 / Mixtral (`metaspace`) and Gemma layouts, trained locally
+Tokenizers in the Llama 2 / Mistral / Phi-3 (`llama2`: legacy Prepend normalizer; `metaspace`:
+the Metaspace pre-tokenizer, with Mistral's pre-v11 template) and Gemma layouts, trained locally
 (`tests/tito/sp_families.py`); the reference is the tokenizer's own `decode` of the sampled IDs.
 """
 
