@@ -6,7 +6,7 @@ parent's shared tokens + its own new ones; `ExecutionTokens` rebuilds whole prom
 path, invariant 1).
 
 Modules: `proxy` (the ASGI app), `sessions` (keys, executions), `render` (chat to prompt IDs),
-`intake` (requests to started calls), `detok` (token bytes), `reply` (reply parsing), `generation`
+`intake` (requests to started calls), `detok` (token text), `reply` (reply parsing), `generation`
 (driving the engine), `inflight` (calls in flight: disconnects, retries, closing), `openai_format`
 (requests, responses, SSE), `recorder` (ModelCall records), `log` (the call log), `records`,
 `wire`.

@@ -29,7 +29,7 @@ from gyre.engines.protocol import (
     TokenDelta,
 )
 from gyre.errors import EngineError
-from gyre.tito.detok import TokenText
+from gyre.tito.detok import TokenStream, TokenText
 from gyre.tito.model_format import TextStream
 from gyre.tito.records import Role
 from gyre.tito.render_state import Rendered
@@ -43,7 +43,7 @@ class Choice:
     """One choice being generated."""
 
     index: int
-    decoder: Any
+    decoder: TokenStream
     ids: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     vers: list[int] = field(default_factory=list)
@@ -106,6 +106,8 @@ class Call:
     choices: list[Choice]
     reply_parser: Any = None
     """The proxy's `model_format.ReplyParser` (None: gyre's own format)."""
+    tool_ids: Any = None
+    """The format's `model_format.ToolCallIds` (None: OpenAI-style `call_...` IDs)."""
     chat: bool = True
     recorded: bool = False
     request_key: bytes | None = None
@@ -140,11 +142,14 @@ class Call:
         rendered: Rendered,
         sampling: SamplingParams,
         stops: tuple[str, ...],
+        *,
+        text: TokenText,
         **kind: Any,
     ) -> Call:
-        """A new call of `execution` (its next call ID), one `Choice` per sample; `kind` sets
-        `parse_tools`, `chat`, `template_kwargs` and `reply_parser`."""
-        choices = [Choice(index=i, decoder=TokenText.incremental()) for i in range(sampling.n)]
+        """A new call of `execution` (its next call ID), one `Choice` per sample, each decoding
+        its tokens with a stream of `text`; `kind` sets `parse_tools`, `chat`, `template_kwargs`,
+        `reply_parser` and `tool_ids`."""
+        choices = [Choice(index=i, decoder=text.stream()) for i in range(sampling.n)]
         return cls(
             execution=execution,
             engine=engine,
@@ -286,7 +291,7 @@ class _DeltaText:
             ch.vers.append(ver)
             if tok in stop_ids:
                 continue
-            piece = ch.decoder.decode(self.table.token_bytes(tok))
+            piece = ch.decoder.push(tok)
             if stops and piece:
                 window, at = ch.tail + piece, len(ch.tail)
                 # A stop string ends in this token's text, after the first `min_tokens` (vLLM).
@@ -308,7 +313,7 @@ class _DeltaText:
                 ch.tail = window[-(longest - 1) :] if longest > 1 else ""
             added.append(piece)
         if ch.finish is None and delta.finish_reason is not None:
-            added.append(ch.decoder.decode(b"", final=True))
+            added.append(ch.decoder.end())
             ch.finish = delta.finish_reason
         ch.new_text = "".join(added)
         ch.parts.append(ch.new_text)

@@ -17,10 +17,10 @@ import anyio
 
 from gyre.config import ProxyConfig
 from gyre.engines.protocol import InferenceEngine, StructuredOutput
-from gyre.errors import ProxyError
+from gyre.errors import ConfigError, ProxyError
 from gyre.tito.constraints import GYRE_FORMAT, chat_constraint, completion_constraint
 from gyre.tito.generation import Call
-from gyre.tito.model_format import ModelFormat
+from gyre.tito.model_format import TOOL_CALL_IDS, ModelFormat
 from gyre.tito.openai_requests import (
     proxy_error,
     sampling_params,
@@ -71,6 +71,23 @@ class CallIntake:
         """The reply parser and the stop IDs (the tokenizer's EOS + the model's
         `generation_config.json` end IDs); `ConfigError` for an unknown parser."""
         self.stop_token_ids: tuple[int, ...] = self.model_format.stop_token_ids
+        self._check_tool_ids()
+
+    def _check_tool_ids(self) -> None:
+        """`ConfigError` when the template refuses the tool-call IDs this format mints but
+        takes another format's: every tool loop's second turn would be a 400 (B35)."""
+        mine = self.model_format.tool_ids
+        why = self.renderer.refuses_tool_id(mine.mint("gyre", "c0", 0))
+        if why is None:
+            return
+        for name, other in TOOL_CALL_IDS.items():
+            if other != mine and self.renderer.refuses_tool_id(other.mint("gyre", "c0", 0)) is None:
+                raise ConfigError(
+                    f"the chat template refuses the tool-call IDs that tool_parser="
+                    f"{self.config.tool_parser!r} mints ({why}) and takes {name!r} ones: set the "
+                    f"tool parser of the model's format (vLLM's 'mistral' mints 9 letters and "
+                    f"digits)"
+                )
 
     @staticmethod
     def _check_open(ex: Execution) -> None:
@@ -261,7 +278,9 @@ class CallIntake:
             rendered,
             sampling,
             stop_strings(req.stop),
+            text=self.text,
             reply_parser=self.model_format.parser,
+            tool_ids=self.model_format.tool_ids,
             parse_tools=parse_tools,
             chat=chat,
             template_kwargs=template_kwargs,

@@ -1,6 +1,7 @@
 """Model formats: how the served model writes reasoning and tool calls, and which tokens end it.
 
-Owns `ModelFormat` (one per proxy: the reply parser and the stop token IDs), `GyreParser` (gyre's
+Owns `ModelFormat` (one per proxy: the reply parser, the stop token IDs and the tool-call IDs it
+mints, `ToolCallIds`), `GyreParser` (gyre's
 own `<think>` + `<tool_call>{json}</tool_call>` format, `gyre.tito.reply`), `VllmParser` (vLLM's
 own tool and reasoning parsers, chosen by name from `vllm.tool_parsers.ToolParserManager` and
 `vllm.reasoning.ReasoningParserManager`: hermes, llama3_json, mistral, deepseek_v3, qwen3,
@@ -13,7 +14,9 @@ templates.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +44,8 @@ __all__ = [
     "VllmParser",
     "HeldStream",
     "ModelFormat",
+    "ToolCallIds",
+    "TOOL_CALL_IDS",
     "generation_stop_ids",
     "check_parser_names",
 ]
@@ -285,16 +290,84 @@ def generation_stop_ids(tokenizer: Any, model_dir: str | Path | None = None) -> 
     return tuple(ids)
 
 
+_ALNUM = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
+_CALL_ID = re.compile(r"c(\d+)(?:/(\d+))?")
+_SPREAD = 2487947369287701
+"""2^64 / golden ratio, modulo 62^9: odd and not a multiple of 31 (one to one onto 62^9 IDs),
+large, so consecutive calls' IDs differ in every character."""
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:12], "big")
+
+
+def _base62(value: int, width: int) -> str:
+    digits = []
+    for _ in range(width):
+        value, r = divmod(value, 62)
+        digits.append(_ALNUM[r])
+    return "".join(reversed(digits))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallIds:
+    """The tool-call IDs the proxy mints for a model format, and the format's rule for them.
+
+    An ID is a function of (execution, call, choice, position in the reply): the same call
+    always gets the same IDs, and no two tool calls of one execution share one, so an ID the
+    client echoes re-renders to the tokens recorded for it and never branches a tree.
+    `openai` (every format but Mistral's): `call_<execution>_<call>_<i>`, or with a digest of
+    the execution ID when that is not at most 40 characters of `[A-Za-z0-9_-]` (OpenAI's
+    limit on a tool-call ID, the characters Anthropic allows in a `tool_use` ID). `mistral`: 9
+    letters and digits, the only IDs Mistral's templates and mistral-common accept (B35): the
+    call's number, its choice and position paired into one number, mapped one to one onto the
+    62^9 IDs by an affine map keyed by the execution.
+    """
+
+    style: str = "openai"
+
+    def mint(self, execution_id: str, call_id: str, index: int) -> str:
+        """The ID of tool call `index` of call `call_id` (`c<k>`, or `c<k>/<choice>` when a
+        request has several choices) of `execution_id`."""
+        if self.style == "mistral":
+            m = _CALL_ID.fullmatch(call_id)
+            k, choice = (int(m[1]), int(m[2]) + 1 if m[2] else 0) if m else (_digest(call_id), 0)
+            space = 62**9
+            # Cantor pairing is one to one; 62^9 numbers hold k up to ~1.6e8 calls.
+            inner = (choice + index) * (choice + index + 1) // 2 + index
+            paired = (k + inner) * (k + inner + 1) // 2 + inner
+            # _SPREAD is prime to 62 = 2 * 31, so the map is a bijection of [0, 62^9).
+            mixed = (paired * _SPREAD + _digest(execution_id)) % space
+            return _base62(mixed, 9)
+        tool_id = f"call_{execution_id}_{call_id}_{index}".replace("/", "_")
+        if _SAFE_ID.fullmatch(tool_id):
+            return tool_id
+        return f"call_{_base62(_digest(execution_id), 10)}_{call_id}_{index}".replace("/", "_")
+
+    def valid(self, tool_id: str) -> bool:
+        """Whether `tool_id` satisfies this format's rule."""
+        if self.style == "mistral":
+            return len(tool_id) == 9 and tool_id.isascii() and tool_id.isalnum()
+        return _SAFE_ID.fullmatch(tool_id) is not None
+
+
+TOOL_CALL_IDS = {"openai": ToolCallIds("openai"), "mistral": ToolCallIds("mistral")}
+"""Every ID style, by name (`ModelFormat.load` picks `mistral` for vLLM's `mistral` parser)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ModelFormat:
     """What the proxy knows of the served model's output format.
 
     `parser` turns a choice's text into reasoning, content and tool calls; `stop_token_ids`
-    (`generation_stop_ids`) end every reply before the request's own.
+    (`generation_stop_ids`) end every reply before the request's own; `tool_ids` names its tool
+    calls.
     """
 
     parser: ReplyParser
     stop_token_ids: tuple[int, ...]
+    tool_ids: ToolCallIds = TOOL_CALL_IDS["openai"]
 
     @classmethod
     def load(
@@ -315,4 +388,8 @@ class ModelFormat:
             parser = VllmParser(
                 tokenizer, tool_parser=tool_parser, reasoning_parser=reasoning_parser
             )
-        return cls(parser=parser, stop_token_ids=generation_stop_ids(tokenizer, model_dir))
+        return cls(
+            parser=parser,
+            stop_token_ids=generation_stop_ids(tokenizer, model_dir),
+            tool_ids=TOOL_CALL_IDS["mistral" if tool_parser == "mistral" else "openai"],
+        )

@@ -18,13 +18,14 @@ import msgspec
 from gyre.errors import EngineError
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
-from gyre.tito.model_format import GyreParser
+from gyre.tito.model_format import GyreParser, ToolCallIds
 from gyre.tito.recorder import Recorder
 from gyre.tito.wire import (
     JSON_ENCODER,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    ToolCall,
     error_body,
 )
 
@@ -41,16 +42,22 @@ __all__ = [
 
 _GYRE_PARSER = GyreParser()
 """Calls started without a parser (tests building a `Call` directly) parse gyre's format."""
+_OPENAI_IDS = ToolCallIds()
+
+
+def _named(call: Call, ch: Choice, calls: tuple[ToolCall, ...]) -> list[ToolCall]:
+    """`calls` with the IDs the model format mints (`ToolCallIds`: its rule, deterministic,
+    unique within the execution)."""
+    ids = call.tool_ids or _OPENAI_IDS
+    where = (call.execution.execution_id, call.choice_call_id(ch.index))
+    return [msgspec.structs.replace(tc, id=ids.mint(*where, i)) for i, tc in enumerate(calls)]
 
 
 def reply_message(call: Call, ch: Choice) -> tuple[dict[str, Any], ChatMessage]:
     """(JSON message for the client, the ChatMessage the renderer compares echoes with)."""
-    tool_id = f"call_{call.execution.execution_id}_{call.choice_call_id(ch.index)}".replace(
-        "/", "_"
-    )
     parser = call.reply_parser or _GYRE_PARSER
-    parsed = parser.parse(ch.text, tool_id, tools=call.rendered.tools if call.parse_tools else None)
-    calls = list(parsed.tool_calls) or None
+    parsed = parser.parse(ch.text, "call", tools=call.rendered.tools if call.parse_tools else None)
+    calls = _named(call, ch, parsed.tool_calls) or None
     content = parsed.content if parsed.content or not calls else None
     msg = ChatMessage(
         role="assistant", content=content, reasoning_content=parsed.reasoning, tool_calls=calls

@@ -114,7 +114,7 @@ class Recorder:
                 call_id=mc.call_id,
                 prompt_ref=prompt,
                 completion_ids=ch.ids,
-                completion_text=self.text.decode(ch.ids),
+                completion_text=self.text.context_text(ch.ids),
                 messages=rendered.messages,
                 reply=reply,
                 tools=rendered.tools,

@@ -117,8 +117,9 @@ _FIELDS = _Call.__struct_fields__
 _CHUNK = 1024
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists (slices compared in C)."""
+def common_prefix_len(a: bytes | list[int], b: bytes | list[int]) -> int:
+    """Length of the longest common prefix of two token lists or byte strings (slices compared
+    in C)."""
     n = min(len(a), len(b))
     lo = 0
     while lo < n:

@@ -21,22 +21,10 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from gyre.tito.detok import TokenText
-from gyre.tito.heal import (
-    HEAL_REASONS,
-    echo_heals,
-    has_invalid_utf8,
-    heal_echo,
-    match_replacements,
-    text_offset,
-)
+from gyre.tito.heal import HEAL_REASONS, echo_heals, has_invalid_utf8, heal_echo
 from gyre.tito.records import Divergence
-from gyre.tito.render_state import (
-    Node,
-    Rendered,
-    RenderState,
-    RenderStatistics,
-    common_prefix,
-)
+from gyre.tito.render_state import Node, Rendered, RenderState, RenderStatistics
+from gyre.tito.splice import splice
 from gyre.tito.template_input import (
     PROBE_ARGUMENTS,
     LiteralText,
@@ -44,7 +32,7 @@ from gyre.tito.template_input import (
     message_to_template,
     placeholder,
 )
-from gyre.tito.wire import ChatMessage, message_text
+from gyre.tito.wire import ChatMessage, FunctionCall, ToolCall, message_text
 
 __all__ = ["ChatRenderer"]
 
@@ -112,6 +100,10 @@ class ChatRenderer:
         self.stats = RenderStatistics()
         self._backend = tokenizer.backend_tokenizer
         self._literal = LiteralText(tokenizer)
+        self.faithful = self._probe_faithful()
+        """Whether the tokens of a text spell that text (byte-level BPE); else the tokenizer adds
+        to it (SentencePiece's `▁` before a text, after a control token), and a full render
+        splices known tokens on the tokens of the whole text (`splice_tokens`)."""
         self.arguments_as = self._probearguments_for()
         """How tool-call arguments reach this template: `string` or `mapping` (decided once, by
         rendering a probe call: `message_to_template`)."""
@@ -182,6 +174,16 @@ class ChatRenderer:
             self._literal.locate(text, template, forged)
         return text
 
+    def _probe_faithful(self) -> bool:
+        """Whether `TokenText.context_text(encode(t)) == t` for probe texts: plain words, a
+        newline, and text around a control token."""
+        added = sorted(self.tokenizer.get_added_vocab(), key=len)
+        around = [f"x{added[0]} y z{added[0]}w", f"{added[-1]}q r"] if added else []
+        return all(
+            self.text.context_text(_encode(self._backend, t)) == t
+            for t in ["a b", "a\nb  c", *around]
+        )
+
     def _probearguments_for(self) -> str:
         """`mapping` when the template renders a string argument double-encoded (it applies
         `tojson`) or only renders a mapping; else `string`."""
@@ -201,6 +203,22 @@ class ChatRenderer:
                 return "string"
             return "mapping"
         return "mapping" if json.dumps(PROBE_ARGUMENTS) in text else "string"
+
+    def refuses_tool_id(self, tool_id: str) -> str | None:
+        """The template's error for a tool call named `tool_id` and its result (Mistral's refuse
+        all but 9 letters and digits), or None when it renders them."""
+        call = ToolCall(id=tool_id, function=FunctionCall(name="gyre_probe", arguments="{}"))
+        conv = [
+            ChatMessage(role="user", content="p"),
+            ChatMessage(role="assistant", content=None, tool_calls=[call]),
+            ChatMessage(role="tool", content="r", tool_call_id=tool_id),
+        ]
+        dicts = [message_to_template(m, arguments_as=self.arguments_as) for m in conv]
+        try:
+            self.tokenizer.apply_chat_template(dicts, tokenize=False)
+        except Exception as exc:  # jinja's own errors, raise_exception's among them
+            return str(exc)
+        return None
 
     # -- chat ---------------------------------------------------------------------------------
 
@@ -542,35 +560,12 @@ class ChatRenderer:
         return self.splice_tokens(parent.known_ids(), text)
 
     def splice_tokens(self, known: list[int], text: str) -> tuple[list[int], int | None]:
-        """(ids, divergence index or None): `known` tokens kept while their bytes prefix `text`;
-        with `history="heal"` an invalid UTF-8 sequence of `known` also matches the U+FFFD that
-        `bytes.decode(errors="replace")` gives for it (`gyre.tito.heal.match_replacements`)."""
-        table = self.text.table
-        kb = self.text.bytes_of(known)
-        tb = text.encode()
-        shared = common_prefix(kb, tb)
-        spans: list[tuple[int, int]] = []
-        if self.history == "heal" and shared < len(tb):
-            shared, _, spans = match_replacements(kb, tb, shared)
-        # Last token boundary inside the shared bytes that is outside every invalid sequence and
-        # starts a UTF-8 character of text.
-        pos, j = 0, 0
-        ntab = len(table)
-        for t in known:
-            size = len(table[t]) if 0 <= t < ntab else 0
-            if pos + size > shared:
-                break
-            pos += size
-            j += 1
-        at = text_offset(pos, spans)
-        while j > 0 and (at is None or (at < len(tb) and (tb[at] & 0xC0) == 0x80)):
-            j -= 1
-            pos -= len(table[known[j]]) if 0 <= known[j] < ntab else 0
-            at = text_offset(pos, spans)
-        ids = known[:j] + self.encode(tb[at:].decode())
-        if j == len(known):
-            return ids, None
-        return ids, common_prefix(ids, known)
+        """(ids, divergence index or None): `known` tokens kept while their bytes prefix `text`
+        (`gyre.tito.splice.splice`); with `history="heal"` an invalid UTF-8 sequence of `known`
+        also matches the U+FFFD that `bytes.decode(errors="replace")` gives for it. A tokenizer
+        that is not `faithful` is compared on the tokens of the whole `text`."""
+        heal = self.history == "heal"
+        return splice(self.text, self.encode, known, text, heal=heal, faithful=self.faithful)
 
     def _reason(self, parent: Node, conv, messages, matched: int, tools) -> str:
         """Why `messages` (sharing `matched` leading messages with `conv`, the messages `parent`

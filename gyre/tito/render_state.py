@@ -13,10 +13,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from gyre.tito.records import Divergence
+from gyre.tito.records import Divergence, common_prefix_len
 from gyre.tito.wire import ChatMessage
 
-__all__ = ["Node", "RenderState", "Rendered", "RenderStatistics", "common_prefix", "link_tokens"]
+__all__ = ["Node", "RenderState", "Rendered", "RenderStatistics", "link_tokens"]
 
 _EXTEND_LOCK = threading.Lock()
 
@@ -36,7 +36,8 @@ class Node:
     """A list whose first `prompt_len` IDs are this prompt (this node's own, or a descendant's)."""
     completion_ids: list[int]
     completion_text: str
-    """Decoded completion, special tokens included (the text the template must reproduce)."""
+    """The completion's text inside a prompt, special tokens included (`TokenText.context_text`:
+    the text the template must reproduce)."""
     messages: list[ChatMessage] | None = None
     """The request's messages (chat calls); shared with the parent's list objects where equal."""
     reply: ChatMessage | None = None
@@ -155,21 +156,6 @@ class Rendered:
     """The client habits healed to extend the parent (`HEAL_REASONS` order; `Node.heals`)."""
 
 
-def common_prefix(a: bytes | list, b: bytes | list) -> int:
-    """Length of the common prefix of two sequences (C-speed slice compares, log steps)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 def link_tokens(
     state: RenderState, prompt_ids: list[int], stats: RenderStatistics, limit: int = 64
 ) -> Rendered:
@@ -190,7 +176,7 @@ def link_tokens(
         known = node.known_ids()
         if len(known) <= len(prompt_ids) and prompt_ids[: len(known)] == known:
             return Rendered(prompt_ids=prompt_ids, parent=node, divergence=None, path="tokens")
-        m = common_prefix(known, prompt_ids)
+        m = common_prefix_len(known, prompt_ids)
         if m > best_len:
             best, best_len = node, m
     if best is None:

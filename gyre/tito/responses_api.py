@@ -281,9 +281,9 @@ def reasoning_tokens(text: TokenText, ch: Choice, reasoning: str | None) -> int:
     if at < 0:
         return 0
     end, n = at + len(reasoning), 0
-    dec = TokenText.incremental()
+    dec = text.stream()
     for i, t in enumerate(ch.ids):
-        n += len(dec.decode(text.token_bytes(t)))
+        n += len(dec.push(t))
         if n >= end:
             return i + 1
     return len(ch.ids)
