@@ -28,6 +28,7 @@ from gyre.rollout.tasks import split_tasks
 from gyre.runtime.checkpoint import LoopState, check_run_dir
 from gyre.runtime.data_stream import evaluated
 from gyre.runtime.sinks import check_sinks
+from gyre.runtime.trainer_checkpoint import check_trainer_checkpoint
 from gyre.tasks.scorer import check_verifier_python
 from gyre.tito.model_format import check_parser_names
 
@@ -120,7 +121,8 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
     for the run's cells (`SchedulerConfig.policy_for`), task folders, verifier interpreter,
     agent program, isolation when required (with `[gateway] enabled` instead: the execution
     API's address, `check_gateway`), run folder (and, on a resume, the settings the run was
-    trained with: `check_resume_config`), warm-start folder, the packages of the metric sinks
+    trained with: `check_resume_config`; and the topology and model its checkpoint was written
+    at: `check_trainer_checkpoint`), warm-start folder, the packages of the metric sinks
     (`[report] sinks`), the names of `[proxy] tool_parser` and `reasoning_parser`, the join
     secret of a head with workers (`[cluster]`), the live page's address (`[observe]`). The
     model folder is checked by `ensure_model`, first thing after (a finished run resumed needs
@@ -146,6 +148,10 @@ def preflight(config: RunConfig, *, resume: bool) -> tuple[LoopState, Path] | No
         resume=resume,
         records=(config.proxy.log_name,),
     )
+    if found is not None:  # what the checkpoint was written at, before what the run recorded
+        model = Path(config.model.path)
+        has_model = (model / "config.json").exists()  # else `run` checks it once built
+        check_trainer_checkpoint(config, found[1], model_dir=model if has_model else None)
     if resume:  # imported here: the journal's module brings torch
         from gyre.runtime.elastic_resume import check_resume_config
 
@@ -203,8 +209,18 @@ def run(config: RunConfig, *, resume: bool = False) -> LoopState:
             f"(weight version {found[0].version})",
             flush=True,
         )
+        if check_trainer_checkpoint(config, found[1]) == "universal":
+            print(
+                "  its trainer checkpoint was written at another cells.devices_per_cell: "
+                "converting it to DeepSpeed's universal checkpoint for "
+                f"cells.devices_per_cell = {config.cells.devices_per_cell}",
+                flush=True,
+            )
     warm = warm_start_enabled(config)  # before ensure_model builds anything
+    built = not (Path(config.model.path) / "config.json").exists()
     model_dir = ensure_model(config)
+    if found is not None and built:  # the preflight had no model to hold to the checkpoint's
+        check_trainer_checkpoint(config, found[1], model_dir=model_dir)
     check_context_fit(config, model_dir)
     if warm:
         from gyre.model.sft import output_dir, warm_start

@@ -132,8 +132,9 @@ RESUME_FIXED = (
 its metrics would say so. The tasks (`tasks.suites`, `loop.heldout_tasks`) are compared by the
 split they give (`gyre.rollout.tasks.split_digest`), not by how the paths are written.
 Every other setting may change on a resume: `loop.steps` (to extend a run), evaluation, cells
-and scheduling, engine memory, micro-batch and chunk sizes (the same loss in other pieces),
-reporting."""
+and scheduling (another `cells.devices_per_cell` converts the core's checkpoint:
+`gyre.runtime.trainer_checkpoint`), engine memory, micro-batch and chunk sizes (the same loss in
+other pieces), reporting."""
 
 
 def resume_fixed(config: RunConfig) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gyre.config import TrainerConfig
+from gyre.engines import ds_checkpoint
 from gyre.engines.ds_setup import init_process_group
 from gyre.engines.protocol import (
     AccumulateStatistics,
@@ -171,6 +172,7 @@ class DeepSpeedTrainer:
             self.engine.enable_backward_allreduce = False
         self.ranks = torch.distributed.get_world_size()
         """k: the ranks of the trainer's group (a cell's devices); each call runs on all."""
+        self.topology = ds_checkpoint.topology_of(self.engine.module, self.ranks, config)
         self.rank = torch.distributed.get_rank()
         self.device = self.engine.device
         """The parameters' device (the rank's local device on GPU)."""
@@ -579,21 +581,19 @@ class DeepSpeedTrainer:
             shutil.rmtree(old, ignore_errors=True)
 
     def save_checkpoint(self, path: str | Path) -> None:
-        """Weights, optimizer state, version and learning-rate schedule (`schedule_record`;
-        DeepSpeed's checkpoint format) at `path`."""
+        """Weights, optimizer state, version and learning-rate schedule (`schedule_record`) at
+        `path`, with the topology they were written at (`gyre.engines.ds_checkpoint.save`)."""
         state = {"version": self.version, "schedule": schedule_record(self.config, self._scheduler)}
-        self.engine.save_checkpoint(str(path), tag="state", client_state=state)
+        ds_checkpoint.save(self.engine, path, state, self.topology, write=self.rank == 0)
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """Restore what `save_checkpoint` wrote. Raises `FileNotFoundError` if there is none and
-        `ValueError` if it was trained at another `learning_rate` or `warmup_steps`."""
-        load_path, client_state = self.engine.load_checkpoint(
-            str(path), tag="state", load_lr_scheduler_states=False
-        )
-        if load_path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint under {str(path)!r}")
+        """Restore what `save_checkpoint` wrote, or its universal conversion at any rank count
+        (`gyre.engines.ds_checkpoint.load`). Raises `FileNotFoundError` if there is none,
+        `ValueError` if it was trained at another `learning_rate` or `warmup_steps`, and
+        `TopologyError` if it does not load on this trainer's topology as it is."""
+        client_state = ds_checkpoint.load(self.engine, path, self.topology)
         record = client_state.get("schedule")
         check_schedule(self.config, record, str(path))
-        if self._scheduler is not None:
+        if self._scheduler is not None and record is not None:  # None: refused just above
             self._scheduler.load_state_dict(record["scheduler"])
         self.version = int(client_state["version"])

@@ -7,15 +7,15 @@ core cell's trainer (weights, optimizer, RNG and version, its `save_checkpoint` 
 `trainer/deepspeed`, the published weights under `trainer/weights` (hard links of the snapshot)
 and a `LoopState`: steps, weight version, executions dispatched, the groups begun and not yet
 trained, the executions in flight. A resumed run (`RunJournal.open` on `check_run_dir`'s
-checkpoint) loads that trainer into the core and those weights into every cell
-(`restore_cells`), continues the run clock where `timeline.jsonl` ends, drops the metrics lines
-of steps after the checkpoint (they are trained again), rebuilds every untrained group from the
-ledger and the call log (one streaming pass, its torn tail cut) and runs again, under new IDs,
-exactly the executions of those groups that had not finished (`begin`). Each start is one line
-of `launches.jsonl`: its launch ID (part of every execution ID, never reused in a run folder),
-what it recovered and what it runs again, and why, and what it trains with (`launch_settings`),
-which `check_resume_config` holds a later `--resume` to. Knows nothing about policies, HTTP or what
-a cell runs inside.
+checkpoint) loads that trainer into the core (converted first when the core's rank count changed:
+`gyre.runtime.trainer_checkpoint`) and those weights into every cell (`restore_cells`), continues
+the run clock where `timeline.jsonl` ends, drops the metrics lines of steps after the checkpoint
+(they are trained again), rebuilds every untrained group from the ledger and the call log (one
+streaming pass, its torn tail cut) and runs again, under new IDs, exactly the executions of those
+groups that had not finished (`begin`). Each start is one line of `launches.jsonl`: its launch ID
+(part of every execution ID, never reused in a run folder), what it recovered and what it runs
+again, and why, and what it trains with (`launch_settings`), which `check_resume_config` holds a
+later `--resume` to. Knows nothing about policies, HTTP or what a cell runs inside.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from gyre.runtime.driver_state import DriverState
 from gyre.runtime.metrics import METRICS_FILE, append_line
 from gyre.runtime.step_ledger import StepLedger
 from gyre.runtime.timeline import TIMELINE_FILE, read_timeline
+from gyre.runtime.trainer_checkpoint import TRAINER_DIR, WEIGHTS_DIR, checkpoint_to_load
 from gyre.tasks.task import Task
 from gyre.tito.log import read_log
 
@@ -64,10 +65,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 LAUNCHES_FILE = "launches.jsonl"
-TRAINER_DIR = "deepspeed"
-"""The core trainer's DeepSpeed checkpoint, inside a checkpoint's `trainer/`."""
-WEIGHTS_DIR = "weights"
-"""The published weights (a Hugging Face folder), inside a checkpoint's `trainer/`."""
 
 
 class Rerun(msgspec.Struct, frozen=True, kw_only=True):
@@ -164,6 +161,7 @@ class RunJournal:
         dispatched: int,
         untrained: list[int],
         clock_offset_s: float,
+        load_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.run_dir = run_dir
@@ -171,6 +169,10 @@ class RunJournal:
         """The checkpoint resumed from (`LoopState()` for a fresh run)."""
         self.trainer_dir = trainer_dir
         """Its `trainer/` folder (None: no checkpoint)."""
+        if load_dir is None and trainer_dir is not None:
+            load_dir = trainer_dir / TRAINER_DIR
+        self.load_dir = load_dir
+        """The DeepSpeed folder the core loads: the checkpoint's, or its conversion (`open`)."""
         self.launch = launch
         self.ledger = ExecutionLedger(run_dir)
         self.clock_offset_s = clock_offset_s
@@ -202,12 +204,14 @@ class RunJournal:
         """The journal of a run starting in `run_dir` (`found`: `check_run_dir`'s checkpoint;
         `resume`: whether the folder may hold an earlier launch). On a resume it reads the ledger
         and the call log once (cutting the log's torn last frame, so new frames follow whole
-        ones), drops the metrics lines of steps after the checkpoint and records the launch in
-        `launches.jsonl` (its settings: `launch_settings` of `config`, `tasks` and `heldout`, the
-        held-out tasks), all before any cell or agent starts.
+        ones), drops the metrics lines of steps after the checkpoint, converts the checkpoint's
+        trainer when the core has another rank count now (`checkpoint_to_load`) and records the
+        launch in `launches.jsonl` (its settings: `launch_settings` of `config`, `tasks` and
+        `heldout`, the held-out tasks), all before any cell or agent starts.
 
         Raises `RunDirError` when a ledger line names a task the data stream (`tasks`,
-        `config.seed`) no longer gives its group (the suites or the seed changed since), and
+        `config.seed`) no longer gives its group (the suites or the seed changed since),
+        `ConfigError` for a checkpoint the core cannot load (`check_trainer_checkpoint`), and
         `ValueError` when `launch` was used by an earlier start of this run."""
         G = config.loop.group_size
         state, trainer_dir = found if found is not None else (LoopState(), None)
@@ -267,6 +271,9 @@ class RunJournal:
                     )
             offset = await anyio.to_thread.run_sync(_timeline_end, run_dir)
             await anyio.to_thread.run_sync(_drop_metrics_after, run_dir, state.step)
+        load_dir = None
+        if trainer_dir is not None:
+            load_dir = await anyio.to_thread.run_sync(checkpoint_to_load, config, trainer_dir)
         record = Launch(
             launch=launch,
             resumed_from_step=state.step if resume else None,
@@ -299,6 +306,7 @@ class RunJournal:
             dispatched=dispatched,
             untrained=untrained,
             clock_offset_s=offset,
+            load_dir=load_dir,
         )
 
     # -- start ----------------------------------------------------------------------------------
@@ -307,13 +315,13 @@ class RunJournal:
         self, clients: Sequence[CellClient], snapshot: str, version: int
     ) -> tuple[str, int]:
         """Load the checkpoint into the cells (`clients[0]` is the core: its trainer gets the
-        checkpoint's trainer state; every cell's engine gets its weights at its version). Returns
-        the (snapshot, version) the runtime starts from: the checkpoint's, or the arguments when
-        there is no checkpoint."""
+        checkpoint's trainer state, from `load_dir`; every cell's engine gets its weights at its
+        version). Returns the (snapshot, version) the runtime starts from: the checkpoint's, or
+        the arguments when there is no checkpoint."""
         if self.trainer_dir is None:
             return snapshot, version
         weights = str(self.trainer_dir / WEIGHTS_DIR)
-        await clients[0].load_checkpoint(str(self.trainer_dir / TRAINER_DIR))
+        await clients[0].load_checkpoint(str(self.load_dir))
         async with anyio.create_task_group() as tg:
             for client in clients:
                 tg.start_soon(client.load_weights, weights, self.state.version)
