@@ -56,10 +56,11 @@ class ProxyConfig(Config, frozen=True):
     """Cross-check every k-th incrementally rendered prompt against a full render; 0: only the
     first of each execution."""
     retry_window_s: float = 30.0
-    """A call whose clients all left (a timeout, a dropped stream) waits this long, in seconds,
+    """A call whose clients all left (a timeout, a dropped stream) is held this long, in seconds,
     for the client's retry of the same request: a retry within it is one logical call, and the
-    partial sample is not recorded (`Recorder.record_partial`); 0 records it at once. The openai
-    SDK retries after 0.5-8 s of backoff."""
+    partial sample is not recorded (`gyre.tito.inflight.InFlight`); the window's end, or the
+    execution's, records it; 0 records it at once. The openai SDK retries after 0.5-8 s of
+    backoff."""
     flush_interval_s: float = 5.0
     """fsync the call log this often (calls reach the OS before each response completes)."""
     log_name: str = "calls.log"

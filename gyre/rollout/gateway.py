@@ -336,9 +336,7 @@ class ExternalRollout:
         async with ex.lock:  # a verify in flight ends first
             ex.state = "closing"
             self._pending.pop(ex.execution_id, None)
-            session = self.proxy.sessions.get(ex.execution_id)
-            summary = await self.proxy.close(ex.execution_id)
-            calls = session.calls() if session is not None else []
+            summary, calls = await self.proxy.end(ex.execution_id)
             outcome = await self._outcome(ex, termination, summary.num_calls, calls)
             ex.state, ex.outcome = "closed", outcome
             del self._live[ex.execution_id]

@@ -2,18 +2,18 @@
 
 Owns `Rollout`. For each execution it mints the proxy key, runs the agent under the harness with
 an `ExecutionControl` fed from the proxy's running totals (turns, tokens, context refusals stop it
-for partial scoring), then closes the execution in the proxy and returns the outcome with the
-exact model-call records. At most `max_concurrent` agents run at once. One execution's failure is
-its `failed` outcome (the harness's doing), never an exception; only a streak of them over
-several tasks is (`FailureStreak`). Also `with_interpreter` (a leading `python` in the agent
-command is the node's interpreter). Knows nothing about trees, losses, cells or training.
+for partial scoring), then ends the execution in the proxy and returns the outcome with its
+final model-call records (those the call log holds for it). At most `max_concurrent` agents run
+at once. One execution's failure is its `failed` outcome (the harness's doing), never an
+exception; only a streak of them over several tasks is (`FailureStreak`). Also
+`with_interpreter` (a leading `python` in the agent command is the node's interpreter). Knows
+nothing about trees, losses, cells or training.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import cast
 
 import anyio
 import msgspec
@@ -24,7 +24,6 @@ from gyre.config import HarnessConfig
 from gyre.rollout.source import Executed, FailureStreak, run_jobs
 from gyre.tasks.task import Task
 from gyre.tito.proxy import TitoProxy
-from gyre.tito.records import ModelCall
 
 __all__ = ["Rollout", "with_interpreter"]
 
@@ -82,11 +81,10 @@ class Rollout:
                         task, execution_id, control=control, api_key=key
                     )
                     tg.cancel_scope.cancel()
-                # reference form (`full` left False): `TitoProxy.calls` types both forms as one
-                calls = cast(list[ModelCall], self.proxy.calls(execution_id))
             finally:
                 with anyio.CancelScope(shield=True):
-                    summary = await self.proxy.close(execution_id)
+                    # the execution's final calls, as the log holds them (B42)
+                    summary, calls = await self.proxy.end(execution_id)
         self.streak.observe(outcome)
         return Executed(outcome=outcome, calls=calls, summary=summary)
 

@@ -34,6 +34,7 @@ from gyre.tito.model_format import TextStream
 from gyre.tito.records import Role
 from gyre.tito.render_state import Rendered
 from gyre.tito.sessions import Execution
+from gyre.tito.wire import ChatMessage
 
 __all__ = ["Choice", "Call", "engine_events", "run_to_end"]
 
@@ -110,13 +111,10 @@ class Call:
     """The format's `model_format.ToolCallIds` (None: OpenAI-style `call_...` IDs)."""
     chat: bool = True
     recorded: bool = False
-    request_key: bytes | None = None
-    """Digest of the request (route, role, body) that started this call: a client's retry of it
-    carries the same one (`Recorder.settle`)."""
-    disconnected: bool = False
-    """Aborted because every client waiting for it left (`InFlight.watch`)."""
-    held: bool = False
-    """Its partial records wait for a retry of the same request (`Recorder.record_partial`)."""
+    """Its records were written, or it was dropped: it is never recorded (again)."""
+    partial: list[ChatMessage | None] | None = None
+    """Cut short: the reply of each choice to record with what was sampled (finish `abort`),
+    kept by `Recorder.record_partial` for `InFlight.leave` to decide."""
     created: int = 0
     producer: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     """Cancel scope around the iteration of the engine (`engine_events` cancels it to stop

@@ -38,7 +38,7 @@ from gyre.errors import EngineError, GyreError, ProxyError
 from gyre.tito.chat_api import ChatApi, OpenAIChat, replies_of
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, run_to_end
-from gyre.tito.inflight import Flight, InFlight, SSEResponse
+from gyre.tito.inflight import Flight, InFlight, SSEResponse, Ticket
 from gyre.tito.intake import CallIntake
 from gyre.tito.log import CallLog
 from gyre.tito.messages_api import AnthropicMessages
@@ -64,7 +64,7 @@ logger = logging.getLogger(__name__)
 
 _CALLS_ENCODER = msgspec.json.Encoder()
 CLOSE_WAIT_S = 10.0
-"""Longest wait in `close` for the aborted calls of the execution to record (invariant 7)."""
+"""Longest wait in `end` for the aborted calls of the execution to record (invariant 7)."""
 
 
 class ProxyStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +110,8 @@ class ProxyStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Calls whose clients all left (timeout, dropped stream) and whose partial sample was not
     recorded because the client sent the same request again within `retry_window_s`: the retry
     is the one logical call."""
+    held: int
+    """Calls held now for their client's retry (`retry_window_s`)."""
 
 
 class TitoProxy:
@@ -123,8 +125,8 @@ class TitoProxy:
         log_path: the append-only call log; None keeps records in memory only (tests).
 
     Use: `key = proxy.mint_key(execution_id)` for each execution (the agent gets
-    `OPENAI_BASE_URL=http://host:port/v1`, `OPENAI_API_KEY=key`); `await proxy.close(execution_id)`
-    when it ends; `await task_group.start(proxy.serve)` returns the bound port.
+    `OPENAI_BASE_URL=http://host:port/v1`, `OPENAI_API_KEY=key`); `await proxy.end(execution_id)`
+    (or `close`) when it ends; `await task_group.start(proxy.serve)` returns the bound port.
     """
 
     def __init__(
@@ -144,8 +146,8 @@ class TitoProxy:
         )
         self.text: TokenText = self.renderer.text
         self.log = CallLog(log_path) if log_path is not None else None
-        self.recorder = Recorder(self.log, self.text, retry_window_s=config.retry_window_s)
-        self.inflight = InFlight()
+        self.recorder = Recorder(self.log, self.text)
+        self.inflight = InFlight(self.recorder, retry_window_s=config.retry_window_s)
         self.intake = CallIntake(
             tokenizer=tokenizer, renderer=self.renderer, engine_for=engine_for, config=config
         )
@@ -190,13 +192,19 @@ class TitoProxy:
         return self.sessions.mint_key(execution_id)
 
     async def close(self, execution_id: str) -> ExecutionSummary:
-        """End an execution: its key stops working, its calls still generating are aborted and
-        recorded (finish `abort`), then its summary is logged and the log fsynced, so no record
-        of it follows its end entry (B29).
+        """`end` the execution and return its summary. Raises KeyError if it is not open."""
+        return (await self.end(execution_id))[0]
+
+    async def end(self, execution_id: str) -> tuple[ExecutionSummary, list[ModelCall]]:
+        """End an execution: its key stops working, its calls are settled
+        (`InFlight.end_execution`: those generating aborted and recorded with finish `abort`,
+        held ones recorded), then its summary is logged and the log fsynced, so no record of it
+        follows its end entry (B29). Returns the summary and the execution's final records: what
+        a step trains on, the calls the log holds for it (what `--resume` rebuilds, B42).
 
         Raises KeyError if the execution is not open."""
         ex = self.sessions.pop(execution_id)
-        left = await self.inflight.end_execution(execution_id, CLOSE_WAIT_S)
+        left = await self.inflight.end_execution(ex, CLOSE_WAIT_S)
         if left:
             logger.warning(
                 "closing %s: %d calls did not record within %s s (dropped)",
@@ -204,16 +212,15 @@ class TitoProxy:
                 left,
                 CLOSE_WAIT_S,
             )
-        await self.recorder.settle(execution_id)  # held partial calls: no retry can come now
-        ex.closed = True
         self.responses_api.forget(execution_id)  # after `closed`: no chain is kept past it
         summary = ex.summary()
         if self.log is not None:
             await self.log.append_end(summary)
-        return summary
+        return summary, ex.calls()
 
     def calls(self, execution_id: str, *, full: bool = False) -> list[ModelCall] | list[FullCall]:
-        """The calls recorded so far for an open execution (KeyError if it is not open), in
+        """The calls recorded so far for an open execution (KeyError if it is not open; a step
+        takes the final ones from `end`), in
         reference form (`ModelCall`: O(the execution's tokens)); `full=True` rebuilds each
         call's whole prompt (`FullCall`, O(calls x history): for clients and tests)."""
         ex = self.sessions.get(execution_id)
@@ -241,7 +248,6 @@ class TitoProxy:
             calls_recorded=self.recorder.calls_recorded,
             completion_tokens=self.recorder.completion_tokens,
             records_dropped_closed=self.recorder.records_dropped_closed,
-            retries_superseded=self.recorder.retries_superseded,
             **msgspec.structs.asdict(self.inflight.statistics()),
             **self._counts,
         )
@@ -259,7 +265,7 @@ class TitoProxy:
         `port = await tg.start(proxy.serve)` can connect at once). Also runs the log's fsync timer.
         Raises OSError if the address cannot be bound.
         """
-        flusher = [self.recorder.run_expiry]
+        flusher = [self.inflight.run_expiry]
         if self.log is not None:
             flusher.append(partial(self.log.run_flusher, self.config.flush_interval_s))
         await serve_asgi(
@@ -422,15 +428,15 @@ class TitoProxy:
         self,
         request: Request,
         ex: Execution,
-        role: str,
+        ticket: Ticket,
         body: bytes,
         produce: Callable[[Flight], Any],
         error: Callable[[Exception], Response] | None = None,
     ) -> Response:
         """A non-streamed call, joined by a client's retry (`InFlight.shared`)."""
         return await self.inflight.shared(
-            ex.execution_id,
-            role,
+            ex,
+            ticket,
             body,
             request.headers.get("idempotency-key"),
             request.receive,
@@ -488,17 +494,13 @@ class TitoProxy:
             return self._error(exc, api.error_body)
         return Response(JSON_ENCODER.encode({"input_tokens": n}), media_type="application/json")
 
-    async def _start_request(
-        self, request: Request, ex: Execution, role: str, body: bytes
-    ) -> bytes:
-        """The request's key (`Call.request_key`: route, role and body); the held partial calls
-        of the execution are settled first (`Recorder.settle`), so a client's retry of a call it
-        left is one logical call and records stay in request order."""
+    def _begin(self, request: Request, ex: Execution, role: str, body: bytes) -> Ticket:
+        """The request begins (`InFlight.begin`), keyed by its route, role and body: a client's
+        retry of a call it left is one logical call."""
         key = hashlib.blake2b(
             b"\0".join((request.url.path.encode(), role.encode(), body)), digest_size=16
         ).digest()
-        await self.recorder.settle(ex.execution_id, key)
-        return key
+        return self.inflight.begin(ex, key)
 
     async def _serve_chat(self, request: Request, api: ChatApi) -> Response | SSEResponse:
         """One chat call of any API that maps onto chat (`chat_api.ChatApi`): resolve the key,
@@ -515,22 +517,21 @@ class TitoProxy:
             native, req = api.decode(body, ex)
             self._check_model(req.model)
             check_messages(req.messages)
-            key = await self._start_request(request, ex, role, body)
+            ticket = self._begin(request, ex, role, body)
             if req.stream:
                 call = await self.intake.chat(ex, role, body, req)
-                call.request_key = key
                 return SSEResponse(
                     call,
                     lambda events: api.stream(call, native, events, self.recorder),
                     text=self.text,
                     inflight=self.inflight,
+                    ticket=ticket,
                     error=error,
                 )
 
             async def produce(flight: Flight) -> Response:
                 try:
                     call = flight.call = await self.intake.chat(ex, role, body, req)
-                    call.request_key = key
                     await self._run_to_end(call)
                     replies = replies_of(call)
                     await self.recorder.record(call, [r[1] for r in replies])
@@ -540,7 +541,7 @@ class TitoProxy:
                 except (ProxyError, EngineError) as exc:
                     return error(exc)
 
-            return await self._shared(request, ex, role, body, produce, error)
+            return await self._shared(request, ex, ticket, body, produce, error)
         except (ProxyError, EngineError) as exc:
             return error(exc)
 
@@ -555,10 +556,9 @@ class TitoProxy:
             req = decode_completion(body)
             self._check_model(req.model)
             prompt = completion_prompt(req.prompt)
-            key = await self._start_request(request, ex, role, body)
+            ticket = self._begin(request, ex, role, body)
             if req.stream:
                 call = await self.intake.completion(ex, role, prompt, req)
-                call.request_key = key
                 model = self.config.model_name
                 return SSEResponse(
                     call,
@@ -567,13 +567,13 @@ class TitoProxy:
                     ),
                     text=self.text,
                     inflight=self.inflight,
+                    ticket=ticket,
                     error=self._error,
                 )
 
             async def produce(flight: Flight) -> Response:
                 try:
                     call = flight.call = await self.intake.completion(ex, role, prompt, req)
-                    call.request_key = key
                     await self._run_to_end(call)
                     await self.recorder.record(call, [None] * len(call.choices))
                     out = text_completion(call, req, text=self.text, model=self.config.model_name)
@@ -581,6 +581,6 @@ class TitoProxy:
                 except (ProxyError, EngineError) as exc:
                     return self._error(exc)
 
-            return await self._shared(request, ex, role, body, produce)
+            return await self._shared(request, ex, ticket, body, produce)
         except (ProxyError, EngineError) as exc:
             return self._error(exc)

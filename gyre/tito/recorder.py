@@ -4,11 +4,11 @@ Owns `Recorder`: every choice of a call becomes one `ModelCall` (the exact promp
 ran on, as the parent's shared tokens plus its own new ones, so recording costs O(new tokens); the
 completion IDs, behaviour logprobs and weight versions it sampled, finish reason, parent and
 divergence), appended to the `CallLog` first and then to the execution's records, with
-the renderer `Node` that later calls extend. A call that did not complete is recorded with what was
-sampled (finish `abort`); one whose clients all left is held for `retry_window_s` first, and
-dropped if the client sends the same request again (`settle`: one logical call); a call that ends
-after its execution was closed is dropped, so no record follows the execution's end entry (B29).
-Knows nothing about HTTP or OpenAI's format.
+the renderer `Node` that later calls extend. A call is written at most once; a call that did not
+complete keeps what was sampled (`record_partial`, finish `abort`) for its lifecycle to record,
+hold for a retry or drop (`gyre.tito.inflight.InFlight`); once an execution is sealed (its end),
+a record of it is dropped, so none follows its end entry (B29). Knows nothing about HTTP or
+OpenAI's format.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from gyre.tito.generation import Call, Choice
 from gyre.tito.log import CallLog
 from gyre.tito.records import ModelCall
 from gyre.tito.render_state import Node
+from gyre.tito.sessions import Execution
 from gyre.tito.wire import ChatMessage
 
 __all__ = ["Recorder"]
@@ -39,18 +40,12 @@ class Recorder:
         text: the tokenizer's `TokenText` (a node keeps its completion's text).
     """
 
-    def __init__(
-        self, log: CallLog | None, text: TokenText, *, retry_window_s: float = 0.0
-    ) -> None:
+    def __init__(self, log: CallLog | None, text: TokenText) -> None:
         self.log = log
         self.text = text
-        self.retry_window_s = retry_window_s
-        """How long the partial records of a call its client left wait for a retry of the same
-        request (`record_partial`); 0 records them at once."""
-        self._held: dict[str, list[tuple[float, Call, list[ChatMessage | None]]]] = {}
-        """Execution -> (deadline, call, replies) of the held partial calls, oldest first."""
-        self.retries_superseded = 0
-        """Held partial calls dropped because their client sent the same request again."""
+        self._writing: dict[str, int] = {}
+        """Execution -> records of it being written now (`seal` waits for them)."""
+        self._written: dict[str, anyio.Event] = {}
         self.calls_recorded = 0
         """ModelCall records written (one per choice)."""
         self.completion_tokens = 0
@@ -59,19 +54,47 @@ class Recorder:
         """Records not written because their execution had been closed (its end entry written)."""
 
     async def record(self, call: Call, replies: Sequence[ChatMessage | None]) -> list[ModelCall]:
-        """Record every choice (log first, then memory): the response may complete after this.
+        """A call that ended: written (`write`) when every choice finished; a choice unfinished
+        means it was cut short (its engine stream closed under a cancel), and what was sampled is
+        kept as its partial records for `InFlight.leave` to decide, as `record_partial` does."""
+        if any(ch.finish is None for ch in call.choices):
+            if not call.recorded and call.partial is None and any(ch.ids for ch in call.choices):
+                call.partial = list(replies)
+            return []
+        return await self.write(call, replies)
+
+    async def write(self, call: Call, replies: Sequence[ChatMessage | None]) -> list[ModelCall]:
+        """Write every choice (log first, then memory) unless the call was written or dropped
+        before, or its execution is sealed: the response may complete after this.
 
         Shielded from cancellation: a call is marked recorded when this starts, so a cancel at
         its first log append would lose it (B29: an execution closed while its stream ends)."""
         if call.recorded:
             return []
         call.recorded = True
+        eid = call.execution.execution_id
         if call.execution.closed:
             self.records_dropped_closed += len(call.choices)
             return []
-        with anyio.CancelScope(shield=True):
-            recorded = await self._record(call, replies)
+        self._writing[eid] = self._writing.get(eid, 0) + 1
+        recorded: list[ModelCall] = []
+        try:
+            with anyio.CancelScope(shield=True):
+                recorded = await self._record(call, replies)
+        finally:
+            self._writing[eid] -= 1
+            if not self._writing[eid]:
+                del self._writing[eid]
+                if (written := self._written.pop(eid, None)) is not None:
+                    written.set()
         return recorded
+
+    async def seal(self, execution: Execution) -> None:
+        """Close `execution` once the records of it being written are written: its records are
+        final (the same as the log holds for it), and any later record of it is dropped."""
+        while execution.execution_id in self._writing:
+            await self._written.setdefault(execution.execution_id, anyio.Event()).wait()
+        execution.closed = True  # no checkpoint since the loop's last check
 
     async def _record(self, call: Call, replies: Sequence[ChatMessage | None]) -> list[ModelCall]:
         ex, rendered = call.execution, call.rendered
@@ -135,60 +158,14 @@ class Recorder:
     async def record_partial(
         self, call: Call, reply: Callable[[Call, Choice], ChatMessage] | None
     ) -> None:
-        """A response that did not complete (client gone, engine error): abort, keep the tokens.
-        A request that produced no token records nothing. `reply` makes a chat choice's assistant
-        message (None: a completions call)."""
-        if call.recorded or call.held or not any(ch.ids for ch in call.choices):
+        """A response that did not complete (client gone, engine error, execution ended): abort the
+        engine request and keep what was sampled as the call's partial records (`Call.partial`),
+        which `InFlight.leave` records, holds for a retry or drops. A request that produced no
+        token keeps nothing. `reply` makes a chat choice's assistant message (None: a
+        completions call)."""
+        if call.recorded or call.partial is not None or not any(ch.ids for ch in call.choices):
             return
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(EngineError):
                 await call.engine.abort(call.request_id)
-            replies = [None if reply is None else reply(call, ch) for ch in call.choices]
-            if call.disconnected and call.request_key is not None and self.retry_window_s > 0:
-                # Its client left mid-call: a retry of the same request within the window is the
-                # same logical call, and this partial sample is dropped for it (`settle`).
-                call.held = True
-                deadline = anyio.current_time() + self.retry_window_s
-                self._held.setdefault(call.execution.execution_id, []).append(
-                    (deadline, call, replies)
-                )
-                return
-            await self.record(call, replies)
-
-    async def settle(self, execution_id: str, request_key: bytes | None = None) -> None:
-        """Before a request of `execution_id` starts (and when it closes: `request_key` None):
-        the held partial calls of the same request are dropped (the client retried: one logical
-        call, counted in `retries_superseded`), the others are recorded now, in order."""
-        held = self._held.pop(execution_id, None)
-        if not held:
-            return
-        with anyio.CancelScope(shield=True):
-            for _, call, replies in held:
-                if request_key is not None and call.request_key == request_key:
-                    call.recorded = True
-                    self.retries_superseded += 1
-                else:
-                    await self.record(call, replies)
-
-    async def record_expired(self) -> None:
-        """Record every held partial call whose retry window has passed (oldest first)."""
-        now = anyio.current_time()
-        with anyio.CancelScope(shield=True):
-            for execution_id in list(self._held):
-                held = self._held[execution_id]
-                while held and held[0][0] <= now:
-                    _, call, replies = held.pop(0)
-                    await self.record(call, replies)
-                if not held:
-                    self._held.pop(execution_id, None)
-
-    async def run_expiry(self, interval_s: float = 1.0) -> None:
-        """Record expired held calls every `interval_s` until cancelled; then record the rest."""
-        try:
-            while True:
-                await anyio.sleep(interval_s)
-                await self.record_expired()
-        finally:
-            with anyio.CancelScope(shield=True):
-                for execution_id in list(self._held):
-                    await self.settle(execution_id)
+            call.partial = [None if reply is None else reply(call, ch) for ch in call.choices]

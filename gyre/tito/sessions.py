@@ -33,8 +33,9 @@ class Execution:
     truncated: bool = False
     """Any call cut off (`length`) or refused for the context limit (B14, B15)."""
     closed: bool = False
-    """Set by `TitoProxy.close` once its calls in flight have recorded; a record that comes later
-    is dropped, never written after the execution's end entry (B29)."""
+    """Set when the execution ends (`Recorder.seal`, from `InFlight.end_execution`) once its
+    calls are settled: its records are final; a record that comes later is dropped, never written
+    after the execution's end entry (B29)."""
     context_refusals: int = 0
     next_call: int = 0
     length_calls: int = 0

@@ -36,11 +36,8 @@ class _Proxy:
     def summary(self, execution_id: str) -> ExecutionSummary:
         return _summary(execution_id)
 
-    def calls(self, execution_id: str) -> list:
-        return []
-
-    async def close(self, execution_id: str) -> ExecutionSummary:
-        return _summary(execution_id)
+    async def end(self, execution_id: str) -> tuple[ExecutionSummary, list]:
+        return _summary(execution_id), []
 
 
 class _Harness:

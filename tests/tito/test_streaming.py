@@ -190,7 +190,8 @@ async def _drop_after(base: str, key: str, body: dict, tokens: int) -> list[int]
 async def test_a_retry_of_a_dropped_stream_is_one_logical_call(tok, anyio_backend):
     """Issue 18 (faults.json `stream_drop`): the stream drops after 3 tokens and the client sends
     the same request again: one record, the retry's, and no partial sibling in the tree. A drop
-    followed by a different request records the partial call first, in request order."""
+    followed by a different request keeps the partial call held (its retry may still come: one
+    execution may send requests in parallel) until the window or the execution ends (B41)."""
     import anyio
 
     first = encode(tok, "word " * 40) + [tok.eos_token_id]
@@ -216,12 +217,13 @@ async def test_a_retry_of_a_dropped_stream_is_one_logical_call(tok, anyio_backen
                 headers={"Authorization": f"Bearer {retry}"},
             )
             assert r.status_code == 200, r.text
-        # the non-streamed body differs from the dropped one (not a retry of it): the held
-        # partial call is recorded first, then this one, in request order
-        calls = proxy.calls("retry")
-        assert [c.finish_reason for c in calls] == ["abort", "stop"]
-        assert calls[0].completion_ids == first[: len(calls[0].completion_ids)]
-        assert calls[1].completion_ids == again
+        # the non-streamed body differs from the dropped one (not a retry of it): this one is
+        # recorded, the partial call stays held; ending the execution records it
+        assert [c.completion_ids for c in proxy.calls("retry")] == [again]
+        assert proxy.statistics().held == 1
+        _, calls = await proxy.end("retry")
+        assert [c.finish_reason for c in calls] == ["stop", "abort"]
+        assert calls[1].completion_ids == first[: len(calls[1].completion_ids)]
 
         assert await _drop_after(base, ex2, body, 3) == first[:3]
         with anyio.fail_after(10):
