@@ -2,9 +2,10 @@
 
 Owns `proxy_error` (the `ProxyError` of a refused request), `decode_request` (a body to its
 msgspec request type, every decode error a 400 naming the field), the checks of a request's model
-name and chat history (`check_model`, `check_messages`: roles, tool-call pairing), the one prompt
-of a completions request (`completion_prompt`), and its `SamplingParams` with the context limit
-and every sampling parameter checked, passed on or refused (`sampling_params`, `stop_strings`).
+name and chat history (`check_model`, `check_messages`: roles, each message's text, tool-call
+pairing), the one prompt of a completions request (`completion_prompt`), and its
+`SamplingParams` with the context limit and every sampling parameter checked, passed on or
+refused (`sampling_params`, `stop_strings`).
 Responses and streams are `openai_format`'s. Knows nothing about routes, keys or engines' work.
 """
 
@@ -23,10 +24,10 @@ from gyre.tito.sessions import Execution
 from gyre.tito.wire import (
     CHAT_DECODER,
     COMPLETION_DECODER,
+    PART_PAYLOADS,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
-    message_text,
 )
 
 __all__ = [
@@ -129,17 +130,14 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
 def check_messages(messages: list[ChatMessage]) -> None:
-    """400 for a history that would go into training data malformed: an empty conversation, a
-    content that is not text, an unknown role, a `tool` message without `tool_call_id` or whose
-    `tool_call_id` names no tool call of an earlier assistant message (an orphan)."""
+    """400 for a history that would go into training data malformed, naming the field: an empty
+    conversation, an unknown role, a message without its text (`_check_content`), a `tool`
+    message without `tool_call_id` or whose `tool_call_id` names no tool call of an earlier
+    assistant message (an orphan)."""
     if not messages:
         raise proxy_error("messages must not be empty", 400, "invalid_value", param="messages")
     called: set[str] = set()
     for i, m in enumerate(messages):
-        try:
-            message_text(m.content)
-        except ValueError as exc:
-            raise proxy_error(str(exc), 400, "invalid_value", param=f"messages[{i}]") from None
         if m.role not in _ROLES:
             raise proxy_error(
                 f"messages[{i}].role={m.role!r} must be one of {', '.join(sorted(_ROLES))}",
@@ -147,6 +145,7 @@ def check_messages(messages: list[ChatMessage]) -> None:
                 "invalid_value",
                 param=f"messages[{i}].role",
             )
+        _check_content(m, f"messages[{i}].content")
         if m.role == "assistant":
             called.update(tc.id for tc in m.tool_calls or () if tc.id is not None)
         elif m.role == "tool":
@@ -165,6 +164,53 @@ def check_messages(messages: list[ChatMessage]) -> None:
                     "invalid_value",
                     param=f"messages[{i}].tool_call_id",
                 )
+
+
+def _check_content(m: ChatMessage, at: str) -> None:
+    """400 naming `at` (the message's `content`) or one of its parts unless the message has its
+    text: a string or text parts, each with its `text` (images, audio and files are not served).
+    Only an assistant message may go without content, when it carries tool calls or reasoning
+    (OpenAI's schema: content "required unless tool_calls is specified"), so no template ever
+    gets a None where it expects text."""
+    if m.content is None:
+        if m.role != "assistant":
+            raise proxy_error(
+                f"{at} is required: a {m.role} message needs its text",
+                400,
+                "invalid_value",
+                param=at,
+            )
+        if not m.tool_calls and m.reasoning_content is None and m.reasoning is None:
+            raise proxy_error(
+                f"{at} is required: an assistant message needs content or tool_calls",
+                400,
+                "invalid_value",
+                param=at,
+            )
+        return
+    if isinstance(m.content, str):
+        return
+    for j, part in enumerate(m.content):
+        where = f"{at}[{j}]"
+        if part.type != "text":
+            raise proxy_error(
+                f"{where}: content part of type {part.type!r} is not supported (text only)",
+                400,
+                "invalid_value",
+                param=f"{where}.type",
+            )
+        if part.text is None:
+            raise proxy_error(
+                f"{where}.text is required", 400, "invalid_value", param=f"{where}.text"
+            )
+        extra = next((f for f in PART_PAYLOADS if getattr(part, f) is not None), None)
+        if extra is not None:
+            raise proxy_error(
+                f"{where}.{extra} is not a field of a text part",
+                400,
+                "unsupported_parameter",
+                param=f"{where}.{extra}",
+            )
 
 
 def completion_prompt(prompt: str | list[Any]) -> str | list[int]:
