@@ -9,8 +9,9 @@ decoder refuses it when the client echoes it back), at most `MAX_DEPTH` levels; 
 breaks it is a malformed call, reported, never a 500) and `shield` (`Shielded`: every marker text
 inside a JSON string literal of a reply rewritten into the equivalent escape, `<` as `\\u003c`,
 so a parser that reads tags in the text, e.g. one of vLLM's, cannot take it for the marker; what
-the parser returns is mapped back to the model's own text). Knows nothing about model formats,
-tokens or HTTP.
+the parser returns is mapped back to the model's own text). `lone_surrogate_path` says where a
+decoded request body holds a lone surrogate (its 400 names that field). Knows nothing about
+model formats, tokens or HTTP.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "skip_ws",
     "loads_json",
     "check_json",
+    "lone_surrogate_path",
     "Shielded",
     "shield",
 ]
@@ -74,6 +76,26 @@ def check_json(value: Any) -> None:
                 raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
             items = [*v.keys(), *v.values()] if isinstance(v, dict) else v
             stack.extend((x, depth + 1) for x in items)
+
+
+def lone_surrogate_path(value: Any) -> str | None:
+    """The JSON path (`messages[0].content`; "" for the value itself) of the first string, in
+    document order, that holds a lone surrogate, or of the object whose member name does; None
+    when there is none. `value` is what a decoder that accepts lone surrogate escapes (Python's)
+    made of a body; the path is ASCII-safe (a surrogate in a name is written as its escape)."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return path
+        elif isinstance(v, dict):
+            if any(isinstance(k, str) and _SURROGATE.search(k) for k in v):
+                return path
+            stack.extend((x, f"{path}.{k}" if path else k) for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            stack.extend((x, f"{path}[{i}]") for i, x in reversed(list(enumerate(v))))
+    return None
 
 
 def decode_json_at(text: str, pos: int) -> tuple[Any, int]:

@@ -24,7 +24,7 @@ from gyre.tito.anthropic_format import anthropic_error, message_body, message_st
 from gyre.tito.chat_api import Reply
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
-from gyre.tito.openai_requests import proxy_error, template_kwargs
+from gyre.tito.openai_requests import malformed_body, proxy_error, template_kwargs
 from gyre.tito.recorder import Recorder
 from gyre.tito.reply import loads_or_none
 from gyre.tito.request_fields import unknown_field
@@ -265,7 +265,7 @@ def _decode(body: bytes, decoder: msgspec.json.Decoder = _DECODER) -> Any:
             f"invalid request: {text}", path.rstrip("`").removeprefix("$.") or None
         ) from None
     except msgspec.DecodeError as exc:
-        raise _bad(f"malformed JSON body: {exc}") from None
+        raise malformed_body(body, exc) from None
     except RecursionError:
         raise _bad("malformed JSON body: nested too deeply") from None
 

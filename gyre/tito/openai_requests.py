@@ -1,16 +1,17 @@
 """OpenAI-format requests in: decode, check and translate one request of an execution.
 
 Owns `proxy_error` (the `ProxyError` of a refused request), `decode_request` (a body to its
-msgspec request type, every decode error a 400 naming the field), the checks of a request's model
-name and chat history (`check_model`, `check_messages`: roles, each message's text, tool-call
-pairing), the one prompt of a completions request (`completion_prompt`), and its
-`SamplingParams` with the context limit and every sampling parameter checked, passed on or
-refused (`sampling_params`, `stop_strings`).
+msgspec request type, every decode error a 400 naming the field, a lone surrogate escape's too:
+`malformed_body`), the checks of a request's model name and chat history (`check_model`,
+`check_messages`: roles, each message's text, tool-call pairing), the one prompt of a
+completions request (`completion_prompt`), and its `SamplingParams` with the context limit and
+every sampling parameter checked, passed on or refused (`sampling_params`, `stop_strings`).
 Responses and streams are `openai_format`'s. Knows nothing about routes, keys or engines' work.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -19,6 +20,7 @@ import msgspec
 from gyre.config import ProxyConfig
 from gyre.engines.protocol import InferenceEngine, SamplingParams, StructuredOutput
 from gyre.errors import ProxyError
+from gyre.tito.json_text import lone_surrogate_path
 from gyre.tito.request_fields import refuse_unsupported, unknown_field
 from gyre.tito.sessions import Execution
 from gyre.tito.wire import (
@@ -33,6 +35,7 @@ from gyre.tito.wire import (
 __all__ = [
     "proxy_error",
     "decode_request",
+    "malformed_body",
     "decode_chat",
     "decode_completion",
     "template_kwargs",
@@ -76,9 +79,30 @@ def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
             f"invalid request: {exc}", 400, "invalid_type", param=_param_of(str(exc))
         ) from None
     except msgspec.DecodeError as exc:
-        raise proxy_error(f"malformed JSON body: {exc}", 400, "invalid_json") from None
+        raise malformed_body(body, exc) from None
     except RecursionError:  # msgspec's decoder recurses per level (about 1000 deep)
         raise proxy_error("malformed JSON body: nested too deeply", 400, "invalid_json") from None
+
+
+def malformed_body(body: bytes, exc: msgspec.DecodeError) -> ProxyError:
+    """The 400 for a body msgspec cannot decode. A string holding a lone surrogate escape
+    (`"\\ud800"`, half of a character: what a client that cut a text in the middle of an emoji
+    sends; msgspec calls it truncated input) is named by its JSON path, which Python's decoder
+    finds, since it accepts such escapes (on this error path only). It is refused, not replaced:
+    that would change the client's data. Anything else is malformed JSON."""
+    try:
+        path = lone_surrogate_path(json.loads(body))
+    except (ValueError, RecursionError):  # not JSON for Python either (or not UTF-8)
+        path = None
+    if path is None:
+        return proxy_error(f"malformed JSON body: {exc}", 400, "invalid_json")
+    return proxy_error(
+        f"{path or 'the body'} holds a lone UTF-16 surrogate escape (one of \\ud800-\\udfff "
+        "without its other half), which is no Unicode character: send the whole character",
+        400,
+        "invalid_value",
+        param=path or None,
+    )
 
 
 def decode_chat(body: bytes) -> ChatCompletionRequest:

@@ -152,6 +152,57 @@ async def test_an_assistant_message_of_tool_calls_or_reasoning_alone_renders_no_
 
 
 # -- content parts and unknown keys ---------------------------------------------------------
+# -- a lone surrogate escape anywhere in a body ---------------------------------------------
+
+
+LONE = "a\\ud800b"
+"""As a JS client writes a string it cut in the middle of an emoji: the escape of half a pair."""
+
+
+@pytest.mark.parametrize(
+    "route, raw, param",
+    [
+        (
+            "chat",
+            '{"model":"gyre","messages":[{"role":"user","content":"%s"}]}',
+            "messages[0].content",
+        ),
+        ("completions", '{"model":"gyre","prompt":"%s"}', "prompt"),
+        ("responses", '{"model":"gyre","input":"%s"}', "input"),
+        (
+            "responses",
+            '{"model":"gyre","input":[{"role":"user","content":[{"type":"input_text",'
+            '"text":"ok"},{"type":"input_text","text":"%s"}]}]}',
+            "input[0].content[1].text",
+        ),
+        (
+            "messages",
+            '{"model":"gyre","max_tokens":5,"messages":[{"role":"user","content":"%s"}]}',
+            "messages[0].content",
+        ),
+        (
+            "count_tokens",
+            '{"model":"gyre","messages":[{"role":"user","content":"%s"}]}',
+            "messages[0].content",
+        ),
+        (
+            "chat",
+            '{"model":"gyre","messages":[{"role":"user","content":"hi","\\udc00":1}]}',
+            "messages[0]",
+        ),
+    ],
+    ids=["chat", "completions", "responses", "responses-part", "messages", "count", "chat-key"],
+)
+async def test_a_lone_surrogate_escape_is_a_400_naming_its_field(tok, route, raw, param):
+    """msgspec refuses the body as "Input data was truncated" with no field; the stdlib decoder
+    reads it, so the error path finds the string (refused, not replaced: that would change the
+    client's data)."""
+    body = raw.replace("%s", LONE).encode()
+    assert json.loads(body)  # the stdlib takes it: the escape is JSON, its text is not Unicode
+    sent = await send(tok, route, body)
+    assert names(route, sent, param), sent.raw
+    message = sent.error["message"]
+    assert "surrogate" in message and "truncated" not in message, message
 
 
 @pytest.mark.parametrize(
