@@ -22,6 +22,7 @@ import msgspec
 
 from gyre.tito.anthropic_format import anthropic_error, message_body, message_stream
 from gyre.tito.chat_api import Reply
+from gyre.tito.constraints import check_json_schema
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
 from gyre.tito.openai_requests import malformed_body, proxy_error, template_kwargs
@@ -275,7 +276,9 @@ def _texts(blocks: list, where: str) -> list[str]:
     out = []
     for b in blocks:
         if not isinstance(b, TextBlock):
-            raise _bad(f"{where}: {b.__struct_config__.tag!r} blocks are not supported (text only)")
+            raise _bad(
+                f"{where}: {b.__struct_config__.tag!r} blocks are not supported (text only)", where
+            )
         out.append(b.text)
     return out
 
@@ -314,7 +317,9 @@ def _assistant(blocks: list, at: str, known_args: dict[str, str]) -> tuple[ChatM
                 at,
             )
         else:
-            raise _bad(f"{at}: {b.__struct_config__.tag} blocks are not allowed from the assistant")
+            raise _bad(
+                f"{at}: {b.__struct_config__.tag} blocks are not allowed from the assistant", at
+            )
     text = "".join(texts)
     message = ChatMessage(
         role="assistant",
@@ -418,6 +423,7 @@ def to_chat(
         )
         out_format = req.output_config.format if req.output_config is not None else None
         if out_format is not None:
+            check_json_schema(out_format.schema, "output_config.format")
             sampling["response_format"] = ResponseFormat(
                 type="json_schema", json_schema={"name": "output", "schema": out_format.schema}
             )

@@ -39,6 +39,7 @@ __all__ = [
     "decode_chat",
     "decode_completion",
     "template_kwargs",
+    "RESERVED_TEMPLATE_KWARGS",
     "check_model",
     "check_messages",
     "completion_prompt",
@@ -119,15 +120,50 @@ def decode_completion(body: bytes) -> CompletionRequest:
     return req
 
 
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "conversations",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+"""Keys `chat_template_kwargs` may not set: the arguments of transformers'
+`apply_chat_template` (and of the render it calls) and the template's `messages`, which the
+renderer passes itself; a client's would collide with them or override its own checks."""
+
+
 def template_kwargs(
     kwargs: dict[str, Any] | None, reasoning_effort: str | None, verbosity: str | None
 ) -> dict[str, Any] | None:
-    """The chat template's kwargs: the client's own (`chat_template_kwargs`), then a reasoning
+    """The chat template's kwargs: the client's own (`chat_template_kwargs`; 400 naming
+    `chat_template_kwargs.<key>` for a `RESERVED_TEMPLATE_KWARGS` key), then a reasoning
     effort as `reasoning_effort` and `enable_thinking` (false for `none`) and a verbosity as
     `verbosity`, where the client set no such key (as vLLM passes `reasoning_effort`). Every
     chat API renders them this way (Chat's `reasoning_effort`, Responses' `reasoning.effort`,
     Messages' `output_config.effort`). A template that reads none of them renders the same
     prompt, as with vLLM."""
+    for key in kwargs or ():
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise proxy_error(
+                f"chat_template_kwargs.{key} is an argument the proxy gives the chat template "
+                "itself, not a template variable (set the request's own field, where it has one)",
+                400,
+                "invalid_value",
+                param=f"chat_template_kwargs.{key}",
+            )
     out = dict(kwargs or {})
     if reasoning_effort is not None:
         out.setdefault("reasoning_effort", reasoning_effort)
@@ -273,7 +309,8 @@ def sampling_params(
     never dropped (docs/request_fields.md). `min_p` is truncation, like `top_p` and `top_k`:
     passed on and recorded, and such executions are not trained (invariant 2); `min_tokens`,
     `allowed_token_ids` and `bad_words` mask tokens, like `logit_bias`; `ignore_eos` leaves the
-    model's end IDs out of the stop IDs (the request's own still stop). `logit_bias` and the
+    model's end IDs out of the stop IDs (the request's own, token IDs of the vocabulary, still
+    stop). `logit_bias` and the
     presence, frequency and repetition penalties are passed to the engine and recorded with the
     call (`ModelCall.sampling`); the behaviour logprobs are those of the distribution they
     produce (vLLM's processed logprobs, invariant 2), so the trainer's importance ratio
@@ -339,6 +376,15 @@ def sampling_params(
     if isinstance(req, CompletionRequest):
         _check_completion_extras(req)
     allowed, bad_words = _masks(req, stats.vocab_size)
+    stop_ids = req.stop_token_ids or ()
+    bad = next((t for t in stop_ids if not 0 <= t < stats.vocab_size), None)
+    if bad is not None:
+        raise proxy_error(
+            f"stop_token_ids must be token IDs in [0, {stats.vocab_size}) ({bad} is not)",
+            400,
+            "invalid_value",
+            param="stop_token_ids",
+        )
     max_model_len = stats.max_model_len
     room = max_model_len - prompt_len
     wanted = room if max_tokens is None else max_tokens
@@ -367,7 +413,7 @@ def sampling_params(
         top_k=top_k,
         min_p=min_p,
         seed=req.seed,
-        stop_token_ids=ends + tuple(t for t in req.stop_token_ids or () if t not in ends),
+        stop_token_ids=ends + tuple(t for t in stop_ids if t not in ends),
         n=req.n,
         top_logprobs=top,
         logit_bias=bias,

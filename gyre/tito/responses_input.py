@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from gyre.tito.constraints import check_json_schema
 from gyre.tito.openai_requests import decode_request, proxy_error, template_kwargs
 from gyre.tito.wire import (
     ChatCompletionRequest,
@@ -351,6 +352,11 @@ def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
     if fmt.get("type") == "json_object":
         return {"type": "json_object"}
     if fmt.get("type") == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise bad_request(
+                "text.format json_schema needs schema (a JSON schema object)", "text.format"
+            )
+        check_json_schema(fmt["schema"], "text.format")
         schema = {k: v for k, v in fmt.items() if k != "type"}
         return {"type": "json_schema", "json_schema": schema}
     raise bad_request(f"text.format type {fmt.get('type')!r} is not supported", "text.format")

@@ -6,11 +6,13 @@ and a reply's empty content reads the same streamed and plain."""
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
 
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
+from gyre.tito.openai_requests import RESERVED_TEMPLATE_KWARGS
 from gyre.tito.template_input import message_to_template
 from gyre.tito.wire import ChatMessage
 from tests.tito.conftest import asgi_post, encode, make_proxy
@@ -149,6 +151,145 @@ async def test_an_assistant_message_of_tool_calls_or_reasoning_alone_renders_no_
         assert "None" not in tok.decode(sent.prompt)
     d = message_to_template(ChatMessage(role="assistant", reasoning_content="hmm"))
     assert d["content"] == ""
+
+
+# -- out-of-vocabulary token IDs, outputs xgrammar cannot compile, reserved template kwargs ----
+
+
+@pytest.mark.parametrize(
+    "route, body, param",
+    [
+        ("chat", {"messages": [HI], "stop_token_ids": [-1]}, "stop_token_ids"),
+        ("chat", {"messages": [HI], "stop_token_ids": [10**6]}, "stop_token_ids"),
+        ("completions", {"prompt": "hi", "stop_token_ids": [10**6]}, "stop_token_ids"),
+        ("completions", {"prompt": [10**6]}, "prompt"),
+        ("completions", {"prompt": [[1, -1]]}, "prompt"),
+        (
+            "chat",
+            {
+                "messages": [HI],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "bogus"}},
+                },
+            },
+            "response_format",
+        ),
+        (
+            "chat",
+            {
+                "messages": [HI],
+                "tools": TOOLS,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"$ref": "#/nope"}},
+                },
+            },
+            "response_format",
+        ),
+        (
+            "completions",
+            {
+                "prompt": "hi",
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "bogus"}},
+                },
+            },
+            "response_format",
+        ),
+        (
+            "chat",
+            {"messages": [HI], "structured_outputs": {"regex": "("}},
+            "structured_outputs.regex",
+        ),
+        ("chat", {"messages": [HI], "guided_json": {"type": "bogus"}}, "guided_json"),
+        (
+            "responses",
+            {
+                "input": "hi",
+                "text": {
+                    "format": {"type": "json_schema", "name": "x", "schema": {"type": "bogus"}}
+                },
+            },
+            "text.format",
+        ),
+        (
+            "responses",
+            {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}},
+            "text.format",
+        ),
+        (
+            "messages",
+            {
+                "messages": [HI],
+                "output_config": {"format": {"type": "json_schema", "schema": {"type": "bogus"}}},
+            },
+            "output_config.format",
+        ),
+    ],
+    ids=[
+        "stop-negative",
+        "stop-beyond",
+        "completions-stop",
+        "prompt-beyond",
+        "prompt-negative",
+        "response-format",
+        "response-format-with-tools",
+        "completions-response-format",
+        "structured-regex",
+        "guided-json",
+        "responses-format",
+        "responses-format-no-schema",
+        "messages-format",
+    ],
+)
+async def test_a_bad_value_of_a_sampling_field_is_a_400_naming_it(tok, route, body, param):
+    """The engine refused them with `request 'e/c0': ...` (its internal ID) and no field;
+    xgrammar's message named its C++ source file."""
+    sent = await send(tok, route, body)
+    assert names(route, sent, param), sent.raw
+    message = sent.error["message"]
+    assert "request '" not in message and ".cc" not in message and "/project" not in message
+    assert sent.prompt is None
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "add_generation_prompt",
+        "tools",
+        "messages",
+        "tokenize",
+        "chat_template",
+        "continue_final_message",
+    ],
+)
+@pytest.mark.parametrize("route", ["chat", "responses"])
+async def test_a_reserved_chat_template_kwargs_key_is_a_400_naming_it(tok, route, key):
+    """It was a 400 naming `messages` with Python's "got multiple values for keyword argument",
+    or (`chat_template`, `continue_final_message`) rendered as the client asked, past the
+    proxy's own checks."""
+    base = {"messages": [HI]} if route == "chat" else {"input": "hi"}
+    sent = await send(tok, route, {**base, "chat_template_kwargs": {key: False}})
+    assert names(route, sent, f"chat_template_kwargs.{key}"), sent.raw
+    assert "multiple values" not in sent.error["message"]
+    ok = await send(tok, route, {**base, "chat_template_kwargs": {"verbosity": "low"}})
+    assert ok.status == 200, ok.raw
+
+
+def test_the_reserved_keys_are_every_argument_of_apply_chat_template():
+    """A newer transformers' argument would collide with a client's key of that name."""
+    from transformers import PreTrainedTokenizerBase
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    named = {
+        name
+        for fn in (PreTrainedTokenizerBase.apply_chat_template, render_jinja_template)
+        for name, p in inspect.signature(fn).parameters.items()
+        if name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+    assert named | {"messages"} == RESERVED_TEMPLATE_KWARGS
 
 
 # -- content parts and unknown keys ---------------------------------------------------------
