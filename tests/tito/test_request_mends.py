@@ -518,3 +518,28 @@ async def test_echoed_response_fields_are_accepted_without_effect(tok):
     lean = await send(tok, "responses", {"input": bare})
     assert full.status == lean.status == 200, full.raw
     assert full.prompt == lean.prompt
+
+
+# -- a reply without content, streamed or not -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ['<think>hmm <tool_call>{"name": "ls", "arguments": {}}</tool_call>', "<think>hmm</think>", ""],
+    ids=["think-never-closed", "reasoning-only", "empty"],
+)
+async def test_an_empty_content_reads_the_same_streamed_and_plain(tok, reply):
+    """Plain: `content: ""`; streamed it was no content delta at all, which clients read as
+    null (and echo back as a message without content)."""
+    body = {"messages": [HI], "tools": TOOLS}
+    plain = await send(tok, "chat", body, reply)
+    message = plain.body["choices"][0]["message"]
+    assert message["content"] == "" and "tool_calls" not in message, message
+    streamed = await send(tok, "chat", {**body, "stream": True}, reply)
+    deltas = [
+        json.loads(line.removeprefix(b"data: "))["choices"]
+        for line in streamed.raw.split(b"\n\n")
+        if line.startswith(b"data: {")
+    ]
+    contents = [c["delta"]["content"] for cs in deltas for c in cs if "content" in c["delta"]]
+    assert contents and "".join(contents) == message["content"], deltas
