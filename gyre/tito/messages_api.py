@@ -25,7 +25,7 @@ from gyre.tito.chat_api import Reply
 from gyre.tito.constraints import check_json_schema
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
-from gyre.tito.openai_requests import malformed_body, proxy_error, template_kwargs
+from gyre.tito.openai_requests import malformed_body, param_of, proxy_error, template_kwargs
 from gyre.tito.recorder import Recorder
 from gyre.tito.reply import loads_or_none
 from gyre.tito.request_fields import unknown_field
@@ -261,10 +261,9 @@ def _decode(body: bytes, decoder: msgspec.json.Decoder = _DECODER) -> Any:
         unknown = unknown_field(text)
         if unknown is not None:
             raise _bad(f"invalid request: {unknown}", unknown.param) from None
-        _, sep, path = str(exc).rpartition("at `")
-        raise _bad(
-            f"invalid request: {text}", path.rstrip("`").removeprefix("$.") or None
-        ) from None
+        param = param_of(str(exc))  # named in the message: Anthropic's errors have no param
+        where = f"{param}: " if param and param not in text else ""
+        raise _bad(f"invalid request: {where}{text}", param) from None
     except msgspec.DecodeError as exc:
         raise malformed_body(body, exc) from None
     except RecursionError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import msgspec
@@ -36,6 +37,7 @@ __all__ = [
     "proxy_error",
     "decode_request",
     "malformed_body",
+    "param_of",
     "decode_chat",
     "decode_completion",
     "template_kwargs",
@@ -60,10 +62,17 @@ def proxy_error(
     return ProxyError(message, status=status, type=type, error_code=code, param=param)
 
 
-def _param_of(message: str) -> str | None:
-    """The JSON path msgspec names in a validation error (`... - at `$.messages[0].role``)."""
-    _, sep, path = message.rpartition("at `")
-    return path.rstrip("`").removeprefix("$.") if sep else None
+_MISSING = re.compile(r"^Object missing required field `([^`]+)`")
+
+
+def param_of(message: str) -> str | None:
+    """The field msgspec's validation error names: its JSON path (`... - at
+    `$.messages[0].role``), and a missing field's own name after it (`messages[0].content`)."""
+    _, sep, path = message.rpartition(" - at `")
+    path = path.rstrip("`").removeprefix("$").removeprefix(".") if sep else ""
+    if m := _MISSING.match(message):
+        path = f"{path}.{m[1]}" if path else m[1]
+    return path or None
 
 
 def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
@@ -77,7 +86,7 @@ def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         if unknown is not None:
             raise unknown from None
         raise proxy_error(
-            f"invalid request: {exc}", 400, "invalid_type", param=_param_of(str(exc))
+            f"invalid request: {exc}", 400, "invalid_type", param=param_of(str(exc))
         ) from None
     except msgspec.DecodeError as exc:
         raise malformed_body(body, exc) from None

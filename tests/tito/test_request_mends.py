@@ -113,7 +113,9 @@ def names(route: str, sent: Sent, param: str) -> bool:
             },
             "input[1].output",
         ),
-        ("messages", {"messages": [{"role": "user"}]}, "messages[0]"),
+        ("chat", {"messages": [{"content": "hi"}]}, "messages[0].role"),
+        ("completions", {}, "prompt"),
+        ("messages", {"messages": [{"role": "user"}]}, "messages[0].content"),
     ],
     ids=[
         "chat-user",
@@ -125,6 +127,8 @@ def names(route: str, sent: Sent, param: str) -> bool:
         "responses-user",
         "responses-system",
         "responses-tool-output",
+        "chat-no-role",
+        "completions-no-prompt",
         "messages-user",
     ],
 )
