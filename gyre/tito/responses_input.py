@@ -11,7 +11,7 @@ nothing about response chains, calls, HTTP or engines.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,7 +231,9 @@ def _text_of(content: Any, param: str, kinds: tuple[str, ...]) -> str:
 
 
 def input_messages(
-    items: str | list[dict[str, Any]], unseal: Callable[[str, str], str] | None = None
+    items: str | list[dict[str, Any]],
+    unseal: Callable[[str, str], str] | None = None,
+    history: Sequence[ChatMessage] = (),
 ) -> list[ChatMessage]:
     """The chat messages that Responses `input` items mean.
 
@@ -243,12 +245,14 @@ def input_messages(
     `reasoning_text` content, or else what its `encrypted_content` holds: `unseal(sealed,
     param)` gives that text or raises the 400 naming `param` (always checked; without `unseal`
     every `encrypted_content` is refused). Raises ProxyError(400) for an item type, role or
-    content part that is not supported, naming it.
+    content part that is not supported, or a `function_call_output` whose `call_id` answers no
+    call of `history` (the chained conversation) or of an earlier item, naming it.
     """
     if isinstance(items, str):
         return [ChatMessage(role="user", content=items)]
     out: list[ChatMessage] = []
     turn: dict[str, Any] = {}
+    called = {tc.id for m in history for tc in m.tool_calls or () if tc.id is not None}
 
     def flush() -> None:
         if turn:
@@ -304,9 +308,15 @@ def input_messages(
             turn.setdefault("tool_calls", []).append(
                 ToolCall(id=call_id, function=FunctionCall(name=name, arguments=args))
             )
+            called.add(call_id)
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
-                raise bad_request(f"{param}.call_id must be a string", param)
+                raise bad_request(f"{param}.call_id must be a string", f"{param}.call_id")
+            if item["call_id"] not in called:
+                raise bad_request(
+                    f"{param}.call_id={item['call_id']!r} answers no function_call before it",
+                    f"{param}.call_id",
+                )
             text = _text_of(item.get("output"), f"{param}.output", ("input_text",))
             flush()
             out.append(ChatMessage(role="tool", content=text, tool_call_id=item["call_id"]))
