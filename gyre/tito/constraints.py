@@ -6,17 +6,19 @@ tiny model's `<think>` + `<tool_call>{"name": ..., "arguments": {...}}</tool_cal
 false, `strict` function tools and `response_format` (`json_object`, `json_schema`) into one
 xgrammar structural tag (`StructuredOutput`), `request_constraint` (vLLM's `structured_outputs`
 and legacy `guided_*` fields), and `chat_constraint` / `completion_constraint`, the one grammar
-of a request, or None when it constrains nothing. An unsatisfiable or malformed
-demand is a 400 naming the parameter. The engine masks the tokens the grammar forbids, so the
-constraint holds in every reply and the recorded behaviour logprobs are those of the masked
-distribution, the one sampled from (docs/design.md invariant 2). Knows nothing about tokens,
-engines or HTTP.
+of a request, or None when it constrains nothing. An unsatisfiable or malformed demand is a 400
+naming the parameter (with xgrammar's reason, not its C++ source location; `check_json_schema`
+checks a route's own output format under its own name). The engine masks the tokens the grammar
+forbids, so the constraint holds in every reply and the recorded behaviour logprobs are those of
+the masked distribution, the one sampled from (docs/design.md invariant 2). Knows nothing about
+tokens, engines or HTTP.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,7 @@ __all__ = [
     "completion_constraint",
     "request_constraint",
     "tool_demands",
+    "check_json_schema",
 ]
 
 
@@ -149,6 +152,7 @@ def _content_schema(req: ChatCompletionRequest | CompletionRequest) -> dict[str,
                 "response_format json_schema needs json_schema.schema (a JSON schema object)",
                 "response_format",
             )
+        check_json_schema(schema, "response_format")
         return schema
     raise _bad(
         f"response_format type {rf.type!r} must be 'text', 'json_object' or 'json_schema'",
@@ -340,11 +344,29 @@ def tool_demands(
     return StructuredOutput(kind="structural_tag", spec=spec)
 
 
-@functools.lru_cache(maxsize=256)
+def check_json_schema(schema: dict[str, Any], param: str) -> None:
+    """400 naming `param` (a route's own name of the output format: `text.format`,
+    `output_config.format`) for a JSON schema xgrammar cannot compile."""
+    _check("json_schema", json.dumps(schema), param)
+
+
 def _check(kind: str, spec: str, param: str) -> None:
     """400 naming `param` for a grammar of `kind` xgrammar cannot compile (a malformed client
-    schema, regex or grammar). Cached: an agent sends the same tools on every call, and
-    compiling costs milliseconds."""
+    schema, regex or grammar), with xgrammar's reason."""
+    why = _compile_error(kind, spec)
+    if why is not None:
+        raise _bad(f"{param}: the requested output format cannot be enforced: {why}", param)
+
+
+_SOURCE = re.compile(r"\[[0-9:.]+\] \S+:[0-9]+: |Check failed: \(.*?\) is false: ")
+"""What xgrammar's C++ errors start with: a time, a source file and line, a failed check."""
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_error(kind: str, spec: str) -> str | None:
+    """Why xgrammar cannot compile a grammar of `kind` (its own message, less its C++ source
+    location), or None when it compiles. Cached: an agent sends the same tools on every call,
+    and compiling costs milliseconds."""
     import xgrammar as xgr
 
     compile_: Any = {
@@ -354,8 +376,9 @@ def _check(kind: str, spec: str, param: str) -> None:
         "structural_tag": xgr.Grammar.from_structural_tag,
     }.get(kind)
     if compile_ is None:  # json_object: no spec
-        return
+        return None
     try:
         compile_(spec)
     except Exception as exc:  # xgrammar raises RuntimeError, ValueError or pydantic errors
-        raise _bad(f"the requested output format cannot be enforced: {exc}", param) from None
+        return _SOURCE.sub("", str(exc)).strip()
+    return None

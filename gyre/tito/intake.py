@@ -220,6 +220,16 @@ class CallIntake:
             ids = await anyio.to_thread.run_sync(
                 lambda: self.tokenizer.encode(prompt, add_special_tokens=special)
             )
+        else:  # token IDs: checked here, at C speed, so the engine never refuses them
+            vocab = engine.statistics().vocab_size
+            if prompt and not (0 <= min(prompt) and max(prompt) < vocab):
+                bad = next(t for t in prompt if not 0 <= t < vocab)
+                raise proxy_error(
+                    f"prompt must be token IDs in [0, {vocab}) ({bad} is not)",
+                    400,
+                    "invalid_value",
+                    param="prompt",
+                )
         ids = self.text.intern(ids if isinstance(prompt, str) else prompt)
         if not ids:
             raise proxy_error("prompt must not be empty", 400, "invalid_value", param="prompt")

@@ -5,12 +5,14 @@ for the next tag, so a `</tool_call>` inside a string argument does not end the 
 B33), `loads_json` (a whole text), `check_json` (the rule every tool call's arguments meet before
 the proxy passes them on: I-JSON, RFC 7493: no NaN or Infinity, no number beyond a double, no lone
 surrogate escape such as `"\\ud83d"` (B37: no UTF-8 body can carry one, and gyre's own request
-decoder refuses it when the client echoes it back), at most `MAX_DEPTH` levels; a call that
-breaks it is a malformed call, reported, never a 500) and `shield` (`Shielded`: every marker text
-inside a JSON string literal of a reply rewritten into the equivalent escape, `<` as `\\u003c`,
-so a parser that reads tags in the text, e.g. one of vLLM's, cannot take it for the marker; what
-the parser returns is mapped back to the model's own text). Knows nothing about model formats,
-tokens or HTTP.
+decoder refuses it when the client echoes it back), no member name twice in an object, at most
+`MAX_DEPTH` levels; a call that breaks it is a malformed call, reported, never a 500) and
+`shield` (`Shielded`: every marker text inside a JSON string literal of a reply rewritten into
+the equivalent escape, `<` as `\\u003c`, so a parser that reads tags in the text, e.g. one of
+vLLM's, cannot take it for the marker; what the parser returns is mapped back to the model's own
+text). `lone_surrogate_path` says where a
+decoded request body holds a lone surrogate (its 400 names that field). Knows nothing about
+model formats, tokens or HTTP.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "skip_ws",
     "loads_json",
     "check_json",
+    "lone_surrogate_path",
     "Shielded",
     "shield",
 ]
@@ -50,7 +53,23 @@ def _finite(text: str) -> float:
     return x
 
 
-_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in obj:
+            raise ValueError(f"duplicate member name {name!r} in a JSON object")
+        obj[name] = value
+    return obj
+
+
+_DECODER = json.JSONDecoder(
+    parse_constant=_no_constant, parse_float=_finite, object_pairs_hook=_unique_members
+)
+"""I-JSON's decoder: what `check_json` cannot see once decoded, a repeated member name (RFC 7493
+section 2.3; Python keeps the last), is refused while decoding."""
+_SCAN = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+"""Where JSON objects lie in a text (`shield`): every object a parser may read, even one whose
+names repeat."""
 
 
 def check_json(value: Any) -> None:
@@ -74,6 +93,26 @@ def check_json(value: Any) -> None:
                 raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
             items = [*v.keys(), *v.values()] if isinstance(v, dict) else v
             stack.extend((x, depth + 1) for x in items)
+
+
+def lone_surrogate_path(value: Any) -> str | None:
+    """The JSON path (`messages[0].content`; "" for the value itself) of the first string, in
+    document order, that holds a lone surrogate, or of the object whose member name does; None
+    when there is none. `value` is what a decoder that accepts lone surrogate escapes (Python's)
+    made of a body; the path is ASCII-safe (a surrogate in a name is written as its escape)."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return path
+        elif isinstance(v, dict):
+            if any(isinstance(k, str) and _SURROGATE.search(k) for k in v):
+                return path
+            stack.extend((x, f"{path}.{k}" if path else k) for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            stack.extend((x, f"{path}[{i}]") for i, x in reversed(list(enumerate(v))))
+    return None
 
 
 def decode_json_at(text: str, pos: int) -> tuple[Any, int]:
@@ -174,7 +213,7 @@ def shield(text: str, markers: Iterable[str]) -> Shielded:
     pos = text.find("{")
     while pos >= 0:
         try:
-            _, end = _DECODER.raw_decode(text, pos)
+            _, end = _SCAN.raw_decode(text, pos)
         except (ValueError, RecursionError):
             pos = text.find("{", pos + 1)
             continue

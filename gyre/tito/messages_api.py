@@ -22,9 +22,10 @@ import msgspec
 
 from gyre.tito.anthropic_format import anthropic_error, message_body, message_stream
 from gyre.tito.chat_api import Reply
+from gyre.tito.constraints import check_json_schema
 from gyre.tito.detok import TokenText
 from gyre.tito.generation import Call, Choice
-from gyre.tito.openai_requests import proxy_error, template_kwargs
+from gyre.tito.openai_requests import malformed_body, param_of, proxy_error, template_kwargs
 from gyre.tito.recorder import Recorder
 from gyre.tito.reply import loads_or_none
 from gyre.tito.request_fields import unknown_field
@@ -260,12 +261,11 @@ def _decode(body: bytes, decoder: msgspec.json.Decoder = _DECODER) -> Any:
         unknown = unknown_field(text)
         if unknown is not None:
             raise _bad(f"invalid request: {unknown}", unknown.param) from None
-        _, sep, path = str(exc).rpartition("at `")
-        raise _bad(
-            f"invalid request: {text}", path.rstrip("`").removeprefix("$.") or None
-        ) from None
+        param = param_of(str(exc))  # named in the message: Anthropic's errors have no param
+        where = f"{param}: " if param and param not in text else ""
+        raise _bad(f"invalid request: {where}{text}", param) from None
     except msgspec.DecodeError as exc:
-        raise _bad(f"malformed JSON body: {exc}") from None
+        raise malformed_body(body, exc) from None
     except RecursionError:
         raise _bad("malformed JSON body: nested too deeply") from None
 
@@ -275,7 +275,9 @@ def _texts(blocks: list, where: str) -> list[str]:
     out = []
     for b in blocks:
         if not isinstance(b, TextBlock):
-            raise _bad(f"{where}: {b.__struct_config__.tag!r} blocks are not supported (text only)")
+            raise _bad(
+                f"{where}: {b.__struct_config__.tag!r} blocks are not supported (text only)", where
+            )
         out.append(b.text)
     return out
 
@@ -314,7 +316,9 @@ def _assistant(blocks: list, at: str, known_args: dict[str, str]) -> tuple[ChatM
                 at,
             )
         else:
-            raise _bad(f"{at}: {b.__struct_config__.tag} blocks are not allowed from the assistant")
+            raise _bad(
+                f"{at}: {b.__struct_config__.tag} blocks are not allowed from the assistant", at
+            )
     text = "".join(texts)
     message = ChatMessage(
         role="assistant",
@@ -418,6 +422,7 @@ def to_chat(
         )
         out_format = req.output_config.format if req.output_config is not None else None
         if out_format is not None:
+            check_json_schema(out_format.schema, "output_config.format")
             sampling["response_format"] = ResponseFormat(
                 type="json_schema", json_schema={"name": "output", "schema": out_format.schema}
             )

@@ -287,6 +287,8 @@ async def chat_stream(
                     delta["reasoning_content"] = r[ch.emitted_reasoning :]
                 if c[ch.emitted_content :]:
                     delta["content"] = c[ch.emitted_content :]
+                elif msg["content"] == "" and not ch.emitted_content:
+                    delta["content"] = ""  # as the whole answer has it: "" is not null
                 if msg.get("tool_calls"):
                     delta["tool_calls"] = [
                         dict(tc, index=i) for i, tc in enumerate(msg["tool_calls"])

@@ -1,16 +1,19 @@
 """OpenAI-format requests in: decode, check and translate one request of an execution.
 
 Owns `proxy_error` (the `ProxyError` of a refused request), `decode_request` (a body to its
-msgspec request type, every decode error a 400 naming the field), the checks of a request's model
-name and chat history (`check_model`, `check_messages`: roles, tool-call pairing), the one prompt
-of a completions request (`completion_prompt`), and its `SamplingParams` with the context limit
-and every sampling parameter checked, passed on or refused (`sampling_params`, `stop_strings`).
+msgspec request type, every decode error a 400 naming the field, a lone surrogate escape's too:
+`malformed_body`), the checks of a request's model name and chat history (`check_model`,
+`check_messages`: roles, each message's text, tool-call pairing), the one prompt of a
+completions request (`completion_prompt`), and its `SamplingParams` with the context limit and
+every sampling parameter checked, passed on or refused (`sampling_params`, `stop_strings`).
 Responses and streams are `openai_format`'s. Knows nothing about routes, keys or engines' work.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any
 
 import msgspec
@@ -18,23 +21,27 @@ import msgspec
 from gyre.config import ProxyConfig
 from gyre.engines.protocol import InferenceEngine, SamplingParams, StructuredOutput
 from gyre.errors import ProxyError
+from gyre.tito.json_text import lone_surrogate_path
 from gyre.tito.request_fields import refuse_unsupported, unknown_field
 from gyre.tito.sessions import Execution
 from gyre.tito.wire import (
     CHAT_DECODER,
     COMPLETION_DECODER,
+    PART_PAYLOADS,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
-    message_text,
 )
 
 __all__ = [
     "proxy_error",
     "decode_request",
+    "malformed_body",
+    "param_of",
     "decode_chat",
     "decode_completion",
     "template_kwargs",
+    "RESERVED_TEMPLATE_KWARGS",
     "check_model",
     "check_messages",
     "completion_prompt",
@@ -55,10 +62,17 @@ def proxy_error(
     return ProxyError(message, status=status, type=type, error_code=code, param=param)
 
 
-def _param_of(message: str) -> str | None:
-    """The JSON path msgspec names in a validation error (`... - at `$.messages[0].role``)."""
-    _, sep, path = message.rpartition("at `")
-    return path.rstrip("`").removeprefix("$.") if sep else None
+_MISSING = re.compile(r"^Object missing required field `([^`]+)`")
+
+
+def param_of(message: str) -> str | None:
+    """The field msgspec's validation error names: its JSON path (`... - at
+    `$.messages[0].role``), and a missing field's own name after it (`messages[0].content`)."""
+    _, sep, path = message.rpartition(" - at `")
+    path = path.rstrip("`").removeprefix("$").removeprefix(".") if sep else ""
+    if m := _MISSING.match(message):
+        path = f"{path}.{m[1]}" if path else m[1]
+    return path or None
 
 
 def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
@@ -72,12 +86,33 @@ def decode_request(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         if unknown is not None:
             raise unknown from None
         raise proxy_error(
-            f"invalid request: {exc}", 400, "invalid_type", param=_param_of(str(exc))
+            f"invalid request: {exc}", 400, "invalid_type", param=param_of(str(exc))
         ) from None
     except msgspec.DecodeError as exc:
-        raise proxy_error(f"malformed JSON body: {exc}", 400, "invalid_json") from None
+        raise malformed_body(body, exc) from None
     except RecursionError:  # msgspec's decoder recurses per level (about 1000 deep)
         raise proxy_error("malformed JSON body: nested too deeply", 400, "invalid_json") from None
+
+
+def malformed_body(body: bytes, exc: msgspec.DecodeError) -> ProxyError:
+    """The 400 for a body msgspec cannot decode. A string holding a lone surrogate escape
+    (`"\\ud800"`, half of a character: what a client that cut a text in the middle of an emoji
+    sends; msgspec calls it truncated input) is named by its JSON path, which Python's decoder
+    finds, since it accepts such escapes (on this error path only). It is refused, not replaced:
+    that would change the client's data. Anything else is malformed JSON."""
+    try:
+        path = lone_surrogate_path(json.loads(body))
+    except (ValueError, RecursionError):  # not JSON for Python either (or not UTF-8)
+        path = None
+    if path is None:
+        return proxy_error(f"malformed JSON body: {exc}", 400, "invalid_json")
+    return proxy_error(
+        f"{path or 'the body'} holds a lone UTF-16 surrogate escape (one of \\ud800-\\udfff "
+        "without its other half), which is no Unicode character: send the whole character",
+        400,
+        "invalid_value",
+        param=path or None,
+    )
 
 
 def decode_chat(body: bytes) -> ChatCompletionRequest:
@@ -94,15 +129,50 @@ def decode_completion(body: bytes) -> CompletionRequest:
     return req
 
 
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "conversations",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+"""Keys `chat_template_kwargs` may not set: the arguments of transformers'
+`apply_chat_template` (and of the render it calls) and the template's `messages`, which the
+renderer passes itself; a client's would collide with them or override its own checks."""
+
+
 def template_kwargs(
     kwargs: dict[str, Any] | None, reasoning_effort: str | None, verbosity: str | None
 ) -> dict[str, Any] | None:
-    """The chat template's kwargs: the client's own (`chat_template_kwargs`), then a reasoning
+    """The chat template's kwargs: the client's own (`chat_template_kwargs`; 400 naming
+    `chat_template_kwargs.<key>` for a `RESERVED_TEMPLATE_KWARGS` key), then a reasoning
     effort as `reasoning_effort` and `enable_thinking` (false for `none`) and a verbosity as
     `verbosity`, where the client set no such key (as vLLM passes `reasoning_effort`). Every
     chat API renders them this way (Chat's `reasoning_effort`, Responses' `reasoning.effort`,
     Messages' `output_config.effort`). A template that reads none of them renders the same
     prompt, as with vLLM."""
+    for key in kwargs or ():
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise proxy_error(
+                f"chat_template_kwargs.{key} is an argument the proxy gives the chat template "
+                "itself, not a template variable (set the request's own field, where it has one)",
+                400,
+                "invalid_value",
+                param=f"chat_template_kwargs.{key}",
+            )
     out = dict(kwargs or {})
     if reasoning_effort is not None:
         out.setdefault("reasoning_effort", reasoning_effort)
@@ -129,17 +199,14 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
 def check_messages(messages: list[ChatMessage]) -> None:
-    """400 for a history that would go into training data malformed: an empty conversation, a
-    content that is not text, an unknown role, a `tool` message without `tool_call_id` or whose
-    `tool_call_id` names no tool call of an earlier assistant message (an orphan)."""
+    """400 for a history that would go into training data malformed, naming the field: an empty
+    conversation, an unknown role, a message without its text (`_check_content`), a `tool`
+    message without `tool_call_id` or whose `tool_call_id` names no tool call of an earlier
+    assistant message (an orphan)."""
     if not messages:
         raise proxy_error("messages must not be empty", 400, "invalid_value", param="messages")
     called: set[str] = set()
     for i, m in enumerate(messages):
-        try:
-            message_text(m.content)
-        except ValueError as exc:
-            raise proxy_error(str(exc), 400, "invalid_value", param=f"messages[{i}]") from None
         if m.role not in _ROLES:
             raise proxy_error(
                 f"messages[{i}].role={m.role!r} must be one of {', '.join(sorted(_ROLES))}",
@@ -147,6 +214,7 @@ def check_messages(messages: list[ChatMessage]) -> None:
                 "invalid_value",
                 param=f"messages[{i}].role",
             )
+        _check_content(m, f"messages[{i}].content")
         if m.role == "assistant":
             called.update(tc.id for tc in m.tool_calls or () if tc.id is not None)
         elif m.role == "tool":
@@ -165,6 +233,53 @@ def check_messages(messages: list[ChatMessage]) -> None:
                     "invalid_value",
                     param=f"messages[{i}].tool_call_id",
                 )
+
+
+def _check_content(m: ChatMessage, at: str) -> None:
+    """400 naming `at` (the message's `content`) or one of its parts unless the message has its
+    text: a string or text parts, each with its `text` (images, audio and files are not served).
+    Only an assistant message may go without content, when it carries tool calls or reasoning
+    (OpenAI's schema: content "required unless tool_calls is specified"), so no template ever
+    gets a None where it expects text."""
+    if m.content is None:
+        if m.role != "assistant":
+            raise proxy_error(
+                f"{at} is required: a {m.role} message needs its text",
+                400,
+                "invalid_value",
+                param=at,
+            )
+        if not m.tool_calls and m.reasoning_content is None and m.reasoning is None:
+            raise proxy_error(
+                f"{at} is required: an assistant message needs content or tool_calls",
+                400,
+                "invalid_value",
+                param=at,
+            )
+        return
+    if isinstance(m.content, str):
+        return
+    for j, part in enumerate(m.content):
+        where = f"{at}[{j}]"
+        if part.type != "text":
+            raise proxy_error(
+                f"{where}: content part of type {part.type!r} is not supported (text only)",
+                400,
+                "invalid_value",
+                param=f"{where}.type",
+            )
+        if part.text is None:
+            raise proxy_error(
+                f"{where}.text is required", 400, "invalid_value", param=f"{where}.text"
+            )
+        extra = next((f for f in PART_PAYLOADS if getattr(part, f) is not None), None)
+        if extra is not None:
+            raise proxy_error(
+                f"{where}.{extra} is not a field of a text part",
+                400,
+                "unsupported_parameter",
+                param=f"{where}.{extra}",
+            )
 
 
 def completion_prompt(prompt: str | list[Any]) -> str | list[int]:
@@ -203,7 +318,8 @@ def sampling_params(
     never dropped (docs/request_fields.md). `min_p` is truncation, like `top_p` and `top_k`:
     passed on and recorded, and such executions are not trained (invariant 2); `min_tokens`,
     `allowed_token_ids` and `bad_words` mask tokens, like `logit_bias`; `ignore_eos` leaves the
-    model's end IDs out of the stop IDs (the request's own still stop). `logit_bias` and the
+    model's end IDs out of the stop IDs (the request's own, token IDs of the vocabulary, still
+    stop). `logit_bias` and the
     presence, frequency and repetition penalties are passed to the engine and recorded with the
     call (`ModelCall.sampling`); the behaviour logprobs are those of the distribution they
     produce (vLLM's processed logprobs, invariant 2), so the trainer's importance ratio
@@ -269,6 +385,15 @@ def sampling_params(
     if isinstance(req, CompletionRequest):
         _check_completion_extras(req)
     allowed, bad_words = _masks(req, stats.vocab_size)
+    stop_ids = req.stop_token_ids or ()
+    bad = next((t for t in stop_ids if not 0 <= t < stats.vocab_size), None)
+    if bad is not None:
+        raise proxy_error(
+            f"stop_token_ids must be token IDs in [0, {stats.vocab_size}) ({bad} is not)",
+            400,
+            "invalid_value",
+            param="stop_token_ids",
+        )
     max_model_len = stats.max_model_len
     room = max_model_len - prompt_len
     wanted = room if max_tokens is None else max_tokens
@@ -297,7 +422,7 @@ def sampling_params(
         top_k=top_k,
         min_p=min_p,
         seed=req.seed,
-        stop_token_ids=ends + tuple(t for t in req.stop_token_ids or () if t not in ends),
+        stop_token_ids=ends + tuple(t for t in stop_ids if t not in ends),
         n=req.n,
         top_logprobs=top,
         logit_bias=bias,

@@ -109,7 +109,7 @@ class ResponsesApi:
             except SealError as exc:
                 raise bad_request(f"{param} {exc}", param, "invalid_encrypted_content") from None
 
-        new = input_messages(req.input, unseal)
+        new = input_messages(req.input, unseal, history)
         chat = chat_request(req, history + new)
         return ResponsesCall(req, chat, link, tuple(new)), chat
 

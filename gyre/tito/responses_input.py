@@ -11,12 +11,13 @@ nothing about response chains, calls, HTTP or engines.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from gyre.tito.constraints import check_json_schema
 from gyre.tito.openai_requests import decode_request, proxy_error, template_kwargs
 from gyre.tito.wire import (
     ChatCompletionRequest,
@@ -45,6 +46,51 @@ _SUMMARIES = ("auto", "detailed")
 one there is); `concise` cannot be honoured."""
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 """Input message roles to chat roles: `developer` is the system role of chat templates."""
+_NOTHING: dict[str, tuple[tuple[Any, ...], str]] = {
+    "phase": ((None,), "message phases label OpenAI's own models' turns, not this model's"),
+    "namespace": ((None,), "tool namespaces are not served"),
+    "caller": ((None, {"type": "direct"}), "only the model itself calls tools here"),
+    "async": ((None, False), "asynchronous tool calls are not served"),
+}
+"""Item keys accepted only when they ask for nothing: (those values, why any other is refused)."""
+_ITEM_KEYS = {
+    "message": frozenset({"type", "role", "content", "id", "status", "phase"}),
+    "reasoning": frozenset({"type", "id", "summary", "content", "encrypted_content", "status"}),
+    "function_call": frozenset(
+        {"type", "id", "call_id", "name", "arguments", "status", "caller", "namespace", "async"}
+    ),
+    "function_call_output": frozenset(
+        {"type", "id", "call_id", "output", "status", "name", "caller", "namespace"}
+    ),
+}
+"""The keys of each input item type served (the SDK's `ResponseInputItemParam` types): what is
+read, identifiers and `status` (no effect), `_NOTHING`'s; any other key is refused."""
+_PART_KEYS = {
+    "input_text": frozenset({"type", "text", "prompt_cache_breakpoint"}),
+    "output_text": frozenset({"type", "text", "annotations", "logprobs"}),
+    "reasoning_text": frozenset({"type", "text"}),
+}
+"""The keys of each content part type served: `text`, and a cache hint, an echoed output's
+annotations and logprobs (no effect); any other key is refused."""
+
+
+def _check_keys(obj: dict[str, Any], allowed: frozenset[str], param: str) -> None:
+    """400 naming `param.key` for a key of `obj` not `allowed`, or set to what `_NOTHING`
+    refuses: a key no schema lists is refused, never ignored."""
+    for key, value in obj.items():
+        if key not in allowed:
+            raise bad_request(
+                f"{param}.{key} is not supported by this server (gyre refuses a field it does "
+                "not know rather than ignore it)",
+                f"{param}.{key}",
+                "unsupported_parameter",
+            )
+        if key in _NOTHING and value not in _NOTHING[key][0]:
+            raise bad_request(
+                f"{param}.{key} is not supported by this server: {_NOTHING[key][1]}",
+                f"{param}.{key}",
+                "unsupported_parameter",
+            )
 
 
 class TextConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -164,6 +210,8 @@ def _text_of(content: Any, param: str, kinds: tuple[str, ...]) -> str:
     """The text of an item's `content`/`output`: a string, or text parts of the `kinds` given."""
     if isinstance(content, str):
         return content
+    if content is None:
+        raise bad_request(f"{param} is required", param)
     if not isinstance(content, list):
         raise bad_request(f"{param} must be a string or a list of content parts", param)
     out = []
@@ -177,12 +225,15 @@ def _text_of(content: Any, param: str, kinds: tuple[str, ...]) -> str:
             )
         if not isinstance(part.get("text"), str):
             raise bad_request(f"{param}[{i}].text must be a string", f"{param}[{i}].text")
+        _check_keys(part, _PART_KEYS[kind], f"{param}[{i}]")
         out.append(part["text"])
     return "".join(out)
 
 
 def input_messages(
-    items: str | list[dict[str, Any]], unseal: Callable[[str, str], str] | None = None
+    items: str | list[dict[str, Any]],
+    unseal: Callable[[str, str], str] | None = None,
+    history: Sequence[ChatMessage] = (),
 ) -> list[ChatMessage]:
     """The chat messages that Responses `input` items mean.
 
@@ -194,12 +245,14 @@ def input_messages(
     `reasoning_text` content, or else what its `encrypted_content` holds: `unseal(sealed,
     param)` gives that text or raises the 400 naming `param` (always checked; without `unseal`
     every `encrypted_content` is refused). Raises ProxyError(400) for an item type, role or
-    content part that is not supported, naming it.
+    content part that is not supported, or a `function_call_output` whose `call_id` answers no
+    call of `history` (the chained conversation) or of an earlier item, naming it.
     """
     if isinstance(items, str):
         return [ChatMessage(role="user", content=items)]
     out: list[ChatMessage] = []
     turn: dict[str, Any] = {}
+    called = {tc.id for m in history for tc in m.tool_calls or () if tc.id is not None}
 
     def flush() -> None:
         if turn:
@@ -207,7 +260,7 @@ def input_messages(
             out.append(
                 ChatMessage(
                     role="assistant",
-                    content=turn.get("content"),
+                    content=turn.get("content", None if calls else ""),  # as `reply_message`
                     reasoning_content=turn.get("reasoning"),
                     tool_calls=calls or None,
                 )
@@ -219,6 +272,8 @@ def input_messages(
         if not isinstance(item, dict):
             raise bad_request(f"{param} must be an object", param, "invalid_type")
         kind = item.get("type", "message")
+        if isinstance(kind, str) and kind in _ITEM_KEYS:
+            _check_keys(item, _ITEM_KEYS[kind], param)
         if kind == "message":
             asked = item.get("role")
             role = _ROLES.get(asked) if isinstance(asked, str) else None  # a list is unhashable
@@ -253,9 +308,15 @@ def input_messages(
             turn.setdefault("tool_calls", []).append(
                 ToolCall(id=call_id, function=FunctionCall(name=name, arguments=args))
             )
+            called.add(call_id)
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
-                raise bad_request(f"{param}.call_id must be a string", param)
+                raise bad_request(f"{param}.call_id must be a string", f"{param}.call_id")
+            if item["call_id"] not in called:
+                raise bad_request(
+                    f"{param}.call_id={item['call_id']!r} answers no function_call before it",
+                    f"{param}.call_id",
+                )
             text = _text_of(item.get("output"), f"{param}.output", ("input_text",))
             flush()
             out.append(ChatMessage(role="tool", content=text, tool_call_id=item["call_id"]))
@@ -301,6 +362,11 @@ def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
     if fmt.get("type") == "json_object":
         return {"type": "json_object"}
     if fmt.get("type") == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise bad_request(
+                "text.format json_schema needs schema (a JSON schema object)", "text.format"
+            )
+        check_json_schema(fmt["schema"], "text.format")
         schema = {k: v for k, v in fmt.items() if k != "type"}
         return {"type": "json_schema", "json_schema": schema}
     raise bad_request(f"text.format type {fmt.get('type')!r} is not supported", "text.format")

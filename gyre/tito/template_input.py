@@ -41,9 +41,14 @@ def message_to_template(
     `arguments_as`: tool-call arguments reach the template as the JSON text the client sent
     (`string`) or, for templates that `tojson` them (Qwen 2.5, Llama 3), as the decoded object
     (`mapping`; arguments that are not a JSON object stay text). `content`: the message's text
-    replaced (the renderer's placeholders, field case B26).
+    replaced (the renderer's placeholders, field case B26). Content is None only for an
+    assistant message of tool calls (OpenAI's shape, which templates test for); any other
+    message without text (`check_messages` lets only a reasoning-only assistant message through)
+    gets "", never a None a template could print as `None`.
     """
     text = message_text(m.content) if content is None else content
+    if text is None and not m.tool_calls:
+        text = ""
     d: dict[str, Any] = {"role": m.role, "content": text}
     if m.name is not None:
         d["name"] = m.name

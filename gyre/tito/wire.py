@@ -6,8 +6,8 @@ Owns the msgspec Structs that request bodies are decoded into (`ChatCompletionRe
 without effect (it changes neither what is sampled nor what is returned), or refused unless it
 asks for nothing (`request_fields`); a top-level field no schema lists is refused with a 400
 naming it, and wrong types with the offending JSON path (docs/request_fields.md has the table).
-Message objects keep their lenient decoding: echoed replies carry response-only fields. Knows
-nothing about tokens, engines or executions.
+Messages and content parts refuse unknown keys too, accepting the response-only fields echoed
+replies carry. Knows nothing about tokens, engines or executions.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ __all__ = [
     "FunctionCall",
     "ToolCall",
     "ContentPart",
+    "PART_PAYLOADS",
     "ChatMessage",
     "StreamOptions",
     "ResponseFormat",
@@ -50,16 +51,36 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     type: str = "function"
 
 
-class ContentPart(msgspec.Struct, frozen=True, kw_only=True):
-    """One part of a multi-part `content` (only `text` parts are supported)."""
+class ContentPart(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+):
+    """One part of a multi-part `content`: only `text` parts are served (`check_messages`
+    refuses a part without `text` and any other type, naming it); a key no part type of OpenAI's
+    schema has is refused."""
 
     type: str
     text: str | None = None
+    prompt_cache_breakpoint: Any = None
+    """No effect: a prompt-cache hint (every known prefix is reused anyway)."""
+    image_url: Any = None
+    """The payloads of other part types (`image_url`, `input_audio`, `file`, `refusal`):
+    decoded only so that the part is refused by its type."""
+    input_audio: Any = None
+    file: Any = None
+    refusal: Any = None
 
 
-class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One chat message as the agent sent it. Fields a template does not read that echoed replies
-    carry (`refusal`, `annotations`, `audio`) are dropped; a legacy `function_call` is refused."""
+PART_PAYLOADS = ("image_url", "input_audio", "file", "refusal")
+"""`ContentPart` fields of the part types that are refused (none belongs in a text part)."""
+
+
+class ChatMessage(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+):
+    """One chat message as the agent sent it. A key no message schema lists is refused; the
+    response-only fields an echoed reply carries (`refusal`, `annotations`, `audio`, the openai
+    SDK's `parsed`, gyre's own `gyre_tool_call_error`) are accepted without effect (no template
+    reads them); a legacy `function_call` is refused."""
 
     role: str
     content: str | list[ContentPart] | None = None
@@ -71,6 +92,13 @@ class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     """Alias of `reasoning_content` used by newer vLLM and some clients."""
     function_call: Any = None
     """The deprecated legacy call: refused unless null (`tool_calls` carry calls)."""
+    refusal: Any = None
+    """No effect, as `annotations`, `audio`, `parsed` and `gyre_tool_call_error`: fields of a
+    reply that clients echo back."""
+    annotations: Any = None
+    audio: Any = None
+    parsed: Any = None
+    gyre_tool_call_error: Any = None
 
 
 class StreamOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

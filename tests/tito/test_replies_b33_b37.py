@@ -170,15 +170,18 @@ async def test_b37_lone_surrogate_in_every_family(family, anyio_backend):
         ('{"x": 1e400}', "number 1e400 is beyond a double"),
         ('{"x": ' + "[" * 128 + "]" * 128 + "}", "nested deeper than 128 levels"),
         ('{"x": ' + "[" * 3000 + "]" * 3000 + "}", "nested"),
+        ('{"c": 1, "c": 2}', "duplicate member name 'c'"),
+        ('{"c": {"d": 1, "d": 1}}', "duplicate member name 'd'"),
     ],
-    ids=["nan", "infinity", "beyond-a-double", "129-levels", "3000-levels"],
+    ids=["nan", "infinity", "beyond-a-double", "129-levels", "3000-levels", "dup", "dup-nested"],
 )
 async def test_b37_arguments_json_cannot_carry_are_a_reported_malformed_call(
     tok, anyio_backend, arguments, why
 ):
     """B37's class: what Python's decoder takes but I-JSON does not (NaN, a number beyond a
-    double, nesting past 128 levels, or past the decoder's recursion limit: was a 500) is a
-    malformed call on every route, never JSON a strict client cannot read or a silent `null`."""
+    double, nesting past 128 levels, or past the decoder's recursion limit: was a 500; a member
+    name twice: Chat and Responses passed both on, Messages kept the last) is a malformed call
+    on every route, never JSON a strict client cannot read or a silent `null`."""
     reply = f'<tool_call>{{"name": "write_file", "arguments": {arguments}}}</tool_call>'
     ids, answers, proxy = await each_route(tok, reply)
     for case, a in answers.items():
