@@ -359,6 +359,33 @@ class TreeKVCache:
             for i, k in zip(firsts.tolist(), lasts.tolist())
         ]
 
+    def _blocks(self, lo: int, hi: int, ends: list[int]) -> list[tuple[int, int]]:
+        """Query blocks [a, b) of the chunk [lo, hi), whose paths (runs) end at `ends`.
+
+        With the fast kernels, a run of at least `query_block` tokens is one block, however long
+        (its cost grows like a causal sequence's); the runs between are grouped into blocks of up
+        to `query_block` rows. Otherwise blocks of `query_block` rows."""
+        qb = self.query_block
+        if not self._merge:
+            return [(a, min(a + qb, hi)) for a in range(lo, hi, qb)]
+        blocks = []
+        a = lo
+        while a < hi:
+            e = ends[bisect.bisect_right(ends, a)]
+            if e - a >= qb:
+                blocks.append((a, e))
+                a = e
+                continue
+            b = e
+            while b < min(a + qb, hi):
+                e = ends[bisect.bisect_right(ends, b)]
+                if e - b >= qb:
+                    break  # a long run starts at b: its own block
+                b = min(e, a + qb)
+            blocks.append((a, b))
+            a = b
+        return blocks
+
     def begin_chunk(self, chunk: int) -> tuple[int, int]:
         """Make `chunk` (the next one in order) current; returns its [lo, hi)."""
         if chunk != self._chunk + 1:
@@ -366,17 +393,15 @@ class TreeKVCache:
         self._chunk = chunk
         lo, hi = self.bounds[chunk]
         if self.attention == "sdpa":
-            starts = list(range(lo, hi, self.query_block))
-            paths = ancestor_paths(self._dfs_out, starts)
-            # token k + 1 is k's child iff it lies in k's subtree: a block is one path iff no
-            # token of it but the last has dfs_out[k] <= k + 1
+            # token k + 1 is k's child iff it lies in k's subtree: a path (run) ends after k
+            # iff dfs_out[k] <= k + 1
             out = self._dfs_out
-            branches = [k for k in range(lo, hi - 1) if out[k] <= k + 1]
+            ends = [k + 1 for k in range(lo, hi - 1) if out[k] <= k + 1] + [hi]
+            cuts = self._blocks(lo, hi, ends)
+            paths = ancestor_paths(self._dfs_out, [a for a, _ in cuts])
             self._plan = []
-            for a, path in zip(starts, paths):
-                b = min(a + self.query_block, hi)
-                i = bisect.bisect_left(branches, a)
-                if self._merge and (i == len(branches) or branches[i] >= b - 1):
+            for (a, b), path in zip(cuts, paths):
+                if self._merge and ends[bisect.bisect_right(ends, a)] >= b:
                     runs = self._runs(path)
                     picks: list[tuple[int, torch.Tensor]] = []
                     if len(runs) > _MAX_RUNS:

@@ -68,7 +68,10 @@ def _check(seed, t, p_branch, cuts, query_block, heads, dtype, tol):
     """Chunked attention in `dtype` against the float64 reference: outputs and gradients within
     `tol` of the largest value of each."""
     rng = np.random.default_rng(seed)
-    dfs_out_T = torch.tensor(_random_dfs_out(rng, t, p_branch))
+    if isinstance(t, list):  # a given tree
+        dfs_out_T, t = torch.tensor(t), len(t)
+    else:
+        dfs_out_T = torch.tensor(_random_dfs_out(rng, t, p_branch))
     if isinstance(cuts, list):
         starts = cuts
     else:
@@ -109,11 +112,11 @@ def test_chunked_tree_attention_equals_reference_float64(
 
 
 def test_both_block_paths_are_exercised():
-    # fixed cases that take each path: a long path (fast blocks, root path over two chunks) and a
+    # fixed cases that take each path: a long path (fast blocks, root path over chunks) and a
     # bushy tree (blocks straddling branch points, masked)
     PLANNED.update(fast=0, masked=0)
     _check(0, 64, 0.0, 3, 8, (2, 2), torch.float64, 1e-10)
-    assert PLANNED["fast"] >= 8 and PLANNED["masked"] == 0
+    assert PLANNED["fast"] >= 4 and PLANNED["masked"] == 0
     _check(1, 64, 0.5, 3, 8, (2, 2), torch.float64, 1e-10)
     assert PLANNED["masked"] > 0
     PLANNED.update(fast=0, masked=0)
@@ -130,17 +133,34 @@ def test_chunked_tree_attention_float32(seed):
 
 
 def test_a_long_path_plans_runs_of_its_root_path():
-    # one path of 10 tokens cut into chunks [0, 4) [4, 10), blocks of 3: block [7, 10) sees
-    # rows 0..3 of chunk 0 and 4..7 (rows 0..2 of chunk 1) unmasked, then itself causally
+    # one path of 10 tokens cut into chunks [0, 4) [4, 10): each chunk is one run of at least
+    # query_block tokens, so one block; [4, 10) sees rows 0..3 of chunk 0 unmasked, then itself
+    # causally
     dfs_out_T = torch.full((10,), 10)
     cache = TreeKVCache(dfs_out_T, [0, 4], query_block=3)
     cache.begin_chunk(0)
+    assert [(blk.a, blk.b, blk.pieces) for blk in cache._plan] == [(0, 4, ((0, 0, 4, True),))]
     cache.begin_chunk(1)
     assert [(blk.a, blk.b, blk.pieces) for blk in cache._plan] == [
-        (4, 7, ((0, 0, 4, False), (1, 0, 3, True))),
-        (7, 10, ((0, 0, 4, False), (1, 0, 3, False), (1, 3, 6, True))),
+        (4, 10, ((0, 0, 4, False), (1, 0, 6, True)))
     ]
-    assert cache.fast_blocks == 4 and cache.masked_blocks == 0
+    assert cache.fast_blocks == 2 and cache.masked_blocks == 0
+
+
+def test_short_runs_are_grouped_and_long_runs_are_one_block():
+    # runs (paths between branch points) [0, 2) [2, 3) [3, 9) [9, 10) [10, 12), query_block 4:
+    # [0, 3) two short runs grouped (straddles a branch point: masked), [3, 9) one long run,
+    # [9, 12) two short runs grouped (masked)
+    dfs_out = [12, 2, 3, 9, 9, 9, 9, 9, 9, 10, 12, 12]  # 0 -> {1, 2, 3 -> ... -> 8, 9, 10 -> 11}
+    cache = TreeKVCache(torch.tensor(dfs_out), [0], query_block=4)
+    cache.begin_chunk(0)
+    assert [(blk.a, blk.b, blk.key_K is None) for blk in cache._plan] == [
+        (0, 3, False),
+        (3, 9, True),
+        (9, 12, False),
+    ]
+    assert cache._plan[1].pieces == ((0, 0, 1, False), (0, 3, 9, True))
+    _check(3, dfs_out, 0.0, [0], 4, (2, 2), torch.float64, 1e-10)
 
 
 def test_a_root_path_in_many_runs_is_gathered_into_one_piece():
