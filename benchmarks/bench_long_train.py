@@ -39,7 +39,7 @@ from benchmarks.common import print_table, write_result
 CONFIG = {
     "sizes": [8192, 32768, 131072],
     "paths_sizes": [32768, 131072],
-    "paths_repeats": 2,
+    "paths_repeats": 3,
     "context_tokens": 8192,
     "micro_batch_tokens": 16384,
     "query_block": 512,
