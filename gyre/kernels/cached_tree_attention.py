@@ -5,9 +5,11 @@ Owns `TreeKVCache` (one tree's per-layer K/V, filled chunk by chunk during one f
 `ancestor_paths` and `check_attention_backend`. The rule is `tree_attention.tree_mask`'s: key k is
 visible to query q iff `k <= q < dfs_out[k]` (packed indices in DFS preorder). Because a subtree
 is one interval, the keys any query of a contiguous block [a, b) can see are the strict ancestors
-of a (its root path) plus [a, b). Chunks are cut into query blocks of `query_block` rows.
+of a (its root path) plus [a, b).
 
-- `sdpa` on CPU: a block whose tokens form one path sees its whole root path and itself causally:
+- `sdpa` on CPU: a path (tokens between branch points) of >= `query_block` tokens is one block;
+  shorter paths are grouped into blocks of `query_block` rows. A block that is one path sees
+  its whole root path and itself causally:
   one unmasked flash call per contiguous run of the root path plus one causal call on the block,
   merged exactly by their log-sum-exp (`_ChunkAttention`, whose backward runs the flash backward
   of each piece against the merged output and log-sum-exp). Only a block that straddles a branch
@@ -17,10 +19,9 @@ of a (its root path) plus [a, b). Chunks are cut into query blocks of `query_blo
 - `flex` (GPU training): one FlexAttention call per chunk over [ancestors of its first token ;
   the chunk] with a `BlockMask` built from the same rule (fully masked blocks skipped).
 
-Gradients reach every cached K/V, so one backward after all chunks is exact. Knows nothing about
-models, trees or losses; the caller hands it `dfs_out_T` and the chunk cuts.
-Shape suffix legend: `B` batch (1), `H` query heads, `G` K/V heads, `Q` chunk or block queries,
-`K` keys of a block, `D` head dim, `T` packed tokens, `A` ancestors.
+One backward after all chunks is exact. Knows nothing about models, trees or losses; the caller
+hands it `dfs_out_T` and the chunk cuts. Shape suffixes: `B` batch (1), `H` query heads, `G` K/V
+heads, `Q` chunk or block queries, `K` keys of a block, `D` head dim, `T` packed tokens.
 """
 
 from __future__ import annotations
