@@ -12,11 +12,13 @@ attending to its ancestors' cached K/V (`gyre.rl.packed_forward`, attention "sdp
 One step = `microbatch_loss` + backward per micro-batch + AdamW, each size in a fresh process.
 Reports per size the process peak RSS (`ru_maxrss`, bytes), the RSS before the step, the step's
 seconds and tokens per second; `train_rss_ratio_128k_over_32k` (goal <= 4.5: linear is 4) and
-`train_time_ratio_vs_linear_128k`: the packed tree's step against the same selected paths
+`tree_over_paths_time_ratio` {"32k", "128k"}: the packed tree's step over the same selected paths
 trained one by one (each path its own causal sequence, plain transformers SDPA, summed
-gradients, one AdamW step).
+gradients, one AdamW step), both in this run, alternating `paths_repeats` times, the fastest
+of each kept (goal <= 1.0; `tree_over_paths_cpu_time_ratio` the same in process CPU seconds).
+`load_average_1m` is read before and after: a load over the core count means under load.
 
-Run: `.venv/bin/python -m benchmarks.bench_long_train` (about 10 minutes on 2 cores);
+Run: `.venv/bin/python -m benchmarks.bench_long_train` (about 5 minutes on 2 cores);
 `--sizes 8192` for a quick look. Other benchmarks import `run_size` and `synthetic_execution`.
 """
 
@@ -36,6 +38,8 @@ from benchmarks.common import print_table, write_result
 
 CONFIG = {
     "sizes": [8192, 32768, 131072],
+    "paths_sizes": [32768, 131072],
+    "paths_repeats": 3,
     "context_tokens": 8192,
     "micro_batch_tokens": 16384,
     "query_block": 512,
@@ -145,6 +149,7 @@ def run_size(total_tokens: int, mode: str = "tree", cfg: dict = CONFIG) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     eid = tree.execution_id
     before = _rss_bytes()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     if mode == "tree":
         batches = pack_batch([(tree, selection)], token_budget=cfg["micro_batch_tokens"])
@@ -165,6 +170,8 @@ def run_size(total_tokens: int, mode: str = "tree", cfg: dict = CONFIG) -> dict:
             (-(lp.sum()) * weight).backward()
     optimizer.step()
     seconds = time.perf_counter() - t0
+    end = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = end.ru_utime + end.ru_stime - usage.ru_utime - usage.ru_stime
     stats = tree.statistics()
     return {
         "mode": mode,
@@ -173,6 +180,7 @@ def run_size(total_tokens: int, mode: str = "tree", cfg: dict = CONFIG) -> dict:
         "paths": len(selection.leaves),
         "trained_tokens": int(tokens),
         "step_s": seconds,
+        "step_cpu_s": cpu_s,
         "tokens_per_s": tokens / seconds,
         "rss_before_step_bytes": before,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -198,9 +206,19 @@ def main() -> None:
         print(json.dumps(run_size(int(args.child[0]), args.child[1])))
         return
     rows, numbers = [], {}
+    load_before = os.getloadavg()[0]
+    ratios, cpu_ratios = {}, {}
     for n in args.sizes:
         tag = f"{n // 1024}k"
-        tree = _in_child(n, "tree")
+        side_by_side = n in CONFIG["paths_sizes"] or n == max(args.sizes)
+        # tree and paths alternate `paths_repeats` times; each keeps its fastest step (the
+        # least disturbed by other load on the machine)
+        trees, linears = [], []
+        for _ in range(CONFIG["paths_repeats"] if side_by_side else 1):
+            trees.append(_in_child(n, "tree"))
+            if side_by_side:
+                linears.append(_in_child(n, "linear"))
+        tree = min(trees, key=lambda r: r["step_s"])
         rows.append({"size": tag, **tree})
         numbers[f"train_peak_rss_bytes_{tag}"] = tree["peak_rss_bytes"]
         numbers[f"train_step_rss_bytes_{tag}"] = (
@@ -209,12 +227,20 @@ def main() -> None:
         numbers[f"train_s_{tag}"] = tree["step_s"]
         numbers[f"train_tokens_per_s_{tag}"] = tree["tokens_per_s"]
         numbers[f"tree_tokens_{tag}"] = tree["tree_tokens"]
-        if n == max(args.sizes):
-            linear = _in_child(n, "linear")
+        if side_by_side:
+            linear = min(linears, key=lambda r: r["step_s"])
             rows.append({"size": tag, **linear})
+            numbers[f"train_s_all_{tag}"] = [r["step_s"] for r in trees]
+            numbers[f"linear_s_all_{tag}"] = [r["step_s"] for r in linears]
             numbers[f"linear_s_{tag}"] = linear["step_s"]
             numbers[f"linear_tokens_{tag}"] = linear["trained_tokens"]
-            numbers[f"train_time_ratio_vs_linear_{tag}"] = tree["step_s"] / linear["step_s"]
+            numbers[f"linear_peak_rss_bytes_{tag}"] = linear["peak_rss_bytes"]
+            ratios[tag] = tree["step_s"] / linear["step_s"]
+            cpu_ratios[tag] = min(r["step_cpu_s"] for r in trees) / min(
+                r["step_cpu_s"] for r in linears
+            )
+    numbers["tree_over_paths_time_ratio"] = ratios
+    numbers["tree_over_paths_cpu_time_ratio"] = cpu_ratios
     if "train_peak_rss_bytes_128k" in numbers and "train_peak_rss_bytes_32k" in numbers:
         numbers["train_rss_ratio_128k_over_32k"] = (
             numbers["train_peak_rss_bytes_128k"] / numbers["train_peak_rss_bytes_32k"]
@@ -222,6 +248,7 @@ def main() -> None:
         numbers["train_step_rss_ratio_128k_over_32k"] = (
             numbers["train_step_rss_bytes_128k"] / numbers["train_step_rss_bytes_32k"]
         )
+    numbers["load_average_1m_before"] = load_before
     numbers["load_average_1m"] = os.getloadavg()[0]
     print_table("long-execution training step (CPU, tiny model)", rows)
     if set(args.sizes) == set(CONFIG["sizes"]):

@@ -5,27 +5,32 @@ Owns `TreeKVCache` (one tree's per-layer K/V, filled chunk by chunk during one f
 `ancestor_paths` and `check_attention_backend`. The rule is `tree_attention.tree_mask`'s: key k is
 visible to query q iff `k <= q < dfs_out[k]` (packed indices in DFS preorder). Because a subtree
 is one interval, the keys any query of a contiguous block [a, b) can see are the strict ancestors
-of a (its root path, at most the tree's depth) plus [a, b): each block attends to those keys only,
-gathered from the cached K/V of the earlier chunks and its own, under a (b - a) x keys mask.
+of a (its root path) plus [a, b).
 
-- `sdpa` (CPU and GPU): query blocks of `query_block` rows; each block's gather, mask and SDPA
-  run under activation checkpointing, so backward keeps only the K/V and the index of the block's
-  keys (not its probabilities or mask) and recomputes the block.
+- `sdpa` on CPU: a path (tokens between branch points) of >= `query_block` tokens is one block;
+  shorter paths are grouped into blocks of `query_block` rows. A block that is one path sees
+  its whole root path and itself causally:
+  one unmasked flash call per contiguous run of the root path plus one causal call on the block,
+  merged exactly by their log-sum-exp (`_ChunkAttention`, whose backward runs the flash backward
+  of each piece against the merged output and log-sum-exp). Only a block that straddles a branch
+  point takes the masked fallback: one flash call over its gathered keys under an additive mask,
+  rebuilt in backward. Nothing but the chunk's q, output and log-sum-exp is saved.
+- `sdpa` elsewhere: every block gathers its keys and runs SDPA under a mask, checkpointed.
 - `flex` (GPU training): one FlexAttention call per chunk over [ancestors of its first token ;
   the chunk] with a `BlockMask` built from the same rule (fully masked blocks skipped).
 
-Gradients reach every cached K/V through the gathers, so one backward after all chunks is exact.
-Knows nothing about models, trees or losses; the caller hands it `dfs_out_T` and the chunk cuts.
-Shape suffix legend: `B` batch (1), `H` query heads, `G` K/V heads, `Q` chunk or block queries,
-`K` keys of a block, `D` head dim, `T` packed tokens, `A` ancestors.
+One backward after all chunks is exact. Knows nothing about models, trees or losses; the caller
+hands it `dfs_out_T` and the chunk cuts. Shape suffixes: `B` batch (1), `H` query heads, `G` K/V
+heads, `Q` chunk or block queries, `K` keys of a block, `D` head dim, `T` packed tokens.
 """
 
 from __future__ import annotations
 
 import bisect
 import os
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -113,6 +118,143 @@ def _block_attention(q_BHQD, k_parts, v_parts, picks, key_K, dfs_out_T, lo, scal
     )
 
 
+class _Block(NamedTuple):
+    """One query block [a, b) (packed indices) of a chunk and where its keys are.
+
+    Fast (`key_K` None): `pieces` of (part, start, end, causal), local rows of the cached parts:
+    the contiguous runs of the root path (unmasked) and the block itself (causal, last). A root
+    path in more than `_MAX_RUNS` runs is one piece of part -1 instead: its rows gathered by
+    `picks`. Masked (a block straddling a branch point): `picks` (part, local rows) of all its
+    keys, `key_K` their packed indices."""
+
+    a: int
+    b: int
+    pieces: tuple[tuple[int, int, int, bool], ...]
+    picks: list[tuple[int, torch.Tensor]]
+    key_K: torch.Tensor | None
+
+
+_MAX_RUNS = 8
+"""A root path in more runs than this is gathered into one piece (fewer calls, fewer merges)."""
+
+
+def _piece_keys(blk, j, s, e, k_parts, v_parts):
+    """k, v of one piece of a fast block: a slice of part j, or the gathered rows (j = -1)."""
+    if j < 0:
+        return _gather(k_parts, blk.picks), _gather(v_parts, blk.picks)
+    return k_parts[j][:, :, s:e], v_parts[j][:, :, s:e]
+
+
+def _scatter_grads(picks, dk_BGKD, dv_BGKD, acc):
+    """Add the gradients of gathered keys (in `picks` order) into their parts' accumulators."""
+    off = 0
+    for j, local in picks:
+        gk, gv = acc(j)
+        m = local.shape[0]
+        gk.index_add_(2, local, dk_BGKD[:, :, off : off + m])
+        gv.index_add_(2, local, dv_BGKD[:, :, off : off + m])
+        off += m
+
+
+def _flash(q, k, v, causal, scale, mask=None):
+    """(out_BHQD, lse_BHQ) of CPU flash attention (GQA native; lse float32 for 16-bit q)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=mask, scale=scale
+    )
+
+
+def _masked_keys(blk, k_parts, v_parts, dfs_out_T, dtype):
+    """Gathered k, v of a masked block and its additive mask [1, 1, Q, K] (0 or -inf)."""
+    q_Q = torch.arange(blk.a, blk.b, device=dfs_out_T.device)
+    key_K = blk.key_K
+    seen_QK = (key_K[None, :] <= q_Q[:, None]) & (q_Q[:, None] < dfs_out_T[key_K][None, :])
+    mask_QK = torch.zeros(seen_QK.shape, dtype=dtype, device=dfs_out_T.device)
+    mask_QK.masked_fill_(~seen_QK, float("-inf"))
+    return _gather(k_parts, blk.picks), _gather(v_parts, blk.picks), mask_QK[None, None]
+
+
+def _block_forward(blk, q_BHQD, k_parts, v_parts, dfs_out_T, scale):
+    """(out_BHQD, lse_BHQ) of one block: its pieces merged by log-sum-exp, or the masked call."""
+    if blk.key_K is not None:
+        k, v, mask = _masked_keys(blk, k_parts, v_parts, dfs_out_T, q_BHQD.dtype)
+        return _flash(q_BHQD, k, v, False, scale, mask)
+    parts = [
+        _flash(q_BHQD, *_piece_keys(blk, j, s, e, k_parts, v_parts), causal, scale)
+        for j, s, e, causal in blk.pieces
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    lse_BHQ = torch.logsumexp(torch.stack([lse for _, lse in parts]), 0)
+    out = sum(o.to(lse_BHQ.dtype) * (lse - lse_BHQ).exp_()[..., None] for o, lse in parts)
+    assert isinstance(out, torch.Tensor)
+    return out.to(q_BHQD.dtype), lse_BHQ
+
+
+class _ChunkAttention(torch.autograd.Function):
+    """Attention of one chunk's queries (CPU flash kernels), every block per its `_Block`.
+
+    Backward runs the flash backward of each piece with the block's merged output and
+    log-sum-exp: softmax over the union of the pieces' keys is what each piece's probabilities
+    exp(s - lse) then are, so the pieces' gradients sum to the exact gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, plan, lo, dfs_out_T, scale, q_BHQD, *kv_parts):
+        n = len(kv_parts) // 2
+        k_parts, v_parts = kv_parts[:n], kv_parts[n:]
+        b, h, q, d = q_BHQD.shape
+        out_BHQD = q_BHQD.new_empty(b, q, h, d).transpose(1, 2)  # [B, Q, H, D] in memory
+        lse_dtype = torch.promote_types(q_BHQD.dtype, torch.float32)
+        lse_BHQ = torch.empty(b, q, h, dtype=lse_dtype, device=q_BHQD.device).transpose(1, 2)
+        for blk in plan:
+            rows = slice(blk.a - lo, blk.b - lo)
+            out, lse = _block_forward(blk, q_BHQD[:, :, rows], k_parts, v_parts, dfs_out_T, scale)
+            out_BHQD[:, :, rows] = out
+            lse_BHQ[:, :, rows] = lse
+        ctx.save_for_backward(q_BHQD, out_BHQD, lse_BHQ, *kv_parts)
+        ctx.plan, ctx.lo, ctx.dfs_out_T, ctx.scale = plan, lo, dfs_out_T, scale
+        return out_BHQD
+
+    @staticmethod
+    def backward(ctx: Any, grad_BHQD):
+        q_BHQD, out_BHQD, lse_BHQ, *kv_parts = ctx.saved_tensors
+        n = len(kv_parts) // 2
+        k_parts, v_parts = kv_parts[:n], kv_parts[n:]
+        grad_BHQD = grad_BHQD.contiguous()
+        dq_BHQD = torch.empty_like(q_BHQD)
+        dk: list[torch.Tensor | None] = [None] * n
+        dv: list[torch.Tensor | None] = [None] * n
+
+        def acc(j):
+            if dk[j] is None:
+                dk[j], dv[j] = torch.zeros_like(k_parts[j]), torch.zeros_like(v_parts[j])
+            return dk[j], dv[j]
+
+        bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        for blk in ctx.plan:
+            rows = slice(blk.a - ctx.lo, blk.b - ctx.lo)
+            go, q, out, lse = (x[:, :, rows] for x in (grad_BHQD, q_BHQD, out_BHQD, lse_BHQ))
+            if blk.key_K is not None:
+                k, v, mask = _masked_keys(blk, k_parts, v_parts, ctx.dfs_out_T, q.dtype)
+                dq, dk_K, dv_K = bwd(
+                    go, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=ctx.scale
+                )
+                _scatter_grads(blk.picks, dk_K, dv_K, acc)
+            else:
+                dq = None
+                for j, s, e, causal in blk.pieces:
+                    k, v = _piece_keys(blk, j, s, e, k_parts, v_parts)
+                    dq_i, dk_i, dv_i = bwd(go, q, k, v, out, lse, 0.0, causal, scale=ctx.scale)
+                    dq = dq_i if dq is None else dq.add_(dq_i)
+                    if j < 0:
+                        _scatter_grads(blk.picks, dk_i, dv_i, acc)
+                    else:
+                        gk, gv = acc(j)
+                        gk[:, :, s:e] += dk_i
+                        gv[:, :, s:e] += dv_i
+            dq_BHQD[:, :, rows] = dq
+        return None, None, None, None, dq_BHQD, *dk, *dv
+
+
 _compiled_flex: dict[bool, object] = {}
 """`flex_attention` compiled with dynamic shapes (CUDA: one kernel for every chunk length) and
 with static ones (CPU: inductor's C++ code for dynamic flex shapes does not compile in torch
@@ -173,9 +315,16 @@ class TreeKVCache:
         self._dfs_out = dfs_out_T.tolist()
         self._k: dict[int, list[torch.Tensor]] = {}
         self._v: dict[int, list[torch.Tensor]] = {}
+        self._starts = np.asarray(chunk_starts, dtype=np.int64)
         self._chunk = -1
-        self._plan: list[tuple[int, list[tuple[int, torch.Tensor]], torch.Tensor]] = []
+        self._plan: list[_Block] = []
         self._block_mask: BlockMask | None = None
+        # the CPU flash kernels return the log-sum-exp that merging pieces needs
+        self._merge = attention == "sdpa" and dfs_out_T.device.type == "cpu"
+        self.fast_blocks = 0
+        """Query blocks planned on the fast path (root path runs + causal block), all chunks."""
+        self.masked_blocks = 0
+        """Query blocks planned with a mask (straddling a branch point, or off CPU)."""
 
     def _picks(self, keys: list[int]) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
         """Keys (ascending packed indices, all in chunks <= the current one) as (part, local
@@ -191,6 +340,53 @@ class TreeKVCache:
             i = n
         return picks, key_K
 
+    def _runs(self, path: list[int]) -> list[tuple[int, int, int, bool]]:
+        """The root path `path` (ascending packed indices) as (part, start, end, False) pieces:
+        maximal runs of consecutive indices within one chunk, in local rows."""
+        if not path:
+            return []
+        p = np.asarray(path, dtype=np.int64)
+        part = np.searchsorted(self._starts, p, side="right") - 1
+        cut = np.flatnonzero((np.diff(p) != 1) | (np.diff(part) != 0)) + 1
+        firsts = np.concatenate(([0], cut))
+        lasts = np.concatenate((cut, [p.size])) - 1
+        return [
+            (
+                int(part[i]),
+                int(p[i] - self._starts[part[i]]),
+                int(p[k] + 1 - self._starts[part[i]]),
+                False,
+            )
+            for i, k in zip(firsts.tolist(), lasts.tolist())
+        ]
+
+    def _blocks(self, lo: int, hi: int, ends: list[int]) -> list[tuple[int, int]]:
+        """Query blocks [a, b) of the chunk [lo, hi), whose paths (runs) end at `ends`.
+
+        With the fast kernels, a run of at least `query_block` tokens is one block, however long
+        (its cost grows like a causal sequence's); the runs between are grouped into blocks of up
+        to `query_block` rows. Otherwise blocks of `query_block` rows."""
+        qb = self.query_block
+        if not self._merge:
+            return [(a, min(a + qb, hi)) for a in range(lo, hi, qb)]
+        blocks = []
+        a = lo
+        while a < hi:
+            e = ends[bisect.bisect_right(ends, a)]
+            if e - a >= qb:
+                blocks.append((a, e))
+                a = e
+                continue
+            b = e
+            while b < min(a + qb, hi):
+                e = ends[bisect.bisect_right(ends, b)]
+                if e - b >= qb:
+                    break  # a long run starts at b: its own block
+                b = min(e, a + qb)
+            blocks.append((a, b))
+            a = b
+        return blocks
+
     def begin_chunk(self, chunk: int) -> tuple[int, int]:
         """Make `chunk` (the next one in order) current; returns its [lo, hi)."""
         if chunk != self._chunk + 1:
@@ -198,19 +394,33 @@ class TreeKVCache:
         self._chunk = chunk
         lo, hi = self.bounds[chunk]
         if self.attention == "sdpa":
-            starts = list(range(lo, hi, self.query_block))
-            paths = ancestor_paths(self._dfs_out, starts)
+            # token k + 1 is k's child iff it lies in k's subtree: a path (run) ends after k
+            # iff dfs_out[k] <= k + 1
+            out = self._dfs_out
+            ends = [k + 1 for k in range(lo, hi - 1) if out[k] <= k + 1] + [hi]
+            cuts = self._blocks(lo, hi, ends)
+            paths = ancestor_paths(self._dfs_out, [a for a, _ in cuts])
             self._plan = []
-            for a, path in zip(starts, paths):
-                b = min(a + self.query_block, hi)
-                picks, key_K = self._picks(path + list(range(a, b)))
-                self._plan.append((a, picks, key_K))
+            for (a, b), path in zip(cuts, paths):
+                if self._merge and ends[bisect.bisect_right(ends, a)] >= b:
+                    runs = self._runs(path)
+                    picks: list[tuple[int, torch.Tensor]] = []
+                    if len(runs) > _MAX_RUNS:
+                        picks, _ = self._picks(path)
+                        runs = [(-1, 0, len(path), False)]
+                    pieces = (*runs, (chunk, a - lo, b - lo, True))
+                    self._plan.append(_Block(a, b, pieces, picks, None))
+                    self.fast_blocks += 1
+                else:
+                    picks, key_K = self._picks(path + list(range(a, b)))
+                    self._plan.append(_Block(a, b, (), picks, key_K))
+                    self.masked_blocks += 1
         else:
             from torch.nn.attention.flex_attention import create_block_mask
 
             (path,) = ancestor_paths(self._dfs_out, [lo])
             picks, key_K = self._picks(path + list(range(lo, hi)))
-            self._plan = [(lo, picks, key_K)]
+            self._plan = [_Block(lo, hi, (), picks, key_K)]
             out_T = self.dfs_out_T
 
             def mask_mod(b, h, q, kv):
@@ -249,13 +459,18 @@ class TreeKVCache:
         k_parts.append(k_BGQD)
         v_parts.append(v_BGQD)
         if self.attention == "flex":
-            _, picks, _ = self._plan[0]
+            picks = self._plan[0].picks
             k, v = _gather(k_parts, picks), _gather(v_parts, picks)
             return _flex(q_BHQD, k, v, self._block_mask, scale)
+        if self._merge:
+            out = _ChunkAttention.apply(
+                self._plan, lo, self.dfs_out_T, scale, q_BHQD, *k_parts, *v_parts
+            )
+            assert isinstance(out, torch.Tensor)
+            return out
         outs = []
         grad = torch.is_grad_enabled()
-        for a, picks, key_K in self._plan:
-            b = min(a + self.query_block, hi)
+        for a, b, _, picks, key_K in self._plan:
             q_blk = q_BHQD[:, :, a - lo : b - lo]
             args = (q_blk, k_parts, v_parts, picks, key_K, self.dfs_out_T, a, scale)
             if grad:

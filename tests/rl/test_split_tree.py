@@ -142,9 +142,11 @@ def test_a_chunk_reads_only_its_ancestors_and_itself():
     cache.begin_chunk(0)
     cache._k[0], cache._v[0] = [torch.zeros(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)]
     assert cache.begin_chunk(1) == (4, 6)
-    ((a, picks, key_K),) = cache._plan
-    assert a == 4 and key_K.tolist() == [0, 1, 2, 3, 4, 5]
-    assert [(j, local.tolist()) for j, local in picks] == [(0, [0, 1, 2, 3]), (1, [0, 1])]
+    # [4, 6) straddles a branch point (5 is not 4's child): the masked fallback
+    (blk,) = cache._plan
+    assert blk.a == 4 and blk.key_K is not None and blk.key_K.tolist() == [0, 1, 2, 3, 4, 5]
+    assert [(j, local.tolist()) for j, local in blk.picks] == [(0, [0, 1, 2, 3]), (1, [0, 1])]
+    assert (cache.fast_blocks, cache.masked_blocks) == (1, 1)  # [0, 4) is one path
     with pytest.raises(ValueError, match="chunks run in order"):
         cache.begin_chunk(0)
     with pytest.raises(ValueError, match="chunk_starts"):
