@@ -155,15 +155,24 @@ def langchain_responses(base: str, key: str) -> None:
     _langchain_run(base, key, responses=True)
 
 
-def anthropic_messages(base: str, key: str) -> None:
-    """The anthropic SDK's `messages.create`, content blocks echoed as returned."""
+def _anthropic_run(base: str, key: str, *, count: bool) -> None:
+    """The anthropic SDK's `messages.create`, content blocks echoed as returned; with `count`,
+    `messages.count_tokens` first on every turn, which must equal the turn's
+    `usage.input_tokens`."""
     import anthropic
 
     client = anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key=key, max_retries=0)
     tools = [{"name": "add", "description": "Add two integers.", "input_schema": ADD_SCHEMA}]
     messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
     for _ in range(TURNS):
+        counted = (
+            client.messages.count_tokens(model="gyre", tools=tools, messages=messages)
+            if count
+            else None
+        )
         r = client.messages.create(model="gyre", max_tokens=256, tools=tools, messages=messages)
+        if counted is not None and counted.input_tokens != r.usage.input_tokens:
+            raise AssertionError(f"count_tokens {counted.input_tokens} != {r.usage.input_tokens}")
         messages.append({"role": "assistant", "content": [b.model_dump() for b in r.content]})
         uses = [b for b in r.content if b.type == "tool_use"]
         if not uses:
@@ -177,6 +186,11 @@ def anthropic_messages(base: str, key: str) -> None:
                 ],
             }
         )
+
+
+def anthropic_messages(base: str, key: str) -> None:
+    """The anthropic SDK's `messages.create`, content blocks echoed as returned."""
+    _anthropic_run(base, key, count=False)
 
 
 def openai_responses_stateless(base: str, key: str) -> None:
@@ -217,29 +231,7 @@ def openai_responses_stateless(base: str, key: str) -> None:
 def anthropic_messages_counting(base: str, key: str) -> None:
     """The anthropic SDK as Claude Code drives it: `messages.count_tokens` before every turn
     (to decide when to compact), which must equal the turn's own `usage.input_tokens`."""
-    import anthropic
-
-    client = anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key=key, max_retries=0)
-    tools = [{"name": "add", "description": "Add two integers.", "input_schema": ADD_SCHEMA}]
-    messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
-    for _ in range(TURNS):
-        counted = client.messages.count_tokens(model="gyre", tools=tools, messages=messages)
-        r = client.messages.create(model="gyre", max_tokens=256, tools=tools, messages=messages)
-        if counted.input_tokens != r.usage.input_tokens:
-            raise AssertionError(f"count_tokens {counted.input_tokens} != {r.usage.input_tokens}")
-        messages.append({"role": "assistant", "content": [b.model_dump() for b in r.content]})
-        uses = [b for b in r.content if b.type == "tool_use"]
-        if not uses:
-            return
-        messages.append(
-            {
-                "role": "user",
-                "content": [
-                    {"type": "tool_result", "tool_use_id": b.id, "content": add(**b.input)}
-                    for b in uses
-                ],
-            }
-        )
+    _anthropic_run(base, key, count=True)
 
 
 CLIENTS: dict[str, Callable[[str, str], None]] = {
