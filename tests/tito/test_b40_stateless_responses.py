@@ -16,6 +16,7 @@ import pytest
 
 from gyre.engines.scripted import ScriptedEngine, ScriptedReply
 from tests.tito.conftest import asgi_post, encode, make_proxy, serving
+from tests.tito.test_responses_api import ADD_TOOL
 
 openai = pytest.importorskip("openai", reason="openai is a dependency of the [test] extra")
 from openai.types.responses import Response, ResponseStreamEvent  # noqa: E402
@@ -23,16 +24,6 @@ from pydantic import TypeAdapter  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
-ADD_TOOL = {
-    "type": "function",
-    "name": "add",
-    "description": "Add two integers.",
-    "parameters": {
-        "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"],
-    },
-}
 TURN1 = (
     "<think>add them, carefully</think>\n"
     '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
