@@ -102,11 +102,9 @@ class CallIntake:
         """Render a chat request and start its `Call`."""
         started = time.time()
         engine = self.engine_for(ex.execution_id)
-        tools = req.tools or None
         gyre_format = getattr(self.model_format.parser, "name", "gyre") == "gyre"
         structured = chat_constraint(req, GYRE_FORMAT if gyre_format else None)
-        kwargs = self._template_input(req)
-        parent = self.renderer.find_parent(ex.render, req.messages, tools, kwargs)
+        tools, kwargs, parent = self._render_input(ex, req)
 
         def render() -> Rendered:
             return self.renderer.render_chat(
@@ -137,14 +135,21 @@ class CallIntake:
             template_kwargs=kwargs,
         )
 
+    def _render_input(
+        self, ex: Execution, req: ChatCompletionRequest
+    ) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None, Node | None]:
+        """What `chat` and `count` render `req` with: its tools (None when it has none), the
+        template kwargs and the parent node the execution's render state finds for it."""
+        tools = req.tools or None
+        kwargs = self._template_input(req)
+        return tools, kwargs, self.renderer.find_parent(ex.render, req.messages, tools, kwargs)
+
     async def count(self, ex: Execution, body: bytes, req: ChatCompletionRequest) -> int:
         """The length of the prompt `chat` would render for `req` now (`ChatRenderer.count_chat`:
         the same parent and path), rendered as `chat` renders it; starts nothing and leaves the
         execution's render state as it was. Raises ProxyError(400) for messages the template
         refuses."""
-        tools = req.tools or None
-        kwargs = self._template_input(req)
-        parent = self.renderer.find_parent(ex.render, req.messages, tools, kwargs)
+        tools, kwargs, parent = self._render_input(ex, req)
 
         def count() -> int:
             return self.renderer.count_chat(
